@@ -1,0 +1,1 @@
+//! riptide-firehose (under construction).

@@ -1,0 +1,1 @@
+//! riptide-jetstream (under construction).

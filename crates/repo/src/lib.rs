@@ -1,0 +1,1 @@
+//! riptide-repo (under construction).
