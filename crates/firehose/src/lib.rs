@@ -1,1 +1,19 @@
-//! riptide-firehose (under construction).
+//! The AT Protocol event stream (`com.atproto.sync.subscribeRepos`): frames and their payloads.
+//!
+//! Why this crate exists: it is the one place that knows the firehose's message shapes. It turns
+//! a binary WebSocket message into a typed, borrowed [`Frame`] — header, payload, the embedded CAR
+//! with every block's SHA-256 checked, and every block decoded — through a reusable
+//! [`FrameDecoder`] that allocates nothing per frame once warm.
+//!
+//! It does no I/O and knows nothing of sockets, async runtimes or metrics.
+
+mod error;
+mod frame;
+
+pub mod corpus;
+
+pub use error::{FrameError, FrameErrorKind};
+pub use frame::{
+    Account, Action, Body, Commit, DecodeOptions, ErrorFrame, Frame, FrameDecoder, Identity, Info,
+    RepoOp, SyncEvent,
+};
