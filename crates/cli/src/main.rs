@@ -1,1 +1,49 @@
-fn main() {}
+//! `riptide`: decode, verify and serve the AT Protocol event stream.
+//!
+//! One file per subcommand under `cmd/`. Data goes to stdout (JSON lines where a machine reads
+//! it), diagnostics to stderr. Exit codes: 0 success, 1 some input failed (counted and reported),
+//! 2 usage or I/O error. A closed stdout pipe (`| head`) ends the program quietly.
+
+mod cmd;
+mod out;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "riptide", version, about = "The AT Protocol event stream, decoded and verified")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Decode every frame of a corpus file (block CIDs verified unless --no-verify).
+    Decode(cmd::decode::Args),
+    /// Print the Jetstream v1 events of a corpus file, one JSON line each.
+    Jetstream(cmd::jetstream::Args),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(cmd::bench::Bench),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Decode(a) => cmd::decode::run(a),
+        Command::Jetstream(a) => cmd::jetstream::run(a),
+        Command::Bench(b) => cmd::bench::run(b),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            if out::is_broken_pipe(&e) {
+                return ExitCode::SUCCESS;
+            }
+            eprintln!("riptide: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

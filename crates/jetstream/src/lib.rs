@@ -1,1 +1,12 @@
-//! riptide-jetstream (under construction).
+//! Jetstream v1: the JSON event stream that most atproto consumers read.
+//!
+//! Why this crate exists: Jetstream's `/subscribe` wire format is a contract thousands of clients
+//! depend on (`shared/docs/jetstream-protocol.md`). This crate owns that format; the server, the
+//! `riptide jetstream` command and the clients all go through it, so there is one definition.
+//!
+//! Today it holds the projection of relay frames to v1 events ([`project`]). The server, filters
+//! and zstd framing will live beside it.
+
+pub mod project;
+
+pub use project::{DropReason, EventKind, Projection, Projector};

@@ -1,0 +1,175 @@
+//! `riptide decode FILE [--no-verify] [--json]` (a contract: other tools call these names).
+//!
+//! Decodes every frame of a corpus file (format of `shared/docs/formats.md`). Without `--json`, a
+//! summary on stdout; with `--json`, one object per frame with records rendered as atproto JSON.
+//! A frame that fails is reported on stderr with its index, byte offset and reason, counted and
+//! skipped; the exit code is 1 if any frame failed.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use riptide_cbor::{write_json, write_json_int, write_json_string};
+use riptide_firehose::corpus::split_frames;
+use riptide_firehose::{Action, Body, DecodeOptions, Frame, FrameDecoder};
+
+use crate::out;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Corpus file: u32 count, then u32 length + frame bytes each (big-endian).
+    file: PathBuf,
+    /// Skip the SHA-256 check of CAR blocks against their CIDs.
+    #[arg(long)]
+    no_verify: bool,
+    /// One JSON object per frame on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let file = super::read_file(&args.file)?;
+    let frames = split_frames(&file)?;
+    let opts = if args.no_verify { DecodeOptions::unverified() } else { DecodeOptions::default() };
+    let mut dec = FrameDecoder::with_options(opts);
+    let mut stdout = out::stdout();
+    let mut kinds: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut actions: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut errors: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let (mut blocks, mut bytes, mut failed) = (0u64, 0u64, 0u64);
+    let mut line = Vec::with_capacity(1 << 16);
+    for f in &frames {
+        bytes += f.bytes.len() as u64;
+        let frame = match dec.decode(f.bytes) {
+            Ok(frame) => frame,
+            Err(e) => {
+                failed += 1;
+                *errors.entry(e.class()).or_default() += 1;
+                eprintln!("frame {} at byte {}: {e}", f.index, f.offset + e.offset());
+                continue;
+            }
+        };
+        *kinds.entry(frame.body().kind()).or_default() += 1;
+        blocks += frame.block_count() as u64;
+        if let Body::Commit(c) = frame.body() {
+            for op in c.ops() {
+                *actions.entry(op.action.as_str()).or_default() += 1;
+            }
+        }
+        if args.json {
+            line.clear();
+            frame_json(f.index, &frame, &mut line);
+            out::line(&mut stdout, &line)?;
+        }
+    }
+    if !args.json {
+        writeln!(stdout, "frames:  {} ({} bytes), {} failed", frames.len(), bytes, failed)?;
+        for (k, n) in &kinds {
+            writeln!(stdout, "  {k:<9} {n}")?;
+        }
+        writeln!(stdout, "ops:")?;
+        for (k, n) in &actions {
+            writeln!(stdout, "  {k:<9} {n}")?;
+        }
+        writeln!(stdout, "blocks:  {blocks} ({})", if args.no_verify { "not verified" } else { "SHA-256 verified" })?;
+        if !errors.is_empty() {
+            writeln!(stdout, "errors:")?;
+            for (k, n) in &errors {
+                writeln!(stdout, "  {k:<14} {n}")?;
+            }
+        }
+    }
+    stdout.flush()?;
+    Ok(if failed > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+fn opt_str(out: &mut Vec<u8>, key: &str, v: Option<&str>) {
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":");
+    match v {
+        Some(s) => write_json_string(out, s),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+fn cid_str(out: &mut Vec<u8>, key: &str, cid: Option<riptide_cbor::Cid<'_>>) {
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":");
+    match cid {
+        Some(c) => {
+            out.push(b'"');
+            c.write_string(out);
+            out.push(b'"');
+        }
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+/// One frame as JSON: `{"index","kind","seq","did",…}`; commits list their ops with records.
+fn frame_json(index: usize, frame: &Frame<'_>, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"{\"index\":");
+    write_json_int(out, index as i64);
+    out.extend_from_slice(b",\"kind\":\"");
+    out.extend_from_slice(frame.body().kind().as_bytes());
+    out.push(b'"');
+    match frame.body() {
+        Body::Commit(c) => {
+            out.extend_from_slice(b",\"seq\":");
+            write_json_int(out, c.seq);
+            opt_str(out, "did", Some(c.repo));
+            opt_str(out, "rev", Some(c.rev));
+            opt_str(out, "since", c.since);
+            opt_str(out, "time", Some(c.time));
+            cid_str(out, "commit", Some(c.commit));
+            cid_str(out, "prevData", c.prev_data);
+            out.extend_from_slice(b",\"blocks\":");
+            write_json_int(out, frame.block_count() as i64);
+            if c.too_big {
+                out.extend_from_slice(b",\"tooBig\":true");
+            }
+            out.extend_from_slice(b",\"ops\":[");
+            for (i, op) in c.ops().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(b"{\"action\":\"");
+                out.extend_from_slice(op.action.as_str().as_bytes());
+                out.push(b'"');
+                opt_str(out, "path", Some(op.path));
+                cid_str(out, "cid", op.cid);
+                cid_str(out, "prev", op.prev);
+                if op.action != Action::Delete {
+                    out.extend_from_slice(b",\"record\":");
+                    let mark = out.len();
+                    let ok = op
+                        .cid
+                        .and_then(|cid| frame.block_by_cid(cid))
+                        .is_some_and(|v| write_json(v, out).is_ok());
+                    if !ok {
+                        out.truncate(mark);
+                        out.extend_from_slice(b"null");
+                    }
+                }
+                out.push(b'}');
+            }
+            out.push(b']');
+        }
+        other => {
+            if let Some(seq) = other.seq() {
+                out.extend_from_slice(b",\"seq\":");
+                write_json_int(out, seq);
+            }
+            opt_str(out, "did", other.did());
+            out.extend_from_slice(b",\"payload\":");
+            let mark = out.len();
+            if write_json(frame.payload(), out).is_err() {
+                out.truncate(mark);
+                out.extend_from_slice(b"null");
+            }
+        }
+    }
+    out.push(b'}');
+}

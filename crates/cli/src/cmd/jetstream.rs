@@ -1,0 +1,64 @@
+//! `riptide jetstream FILE` (a contract): the Jetstream v1 events of a corpus file, one JSON line
+//! each, exactly as a Jetstream server would send them: `time_us` = max(now, previous + 1) and
+//! `cursor` counting from 1, as a fresh server assigns seqs.
+//!
+//! Frames that fail to decode and ops that Jetstream drops are counted on stderr; the exit code is
+//! 1 if any frame failed to decode.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use riptide_firehose::corpus::split_frames;
+use riptide_firehose::{DecodeOptions, FrameDecoder};
+use riptide_jetstream::Projector;
+
+use crate::out;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Corpus file (format of shared/docs/formats.md).
+    file: PathBuf,
+}
+
+fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let file = super::read_file(&args.file)?;
+    let frames = split_frames(&file)?;
+    // Records are decoded one by one in the projector, so one bad record drops one op, not a frame.
+    let opts = DecodeOptions { decode_blocks: false, ..DecodeOptions::default() };
+    let mut dec = FrameDecoder::with_options(opts);
+    let mut proj = Projector::new();
+    let mut stdout = out::stdout();
+    let (mut failed, mut dropped, mut seq, mut last_us) = (0u64, 0u64, 0u64, 0i64);
+    let mut line = Vec::with_capacity(1 << 14);
+    for f in &frames {
+        let frame = match dec.decode(f.bytes) {
+            Ok(frame) => frame,
+            Err(e) => {
+                failed += 1;
+                eprintln!("frame {} at byte {}: {e}", f.index, f.offset + e.offset());
+                continue;
+            }
+        };
+        let events = proj.project(&frame);
+        for (op, why) in events.drops() {
+            dropped += 1;
+            eprintln!("frame {} op {op}: dropped ({})", f.index, why.as_str());
+        }
+        for i in 0..events.len() {
+            seq += 1;
+            last_us = now_us().max(last_us + 1);
+            line.clear();
+            events.render(i, last_us, Some(seq), &mut line);
+            out::line(&mut stdout, &line)?;
+        }
+    }
+    stdout.flush()?;
+    eprintln!("{} events from {} frames; {} ops dropped; {} frames failed", seq, frames.len(), dropped, failed);
+    Ok(if failed > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}

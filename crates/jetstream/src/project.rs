@@ -1,0 +1,287 @@
+//! Relay frame → Jetstream v1 events (protocol §3, §4.1, §7).
+//!
+//! Mapping: a `#commit` gives one event per op, in op order; `#identity` and `#account` give one
+//! event each; `#sync`, `#info`, error frames and unknown types give none. Drops, each counted in
+//! [`Projection::drops`] (never silent):
+//! - a commit whose `rev` is not a TID: every op of it;
+//! - an op whose collection is not an NSID or whose record key is invalid;
+//! - a create or update whose record block is not in the CAR (block CID = op CID);
+//! - a record outside the atproto data model or not strict DAG-CBOR (a float, say): v2 Jetstream
+//!   skips these silently; we skip and count.
+//!
+//! The projection renders each event's body once, without `time_us` and `cursor`: those belong to
+//! the server that assigns them ([`Projection::render`] adds them). Records are rendered straight
+//! from the CBOR tape, keys sorted bytewise, strings escaped as Go does.
+
+use std::ops::Range;
+
+use riptide_cbor::{write_json, write_json_int, write_json_string, Arena, Options};
+use riptide_firehose::{Action, Body, Frame};
+use riptide_syntax::{is_valid_nsid, is_valid_record_key, is_valid_tid};
+
+/// The `kind` of a v1 event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// A record created, updated or deleted.
+    Commit,
+    /// An `#identity` event.
+    Identity,
+    /// An `#account` event.
+    Account,
+}
+
+impl EventKind {
+    /// `commit`, `identity` or `account`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Commit => "commit",
+            EventKind::Identity => "identity",
+            EventKind::Account => "account",
+        }
+    }
+}
+
+/// Why an op produced no event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DropReason {
+    /// The commit's `rev` is not a valid TID (the whole commit is dropped).
+    InvalidRev,
+    /// The op's collection is not a valid NSID.
+    InvalidCollection,
+    /// The op's record key is not valid.
+    InvalidRkey,
+    /// The record block named by the op's CID is not in the CAR.
+    MissingRecord,
+    /// The record is not strict DAG-CBOR in the atproto data model.
+    BadRecord,
+}
+
+impl DropReason {
+    /// A stable kebab-case name, for counters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DropReason::InvalidRev => "invalid-rev",
+            DropReason::InvalidCollection => "invalid-collection",
+            DropReason::InvalidRkey => "invalid-rkey",
+            DropReason::MissingRecord => "missing-record",
+            DropReason::BadRecord => "bad-record",
+        }
+    }
+}
+
+/// One projected event: where its pieces lie in [`Projection`]'s buffer.
+#[derive(Clone, Debug)]
+struct Part {
+    kind: EventKind,
+    did: Range<usize>,
+    collection: Range<usize>,
+    /// `"commit":{…}` (or identity/account), i.e. everything after `"kind":"…",` but the final `}`.
+    body: Range<usize>,
+}
+
+/// The events of one frame, rendered once, ready to be stamped with `time_us` and `cursor`.
+#[derive(Debug, Default)]
+pub struct Projection {
+    buf: Vec<u8>,
+    parts: Vec<Part>,
+    drops: Vec<(usize, DropReason)>,
+}
+
+impl Projection {
+    /// Number of events.
+    pub fn len(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// Whether the frame produced no event.
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// The ops that produced no event: (op index, reason).
+    pub fn drops(&self) -> &[(usize, DropReason)] {
+        &self.drops
+    }
+
+    fn text(&self, r: &Range<usize>) -> &str {
+        // Only ever filled from `&str` data and ASCII JSON syntax.
+        std::str::from_utf8(&self.buf[r.clone()]).unwrap_or_default()
+    }
+
+    /// The `kind` of event `i`.
+    pub fn kind(&self, i: usize) -> EventKind {
+        self.parts[i].kind
+    }
+
+    /// The account DID of event `i` (for `wantedDids`).
+    pub fn did(&self, i: usize) -> &str {
+        self.text(&self.parts[i].did)
+    }
+
+    /// The collection of commit event `i` (for `wantedCollections`); empty for other kinds.
+    pub fn collection(&self, i: usize) -> &str {
+        self.text(&self.parts[i].collection)
+    }
+
+    /// Appends the complete v1 JSON of event `i`:
+    /// `{"did","time_us","cursor","kind",<kind>}`. `cursor` is omitted when `None` (legacy).
+    pub fn render(&self, i: usize, time_us: i64, cursor: Option<u64>, out: &mut Vec<u8>) {
+        let p = &self.parts[i];
+        out.extend_from_slice(b"{\"did\":");
+        write_json_string(out, self.did(i));
+        out.extend_from_slice(b",\"time_us\":");
+        write_json_int(out, time_us);
+        if let Some(c) = cursor {
+            out.extend_from_slice(b",\"cursor\":");
+            write_json_int(out, c as i64);
+        }
+        out.extend_from_slice(b",\"kind\":\"");
+        out.extend_from_slice(p.kind.as_str().as_bytes());
+        out.extend_from_slice(b"\",");
+        out.extend_from_slice(&self.buf[p.body.clone()]);
+        out.push(b'}');
+    }
+}
+
+/// Reusable projection state. One per thread.
+#[derive(Debug, Default)]
+pub struct Projector {
+    arena: Arena,
+    out: Projection,
+}
+
+impl Projector {
+    /// A projector with empty storage.
+    pub fn new() -> Projector {
+        Projector::default()
+    }
+
+    /// Projects one decoded frame. Records are taken from the frame's decoded blocks when it has
+    /// them, otherwise decoded here strictly, one at a time, so that one bad record drops one op
+    /// and not the frame.
+    pub fn project(&mut self, frame: &Frame<'_>) -> &Projection {
+        let Projector { arena, out } = self;
+        out.buf.clear();
+        out.parts.clear();
+        out.drops.clear();
+        match frame.body() {
+            Body::Commit(c) => {
+                let rev_ok = is_valid_tid(c.rev);
+                for (i, op) in c.ops().enumerate() {
+                    if !rev_ok {
+                        out.drops.push((i, DropReason::InvalidRev));
+                        continue;
+                    }
+                    let (collection, rkey) = (op.collection(), op.rkey());
+                    if !is_valid_nsid(collection) {
+                        out.drops.push((i, DropReason::InvalidCollection));
+                        continue;
+                    }
+                    if !is_valid_record_key(rkey) {
+                        out.drops.push((i, DropReason::InvalidRkey));
+                        continue;
+                    }
+                    let mark = out.buf.len();
+                    let did = push(&mut out.buf, c.repo);
+                    let coll = push(&mut out.buf, collection);
+                    let body_start = out.buf.len();
+                    let b = &mut out.buf;
+                    b.extend_from_slice(b"\"commit\":{\"rev\":");
+                    write_json_string(b, c.rev);
+                    b.extend_from_slice(b",\"operation\":\"");
+                    b.extend_from_slice(op.action.as_str().as_bytes());
+                    b.extend_from_slice(b"\",\"collection\":");
+                    write_json_string(b, collection);
+                    b.extend_from_slice(b",\"rkey\":");
+                    write_json_string(b, rkey);
+                    if op.action != Action::Delete {
+                        let Some(cid) = op.cid else {
+                            // The decoder refuses creates and updates without a CID.
+                            out.buf.truncate(mark);
+                            out.drops.push((i, DropReason::MissingRecord));
+                            continue;
+                        };
+                        b.extend_from_slice(b",\"record\":");
+                        let rendered = match frame.block_by_cid(cid) {
+                            Some(v) => write_json(v, b).is_ok(),
+                            None => match frame.block_bytes(cid) {
+                                None => {
+                                    out.buf.truncate(mark);
+                                    out.drops.push((i, DropReason::MissingRecord));
+                                    continue;
+                                }
+                                Some(bytes) => {
+                                    let mut tape = arena.tape(bytes);
+                                    match tape.decode(0..bytes.len(), &Options::strict()) {
+                                        Ok(item) => write_json(tape.value(item), b).is_ok(),
+                                        Err(_) => false,
+                                    }
+                                }
+                            },
+                        };
+                        if !rendered {
+                            out.buf.truncate(mark);
+                            out.drops.push((i, DropReason::BadRecord));
+                            continue;
+                        }
+                        b.extend_from_slice(b",\"cid\":\"");
+                        cid.write_string(b);
+                        b.push(b'"');
+                    }
+                    b.push(b'}');
+                    let body = body_start..out.buf.len();
+                    out.parts.push(Part { kind: EventKind::Commit, did, collection: coll, body });
+                }
+            }
+            Body::Identity(id) => {
+                let did = push(&mut out.buf, id.did);
+                let start = out.buf.len();
+                let b = &mut out.buf;
+                b.extend_from_slice(b"\"identity\":{\"did\":");
+                write_json_string(b, id.did);
+                if let Some(h) = id.handle {
+                    b.extend_from_slice(b",\"handle\":");
+                    write_json_string(b, h);
+                }
+                b.extend_from_slice(b",\"seq\":");
+                write_json_int(b, id.seq);
+                b.extend_from_slice(b",\"time\":");
+                write_json_string(b, id.time);
+                b.push(b'}');
+                let body = start..out.buf.len();
+                out.parts.push(Part { kind: EventKind::Identity, did, collection: 0..0, body });
+            }
+            Body::Account(a) => {
+                let did = push(&mut out.buf, a.did);
+                let start = out.buf.len();
+                let b = &mut out.buf;
+                b.extend_from_slice(if a.active {
+                    b"\"account\":{\"active\":true,\"did\":"
+                } else {
+                    b"\"account\":{\"active\":false,\"did\":"
+                });
+                write_json_string(b, a.did);
+                b.extend_from_slice(b",\"seq\":");
+                write_json_int(b, a.seq);
+                if let Some(s) = a.status {
+                    b.extend_from_slice(b",\"status\":");
+                    write_json_string(b, s);
+                }
+                b.extend_from_slice(b",\"time\":");
+                write_json_string(b, a.time);
+                b.push(b'}');
+                let body = start..out.buf.len();
+                out.parts.push(Part { kind: EventKind::Account, did, collection: 0..0, body });
+            }
+            // Never emitted on v1 (§4.1, §7.8).
+            Body::Sync(_) | Body::Info(_) | Body::Error(_) | Body::Unknown { .. } => {}
+        }
+        out
+    }
+}
+
+fn push(buf: &mut Vec<u8>, s: &str) -> Range<usize> {
+    let start = buf.len();
+    buf.extend_from_slice(s.as_bytes());
+    start..buf.len()
+}
