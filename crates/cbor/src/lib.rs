@@ -34,5 +34,5 @@ pub use encode::{
 };
 pub use error::{Error, ErrorKind};
 pub use json::{json_to_value, to_json_string, write_json, write_json_int, write_json_string, JsonError};
-pub use tape::{Arena, Item, Kind, Limits, Mode, Options, Tape};
+pub use tape::{Arena, Doc, Item, Kind, Limits, Mode, Options, Tape};
 pub use value::{Items, Pairs, Value};

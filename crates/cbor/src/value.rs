@@ -94,6 +94,15 @@ impl<'t> Value<'t> {
         (n.kind == Kind::Bytes).then(|| self.span(n))
     }
 
+    /// Where this string's, byte string's or link's content lies in the input buffer.
+    pub fn byte_range(&self) -> Option<std::ops::Range<usize>> {
+        let n = self.node();
+        match n.kind {
+            Kind::Bytes | Kind::Text | Kind::Link => Some(n.b as usize..n.b as usize + n.a as usize),
+            _ => None,
+        }
+    }
+
     /// The CID, if this is a link (tag 42); borrowed from the input.
     #[inline]
     pub fn as_link(&self) -> Option<Cid<'t>> {
