@@ -200,7 +200,8 @@ impl<'a> Cid<'a> {
     /// The digest bytes of the multihash.
     #[inline]
     pub fn digest(&self) -> &'a [u8] {
-        if self.bytes.len() == 36 && self.bytes[3] == 0x20 {
+        // Fast path only when codec and hash code are one-byte varints, so byte 3 is the length.
+        if self.bytes.len() == 36 && self.bytes[1] < 0x80 && self.bytes[2] < 0x80 && self.bytes[3] == 0x20 {
             return &self.bytes[4..];
         }
         if self.version() == 0 {
@@ -322,7 +323,8 @@ impl CidBuf {
         let decoded: Vec<u8> = if s.len() == 46 && s.starts_with("Qm") {
             bs58::decode(s).into_vec().map_err(|_| CidError::BadString)?
         } else {
-            let body = &s[1..];
+            // `get`, not indexing: a multi-byte first character must be an error, not a panic.
+            let body = s.get(1..).ok_or(CidError::BadString)?;
             match bytes[0] {
                 b'b' | b'B' => base32_lower()
                     .decode(body.as_bytes())

@@ -473,7 +473,8 @@ fn decode_loop(
                     return Err(err(ErrorKind::LengthLimit, at));
                 }
                 // Every item takes at least one byte: a longer declared length cannot fit.
-                let items = if major == 5 { arg * 2 } else { arg };
+                // (Saturating: with the limit lifted, 2^63 pairs must not wrap to 0 items.)
+                let items = if major == 5 { arg.saturating_mul(2) } else { arg };
                 if items > (end - pos) as u64 {
                     return Err(err(ErrorKind::Truncated, at));
                 }

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The real relay capture (`jetstream-2026-07`): every frame decodes, verified, with the counts of
 //! its manifest (which come from an independent decoder), and tampering is caught.
 
@@ -19,7 +20,7 @@ struct Counts {
 }
 
 fn count(file: &[u8], opts: DecodeOptions) -> Counts {
-    let frames = split_frames(file).unwrap();
+    let frames = split_frames(file).expect("corpus splits");
     let mut dec = FrameDecoder::with_options(opts);
     let mut c = Counts { frames: 0, commits: 0, identity: 0, account: 0, sync: 0, creates: 0, updates: 0, deletes: 0, blocks: 0 };
     for f in &frames {
