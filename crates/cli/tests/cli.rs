@@ -1,0 +1,129 @@
+//! The `riptide` command's contracts, run as a user runs them, on the real capture.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use riptide_firehose::corpus::{split_frames, write_frames};
+
+fn riptide(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_riptide")).args(args).output().expect("run riptide")
+}
+
+fn capture() -> Option<PathBuf> {
+    Some(common::corpus()?.join("jetstream-2026-07/firehose-frames.bin"))
+}
+
+fn temp(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("riptide-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn decode_summary_counts_the_capture() {
+    let Some(file) = capture() else { return };
+    let out = riptide(&["decode", s(&file)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for want in ["frames:  150", "commit    148", "identity  1", "account   1", "create    144", "update    2", "delete    4", "blocks:  1549 (SHA-256 verified)"] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn decode_json_is_one_object_per_frame_with_records() {
+    let Some(file) = capture() else { return };
+    let out = riptide(&["decode", s(&file), "--json"]);
+    assert!(out.status.success());
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 150);
+    let records = lines
+        .iter()
+        .filter(|l| l["kind"] == "commit")
+        .flat_map(|l| l["ops"].as_array().unwrap().iter())
+        .filter(|op| op["record"].is_object())
+        .count();
+    assert_eq!(records, 146);
+    assert!(lines.iter().enumerate().all(|(i, l)| l["index"] == i));
+}
+
+#[test]
+fn tampered_and_truncated_frames_are_reported_counted_and_skipped() {
+    let Some(file) = capture() else { return };
+    let bytes = std::fs::read(&file).unwrap();
+    let frames = split_frames(&bytes).unwrap();
+    let mut owned: Vec<Vec<u8>> = frames.iter().take(10).map(|f| f.bytes.to_vec()).collect();
+    // Frame 3: a byte flipped in the last 40 bytes (inside the CAR's last block for these frames,
+    // or the commit's CID); frame 5: truncated.
+    let n = owned[3].len();
+    owned[3][n - 20] ^= 0x40;
+    let half = owned[5].len() / 2;
+    owned[5].truncate(half);
+    let corpus = write_frames(owned.iter().map(|f| f.as_slice()).collect::<Vec<_>>().into_iter());
+    let path = temp("tampered.bin", &corpus);
+    let out = riptide(&["decode", s(&path)]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("frame 5 at byte"), "{err}");
+    assert!(err.lines().count() >= 1);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("failed"), "{text}");
+    // The opt-out still refuses the truncated frame.
+    let out = riptide(&["decode", s(&path), "--no-verify"]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn garbage_input_is_an_error_not_a_panic() {
+    let path = temp("garbage.bin", &[0xff, 0xff, 0xff, 0xff, 1, 2, 3]);
+    let out = riptide(&["decode", s(&path)]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("corpus frame"));
+    let out = riptide(&["decode", "/nonexistent/file.bin"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/file.bin"));
+}
+
+#[test]
+fn jetstream_emits_production_count_with_increasing_time_and_cursor() {
+    let Some(file) = capture() else { return };
+    let out = riptide(&["jetstream", s(&file)]);
+    assert!(out.status.success());
+    let events: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(events.len(), 152);
+    for w in events.windows(2) {
+        assert!(w[1]["time_us"].as_i64() > w[0]["time_us"].as_i64());
+        assert_eq!(w[1]["cursor"].as_i64().unwrap(), w[0]["cursor"].as_i64().unwrap() + 1);
+    }
+}
+
+#[test]
+fn bench_decode_json_has_the_contract_fields() {
+    let Some(file) = capture() else { return };
+    let out = riptide(&["bench", "decode", s(&file), "--warmup", "0", "--passes", "1", "--json"]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for k in ["frames", "bytes", "blocks", "errors", "passes", "fps", "mbps", "sha_bound_fps", "ratio_to_sha_bound"] {
+        assert!(v.get(k).is_some(), "missing {k}");
+    }
+    assert_eq!(v["frames"], 150);
+    assert_eq!(v["blocks"], 1549);
+    assert_eq!(v["errors"], 0);
+    for k in ["min", "median", "max"] {
+        assert!(v["fps"][k].as_f64().unwrap() > 0.0);
+    }
+    let out = riptide(&["bench", "decode", s(&file), "--warmup", "0", "--passes", "1", "--no-verify", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v.get("sha_bound_fps").is_none());
+}
