@@ -1,0 +1,137 @@
+//! Key heights, common prefixes and key syntax: the arithmetic the MST shape is made of.
+//!
+//! Why: every structural rule of the atproto MST comes down to these three functions. A key's
+//! *height* (the layer it lives on) is the number of leading zero bits of SHA-256(key), counted in
+//! 2-bit chunks (fanout 4). Entries store keys prefix-compressed against the previous key of the
+//! same node, so the exact common prefix length is part of the canonical encoding.
+//!
+//! What it does not do: any tree logic. Heights fit in a `u8` (at most 128 for a 256-bit hash).
+
+use sha2::{Digest, Sha256};
+
+/// Longest key accepted, in bytes (the reference implementation's limit).
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// The MST layer of `key`: leading zero bits of SHA-256(key), divided by two (floor).
+#[inline]
+pub fn key_height(key: &[u8]) -> u32 {
+    let digest = Sha256::digest(key);
+    let mut zeros = 0u32;
+    for &b in digest.iter() {
+        if b == 0 {
+            zeros += 8;
+        } else {
+            zeros += b.leading_zeros();
+            break;
+        }
+    }
+    zeros / 2
+}
+
+/// Length of the longest common prefix of `a` and `b`, in bytes.
+#[inline]
+pub fn common_prefix_len(a: &[u8], b: &[u8]) -> usize {
+    // Compare eight bytes at a time; keys share long collection prefixes.
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = u64::from_le_bytes(chunk8(&a[i..i + 8]));
+        let y = u64::from_le_bytes(chunk8(&b[i..i + 8]));
+        let d = x ^ y;
+        if d != 0 {
+            return i + (d.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
+}
+
+#[inline(always)]
+fn chunk8(s: &[u8]) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    out.copy_from_slice(s);
+    out
+}
+
+/// Whether `key` is a valid MST key: `collection/rkey`, both parts non-empty, characters from
+/// `A-Z a-z 0-9 _ ~ - : .`, at most [`MAX_KEY_LEN`] bytes.
+#[inline]
+pub fn is_valid_key(key: &[u8]) -> bool {
+    if key.is_empty() || key.len() > MAX_KEY_LEN {
+        return false;
+    }
+    let mut slash = None;
+    for (i, &c) in key.iter().enumerate() {
+        if c == b'/' {
+            if slash.is_some() {
+                return false;
+            }
+            slash = Some(i);
+        } else if !(c.is_ascii_alphanumeric() || matches!(c, b'_' | b'~' | b'-' | b':' | b'.')) {
+            return false;
+        }
+    }
+    matches!(slash, Some(i) if i > 0 && i + 1 < key.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heights_from_the_spec() {
+        assert_eq!(key_height(b""), 0);
+        assert_eq!(key_height(b"asdf"), 0);
+        assert_eq!(key_height(b"blue"), 1);
+        assert_eq!(key_height(b"2653ae71"), 0);
+        assert_eq!(key_height(b"88bfafc7"), 2);
+        assert_eq!(key_height(b"2a92d355"), 4);
+        assert_eq!(key_height(b"884976f5"), 6);
+        assert_eq!(key_height(b"app.bsky.feed.post/454397e440ec"), 4);
+        assert_eq!(key_height(b"app.bsky.feed.post/9adeb165882c"), 8);
+    }
+
+    #[test]
+    fn prefixes() {
+        assert_eq!(common_prefix_len(b"", b""), 0);
+        assert_eq!(common_prefix_len(b"abc", b"abc"), 3);
+        assert_eq!(common_prefix_len(b"abcde", b"abc1"), 3);
+        assert_eq!(common_prefix_len(b"abc\0", b"abc"), 3);
+        let a = b"app.bsky.feed.post/3lo3kqqljmfe2";
+        let b = b"app.bsky.feed.post/3log4547dm6h2";
+        assert_eq!(common_prefix_len(a, b), 22);
+        for i in 0..a.len() {
+            let mut c = a.to_vec();
+            c[i] ^= 1;
+            assert_eq!(common_prefix_len(a, &c), i);
+        }
+    }
+
+    #[test]
+    fn key_syntax() {
+        assert!(is_valid_key(b"app.bsky.feed.post/3lo3kqqljmfe2"));
+        assert!(is_valid_key(b"A0/374913"));
+        assert!(is_valid_key(b"com.example.record/self:~_-."));
+        for bad in [
+            &b""[..],
+            b"/",
+            b"a/",
+            b"/b",
+            b"a/b/c",
+            b"a b/c",
+            b"a/\xff",
+            b"nocollection",
+        ] {
+            assert!(!is_valid_key(bad), "{bad:?}");
+        }
+        let long = [b'a'; MAX_KEY_LEN];
+        let mut k = long.to_vec();
+        k[3] = b'/';
+        assert!(is_valid_key(&k));
+        k.push(b'a');
+        assert!(!is_valid_key(&k));
+    }
+}

@@ -1,0 +1,304 @@
+//! Walking a whole MST in key order, checking that it is the canonical tree.
+//!
+//! Why: listing a repository and verifying it are the same traversal. The walk visits every
+//! node once, left subtree, entry, right subtree, …, and checks on the way everything that makes
+//! the tree the unique MST of its keys: keys strictly ascending across the whole tree, every key
+//! on its node's layer, every child exactly one layer below its parent, no empty subtrees, a
+//! pruned root. Combined with the per-node checks of [`crate::mst::node`], a tree that walks
+//! without error re-encodes to itself; rebuilding it from the leaves is a second, independent
+//! check.
+//!
+//! How: an explicit stack, one reusable [`NodeData`] per depth (depth is at most 129 since every
+//! level goes down one layer and heights are at most 128), one tape arena. After warm-up a walk
+//! allocates nothing per node. Bad input never panics and cannot loop: every subtree visited must
+//! yield a new, larger key.
+//!
+//! What it does not do: check that record blocks exist (a repository export may omit them only if
+//! the caller allows that; see [`crate::repo`]).
+
+use riptide_cbor::{Arena, Cid, CidBuf};
+
+use crate::error::MstError;
+use crate::mst::node::{decode_node, empty_root_cid, NodeData};
+use crate::source::BlockSource;
+
+/// What a walk saw.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WalkStats {
+    /// Leaves (records).
+    pub records: usize,
+    /// Nodes decoded.
+    pub nodes: usize,
+    /// Layer of the root (0 for an empty tree).
+    pub root_layer: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    /// 0: left subtree next; 2j+1: entry j next; 2j+2: right subtree of entry j next.
+    pos: usize,
+    layer: u32,
+}
+
+/// Reusable walk state (a decoding arena).
+#[derive(Debug, Default)]
+pub struct Walker {
+    arena: Arena,
+    prev: Vec<u8>,
+}
+
+impl Walker {
+    /// A walker with empty buffers.
+    pub fn new() -> Walker {
+        Walker::default()
+    }
+
+    /// Visits every leaf of the tree rooted at `root` in key order, calling `f(key, record CID,
+    /// height)`, and checks that the tree is canonical. Stops at the first problem.
+    pub fn walk<'s, S, F>(
+        &mut self,
+        src: &'s S,
+        root: Cid<'_>,
+        mut f: F,
+    ) -> Result<WalkStats, MstError>
+    where
+        S: BlockSource + ?Sized,
+        F: FnMut(&[u8], Cid<'s>, u32),
+    {
+        let mut stats = WalkStats::default();
+        let mut levels: Vec<NodeData<'s>> = vec![NodeData::new()];
+        let mut frames: Vec<Frame> = Vec::with_capacity(16);
+        let block = match src.get_block(root) {
+            Some(b) => b,
+            // The empty tree needs no block: its CID says all there is to know.
+            None if root == empty_root_cid().as_cid() => {
+                return Ok(WalkStats { nodes: 1, ..stats })
+            }
+            None => return Err(MstError::MissingBlock(root.to_buf())),
+        };
+        decode_node(&mut self.arena, root, block, None, &mut levels[0])?;
+        stats.nodes = 1;
+        let Some(root_layer) = levels[0].layer() else {
+            if levels[0].left().is_some() {
+                return Err(MstError::UnprunedRoot { cid: root.to_buf() });
+            }
+            return Ok(stats); // the empty tree
+        };
+        stats.root_layer = root_layer;
+        frames.push(Frame {
+            pos: 0,
+            layer: root_layer,
+        });
+        self.prev.clear();
+        let mut have_prev = false;
+        // Which node (for error reports) each depth holds.
+        let mut cids: Vec<CidBuf> = vec![root.to_buf()];
+
+        while !frames.is_empty() {
+            let depth = frames.len() - 1;
+            let frame = &mut frames[depth];
+            let node = &levels[depth];
+            let pos = frame.pos;
+            frame.pos += 1;
+            let child = if pos == 0 {
+                node.left()
+            } else if pos % 2 == 1 {
+                let j = (pos - 1) / 2;
+                if j >= node.len() {
+                    frames.pop();
+                    continue;
+                }
+                let key = node.key(j);
+                if have_prev && key <= self.prev.as_slice() {
+                    return Err(MstError::KeyOrder {
+                        cid: cids[depth],
+                        key: String::from_utf8_lossy(key).into_owned(),
+                    });
+                }
+                self.prev.clear();
+                self.prev.extend_from_slice(key);
+                have_prev = true;
+                stats.records += 1;
+                f(key, node.value(j), frame.layer);
+                continue;
+            } else {
+                node.right((pos - 2) / 2)
+            };
+            let Some(child) = child else { continue };
+            // decode_node rejected subtrees on layer 0, so the parent layer is at least 1.
+            let layer = frame.layer.saturating_sub(1);
+            let block = src
+                .get_block(child)
+                .ok_or_else(|| MstError::MissingBlock(child.to_buf()))?;
+            if levels.len() <= depth + 1 {
+                levels.push(NodeData::new());
+                cids.push(child.to_buf());
+            } else {
+                cids[depth + 1] = child.to_buf();
+            }
+            let slot = &mut levels[depth + 1];
+            decode_node(&mut self.arena, child, block, Some(layer), slot)?;
+            stats.nodes += 1;
+            if slot.is_empty() && slot.left().is_none() {
+                return Err(MstError::EmptyNode {
+                    cid: child.to_buf(),
+                });
+            }
+            frames.push(Frame { pos: 0, layer });
+        }
+        Ok(stats)
+    }
+}
+
+/// Visits every leaf of the tree rooted at `root` in key order (see [`Walker::walk`]).
+pub fn walk<'s, S, F>(src: &'s S, root: Cid<'_>, f: F) -> Result<WalkStats, MstError>
+where
+    S: BlockSource + ?Sized,
+    F: FnMut(&[u8], Cid<'s>, u32),
+{
+    Walker::new().walk(src, root, f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mst::build::build;
+    use crate::mst::node::encode_node;
+    use riptide_cbor::DAG_CBOR;
+    use std::collections::HashMap;
+
+    fn leaf() -> CidBuf {
+        CidBuf::parse("bafyreie5cvv4h45feadgeuwhbcutmh6t2ceseocckahdoe6uat64zmz454").unwrap()
+    }
+
+    fn store(blocks: Vec<(CidBuf, Vec<u8>)>) -> HashMap<CidBuf, Vec<u8>> {
+        blocks.into_iter().collect()
+    }
+
+    fn keys_of(src: &HashMap<CidBuf, Vec<u8>>, root: CidBuf) -> Result<Vec<String>, MstError> {
+        let mut out = Vec::new();
+        walk(src, root.as_cid(), |k, _, _| {
+            out.push(String::from_utf8_lossy(k).into_owned())
+        })?;
+        Ok(out)
+    }
+
+    #[test]
+    fn walks_what_build_built() {
+        let keys: Vec<String> = (0..500)
+            .map(|i| format!("app.bsky.feed.like/{i:06}"))
+            .collect();
+        let leaves: Vec<(String, CidBuf)> = keys.iter().map(|k| (k.clone(), leaf())).collect();
+        let (root, blocks) = build(&leaves).unwrap();
+        let n = blocks.len();
+        let src = store(blocks);
+        assert_eq!(keys_of(&src, root).unwrap(), keys);
+        let stats = walk(&src, root.as_cid(), |_, _, _| {}).unwrap();
+        assert_eq!((stats.records, stats.nodes), (500, n));
+    }
+
+    #[test]
+    fn empty_tree_needs_no_block() {
+        let src: HashMap<CidBuf, Vec<u8>> = HashMap::new();
+        let stats = walk(&src, crate::mst::empty_root_cid().as_cid(), |_, _, _| {}).unwrap();
+        assert_eq!((stats.records, stats.nodes), (0, 1));
+        let mut tree = crate::mst::Tree::load(crate::mst::empty_root_cid());
+        assert_eq!(tree.get(&src, b"a.b/c").unwrap(), None);
+    }
+
+    #[test]
+    fn missing_node_is_typed() {
+        let leaves: Vec<(String, CidBuf)> = (0..100)
+            .map(|i| (format!("a.b.c/{i:04}"), leaf()))
+            .collect();
+        let (root, blocks) = build(&leaves).unwrap();
+        let dropped = blocks[0].0;
+        let src = store(blocks.into_iter().skip(1).collect());
+        assert_eq!(
+            keys_of(&src, root).unwrap_err(),
+            MstError::MissingBlock(dropped)
+        );
+    }
+
+    #[test]
+    fn cross_node_order_and_layers_are_checked() {
+        // A layer-1 key with a left child holding a larger layer-0 key.
+        let hi: Vec<String> = (0..1000)
+            .map(|i| format!("a.b.c/{i:04}"))
+            .filter(|k| crate::mst::key_height(k.as_bytes()) == 1)
+            .take(1)
+            .collect();
+        let lo: Vec<String> = (0..1000)
+            .map(|i| format!("a.b.c/{i:04}"))
+            .filter(|k| crate::mst::key_height(k.as_bytes()) == 0 && k.as_str() > hi[0].as_str())
+            .take(1)
+            .collect();
+        let v = leaf();
+        let mut child = Vec::new();
+        encode_node(&mut child, None, &[(lo[0].as_bytes(), v.as_cid(), None)]);
+        let child_cid = CidBuf::sha256(DAG_CBOR, &child);
+        let mut root = Vec::new();
+        encode_node(
+            &mut root,
+            Some(child_cid.as_cid()),
+            &[(hi[0].as_bytes(), v.as_cid(), None)],
+        );
+        let root_cid = CidBuf::sha256(DAG_CBOR, &root);
+        let mut src = HashMap::new();
+        src.insert(child_cid, child.clone());
+        src.insert(root_cid, root);
+        assert!(matches!(
+            keys_of(&src, root_cid),
+            Err(MstError::KeyOrder { .. })
+        ));
+
+        // The same child under a layer-2 key: the child must be on layer 1, its key is on 0.
+        let top: Vec<String> = (0..5000)
+            .map(|i| format!("a.b.c/{i:04}"))
+            .filter(|k| crate::mst::key_height(k.as_bytes()) == 2 && k.as_str() > lo[0].as_str())
+            .take(1)
+            .collect();
+        let mut root = Vec::new();
+        encode_node(
+            &mut root,
+            Some(child_cid.as_cid()),
+            &[(top[0].as_bytes(), v.as_cid(), None)],
+        );
+        let root_cid = CidBuf::sha256(DAG_CBOR, &root);
+        src.insert(root_cid, root);
+        assert!(matches!(
+            keys_of(&src, root_cid),
+            Err(MstError::WrongLayer {
+                expected: 1,
+                found: 0,
+                ..
+            })
+        ));
+
+        // An empty node as a child, and an unpruned root.
+        let mut empty_child = Vec::new();
+        encode_node(&mut empty_child, None, &[]);
+        let empty_cid = CidBuf::sha256(DAG_CBOR, &empty_child);
+        src.insert(empty_cid, empty_child);
+        let mut root = Vec::new();
+        encode_node(
+            &mut root,
+            Some(empty_cid.as_cid()),
+            &[(hi[0].as_bytes(), v.as_cid(), None)],
+        );
+        let root_cid = CidBuf::sha256(DAG_CBOR, &root);
+        src.insert(root_cid, root);
+        assert!(matches!(
+            keys_of(&src, root_cid),
+            Err(MstError::EmptyNode { .. })
+        ));
+        let mut root = Vec::new();
+        encode_node(&mut root, Some(child_cid.as_cid()), &[]);
+        let root_cid = CidBuf::sha256(DAG_CBOR, &root);
+        src.insert(root_cid, root);
+        assert!(matches!(
+            keys_of(&src, root_cid),
+            Err(MstError::UnprunedRoot { .. })
+        ));
+    }
+}
