@@ -5,12 +5,16 @@
 //! with every block's SHA-256 checked, and every block decoded — through a reusable
 //! [`FrameDecoder`] that allocates nothing per frame once warm.
 //!
+//! [`verify`] checks what a frame claims: signatures with the account's key and Sync 1.1 proofs,
+//! one typed verdict per frame.
+//!
 //! It does no I/O and knows nothing of sockets, async runtimes or metrics.
 
 mod error;
 mod frame;
 
 pub mod corpus;
+pub mod verify;
 
 pub use error::{FrameError, FrameErrorKind};
 pub use frame::{
