@@ -24,6 +24,14 @@ enum Command {
     Decode(cmd::decode::Args),
     /// Print the Jetstream v1 events of a corpus file, one JSON line each.
     Jetstream(cmd::jetstream::Args),
+    /// Verify every frame of a corpus: block CIDs, signatures, Sync 1.1 proofs.
+    Verify(cmd::verify::Args),
+    /// Repository exports (CAR): list, inspect, verify.
+    #[command(subcommand)]
+    Repo(cmd::repo::Repo),
+    /// Make benchmark corpora.
+    #[command(subcommand)]
+    Corpus(cmd::corpus::CorpusCmd),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
@@ -34,6 +42,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Decode(a) => cmd::decode::run(a),
         Command::Jetstream(a) => cmd::jetstream::run(a),
+        Command::Verify(a) => cmd::verify::run(a),
+        Command::Repo(r) => cmd::repo::run(r),
+        Command::Corpus(c) => cmd::corpus::run(c),
         Command::Bench(b) => cmd::bench::run(b),
     };
     match result {

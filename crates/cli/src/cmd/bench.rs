@@ -6,6 +6,16 @@
 //! *SHA-256 bound*: passes that only hash every block's bytes — the floor under verified decoding —
 //! and reports the ratio of the two medians.
 //!
+//! `bench sigs` times signature verification over a signature corpus (`*.sigs`) in the three tiers
+//! of atproto-bench, each a pass over every entry: `full` (decode the signed commit, strip `sig`,
+//! re-encode, SHA-256, verify, with the key parsed from its bytes every time), `crypto` (key parsed
+//! every time, SHA-256 and verify over pre-computed unsigned bytes) and `preparsed` (SHA-256 and
+//! verify with keys parsed beforehand: what a verifier with a warm key cache pays). Verifies/s.
+//!
+//! `bench repo` times [`riptide_repo::verify_repo`] on a repository export, phase by phase: the
+//! compute cost of trusting a repository (CAR with SHA-256 per block, signature, MST walk, MST
+//! rebuild).
+//!
 //! Machines are noisy: compare ratios measured within one run, not absolute figures across runs.
 
 use std::hint::black_box;
@@ -14,7 +24,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use riptide_crypto::{Curve, PublicKey};
 use riptide_firehose::corpus::{split_frames, write_frames};
+use riptide_repo::{verify_repo, Commit};
 use riptide_firehose::{DecodeOptions, FrameDecoder};
 use sha2::{Digest, Sha256};
 
@@ -24,6 +36,10 @@ use crate::out;
 pub enum Bench {
     /// Decode a frame corpus repeatedly and report frames/s and MB/s.
     Decode(DecodeArgs),
+    /// Signature verification tiers (full, crypto, preparsed) over a signature corpus: verifies/s.
+    Sigs(SigsArgs),
+    /// Verify a repository export repeatedly: per-phase times (car, signature, walk, rebuild).
+    Repo(RepoArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -53,6 +69,8 @@ pub struct DecodeArgs {
 pub fn run(b: Bench) -> anyhow::Result<ExitCode> {
     match b {
         Bench::Decode(a) => decode(a),
+        Bench::Sigs(a) => sigs(a),
+        Bench::Repo(a) => repo(a),
     }
 }
 
@@ -212,6 +230,206 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     }
     stdout.flush()?;
     Ok(if errors > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SigsArgs {
+    /// Signature corpus (formats.md `*.sigs`; see `riptide corpus sigs`).
+    file: PathBuf,
+    /// Warm-up passes (not measured).
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Measured passes.
+    #[arg(long, default_value_t = 5)]
+    passes: usize,
+    /// Repeat the entries this many times per pass (longer passes, steadier figures).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// One JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One entry prepared for every tier.
+struct Prepared<'a> {
+    curve: Curve,
+    signed: &'a [u8],
+    pubkey: &'a [u8],
+    unsigned: Vec<u8>,
+    sig: Vec<u8>,
+    key: PublicKey,
+}
+
+fn prepare<'a>(e: &'a super::corpus::SigEntry) -> Option<Prepared<'a>> {
+    let commit = Commit::decode(&e.signed).ok()?;
+    let key = PublicKey::from_sec1(e.curve, &e.pubkey).ok()?;
+    commit.verify_signature(&key).ok()?;
+    let mut unsigned = Vec::new();
+    commit.unsigned_bytes(&mut unsigned);
+    Some(Prepared { curve: e.curve, signed: &e.signed, pubkey: &e.pubkey, unsigned, sig: commit.sig().to_vec(), key })
+}
+
+/// Times `pass` (which returns how many verifications succeeded): warm-up, then measured passes;
+/// verifies/s per pass. A pass that verifies fewer than `expect` is a bug of the benchmark.
+fn time_passes(warmup: usize, passes: usize, expect: usize, mut pass: impl FnMut() -> usize) -> anyhow::Result<Stats> {
+    for _ in 0..warmup {
+        anyhow::ensure!(pass() == expect, "a warm-up pass failed to verify every entry");
+    }
+    let mut rates = Vec::with_capacity(passes);
+    for _ in 0..passes {
+        let start = Instant::now();
+        let ok = pass();
+        let t = start.elapsed().as_secs_f64();
+        anyhow::ensure!(ok == expect, "a pass verified {ok} of {expect} entries");
+        rates.push(expect as f64 / t.max(1e-12));
+    }
+    Ok(Stats::of(rates))
+}
+
+fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(a.passes > 0, "--passes must be at least 1");
+    anyhow::ensure!(a.repeat > 0, "--repeat must be at least 1");
+    let file = super::read_file(&a.file)?;
+    let entries = super::corpus::read_sigs(&file)?;
+    let prepared: Vec<Prepared<'_>> = entries.iter().filter_map(prepare).collect();
+    let errors = entries.len() - prepared.len();
+    let p256 = entries.iter().filter(|e| e.curve == Curve::P256).count();
+    let work: Vec<&Prepared<'_>> = (0..a.repeat).flat_map(|_| prepared.iter()).collect();
+    let n = work.len();
+
+    let mut arena = riptide_cbor::Arena::new();
+    let mut buf = Vec::new();
+    let full = time_passes(a.warmup, a.passes, n, || {
+        let mut ok = 0;
+        for p in &work {
+            let verified = Commit::decode_with(&mut arena, black_box(p.signed)).ok().and_then(|c| {
+                let key = PublicKey::from_sec1(p.curve, black_box(p.pubkey)).ok()?;
+                c.verify_signature_with(&key, &mut buf).ok()
+            });
+            ok += usize::from(verified.is_some());
+        }
+        ok
+    })?;
+    let crypto = time_passes(a.warmup, a.passes, n, || {
+        let mut ok = 0;
+        for p in &work {
+            let verified = PublicKey::from_sec1(p.curve, black_box(p.pubkey))
+                .ok()
+                .and_then(|key| key.verify(black_box(&p.unsigned), &p.sig).ok());
+            ok += usize::from(verified.is_some());
+        }
+        ok
+    })?;
+    let preparsed = time_passes(a.warmup, a.passes, n, || {
+        let mut ok = 0;
+        for p in &work {
+            ok += usize::from(black_box(&p.key).verify(black_box(&p.unsigned), &p.sig).is_ok());
+        }
+        ok
+    })?;
+
+    let report = serde_json::json!({
+        "file": a.file.display().to_string(),
+        "entries": entries.len(),
+        "p256": p256,
+        "secp256k1": entries.len() - p256,
+        "errors": errors,
+        "repeat": a.repeat,
+        "warmup": a.warmup,
+        "passes": a.passes,
+        "unit": "verifies/s",
+        "tiers": {"full": full.json(), "crypto": crypto.json(), "preparsed": preparsed.json()},
+        "machine": machine(),
+        "date": utc_now(),
+    });
+    let mut stdout = out::stdout();
+    if a.json {
+        writeln!(stdout, "{report}")?;
+    } else {
+        writeln!(stdout, "entries {} (secp256k1 {}, P-256 {p256}), errors {errors}, x{} per pass, {} passes",
+            entries.len(), entries.len() - p256, a.repeat, a.passes)?;
+        for (name, s) in [("full", full), ("crypto", crypto), ("preparsed", preparsed)] {
+            writeln!(stdout, "{name:<10} {:>8.0} verifies/s (min {:.0}, max {:.0})", s.median, s.min, s.max)?;
+        }
+    }
+    stdout.flush()?;
+    Ok(if errors > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RepoArgs {
+    /// A repository CAR (com.atproto.sync.getRepo export).
+    file: PathBuf,
+    /// The account's signing key (did:key:z…): include the signature check.
+    #[arg(long)]
+    key: Option<String>,
+    /// Warm-up passes (not measured).
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Measured passes.
+    #[arg(long, default_value_t = 5)]
+    passes: usize,
+    /// One JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(a.passes > 0, "--passes must be at least 1");
+    let bytes = super::read_file(&a.file)?;
+    let key = super::repo::key_arg(a.key.as_deref(), None)?.map(|(k, _)| k);
+    let first = match verify_repo(&bytes, key.as_ref()) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{}: {}: {e}", a.file.display(), super::repo::verdict(&e));
+            return Ok(ExitCode::from(1));
+        }
+    };
+    for _ in 0..a.warmup {
+        black_box(verify_repo(black_box(&bytes), key.as_ref()).is_ok());
+    }
+    let mut phases: [Vec<f64>; 5] = Default::default();
+    for _ in 0..a.passes {
+        let start = Instant::now();
+        let r = verify_repo(black_box(&bytes), key.as_ref())?;
+        let total = start.elapsed();
+        let t = r.timings;
+        for (v, d) in phases.iter_mut().zip([t.car, t.signature, t.walk, t.rebuild, total]) {
+            v.push(d.as_secs_f64() * 1e6);
+        }
+    }
+    let [car, signature, walk, rebuild, total] = phases.map(Stats::of);
+    let report = serde_json::json!({
+        "file": a.file.display().to_string(),
+        "bytes": bytes.len(),
+        "blocks": first.blocks,
+        "records": first.records,
+        "mst_nodes": first.mst_nodes,
+        "signature_checked": first.signature_checked,
+        "warmup": a.warmup,
+        "passes": a.passes,
+        "timings_us": {
+            "car": car.json(), "signature": signature.json(), "walk": walk.json(),
+            "rebuild": rebuild.json(), "total": total.json(),
+        },
+        "records_per_s": round(first.records as f64 / (total.median / 1e6).max(1e-12)),
+        "machine": machine(),
+        "date": utc_now(),
+    });
+    let mut stdout = out::stdout();
+    if a.json {
+        writeln!(stdout, "{report}")?;
+    } else {
+        writeln!(stdout, "{}: {} records, {} blocks, {} bytes, signature {}, {} passes (median, us)",
+            a.file.display(), first.records, first.blocks, bytes.len(),
+            if first.signature_checked { "checked" } else { "not checked" }, a.passes)?;
+        for (name, s) in [("car", car), ("signature", signature), ("walk", walk), ("rebuild", rebuild), ("total", total)] {
+            let share = if total.median > 0.0 { s.median / total.median * 100.0 } else { 0.0 };
+            writeln!(stdout, "{name:<10} {:>12.1} us  {share:>5.1}%  (min {:.1}, max {:.1})", s.median, s.min, s.max)?;
+        }
+    }
+    stdout.flush()?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// CPU model and core count, for the record.

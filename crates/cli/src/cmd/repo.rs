@@ -1,0 +1,259 @@
+//! `riptide repo ls|inspect|verify FILE.car` (contracts): a repository export (`getRepo` CAR).
+//!
+//! - `ls`: `collection/rkey<TAB>record-CID` per record, in MST key order (the tree is checked on
+//!   the way), as indigo's `goat repo ls` prints it.
+//! - `inspect`: the commit. Text as `goat repo inspect` prints it; `--json`:
+//!   `{"did","data","rev","version","prev"}` (`prev` null when absent).
+//! - `verify`: every block CID, the commit signature (given `--key did:key:…` or `--did-doc FILE`),
+//!   a structural walk of the MST and its rebuild from the leaves against the commit's `data`.
+//!   `--json`: `{"verdict","records","blocks","bytes","timings_ms":{"car","signature","walk",
+//!   "rebuild"}}` (plus `reason` and `signature_checked`). Exit 1 when the verdict is not `ok`.
+//!
+//! Verdicts: `ok`, `bad-block-cid`, `bad-signature`, `missing-block`, `root-mismatch` (the tree
+//! rebuilt from its leaves is not the commit's `data`), `malformed`, `limits`, `unknown-key` (a
+//! DID document for another DID than the repository's). A repository that is not ok is reported,
+//! not an error of the command: exit 1, and the JSON still printed.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use riptide_car::{CarErrorKind, CarOptions, CarReader};
+use riptide_crypto::PublicKey;
+use riptide_identity::DidDoc;
+use riptide_repo::{inspect, list_records, verify_repo, MstError, RepoError};
+
+use crate::out;
+
+#[derive(clap::Subcommand, Debug)]
+pub enum Repo {
+    /// List every record: collection/rkey<TAB>record-CID, in MST key order.
+    Ls(FileArgs),
+    /// Show the commit of a repository export.
+    Inspect(InspectArgs),
+    /// Verify a repository export: block CIDs, signature, MST structure and rebuild.
+    Verify(VerifyArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct FileArgs {
+    /// A repository CAR (com.atproto.sync.getRepo export).
+    file: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct InspectArgs {
+    /// A repository CAR.
+    file: PathBuf,
+    /// One JSON object: {"did","data","rev","version","prev"}.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct VerifyArgs {
+    /// A repository CAR.
+    file: PathBuf,
+    /// The account's signing key (did:key:z…); checks the commit signature.
+    #[arg(long, conflicts_with = "did_doc")]
+    key: Option<String>,
+    /// The account's DID document (JSON); its #atproto key checks the commit signature.
+    #[arg(long)]
+    did_doc: Option<PathBuf>,
+    /// One JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(r: Repo) -> anyhow::Result<ExitCode> {
+    match r {
+        Repo::Ls(a) => ls(a),
+        Repo::Inspect(a) => inspect_cmd(a),
+        Repo::Verify(a) => verify(a),
+    }
+}
+
+/// The verdict name of a repository error.
+pub fn verdict(e: &RepoError) -> &'static str {
+    match e {
+        RepoError::Car(c) => match c.kind() {
+            CarErrorKind::HashMismatch { .. } => "bad-block-cid",
+            CarErrorKind::TooLarge | CarErrorKind::TooManyBlocks => "limits",
+            _ => "malformed",
+        },
+        RepoError::Signature(_) => "bad-signature",
+        RepoError::MissingCommit(_) | RepoError::MissingRecord { .. } | RepoError::Mst(MstError::MissingBlock(_)) => {
+            "missing-block"
+        }
+        RepoError::RootMismatch { .. } => "root-mismatch",
+        _ => "malformed",
+    }
+}
+
+fn report_failure(file: &std::path::Path, e: &RepoError) -> ExitCode {
+    eprintln!("{}: {}: {e}", file.display(), verdict(e));
+    ExitCode::from(1)
+}
+
+fn ls(a: FileArgs) -> anyhow::Result<ExitCode> {
+    let bytes = super::read_file(&a.file)?;
+    let mut reader = CarReader::new();
+    let car = match reader.read(&bytes, &CarOptions::repository()) {
+        Ok(car) => car,
+        Err(e) => return Ok(report_failure(&a.file, &RepoError::from(e))),
+    };
+    let records = match list_records(&car) {
+        Ok(r) => r,
+        Err(e) => return Ok(report_failure(&a.file, &e)),
+    };
+    let mut stdout = out::stdout();
+    for (key, cid) in &records {
+        writeln!(stdout, "{key}\t{cid}")?;
+    }
+    stdout.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn inspect_cmd(a: InspectArgs) -> anyhow::Result<ExitCode> {
+    let bytes = super::read_file(&a.file)?;
+    let mut reader = CarReader::new();
+    let car = match reader.read(&bytes, &CarOptions::repository()) {
+        Ok(car) => car,
+        Err(e) => return Ok(report_failure(&a.file, &RepoError::from(e))),
+    };
+    let info = match inspect(&car) {
+        Ok(i) => i,
+        Err(e) => return Ok(report_failure(&a.file, &e)),
+    };
+    let mut stdout = out::stdout();
+    if a.json {
+        let v = serde_json::json!({
+            "did": info.did,
+            "data": info.data.to_string(),
+            "rev": info.rev,
+            "version": info.version,
+            "prev": info.prev.map(|p| p.to_string()),
+        });
+        writeln!(stdout, "{v}")?;
+    } else {
+        writeln!(stdout, "ATProto Repo Spec Version: {}", info.version)?;
+        writeln!(stdout, "DID: {}", info.did)?;
+        writeln!(stdout, "Data CID: {}", info.data)?;
+        writeln!(stdout, "Prev CID: {}", info.prev.map_or_else(|| "<nil>".to_string(), |p| p.to_string()))?;
+        writeln!(stdout, "Revision: {}", info.rev)?;
+    }
+    stdout.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The key given by `--key` or `--did-doc` (with the document's DID), if any.
+pub fn key_arg(key: Option<&str>, did_doc: Option<&std::path::Path>) -> anyhow::Result<Option<(PublicKey, Option<String>)>> {
+    if let Some(k) = key {
+        let key = PublicKey::from_did_key(k).map_err(|e| anyhow::anyhow!("--key {k}: {e}"))?;
+        return Ok(Some((key, None)));
+    }
+    if let Some(path) = did_doc {
+        let text = String::from_utf8(super::read_file(path)?)
+            .map_err(|_| anyhow::anyhow!("{}: not UTF-8", path.display()))?;
+        let doc = DidDoc::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let key = doc.signing_key().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        return Ok(Some((key, Some(doc.did().to_string()))));
+    }
+    Ok(None)
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// A spinner on stderr while a large repository is verified, only when stderr is a terminal.
+fn spinner(file: &std::path::Path, bytes: usize) -> Option<indicatif::ProgressBar> {
+    const LARGE: usize = 8 << 20;
+    if bytes < LARGE || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let pb = indicatif::ProgressBar::new_spinner();
+    pb.set_message(format!("verifying {} ({:.1} MB)", file.display(), bytes as f64 / 1e6));
+    pb.enable_steady_tick(Duration::from_millis(100));
+    Some(pb)
+}
+
+fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
+    let bytes = super::read_file(&a.file)?;
+    let key = key_arg(a.key.as_deref(), a.did_doc.as_deref())?;
+    let pb = spinner(&a.file, bytes.len());
+    let result = verify_repo(&bytes, key.as_ref().map(|(k, _)| k));
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+
+    let (verdict, reason, report) = match result {
+        Ok(r) => match key.as_ref().and_then(|(_, did)| did.as_ref()) {
+            Some(doc_did) if *doc_did != r.did => {
+                let why = format!("the DID document is for {doc_did}, the repository is {}", r.did);
+                ("unknown-key", Some(why), Some(r))
+            }
+            _ => ("ok", None, Some(r)),
+        },
+        Err(e) => (verdict(&e), Some(e.to_string()), None),
+    };
+    let mut stdout = out::stdout();
+    if a.json {
+        let v = match &report {
+            Some(r) => serde_json::json!({
+                "verdict": verdict,
+                "reason": reason,
+                "did": r.did,
+                "records": r.records,
+                "blocks": r.blocks,
+                "bytes": r.bytes,
+                "signature_checked": r.signature_checked,
+                "timings_ms": {
+                    "car": ms(r.timings.car),
+                    "signature": ms(r.timings.signature),
+                    "walk": ms(r.timings.walk),
+                    "rebuild": ms(r.timings.rebuild),
+                },
+            }),
+            None => serde_json::json!({
+                "verdict": verdict,
+                "reason": reason,
+                "records": null,
+                "blocks": null,
+                "bytes": bytes.len(),
+                "signature_checked": false,
+                "timings_ms": null,
+            }),
+        };
+        writeln!(stdout, "{v}")?;
+    } else {
+        match (&report, &reason) {
+            (Some(r), None) => {
+                writeln!(
+                    stdout,
+                    "ok: {} ({}), {} records, {} MST nodes, {} blocks, {} bytes",
+                    r.did, r.rev, r.records, r.mst_nodes, r.blocks, r.bytes
+                )?;
+                writeln!(
+                    stdout,
+                    "signature: {}",
+                    if r.signature_checked { "verified" } else { "not checked (give --key or --did-doc)" }
+                )?;
+                let t = &r.timings;
+                writeln!(
+                    stdout,
+                    "timings: car {:.3} ms, signature {:.3} ms, walk {:.3} ms, rebuild {:.3} ms",
+                    ms(t.car),
+                    ms(t.signature),
+                    ms(t.walk),
+                    ms(t.rebuild)
+                )?;
+            }
+            (_, Some(why)) => eprintln!("{}: {verdict}: {why}", a.file.display()),
+            (None, None) => {}
+        }
+    }
+    stdout.flush()?;
+    Ok(if verdict == "ok" { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
