@@ -8,7 +8,7 @@
 //! typed error rather than a panic or an allocation sized by an attacker.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use riptide_testdata as common;
 
 use riptide_car::{verify_block, write_car, CarError, CarErrorKind, CarOptions, CarReader};
 use riptide_cbor::{encode_value, write_varint, Arena, Cid, CidBuf, Options, DAG_CBOR};

@@ -14,7 +14,7 @@
 //! mutated input it accepts must re-encode to the very same bytes.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use riptide_testdata as common;
 
 use riptide_cbor::{
     encode_value, json_to_value, to_json_string, Arena, Cid, CidBuf, EncodeError, Error, ErrorKind, Kind,

@@ -14,7 +14,7 @@
 //! everything else.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use riptide_testdata as common;
 
 use std::collections::BTreeMap;
 

@@ -8,7 +8,7 @@
 //! vectors are the independent oracle for both directions.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use riptide_testdata as common;
 
 use riptide_cbor::{json_to_value, to_json_string, Arena, CidBuf, Options, DAG_CBOR};
 use serde_json::Value as J;

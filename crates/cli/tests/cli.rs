@@ -1,7 +1,7 @@
 //! The `riptide` command's contracts, run as a user runs them, on the real capture.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use riptide_testdata as common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

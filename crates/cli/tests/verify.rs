@@ -3,7 +3,7 @@
 //! copies of both.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use riptide_testdata as common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! The real relay capture (`jetstream-2026-07`): every frame decodes, verified, with the counts of
 //! its manifest (which come from an independent decoder), and tampering is caught.
 
-mod common;
+use riptide_testdata as common;
 
 use riptide_firehose::corpus::split_frames;
 use riptide_firehose::{Action, Body, DecodeOptions, FrameDecoder, FrameErrorKind};

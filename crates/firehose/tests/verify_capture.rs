@@ -3,7 +3,7 @@
 //! documents, and one tampered frame per verdict, each built by re-encoding so that only the
 //! intended check can fail.
 
-mod common;
+use riptide_testdata as common;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};

@@ -3,7 +3,7 @@
 //! usable signing key.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use riptide_testdata as common;
 
 use riptide_crypto::Curve;
 use riptide_identity::DidDocs;

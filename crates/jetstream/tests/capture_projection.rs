@@ -3,7 +3,7 @@
 //! signed (JSON → DAG-CBOR → CID equals the op's CID), and every event must have the shape and
 //! key order of production's events (`jetstream-golden/golden_v1.jsonl`).
 
-mod common;
+use riptide_testdata as common;
 
 use riptide_cbor::json_to_value;
 use riptide_firehose::corpus::split_frames;
