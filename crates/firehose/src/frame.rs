@@ -56,36 +56,8 @@ pub struct FrameDecoder {
     items: Vec<Item>,
 }
 
-/// What a commit op does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
-    /// A new record.
-    Create,
-    /// A record replaced.
-    Update,
-    /// A record removed.
-    Delete,
-}
-
-impl Action {
-    /// `create`, `update` or `delete`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Create => "create",
-            Action::Update => "update",
-            Action::Delete => "delete",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Action> {
-        match s {
-            "create" => Some(Action::Create),
-            "update" => Some(Action::Update),
-            "delete" => Some(Action::Delete),
-            _ => None,
-        }
-    }
-}
+/// What a commit op does: the repository crate's type, so a frame's ops feed MST proofs as they are.
+pub use riptide_repo::Action;
 
 /// One op of a commit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

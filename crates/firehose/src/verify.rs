@@ -5,8 +5,11 @@
 //! is needed to check it without any state: the signed commit block, the MST nodes around every
 //! changed key, and `prevData`, the MST root before the commit. A [`Verifier`] checks all of it:
 //!
-//! 1. the frame decodes strictly, every CAR block hashes to its CID and is DAG-CBOR
-//!    ([`FrameDecoder`]; failures map through [`FrameError::class`]);
+//! 1. the frame decodes strictly and every CAR block hashes to its CID ([`FrameDecoder`];
+//!    failures map through [`FrameError::class`]); each block is then decoded strictly exactly
+//!    once, by whoever reads it: the commit and the MST nodes by `riptide-repo`, the created and
+//!    updated records here. (Decoding every block up front as well cost a second decode of most
+//!    of them.) A block nothing refers to is hash-checked only: nothing downstream reads it;
 //! 2. limits: at most [`MAX_OPS`] ops and [`MAX_BLOCKS_BYTES`] of `blocks`;
 //! 3. the commit block is present, decodes, names the frame's `repo` and `rev`, and `rev` (a TID)
 //!    is later than `since`;
@@ -37,8 +40,10 @@ use riptide_cbor::{Arena, Cid, CidBuf, Kind, Options};
 use riptide_crypto::{PublicKey, VerifyError};
 use riptide_repo::{is_tid, rev_is_newer, verify_commit_proof, Commit, CommitError, ProofClass, ProofError, ProofOp};
 
-use crate::error::FrameError;
-use crate::frame::{Action, Body, DecodeOptions, Frame, FrameDecoder};
+use riptide_car::Car;
+
+use crate::error::{FrameError, FrameErrorKind};
+use crate::frame::{Body, DecodeOptions, Frame, FrameDecoder};
 
 /// Most ops a `#commit` may carry (the relay limit of Sync 1.1).
 pub const MAX_OPS: usize = 200;
@@ -348,7 +353,8 @@ impl<K: KeyLookup> Verifier<K> {
     pub fn new(keys: K) -> Verifier<K> {
         Verifier {
             keys,
-            decoder: FrameDecoder::with_options(DecodeOptions::default()),
+            // Blocks are decoded by their readers (module docs, step 1), not all up front.
+            decoder: FrameDecoder::with_options(DecodeOptions { decode_blocks: false, ..DecodeOptions::default() }),
             cache: HashMap::new(),
             max_cached: DEFAULT_MAX_CACHED,
             arena: Arena::new(),
@@ -452,16 +458,13 @@ impl<K: KeyLookup> Ctx<'_, K> {
                 let ops: Vec<ProofOp<'_>> = c
                     .ops()
                     .map(|op| ProofOp {
-                        action: match op.action {
-                            Action::Create => riptide_repo::Action::Create,
-                            Action::Update => riptide_repo::Action::Update,
-                            Action::Delete => riptide_repo::Action::Delete,
-                        },
+                        action: op.action,
                         path: op.path,
                         cid: op.cid.map(|c| c.to_buf()),
                         prev: op.prev.map(|c| c.to_buf()),
                     })
                     .collect();
+                check_records(self.arena, frame, car, &ops)?;
                 verify_commit_proof(car, c.commit, &ops, Some(prev_data)).map_err(|e| Failure::Proof(Box::new(e)))?;
                 Ok(())
             }
@@ -497,6 +500,23 @@ impl<K: KeyLookup> Ctx<'_, K> {
             None => Err(Failure::Key(KeyUnavailable::Unknown)),
         }
     }
+}
+
+/// Strictly decodes every created or updated record present in the CAR (absent ones are the
+/// proof's `missing-block`). A record that is not strict DAG-CBOR fails the frame as a block
+/// that does not decode would.
+fn check_records(arena: &mut Arena, frame: &Frame<'_>, car: &Car<'_>, ops: &[ProofOp<'_>]) -> Result<(), Failure> {
+    for op in ops {
+        let Some(cid) = op.cid else { continue };
+        let Some(i) = car.position(cid.as_cid()) else { continue };
+        let Some(block) = car.block(i) else { continue };
+        let mut tape = arena.tape(block.data);
+        if let Err(e) = tape.decode(0..block.data.len(), &Options::strict()) {
+            let at = block.data.as_ptr() as usize - frame.bytes().as_ptr() as usize + e.offset();
+            return Err(Failure::Frame(FrameError::new(FrameErrorKind::BlockCbor(i, e.kind()), at)));
+        }
+    }
+    Ok(())
 }
 
 fn check_commit_fields(commit: &Commit<'_>, did: &str, rev: &str) -> Result<(), Failure> {

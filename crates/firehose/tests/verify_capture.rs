@@ -12,6 +12,7 @@ use riptide_car::{write_car, CarOptions, CarReader};
 use riptide_cbor::{Arena, CidBuf, Options, OwnedValue, DAG_CBOR};
 use riptide_crypto::{Curve, PrivateKey, PublicKey, VerifyError};
 use riptide_firehose::corpus::split_frames;
+use riptide_firehose::FrameErrorKind;
 use riptide_firehose::verify::{Failure, KeyLookup, KeyUnavailable, Verdict, VerdictCounts, Verifier, MAX_OPS};
 
 type Keys = HashMap<String, PublicKey>;
@@ -496,4 +497,31 @@ fn a_synthetic_p256_commit_verifies_and_its_forgery_does_not() {
     assert_eq!(v, Verdict::Ok, "{f:?}");
     rewrite_commit(&mut p, |m| sig_mut(m)[0] ^= 0x80);
     assert_eq!(verdict_of(&join(&p), &keys).0, Verdict::BadSignature);
+}
+
+#[test]
+fn a_record_that_is_not_strict_dag_cbor_is_malformed() {
+    // The verifier decodes records itself (not through the frame decoder): a created record
+    // replaced by a float-bearing map, re-addressed so every block still hashes to its CID, must
+    // fail as a block that does not decode, before the proof is looked at.
+    let Some((mut p, keys, _)) = sample() else { return };
+    let OwnedValue::Array(mut ops) = p.payload["ops"].clone() else { panic!() };
+    let op = ops.iter_mut().find(|op| op.get("action") == Some(&OwnedValue::Text("create".into()))).unwrap();
+    let OwnedValue::Map(op) = op else { panic!() };
+    let Some(OwnedValue::Link(old)) = op.get("cid").cloned() else { panic!() };
+    // {"$type": "x", "n": 1.5} with a float64: outside the atproto data model.
+    let mut bytes = vec![0xa2, 0x61, b'n', 0xfb];
+    bytes.extend_from_slice(&1.5f64.to_be_bytes());
+    bytes.extend_from_slice(&[0x65, b'$', b't', b'y', b'p', b'e', 0x61, b'x']);
+    let new = CidBuf::sha256(DAG_CBOR, &bytes);
+    let i = p.blocks.iter().position(|(c, _)| *c == old).unwrap();
+    p.blocks[i] = (new, bytes);
+    op.insert("cid".into(), OwnedValue::Link(new));
+    p.payload.insert("ops".into(), OwnedValue::Array(ops));
+    let (verdict, failure) = verdict_of(&join(&p), &keys);
+    assert_eq!(verdict, Verdict::Malformed);
+    match failure {
+        Some(Failure::Frame(e)) => assert_eq!(e.kind(), &FrameErrorKind::BlockCbor(i, riptide_cbor::ErrorKind::Float)),
+        other => panic!("{other:?}"),
+    }
 }

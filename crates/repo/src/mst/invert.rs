@@ -38,6 +38,15 @@ pub enum Action {
 }
 
 impl Action {
+    /// The firehose spelling: `create`, `update` or `delete`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Create => "create",
+            Action::Update => "update",
+            Action::Delete => "delete",
+        }
+    }
+
     /// Parses the firehose spelling: `create`, `update`, `delete`.
     pub fn parse(s: &str) -> Option<Action> {
         match s {
