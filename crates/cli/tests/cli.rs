@@ -127,3 +127,38 @@ fn bench_decode_json_has_the_contract_fields() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v.get("sha_bound_fps").is_none());
 }
+
+#[test]
+fn a_record_missing_from_its_car_is_counted_not_silent() {
+    let Some(file) = capture() else { return };
+    let bytes = std::fs::read(&file).unwrap();
+    let frames = split_frames(&bytes).unwrap();
+    // Rebuild the first create frame's CAR without its record block (every other block kept).
+    let mut dec = riptide_firehose::FrameDecoder::new();
+    let mut rebuilt = None;
+    for f in &frames {
+        let frame = dec.decode(f.bytes).unwrap();
+        let riptide_firehose::Body::Commit(c) = frame.body() else { continue };
+        let Some(record) = c.ops().find_map(|op| op.cid) else { continue };
+        let car = frame.car().unwrap();
+        let roots: Vec<riptide_cbor::CidBuf> = car.roots().map(|r| r.to_buf()).collect();
+        let kept = riptide_car::write_car(&roots, car.blocks().filter(|b| b.cid != record).map(|b| (b.cid, b.data)));
+        let mut tape_arena = riptide_cbor::Arena::new();
+        let mut tape = tape_arena.tape(f.bytes);
+        let (h, end) = tape.decode_prefix(0..f.bytes.len(), &riptide_cbor::Options::strict()).unwrap();
+        let p = tape.decode(end..f.bytes.len(), &riptide_cbor::Options::strict()).unwrap();
+        let header = riptide_cbor::OwnedValue::from_value(tape.value(h)).unwrap();
+        let riptide_cbor::OwnedValue::Map(mut payload) = riptide_cbor::OwnedValue::from_value(tape.value(p)).unwrap() else { panic!() };
+        payload.insert("blocks".into(), riptide_cbor::OwnedValue::Bytes(kept));
+        let mut out = header.to_cbor();
+        riptide_cbor::OwnedValue::Map(payload).encode(&mut out);
+        rebuilt = Some(out);
+        break;
+    }
+    let corpus = write_frames([rebuilt.unwrap().as_slice()].into_iter());
+    let path = temp("missing-record.bin", &corpus);
+    let out = riptide(&["decode", s(&path)]);
+    assert!(out.status.success(), "the frame itself decodes");
+    assert!(String::from_utf8(out.stdout).unwrap().contains("records missing from their CAR: 1"));
+    assert!(String::from_utf8(out.stderr).unwrap().contains("record block not in the CAR"));
+}

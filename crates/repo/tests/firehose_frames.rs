@@ -118,16 +118,7 @@ fn every_commit_verifies() {
     for f in &frames {
         let car = reader.read(&f.blocks, &CarOptions::default()).unwrap();
         blocks += car.len();
-        let ops: Vec<ProofOp<'_>> = f
-            .ops
-            .iter()
-            .map(|(a, p, c, pr)| ProofOp {
-                action: *a,
-                path: p,
-                cid: *c,
-                prev: *pr,
-            })
-            .collect();
+        let ops: Vec<ProofOp<'_>> = common::proof_ops(&f.ops);
         for op in &ops {
             match op.action {
                 Action::Create => creates += 1,

@@ -49,15 +49,7 @@ fn load(seq: &str) -> Option<Msg> {
 }
 
 fn ops(m: &Msg) -> Vec<ProofOp<'_>> {
-    m.ops
-        .iter()
-        .map(|(a, p, c, pr)| ProofOp {
-            action: *a,
-            path: p,
-            cid: *c,
-            prev: *pr,
-        })
-        .collect()
+    common::proof_ops(&m.ops)
 }
 
 fn cid(s: &str) -> CidBuf {

@@ -2,6 +2,8 @@
 //! every kind giving the matching typed error.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
 
 use riptide_car::{write_car, CarOptions, CarReader};
@@ -71,15 +73,7 @@ struct Frame {
 
 impl Frame {
     fn ops(&self) -> Vec<ProofOp<'_>> {
-        self.ops
-            .iter()
-            .map(|(a, p, c, pr)| ProofOp {
-                action: *a,
-                path: p,
-                cid: *c,
-                prev: *pr,
-            })
-            .collect()
+        common::proof_ops(&self.ops)
     }
 }
 
@@ -149,15 +143,7 @@ impl World {
         self.root = root;
 
         let (commit, commit_bytes) = signed_commit(&self.key, root, &tid(self.n));
-        let pops: Vec<ProofOp<'_>> = ops
-            .iter()
-            .map(|(a, p, c, pr)| ProofOp {
-                action: *a,
-                path: p,
-                cid: *c,
-                prev: *pr,
-            })
-            .collect();
+        let pops: Vec<ProofOp<'_>> = common::proof_ops(&ops);
         let proof = invert::proof_nodes(root, &self.store, &pops).unwrap();
         let mut blocks: Vec<(CidBuf, &[u8])> = vec![(commit, &commit_bytes)];
         for c in records.iter().chain(&proof) {

@@ -37,7 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut kinds: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut actions: BTreeMap<&'static str, u64> = BTreeMap::new();
     let mut errors: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let (mut blocks, mut bytes, mut failed) = (0u64, 0u64, 0u64);
+    let (mut blocks, mut bytes, mut failed, mut missing_records) = (0u64, 0u64, 0u64, 0u64);
     let mut line = Vec::with_capacity(1 << 16);
     for f in &frames {
         bytes += f.bytes.len() as u64;
@@ -53,8 +53,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         *kinds.entry(frame.body().kind()).or_default() += 1;
         blocks += frame.block_count() as u64;
         if let Body::Commit(c) = frame.body() {
-            for op in c.ops() {
+            for (i, op) in c.ops().enumerate() {
                 *actions.entry(op.action.as_str()).or_default() += 1;
+                // A create or update whose record is not in the CAR: the frame decodes, but the
+                // record cannot be shown (`"record": null` in --json). Counted, never silent.
+                if op.cid.is_some_and(|cid| frame.block_by_cid(cid).is_none()) {
+                    missing_records += 1;
+                    eprintln!("frame {} op {i} ({}): record block not in the CAR", f.index, op.path);
+                }
             }
         }
         if args.json {
@@ -73,6 +79,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             writeln!(stdout, "  {k:<9} {n}")?;
         }
         writeln!(stdout, "blocks:  {blocks} ({})", if args.no_verify { "not verified" } else { "SHA-256 verified" })?;
+        if missing_records > 0 {
+            writeln!(stdout, "records missing from their CAR: {missing_records}")?;
+        }
         if !errors.is_empty() {
             writeln!(stdout, "errors:")?;
             for (k, n) in &errors {
