@@ -1,6 +1,8 @@
 //! CAR v1 writing: for repository exports, generated corpora and tests.
 
-use riptide_cbor::{write_array_header, write_link, write_map_header, write_text, write_varint, Cid, CidBuf};
+use riptide_cbor::{
+    write_array_header, write_link, write_map_header, write_text, write_varint, Cid, CidBuf,
+};
 
 /// Streams a CAR into a `Vec`: header first, then blocks one at a time.
 #[derive(Debug, Default)]
@@ -41,7 +43,10 @@ impl CarWriter {
 }
 
 /// Writes a whole CAR.
-pub fn write_car<'b>(roots: &[CidBuf], blocks: impl IntoIterator<Item = (Cid<'b>, &'b [u8])>) -> Vec<u8> {
+pub fn write_car<'b>(
+    roots: &[CidBuf],
+    blocks: impl IntoIterator<Item = (Cid<'b>, &'b [u8])>,
+) -> Vec<u8> {
     let mut w = CarWriter::new(roots);
     for (cid, data) in blocks {
         w.block(cid, data);

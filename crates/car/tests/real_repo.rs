@@ -56,14 +56,20 @@ fn repo() -> Option<Vec<u8>> {
 fn layout(car: &[u8]) -> Vec<(CidBuf, usize, usize)> {
     let mut r = CarReader::new();
     let c = r.read(car, &CarOptions::default()).unwrap();
-    c.blocks().map(|b| (b.cid.to_buf(), b.offset, b.data.len())).collect()
+    c.blocks()
+        .map(|b| (b.cid.to_buf(), b.offset, b.data.len()))
+        .collect()
 }
 
 #[test]
 fn reads_verified_and_matches_goat() {
-    let (Some(car), Some(want)) = (repo(), expected()) else { return };
+    let (Some(car), Some(want)) = (repo(), expected()) else {
+        return;
+    };
     let mut reader = CarReader::new();
-    let c = reader.read(&car, &CarOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let c = reader
+        .read(&car, &CarOptions::default())
+        .unwrap_or_else(|e| panic!("{e}"));
     assert!(!c.is_empty());
 
     // One root: the signed commit, whose fields are what goat reported.
@@ -74,30 +80,61 @@ fn reads_verified_and_matches_goat() {
     let commit_bytes = c.get(root).expect("the root block is in the CAR");
     let mut arena = Arena::new();
     let mut tape = arena.tape(commit_bytes);
-    let item = tape.decode(0..commit_bytes.len(), &Options::strict()).unwrap();
+    let item = tape
+        .decode(0..commit_bytes.len(), &Options::strict())
+        .unwrap();
     let commit = tape.value(item);
-    assert_eq!(commit.get("data").and_then(|v| v.as_link()).map(|c| c.to_buf()), Some(want.data));
+    assert_eq!(
+        commit
+            .get("data")
+            .and_then(|v| v.as_link())
+            .map(|c| c.to_buf()),
+        Some(want.data)
+    );
     assert_eq!(
         want.data.to_string(),
         "bafyreidigqr65jj2zsmitco3fcuag6pi7std6quxa2bcp2xrpin44ikzsy",
         "the fixture names this MST root"
     );
-    assert_eq!(commit.get("did").and_then(|v| v.as_str()), Some(want.did.as_str()));
-    assert_eq!(commit.get("rev").and_then(|v| v.as_str()), Some(want.rev.as_str()));
-    assert_eq!(commit.get("version").and_then(|v| v.as_i64()), Some(want.version));
-    assert!(commit.get("sig").and_then(|v| v.as_bytes()).is_some_and(|s| s.len() == 64));
+    assert_eq!(
+        commit.get("did").and_then(|v| v.as_str()),
+        Some(want.did.as_str())
+    );
+    assert_eq!(
+        commit.get("rev").and_then(|v| v.as_str()),
+        Some(want.rev.as_str())
+    );
+    assert_eq!(
+        commit.get("version").and_then(|v| v.as_i64()),
+        Some(want.version)
+    );
+    assert!(commit
+        .get("sig")
+        .and_then(|v| v.as_bytes())
+        .is_some_and(|s| s.len() == 64));
     // The MST root block is present too.
     assert!(c.get(want.data.as_cid()).is_some());
 
     // Every record goat listed is a block here (its hash was checked while reading).
     assert!(!want.records.is_empty());
     for (path, cid) in &want.records {
-        let data = c.get(cid.as_cid()).unwrap_or_else(|| panic!("record {path} ({cid}) missing"));
+        let data = c
+            .get(cid.as_cid())
+            .unwrap_or_else(|| panic!("record {path} ({cid}) missing"));
         assert_eq!(CidBuf::sha256(cid.as_cid().codec(), data), *cid, "{path}");
     }
-    eprintln!("repo.car: {} blocks, {} records listed by goat", c.len(), want.records.len());
+    eprintln!(
+        "repo.car: {} blocks, {} records listed by goat",
+        c.len(),
+        want.records.len()
+    );
     // Records + MST nodes + the commit: at least one block per record, plus the commit and root.
-    assert!(c.len() >= want.records.len() + 2, "{} blocks for {} records", c.len(), want.records.len());
+    assert!(
+        c.len() >= want.records.len() + 2,
+        "{} blocks for {} records",
+        c.len(),
+        want.records.len()
+    );
 }
 
 #[test]
@@ -111,7 +148,11 @@ fn every_block_round_trips_by_cid_and_decodes_canonically() {
     let mut dag_cbor = 0;
     for (i, b) in blocks.iter().enumerate() {
         // Independent re-hash (not through the reader).
-        assert_eq!(CidBuf::sha256(b.cid.codec(), b.data), b.cid.to_buf(), "block {i}");
+        assert_eq!(
+            CidBuf::sha256(b.cid.codec(), b.data),
+            b.cid.to_buf(),
+            "block {i}"
+        );
         assert_eq!(c.block(i), Some(*b));
         let first = blocks.iter().position(|x| x.cid == b.cid).unwrap();
         assert_eq!(c.position(b.cid), Some(first), "block {i}");
@@ -122,16 +163,25 @@ fn every_block_round_trips_by_cid_and_decodes_canonically() {
         // Real records, MST nodes and the commit are canonical DAG-CBOR.
         if b.cid.codec() == DAG_CBOR {
             let mut tape = arena.tape(b.data);
-            let item = tape.decode(0..b.data.len(), &Options::strict()).unwrap_or_else(|e| panic!("block {i}: {e}"));
+            let item = tape
+                .decode(0..b.data.len(), &Options::strict())
+                .unwrap_or_else(|e| panic!("block {i}: {e}"));
             let mut again = Vec::new();
             encode_value(tape.value(item), &mut again).unwrap();
             assert_eq!(again, b.data, "block {i}");
             dag_cbor += 1;
         }
     }
-    assert_eq!(dag_cbor, blocks.len(), "a repository export holds only DAG-CBOR blocks");
+    assert_eq!(
+        dag_cbor,
+        blocks.len(),
+        "a repository export holds only DAG-CBOR blocks"
+    );
     // CIDs that are not in the CAR: another digest, and the same digest under another codec.
-    assert_eq!(c.get(CidBuf::sha256(DAG_CBOR, b"not a block").as_cid()), None);
+    assert_eq!(
+        c.get(CidBuf::sha256(DAG_CBOR, b"not a block").as_cid()),
+        None
+    );
     let raw_twin = CidBuf::from_sha256_digest(riptide_cbor::RAW, blocks[0].cid.digest());
     assert_eq!(c.get(raw_twin.as_cid()), None);
 
@@ -151,16 +201,29 @@ fn a_flipped_data_byte_is_a_hash_mismatch_naming_its_block() {
     for (i, &(cid, start, len)) in blocks.iter().enumerate() {
         for at in start..start + len {
             bytes[at] ^= 0x01;
-            let e = reader.read(&bytes, &CarOptions::default()).expect_err("tampered block accepted");
-            assert_eq!(e.kind(), &CarErrorKind::HashMismatch { cid }, "byte {at} of block {i}");
+            let e = reader
+                .read(&bytes, &CarOptions::default())
+                .expect_err("tampered block accepted");
+            assert_eq!(
+                e.kind(),
+                &CarErrorKind::HashMismatch { cid },
+                "byte {at} of block {i}"
+            );
             assert_eq!(e.block(), Some(i), "byte {at}");
             assert!(e.is_hash_mismatch());
             // The offset is that of the block's section, before the flipped byte.
-            assert!(e.offset() < start && e.offset() <= at, "offset {} for block {i}", e.offset());
+            assert!(
+                e.offset() < start && e.offset() <= at,
+                "offset {} for block {i}",
+                e.offset()
+            );
             flips += 1;
             // The named opt-out reads it anyway, with the tampered bytes in place.
             if at == start {
-                let opts = CarOptions { verify: false, ..CarOptions::default() };
+                let opts = CarOptions {
+                    verify: false,
+                    ..CarOptions::default()
+                };
                 let c = reader.read(&bytes, &opts).unwrap();
                 assert_eq!(c.len(), blocks.len());
                 assert_ne!(CidBuf::sha256(DAG_CBOR, c.block(i).unwrap().data), cid);
@@ -169,7 +232,10 @@ fn a_flipped_data_byte_is_a_hash_mismatch_naming_its_block() {
         }
     }
     assert_eq!(bytes, car);
-    eprintln!("{flips} flipped data bytes across {} blocks, each a HashMismatch naming its block", blocks.len());
+    eprintln!(
+        "{flips} flipped data bytes across {} blocks, each a HashMismatch naming its block",
+        blocks.len()
+    );
     assert!(flips > 1000, "{flips} flips");
 }
 
@@ -194,7 +260,13 @@ fn any_flipped_byte_anywhere_is_handled() {
                     errors += 1;
                 }
             }
-            let _ = reader.read(&bytes, &CarOptions { verify: false, ..CarOptions::default() });
+            let _ = reader.read(
+                &bytes,
+                &CarOptions {
+                    verify: false,
+                    ..CarOptions::default()
+                },
+            );
             bytes[at] ^= x;
         }
     }
@@ -211,15 +283,27 @@ fn every_truncation_is_an_error_or_a_shorter_valid_car() {
         write_varint(&mut v, (blocks[0].0.as_bytes().len() + blocks[0].2) as u64);
         v.len()
     };
-    let boundaries: Vec<usize> = std::iter::once(header_end).chain(blocks.iter().map(|b| b.1 + b.2)).collect();
+    let boundaries: Vec<usize> = std::iter::once(header_end)
+        .chain(blocks.iter().map(|b| b.1 + b.2))
+        .collect();
     let mut reader = CarReader::new();
     let mut shorter = 0;
     for cut in 0..car.len() {
         for verify in [true, false] {
-            match reader.read(&car[..cut], &CarOptions { verify, ..CarOptions::default() }) {
+            match reader.read(
+                &car[..cut],
+                &CarOptions {
+                    verify,
+                    ..CarOptions::default()
+                },
+            ) {
                 Ok(c) => {
                     let n = c.len();
-                    assert_eq!(boundaries.get(n), Some(&cut), "cut at {cut} read as {n} blocks");
+                    assert_eq!(
+                        boundaries.get(n),
+                        Some(&cut),
+                        "cut at {cut} read as {n} blocks"
+                    );
                     for (i, b) in c.blocks().enumerate() {
                         assert_eq!((b.cid.to_buf(), b.offset, b.data.len()), blocks[i]);
                     }
@@ -227,13 +311,19 @@ fn every_truncation_is_an_error_or_a_shorter_valid_car() {
                     shorter += 1;
                 }
                 Err(e) => {
-                    assert!(!boundaries.contains(&cut), "cut at boundary {cut} refused: {e}");
+                    assert!(
+                        !boundaries.contains(&cut),
+                        "cut at boundary {cut} refused: {e}"
+                    );
                     assert!(e.offset() <= cut, "cut {cut}: {e}");
                 }
             }
         }
     }
-    eprintln!("{} truncations: {shorter} valid shorter CARs (verify on and off), the rest errors", car.len());
+    eprintln!(
+        "{} truncations: {shorter} valid shorter CARs (verify on and off), the rest errors",
+        car.len()
+    );
     // Every boundary but the full length (not a strict prefix) gave a valid, shorter CAR.
     assert_eq!(shorter, 2 * (boundaries.len() - 1));
     assert_eq!(*boundaries.last().unwrap(), car.len());
@@ -245,7 +335,9 @@ fn header_only(car: &[u8]) -> Vec<u8> {
 }
 
 fn read_err(bytes: &[u8], opts: &CarOptions) -> CarError {
-    CarReader::new().read(bytes, opts).expect_err("malformed CAR accepted")
+    CarReader::new()
+        .read(bytes, opts)
+        .expect_err("malformed CAR accepted")
 }
 
 #[test]
@@ -254,10 +346,18 @@ fn absurd_section_and_header_lengths_are_typed_errors() {
     let header = header_only(&car);
     let block_count = layout(&car).len();
     let opts = CarOptions::default();
-    let unverified = CarOptions { verify: false, ..opts };
+    let unverified = CarOptions {
+        verify: false,
+        ..opts
+    };
     let big = CarOptions::repository();
     // The largest lengths a (nine-byte, multiformats) varint can state.
-    for claim in [1u64 << 60, (1 << 32) + 1, u64::from(u32::MAX), (1 << 63) - 1] {
+    for claim in [
+        1u64 << 60,
+        (1 << 32) + 1,
+        u64::from(u32::MAX),
+        (1 << 63) - 1,
+    ] {
         let mut len = Vec::new();
         write_varint(&mut len, claim);
         // As the first section, after the header.
@@ -274,7 +374,11 @@ fn absurd_section_and_header_lengths_are_typed_errors() {
         assert_eq!((e.block(), e.offset()), (Some(block_count), car.len()));
         // As the header length.
         let bytes = [&len[..], &car[header.len()..]].concat();
-        assert_eq!(read_err(&bytes, &big).kind(), &CarErrorKind::Truncated, "header claim {claim}");
+        assert_eq!(
+            read_err(&bytes, &big).kind(),
+            &CarErrorKind::Truncated,
+            "header claim {claim}"
+        );
     }
     // 2^63 needs a ten-byte varint: malformed, not a huge number.
     let mut len = Vec::new();
@@ -296,7 +400,10 @@ fn absurd_section_and_header_lengths_are_typed_errors() {
     assert_eq!(read_err(&bytes, &opts).kind(), &CarErrorKind::Truncated);
     // A zero-length section.
     let bytes = [&header[..], &[0x00]].concat();
-    assert_eq!(read_err(&bytes, &opts).kind(), &CarErrorKind::BadSectionLength);
+    assert_eq!(
+        read_err(&bytes, &opts).kind(),
+        &CarErrorKind::BadSectionLength
+    );
     // A section too short for its CID.
     let bytes = [&header[..], &[0x03, 0x01, 0x71, 0x12]].concat();
     assert_eq!(read_err(&bytes, &opts).kind(), &CarErrorKind::BadCid);
@@ -310,14 +417,32 @@ fn limits_refuse_before_work() {
     let Some(car) = repo() else { return };
     let n = layout(&car).len();
     let mut reader = CarReader::new();
-    let small = CarOptions { max_bytes: car.len() - 1, ..CarOptions::default() };
-    assert_eq!(reader.read(&car, &small).unwrap_err().kind(), &CarErrorKind::TooLarge);
-    let exact = CarOptions { max_bytes: car.len(), ..CarOptions::default() };
+    let small = CarOptions {
+        max_bytes: car.len() - 1,
+        ..CarOptions::default()
+    };
+    assert_eq!(
+        reader.read(&car, &small).unwrap_err().kind(),
+        &CarErrorKind::TooLarge
+    );
+    let exact = CarOptions {
+        max_bytes: car.len(),
+        ..CarOptions::default()
+    };
     assert_eq!(reader.read(&car, &exact).unwrap().len(), n);
-    let few = CarOptions { max_blocks: n - 1, ..CarOptions::default() };
+    let few = CarOptions {
+        max_blocks: n - 1,
+        ..CarOptions::default()
+    };
     let e = reader.read(&car, &few).unwrap_err();
-    assert_eq!((e.kind(), e.block()), (&CarErrorKind::TooManyBlocks, Some(n - 1)));
-    let enough = CarOptions { max_blocks: n, ..CarOptions::default() };
+    assert_eq!(
+        (e.kind(), e.block()),
+        (&CarErrorKind::TooManyBlocks, Some(n - 1))
+    );
+    let enough = CarOptions {
+        max_blocks: n,
+        ..CarOptions::default()
+    };
     assert_eq!(reader.read(&car, &enough).unwrap().len(), n);
 }
 
@@ -340,18 +465,54 @@ fn hostile_headers_are_typed_errors() {
     };
     let opts = CarOptions::default();
     // {"roots": [root], "version": 2}
-    let v2 = [&[0xa2, 0x65][..], b"roots", &[0x81], &link, &[0x67], b"version", &[0x02]].concat();
-    assert_eq!(read_err(&with_header(&v2), &opts).kind(), &CarErrorKind::BadHeader("version is not 1"));
+    let v2 = [
+        &[0xa2, 0x65][..],
+        b"roots",
+        &[0x81],
+        &link,
+        &[0x67],
+        b"version",
+        &[0x02],
+    ]
+    .concat();
+    assert_eq!(
+        read_err(&with_header(&v2), &opts).kind(),
+        &CarErrorKind::BadHeader("version is not 1")
+    );
     // {"version": 1}: no roots.
     let no_roots = [&[0xa1, 0x67][..], b"version", &[0x01]].concat();
-    assert_eq!(read_err(&with_header(&no_roots), &opts).kind(), &CarErrorKind::BadHeader("no roots array"));
+    assert_eq!(
+        read_err(&with_header(&no_roots), &opts).kind(),
+        &CarErrorKind::BadHeader("no roots array")
+    );
     // {"roots": ["x"], "version": 1}
-    let text_root = [&[0xa2, 0x65][..], b"roots", &[0x81, 0x61, b'x', 0x67], b"version", &[0x01]].concat();
-    assert_eq!(read_err(&with_header(&text_root), &opts).kind(), &CarErrorKind::BadHeader("root is not a CID"));
+    let text_root = [
+        &[0xa2, 0x65][..],
+        b"roots",
+        &[0x81, 0x61, b'x', 0x67],
+        b"version",
+        &[0x01],
+    ]
+    .concat();
+    assert_eq!(
+        read_err(&with_header(&text_root), &opts).kind(),
+        &CarErrorKind::BadHeader("root is not a CID")
+    );
     // An array, not a map.
-    assert_eq!(read_err(&with_header(&[0x80]), &opts).kind(), &CarErrorKind::BadHeader("not a map"));
+    assert_eq!(
+        read_err(&with_header(&[0x80]), &opts).kind(),
+        &CarErrorKind::BadHeader("not a map")
+    );
     // Keys out of canonical order: not DAG-CBOR.
-    let unsorted = [&[0xa2, 0x67][..], b"version", &[0x01, 0x65], b"roots", &[0x81], &link].concat();
+    let unsorted = [
+        &[0xa2, 0x67][..],
+        b"version",
+        &[0x01, 0x65],
+        b"roots",
+        &[0x81],
+        &link,
+    ]
+    .concat();
     assert_eq!(
         read_err(&with_header(&unsorted), &opts).kind(),
         &CarErrorKind::HeaderCbor(riptide_cbor::ErrorKind::KeyOrder)
@@ -364,6 +525,15 @@ fn hostile_headers_are_typed_errors() {
         &CarErrorKind::HeaderCbor(riptide_cbor::ErrorKind::DepthLimit)
     );
     // The canonical header itself reads back.
-    let good = [&[0xa2, 0x65][..], b"roots", &[0x81], &link, &[0x67], b"version", &[0x01]].concat();
+    let good = [
+        &[0xa2, 0x65][..],
+        b"roots",
+        &[0x81],
+        &link,
+        &[0x67],
+        b"version",
+        &[0x01],
+    ]
+    .concat();
     assert_eq!(with_header(&good), car);
 }

@@ -16,6 +16,11 @@ use riptide_cbor::{Cid, CidBuf};
 pub trait BlockSource {
     /// The bytes of the block with this CID, if present.
     fn get_block(&self, cid: Cid<'_>) -> Option<&[u8]>;
+
+    /// A hint that `cid` will be looked up soon, so a source whose lookups miss the cache can
+    /// start loading now. The MST walk gives it for every CID of a node it just decoded.
+    #[inline]
+    fn prefetch(&self, _cid: Cid<'_>) {}
 }
 
 impl BlockSource for Car<'_> {
@@ -23,12 +28,22 @@ impl BlockSource for Car<'_> {
     fn get_block(&self, cid: Cid<'_>) -> Option<&[u8]> {
         self.get(cid)
     }
+
+    #[inline]
+    fn prefetch(&self, cid: Cid<'_>) {
+        self.touch(cid);
+    }
 }
 
 impl<S: BlockSource + ?Sized> BlockSource for &S {
     #[inline]
     fn get_block(&self, cid: Cid<'_>) -> Option<&[u8]> {
         (**self).get_block(cid)
+    }
+
+    #[inline]
+    fn prefetch(&self, cid: Cid<'_>) {
+        (**self).prefetch(cid)
     }
 }
 

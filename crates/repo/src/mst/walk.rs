@@ -77,6 +77,7 @@ impl Walker {
             None => return Err(MstError::MissingBlock(root.to_buf())),
         };
         decode_node(&mut self.arena, root, block, None, &mut levels[0])?;
+        prefetch_node(src, &levels[0]);
         stats.nodes = 1;
         let Some(root_layer) = levels[0].layer() else {
             if levels[0].left().is_some() {
@@ -138,6 +139,7 @@ impl Walker {
             }
             let slot = &mut levels[depth + 1];
             decode_node(&mut self.arena, child, block, Some(layer), slot)?;
+            prefetch_node(src, slot);
             stats.nodes += 1;
             if slot.is_empty() && slot.left().is_none() {
                 return Err(MstError::EmptyNode {
@@ -151,6 +153,22 @@ impl Walker {
 }
 
 /// Visits every leaf of the tree rooted at `root` in key order (see [`Walker::walk`]).
+/// Tells the source about every CID a node links to (its records, and the subtrees the walk
+/// descends into next), so that on a large CAR their index lookups overlap instead of missing
+/// the cache one after another.
+#[inline]
+fn prefetch_node<S: BlockSource + ?Sized>(src: &S, node: &NodeData<'_>) {
+    if let Some(left) = node.left() {
+        src.prefetch(left);
+    }
+    for j in 0..node.len() {
+        src.prefetch(node.value(j));
+        if let Some(right) = node.right(j) {
+            src.prefetch(right);
+        }
+    }
+}
+
 pub fn walk<'s, S, F>(src: &'s S, root: Cid<'_>, f: F) -> Result<WalkStats, MstError>
 where
     S: BlockSource + ?Sized,

@@ -27,9 +27,21 @@ pub fn link_field(v: &serde_json::Value) -> Option<riptide_cbor::CidBuf> {
 }
 
 /// An op as the tests keep it (owned), and its borrowed form for `verify_commit_proof`.
-pub type OwnedOp = (riptide_repo::Action, String, Option<riptide_cbor::CidBuf>, Option<riptide_cbor::CidBuf>);
+pub type OwnedOp = (
+    riptide_repo::Action,
+    String,
+    Option<riptide_cbor::CidBuf>,
+    Option<riptide_cbor::CidBuf>,
+);
 
 /// Borrows owned ops as proof ops.
 pub fn proof_ops(ops: &[OwnedOp]) -> Vec<riptide_repo::ProofOp<'_>> {
-    ops.iter().map(|(a, p, c, pr)| riptide_repo::ProofOp { action: *a, path: p, cid: *c, prev: *pr }).collect()
+    ops.iter()
+        .map(|(a, p, c, pr)| riptide_repo::ProofOp {
+            action: *a,
+            path: p,
+            cid: *c,
+            prev: *pr,
+        })
+        .collect()
 }
