@@ -218,7 +218,7 @@ impl Session {
 
     /// The next binary or text message, connecting and reconnecting as needed. `query` gives the
     /// query string (without `?`) for a connection resuming at a cursor.
-    pub(crate) async fn next(&mut self, query: &dyn Fn(Option<i64>) -> String) -> Step {
+    pub(crate) async fn next(&mut self, query: &(dyn Fn(Option<i64>) -> String + Sync)) -> Step {
         loop {
             let Some(live) = &mut self.live else {
                 self.connect(query).await;
@@ -251,7 +251,7 @@ impl Session {
     }
 
     /// Connects to the next host, retrying with backoff until a connection is up.
-    async fn connect(&mut self, query: &dyn Fn(Option<i64>) -> String) {
+    async fn connect(&mut self, query: &(dyn Fn(Option<i64>) -> String + Sync)) {
         loop {
             let delay = self.cfg.backoff.delay(self.failures, &mut self.rng);
             if !delay.is_zero() {

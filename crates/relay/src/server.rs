@@ -301,7 +301,12 @@ async fn subscriber(shared: &Shared, mut ws: Ws, cursor: Option<u64>) -> WsResul
             Read::Events(events, last) => {
                 for frame in events {
                     if let Some(d) = faults.frame_delay {
-                        tokio::time::sleep(d).await;
+                        // A slow relay: each frame goes out on its own after the delay.
+                        ws.flush().await?;
+                        tokio::select! {
+                            _ = tokio::time::sleep(d) => {}
+                            _ = stopped(&mut stop) => return close(&mut ws, CloseCode::Away, "relay shutting down").await,
+                        }
                     }
                     if faults.drop_after == Some(sent) {
                         ws.flush().await?;
