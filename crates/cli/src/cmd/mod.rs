@@ -4,7 +4,9 @@ pub mod bench;
 pub mod corpus;
 pub mod decode;
 pub mod jetstream;
+pub mod relay;
 pub mod repo;
+pub mod tail;
 pub mod verify;
 
 use std::path::Path;
