@@ -21,7 +21,11 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Backoff {
-        Backoff { base: Duration::from_millis(250), max: Duration::from_secs(30), healthy_after: Duration::from_secs(60) }
+        Backoff {
+            base: Duration::from_millis(250),
+            max: Duration::from_secs(30),
+            healthy_after: Duration::from_secs(60),
+        }
     }
 }
 
@@ -31,7 +35,9 @@ impl Backoff {
         if failures == 0 {
             return Duration::ZERO;
         }
-        let factor = 1u32.checked_shl(failures.saturating_sub(1).min(31)).unwrap_or(u32::MAX);
+        let factor = 1u32
+            .checked_shl(failures.saturating_sub(1).min(31))
+            .unwrap_or(u32::MAX);
         self.base.saturating_mul(factor).min(self.max)
     }
 
@@ -51,7 +57,11 @@ mod tests {
 
     #[test]
     fn caps_double_up_to_the_max_and_delays_stay_under_the_cap() {
-        let b = Backoff { base: Duration::from_millis(100), max: Duration::from_secs(1), ..Backoff::default() };
+        let b = Backoff {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+            ..Backoff::default()
+        };
         let caps: Vec<u128> = (0..7).map(|n| b.cap(n).as_millis()).collect();
         assert_eq!(caps, [0, 100, 200, 400, 800, 1000, 1000]);
         assert_eq!(b.cap(1000), Duration::from_secs(1));

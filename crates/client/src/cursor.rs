@@ -71,7 +71,10 @@ impl CursorStore for FileCursorStore {
             Ok(s) => s.trim().parse::<i64>().map(Some).map_err(|e| {
                 std::io::Error::new(
                     std::io::ErrorKind::InvalidData,
-                    format!("cursor file {} does not hold a number: {e}", self.path.display()),
+                    format!(
+                        "cursor file {} does not hold a number: {e}",
+                        self.path.display()
+                    ),
                 )
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -84,7 +87,11 @@ impl CursorStore for FileCursorStore {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => PathBuf::from("."),
         };
-        let name = self.path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = self
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let tmp = dir.join(format!(".{name}.tmp"));
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::File::create(&tmp)?;
@@ -116,6 +123,9 @@ mod tests {
         // No temporary file left behind.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
         std::fs::write(&path, "garbage").unwrap();
-        assert_eq!(a.load().unwrap_err().kind(), std::io::ErrorKind::InvalidData);
+        assert_eq!(
+            a.load().unwrap_err().kind(),
+            std::io::ErrorKind::InvalidData
+        );
     }
 }

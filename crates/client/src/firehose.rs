@@ -194,8 +194,14 @@ impl FirehoseClient {
             FrameKind::Info | FrameKind::Error => {
                 let d = self.notice_decoder.get_or_insert_with(FrameDecoder::new);
                 match d.decode(&bytes).map(|f| *f.body()) {
-                    Ok(Body::Info(i)) => Some(Notice { name: i.name.into(), message: i.message.map(Into::into) }),
-                    Ok(Body::Error(e)) => Some(Notice { name: e.error.into(), message: e.message.map(Into::into) }),
+                    Ok(Body::Info(i)) => Some(Notice {
+                        name: i.name.into(),
+                        message: i.message.map(Into::into),
+                    }),
+                    Ok(Body::Error(e)) => Some(Notice {
+                        name: e.error.into(),
+                        message: e.message.map(Into::into),
+                    }),
                     _ => None,
                 }
             }
@@ -204,10 +210,21 @@ impl FirehoseClient {
         if kind == FrameKind::Invalid {
             self.session.stats().decode_error();
         }
-        if let Some(s) = seq.filter(|_| !matches!(kind, FrameKind::Invalid | FrameKind::Info | FrameKind::Error)) {
+        if let Some(s) = seq.filter(|_| {
+            !matches!(
+                kind,
+                FrameKind::Invalid | FrameKind::Info | FrameKind::Error
+            )
+        }) {
             self.session.seen(s);
         }
-        FirehoseEvent { seq, kind, bytes, notice, host: self.session.host_index() }
+        FirehoseEvent {
+            seq,
+            kind,
+            bytes,
+            notice,
+            host: self.session.host_index(),
+        }
     }
 }
 

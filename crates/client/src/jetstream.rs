@@ -142,7 +142,10 @@ impl JetstreamClient {
         let stats = Arc::new(ClientStats::default());
         let session = Session::new(config.client, SUBSCRIBE, stats)?;
         let decompressor = match &config.dictionary {
-            Some(d) => Some(zstd::bulk::Decompressor::with_dictionary(d).map_err(|e| ClientError::Dictionary(e.to_string()))?),
+            Some(d) => Some(
+                zstd::bulk::Decompressor::with_dictionary(d)
+                    .map_err(|e| ClientError::Dictionary(e.to_string()))?,
+            ),
             None => None,
         };
         let (updates_tx, updates) = mpsc::channel(16);
@@ -198,7 +201,10 @@ impl JetstreamClient {
             }
         }
         if self.options.max_message_size_bytes > 0 {
-            q.push(format!("maxMessageSizeBytes={}", self.options.max_message_size_bytes));
+            q.push(format!(
+                "maxMessageSizeBytes={}",
+                self.options.max_message_size_bytes
+            ));
         }
         if let Some(c) = cursor {
             q.push(format!("cursor={c}"));
@@ -225,7 +231,13 @@ impl JetstreamClient {
                 // The filters used for a reconnect are the latest; build the query up front.
                 let q_none = query_of(None);
                 let q_some = self.session.cursor().map(|c| query_of(Some(c)));
-                let query = move |c: Option<i64>| if c.is_some() { q_some.clone().unwrap_or_default() } else { q_none.clone() };
+                let query = move |c: Option<i64>| {
+                    if c.is_some() {
+                        q_some.clone().unwrap_or_default()
+                    } else {
+                        q_none.clone()
+                    }
+                };
                 tokio::select! {
                     biased;
                     Some(opts) = self.updates.recv() => Err(opts),

@@ -47,7 +47,9 @@ mod stats;
 pub use backoff::Backoff;
 pub use cursor::{CursorStore, FileCursorStore, MemoryCursorStore};
 pub use firehose::{FirehoseClient, FirehoseEvent, FrameKind, Notice, SUBSCRIBE_REPOS};
-pub use jetstream::{JetstreamClient, JetstreamConfig, JetstreamEvent, JetstreamOptions, OptionsSender};
+pub use jetstream::{
+    JetstreamClient, JetstreamConfig, JetstreamEvent, JetstreamOptions, OptionsSender,
+};
 pub use perdid::PerDid;
 pub use session::ClientConfig;
 pub use stats::{ClientStats, StatsSnapshot};

@@ -54,7 +54,10 @@ impl<T: Send + 'static> PerDid<T> {
     /// Queues an item for the DID's worker, waiting while that queue is full.
     pub async fn submit(&self, did: &str, item: T) -> Result<(), ClientError> {
         let w = self.worker_of(did);
-        self.senders[w].send(item).await.map_err(|_| ClientError::Closed)
+        self.senders[w]
+            .send(item)
+            .await
+            .map_err(|_| ClientError::Closed)
     }
 
     /// Closes the queues and waits until every queued item has been handled.

@@ -75,7 +75,10 @@ impl Default for ClientConfig {
 impl ClientConfig {
     /// A configuration for these hosts, everything else default.
     pub fn with_hosts<S: Into<String>>(hosts: impl IntoIterator<Item = S>) -> ClientConfig {
-        ClientConfig { hosts: hosts.into_iter().map(Into::into).collect(), ..ClientConfig::default() }
+        ClientConfig {
+            hosts: hosts.into_iter().map(Into::into).collect(),
+            ..ClientConfig::default()
+        }
     }
 }
 
@@ -118,7 +121,11 @@ pub(crate) struct Session {
 
 impl Session {
     /// A session for the endpoint at `path` (e.g. `/subscribe`). Loads the stored cursor.
-    pub(crate) fn new(cfg: ClientConfig, path: &'static str, stats: Arc<ClientStats>) -> Result<Session, ClientError> {
+    pub(crate) fn new(
+        cfg: ClientConfig,
+        path: &'static str,
+        stats: Arc<ClientStats>,
+    ) -> Result<Session, ClientError> {
         if cfg.hosts.is_empty() {
             return Err(ClientError::NoHosts);
         }
@@ -194,7 +201,9 @@ impl Session {
 
     /// Sends on the current connection; a failure drops the connection (the next read reconnects).
     pub(crate) async fn send(&mut self, msg: Message) -> bool {
-        let Some(live) = &mut self.live else { return false };
+        let Some(live) = &mut self.live else {
+            return false;
+        };
         if live.ws.send(msg).await.is_ok() {
             return true;
         }
@@ -242,7 +251,12 @@ impl Session {
                 Err(_) => {
                     if live.last_heard.elapsed() >= self.cfg.idle_timeout {
                         self.disconnected("idle timeout");
-                    } else if live.ws.send(Message::Ping(Default::default())).await.is_err() {
+                    } else if live
+                        .ws
+                        .send(Message::Ping(Default::default()))
+                        .await
+                        .is_err()
+                    {
                         self.disconnected("ping failed");
                     }
                 }
@@ -268,17 +282,24 @@ impl Session {
             let config = WebSocketConfig::default()
                 .max_message_size(Some(self.cfg.max_message_bytes))
                 .max_frame_size(Some(self.cfg.max_message_bytes));
-            let attempt = tokio_tungstenite::connect_async_with_config(url.as_str(), Some(config), true);
+            let attempt =
+                tokio_tungstenite::connect_async_with_config(url.as_str(), Some(config), true);
             match tokio::time::timeout(self.cfg.connect_timeout, attempt).await {
                 Ok(Ok((ws, _))) => {
                     let now = Instant::now();
-                    self.live = Some(Live { ws, since: now, last_heard: now });
+                    self.live = Some(Live {
+                        ws,
+                        since: now,
+                        last_heard: now,
+                    });
                     self.host = host;
                     self.next_host = host + 1;
                     let c = &self.stats.connects;
                     c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     if self.ever_connected {
-                        self.stats.reconnects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        self.stats
+                            .reconnects
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     self.ever_connected = true;
                     tracing::debug!(%url, "connected");
@@ -287,7 +308,9 @@ impl Session {
                 Ok(Err(e)) => tracing::debug!(%url, error = %e, "connect failed"),
                 Err(_) => tracing::debug!(%url, "connect timed out"),
             }
-            self.stats.connect_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.stats
+                .connect_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             self.failures = self.failures.saturating_add(1);
             self.next_host = host + 1;
         }
@@ -325,10 +348,22 @@ mod tests {
     #[test]
     fn host_forms_become_endpoint_urls() {
         let p = "/xrpc/com.atproto.sync.subscribeRepos";
-        assert_eq!(endpoint_url("wss://bsky.network", p).unwrap(), format!("wss://bsky.network{p}"));
-        assert_eq!(endpoint_url("https://bsky.network/", p).unwrap(), format!("wss://bsky.network{p}"));
-        assert_eq!(endpoint_url("127.0.0.1:9", p).unwrap(), format!("ws://127.0.0.1:9{p}"));
-        assert_eq!(endpoint_url("ws://h:1/subscribe?x=1", p).unwrap(), "ws://h:1/subscribe?x=1");
+        assert_eq!(
+            endpoint_url("wss://bsky.network", p).unwrap(),
+            format!("wss://bsky.network{p}")
+        );
+        assert_eq!(
+            endpoint_url("https://bsky.network/", p).unwrap(),
+            format!("wss://bsky.network{p}")
+        );
+        assert_eq!(
+            endpoint_url("127.0.0.1:9", p).unwrap(),
+            format!("ws://127.0.0.1:9{p}")
+        );
+        assert_eq!(
+            endpoint_url("ws://h:1/subscribe?x=1", p).unwrap(),
+            "ws://h:1/subscribe?x=1"
+        );
         assert!(endpoint_url("ftp://h", p).is_err());
         assert!(endpoint_url("ws://", p).is_err());
     }

@@ -1,13 +1,17 @@
 //! The Jetstream client against a small loopback server that speaks the protocol: query filters,
 //! options_update, zstd with the legacy dictionary, cursor on reconnect. Plus the per-DID helper.
 
+#![allow(clippy::unwrap_used, clippy::result_large_err)]
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
-use riptide_client::{Backoff, ClientConfig, JetstreamClient, JetstreamConfig, JetstreamOptions, PerDid};
+use riptide_client::{
+    Backoff, ClientConfig, JetstreamClient, JetstreamConfig, JetstreamOptions, PerDid,
+};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
@@ -25,7 +29,11 @@ enum Seen {
 /// Serves `events` (JSON lines) on each connection, compressed with `dict` when the query says
 /// `compress=true`, then keeps the connection open, reporting queries and client texts. With
 /// `drop_after`, the first connection is dropped after that many events.
-async fn server(events: Vec<String>, dict: Vec<u8>, drop_after: Option<usize>) -> (String, mpsc::UnboundedReceiver<Seen>) {
+async fn server(
+    events: Vec<String>,
+    dict: Vec<u8>,
+    drop_after: Option<usize>,
+) -> (String, mpsc::UnboundedReceiver<Seen>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = mpsc::unbounded_channel();
@@ -52,9 +60,17 @@ async fn server(events: Vec<String>, dict: Vec<u8>, drop_after: Option<usize>) -
             }
             let mut c = zstd::bulk::Compressor::with_dictionary(3, &dict).unwrap();
             c.include_checksum(true).unwrap();
-            let limit = if conn == 1 { drop_after.unwrap_or(usize::MAX) } else { usize::MAX };
+            let limit = if conn == 1 {
+                drop_after.unwrap_or(usize::MAX)
+            } else {
+                usize::MAX
+            };
             for e in events.iter().take(limit) {
-                let msg = if compress { Message::Binary(c.compress(e.as_bytes()).unwrap().into()) } else { Message::text(e.clone()) };
+                let msg = if compress {
+                    Message::Binary(c.compress(e.as_bytes()).unwrap().into())
+                } else {
+                    Message::text(e.clone())
+                };
                 ws.send(msg).await.unwrap();
             }
             if limit != usize::MAX {
@@ -81,14 +97,20 @@ fn golden() -> Option<(Vec<String>, Vec<u8>)> {
 
 fn config(host: String) -> ClientConfig {
     ClientConfig {
-        backoff: Backoff { base: Duration::from_millis(5), max: Duration::from_millis(50), ..Backoff::default() },
+        backoff: Backoff {
+            base: Duration::from_millis(5),
+            max: Duration::from_millis(50),
+            ..Backoff::default()
+        },
         ..ClientConfig::with_hosts([host])
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compressed_filtered_stream_with_options_update_and_resume() {
-    let Some((events, dict)) = golden() else { return };
+    let Some((events, dict)) = golden() else {
+        return;
+    };
     let (host, mut seen) = server(events.clone(), dict.clone(), Some(4)).await;
     let cfg = JetstreamConfig {
         client: config(host),
@@ -107,10 +129,14 @@ async fn compressed_filtered_stream_with_options_update_and_resume() {
         got.push(tokio::time::timeout(T, c.next()).await.unwrap());
     }
     // First connection: the filters and compression in the query.
-    let Some(Seen::Query(q)) = seen.recv().await else { panic!() };
+    let Some(Seen::Query(q)) = seen.recv().await else {
+        panic!()
+    };
     assert_eq!(q, "wantedCollections=app.bsky.feed.post&wantedCollections=app.bsky.graph.*&wantedDids=did:plc:abc&compress=true");
     // Dropped after 4 events; the reconnect resumes at the 4th event's time_us (inclusive).
-    let Some(Seen::Query(q2)) = seen.recv().await else { panic!() };
+    let Some(Seen::Query(q2)) = seen.recv().await else {
+        panic!()
+    };
     let t4: serde_json::Value = serde_json::from_str(&events[3]).unwrap();
     assert!(q2.contains(&format!("cursor={}", t4["time_us"])), "{q2}");
     // Decompressed bytes are exactly what the server sent; typed fields parsed.
@@ -125,41 +151,62 @@ async fn compressed_filtered_stream_with_options_update_and_resume() {
             assert_eq!(commit.record.as_ref(), v["commit"].get("record"));
         }
     }
-    assert!(got.iter().any(|g| g.event.commit.as_ref().is_some_and(|c| c.operation == "delete" && c.record.is_none())));
+    assert!(got.iter().any(|g| g
+        .event
+        .commit
+        .as_ref()
+        .is_some_and(|c| c.operation == "delete" && c.record.is_none())));
     assert_eq!(c.stats().snapshot().decode_errors, 0);
     assert_eq!(c.stats().snapshot().reconnects, 1);
 
     // options_update goes out on the live connection and replaces the filter.
-    let new = JetstreamOptions { wanted_collections: vec!["app.bsky.feed.like".into()], ..JetstreamOptions::default() };
+    let new = JetstreamOptions {
+        wanted_collections: vec!["app.bsky.feed.like".into()],
+        ..JetstreamOptions::default()
+    };
     sender.update(new).await.unwrap();
     let pump = tokio::spawn(async move {
         let _ = tokio::time::timeout(Duration::from_secs(5), c.next()).await;
     });
-    let Some(Seen::Text(t)) = tokio::time::timeout(T, seen.recv()).await.unwrap() else { panic!() };
+    let Some(Seen::Text(t)) = tokio::time::timeout(T, seen.recv()).await.unwrap() else {
+        panic!()
+    };
     let v: serde_json::Value = serde_json::from_str(&t).unwrap();
     assert_eq!(v["type"], "options_update");
-    assert_eq!(v["payload"]["wantedCollections"], serde_json::json!(["app.bsky.feed.like"]));
+    assert_eq!(
+        v["payload"]["wantedCollections"],
+        serde_json::json!(["app.bsky.feed.like"])
+    );
     assert_eq!(v["payload"]["wantedDids"], serde_json::json!([]));
     pump.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn require_hello_sends_the_filters_first() {
-    let Some((events, dict)) = golden() else { return };
+    let Some((events, dict)) = golden() else {
+        return;
+    };
     let (host, mut seen) = server(events.clone(), dict, None).await;
     let dids: Vec<String> = (0..150).map(|i| format!("did:plc:{i:024}")).collect();
     let cfg = JetstreamConfig {
         client: config(host),
-        options: JetstreamOptions { wanted_dids: dids.clone(), ..JetstreamOptions::default() },
+        options: JetstreamOptions {
+            wanted_dids: dids.clone(),
+            ..JetstreamOptions::default()
+        },
         dictionary: None,
         require_hello: false, // implied by the long DID list
     };
     let mut c = JetstreamClient::new(cfg).unwrap();
     let first = tokio::time::timeout(T, c.next()).await.unwrap();
     assert_eq!(std::str::from_utf8(&first.raw).unwrap(), events[0]);
-    let Some(Seen::Query(q)) = seen.recv().await else { panic!() };
+    let Some(Seen::Query(q)) = seen.recv().await else {
+        panic!()
+    };
     assert_eq!(q, "requireHello=true", "DIDs too many for the URL");
-    let Some(Seen::Text(t)) = seen.recv().await else { panic!() };
+    let Some(Seen::Text(t)) = seen.recv().await else {
+        panic!()
+    };
     let v: serde_json::Value = serde_json::from_str(&t).unwrap();
     assert_eq!(v["payload"]["wantedDids"].as_array().unwrap().len(), 150);
 }

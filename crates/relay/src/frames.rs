@@ -24,20 +24,31 @@ pub struct SeqSlot {
 impl SeqSlot {
     /// Finds the payload's `seq` in a frame. The frame must decode (header and payload; the CAR is
     /// not checked here: a relay passes blocks through as they are).
-    pub fn find(decoder: &mut FrameDecoder, index: usize, frame: &[u8]) -> Result<SeqSlot, RelayError> {
-        let decoded = decoder
-            .decode(frame)
-            .map_err(|e| RelayError::Frame { index, reason: e.to_string() })?;
+    pub fn find(
+        decoder: &mut FrameDecoder,
+        index: usize,
+        frame: &[u8],
+    ) -> Result<SeqSlot, RelayError> {
+        let decoded = decoder.decode(frame).map_err(|e| RelayError::Frame {
+            index,
+            reason: e.to_string(),
+        })?;
         let payload = decoded.payload();
         let Some(pairs) = payload.map() else {
-            return Err(RelayError::Frame { index, reason: "payload is not a map".into() });
+            return Err(RelayError::Frame {
+                index,
+                reason: "payload is not a map".into(),
+            });
         };
         for (k, v) in pairs {
             if k.as_str() != Some("seq") {
                 continue;
             }
             if v.kind() != Kind::UInt {
-                return Err(RelayError::Frame { index, reason: "seq is not a non-negative integer".into() });
+                return Err(RelayError::Frame {
+                    index,
+                    reason: "seq is not a non-negative integer".into(),
+                });
             }
             // The value's encoding starts right after its key's text.
             let start = k.byte_range().map(|r| r.end).ok_or(RelayError::Frame {
@@ -56,9 +67,14 @@ impl SeqSlot {
                 _ => 0,
             };
             if len == 0 || start + len > frame.len() {
-                return Err(RelayError::Frame { index, reason: "seq is not a non-negative integer".into() });
+                return Err(RelayError::Frame {
+                    index,
+                    reason: "seq is not a non-negative integer".into(),
+                });
             }
-            return Ok(SeqSlot { range: Some(start..start + len) });
+            return Ok(SeqSlot {
+                range: Some(start..start + len),
+            });
         }
         Ok(SeqSlot { range: None })
     }
@@ -70,7 +86,9 @@ impl SeqSlot {
 
     /// The frame with its seq set to `seq` (the same bytes, shared, when it has none).
     pub fn splice(&self, frame: &Bytes, seq: u64) -> Bytes {
-        let Some(r) = &self.range else { return frame.clone() };
+        let Some(r) = &self.range else {
+            return frame.clone();
+        };
         let mut out = Vec::with_capacity(frame.len() + 8);
         out.extend_from_slice(&frame[..r.start]);
         write_int(&mut out, seq.min(i64::MAX as u64) as i64);
@@ -81,7 +99,10 @@ impl SeqSlot {
 
 /// Decoder options for [`SeqSlot::find`]: block CIDs are not the relay's business.
 pub(crate) fn scan_decoder() -> FrameDecoder {
-    FrameDecoder::with_options(DecodeOptions { decode_blocks: false, ..DecodeOptions::unverified() })
+    FrameDecoder::with_options(DecodeOptions {
+        decode_blocks: false,
+        ..DecodeOptions::unverified()
+    })
 }
 
 /// An `#info` frame: header `{op: 1, t: "#info"}`, payload `{name, message}`.
@@ -132,6 +153,8 @@ mod tests {
             Body::Error(e) => assert_eq!((e.error, e.message), ("FutureCursor", Some("ahead"))),
             other => panic!("{other:?}"),
         }
-        assert!(!SeqSlot::find(&mut scan_decoder(), 0, &info).unwrap().has_seq());
+        assert!(!SeqSlot::find(&mut scan_decoder(), 0, &info)
+            .unwrap()
+            .has_seq());
     }
 }

@@ -43,7 +43,11 @@ impl Log {
         let first_seq = first_seq.max(1);
         let (head, _) = watch::channel(first_seq - 1);
         Log {
-            inner: Mutex::new(Inner { events: VecDeque::new(), first: first_seq, next: first_seq }),
+            inner: Mutex::new(Inner {
+                events: VecDeque::new(),
+                first: first_seq,
+                next: first_seq,
+            }),
             window: window.max(1),
             head,
         }
@@ -110,7 +114,12 @@ mod tests {
     #[test]
     fn window_bounds_the_log_and_reads_are_after_the_position() {
         let log = Log::new(1, 3);
-        let slot = SeqSlot::find(&mut crate::frames::scan_decoder(), 0, &crate::info_frame("x", "y")).unwrap();
+        let slot = SeqSlot::find(
+            &mut crate::frames::scan_decoder(),
+            0,
+            &crate::info_frame("x", "y"),
+        )
+        .unwrap();
         for _ in 0..5 {
             log.append(&slot, &Bytes::from_static(b"f"));
         }

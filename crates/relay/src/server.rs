@@ -81,8 +81,12 @@ impl Relay {
             let slot = SeqSlot::find(&mut dec, i, &f)?;
             slotted.push((slot, f));
         }
-        let listener = TcpListener::bind(addr).await.map_err(|source| RelayError::Bind { addr, source })?;
-        let local = listener.local_addr().map_err(|source| RelayError::Bind { addr, source })?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| RelayError::Bind { addr, source })?;
+        let local = listener
+            .local_addr()
+            .map_err(|source| RelayError::Bind { addr, source })?;
         let log = Arc::new(Log::new(config.first_seq, config.window));
         let stats = Arc::new(RelayStats::default());
         let (stop, stop_rx) = watch::channel(false);
@@ -96,7 +100,16 @@ impl Relay {
         let mut tasks = JoinSet::new();
         tasks.spawn(feed(shared.clone(), slotted));
         tasks.spawn(accept(shared, listener));
-        Ok((local, RelayHandle { log, stats, stop, tasks, addr: local }))
+        Ok((
+            local,
+            RelayHandle {
+                log,
+                stats,
+                stop,
+                tasks,
+                addr: local,
+            },
+        ))
     }
 }
 
@@ -208,17 +221,29 @@ enum Upgrade {
 
 fn parse_query(req: &Request) -> Result<Option<u64>, String> {
     let mut cursor = None;
-    for pair in req.uri().query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+    for pair in req
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         if k == "cursor" && !v.is_empty() {
-            cursor = Some(v.parse::<u64>().map_err(|_| format!("invalid cursor: {v}"))?);
+            cursor = Some(
+                v.parse::<u64>()
+                    .map_err(|_| format!("invalid cursor: {v}"))?,
+            );
         }
     }
     Ok(cursor)
 }
 
 fn error_response(status: StatusCode, body: &str) -> ErrorResponse {
-    let mut r = ErrorResponse::new(Some(format!("{{\"error\":\"{}\",\"message\":\"{body}\"}}", status.canonical_reason().unwrap_or("Error"))));
+    let mut r = ErrorResponse::new(Some(format!(
+        "{{\"error\":\"{}\",\"message\":\"{body}\"}}",
+        status.canonical_reason().unwrap_or("Error")
+    )));
     *r.status_mut() = status;
     r
 }
@@ -226,12 +251,18 @@ fn error_response(status: StatusCode, body: &str) -> ErrorResponse {
 async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr) {
     shared.stats.attempts.fetch_add(1, Ordering::Relaxed);
     let mut asked: Option<Upgrade> = None;
+    // The handshake's callback type is tungstenite's; its error is an HTTP response by design.
+    #[allow(clippy::result_large_err)]
     let callback = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
         if req.uri().path() != SUBSCRIBE_PATH {
             return Err(error_response(StatusCode::NOT_FOUND, "no such method"));
         }
         let left = shared.rejects_left.load(Ordering::Relaxed);
-        if left > 0 && shared.rejects_left.compare_exchange(left, left - 1, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        if left > 0
+            && shared
+                .rejects_left
+                .compare_exchange(left, left - 1, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
         {
             shared.stats.rejected.fetch_add(1, Ordering::Relaxed);
             let status = StatusCode::from_u16(shared.config.faults.reject_status)
@@ -251,7 +282,9 @@ async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr) {
             return;
         }
     };
-    let Some(Upgrade::Cursor(cursor)) = asked else { return };
+    let Some(Upgrade::Cursor(cursor)) = asked else {
+        return;
+    };
     shared.stats.connections.fetch_add(1, Ordering::Relaxed);
     shared.stats.subscribers.fetch_add(1, Ordering::Relaxed);
     if let Err(e) = subscriber(&shared, ws, cursor).await {
@@ -264,9 +297,16 @@ type Ws = WebSocketStream<TcpStream>;
 type WsResult = Result<(), tokio_tungstenite::tungstenite::Error>;
 
 async fn close(ws: &mut Ws, code: CloseCode, reason: &str) -> WsResult {
-    ws.send(Message::Close(Some(CloseFrame { code, reason: reason.into() }))).await?;
+    ws.send(Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    })))
+    .await?;
     // Wait briefly for the peer's close reply so the close frame is not lost to a reset.
-    let _ = tokio::time::timeout(Duration::from_secs(2), async { while let Some(Ok(_)) = ws.next().await {} }).await;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
     Ok(())
 }
 
@@ -281,11 +321,19 @@ async fn subscriber(shared: &Shared, mut ws: Ws, cursor: Option<u64>) -> WsResul
             let head = log.head();
             let oldest = log.oldest();
             if n > head {
-                ws.send(Message::Binary(error_frame("FutureCursor", "cursor in the future"))).await?;
+                ws.send(Message::Binary(error_frame(
+                    "FutureCursor",
+                    "cursor in the future",
+                )))
+                .await?;
                 return close(&mut ws, CloseCode::Normal, "").await;
             }
             if n + 1 < oldest {
-                ws.send(Message::Binary(info_frame("OutdatedCursor", "requested cursor exceeded limit; possibly missing events"))).await?;
+                ws.send(Message::Binary(info_frame(
+                    "OutdatedCursor",
+                    "requested cursor exceeded limit; possibly missing events",
+                )))
+                .await?;
                 oldest - 1
             } else {
                 n
@@ -314,7 +362,8 @@ async fn subscriber(shared: &Shared, mut ws: Ws, cursor: Option<u64>) -> WsResul
                     }
                     if let Some((k, name)) = &faults.error_after {
                         if *k == sent {
-                            ws.send(Message::Binary(error_frame(name, "injected fault"))).await?;
+                            ws.send(Message::Binary(error_frame(name, "injected fault")))
+                                .await?;
                             return close(&mut ws, CloseCode::Normal, "").await;
                         }
                     }
@@ -331,7 +380,11 @@ async fn subscriber(shared: &Shared, mut ws: Ws, cursor: Option<u64>) -> WsResul
                 continue;
             }
             Read::Behind(_) => {
-                ws.send(Message::Binary(error_frame("ConsumerTooSlow", "subscriber fell behind the relay's window"))).await?;
+                ws.send(Message::Binary(error_frame(
+                    "ConsumerTooSlow",
+                    "subscriber fell behind the relay's window",
+                )))
+                .await?;
                 return close(&mut ws, CloseCode::Policy, "too slow").await;
             }
             Read::UpToDate => {}

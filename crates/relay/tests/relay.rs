@@ -1,6 +1,8 @@
 //! The relay serving the real capture on loopback: seqs, verification after seq rewriting, cursor
 //! semantics, looping and shutdown.
 
+#![allow(clippy::unwrap_used)]
+
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,8 +19,13 @@ const T: Duration = Duration::from_secs(30);
 
 fn capture() -> Option<(Vec<Bytes>, DidDocs)> {
     let file = riptide_testdata::read("jetstream-2026-07/firehose-frames.bin")?;
-    let docs = DidDocs::from_slice(&riptide_testdata::read("jetstream-2026-07/did_docs.json")?).unwrap();
-    let frames = split_frames(&file).unwrap().iter().map(|f| Bytes::copy_from_slice(f.bytes)).collect();
+    let docs =
+        DidDocs::from_slice(&riptide_testdata::read("jetstream-2026-07/did_docs.json")?).unwrap();
+    let frames = split_frames(&file)
+        .unwrap()
+        .iter()
+        .map(|f| Bytes::copy_from_slice(f.bytes))
+        .collect();
     Some((frames, docs))
 }
 
@@ -30,7 +37,9 @@ impl KeyLookup for Keys<'_> {
 }
 
 async fn start(frames: Vec<Bytes>, cfg: RelayConfig) -> RelayHandle {
-    let (_, relay) = Relay::bind("127.0.0.1:0".parse().unwrap(), frames, cfg).await.unwrap();
+    let (_, relay) = Relay::bind("127.0.0.1:0".parse().unwrap(), frames, cfg)
+        .await
+        .unwrap();
     relay
 }
 
@@ -39,7 +48,12 @@ async fn read(url: &str, n: usize) -> Vec<Bytes> {
     let (mut ws, _) = tokio_tungstenite::connect_async(url).await.unwrap();
     let mut out = Vec::new();
     while out.len() < n {
-        match tokio::time::timeout(T, ws.next()).await.expect("timed out").expect("stream ended").unwrap() {
+        match tokio::time::timeout(T, ws.next())
+            .await
+            .expect("timed out")
+            .expect("stream ended")
+            .unwrap()
+        {
             Message::Binary(b) => out.push(b),
             Message::Close(_) => break,
             _ => {}
@@ -64,7 +78,9 @@ fn notice(frame: &[u8]) -> (String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replays_the_capture_with_new_seqs_and_every_frame_still_verifies() {
-    let Some((frames, docs)) = capture() else { return };
+    let Some((frames, docs)) = capture() else {
+        return;
+    };
     let relay = start(frames.clone(), RelayConfig::default()).await;
     relay.wait_for_head(150).await;
     let got = read(&format!("{}?cursor=0", relay.url()), 150).await;
@@ -93,7 +109,14 @@ async fn cursor_from_the_middle_replays_exactly_the_rest() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn future_cursor_gets_an_error_frame_and_old_cursor_an_outdated_info() {
     let Some((frames, _)) = capture() else { return };
-    let relay = start(frames, RelayConfig { window: 50, ..RelayConfig::default() }).await;
+    let relay = start(
+        frames,
+        RelayConfig {
+            window: 50,
+            ..RelayConfig::default()
+        },
+    )
+    .await;
     relay.wait_for_head(150).await;
     let got = read(&format!("{}?cursor=151", relay.url()), 2).await;
     assert_eq!(got.len(), 1, "error frame, then close");
@@ -108,14 +131,23 @@ async fn future_cursor_gets_an_error_frame_and_old_cursor_an_outdated_info() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_subscribers_get_new_events_and_looping_keeps_seqs_increasing() {
     let Some((frames, _)) = capture() else { return };
-    let cfg = RelayConfig { rate: Some(2000.0), looped: true, window: 1000, ..RelayConfig::default() };
+    let cfg = RelayConfig {
+        rate: Some(2000.0),
+        looped: true,
+        window: 1000,
+        ..RelayConfig::default()
+    };
     let relay = start(frames.clone(), cfg).await;
     let url = relay.url();
     // Three live subscribers, each sees 200 consecutive seqs.
-    let subs: Vec<_> = (0..3).map(|_| tokio::spawn({
-        let url = url.clone();
-        async move { read(&url, 200).await }
-    })).collect();
+    let subs: Vec<_> = (0..3)
+        .map(|_| {
+            tokio::spawn({
+                let url = url.clone();
+                async move { read(&url, 200).await }
+            })
+        })
+        .collect();
     for s in subs {
         let got = seqs(&s.await.unwrap());
         let first = got[0].unwrap();
@@ -128,7 +160,10 @@ async fn live_subscribers_get_new_events_and_looping_keeps_seqs_increasing() {
     let again = d.decode(&got[150]).unwrap().body().seq();
     assert_eq!(again, Some(151));
     let mut d0 = FrameDecoder::new();
-    assert_eq!(d0.decode(&got[0]).unwrap().body().did(), d.decode(&got[150]).unwrap().body().did());
+    assert_eq!(
+        d0.decode(&got[0]).unwrap().body().did(),
+        d.decode(&got[150]).unwrap().body().did()
+    );
     relay.shutdown().await;
 }
 
@@ -159,7 +194,9 @@ async fn rejected_upgrades_get_the_status_and_other_paths_404() {
     let relay = start(frames, cfg).await;
     for _ in 0..2 {
         match tokio_tungstenite::connect_async(relay.url()).await {
-            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => assert_eq!(r.status().as_u16(), 502),
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+                assert_eq!(r.status().as_u16(), 502)
+            }
             other => panic!("{other:?}"),
         }
     }

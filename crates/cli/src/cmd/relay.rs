@@ -42,9 +42,15 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(args.rate.is_none_or(|r| r > 0.0 && r.is_finite()), "--rate must be a positive number");
+    anyhow::ensure!(
+        args.rate.is_none_or(|r| r > 0.0 && r.is_finite()),
+        "--rate must be a positive number"
+    );
     let file = super::read_file(&args.replay)?;
-    let frames: Vec<Bytes> = split_frames(&file)?.iter().map(|f| Bytes::copy_from_slice(f.bytes)).collect();
+    let frames: Vec<Bytes> = split_frames(&file)?
+        .iter()
+        .map(|f| Bytes::copy_from_slice(f.bytes))
+        .collect();
     let count = frames.len();
     let config = RelayConfig {
         rate: args.rate,
@@ -63,7 +69,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let (addr, relay) = Relay::bind(args.listen, frames, config).await?;
         // The first stdout line is the URL (tests and scripts read it).
         println!("ws://{addr}{}", riptide_relay::SUBSCRIBE_PATH);
-        eprintln!("relay: serving {count} frames from {}", args.replay.display());
+        eprintln!(
+            "relay: serving {count} frames from {}",
+            args.replay.display()
+        );
         tokio::signal::ctrl_c().await?;
         eprintln!("relay: shutting down after seq {}", relay.head());
         relay.shutdown().await;

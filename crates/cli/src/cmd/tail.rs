@@ -15,11 +15,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use riptide_client::{
-    ClientConfig, FirehoseClient, FirehoseEvent, FrameKind, JetstreamClient, JetstreamConfig, JetstreamEvent,
-    JetstreamOptions,
-};
 use riptide_cbor::{write_json_int, write_json_string};
+use riptide_client::{
+    ClientConfig, FirehoseClient, FirehoseEvent, FrameKind, JetstreamClient, JetstreamConfig,
+    JetstreamEvent, JetstreamOptions,
+};
 use riptide_firehose::verify::{Verdict, Verifier};
 use riptide_firehose::{Body, DecodeOptions, FrameDecoder};
 
@@ -62,8 +62,16 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    rt.block_on(async move { if args.relay.is_empty() { jetstream(args).await } else { relay(args).await } })
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        if args.relay.is_empty() {
+            jetstream(args).await
+        } else {
+            relay(args).await
+        }
+    })
 }
 
 /// Rate on stderr, redrawn at most once a second, only on a terminal.
@@ -77,7 +85,12 @@ struct Rate {
 impl Rate {
     fn new() -> Rate {
         let now = Instant::now();
-        Rate { on: std::io::stderr().is_terminal(), start: now, last: now, n: 0 }
+        Rate {
+            on: std::io::stderr().is_terminal(),
+            start: now,
+            last: now,
+            n: 0,
+        }
     }
     fn tick(&mut self) {
         self.n += 1;
@@ -95,15 +108,28 @@ impl Rate {
 }
 
 fn config(hosts: Vec<String>, cursor: Option<i64>) -> ClientConfig {
-    ClientConfig { start_cursor: cursor, ..ClientConfig::with_hosts(hosts) }
+    ClientConfig {
+        start_cursor: cursor,
+        ..ClientConfig::with_hosts(hosts)
+    }
 }
 
 async fn relay(args: Args) -> anyhow::Result<ExitCode> {
-    let docs = args.did_docs.as_deref().map(super::load_did_docs).transpose()?;
-    let mut verifier = docs.as_ref().filter(|_| args.verify).map(|d| Verifier::new(DocKeys(d)));
+    let docs = args
+        .did_docs
+        .as_deref()
+        .map(super::load_did_docs)
+        .transpose()?;
+    let mut verifier = docs
+        .as_ref()
+        .filter(|_| args.verify)
+        .map(|d| Verifier::new(DocKeys(d)));
     let mut client = FirehoseClient::new(config(args.relay.clone(), args.cursor))?;
     let stats = client.stats();
-    let mut dec = FrameDecoder::with_options(DecodeOptions { decode_blocks: false, ..DecodeOptions::unverified() });
+    let mut dec = FrameDecoder::with_options(DecodeOptions {
+        decode_blocks: false,
+        ..DecodeOptions::unverified()
+    });
     let mut stdout = out::stdout();
     let mut rate = Rate::new();
     let mut line = Vec::with_capacity(1 << 12);
@@ -116,7 +142,12 @@ async fn relay(args: Args) -> anyhow::Result<ExitCode> {
             _ = &mut ctrl_c => break,
         };
         let verdict = match &mut verifier {
-            Some(v) if matches!(event.kind, FrameKind::Commit | FrameKind::Sync | FrameKind::Identity | FrameKind::Account) => {
+            Some(v)
+                if matches!(
+                    event.kind,
+                    FrameKind::Commit | FrameKind::Sync | FrameKind::Identity | FrameKind::Account
+                ) =>
+            {
                 let verdict = v.verify(&event.bytes);
                 stats.record_verdict(verdict);
                 Some(verdict)
@@ -144,9 +175,17 @@ async fn relay(args: Args) -> anyhow::Result<ExitCode> {
         s.bytes,
         s.reconnects,
         s.decode_errors,
-        if verifier.is_some() { format!(", {} ok, {failed} failed verification", s.verdicts[0]) } else { String::new() }
+        if verifier.is_some() {
+            format!(", {} ok, {failed} failed verification", s.verdicts[0])
+        } else {
+            String::new()
+        }
     );
-    Ok(if failed > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn collection_matches(wanted: &[String], collection: &str) -> bool {
@@ -158,7 +197,13 @@ fn collection_matches(wanted: &[String], collection: &str) -> bool {
 }
 
 /// Renders one relay frame; false when the filters exclude it.
-fn render_frame(e: &FirehoseEvent, dec: &mut FrameDecoder, args: &Args, verdict: Option<Verdict>, out: &mut Vec<u8>) -> bool {
+fn render_frame(
+    e: &FirehoseEvent,
+    dec: &mut FrameDecoder,
+    args: &Args,
+    verdict: Option<Verdict>,
+    out: &mut Vec<u8>,
+) -> bool {
     let frame = match dec.decode(&e.bytes) {
         Ok(f) => f,
         Err(err) => {
@@ -186,7 +231,10 @@ fn render_frame(e: &FirehoseEvent, dec: &mut FrameDecoder, args: &Args, verdict:
         _ => (None, None),
     };
     let ops: Vec<_> = match body {
-        Body::Commit(c) => c.ops().filter(|op| collection_matches(&args.collections, op.collection())).collect(),
+        Body::Commit(c) => c
+            .ops()
+            .filter(|op| collection_matches(&args.collections, op.collection()))
+            .collect(),
         _ => Vec::new(),
     };
     if matches!(body, Body::Commit(_)) && ops.is_empty() && !args.collections.is_empty() {
@@ -198,7 +246,11 @@ fn render_frame(e: &FirehoseEvent, dec: &mut FrameDecoder, args: &Args, verdict:
         _ => None,
     };
     if !args.json {
-        let mut s = format!("{} {}", body.seq().map_or("-".to_string(), |s| s.to_string()), body.kind());
+        let mut s = format!(
+            "{} {}",
+            body.seq().map_or("-".to_string(), |s| s.to_string()),
+            body.kind()
+        );
         if let Some(did) = body.did() {
             s.push_str(&format!(" {did}"));
         }
@@ -265,10 +317,18 @@ fn render_frame(e: &FirehoseEvent, dec: &mut FrameDecoder, args: &Args, verdict:
 }
 
 async fn jetstream(args: Args) -> anyhow::Result<ExitCode> {
-    let dictionary = args.zstd_dictionary.as_deref().map(super::read_file).transpose()?;
+    let dictionary = args
+        .zstd_dictionary
+        .as_deref()
+        .map(super::read_file)
+        .transpose()?;
     let cfg = JetstreamConfig {
         client: config(args.jetstream.clone(), args.cursor),
-        options: JetstreamOptions { wanted_collections: args.collections.clone(), wanted_dids: args.dids.clone(), max_message_size_bytes: 0 },
+        options: JetstreamOptions {
+            wanted_collections: args.collections.clone(),
+            wanted_dids: args.dids.clone(),
+            max_message_size_bytes: 0,
+        },
         dictionary,
         require_hello: false,
     };
@@ -291,7 +351,11 @@ async fn jetstream(args: Args) -> anyhow::Result<ExitCode> {
                 Some(c) => format!(" {} {}/{}", c.operation, c.collection, c.rkey),
                 None => String::new(),
             };
-            writeln!(stdout, "{} {} {}{what}", event.time_us, event.kind, event.did)?;
+            writeln!(
+                stdout,
+                "{} {} {}{what}",
+                event.time_us, event.kind, event.did
+            )?;
         }
         if args.count.is_some() || rate.on {
             stdout.flush()?;
@@ -302,6 +366,9 @@ async fn jetstream(args: Args) -> anyhow::Result<ExitCode> {
     stdout.flush()?;
     rate.done();
     let s = stats.snapshot();
-    eprintln!("{printed} events; {} messages, {} bytes, {} reconnects, {} decode errors", s.messages, s.bytes, s.reconnects, s.decode_errors);
+    eprintln!(
+        "{printed} events; {} messages, {} bytes, {} reconnects, {} decode errors",
+        s.messages, s.bytes, s.reconnects, s.decode_errors
+    );
     Ok(ExitCode::SUCCESS)
 }
