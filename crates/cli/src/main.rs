@@ -12,7 +12,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "riptide", version, about = "The AT Protocol event stream, decoded and verified")]
+#[command(
+    name = "riptide",
+    version,
+    about = "The AT Protocol event stream, decoded and verified"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,6 +36,10 @@ enum Command {
     /// Make benchmark corpora.
     #[command(subcommand)]
     Corpus(cmd::corpus::CorpusCmd),
+    /// Serve a corpus file as a local relay (com.atproto.sync.subscribeRepos).
+    Relay(cmd::relay::Args),
+    /// Follow a relay firehose or a Jetstream and print its events.
+    Tail(cmd::tail::Args),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
@@ -46,6 +54,8 @@ fn main() -> ExitCode {
         Command::Repo(r) => cmd::repo::run(r),
         Command::Corpus(c) => cmd::corpus::run(c),
         Command::Bench(b) => cmd::bench::run(b),
+        Command::Relay(a) => cmd::relay::run(a),
+        Command::Tail(a) => cmd::tail::run(a),
     };
     match result {
         Ok(code) => code,

@@ -31,8 +31,8 @@ use std::time::Instant;
 
 use riptide_crypto::{Curve, PublicKey};
 use riptide_firehose::corpus::{split_frames, write_frames};
-use riptide_repo::{verify_repo, Commit};
 use riptide_firehose::{DecodeOptions, FrameDecoder};
+use riptide_repo::{verify_repo, Commit};
 use sha2::{Digest, Sha256};
 
 use crate::out;
@@ -98,7 +98,11 @@ impl Stats {
         } else {
             (xs[n / 2 - 1] + xs[n / 2]) / 2.0
         };
-        Stats { min: xs.first().copied().unwrap_or(0.0), median, max: xs.last().copied().unwrap_or(0.0) }
+        Stats {
+            min: xs.first().copied().unwrap_or(0.0),
+            median,
+            max: xs.last().copied().unwrap_or(0.0),
+        }
     }
 
     pub fn json(&self) -> serde_json::Value {
@@ -118,7 +122,10 @@ fn par_chunks<T: Sync, R: Send>(items: &[T], n: usize, f: impl Fn(&[T]) -> R + S
     let chunk = items.len().div_ceil(n).max(1);
     std::thread::scope(|s| {
         let handles: Vec<_> = items.chunks(chunk).map(|c| s.spawn(|| f(c))).collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
     })
 }
 
@@ -135,7 +142,11 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     };
     let frames: Vec<&[u8]> = split_frames(&corpus)?.iter().map(|f| f.bytes).collect();
     let bytes: usize = frames.iter().map(|f| f.len()).sum();
-    let opts = if a.no_verify { DecodeOptions::unverified() } else { DecodeOptions::default() };
+    let opts = if a.no_verify {
+        DecodeOptions::unverified()
+    } else {
+        DecodeOptions::default()
+    };
 
     // Once, unmeasured: equal-work counts, and every block's bytes for the SHA-256 bound.
     // (Frames borrow the decoder, so block positions are kept as offsets and sliced afterwards.)
@@ -148,13 +159,19 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
                 blocks += frame.block_count();
                 if let Some(car) = frame.car() {
                     let base = f.as_ptr() as usize;
-                    block_spans.extend(car.blocks().map(|b| (i, b.data.as_ptr() as usize - base, b.data.len())));
+                    block_spans.extend(
+                        car.blocks()
+                            .map(|b| (i, b.data.as_ptr() as usize - base, b.data.len())),
+                    );
                 }
             }
             Err(_) => errors += 1,
         }
     }
-    let blocks_data: Vec<&[u8]> = block_spans.iter().map(|&(i, s, n)| &frames[i][s..s + n]).collect();
+    let blocks_data: Vec<&[u8]> = block_spans
+        .iter()
+        .map(|&(i, s, n)| &frames[i][s..s + n])
+        .collect();
 
     let decode_pass = || -> f64 {
         let start = Instant::now();
@@ -197,7 +214,9 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
             sha_pass();
         }
         let t: Vec<f64> = (0..a.passes).map(|_| sha_pass()).collect();
-        Some(Stats::of(t.iter().map(|t| frames.len() as f64 / t).collect()))
+        Some(Stats::of(
+            t.iter().map(|t| frames.len() as f64 / t).collect(),
+        ))
     };
 
     let mut report = serde_json::json!({
@@ -218,23 +237,51 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     });
     if let Some(sha) = sha {
         report["sha_bound_fps"] = sha.json();
-        report["ratio_to_sha_bound"] = serde_json::json!(round(fps.median / sha.median * 100.0) / 100.0);
+        report["ratio_to_sha_bound"] =
+            serde_json::json!(round(fps.median / sha.median * 100.0) / 100.0);
     }
     let mut stdout = out::stdout();
     if a.json {
         writeln!(stdout, "{report}")?;
     } else {
-        writeln!(stdout, "frames {} ({:.1} MB), blocks {blocks}, errors {errors}, {} thread(s), {} passes",
-            frames.len(), bytes as f64 / 1e6, a.threads, a.passes)?;
-        writeln!(stdout, "decode{}: {:.0} frames/s (min {:.0}, max {:.0}), {:.0} MB/s",
-            if a.no_verify { " (unverified)" } else { " (verified)" }, fps.median, fps.min, fps.max, mbps.median)?;
+        writeln!(
+            stdout,
+            "frames {} ({:.1} MB), blocks {blocks}, errors {errors}, {} thread(s), {} passes",
+            frames.len(),
+            bytes as f64 / 1e6,
+            a.threads,
+            a.passes
+        )?;
+        writeln!(
+            stdout,
+            "decode{}: {:.0} frames/s (min {:.0}, max {:.0}), {:.0} MB/s",
+            if a.no_verify {
+                " (unverified)"
+            } else {
+                " (verified)"
+            },
+            fps.median,
+            fps.min,
+            fps.max,
+            mbps.median
+        )?;
         if let Some(sha) = sha {
-            writeln!(stdout, "SHA-256 bound: {:.0} frames/s (min {:.0}, max {:.0}); ratio {:.2}",
-                sha.median, sha.min, sha.max, fps.median / sha.median)?;
+            writeln!(
+                stdout,
+                "SHA-256 bound: {:.0} frames/s (min {:.0}, max {:.0}); ratio {:.2}",
+                sha.median,
+                sha.min,
+                sha.max,
+                fps.median / sha.median
+            )?;
         }
     }
     stdout.flush()?;
-    Ok(if errors > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if errors > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 #[derive(clap::Args, Debug)]
@@ -269,8 +316,14 @@ struct Prepared<'a> {
 /// The same entry in the signature library's own types, for the `raw` baseline: what the
 /// library costs when called directly, with nothing of riptide in between.
 enum RawEntry {
-    Secp256k1 { key: secp256k1::PublicKey, sig: secp256k1::ecdsa::Signature, digest: [u8; 32] },
-    P256 { point: Vec<u8> },
+    Secp256k1 {
+        key: secp256k1::PublicKey,
+        sig: secp256k1::ecdsa::Signature,
+        digest: [u8; 32],
+    },
+    P256 {
+        point: Vec<u8>,
+    },
 }
 
 fn prepare<'a>(e: &'a super::corpus::SigEntry) -> Option<Prepared<'a>> {
@@ -286,9 +339,19 @@ fn prepare<'a>(e: &'a super::corpus::SigEntry) -> Option<Prepared<'a>> {
             sig: secp256k1::ecdsa::Signature::from_compact(&sig).ok()?,
             digest: Sha256::digest(&unsigned).into(),
         },
-        Curve::P256 => RawEntry::P256 { point: key.to_uncompressed_sec1().to_vec() },
+        Curve::P256 => RawEntry::P256 {
+            point: key.to_uncompressed_sec1().to_vec(),
+        },
     };
-    Some(Prepared { curve: e.curve, signed: &e.signed, pubkey: &e.pubkey, unsigned, sig, key, raw })
+    Some(Prepared {
+        curve: e.curve,
+        signed: &e.signed,
+        pubkey: &e.pubkey,
+        unsigned,
+        sig,
+        key,
+        raw,
+    })
 }
 
 /// Times several tiers over the same work, interleaved: each round runs every tier once, so a
@@ -332,10 +395,12 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
     let mut full = || {
         let mut ok = 0;
         for p in &work {
-            let verified = Commit::decode_with(&mut arena, black_box(p.signed)).ok().and_then(|c| {
-                let key = PublicKey::from_sec1(p.curve, black_box(p.pubkey)).ok()?;
-                c.verify_signature_with(&key, &mut buf).ok()
-            });
+            let verified = Commit::decode_with(&mut arena, black_box(p.signed))
+                .ok()
+                .and_then(|c| {
+                    let key = PublicKey::from_sec1(p.curve, black_box(p.pubkey)).ok()?;
+                    c.verify_signature_with(&key, &mut buf).ok()
+                });
             ok += usize::from(verified.is_some());
         }
         ok
@@ -349,16 +414,18 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
     let mut full_cached = || {
         let mut ok = 0;
         for p in &work {
-            let verified = Commit::decode_with(&mut arena2, black_box(p.signed)).ok().and_then(|c| {
-                let key = match cache.get(p.pubkey) {
-                    Some(k) => k,
-                    None => {
-                        let k = PublicKey::from_sec1(p.curve, black_box(p.pubkey)).ok()?;
-                        cache.entry(p.pubkey).or_insert(k)
-                    }
-                };
-                c.verify_signature_with(key, &mut buf2).ok()
-            });
+            let verified = Commit::decode_with(&mut arena2, black_box(p.signed))
+                .ok()
+                .and_then(|c| {
+                    let key = match cache.get(p.pubkey) {
+                        Some(k) => k,
+                        None => {
+                            let k = PublicKey::from_sec1(p.curve, black_box(p.pubkey)).ok()?;
+                            cache.entry(p.pubkey).or_insert(k)
+                        }
+                    };
+                    c.verify_signature_with(key, &mut buf2).ok()
+                });
             ok += usize::from(verified.is_some());
         }
         ok
@@ -376,7 +443,11 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
     let mut preparsed = || {
         let mut ok = 0;
         for p in &work {
-            ok += usize::from(black_box(&p.key).verify(black_box(&p.unsigned), &p.sig).is_ok());
+            ok += usize::from(
+                black_box(&p.key)
+                    .verify(black_box(&p.unsigned), &p.sig)
+                    .is_ok(),
+            );
         }
         ok
     };
@@ -405,11 +476,20 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
         a.warmup,
         a.passes,
         n,
-        &mut [&mut full, &mut full_cached, &mut crypto, &mut preparsed, &mut raw],
+        &mut [
+            &mut full,
+            &mut full_cached,
+            &mut crypto,
+            &mut preparsed,
+            &mut raw,
+        ],
     )?;
     let names = ["full", "full-cached", "crypto", "preparsed", "raw"];
-    let tiers: serde_json::Map<String, serde_json::Value> =
-        names.iter().zip(&stats).map(|(n, s)| (n.to_string(), s.json())).collect();
+    let tiers: serde_json::Map<String, serde_json::Value> = names
+        .iter()
+        .zip(&stats)
+        .map(|(n, s)| (n.to_string(), s.json()))
+        .collect();
     let (full_s, preparsed_s, raw_s) = (&stats[0], &stats[3], &stats[4]);
 
     let report = serde_json::json!({
@@ -438,14 +518,26 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
         writeln!(stdout, "entries {} (secp256k1 {}, P-256 {p256}), errors {errors}, x{} per pass, {} passes (tiers interleaved)",
             entries.len(), entries.len() - p256, a.repeat, a.passes)?;
         for (name, s) in names.iter().zip(&stats) {
-            writeln!(stdout, "{name:<12} {:>8.0} verifies/s (min {:.0}, max {:.0})", s.median, s.min, s.max)?;
+            writeln!(
+                stdout,
+                "{name:<12} {:>8.0} verifies/s (min {:.0}, max {:.0})",
+                s.median, s.min, s.max
+            )?;
         }
-        writeln!(stdout, "full/preparsed {:.3}, full-cached/preparsed {:.3}, preparsed/raw {:.3}",
-            full_s.median / preparsed_s.median, stats[1].median / preparsed_s.median,
-            preparsed_s.median / raw_s.median)?;
+        writeln!(
+            stdout,
+            "full/preparsed {:.3}, full-cached/preparsed {:.3}, preparsed/raw {:.3}",
+            full_s.median / preparsed_s.median,
+            stats[1].median / preparsed_s.median,
+            preparsed_s.median / raw_s.median
+        )?;
     }
     stdout.flush()?;
-    Ok(if errors > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if errors > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 #[derive(clap::Args, Debug)]
@@ -491,12 +583,19 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
         let r = verify_repo(black_box(&bytes), key.as_ref())?;
         let total = start.elapsed();
         let t = r.timings;
-        for (v, d) in phases.iter_mut().zip([t.car, t.signature, t.walk, t.rebuild, total, sha]) {
+        for (v, d) in phases
+            .iter_mut()
+            .zip([t.car, t.signature, t.walk, t.rebuild, total, sha])
+        {
             v.push(d.as_secs_f64() * 1e6);
         }
     }
     let [car, signature, walk, rebuild, total, sha] = phases.map(Stats::of);
-    let sha_ratio = if total.median > 0.0 { sha.median / total.median } else { 0.0 };
+    let sha_ratio = if total.median > 0.0 {
+        sha.median / total.median
+    } else {
+        0.0
+    };
     let peak_rss = peak_rss_bytes();
     let report = serde_json::json!({
         "file": a.file.display().to_string(),
@@ -522,17 +621,47 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         writeln!(stdout, "{report}")?;
     } else {
-        writeln!(stdout, "{}: {} records, {} blocks, {} bytes, signature {}, {} passes (median, us)",
-            a.file.display(), first.records, first.blocks, bytes.len(),
-            if first.signature_checked { "checked" } else { "not checked" }, a.passes)?;
-        for (name, s) in [("car", car), ("signature", signature), ("walk", walk), ("rebuild", rebuild), ("total", total)] {
-            let share = if total.median > 0.0 { s.median / total.median * 100.0 } else { 0.0 };
-            writeln!(stdout, "{name:<10} {:>12.1} us  {share:>5.1}%  (min {:.1}, max {:.1})", s.median, s.min, s.max)?;
+        writeln!(
+            stdout,
+            "{}: {} records, {} blocks, {} bytes, signature {}, {} passes (median, us)",
+            a.file.display(),
+            first.records,
+            first.blocks,
+            bytes.len(),
+            if first.signature_checked {
+                "checked"
+            } else {
+                "not checked"
+            },
+            a.passes
+        )?;
+        for (name, s) in [
+            ("car", car),
+            ("signature", signature),
+            ("walk", walk),
+            ("rebuild", rebuild),
+            ("total", total),
+        ] {
+            let share = if total.median > 0.0 {
+                s.median / total.median * 100.0
+            } else {
+                0.0
+            };
+            writeln!(
+                stdout,
+                "{name:<10} {:>12.1} us  {share:>5.1}%  (min {:.1}, max {:.1})",
+                s.median, s.min, s.max
+            )?;
         }
         writeln!(stdout, "sha256     {:>12.1} us  (one pass over the CAR's bytes; verification runs at {:.2} of it)",
             sha.median, sha_ratio)?;
         if let Some(rss) = peak_rss {
-            writeln!(stdout, "peak RSS   {:.1} MB ({:.2}x the CAR)", rss as f64 / 1e6, rss as f64 / bytes.len() as f64)?;
+            writeln!(
+                stdout,
+                "peak RSS   {:.1} MB ({:.2}x the CAR)",
+                rss as f64 / 1e6,
+                rss as f64 / bytes.len() as f64
+            )?;
         }
     }
     stdout.flush()?;
@@ -551,7 +680,11 @@ pub fn peak_rss_bytes() -> Option<u64> {
 pub fn machine() -> serde_json::Value {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| "unknown".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     serde_json::json!({"cpu": cpu, "cores": cores, "os": std::env::consts::OS, "arch": std::env::consts::ARCH})
@@ -559,7 +692,9 @@ pub fn machine() -> serde_json::Value {
 
 /// The current UTC time as RFC 3339 (seconds).
 pub fn utc_now() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = days + 719_468;
@@ -571,5 +706,10 @@ pub fn utc_now() -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }

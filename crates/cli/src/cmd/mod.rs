@@ -4,7 +4,9 @@ pub mod bench;
 pub mod corpus;
 pub mod decode;
 pub mod jetstream;
+pub mod relay;
 pub mod repo;
+pub mod tail;
 pub mod verify;
 
 use std::path::Path;
@@ -34,7 +36,9 @@ impl KeyLookup for DocKeys<'_> {
         match self.0.signing_key(did) {
             Ok(k) => Ok(k),
             Err(ResolveError::NotFound(_)) => Err(KeyUnavailable::Unknown),
-            Err(ResolveError::Doc { error, .. }) => Err(KeyUnavailable::Unusable(error.to_string())),
+            Err(ResolveError::Doc { error, .. }) => {
+                Err(KeyUnavailable::Unusable(error.to_string()))
+            }
             Err(other) => Err(KeyUnavailable::Unusable(other.to_string())),
         }
     }

@@ -1,0 +1,82 @@
+//! `riptide relay --replay FILE --listen ADDR [--rate EVENTS_PER_S] [--loop]` (a contract).
+//!
+//! Serves the frames of a corpus file as a local `com.atproto.sync.subscribeRepos` relay (crate
+//! `riptide-relay`): its own seqs from 1, `?cursor=N` replay, live fan-out. Hidden flags inject
+//! faults for tests. Runs until Ctrl-C, then closes subscribers with 1001.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use bytes::Bytes;
+use riptide_firehose::corpus::split_frames;
+use riptide_relay::{Faults, Relay, RelayConfig};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Corpus file to serve (format of shared/docs/formats.md).
+    #[arg(long)]
+    replay: PathBuf,
+    /// Address to listen on, e.g. 127.0.0.1:2470 (port 0: any free port; the URL is printed).
+    #[arg(long)]
+    listen: SocketAddr,
+    /// Events per second (default: all at once).
+    #[arg(long)]
+    rate: Option<f64>,
+    /// Repeat the corpus forever, seqs still increasing.
+    #[arg(long = "loop")]
+    looped: bool,
+    /// Events kept for cursor replay.
+    #[arg(long, default_value_t = 10_000)]
+    window: usize,
+    /// Test fault: drop each connection after this many frames.
+    #[arg(long, hide = true)]
+    drop_after: Option<usize>,
+    /// Test fault: milliseconds to wait before each frame.
+    #[arg(long, hide = true)]
+    frame_delay_ms: Option<u64>,
+    /// Test fault: answer the first K upgrades with 503.
+    #[arg(long, hide = true, default_value_t = 0)]
+    reject_upgrades: usize,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        args.rate.is_none_or(|r| r > 0.0 && r.is_finite()),
+        "--rate must be a positive number"
+    );
+    let file = super::read_file(&args.replay)?;
+    let frames: Vec<Bytes> = split_frames(&file)?
+        .iter()
+        .map(|f| Bytes::copy_from_slice(f.bytes))
+        .collect();
+    let count = frames.len();
+    let config = RelayConfig {
+        rate: args.rate,
+        looped: args.looped,
+        window: args.window,
+        faults: Faults {
+            drop_after: args.drop_after,
+            frame_delay: args.frame_delay_ms.map(Duration::from_millis),
+            reject_upgrades: args.reject_upgrades,
+            ..Faults::default()
+        },
+        ..RelayConfig::default()
+    };
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let (addr, relay) = Relay::bind(args.listen, frames, config).await?;
+        // The first stdout line is the URL (tests and scripts read it).
+        println!("ws://{addr}{}", riptide_relay::SUBSCRIBE_PATH);
+        eprintln!(
+            "relay: serving {count} frames from {}",
+            args.replay.display()
+        );
+        tokio::signal::ctrl_c().await?;
+        eprintln!("relay: shutting down after seq {}", relay.head());
+        relay.shutdown().await;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,374 @@
+//! `riptide tail [--relay URL | --jetstream URL] [--collection NSID]… [--did DID]… [--cursor N]
+//! [--verify] [--json]` (a contract; `--did-docs`, `--count`, `--zstd-dictionary` are additions).
+//!
+//! Follows a stream through `riptide-client` (reconnecting, rotating over repeated URLs) and prints
+//! one line per event on stdout: JSON or a readable view. Relay frames are summarised as
+//! `{"seq","kind","did","time","rev","ops":[{"action","path","cid"}],"verdict"}` (`verdict` with
+//! `--verify`; `name`/`message` for `#info` and error frames); Jetstream events are printed as
+//! received. `--collection`/`--did` are Jetstream's `wantedCollections`/`wantedDids`; on a relay
+//! they filter frames here (a commit passes if one of its ops does; identity and account events
+//! ignore `--collection`, as on Jetstream). A live rate goes to stderr when it is a terminal.
+//! Exit 1 when `--verify` saw a frame that is not ok.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use riptide_cbor::{write_json_int, write_json_string};
+use riptide_client::{
+    ClientConfig, FirehoseClient, FirehoseEvent, FrameKind, JetstreamClient, JetstreamConfig,
+    JetstreamEvent, JetstreamOptions,
+};
+use riptide_firehose::verify::{Verdict, Verifier};
+use riptide_firehose::{Body, DecodeOptions, FrameDecoder};
+
+use super::DocKeys;
+use crate::out;
+
+#[derive(clap::Args, Debug)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["relay", "jetstream"])))]
+pub struct Args {
+    /// Relay base URL (ws://, wss://, host:port); repeat to rotate over several.
+    #[arg(long)]
+    relay: Vec<String>,
+    /// Jetstream base URL; repeat to rotate over several.
+    #[arg(long, conflicts_with = "relay")]
+    jetstream: Vec<String>,
+    /// Only this collection (exact NSID or `prefix.*`); repeatable.
+    #[arg(long = "collection")]
+    collections: Vec<String>,
+    /// Only this DID; repeatable.
+    #[arg(long = "did")]
+    dids: Vec<String>,
+    /// Start here: a relay seq (events after it) or a Jetstream cursor (inclusive).
+    #[arg(long)]
+    cursor: Option<i64>,
+    /// Verify every relay frame (signatures with --did-docs, Sync 1.1 proofs).
+    #[arg(long, requires = "did_docs")]
+    verify: bool,
+    /// JSON object mapping DID → DID document, for --verify.
+    #[arg(long)]
+    did_docs: Option<PathBuf>,
+    /// One JSON object per event.
+    #[arg(long)]
+    json: bool,
+    /// Stop after this many events (printed ones).
+    #[arg(long)]
+    count: Option<u64>,
+    /// Jetstream: ask for compress=true and decompress with this zstd dictionary.
+    #[arg(long)]
+    zstd_dictionary: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        if args.relay.is_empty() {
+            jetstream(args).await
+        } else {
+            relay(args).await
+        }
+    })
+}
+
+/// Rate on stderr, redrawn at most once a second, only on a terminal.
+struct Rate {
+    on: bool,
+    start: Instant,
+    last: Instant,
+    n: u64,
+}
+
+impl Rate {
+    fn new() -> Rate {
+        let now = Instant::now();
+        Rate {
+            on: std::io::stderr().is_terminal(),
+            start: now,
+            last: now,
+            n: 0,
+        }
+    }
+    fn tick(&mut self) {
+        self.n += 1;
+        if self.on && self.last.elapsed() >= Duration::from_secs(1) {
+            self.last = Instant::now();
+            let secs = self.start.elapsed().as_secs_f64().max(1e-9);
+            eprint!("\r{} events, {:.0}/s   ", self.n, self.n as f64 / secs);
+        }
+    }
+    fn done(&self) {
+        if self.on {
+            eprintln!();
+        }
+    }
+}
+
+fn config(hosts: Vec<String>, cursor: Option<i64>) -> ClientConfig {
+    ClientConfig {
+        start_cursor: cursor,
+        ..ClientConfig::with_hosts(hosts)
+    }
+}
+
+async fn relay(args: Args) -> anyhow::Result<ExitCode> {
+    let docs = args
+        .did_docs
+        .as_deref()
+        .map(super::load_did_docs)
+        .transpose()?;
+    let mut verifier = docs
+        .as_ref()
+        .filter(|_| args.verify)
+        .map(|d| Verifier::new(DocKeys(d)));
+    let mut client = FirehoseClient::new(config(args.relay.clone(), args.cursor))?;
+    let stats = client.stats();
+    let mut dec = FrameDecoder::with_options(DecodeOptions {
+        decode_blocks: false,
+        ..DecodeOptions::unverified()
+    });
+    let mut stdout = out::stdout();
+    let mut rate = Rate::new();
+    let mut line = Vec::with_capacity(1 << 12);
+    let mut printed = 0u64;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    while args.count.is_none_or(|n| printed < n) {
+        let event = tokio::select! {
+            e = client.next() => e,
+            _ = &mut ctrl_c => break,
+        };
+        let verdict = match &mut verifier {
+            Some(v)
+                if matches!(
+                    event.kind,
+                    FrameKind::Commit | FrameKind::Sync | FrameKind::Identity | FrameKind::Account
+                ) =>
+            {
+                let verdict = v.verify(&event.bytes);
+                stats.record_verdict(verdict);
+                Some(verdict)
+            }
+            _ => None,
+        };
+        line.clear();
+        if !render_frame(&event, &mut dec, &args, verdict, &mut line) {
+            continue;
+        }
+        out::line(&mut stdout, &line)?;
+        if args.count.is_some() || rate.on {
+            stdout.flush()?;
+        }
+        printed += 1;
+        rate.tick();
+    }
+    stdout.flush()?;
+    rate.done();
+    let s = stats.snapshot();
+    let failed: u64 = s.verdicts[1..].iter().sum();
+    eprintln!(
+        "{printed} events; {} messages, {} bytes, {} reconnects, {} decode errors{}",
+        s.messages,
+        s.bytes,
+        s.reconnects,
+        s.decode_errors,
+        if verifier.is_some() {
+            format!(", {} ok, {failed} failed verification", s.verdicts[0])
+        } else {
+            String::new()
+        }
+    );
+    Ok(if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn collection_matches(wanted: &[String], collection: &str) -> bool {
+    wanted.is_empty()
+        || wanted.iter().any(|w| match w.strip_suffix('*') {
+            Some(prefix) => collection.starts_with(prefix),
+            None => w == collection,
+        })
+}
+
+/// Renders one relay frame; false when the filters exclude it.
+fn render_frame(
+    e: &FirehoseEvent,
+    dec: &mut FrameDecoder,
+    args: &Args,
+    verdict: Option<Verdict>,
+    out: &mut Vec<u8>,
+) -> bool {
+    let frame = match dec.decode(&e.bytes) {
+        Ok(f) => f,
+        Err(err) => {
+            if args.json {
+                out.extend_from_slice(b"{\"kind\":\"invalid\",\"error\":");
+                write_json_string(out, &err.to_string());
+                out.push(b'}');
+            } else {
+                out.extend_from_slice(format!("invalid frame: {err}").as_bytes());
+            }
+            return true;
+        }
+    };
+    let body = *frame.body();
+    if let Some(did) = body.did() {
+        if !args.dids.is_empty() && !args.dids.iter().any(|d| d == did) {
+            return false;
+        }
+    }
+    let (time, rev) = match body {
+        Body::Commit(c) => (Some(c.time), Some(c.rev)),
+        Body::Sync(s) => (Some(s.time), Some(s.rev)),
+        Body::Identity(i) => (Some(i.time), None),
+        Body::Account(a) => (Some(a.time), None),
+        _ => (None, None),
+    };
+    let ops: Vec<_> = match body {
+        Body::Commit(c) => c
+            .ops()
+            .filter(|op| collection_matches(&args.collections, op.collection()))
+            .collect(),
+        _ => Vec::new(),
+    };
+    if matches!(body, Body::Commit(_)) && ops.is_empty() && !args.collections.is_empty() {
+        return false;
+    }
+    let notice = match body {
+        Body::Info(i) => Some((i.name, i.message)),
+        Body::Error(x) => Some((x.error, x.message)),
+        _ => None,
+    };
+    if !args.json {
+        let mut s = format!(
+            "{} {}",
+            body.seq().map_or("-".to_string(), |s| s.to_string()),
+            body.kind()
+        );
+        if let Some(did) = body.did() {
+            s.push_str(&format!(" {did}"));
+        }
+        if let Some(op) = ops.first() {
+            s.push_str(&format!(" {} {}", op.action.as_str(), op.path));
+            if ops.len() > 1 {
+                s.push_str(&format!(" (+{} ops)", ops.len() - 1));
+            }
+        }
+        if let Some((name, msg)) = notice {
+            s.push_str(&format!(" {name}: {}", msg.unwrap_or("")));
+        }
+        if let Some(v) = verdict {
+            s.push_str(&format!(" [{v}]"));
+        }
+        out.extend_from_slice(s.as_bytes());
+        return true;
+    }
+    out.extend_from_slice(b"{\"seq\":");
+    match body.seq() {
+        Some(s) => write_json_int(out, s),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.extend_from_slice(b",\"kind\":");
+    write_json_string(out, body.kind());
+    let field = |out: &mut Vec<u8>, k: &str, v: Option<&str>| {
+        out.extend_from_slice(format!(",\"{k}\":").as_bytes());
+        match v {
+            Some(v) => write_json_string(out, v),
+            None => out.extend_from_slice(b"null"),
+        }
+    };
+    field(out, "did", body.did());
+    field(out, "time", time);
+    field(out, "rev", rev);
+    if let Some((name, msg)) = notice {
+        field(out, "name", Some(name));
+        field(out, "message", msg);
+    }
+    if matches!(body, Body::Commit(_)) {
+        out.extend_from_slice(b",\"ops\":[");
+        for (i, op) in ops.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(b"{\"action\":");
+            write_json_string(out, op.action.as_str());
+            out.extend_from_slice(b",\"path\":");
+            write_json_string(out, op.path);
+            out.extend_from_slice(b",\"cid\":");
+            match op.cid {
+                Some(c) => write_json_string(out, &c.to_string()),
+                None => out.extend_from_slice(b"null"),
+            }
+            out.push(b'}');
+        }
+        out.push(b']');
+    }
+    if let Some(v) = verdict {
+        field(out, "verdict", Some(v.as_str()));
+    }
+    out.push(b'}');
+    true
+}
+
+async fn jetstream(args: Args) -> anyhow::Result<ExitCode> {
+    let dictionary = args
+        .zstd_dictionary
+        .as_deref()
+        .map(super::read_file)
+        .transpose()?;
+    let cfg = JetstreamConfig {
+        client: config(args.jetstream.clone(), args.cursor),
+        options: JetstreamOptions {
+            wanted_collections: args.collections.clone(),
+            wanted_dids: args.dids.clone(),
+            max_message_size_bytes: 0,
+        },
+        dictionary,
+        require_hello: false,
+    };
+    let mut client = JetstreamClient::new(cfg)?;
+    let stats = client.stats();
+    let mut stdout = out::stdout();
+    let mut rate = Rate::new();
+    let mut printed = 0u64;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    while args.count.is_none_or(|n| printed < n) {
+        let JetstreamEvent { raw, event } = tokio::select! {
+            e = client.next() => e,
+            _ = &mut ctrl_c => break,
+        };
+        if args.json {
+            out::line(&mut stdout, &raw)?;
+        } else {
+            let what = match &event.commit {
+                Some(c) => format!(" {} {}/{}", c.operation, c.collection, c.rkey),
+                None => String::new(),
+            };
+            writeln!(
+                stdout,
+                "{} {} {}{what}",
+                event.time_us, event.kind, event.did
+            )?;
+        }
+        if args.count.is_some() || rate.on {
+            stdout.flush()?;
+        }
+        printed += 1;
+        rate.tick();
+    }
+    stdout.flush()?;
+    rate.done();
+    let s = stats.snapshot();
+    eprintln!(
+        "{printed} events; {} messages, {} bytes, {} reconnects, {} decode errors",
+        s.messages, s.bytes, s.reconnects, s.decode_errors
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,259 @@
+//! The relay firehose (`com.atproto.sync.subscribeRepos`) as a stream of frames.
+//!
+//! Zero copy: each binary WebSocket message reaches the caller as the `bytes::Bytes` tungstenite
+//! produced. How that was checked (tungstenite 0.29.0 source): `FrameCodec::read_frame`
+//! (`protocol/frame/mod.rs`) reads the socket into one `BytesMut` and takes each frame's payload
+//! with `split_to(len).freeze()` — no copy; `WebSocketContext::read_message` (`protocol/mod.rs`)
+//! wraps an unfragmented binary payload as `Message::Binary(payload)` unchanged; this module moves
+//! that `Bytes` into [`FirehoseEvent::bytes`], and [`FirehoseEvent::decode`] hands the same memory
+//! to [`FrameDecoder`] as a slice. The one copy is the kernel's, into the read buffer. (Fragmented
+//! messages, which relays do not send, are concatenated once by tungstenite.) The test
+//! `event_bytes_are_the_message_bytes` checks the last step by pointer.
+//!
+//! The client reads only each frame's header and payload (not its CAR) to learn kind and seq.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use riptide_cbor::Arena;
+use riptide_firehose::verify::peek;
+use riptide_firehose::{Body, Frame, FrameDecoder, FrameError};
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::session::{Session, Step};
+use crate::{ClientConfig, ClientError, ClientStats};
+
+/// The endpoint path.
+pub const SUBSCRIBE_REPOS: &str = "/xrpc/com.atproto.sync.subscribeRepos";
+
+/// What a frame is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FrameKind {
+    /// `#commit`.
+    Commit,
+    /// `#sync`.
+    Sync,
+    /// `#identity`.
+    Identity,
+    /// `#account`.
+    Account,
+    /// `#info` (e.g. `OutdatedCursor`): see [`FirehoseEvent::notice`].
+    Info,
+    /// An error frame (e.g. `FutureCursor`, `ConsumerTooSlow`); the relay closes after it and the
+    /// client reconnects. See [`FirehoseEvent::notice`].
+    Error,
+    /// A message type this version does not know.
+    Unknown,
+    /// Not a frame (header or payload does not decode); counted in `decode_errors`.
+    Invalid,
+}
+
+impl FrameKind {
+    fn of(kind: &str) -> FrameKind {
+        match kind {
+            "commit" => FrameKind::Commit,
+            "sync" => FrameKind::Sync,
+            "identity" => FrameKind::Identity,
+            "account" => FrameKind::Account,
+            "info" => FrameKind::Info,
+            "error" => FrameKind::Error,
+            "unknown" => FrameKind::Unknown,
+            _ => FrameKind::Invalid,
+        }
+    }
+
+    /// `commit`, `sync`, `identity`, `account`, `info`, `error`, `unknown` or `invalid`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FrameKind::Commit => "commit",
+            FrameKind::Sync => "sync",
+            FrameKind::Identity => "identity",
+            FrameKind::Account => "account",
+            FrameKind::Info => "info",
+            FrameKind::Error => "error",
+            FrameKind::Unknown => "unknown",
+            FrameKind::Invalid => "invalid",
+        }
+    }
+}
+
+/// An `#info` name or error frame's `error`, with its message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Notice {
+    /// `OutdatedCursor`, `FutureCursor`, `ConsumerTooSlow`, …
+    pub name: String,
+    /// The human-readable message, if any.
+    pub message: Option<String>,
+}
+
+/// One message of the firehose.
+#[derive(Clone, Debug)]
+pub struct FirehoseEvent {
+    /// The relay's seq (commit, sync, identity, account).
+    pub seq: Option<i64>,
+    /// What the frame is.
+    pub kind: FrameKind,
+    /// The message exactly as received (shared, not copied).
+    pub bytes: Bytes,
+    /// For [`FrameKind::Info`] and [`FrameKind::Error`].
+    pub notice: Option<Notice>,
+    /// Index in [`ClientConfig::hosts`] of the host it came from.
+    pub host: usize,
+}
+
+impl FirehoseEvent {
+    /// The full decoded view (header, payload, CAR with block CIDs checked per the decoder's
+    /// options).
+    pub fn decode<'d>(&'d self, decoder: &'d mut FrameDecoder) -> Result<Frame<'d>, FrameError> {
+        decoder.decode(&self.bytes)
+    }
+}
+
+/// A reconnecting firehose consumer. See the crate docs for the delivery guarantees.
+#[derive(Debug)]
+pub struct FirehoseClient {
+    session: Session,
+    arena: Arena,
+    notice_decoder: Option<FrameDecoder>,
+}
+
+impl FirehoseClient {
+    /// A client for these hosts and settings. Loads the stored cursor (the resume point).
+    pub fn new(config: ClientConfig) -> Result<FirehoseClient, ClientError> {
+        let stats = Arc::new(ClientStats::default());
+        Ok(FirehoseClient {
+            session: Session::new(config, SUBSCRIBE_REPOS, stats)?,
+            arena: Arena::new(),
+            notice_decoder: None,
+        })
+    }
+
+    /// The live counters (shareable with another task).
+    pub fn stats(&self) -> Arc<ClientStats> {
+        self.session.stats().clone()
+    }
+
+    /// The seq the next connection resumes after.
+    pub fn cursor(&self) -> Option<i64> {
+        self.session.cursor()
+    }
+
+    /// The host of the current (or last) connection.
+    pub fn host(&self) -> &str {
+        self.session.host()
+    }
+
+    /// Acknowledges that the event with this seq has been processed: a restart resumes after it.
+    /// Written to the cursor store at most every [`ClientConfig::persist_every`].
+    pub fn ack(&mut self, seq: i64) -> Result<(), ClientError> {
+        self.session.ack(seq)
+    }
+
+    /// Writes the last acknowledged seq to the cursor store now (call before exiting).
+    pub fn flush_cursor(&mut self) -> Result<(), ClientError> {
+        self.session.flush()
+    }
+
+    /// The next event. Waits through disconnects (reconnecting with backoff and host rotation);
+    /// never ends on its own.
+    pub async fn next(&mut self) -> FirehoseEvent {
+        let query = |c: Option<i64>| c.map(|c| format!("cursor={c}")).unwrap_or_default();
+        loop {
+            let msg = match self.session.next(&query).await {
+                Step::Connected => continue,
+                Step::Message(m) => m,
+            };
+            let bytes = match msg {
+                Message::Binary(b) => b,
+                other => {
+                    // Relays send binary frames only: count it and go on.
+                    self.session.stats().message(other.len());
+                    self.session.stats().decode_error();
+                    continue;
+                }
+            };
+            self.session.stats().message(bytes.len());
+            return self.event(bytes);
+        }
+    }
+
+    /// The events as a `futures` stream (for combinators); acknowledging then needs
+    /// [`FirehoseClient::ack`] on the client, so prefer [`FirehoseClient::next`] when persisting.
+    pub fn into_stream(self) -> impl futures_util::Stream<Item = FirehoseEvent> {
+        futures_util::stream::unfold(self, |mut c| async move {
+            let e = c.next().await;
+            Some((e, c))
+        })
+    }
+
+    fn event(&mut self, bytes: Bytes) -> FirehoseEvent {
+        let p = peek(&mut self.arena, &bytes);
+        let kind = FrameKind::of(p.kind);
+        let seq = p.seq;
+        let notice = match kind {
+            FrameKind::Info | FrameKind::Error => {
+                let d = self.notice_decoder.get_or_insert_with(FrameDecoder::new);
+                match d.decode(&bytes).map(|f| *f.body()) {
+                    Ok(Body::Info(i)) => Some(Notice {
+                        name: i.name.into(),
+                        message: i.message.map(Into::into),
+                    }),
+                    Ok(Body::Error(e)) => Some(Notice {
+                        name: e.error.into(),
+                        message: e.message.map(Into::into),
+                    }),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if kind == FrameKind::Invalid {
+            self.session.stats().decode_error();
+        }
+        if let Some(s) = seq.filter(|_| {
+            !matches!(
+                kind,
+                FrameKind::Invalid | FrameKind::Info | FrameKind::Error
+            )
+        }) {
+            self.session.seen(s);
+        }
+        FirehoseEvent {
+            seq,
+            kind,
+            bytes,
+            notice,
+            host: self.session.host_index(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_bytes_are_the_message_bytes() {
+        let mut c = FirehoseClient::new(ClientConfig::with_hosts(["ws://127.0.0.1:9"])).unwrap();
+        let frame = Bytes::from(riptide_cbor_info());
+        let ptr = frame.as_ptr();
+        let e = c.event(frame);
+        assert_eq!(e.bytes.as_ptr(), ptr);
+        assert_eq!(e.kind, FrameKind::Info);
+        assert_eq!(e.notice.unwrap().name, "OutdatedCursor");
+    }
+
+    fn riptide_cbor_info() -> Vec<u8> {
+        use riptide_cbor::{write_int, write_map_header, write_text};
+        let mut out = Vec::new();
+        write_map_header(&mut out, 2);
+        write_text(&mut out, "t");
+        write_text(&mut out, "#info");
+        write_text(&mut out, "op");
+        write_int(&mut out, 1);
+        write_map_header(&mut out, 1);
+        write_text(&mut out, "name");
+        write_text(&mut out, "OutdatedCursor");
+        out
+    }
+}

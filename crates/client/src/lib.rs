@@ -1,0 +1,76 @@
+//! Consumers of the AT Protocol event stream: the relay firehose (`subscribeRepos`) and Jetstream
+//! (`/subscribe`), as async streams of events that survive network trouble without losing their
+//! place.
+//!
+//! - [`FirehoseClient`]: binary frames as [`bytes::Bytes`], never copied between the socket and the
+//!   decoder, with kind and seq read; `#info` and error frames are events too.
+//! - [`JetstreamClient`]: v1 JSON events, typed ([`jetstream::Event`]) with the raw JSON; filters,
+//!   `options_update`, zstd with a dictionary.
+//! - [`PerDid`]: one DID's events in order, different DIDs in parallel, bounded queues.
+//!
+//! Both streams share one reconnecting session ([`ClientConfig`]): round-robin host rotation,
+//! exponential backoff with full jitter reset after a healthy period ([`Backoff`]), ping and read
+//! timeout for idle connections, and a cursor the caller persists through a [`CursorStore`].
+//!
+//! **Delivery is at-least-once.** Reconnects resume after the last event delivered; a restarted
+//! process resumes after the last cursor the caller acknowledged (`ack`) and that reached the
+//! store. Events processed but not yet acknowledged, or acknowledged but not yet flushed, come
+//! again. Order is the server's order on each connection; a resume never skips an event the server
+//! still holds (it may repeat some).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), riptide_client::ClientError> {
+//! use std::sync::Arc;
+//! use riptide_client::{ClientConfig, FileCursorStore, FirehoseClient};
+//! let mut config = ClientConfig::with_hosts(["wss://bsky.network"]);
+//! config.cursor_store = Some(Arc::new(FileCursorStore::new("cursor.txt")));
+//! let mut client = FirehoseClient::new(config)?;
+//! loop {
+//!     let event = client.next().await;
+//!     // … process event.bytes …
+//!     if let Some(seq) = event.seq { client.ack(seq)?; }
+//! }
+//! # }
+//! ```
+//!
+//! What it does not do: verify (use `riptide_firehose::verify` on [`FirehoseEvent::bytes`] and
+//! count with [`ClientStats::record_verdict`]); resolve identities.
+
+mod backoff;
+mod cursor;
+mod firehose;
+pub mod jetstream;
+mod perdid;
+mod session;
+mod stats;
+
+pub use backoff::Backoff;
+pub use cursor::{CursorStore, FileCursorStore, MemoryCursorStore};
+pub use firehose::{FirehoseClient, FirehoseEvent, FrameKind, Notice, SUBSCRIBE_REPOS};
+pub use jetstream::{
+    JetstreamClient, JetstreamConfig, JetstreamEvent, JetstreamOptions, OptionsSender,
+};
+pub use perdid::PerDid;
+pub use session::ClientConfig;
+pub use stats::{ClientStats, StatsSnapshot};
+
+/// What can stop a client (network trouble never does: it is retried).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// No hosts configured.
+    #[error("no hosts given")]
+    NoHosts,
+    /// A host is not a ws://, wss://, http:// or https:// URL or a host:port.
+    #[error("not a usable host URL: {0}")]
+    InvalidUrl(String),
+    /// Reading or writing the cursor store failed.
+    #[error("cursor store: {0}")]
+    Cursor(std::io::Error),
+    /// The zstd dictionary is unusable.
+    #[error("zstd dictionary: {0}")]
+    Dictionary(String),
+    /// The client or pool this handle talks to is gone.
+    #[error("closed")]
+    Closed,
+}

@@ -1,0 +1,370 @@
+//! The reconnecting connection shared by every stream: host rotation, backoff, idle detection and
+//! the cursor. One module for the relay firehose, Jetstream and the server's upstream ingest, so
+//! they cannot drift apart.
+//!
+//! Policy:
+//! - Hosts are tried round-robin. A failed connection attempt, or a connection that ends before it
+//!   was healthy for [`Backoff::healthy_after`], moves to the next host and waits a jittered,
+//!   exponentially growing delay ([`Backoff`]). A connection that was healthy that long resets the
+//!   failure count and reconnects to the same host at once.
+//! - Idle detection: when nothing arrives for [`ClientConfig::ping_interval`] a ping is sent; when
+//!   nothing (not even a pong) arrives for [`ClientConfig::idle_timeout`] the connection is
+//!   declared dead and dropped.
+//! - The cursor: every reconnect resumes after the last event delivered to the caller (in memory);
+//!   a new process resumes after the last one the caller acknowledged ([`CursorStore`]), so
+//!   delivery is at-least-once.
+//!
+//! Concurrency: a `Session` is owned by one task (`&mut self` everywhere); the counters
+//! ([`ClientStats`]) are shared atomics.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::{Backoff, ClientError, ClientStats, CursorStore};
+
+/// Connection settings shared by every stream.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    /// Hosts, tried round-robin: `wss://bsky.network`, `ws://127.0.0.1:8080`, a bare `host:port`
+    /// (taken as `ws://`), or a full URL with the endpoint path.
+    pub hosts: Vec<String>,
+    /// Reconnect delays.
+    pub backoff: Backoff,
+    /// Time allowed for TCP, TLS and the WebSocket upgrade.
+    pub connect_timeout: Duration,
+    /// Silence after which a ping is sent.
+    pub ping_interval: Duration,
+    /// Silence after which the connection is dropped as dead.
+    pub idle_timeout: Duration,
+    /// Largest message accepted (larger ones end the connection).
+    pub max_message_bytes: usize,
+    /// Where acknowledged cursors are kept; `None` keeps them in memory only.
+    pub cursor_store: Option<Arc<dyn CursorStore>>,
+    /// The cursor to start from when the store holds none (`None`: live).
+    pub start_cursor: Option<i64>,
+    /// Acknowledged cursors are written to the store at most this often ([`Session::flush`]
+    /// writes at once).
+    pub persist_every: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> ClientConfig {
+        ClientConfig {
+            hosts: Vec::new(),
+            backoff: Backoff::default(),
+            connect_timeout: Duration::from_secs(10),
+            ping_interval: Duration::from_secs(15),
+            idle_timeout: Duration::from_secs(45),
+            max_message_bytes: 16 << 20,
+            cursor_store: None,
+            start_cursor: None,
+            persist_every: Duration::from_secs(1),
+        }
+    }
+}
+
+impl ClientConfig {
+    /// A configuration for these hosts, everything else default.
+    pub fn with_hosts<S: Into<String>>(hosts: impl IntoIterator<Item = S>) -> ClientConfig {
+        ClientConfig {
+            hosts: hosts.into_iter().map(Into::into).collect(),
+            ..ClientConfig::default()
+        }
+    }
+}
+
+pub(crate) type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// What the session produced.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// A new connection is up (the stream may send a hello).
+    Connected,
+    /// A binary or text message.
+    Message(Message),
+}
+
+#[derive(Debug)]
+struct Live {
+    ws: Ws,
+    since: Instant,
+    last_heard: Instant,
+}
+
+/// One reconnecting connection over several hosts, with its cursor.
+#[derive(Debug)]
+pub(crate) struct Session {
+    cfg: ClientConfig,
+    path: &'static str,
+    next_host: usize,
+    host: usize,
+    failures: u32,
+    rng: StdRng,
+    stats: Arc<ClientStats>,
+    live: Option<Live>,
+    ever_connected: bool,
+    /// Cursor of the last event delivered (resume point within this process).
+    seen: Option<i64>,
+    acked: Option<i64>,
+    persisted: Option<i64>,
+    persisted_at: Instant,
+}
+
+impl Session {
+    /// A session for the endpoint at `path` (e.g. `/subscribe`). Loads the stored cursor.
+    pub(crate) fn new(
+        cfg: ClientConfig,
+        path: &'static str,
+        stats: Arc<ClientStats>,
+    ) -> Result<Session, ClientError> {
+        if cfg.hosts.is_empty() {
+            return Err(ClientError::NoHosts);
+        }
+        for h in &cfg.hosts {
+            endpoint_url(h, path)?;
+        }
+        let stored = match &cfg.cursor_store {
+            Some(s) => s.load().map_err(ClientError::Cursor)?,
+            None => None,
+        };
+        let seen = stored.or(cfg.start_cursor);
+        Ok(Session {
+            cfg,
+            path,
+            next_host: 0,
+            host: 0,
+            failures: 0,
+            rng: StdRng::from_entropy(),
+            stats,
+            live: None,
+            ever_connected: false,
+            seen,
+            acked: stored,
+            persisted: stored,
+            persisted_at: Instant::now(),
+        })
+    }
+
+    pub(crate) fn stats(&self) -> &Arc<ClientStats> {
+        &self.stats
+    }
+
+    /// The resume cursor: the last event delivered, else the stored one, else the start cursor.
+    pub(crate) fn cursor(&self) -> Option<i64> {
+        self.seen
+    }
+
+    /// Notes that the event with this cursor was delivered to the caller.
+    pub(crate) fn seen(&mut self, cursor: i64) {
+        self.seen = Some(cursor);
+    }
+
+    /// Index of the current (or last) connection's host.
+    pub(crate) fn host_index(&self) -> usize {
+        self.host
+    }
+
+    /// The host of the current (or last) connection.
+    pub(crate) fn host(&self) -> &str {
+        &self.cfg.hosts[self.host]
+    }
+
+    /// Acknowledges a processed cursor; stores it when the last write is old enough.
+    pub(crate) fn ack(&mut self, cursor: i64) -> Result<(), ClientError> {
+        self.acked = Some(cursor);
+        if self.persisted_at.elapsed() >= self.cfg.persist_every {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the last acknowledged cursor to the store now.
+    pub(crate) fn flush(&mut self) -> Result<(), ClientError> {
+        if let (Some(store), Some(c)) = (&self.cfg.cursor_store, self.acked) {
+            if self.persisted != Some(c) {
+                store.save(c).map_err(ClientError::Cursor)?;
+                self.persisted = Some(c);
+            }
+        }
+        self.persisted_at = Instant::now();
+        Ok(())
+    }
+
+    /// Sends on the current connection; a failure drops the connection (the next read reconnects).
+    pub(crate) async fn send(&mut self, msg: Message) -> bool {
+        let Some(live) = &mut self.live else {
+            return false;
+        };
+        if live.ws.send(msg).await.is_ok() {
+            return true;
+        }
+        self.disconnected("send failed");
+        false
+    }
+
+    /// Drops the current connection (the next read reconnects, after a backoff if it was young).
+    pub(crate) fn disconnected(&mut self, why: &str) {
+        if let Some(live) = self.live.take() {
+            let healthy = live.since.elapsed() >= self.cfg.backoff.healthy_after;
+            tracing::debug!(host = %self.cfg.hosts[self.host], why, healthy, "disconnected");
+            if healthy {
+                self.failures = 0;
+                self.next_host = self.host;
+            } else {
+                self.failures = self.failures.saturating_add(1);
+            }
+        }
+    }
+
+    /// The next binary or text message, connecting and reconnecting as needed. `query` gives the
+    /// query string (without `?`) for a connection resuming at a cursor.
+    pub(crate) async fn next(&mut self, query: &(dyn Fn(Option<i64>) -> String + Sync)) -> Step {
+        loop {
+            let Some(live) = &mut self.live else {
+                self.connect(query).await;
+                return Step::Connected;
+            };
+            let wait = self.cfg.ping_interval.min(self.cfg.idle_timeout);
+            match tokio::time::timeout(wait, live.ws.next()).await {
+                Ok(Some(Ok(msg))) => {
+                    live.last_heard = Instant::now();
+                    match msg {
+                        Message::Binary(_) | Message::Text(_) => return Step::Message(msg),
+                        Message::Close(_) => self.disconnected("closed by peer"),
+                        _ => {} // ping (answered by tungstenite), pong
+                    }
+                }
+                Ok(Some(Err(e))) => {
+                    let why = e.to_string();
+                    self.disconnected(&why);
+                }
+                Ok(None) => self.disconnected("end of stream"),
+                Err(_) => {
+                    if live.last_heard.elapsed() >= self.cfg.idle_timeout {
+                        self.disconnected("idle timeout");
+                    } else if live
+                        .ws
+                        .send(Message::Ping(Default::default()))
+                        .await
+                        .is_err()
+                    {
+                        self.disconnected("ping failed");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Connects to the next host, retrying with backoff until a connection is up.
+    async fn connect(&mut self, query: &(dyn Fn(Option<i64>) -> String + Sync)) {
+        loop {
+            let delay = self.cfg.backoff.delay(self.failures, &mut self.rng);
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let host = self.next_host % self.cfg.hosts.len();
+            let q = query(self.seen);
+            // Validated in `new`.
+            let mut url = endpoint_url(&self.cfg.hosts[host], self.path).unwrap_or_default();
+            if !q.is_empty() {
+                url.push(if url.contains('?') { '&' } else { '?' });
+                url.push_str(&q);
+            }
+            let config = WebSocketConfig::default()
+                .max_message_size(Some(self.cfg.max_message_bytes))
+                .max_frame_size(Some(self.cfg.max_message_bytes));
+            let attempt =
+                tokio_tungstenite::connect_async_with_config(url.as_str(), Some(config), true);
+            match tokio::time::timeout(self.cfg.connect_timeout, attempt).await {
+                Ok(Ok((ws, _))) => {
+                    let now = Instant::now();
+                    self.live = Some(Live {
+                        ws,
+                        since: now,
+                        last_heard: now,
+                    });
+                    self.host = host;
+                    self.next_host = host + 1;
+                    let c = &self.stats.connects;
+                    c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if self.ever_connected {
+                        self.stats
+                            .reconnects
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    self.ever_connected = true;
+                    tracing::debug!(%url, "connected");
+                    return;
+                }
+                Ok(Err(e)) => tracing::debug!(%url, error = %e, "connect failed"),
+                Err(_) => tracing::debug!(%url, "connect timed out"),
+            }
+            self.stats
+                .connect_failures
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.failures = self.failures.saturating_add(1);
+            self.next_host = host + 1;
+        }
+    }
+}
+
+/// The WebSocket URL of `path` on `host` (see [`ClientConfig::hosts`] for the accepted forms).
+pub(crate) fn endpoint_url(host: &str, path: &str) -> Result<String, ClientError> {
+    let host = host.trim();
+    let (scheme, rest) = match host.split_once("://") {
+        Some(("ws" | "http", r)) => ("ws", r),
+        Some(("wss" | "https", r)) => ("wss", r),
+        Some(_) => return Err(ClientError::InvalidUrl(host.to_string())),
+        None => ("ws", host),
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if authority.is_empty() || authority.contains(char::is_whitespace) {
+        return Err(ClientError::InvalidUrl(host.to_string()));
+    }
+    let tail = tail.trim_end_matches('/');
+    if tail.is_empty() {
+        Ok(format!("{scheme}://{authority}{path}"))
+    } else {
+        Ok(format!("{scheme}://{authority}{tail}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_forms_become_endpoint_urls() {
+        let p = "/xrpc/com.atproto.sync.subscribeRepos";
+        assert_eq!(
+            endpoint_url("wss://bsky.network", p).unwrap(),
+            format!("wss://bsky.network{p}")
+        );
+        assert_eq!(
+            endpoint_url("https://bsky.network/", p).unwrap(),
+            format!("wss://bsky.network{p}")
+        );
+        assert_eq!(
+            endpoint_url("127.0.0.1:9", p).unwrap(),
+            format!("ws://127.0.0.1:9{p}")
+        );
+        assert_eq!(
+            endpoint_url("ws://h:1/subscribe?x=1", p).unwrap(),
+            "ws://h:1/subscribe?x=1"
+        );
+        assert!(endpoint_url("ftp://h", p).is_err());
+        assert!(endpoint_url("ws://", p).is_err());
+    }
+}

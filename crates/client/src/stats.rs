@@ -1,0 +1,72 @@
+//! Counters a consumer can read while the stream runs (from any thread: plain atomics).
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use riptide_firehose::verify::Verdict;
+
+/// Live counters of one client.
+#[derive(Debug, Default)]
+pub struct ClientStats {
+    pub(crate) messages: AtomicU64,
+    pub(crate) bytes: AtomicU64,
+    pub(crate) connects: AtomicU64,
+    pub(crate) reconnects: AtomicU64,
+    pub(crate) connect_failures: AtomicU64,
+    pub(crate) decode_errors: AtomicU64,
+    verdicts: [AtomicU64; 8],
+}
+
+/// A copy of the counters at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Data messages received (binary or text).
+    pub messages: u64,
+    /// Bytes of those messages, as received (compressed, for compressed Jetstream).
+    pub bytes: u64,
+    /// Successful connections.
+    pub connects: u64,
+    /// Connections after the first (each follows a disconnect).
+    pub reconnects: u64,
+    /// Connection attempts that failed (refused, timed out, non-101 answer).
+    pub connect_failures: u64,
+    /// Messages that did not decode (delivered as such or skipped, always counted here).
+    pub decode_errors: u64,
+    /// Verdicts recorded by the caller with [`ClientStats::record_verdict`], in
+    /// [`Verdict::ALL`] order.
+    pub verdicts: [u64; 8],
+}
+
+impl ClientStats {
+    /// Records the verdict of a frame the caller verified.
+    pub fn record_verdict(&self, v: Verdict) {
+        if let Some(i) = Verdict::ALL.iter().position(|x| *x == v) {
+            self.verdicts[i].fetch_add(1, Relaxed);
+        }
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let mut verdicts = [0; 8];
+        for (o, a) in verdicts.iter_mut().zip(&self.verdicts) {
+            *o = a.load(Relaxed);
+        }
+        StatsSnapshot {
+            messages: self.messages.load(Relaxed),
+            bytes: self.bytes.load(Relaxed),
+            connects: self.connects.load(Relaxed),
+            reconnects: self.reconnects.load(Relaxed),
+            connect_failures: self.connect_failures.load(Relaxed),
+            decode_errors: self.decode_errors.load(Relaxed),
+            verdicts,
+        }
+    }
+
+    pub(crate) fn message(&self, len: usize) {
+        self.messages.fetch_add(1, Relaxed);
+        self.bytes.fetch_add(len as u64, Relaxed);
+    }
+
+    pub(crate) fn decode_error(&self) {
+        self.decode_errors.fetch_add(1, Relaxed);
+    }
+}

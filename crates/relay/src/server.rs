@@ -1,0 +1,407 @@
+//! Accepting WebSocket subscribers and serving them from the log.
+//!
+//! Each connection is one task: upgrade (where 5xx faults and query validation happen), resolve
+//! the cursor, then a loop that sends whatever the log holds past the subscriber's position and
+//! otherwise waits for new events, client messages, the ping timer or shutdown. Shutdown sends a
+//! 1001 close frame to every subscriber.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::{sleep_until, Instant};
+use tokio_tungstenite::tungstenite::handshake::server::{ErrorResponse, Request, Response};
+use tokio_tungstenite::tungstenite::http::StatusCode;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::WebSocketStream;
+
+use crate::frames::{error_frame, info_frame, scan_decoder, SeqSlot};
+use crate::log::{Log, Read};
+use crate::{RelayConfig, RelayError, SUBSCRIBE_PATH};
+
+/// Events sent per log read: bounds the handles cloned under the lock.
+const BATCH: usize = 256;
+
+/// Entry point: [`Relay::bind`].
+#[derive(Debug)]
+pub struct Relay;
+
+/// Counters of a running relay.
+#[derive(Debug, Default)]
+pub struct RelayStats {
+    /// Upgrade attempts (accepted or not).
+    pub attempts: AtomicU64,
+    /// Connections upgraded.
+    pub connections: AtomicU64,
+    /// Subscribers connected now.
+    pub subscribers: AtomicU64,
+    /// Event frames sent (all subscribers).
+    pub frames_sent: AtomicU64,
+    /// Upgrades refused by fault injection.
+    pub rejected: AtomicU64,
+}
+
+/// A running relay. Dropping it without [`RelayHandle::shutdown`] stops it abruptly.
+#[derive(Debug)]
+pub struct RelayHandle {
+    log: Arc<Log>,
+    stats: Arc<RelayStats>,
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+    addr: SocketAddr,
+}
+
+struct Shared {
+    log: Arc<Log>,
+    stats: Arc<RelayStats>,
+    config: RelayConfig,
+    stop: watch::Receiver<bool>,
+    rejects_left: AtomicUsize,
+}
+
+impl Relay {
+    /// Binds `addr` (port 0 for an ephemeral port), starts feeding `frames` into the log and
+    /// serving subscribers. Every frame must decode (header and payload).
+    pub async fn bind(
+        addr: SocketAddr,
+        frames: Vec<Bytes>,
+        config: RelayConfig,
+    ) -> Result<(SocketAddr, RelayHandle), RelayError> {
+        let mut dec = scan_decoder();
+        let mut slotted = Vec::with_capacity(frames.len());
+        for (i, f) in frames.into_iter().enumerate() {
+            let slot = SeqSlot::find(&mut dec, i, &f)?;
+            slotted.push((slot, f));
+        }
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| RelayError::Bind { addr, source })?;
+        let local = listener
+            .local_addr()
+            .map_err(|source| RelayError::Bind { addr, source })?;
+        let log = Arc::new(Log::new(config.first_seq, config.window));
+        let stats = Arc::new(RelayStats::default());
+        let (stop, stop_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            log: log.clone(),
+            stats: stats.clone(),
+            rejects_left: AtomicUsize::new(config.faults.reject_upgrades),
+            config,
+            stop: stop_rx,
+        });
+        let mut tasks = JoinSet::new();
+        tasks.spawn(feed(shared.clone(), slotted));
+        tasks.spawn(accept(shared, listener));
+        Ok((
+            local,
+            RelayHandle {
+                log,
+                stats,
+                stop,
+                tasks,
+                addr: local,
+            },
+        ))
+    }
+}
+
+impl RelayHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `ws://ADDR/xrpc/com.atproto.sync.subscribeRepos`.
+    pub fn url(&self) -> String {
+        format!("ws://{}{}", self.addr, SUBSCRIBE_PATH)
+    }
+
+    /// The newest seq assigned (first_seq - 1 before any).
+    pub fn head(&self) -> u64 {
+        self.log.head()
+    }
+
+    /// Waits until the newest seq is at least `seq`.
+    pub async fn wait_for_head(&self, seq: u64) {
+        let mut rx = self.log.subscribe();
+        // The sender lives as long as the log, which this handle holds.
+        let _ = rx.wait_for(|h| *h >= seq).await;
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &RelayStats {
+        &self.stats
+    }
+
+    /// Appends a frame to the log with the next seq (the simulator's live events). The frame must
+    /// decode (header and payload).
+    pub fn publish(&self, frame: Bytes) -> Result<u64, RelayError> {
+        let slot = SeqSlot::find(&mut scan_decoder(), 0, &frame)?;
+        Ok(self.log.append(&slot, &frame))
+    }
+
+    /// Stops accepting, closes every subscriber with 1001 and waits for the tasks to end.
+    pub async fn shutdown(mut self) {
+        self.stop.send_replace(true);
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Resolves once shutdown is asked for (or the handle is gone).
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+async fn feed(shared: Arc<Shared>, frames: Vec<(SeqSlot, Bytes)>) {
+    if frames.is_empty() {
+        return;
+    }
+    let start = Instant::now();
+    let mut stop = shared.stop.clone();
+    let mut n: u64 = 0;
+    loop {
+        for (slot, frame) in &frames {
+            if let Some(rate) = shared.config.rate.filter(|r| *r > 0.0) {
+                let at = start + Duration::from_secs_f64(n as f64 / rate);
+                tokio::select! {
+                    _ = sleep_until(at) => {}
+                    _ = stopped(&mut stop) => return,
+                }
+            } else if n % 1024 == 1023 {
+                tokio::task::yield_now().await;
+                let stopping = *stop.borrow();
+                if stopping {
+                    return;
+                }
+            }
+            shared.log.append(slot, frame);
+            n += 1;
+        }
+        if !shared.config.looped {
+            return;
+        }
+    }
+}
+
+async fn accept(shared: Arc<Shared>, listener: TcpListener) {
+    let mut stop = shared.stop.clone();
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            r = listener.accept() => match r {
+                Ok((sock, peer)) => {
+                    let _ = sock.set_nodelay(true);
+                    conns.spawn(serve(shared.clone(), sock, peer));
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            _ = stopped(&mut stop) => break,
+        }
+    }
+    drop(listener);
+    while conns.join_next().await.is_some() {}
+}
+
+/// What the upgrade request asked for.
+enum Upgrade {
+    Cursor(Option<u64>),
+}
+
+fn parse_query(req: &Request) -> Result<Option<u64>, String> {
+    let mut cursor = None;
+    for pair in req
+        .uri()
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if k == "cursor" && !v.is_empty() {
+            cursor = Some(
+                v.parse::<u64>()
+                    .map_err(|_| format!("invalid cursor: {v}"))?,
+            );
+        }
+    }
+    Ok(cursor)
+}
+
+fn error_response(status: StatusCode, body: &str) -> ErrorResponse {
+    let mut r = ErrorResponse::new(Some(format!(
+        "{{\"error\":\"{}\",\"message\":\"{body}\"}}",
+        status.canonical_reason().unwrap_or("Error")
+    )));
+    *r.status_mut() = status;
+    r
+}
+
+async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr) {
+    shared.stats.attempts.fetch_add(1, Ordering::Relaxed);
+    let mut asked: Option<Upgrade> = None;
+    // The handshake's callback type is tungstenite's; its error is an HTTP response by design.
+    #[allow(clippy::result_large_err)]
+    let callback = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
+        if req.uri().path() != SUBSCRIBE_PATH {
+            return Err(error_response(StatusCode::NOT_FOUND, "no such method"));
+        }
+        let left = shared.rejects_left.load(Ordering::Relaxed);
+        if left > 0
+            && shared
+                .rejects_left
+                .compare_exchange(left, left - 1, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            shared.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            let status = StatusCode::from_u16(shared.config.faults.reject_status)
+                .ok()
+                .filter(|s| s.is_server_error() || s.is_client_error())
+                .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+            return Err(error_response(status, "injected fault"));
+        }
+        let cursor = parse_query(req).map_err(|m| error_response(StatusCode::BAD_REQUEST, &m))?;
+        asked = Some(Upgrade::Cursor(cursor));
+        Ok(resp)
+    };
+    let ws = match tokio_tungstenite::accept_hdr_async(sock, callback).await {
+        Ok(ws) => ws,
+        Err(e) => {
+            tracing::debug!(%peer, error = %e, "upgrade failed");
+            return;
+        }
+    };
+    let Some(Upgrade::Cursor(cursor)) = asked else {
+        return;
+    };
+    shared.stats.connections.fetch_add(1, Ordering::Relaxed);
+    shared.stats.subscribers.fetch_add(1, Ordering::Relaxed);
+    if let Err(e) = subscriber(&shared, ws, cursor).await {
+        tracing::debug!(%peer, error = %e, "subscriber ended");
+    }
+    shared.stats.subscribers.fetch_sub(1, Ordering::Relaxed);
+}
+
+type Ws = WebSocketStream<TcpStream>;
+type WsResult = Result<(), tokio_tungstenite::tungstenite::Error>;
+
+async fn close(ws: &mut Ws, code: CloseCode, reason: &str) -> WsResult {
+    ws.send(Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    })))
+    .await?;
+    // Wait briefly for the peer's close reply so the close frame is not lost to a reset.
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
+    Ok(())
+}
+
+async fn subscriber(shared: &Shared, mut ws: Ws, cursor: Option<u64>) -> WsResult {
+    let log = &shared.log;
+    let faults = &shared.config.faults;
+    let mut head_rx = log.subscribe();
+    let mut stop = shared.stop.clone();
+    let mut pos = match cursor {
+        None => log.head(),
+        Some(n) => {
+            let head = log.head();
+            let oldest = log.oldest();
+            if n > head {
+                ws.send(Message::Binary(error_frame(
+                    "FutureCursor",
+                    "cursor in the future",
+                )))
+                .await?;
+                return close(&mut ws, CloseCode::Normal, "").await;
+            }
+            if n + 1 < oldest {
+                ws.send(Message::Binary(info_frame(
+                    "OutdatedCursor",
+                    "requested cursor exceeded limit; possibly missing events",
+                )))
+                .await?;
+                oldest - 1
+            } else {
+                n
+            }
+        }
+    };
+    let mut sent: usize = 0;
+    let ping_every = shared.config.ping_interval.max(Duration::from_millis(10));
+    let mut ping = tokio::time::interval_at(Instant::now() + ping_every, ping_every);
+    let mut last_heard = Instant::now();
+    loop {
+        match log.read_after(pos, BATCH) {
+            Read::Events(events, last) => {
+                for frame in events {
+                    if let Some(d) = faults.frame_delay {
+                        // A slow relay: each frame goes out on its own after the delay.
+                        ws.flush().await?;
+                        tokio::select! {
+                            _ = tokio::time::sleep(d) => {}
+                            _ = stopped(&mut stop) => return close(&mut ws, CloseCode::Away, "relay shutting down").await,
+                        }
+                    }
+                    if faults.drop_after == Some(sent) {
+                        ws.flush().await?;
+                        return Ok(()); // dropped: no close frame
+                    }
+                    if let Some((k, name)) = &faults.error_after {
+                        if *k == sent {
+                            ws.send(Message::Binary(error_frame(name, "injected fault")))
+                                .await?;
+                            return close(&mut ws, CloseCode::Normal, "").await;
+                        }
+                    }
+                    ws.feed(Message::Binary(frame)).await?;
+                    sent += 1;
+                    shared.stats.frames_sent.fetch_add(1, Ordering::Relaxed);
+                }
+                ws.flush().await?;
+                pos = last;
+                let stopping = *stop.borrow();
+                if stopping {
+                    return close(&mut ws, CloseCode::Away, "relay shutting down").await;
+                }
+                continue;
+            }
+            Read::Behind(_) => {
+                ws.send(Message::Binary(error_frame(
+                    "ConsumerTooSlow",
+                    "subscriber fell behind the relay's window",
+                )))
+                .await?;
+                return close(&mut ws, CloseCode::Policy, "too slow").await;
+            }
+            Read::UpToDate => {}
+        }
+        tokio::select! {
+            r = head_rx.changed() => { if r.is_err() { return Ok(()); } }
+            msg = ws.next() => match msg {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return Ok(()),
+                Some(Ok(_)) => last_heard = Instant::now(),
+            },
+            _ = ping.tick() => {
+                if last_heard.elapsed() > ping_every * 3 {
+                    return Ok(()); // idle peer: drop it
+                }
+                ws.send(Message::Ping(Bytes::new())).await?;
+            }
+            _ = stopped(&mut stop) => return close(&mut ws, CloseCode::Away, "relay shutting down").await,
+        }
+    }
+}
