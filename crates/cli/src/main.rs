@@ -12,7 +12,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "riptide", version, about = "The AT Protocol event stream, decoded and verified")]
+#[command(
+    name = "riptide",
+    version,
+    about = "The AT Protocol event stream, decoded and verified"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -35,6 +39,8 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
+    /// Generate a synthetic network: signed firehose frames, DID documents, repositories.
+    Gen(cmd::gen::Args),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +52,7 @@ fn main() -> ExitCode {
         Command::Repo(r) => cmd::repo::run(r),
         Command::Corpus(c) => cmd::corpus::run(c),
         Command::Bench(b) => cmd::bench::run(b),
+        Command::Gen(a) => cmd::gen::run(a),
     };
     match result {
         Ok(code) => code,
