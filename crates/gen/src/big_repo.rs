@@ -61,7 +61,14 @@ pub fn big_repo(seed: u64, n: usize, dids: &[String]) -> Result<BigRepo, GenErro
         if kind.is_singleton() {
             continue;
         }
-        let bytes = record(&mut rng, &ctx, kind, &account.did, t, &Links::default()).to_cbor();
+        let bytes = crate::records::encode(&record(
+            &mut rng,
+            &ctx,
+            kind,
+            &account.did,
+            t,
+            &Links::default(),
+        ));
         leaves.push((
             format!("{}/{}", kind.nsid(), tid(t, clock)),
             CidBuf::sha256(DAG_CBOR, &bytes),

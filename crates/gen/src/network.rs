@@ -56,8 +56,8 @@ pub struct Config {
     pub big_repo: Option<usize>,
     /// Threads that sign and encode commits (output is identical for any count).
     pub threads: usize,
-    /// Records in each account's repository before the stream starts: drawn log-uniformly
-    /// from this range (real accounts' repositories make real proof paths).
+    /// Records in each account's repository before the stream starts, within this range: the
+    /// most active accounts get the largest (real repositories make real proof paths).
     pub initial_records: (usize, usize),
 }
 
@@ -80,7 +80,7 @@ impl Config {
 /// Per-mille rates of the non-commit frames.
 const IDENTITY_PER_MILLE: u32 = 4;
 const ACCOUNT_PER_MILLE: u32 = 3;
-const SYNC_PER_MILLE: u32 = 1;
+const SYNC_PER_MILLE: u32 = 2;
 /// Frames encoded per batch (signing is spread over threads per batch).
 const BATCH: usize = 4096;
 
@@ -171,9 +171,19 @@ impl Network {
             .map(|_| Account::generate(&mut rng))
             .collect();
         let mut ctx = Context::new(identities.iter().map(|a| a.did.clone()).collect());
+        // Heavy users have big repositories: the most active accounts (lowest index, see
+        // `cumulative`) get the largest, which makes proof paths as long as the network's.
+        // Sizes fall off as rank^-1/2 (times a random factor), so the total grows as
+        // max * sqrt(accounts), not linearly: setup stays cheap for thousands of accounts.
+        let mut sizes: Vec<usize> = (0..cfg.accounts)
+            .map(|r| {
+                let n = hi as f64 / ((r + 1) as f64).sqrt() * rng.gen_range(0.5..1.5);
+                (n as usize).clamp(lo, hi)
+            })
+            .collect();
+        sizes.sort_unstable_by(|a, b| b.cmp(a));
         let mut accounts = Vec::with_capacity(cfg.accounts);
-        for account in identities {
-            let n = (rng.gen_range((lo as f64).ln()..=(hi as f64).ln())).exp() as usize;
+        for (account, n) in identities.into_iter().zip(sizes) {
             let clock_id = rng.gen_range(0..1024);
             let records = initial_records(&mut rng, &mut ctx, &account.did, n.max(1));
             let rev = tid(
@@ -346,7 +356,7 @@ impl Network {
         let created = self.now.saturating_sub(self.rng.gen_range(0..3_000_000));
         let did = self.accounts[i].account.did.clone();
         let value = record(&mut self.rng, &self.ctx, kind, &did, created, links);
-        let bytes = value.to_cbor();
+        let bytes = crate::records::encode(&value);
         let cid = sha(&bytes);
         let path = if kind.is_singleton() {
             format!("{}/self", kind.nsid())
@@ -592,7 +602,14 @@ fn initial_records(
     let start = EPOCH_MICROS - span - 3_600_000_000;
     let step = (span / n as u64).max(1000);
     let clock = rng.gen_range(0..1024);
-    let profile = record(rng, ctx, Kind::Profile, did, start, &Links::default()).to_cbor();
+    let profile = crate::records::encode(&record(
+        rng,
+        ctx,
+        Kind::Profile,
+        did,
+        start,
+        &Links::default(),
+    ));
     out.push((
         "app.bsky.actor.profile/self".to_owned(),
         sha(&profile),
@@ -605,7 +622,7 @@ fn initial_records(
         if kind.is_singleton() {
             continue;
         }
-        let bytes = record(rng, ctx, kind, did, t, &Links::default()).to_cbor();
+        let bytes = crate::records::encode(&record(rng, ctx, kind, did, t, &Links::default()));
         out.push((
             format!("{}/{}", kind.nsid(), tid(t, clock)),
             sha(&bytes),
