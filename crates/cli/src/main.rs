@@ -43,6 +43,8 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
+    /// Generate a synthetic network: signed firehose frames, DID documents, repositories.
+    Gen(cmd::gen::Args),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
         Command::Bench(b) => cmd::bench::run(b),
         Command::Relay(a) => cmd::relay::run(a),
         Command::Tail(a) => cmd::tail::run(a),
+        Command::Gen(a) => cmd::gen::run(a),
     };
     match result {
         Ok(code) => code,

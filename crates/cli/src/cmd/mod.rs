@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod corpus;
 pub mod decode;
+pub mod gen;
 pub mod jetstream;
 pub mod relay;
 pub mod repo;

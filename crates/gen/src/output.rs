@@ -1,0 +1,100 @@
+//! Writing a generated network to a directory (the layout other tools rely on).
+//!
+//! ```text
+//! DIR/firehose-frames.bin   the stream, corpus format (shared/docs/formats.md)
+//! DIR/did_docs.json         DID -> DID document, every account (and the big repo's)
+//! DIR/adversarial.json      [{"index","defect","expected_verdict"}] (with --adversarial)
+//! DIR/repos/<did>.car       each account's full repository at the end (with --repos)
+//! DIR/big-repo.car          one large repository export (with --big-repo)
+//! DIR/big-repo.did.json     its DID document (one object; `id` is its DID)
+//! ```
+//!
+//! Frames are streamed to the file as they are made (the count is known up front), so memory
+//! does not grow with the number of events.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use crate::big_repo::big_repo;
+use crate::error::GenError;
+use crate::network::{did_docs, Config, Network};
+
+/// What was written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Frames written.
+    pub frames: u64,
+    /// Bytes of `firehose-frames.bin`.
+    pub frame_bytes: u64,
+    /// Accounts (DID documents, big repo's included).
+    pub did_docs: usize,
+    /// Adversarial frames.
+    pub adversarial: usize,
+    /// Repositories written under `repos/`.
+    pub repos: usize,
+    /// Bytes of `big-repo.car`, if written.
+    pub big_repo_bytes: Option<u64>,
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), GenError> {
+    std::fs::write(path, bytes).map_err(|e| GenError::io(path, e))
+}
+
+/// Generates `cfg` into `dir` (created if needed).
+pub fn write_dir(cfg: &Config, dir: &Path) -> Result<Summary, GenError> {
+    std::fs::create_dir_all(dir).map_err(|e| GenError::io(dir, e))?;
+    let count = u32::try_from(cfg.events)
+        .map_err(|_| GenError::Config("the corpus format holds at most 2^32-1 frames".into()))?;
+    let mut net = Network::new(cfg.clone())?;
+    let path = dir.join("firehose-frames.bin");
+    let file = File::create(&path).map_err(|e| GenError::io(&path, e))?;
+    let mut w = BufWriter::with_capacity(1 << 20, file);
+    let mut summary = Summary::default();
+    let io = |e| GenError::io(&path, e);
+    w.write_all(&count.to_be_bytes()).map_err(io)?;
+    summary.frame_bytes = 4;
+    net.run(|frame: &[u8]| -> Result<(), GenError> {
+        let len = u32::try_from(frame.len())
+            .map_err(|_| GenError::Internal("frame over 4 GiB".into()))?;
+        w.write_all(&len.to_be_bytes()).map_err(io)?;
+        w.write_all(frame).map_err(io)?;
+        summary.frames += 1;
+        summary.frame_bytes += 4 + frame.len() as u64;
+        Ok(())
+    })?;
+    w.flush().map_err(io)?;
+
+    let mut accounts: Vec<crate::Account> = net.accounts().cloned().collect();
+    if let Some(n) = cfg.big_repo {
+        let dids: Vec<String> = accounts.iter().map(|a| a.did.clone()).collect();
+        let big = big_repo(cfg.seed, n, &dids)?;
+        write_file(&dir.join("big-repo.car"), &big.car)?;
+        let doc = serde_json::to_vec_pretty(&big.account.did_doc())
+            .map_err(|e| GenError::Internal(e.to_string()))?;
+        write_file(&dir.join("big-repo.did.json"), &doc)?;
+        summary.big_repo_bytes = Some(big.car.len() as u64);
+        accounts.push(big.account);
+    }
+    let docs = did_docs(&accounts);
+    summary.did_docs = docs.len();
+    let json = serde_json::to_vec_pretty(&docs).map_err(|e| GenError::Internal(e.to_string()))?;
+    write_file(&dir.join("did_docs.json"), &json)?;
+
+    if cfg.adversarial > 0.0 {
+        let json = serde_json::to_vec_pretty(net.adversarial())
+            .map_err(|e| GenError::Internal(e.to_string()))?;
+        write_file(&dir.join("adversarial.json"), &json)?;
+        summary.adversarial = net.adversarial().len();
+    }
+    if cfg.keep_records {
+        let repos = dir.join("repos");
+        std::fs::create_dir_all(&repos).map_err(|e| GenError::io(&repos, e))?;
+        for r in net.export_repos() {
+            let (did, car) = r?;
+            write_file(&repos.join(format!("{did}.car")), &car)?;
+            summary.repos += 1;
+        }
+    }
+    Ok(summary)
+}
