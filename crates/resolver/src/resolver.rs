@@ -214,6 +214,11 @@ impl Resolver {
     /// handle back (`alsoKnownAs`).
     pub async fn identity(&self, handle: &str) -> Result<Identity, ResolveError> {
         let did = self.resolve_handle(handle).await?;
+        self.confirm_handle(handle, did).await
+    }
+
+    /// The other direction: fetches `did`'s document and checks it claims `handle`.
+    pub async fn confirm_handle(&self, handle: &str, did: Did) -> Result<Identity, ResolveError> {
         let doc = self.resolve_did(did.as_str()).await?;
         let handle = Handle::parse(handle).map_err(|_| ResolveError::InvalidHandle(handle.to_owned()))?;
         if doc.handle() != Some(&handle) {

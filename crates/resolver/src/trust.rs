@@ -210,7 +210,7 @@ pub async fn verify_handle(
     let ident = match resolver.resolve_handle(handle).await {
         Ok(did) => {
             report.did = Some(did.to_string());
-            resolver.identity(handle).await
+            resolver.confirm_handle(handle, did).await
         }
         Err(e) => Err(e),
     };
