@@ -35,6 +35,10 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
+    /// The trust chain: handle -> DID -> document -> repository, all verified.
+    VerifyHandle(cmd::verify_handle::Args),
+    /// Serve a generated network (PLC directory, PDS, handles) on loopback, with faults.
+    Sim(cmd::sim::Args),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +50,8 @@ fn main() -> ExitCode {
         Command::Repo(r) => cmd::repo::run(r),
         Command::Corpus(c) => cmd::corpus::run(c),
         Command::Bench(b) => cmd::bench::run(b),
+        Command::VerifyHandle(a) => cmd::verify_handle::run(a),
+        Command::Sim(a) => cmd::sim::run(a),
     };
     match result {
         Ok(code) => code,

@@ -113,14 +113,25 @@ impl Sim {
         }
     }
 
-    /// Binds `addr` (port 0: an ephemeral port), and serves `net` there on a spawned task.
-    pub async fn spawn(net: Network, addr: SocketAddr, faults: Faults) -> std::io::Result<SimHandle> {
+    /// Binds `addr` (port 0: an ephemeral port): the simulator, whose base URL is the bound
+    /// address (loopback when `addr` is unspecified), and its listener for [`Sim::serve`].
+    pub async fn bind(net: Network, addr: SocketAddr, faults: Faults) -> std::io::Result<(Sim, TcpListener)> {
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
         let host = if local.ip().is_unspecified() { SocketAddr::from(([127, 0, 0, 1], local.port())) } else { local };
-        let sim = Sim::new(net, format!("http://{host}"), faults);
-        let router = sim.router();
-        let task = tokio::spawn(async move { axum::serve(listener, router).await });
+        Ok((Sim::new(net, format!("http://{host}"), faults), listener))
+    }
+
+    /// Serves on `listener` until the task is dropped or the listener fails.
+    pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
+        axum::serve(listener, self.router()).await
+    }
+
+    /// [`Sim::bind`], then [`Sim::serve`] on a spawned task (stopped when the handle drops).
+    pub async fn spawn(net: Network, addr: SocketAddr, faults: Faults) -> std::io::Result<SimHandle> {
+        let (sim, listener) = Sim::bind(net, addr, faults).await?;
+        let local = listener.local_addr()?;
+        let task = tokio::spawn(sim.clone().serve(listener));
         Ok(SimHandle { addr: local, sim, task })
     }
 

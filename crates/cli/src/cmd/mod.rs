@@ -5,7 +5,9 @@ pub mod corpus;
 pub mod decode;
 pub mod jetstream;
 pub mod repo;
+pub mod sim;
 pub mod verify;
+pub mod verify_handle;
 
 use std::path::Path;
 
