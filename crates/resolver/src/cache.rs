@@ -84,7 +84,10 @@ pub(crate) struct DocCache {
 
 impl std::fmt::Debug for DocCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DocCache").field("ttl", &self.ttl).field("negative_ttl", &self.negative_ttl).finish()
+        f.debug_struct("DocCache")
+            .field("ttl", &self.ttl)
+            .field("negative_ttl", &self.negative_ttl)
+            .finish()
     }
 }
 
@@ -100,7 +103,11 @@ impl DocCache {
     pub(crate) fn new(capacity: usize, ttl: Duration, negative_ttl: Duration) -> DocCache {
         let cap = NonZeroUsize::new(capacity.max(1)).unwrap_or(NonZeroUsize::MIN);
         DocCache {
-            state: Mutex::new(State { lru: LruCache::new(cap), inflight: HashMap::new(), next_id: 0 }),
+            state: Mutex::new(State {
+                lru: LruCache::new(cap),
+                inflight: HashMap::new(),
+                next_id: 0,
+            }),
             ttl,
             negative_ttl,
             stats: CacheStats::default(),
@@ -169,7 +176,13 @@ impl DocCache {
             Err(e) if e.is_definite() => self.negative_ttl,
             Err(_) => return,
         };
-        st.lru.put(did.to_owned(), Entry { value: value.clone(), expires: Instant::now() + ttl });
+        st.lru.put(
+            did.to_owned(),
+            Entry {
+                value: value.clone(),
+                expires: Instant::now() + ttl,
+            },
+        );
     }
 
     /// Drops the entry of `did` and detaches any flight for it (its result will not be cached).
@@ -207,7 +220,9 @@ mod tests {
     use futures_util::FutureExt;
 
     fn doc(did: &str) -> DocResult {
-        Ok(Arc::new(DidDoc::from_json(&format!(r#"{{"id":"{did}"}}"#)).unwrap()))
+        Ok(Arc::new(
+            DidDoc::from_json(&format!(r#"{{"id":"{did}"}}"#)).unwrap(),
+        ))
     }
 
     fn ready(v: DocResult) -> Flight {
@@ -217,7 +232,10 @@ mod tests {
     #[test]
     fn bounded_lru_evicts_least_recent() {
         let c = DocCache::new(2, Duration::from_secs(60), Duration::from_secs(1));
-        for (id, d) in ["did:plc:a", "did:plc:b", "did:plc:c"].into_iter().enumerate() {
+        for (id, d) in ["did:plc:a", "did:plc:b", "did:plc:c"]
+            .into_iter()
+            .enumerate()
+        {
             assert!(matches!(c.lookup(d, |_| ready(doc(d))), Lookup::Flight(_)));
             c.complete(d, id as u64, &doc(d));
         }
@@ -240,10 +258,16 @@ mod tests {
         assert_eq!(c.try_get("did:plc:b"), Some(neg));
         assert_eq!(c.counts().negative_hits, 1);
 
-        let transient: DocResult = Err(ResolveError::Status { url: "u".into(), status: 503 });
+        let transient: DocResult = Err(ResolveError::Status {
+            url: "u".into(),
+            status: 503,
+        });
         let _ = c.lookup("did:plc:c", |_| ready(transient.clone()));
         c.complete("did:plc:c", 2, &transient);
-        assert!(c.try_get("did:plc:c").is_none(), "transient failures are not cached");
+        assert!(
+            c.try_get("did:plc:c").is_none(),
+            "transient failures are not cached"
+        );
     }
 
     #[test]

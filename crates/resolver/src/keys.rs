@@ -37,7 +37,10 @@ pub struct ResolverKeys {
 impl ResolverKeys {
     /// Keys from `resolver`'s cache.
     pub fn new(resolver: Resolver) -> ResolverKeys {
-        ResolverKeys { resolver, misses: Mutex::new(Vec::new()) }
+        ResolverKeys {
+            resolver,
+            misses: Mutex::new(Vec::new()),
+        }
     }
 
     /// The resolver.
@@ -54,11 +57,16 @@ impl ResolverKeys {
 impl KeyLookup for ResolverKeys {
     fn key(&self, did: &str) -> Result<PublicKey, KeyUnavailable> {
         match self.resolver.try_get(did) {
-            Some(Ok(doc)) => doc.signing_key().map_err(|e| KeyUnavailable::Unusable(e.to_string())),
+            Some(Ok(doc)) => doc
+                .signing_key()
+                .map_err(|e| KeyUnavailable::Unusable(e.to_string())),
             Some(Err(ResolveError::DidNotFound(_))) => Err(KeyUnavailable::Unknown),
             Some(Err(e)) => Err(KeyUnavailable::Unusable(e.to_string())),
             None => {
-                self.misses.lock().unwrap_or_else(|p| p.into_inner()).push(did.to_owned());
+                self.misses
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(did.to_owned());
                 Err(KeyUnavailable::Unknown)
             }
         }
@@ -68,7 +76,10 @@ impl KeyLookup for ResolverKeys {
 /// Peeks at the DID of a frame (header and payload only; blocks are not hashed here, the
 /// verifier does that).
 pub fn frame_did(decoder: &mut FrameDecoder, frame: &[u8]) -> Option<String> {
-    decoder.decode(frame).ok().and_then(|f| f.body().did().map(str::to_owned))
+    decoder
+        .decode(frame)
+        .ok()
+        .and_then(|f| f.body().did().map(str::to_owned))
 }
 
 /// Verifies one frame with keys from the resolver: resolves the frame's DID first (one

@@ -99,23 +99,39 @@ pub struct Resolver {
 
 impl std::fmt::Debug for Resolver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Resolver").field("cfg", &self.inner.cfg).field("cache", &self.inner.cache).finish()
+        f.debug_struct("Resolver")
+            .field("cfg", &self.inner.cfg)
+            .field("cache", &self.inner.cache)
+            .finish()
     }
 }
 
 fn net(url: &str, e: impl std::fmt::Display) -> ResolveError {
-    ResolveError::Network { url: url.to_owned(), why: e.to_string() }
+    ResolveError::Network {
+        url: url.to_owned(),
+        why: e.to_string(),
+    }
 }
 
 /// Reads a response body of at most `limit` bytes.
-pub(crate) async fn read_limited(url: &str, mut resp: reqwest::Response, limit: usize) -> Result<Vec<u8>, ResolveError> {
+pub(crate) async fn read_limited(
+    url: &str,
+    mut resp: reqwest::Response,
+    limit: usize,
+) -> Result<Vec<u8>, ResolveError> {
     if resp.content_length().is_some_and(|n| n > limit as u64) {
-        return Err(ResolveError::TooLarge { url: url.to_owned(), limit });
+        return Err(ResolveError::TooLarge {
+            url: url.to_owned(),
+            limit,
+        });
     }
     let mut body = Vec::new();
     while let Some(chunk) = resp.chunk().await.map_err(|e| net(url, e))? {
         if body.len() + chunk.len() > limit {
-            return Err(ResolveError::TooLarge { url: url.to_owned(), limit });
+            return Err(ResolveError::TooLarge {
+                url: url.to_owned(),
+                limit,
+            });
         }
         body.extend_from_slice(&chunk);
     }
@@ -133,7 +149,14 @@ impl Resolver {
             .build()
             .map_err(|e| net("(client)", e))?;
         let cache = DocCache::new(cfg.cache_capacity, cfg.ttl, cfg.negative_ttl);
-        Ok(Resolver { inner: Arc::new(Inner { cfg, http, dns: tokio::sync::OnceCell::new(), cache }) })
+        Ok(Resolver {
+            inner: Arc::new(Inner {
+                cfg,
+                http,
+                dns: tokio::sync::OnceCell::new(),
+                cache,
+            }),
+        })
     }
 
     /// The configuration.
@@ -191,7 +214,8 @@ impl Resolver {
 
     /// The DID a handle names (one direction only: see [`Resolver::identity`]).
     pub async fn resolve_handle(&self, handle: &str) -> Result<Did, ResolveError> {
-        let h = Handle::parse(handle).map_err(|_| ResolveError::InvalidHandle(handle.to_owned()))?;
+        let h =
+            Handle::parse(handle).map_err(|_| ResolveError::InvalidHandle(handle.to_owned()))?;
         if let Some(base) = &self.inner.cfg.handle_resolver {
             return self.well_known(base.trim_end_matches('/'), &h, true).await;
         }
@@ -203,9 +227,10 @@ impl Resolver {
         };
         match self.well_known(&format!("https://{h}"), &h, false).await {
             Ok(did) => Ok(did),
-            Err(ResolveError::HandleNotFound { why, .. }) => {
-                Err(ResolveError::HandleNotFound { handle: h.to_string(), why: format!("{dns}; {why}") })
-            }
+            Err(ResolveError::HandleNotFound { why, .. }) => Err(ResolveError::HandleNotFound {
+                handle: h.to_string(),
+                why: format!("{dns}; {why}"),
+            }),
             Err(e) => Err(e),
         }
     }
@@ -220,12 +245,15 @@ impl Resolver {
     /// The other direction: fetches `did`'s document and checks it claims `handle`.
     pub async fn confirm_handle(&self, handle: &str, did: Did) -> Result<Identity, ResolveError> {
         let doc = self.resolve_did(did.as_str()).await?;
-        let handle = Handle::parse(handle).map_err(|_| ResolveError::InvalidHandle(handle.to_owned()))?;
+        let handle =
+            Handle::parse(handle).map_err(|_| ResolveError::InvalidHandle(handle.to_owned()))?;
         if doc.handle() != Some(&handle) {
             return Err(ResolveError::HandleMismatch {
                 handle: handle.to_string(),
                 did: did.to_string(),
-                claimed: doc.handle().map_or_else(|| "none".to_owned(), |h| h.to_string()),
+                claimed: doc
+                    .handle()
+                    .map_or_else(|| "none".to_owned(), |h| h.to_string()),
             });
         }
         Ok(Identity { handle, did, doc })
@@ -241,17 +269,24 @@ impl Resolver {
                 opts.timeout = cfg.timeout.min(Duration::from_secs(5));
                 opts.attempts = 2;
                 if cfg.dns_servers.is_empty() {
-                    let (conf, mut sys) =
-                        hickory_resolver::system_conf::read_system_conf().map_err(|e| e.to_string())?;
+                    let (conf, mut sys) = hickory_resolver::system_conf::read_system_conf()
+                        .map_err(|e| e.to_string())?;
                     sys.timeout = opts.timeout;
                     sys.attempts = opts.attempts;
                     Ok(TokioAsyncResolver::tokio(conf, sys))
                 } else {
                     let mut group = NameServerConfigGroup::new();
                     for a in &cfg.dns_servers {
-                        group.merge(NameServerConfigGroup::from_ips_clear(&[a.ip()], a.port(), true));
+                        group.merge(NameServerConfigGroup::from_ips_clear(
+                            &[a.ip()],
+                            a.port(),
+                            true,
+                        ));
                     }
-                    Ok(TokioAsyncResolver::tokio(DnsConfig::from_parts(None, vec![], group), opts))
+                    Ok(TokioAsyncResolver::tokio(
+                        DnsConfig::from_parts(None, vec![], group),
+                        opts,
+                    ))
                 }
             })
             .await;
@@ -264,14 +299,24 @@ impl Resolver {
         let dns = self.dns().await?;
         let lookup = match dns.txt_lookup(name.as_str()).await {
             Ok(l) => l,
-            Err(e) if matches!(e.kind(), ResolveErrorKind::NoRecordsFound { .. }) => return Ok(None),
+            Err(e) if matches!(e.kind(), ResolveErrorKind::NoRecordsFound { .. }) => {
+                return Ok(None)
+            }
             Err(e) => return Err(net(&name, e)),
         };
         let mut dids: Vec<Did> = Vec::new();
         for txt in lookup.iter() {
-            let text: Vec<u8> = txt.txt_data().iter().flat_map(|p| p.iter().copied()).collect();
-            let Ok(text) = std::str::from_utf8(&text) else { continue };
-            let Some(d) = text.trim().strip_prefix("did=") else { continue };
+            let text: Vec<u8> = txt
+                .txt_data()
+                .iter()
+                .flat_map(|p| p.iter().copied())
+                .collect();
+            let Ok(text) = std::str::from_utf8(&text) else {
+                continue;
+            };
+            let Some(d) = text.trim().strip_prefix("did=") else {
+                continue;
+            };
             if let Ok(did) = Did::parse(d) {
                 if !dids.contains(&did) {
                     dids.push(did);
@@ -283,13 +328,22 @@ impl Resolver {
             1 => Ok(dids.pop()),
             _ => Err(ResolveError::AmbiguousHandle {
                 handle: h.to_string(),
-                dids: dids.iter().map(|d| d.as_str()).collect::<Vec<_>>().join(", "),
+                dids: dids
+                    .iter()
+                    .map(|d| d.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
             }),
         }
     }
 
     /// `GET {base}/.well-known/atproto-did`, with `Host: <handle>` when `virtual_host`.
-    async fn well_known(&self, base: &str, h: &Handle, virtual_host: bool) -> Result<Did, ResolveError> {
+    async fn well_known(
+        &self,
+        base: &str,
+        h: &Handle,
+        virtual_host: bool,
+    ) -> Result<Did, ResolveError> {
         let url = format!("{base}/.well-known/atproto-did");
         let mut req = self.inner.http.get(&url);
         if virtual_host {
@@ -299,16 +353,25 @@ impl Resolver {
             Ok(r) => r,
             // Without a handle resolver, a host that does not answer is "no HTTPS record".
             Err(e) if !virtual_host => {
-                return Err(ResolveError::HandleNotFound { handle: h.to_string(), why: format!("HTTPS: {e}") })
+                return Err(ResolveError::HandleNotFound {
+                    handle: h.to_string(),
+                    why: format!("HTTPS: {e}"),
+                })
             }
             Err(e) => return Err(net(&url, e)),
         };
         let status = resp.status();
         if status.is_server_error() || status.as_u16() == 429 {
-            return Err(ResolveError::Status { url, status: status.as_u16() });
+            return Err(ResolveError::Status {
+                url,
+                status: status.as_u16(),
+            });
         }
         if !status.is_success() {
-            return Err(ResolveError::HandleNotFound { handle: h.to_string(), why: format!("HTTPS: HTTP {status}") });
+            return Err(ResolveError::HandleNotFound {
+                handle: h.to_string(),
+                why: format!("HTTPS: HTTP {status}"),
+            });
         }
         let body = read_limited(&url, resp, MAX_WELL_KNOWN_BYTES).await?;
         let text = String::from_utf8_lossy(&body);
@@ -323,17 +386,27 @@ impl Inner {
     /// The document URL of a DID.
     fn doc_url(&self, did: &Did) -> Result<String, ResolveError> {
         match did.method() {
-            "plc" => Ok(format!("{}/{}", self.cfg.plc_url.trim_end_matches('/'), did)),
+            "plc" => Ok(format!(
+                "{}/{}",
+                self.cfg.plc_url.trim_end_matches('/'),
+                did
+            )),
             "web" => {
                 // atproto uses hostname-level did:web only (no path); a port is `%3A`-encoded.
                 let id = did.identifier();
                 if id.contains(':') {
-                    return Err(ResolveError::UnsupportedMethod(format!("{did} (did:web with a path)")));
+                    return Err(ResolveError::UnsupportedMethod(format!(
+                        "{did} (did:web with a path)"
+                    )));
                 }
                 let host = id.replace("%3A", ":").replace("%3a", ":");
                 let bare = host.split(':').next().unwrap_or_default();
                 // Plain HTTP only for the loopback development hosts, as did:web allows.
-                let scheme = if bare == "localhost" || bare == "127.0.0.1" { "http" } else { "https" };
+                let scheme = if bare == "localhost" || bare == "127.0.0.1" {
+                    "http"
+                } else {
+                    "https"
+                };
                 Ok(format!("{scheme}://{host}/.well-known/did.json"))
             }
             m => Err(ResolveError::UnsupportedMethod(m.to_owned())),
@@ -356,9 +429,15 @@ impl Inner {
             did: did.to_string(),
             error: riptide_identity::DocError::Malformed("not UTF-8".to_owned()),
         })?;
-        let doc = DidDoc::from_json(text).map_err(|error| ResolveError::Doc { did: did.to_string(), error })?;
+        let doc = DidDoc::from_json(text).map_err(|error| ResolveError::Doc {
+            did: did.to_string(),
+            error,
+        })?;
         if doc.did() != &did {
-            return Err(ResolveError::IdMismatch { did: did.to_string(), id: doc.did().to_string() });
+            return Err(ResolveError::IdMismatch {
+                did: did.to_string(),
+                id: doc.did().to_string(),
+            });
         }
         Ok(doc)
     }

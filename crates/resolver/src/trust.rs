@@ -98,9 +98,9 @@ impl TrustVerdict {
     /// The verdict for a resolution error.
     pub fn of_resolve_error(e: &ResolveError) -> TrustVerdict {
         match e {
-            ResolveError::InvalidHandle(_) | ResolveError::HandleNotFound { .. } | ResolveError::AmbiguousHandle { .. } => {
-                TrustVerdict::HandleNotFound
-            }
+            ResolveError::InvalidHandle(_)
+            | ResolveError::HandleNotFound { .. }
+            | ResolveError::AmbiguousHandle { .. } => TrustVerdict::HandleNotFound,
             ResolveError::HandleMismatch { .. } => TrustVerdict::HandleMismatch,
             ResolveError::DidNotFound(_) => TrustVerdict::DidNotFound,
             ResolveError::Doc { .. }
@@ -166,7 +166,9 @@ pub struct TrustOptions {
 
 impl Default for TrustOptions {
     fn default() -> Self {
-        TrustOptions { max_repo_bytes: u32::MAX as usize }
+        TrustOptions {
+            max_repo_bytes: u32::MAX as usize,
+        }
     }
 }
 
@@ -226,12 +228,22 @@ pub async fn verify_handle(
     report.pds = Some(pds.to_owned());
     let key = match ident.doc.signing_key() {
         Ok(k) => k,
-        Err(e) => return fail(report, TrustVerdict::BadDocument, format!("{}: {e}", ident.did)),
+        Err(e) => {
+            return fail(
+                report,
+                TrustVerdict::BadDocument,
+                format!("{}: {e}", ident.did),
+            )
+        }
     };
 
     // 2. fetch
     let t = Instant::now();
-    let url = format!("{}/xrpc/com.atproto.sync.getRepo?did={}", pds.trim_end_matches('/'), ident.did);
+    let url = format!(
+        "{}/xrpc/com.atproto.sync.getRepo?did={}",
+        pds.trim_end_matches('/'),
+        ident.did
+    );
     let car = fetch_repo(resolver, &url, opts.max_repo_bytes, progress).await;
     report.timings.fetch = t.elapsed();
     let car = match car {
@@ -241,11 +253,18 @@ pub async fn verify_handle(
     report.bytes = car.len() as u64;
 
     // 3. verify (CPU-bound: off the async threads)
-    let verified = tokio::task::spawn_blocking(move || riptide_repo::verify_repo(&car, Some(&key))).await;
+    let verified =
+        tokio::task::spawn_blocking(move || riptide_repo::verify_repo(&car, Some(&key))).await;
     let repo = match verified {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => return fail(report, TrustVerdict::of_repo_error(&e), e.to_string()),
-        Err(e) => return fail(report, TrustVerdict::Malformed, format!("verification task failed: {e}")),
+        Err(e) => {
+            return fail(
+                report,
+                TrustVerdict::Malformed,
+                format!("verification task failed: {e}"),
+            )
+        }
     };
     let t = repo.timings;
     report.timings.car = t.car;
@@ -253,7 +272,10 @@ pub async fn verify_handle(
     report.timings.walk = t.walk;
     report.timings.rebuild = t.rebuild;
     let did_ok = repo.did == ident.did.as_str();
-    let why = format!("the repository is {}, the handle's DID is {}", repo.did, ident.did);
+    let why = format!(
+        "the repository is {}, the handle's DID is {}",
+        repo.did, ident.did
+    );
     report.repo = Some(repo);
     if !did_ok {
         return fail(report, TrustVerdict::DidMismatch, why);
@@ -268,15 +290,24 @@ async fn fetch_repo(
     limit: usize,
     progress: &mut dyn Progress,
 ) -> Result<Vec<u8>, ResolveError> {
-    let net = |e: reqwest::Error| ResolveError::Network { url: url.to_owned(), why: e.to_string() };
+    let net = |e: reqwest::Error| ResolveError::Network {
+        url: url.to_owned(),
+        why: e.to_string(),
+    };
     let mut resp = resolver.http().get(url).send().await.map_err(net)?;
     let status = resp.status().as_u16();
     if status != 200 {
-        return Err(ResolveError::Status { url: url.to_owned(), status });
+        return Err(ResolveError::Status {
+            url: url.to_owned(),
+            status,
+        });
     }
     let total = resp.content_length();
     if total.is_some_and(|n| n > limit as u64) {
-        return Err(ResolveError::TooLarge { url: url.to_owned(), limit });
+        return Err(ResolveError::TooLarge {
+            url: url.to_owned(),
+            limit,
+        });
     }
     if total.is_none() {
         // No length announced: the bounded reader is the same code path as documents use.
@@ -287,13 +318,19 @@ async fn fetch_repo(
     let mut body = Vec::with_capacity(total.unwrap_or(0) as usize);
     while let Some(chunk) = resp.chunk().await.map_err(net)? {
         if body.len() + chunk.len() > limit {
-            return Err(ResolveError::TooLarge { url: url.to_owned(), limit });
+            return Err(ResolveError::TooLarge {
+                url: url.to_owned(),
+                limit,
+            });
         }
         body.extend_from_slice(&chunk);
         progress.update(body.len() as u64, total);
     }
     if total.is_some_and(|n| n != body.len() as u64) {
-        return Err(ResolveError::Network { url: url.to_owned(), why: "connection closed early".to_owned() });
+        return Err(ResolveError::Network {
+            url: url.to_owned(),
+            why: "connection closed early".to_owned(),
+        });
     }
     Ok(body)
 }

@@ -3,17 +3,19 @@
 //! negative entries (counted at the server), faults, and the firehose key adapter on the real
 //! capture.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use riptide_firehose::verify::{Verdict, Verifier};
 use riptide_resolver::{
-    peek_decoder, verify_handle, verify_resolving, ResolveError, Resolver, ResolverConfig, ResolverKeys, TrustOptions,
-    TrustVerdict,
+    peek_decoder, verify_handle, verify_resolving, ResolveError, Resolver, ResolverConfig,
+    ResolverKeys, TrustOptions, TrustVerdict,
 };
 use riptide_sim::{fixture, Counters, Faults, Network, Sim, SimHandle};
 
-const LOOPBACK: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+const LOOPBACK: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
 
 async fn spawn(net: Network) -> SimHandle {
     Sim::spawn(net, LOOPBACK, Faults::default()).await.unwrap()
@@ -36,12 +38,20 @@ fn network() -> Network {
     let alice = fixture::account(1, "alice.test", 40);
     let mallory = fixture::account(2, "mallory.test", 40);
     let wrong = fixture::account(3, "wrongkey.test", 40);
-    let wrong_doc = fixture::doc(&wrong.did, "wrongkey.test", &fixture::key_for(9).public_key(), "https://x.invalid");
+    let wrong_doc = fixture::doc(
+        &wrong.did,
+        "wrongkey.test",
+        &fixture::key_for(9).public_key(),
+        "https://x.invalid",
+    );
     let mut net = Network::new(
         [alice.doc.clone(), mallory.doc.clone(), wrong_doc],
         [
             (alice.did.clone(), alice.car.clone()),
-            (mallory.did.clone(), fixture::tamper_last_block(&mallory.car).into()),
+            (
+                mallory.did.clone(),
+                fixture::tamper_last_block(&mallory.car).into(),
+            ),
             (wrong.did.clone(), wrong.car.clone()),
         ],
     )
@@ -68,11 +78,18 @@ async fn trust_chain_verdicts() {
     let ok = run(&r, "Alice.Test").await;
     assert_eq!(ok.verdict, TrustVerdict::Ok, "{:?}", ok.reason);
     assert_eq!(ok.did.as_deref(), Some(fixture::did_for(1).as_str()));
-    assert_eq!(ok.pds.as_deref(), Some(sim.base_url().as_str()), "the sim rewrites the PDS to itself");
+    assert_eq!(
+        ok.pds.as_deref(),
+        Some(sim.base_url().as_str()),
+        "the sim rewrites the PDS to itself"
+    );
     let repo = ok.repo.as_ref().unwrap();
     assert_eq!(repo.records, 40);
     assert!(repo.signature_checked);
-    assert_eq!(ok.bytes as usize, fixture::account(1, "alice.test", 40).car.len());
+    assert_eq!(
+        ok.bytes as usize,
+        fixture::account(1, "alice.test", 40).car.len()
+    );
 
     let cases = [
         ("mallory.test", TrustVerdict::BadBlockCid),
@@ -97,7 +114,10 @@ async fn burst_of_lookups_makes_one_request() {
     let alice = fixture::account(1, "alice.test", 1);
     let sim = spawn(Network::new([alice.doc.clone()], []).unwrap()).await;
     // Slow answers make sure the burst overlaps the one request in flight.
-    sim.sim.set_faults(Faults { delay_ms: 300, ..Faults::default() });
+    sim.sim.set_faults(Faults {
+        delay_ms: 300,
+        ..Faults::default()
+    });
     let r = resolver(&sim);
     let mut tasks = Vec::new();
     for _ in 0..50 {
@@ -109,7 +129,11 @@ async fn burst_of_lookups_makes_one_request() {
         let doc = t.await.unwrap().unwrap();
         assert_eq!(doc.did().as_str(), alice.did);
     }
-    assert_eq!(Counters::get(&sim.sim.counters().plc), 1, "50 lookups, one request");
+    assert_eq!(
+        Counters::get(&sim.sim.counters().plc),
+        1,
+        "50 lookups, one request"
+    );
     let c = r.cache_counts();
     assert_eq!(c.fetches, 1);
     assert_eq!(c.coalesced + c.hits, 49);
@@ -133,19 +157,33 @@ async fn negative_entries_and_transient_failures() {
     let r = resolver(&sim);
     let ghost = fixture::did_for(77);
     for _ in 0..3 {
-        assert_eq!(r.resolve_did(&ghost).await, Err(ResolveError::DidNotFound(ghost.clone())));
+        assert_eq!(
+            r.resolve_did(&ghost).await,
+            Err(ResolveError::DidNotFound(ghost.clone()))
+        );
     }
-    assert_eq!(Counters::get(&sim.sim.counters().plc), 1, "a definite miss is cached");
+    assert_eq!(
+        Counters::get(&sim.sim.counters().plc),
+        1,
+        "a definite miss is cached"
+    );
     assert_eq!(r.cache_counts().negative_hits, 2);
 
     // A short negative TTL expires and the DID is asked again.
-    let short = Resolver::new(ResolverConfig { negative_ttl: Duration::ZERO, ..r.config().clone() }).unwrap();
+    let short = Resolver::new(ResolverConfig {
+        negative_ttl: Duration::ZERO,
+        ..r.config().clone()
+    })
+    .unwrap();
     short.resolve_did(&ghost).await.unwrap_err();
     short.resolve_did(&ghost).await.unwrap_err();
     assert_eq!(Counters::get(&sim.sim.counters().plc), 3);
 
     // 5xx: transient, reported as such, not cached.
-    sim.sim.set_faults(Faults { error_every: 1, ..Faults::default() });
+    sim.sim.set_faults(Faults {
+        error_every: 1,
+        ..Faults::default()
+    });
     let e = r.resolve_did(&alice.did).await.unwrap_err();
     assert!(e.is_transient(), "{e}");
     sim.sim.set_faults(Faults::default());
@@ -159,7 +197,10 @@ async fn negative_entries_and_transient_failures() {
 async fn faults_during_the_chain() {
     let sim = spawn(network()).await;
     let r = resolver(&sim);
-    sim.sim.set_faults(Faults { error_every: 1, ..Faults::default() });
+    sim.sim.set_faults(Faults {
+        error_every: 1,
+        ..Faults::default()
+    });
     let rep = run(&r, "alice.test").await;
     assert_eq!(rep.verdict, TrustVerdict::ResolveFailed, "{:?}", rep.reason);
 
@@ -167,7 +208,10 @@ async fn faults_during_the_chain() {
     sim.sim.set_faults(Faults::default());
     r.identity("alice.test").await.unwrap();
     // Request 1 (the handle, not cached) passes, request 2 (the download) is cut.
-    sim.sim.set_faults(Faults { drop_every: 2, ..Faults::default() });
+    sim.sim.set_faults(Faults {
+        drop_every: 2,
+        ..Faults::default()
+    });
     let rep = run(&r, "alice.test").await;
     assert_eq!(rep.verdict, TrustVerdict::FetchFailed, "{:?}", rep.reason);
     assert_eq!(Counters::get(&sim.sim.counters().drops_injected), 1);
@@ -177,9 +221,13 @@ async fn faults_during_the_chain() {
 /// the capture's own documents: every frame verifies, and each DID was fetched once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_capture_verifies_with_resolved_keys() {
-    let Some(dir) = riptide_testdata::corpus() else { return };
-    let docs: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("jetstream-2026-07/did_docs.json")).unwrap()).unwrap();
+    let Some(dir) = riptide_testdata::corpus() else {
+        return;
+    };
+    let docs: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.join("jetstream-2026-07/did_docs.json")).unwrap(),
+    )
+    .unwrap();
     let dids = docs.as_object().unwrap().len();
     let sim = spawn(Network::new(docs.as_object().unwrap().values().cloned(), []).unwrap()).await;
     let r = resolver(&sim);
@@ -196,9 +244,20 @@ async fn real_capture_verifies_with_resolved_keys() {
     for f in &frames {
         distinct.insert(riptide_resolver::keys::frame_did(&mut peek, f.bytes).unwrap());
     }
-    assert!(distinct.len() >= dids, "{} DIDs in frames, {dids} documents", distinct.len());
+    assert!(
+        distinct.len() >= dids,
+        "{} DIDs in frames, {dids} documents",
+        distinct.len()
+    );
     let fetched = Counters::get(&sim.sim.counters().plc) as usize;
     // One fetch per DID, plus one if the #identity frame's DID appears again after it.
-    assert!(fetched >= distinct.len() && fetched <= distinct.len() + 1, "{fetched} fetches, {} DIDs", distinct.len());
-    assert!(verifier.keys().take_misses().is_empty(), "warming left no miss");
+    assert!(
+        fetched >= distinct.len() && fetched <= distinct.len() + 1,
+        "{fetched} fetches, {} DIDs",
+        distinct.len()
+    );
+    assert!(
+        verifier.keys().take_misses().is_empty(),
+        "warming left no miss"
+    );
 }

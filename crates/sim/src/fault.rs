@@ -50,13 +50,23 @@ mod tests {
 
     #[test]
     fn every_nth() {
-        let f = Faults { error_every: 3, drop_every: 2, delay_ms: 0 };
+        let f = Faults {
+            error_every: 3,
+            drop_every: 2,
+            delay_ms: 0,
+        };
         let got: Vec<Action> = (1..=6).map(|n| f.action(n)).collect();
         use Action::*;
         assert_eq!(got, [Pass, Drop, Error, Drop, Pass, Error]);
         assert_eq!(Faults::default().action(1), Pass);
         let parsed: Faults = serde_json::from_str(r#"{"error_every":2}"#).unwrap();
-        assert_eq!(parsed, Faults { error_every: 2, ..Faults::default() });
+        assert_eq!(
+            parsed,
+            Faults {
+                error_every: 2,
+                ..Faults::default()
+            }
+        );
         assert!(serde_json::from_str::<Faults>(r#"{"bogus":1}"#).is_err());
     }
 }

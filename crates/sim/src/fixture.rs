@@ -74,23 +74,40 @@ pub fn repo(did: &str, key: &PrivateKey, records: usize) -> Vec<u8> {
     let mut blocks: Vec<(CidBuf, Vec<u8>)> = Vec::with_capacity(records);
     let mut leaves = Vec::with_capacity(records);
     for i in 0..records {
-        let coll = if i % 2 == 0 { "app.bsky.feed.post" } else { "app.bsky.feed.like" };
+        let coll = if i % 2 == 0 {
+            "app.bsky.feed.post"
+        } else {
+            "app.bsky.feed.like"
+        };
         let mut m = BTreeMap::new();
         m.insert("$type".to_owned(), OwnedValue::Text(coll.into()));
-        m.insert("createdAt".to_owned(), OwnedValue::Text("2026-11-22T00:00:00.000Z".into()));
-        m.insert("text".to_owned(), OwnedValue::Text(format!("record {i} of {did}")));
+        m.insert(
+            "createdAt".to_owned(),
+            OwnedValue::Text("2026-11-22T00:00:00.000Z".into()),
+        );
+        m.insert(
+            "text".to_owned(),
+            OwnedValue::Text(format!("record {i} of {did}")),
+        );
         let bytes = OwnedValue::Map(m).to_cbor();
         let cid = CidBuf::sha256(DAG_CBOR, &bytes);
-        leaves.push((format!("{coll}/{}", base32((1 << 60) + i as u64 * 7_777_777, 13)), cid));
+        leaves.push((
+            format!("{coll}/{}", base32((1 << 60) + i as u64 * 7_777_777, 13)),
+            cid,
+        ));
         blocks.push((cid, bytes));
     }
     leaves.sort();
-    let (root, nodes) = riptide_repo::mst::build(&leaves).unwrap_or_else(|e| panic!("fixture MST: {e}"));
+    let (root, nodes) =
+        riptide_repo::mst::build(&leaves).unwrap_or_else(|e| panic!("fixture MST: {e}"));
     let mut c = BTreeMap::new();
     c.insert("did".to_owned(), OwnedValue::Text(did.into()));
     c.insert("version".to_owned(), OwnedValue::Int(3));
     c.insert("data".to_owned(), OwnedValue::Link(root));
-    c.insert("rev".to_owned(), OwnedValue::Text(base32((1 << 60) + records as u64, 13)));
+    c.insert(
+        "rev".to_owned(),
+        OwnedValue::Text(base32((1 << 60) + records as u64, 13)),
+    );
     c.insert("prev".to_owned(), OwnedValue::Null);
     let sig = key.sign(&OwnedValue::Map(c.clone()).to_cbor());
     c.insert("sig".to_owned(), OwnedValue::Bytes(sig.to_vec()));
@@ -108,7 +125,14 @@ pub fn account(seed: u8, handle: &str, records: usize) -> FixtureAccount {
     let key = key_for(seed);
     let doc = doc(&did, handle, &key.public_key(), "https://pds.invalid");
     let car = Bytes::from(repo(&did, &key, records));
-    FixtureAccount { did, handle: handle.to_owned(), key, doc, car, records }
+    FixtureAccount {
+        did,
+        handle: handle.to_owned(),
+        key,
+        doc,
+        car,
+        records,
+    }
 }
 
 /// `car` with its last byte flipped: the last block (a record) no longer hashes to its CID.

@@ -59,16 +59,25 @@ pub struct Network {
 }
 
 fn invalid(path: impl Into<String>, why: impl std::fmt::Display) -> SimError {
-    SimError::Invalid { path: path.into(), why: why.to_string() }
+    SimError::Invalid {
+        path: path.into(),
+        why: why.to_string(),
+    }
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, SimError> {
-    std::fs::read(path).map_err(|source| SimError::Io { path: path.display().to_string(), source })
+    std::fs::read(path).map_err(|source| SimError::Io {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 fn head_of(did: &str, car: &[u8]) -> Result<(String, String), SimError> {
     let mut reader = CarReader::new();
-    let opts = CarOptions { verify: false, ..CarOptions::repository() };
+    let opts = CarOptions {
+        verify: false,
+        ..CarOptions::repository()
+    };
     let car = reader.read(car, &opts).map_err(|e| invalid(did, e))?;
     let info = riptide_repo::inspect(&car).map_err(|e| invalid(did, e))?;
     Ok((info.commit.to_string(), info.rev))
@@ -77,7 +86,10 @@ fn head_of(did: &str, car: &[u8]) -> Result<(String, String), SimError> {
 impl Network {
     /// A network of `docs` (DID documents as JSON) and `repos` (DID, repository CAR). A
     /// repository may belong to no listed document (it is then served but resolves nowhere).
-    pub fn new(docs: impl IntoIterator<Item = Value>, repos: impl IntoIterator<Item = (String, Bytes)>) -> Result<Network, SimError> {
+    pub fn new(
+        docs: impl IntoIterator<Item = Value>,
+        repos: impl IntoIterator<Item = (String, Bytes)>,
+    ) -> Result<Network, SimError> {
         let mut net = Network::default();
         for doc in docs {
             net.add_doc(doc)?;
@@ -113,13 +125,16 @@ impl Network {
         // A repository that does not even name a commit is still served (tests tamper with
         // repositories on purpose); listRepos then shows no head for it.
         let head = head_of(did, &car).ok();
-        let acc = self.accounts.entry(did.to_owned()).or_insert_with(|| Account {
-            did: did.to_owned(),
-            doc: Value::Null,
-            handle: None,
-            repo: None,
-            head: None,
-        });
+        let acc = self
+            .accounts
+            .entry(did.to_owned())
+            .or_insert_with(|| Account {
+                did: did.to_owned(),
+                doc: Value::Null,
+                handle: None,
+                repo: None,
+                head: None,
+            });
         acc.repo = Some(car);
         acc.head = head;
         Ok(())
@@ -129,37 +144,53 @@ impl Network {
     /// DID that may not claim the handle back: the one-sided case the bidirectional check exists
     /// for).
     pub fn point_handle(&mut self, handle: &str, did: &str) {
-        self.handles.insert(handle.to_ascii_lowercase(), did.to_owned());
+        self.handles
+            .insert(handle.to_ascii_lowercase(), did.to_owned());
     }
 
     /// Loads a `riptide gen` directory.
     pub fn load(dir: &Path) -> Result<Network, SimError> {
         let mut net = Network::default();
         let docs_path = dir.join("did_docs.json");
-        let docs: Value = serde_json::from_slice(&read(&docs_path)?).map_err(|e| invalid(docs_path.display().to_string(), e))?;
+        let docs: Value = serde_json::from_slice(&read(&docs_path)?)
+            .map_err(|e| invalid(docs_path.display().to_string(), e))?;
         let Value::Object(map) = docs else {
-            return Err(invalid(docs_path.display().to_string(), "not a JSON object (DID → document)"));
+            return Err(invalid(
+                docs_path.display().to_string(),
+                "not a JSON object (DID → document)",
+            ));
         };
         for (did, doc) in map {
             net.add_doc(doc).map_err(|e| invalid(did, e))?;
         }
         let big_doc = dir.join("big-repo.did.json");
         if big_doc.exists() {
-            let doc: Value =
-                serde_json::from_slice(&read(&big_doc)?).map_err(|e| invalid(big_doc.display().to_string(), e))?;
-            let did = DidDoc::from_value(&doc).map_err(|e| invalid(big_doc.display().to_string(), e))?.did().to_string();
-            if !net.accounts.get(&did).is_some_and(|a| !a.doc.is_null()) {
+            let doc: Value = serde_json::from_slice(&read(&big_doc)?)
+                .map_err(|e| invalid(big_doc.display().to_string(), e))?;
+            let did = DidDoc::from_value(&doc)
+                .map_err(|e| invalid(big_doc.display().to_string(), e))?
+                .did()
+                .to_string();
+            if net.accounts.get(&did).is_none_or(|a| a.doc.is_null()) {
                 net.add_doc(doc)?;
             }
             net.add_repo(&did, Bytes::from(read(&dir.join("big-repo.car"))?))?;
         }
         let repos = dir.join("repos");
         if repos.is_dir() {
-            let entries = std::fs::read_dir(&repos).map_err(|source| SimError::Io { path: repos.display().to_string(), source })?;
+            let entries = std::fs::read_dir(&repos).map_err(|source| SimError::Io {
+                path: repos.display().to_string(),
+                source,
+            })?;
             for entry in entries {
-                let entry = entry.map_err(|source| SimError::Io { path: repos.display().to_string(), source })?;
+                let entry = entry.map_err(|source| SimError::Io {
+                    path: repos.display().to_string(),
+                    source,
+                })?;
                 let name = entry.file_name().to_string_lossy().into_owned();
-                let Some(did) = name.strip_suffix(".car") else { continue };
+                let Some(did) = name.strip_suffix(".car") else {
+                    continue;
+                };
                 net.add_repo(did, Bytes::from(read(&entry.path())?))?;
             }
         }
@@ -178,6 +209,8 @@ impl Network {
 
     /// The DID a handle names.
     pub fn did_of_handle(&self, handle: &str) -> Option<&str> {
-        self.handles.get(&handle.to_ascii_lowercase()).map(String::as_str)
+        self.handles
+            .get(&handle.to_ascii_lowercase())
+            .map(String::as_str)
     }
 }

@@ -63,7 +63,10 @@ pub struct Sim {
 
 impl std::fmt::Debug for Sim {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sim").field("base", &self.shared.base).field("accounts", &self.shared.net.accounts.len()).finish()
+        f.debug_struct("Sim")
+            .field("base", &self.shared.base)
+            .field("accounts", &self.shared.net.accounts.len())
+            .finish()
     }
 }
 
@@ -96,7 +99,11 @@ impl Drop for SimHandle {
 }
 
 fn xrpc_error(status: StatusCode, error: &str, message: impl Into<String>) -> Response {
-    (status, Json(json!({"error": error, "message": message.into()}))).into_response()
+    (
+        status,
+        Json(json!({"error": error, "message": message.into()})),
+    )
+        .into_response()
 }
 
 impl Sim {
@@ -115,10 +122,18 @@ impl Sim {
 
     /// Binds `addr` (port 0: an ephemeral port): the simulator, whose base URL is the bound
     /// address (loopback when `addr` is unspecified), and its listener for [`Sim::serve`].
-    pub async fn bind(net: Network, addr: SocketAddr, faults: Faults) -> std::io::Result<(Sim, TcpListener)> {
+    pub async fn bind(
+        net: Network,
+        addr: SocketAddr,
+        faults: Faults,
+    ) -> std::io::Result<(Sim, TcpListener)> {
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
-        let host = if local.ip().is_unspecified() { SocketAddr::from(([127, 0, 0, 1], local.port())) } else { local };
+        let host = if local.ip().is_unspecified() {
+            SocketAddr::from(([127, 0, 0, 1], local.port()))
+        } else {
+            local
+        };
         Ok((Sim::new(net, format!("http://{host}"), faults), listener))
     }
 
@@ -128,11 +143,19 @@ impl Sim {
     }
 
     /// [`Sim::bind`], then [`Sim::serve`] on a spawned task (stopped when the handle drops).
-    pub async fn spawn(net: Network, addr: SocketAddr, faults: Faults) -> std::io::Result<SimHandle> {
+    pub async fn spawn(
+        net: Network,
+        addr: SocketAddr,
+        faults: Faults,
+    ) -> std::io::Result<SimHandle> {
         let (sim, listener) = Sim::bind(net, addr, faults).await?;
         let local = listener.local_addr()?;
         let task = tokio::spawn(sim.clone().serve(listener));
-        Ok(SimHandle { addr: local, sim, task })
+        Ok(SimHandle {
+            addr: local,
+            sim,
+            task,
+        })
     }
 
     /// The base URL (what documents name as the PDS).
@@ -186,20 +209,32 @@ async fn fault_layer(State(st): State<Arc<Shared>>, req: Request, next: Next) ->
         Action::Pass => next.run(req).await,
         Action::Error => {
             st.counters.errors_injected.fetch_add(1, Ordering::Relaxed);
-            xrpc_error(StatusCode::SERVICE_UNAVAILABLE, "InternalServerError", "sim: injected fault")
+            xrpc_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "InternalServerError",
+                "sim: injected fault",
+            )
         }
         Action::Drop => {
             st.counters.drops_injected.fetch_add(1, Ordering::Relaxed);
             let (mut parts, body) = next.run(req).await.into_parts();
             let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
-                return xrpc_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", "sim: body");
+                return xrpc_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalServerError",
+                    "sim: body",
+                );
             };
             // Announce the whole length, send half, then fail the stream: hyper drops the
             // connection, and the client sees a body cut short.
-            parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+            parts
+                .headers
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
             let half = bytes.slice(..bytes.len() / 2);
-            let chunks: [Result<bytes::Bytes, std::io::Error>; 2] =
-                [Ok(half), Err(std::io::Error::other("sim: injected connection drop"))];
+            let chunks: [Result<bytes::Bytes, std::io::Error>; 2] = [
+                Ok(half),
+                Err(std::io::Error::other("sim: injected connection drop")),
+            ];
             Response::from_parts(parts, Body::from_stream(futures_util::stream::iter(chunks)))
         }
     }
@@ -227,7 +262,10 @@ fn rewritten(doc: &Value, base: &str) -> Value {
     let mut doc = doc.clone();
     if let Some(Value::Array(services)) = doc.get_mut("service") {
         for s in services {
-            let is_pds = s.get("id").and_then(Value::as_str).is_some_and(|id| id.ends_with("#atproto_pds"));
+            let is_pds = s
+                .get("id")
+                .and_then(Value::as_str)
+                .is_some_and(|id| id.ends_with("#atproto_pds"));
             if is_pds {
                 if let Some(o) = s.as_object_mut() {
                     o.insert("serviceEndpoint".to_owned(), Value::String(base.to_owned()));
@@ -242,7 +280,11 @@ async fn plc(State(st): State<Arc<Shared>>, Path(did): Path<String>) -> Response
     st.counters.plc.fetch_add(1, Ordering::Relaxed);
     match st.net.accounts.get(&did).filter(|a| !a.doc.is_null()) {
         Some(a) => Json(rewritten(&a.doc, &st.base)).into_response(),
-        None => (StatusCode::NOT_FOUND, Json(json!({"message": format!("DID not registered: {did}")}))).into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            Json(json!({"message": format!("DID not registered: {did}")})),
+        )
+            .into_response(),
     }
 }
 
@@ -255,7 +297,10 @@ fn well_known(st: &Shared, handle: &str) -> Response {
 }
 
 async fn well_known_host(State(st): State<Arc<Shared>>, headers: HeaderMap) -> Response {
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or_default();
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default();
     // Strip a port (handles have none; IPv6 literals are not handles either).
     let handle = host.rsplit_once(':').map_or(host, |(h, _)| h);
     well_known(&st, handle)
@@ -277,7 +322,11 @@ async fn get_repo(State(st): State<Arc<Shared>>, Query(q): Query<DidQuery>) -> R
     };
     match st.net.accounts.get(&did).and_then(|a| a.repo.clone()) {
         Some(car) => ([(header::CONTENT_TYPE, "application/vnd.ipld.car")], car).into_response(),
-        None => xrpc_error(StatusCode::BAD_REQUEST, "RepoNotFound", format!("Could not find repo for DID: {did}")),
+        None => xrpc_error(
+            StatusCode::BAD_REQUEST,
+            "RepoNotFound",
+            format!("Could not find repo for DID: {did}"),
+        ),
     }
 }
 
@@ -293,7 +342,10 @@ async fn list_repos(State(st): State<Arc<Shared>>, Query(q): Query<ListQuery>) -
     let start = q.cursor.unwrap_or_default();
     let mut repos = Vec::new();
     let mut last = None;
-    let after = st.net.accounts.range::<String, _>((std::ops::Bound::Excluded(&start), std::ops::Bound::Unbounded));
+    let after = st.net.accounts.range::<String, _>((
+        std::ops::Bound::Excluded(&start),
+        std::ops::Bound::Unbounded,
+    ));
     for (did, a) in after.filter(|(_, a)| a.repo.is_some()) {
         if repos.len() == limit {
             break;
@@ -323,18 +375,35 @@ async fn describe_repo(State(st): State<Arc<Shared>>, Query(q): Query<RepoQuery>
     let Some(repo) = q.repo else {
         return xrpc_error(StatusCode::BAD_REQUEST, "InvalidRequest", "missing repo");
     };
-    let did = if repo.starts_with("did:") { Some(repo.as_str()) } else { st.net.did_of_handle(&repo) };
-    let Some(a) = did.and_then(|d| st.net.accounts.get(d)).filter(|a| a.repo.is_some()) else {
-        return xrpc_error(StatusCode::BAD_REQUEST, "RepoNotFound", format!("Could not find repo: {repo}"));
+    let did = if repo.starts_with("did:") {
+        Some(repo.as_str())
+    } else {
+        st.net.did_of_handle(&repo)
+    };
+    let Some(a) = did
+        .and_then(|d| st.net.accounts.get(d))
+        .filter(|a| a.repo.is_some())
+    else {
+        return xrpc_error(
+            StatusCode::BAD_REQUEST,
+            "RepoNotFound",
+            format!("Could not find repo: {repo}"),
+        );
     };
     let car = a.repo.clone().unwrap_or_default();
     // Listing walks the whole MST: off the async threads.
     let collections = tokio::task::spawn_blocking(move || {
         let mut reader = riptide_car::CarReader::new();
-        let opts = riptide_car::CarOptions { verify: false, ..riptide_car::CarOptions::repository() };
+        let opts = riptide_car::CarOptions {
+            verify: false,
+            ..riptide_car::CarOptions::repository()
+        };
         let car = reader.read(&car, &opts).ok()?;
         let records = riptide_repo::list_records(&car).ok()?;
-        let mut cols: Vec<String> = records.iter().filter_map(|(k, _)| k.split_once('/').map(|(c, _)| c.to_owned())).collect();
+        let mut cols: Vec<String> = records
+            .iter()
+            .filter_map(|(k, _)| k.split_once('/').map(|(c, _)| c.to_owned()))
+            .collect();
         cols.dedup();
         Some(cols)
     })

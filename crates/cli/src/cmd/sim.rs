@@ -40,17 +40,32 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let net = Network::load(&a.from).with_context(|| format!("loading {}", a.from.display()))?;
-    let faults =
-        Faults { error_every: a.fault_5xx_every, drop_every: a.fault_drop_every, delay_ms: a.fault_delay_ms };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let faults = Faults {
+        error_every: a.fault_5xx_every,
+        drop_every: a.fault_drop_every,
+        delay_ms: a.fault_delay_ms,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
-        let (sim, listener) = Sim::bind(net, a.listen, faults).await.with_context(|| format!("binding {}", a.listen))?;
+        let (sim, listener) = Sim::bind(net, a.listen, faults)
+            .await
+            .with_context(|| format!("binding {}", a.listen))?;
         let accounts = sim.network().accounts().count();
-        let repos = sim.network().accounts().filter(|x| x.repo.is_some()).count();
+        let repos = sim
+            .network()
+            .accounts()
+            .filter(|x| x.repo.is_some())
+            .count();
         let mut stdout = out::stdout();
         writeln!(stdout, "{}", sim.base_url())?;
         stdout.flush()?;
-        eprintln!("riptide sim: {accounts} accounts, {repos} repositories at {}", sim.base_url());
+        eprintln!(
+            "riptide sim: {accounts} accounts, {repos} repositories at {}",
+            sim.base_url()
+        );
         tokio::select! {
             r = sim.serve(listener) => r.context("serving")?,
             _ = tokio::signal::ctrl_c() => eprintln!("riptide sim: interrupted"),

@@ -19,7 +19,9 @@ use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use riptide_resolver::{verify_handle, Resolver, ResolverConfig, TrustOptions, TrustReport, DEFAULT_PLC_URL};
+use riptide_resolver::{
+    verify_handle, Resolver, ResolverConfig, TrustOptions, TrustReport, DEFAULT_PLC_URL,
+};
 
 use crate::out;
 
@@ -73,7 +75,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         timeout: Duration::from_secs(300),
         ..ResolverConfig::default()
     })?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let pb = std::io::stderr().is_terminal().then(|| {
         let pb = indicatif::ProgressBar::new_spinner();
         pb.set_message(format!("{}: resolving", a.handle));
@@ -88,8 +93,10 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
                     if pb.length() != Some(t) {
                         pb.set_length(t);
                         pb.set_style(
-                            indicatif::ProgressStyle::with_template("{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}")
-                                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                            indicatif::ProgressStyle::with_template(
+                                "{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}",
+                            )
+                            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
                         );
                         pb.set_message("fetching repository");
                     }
@@ -98,7 +105,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
         }
     };
-    let report = rt.block_on(verify_handle(&resolver, &a.handle, &TrustOptions::default(), &mut progress));
+    let report = rt.block_on(verify_handle(
+        &resolver,
+        &a.handle,
+        &TrustOptions::default(),
+        &mut progress,
+    ));
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
@@ -115,7 +127,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             writeln!(stdout, "pds: {pds}")?;
         }
         if let Some(r) = &report.repo {
-            writeln!(stdout, "repository: {} records, {} blocks, {} bytes, rev {}", r.records, r.blocks, r.bytes, r.rev)?;
+            writeln!(
+                stdout,
+                "repository: {} records, {} blocks, {} bytes, rev {}",
+                r.records, r.blocks, r.bytes, r.rev
+            )?;
         }
         if let Some(why) = &report.reason {
             writeln!(stdout, "reason: {why}")?;
@@ -134,7 +150,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     stdout.flush()?;
     if report.verdict != riptide_resolver::TrustVerdict::Ok {
-        eprintln!("{}: {}: {}", report.handle, report.verdict, report.reason.as_deref().unwrap_or(""));
+        eprintln!(
+            "{}: {}: {}",
+            report.handle,
+            report.verdict,
+            report.reason.as_deref().unwrap_or("")
+        );
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
