@@ -27,11 +27,20 @@ use riptide_firehose::{DecodeOptions, FrameDecoder};
 use crate::error::ResolveError;
 use crate::resolver::Resolver;
 
+/// Most misses remembered between two [`ResolverKeys::take_misses`]; more are counted only.
+pub const MAX_MISSES: usize = 4096;
+
+#[derive(Debug, Default)]
+struct Misses {
+    dids: Vec<String>,
+    overflow: u64,
+}
+
 /// A [`KeyLookup`] answering from a [`Resolver`]'s cache, never doing I/O.
 #[derive(Debug)]
 pub struct ResolverKeys {
     resolver: Resolver,
-    misses: Mutex<Vec<String>>,
+    misses: Mutex<Misses>,
 }
 
 impl ResolverKeys {
@@ -39,7 +48,7 @@ impl ResolverKeys {
     pub fn new(resolver: Resolver) -> ResolverKeys {
         ResolverKeys {
             resolver,
-            misses: Mutex::new(Vec::new()),
+            misses: Mutex::new(Misses::default()),
         }
     }
 
@@ -48,9 +57,11 @@ impl ResolverKeys {
         &self.resolver
     }
 
-    /// The DIDs looked up while not cached (answered "unknown") since the last call.
-    pub fn take_misses(&self) -> Vec<String> {
-        std::mem::take(&mut *self.misses.lock().unwrap_or_else(|p| p.into_inner()))
+    /// The DIDs looked up while not cached (answered "unknown") since the last call (at most
+    /// [`MAX_MISSES`]), and how many more misses there were beyond that.
+    pub fn take_misses(&self) -> (Vec<String>, u64) {
+        let m = std::mem::take(&mut *self.misses.lock().unwrap_or_else(|p| p.into_inner()));
+        (m.dids, m.overflow)
     }
 }
 
@@ -63,10 +74,12 @@ impl KeyLookup for ResolverKeys {
             Some(Err(ResolveError::DidNotFound(_))) => Err(KeyUnavailable::Unknown),
             Some(Err(e)) => Err(KeyUnavailable::Unusable(e.to_string())),
             None => {
-                self.misses
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(did.to_owned());
+                let mut m = self.misses.lock().unwrap_or_else(|p| p.into_inner());
+                if m.dids.len() < MAX_MISSES {
+                    m.dids.push(did.to_owned());
+                } else {
+                    m.overflow += 1;
+                }
                 Err(KeyUnavailable::Unknown)
             }
         }

@@ -198,13 +198,16 @@ impl Resolver {
         let lookup = inner.cache.lookup(did, |id| {
             let inner = Arc::clone(inner);
             let did = did.to_owned();
-            async move {
+            // Spawned, so the lookup completes (and leaves the in-flight table) even if every
+            // waiter gives up; the waiters share its outcome.
+            let task = tokio::spawn(async move {
                 let r = inner.fetch_doc(&did).await.map(Arc::new);
                 inner.cache.complete(&did, id, &r);
                 r
-            }
-            .boxed()
-            .shared()
+            });
+            async move { task.await.unwrap_or_else(|e| Err(net("(lookup task)", e))) }
+                .boxed()
+                .shared()
         });
         match lookup {
             Lookup::Cached(v) => v,
