@@ -71,6 +71,14 @@ pub fn doc(did: &str, handle: &str, key: &PublicKey, pds: &str) -> Value {
 
 /// A repository export of `did` with `records` posts and likes, signed with `key`.
 pub fn repo(did: &str, key: &PrivateKey, records: usize) -> Vec<u8> {
+    repo_sized(did, key, records, 0)
+}
+
+/// [`repo`] with `pad` more bytes of text in every record (to reach a target size: ~`pad` + 150
+/// bytes a record with its MST share).
+pub fn repo_sized(did: &str, key: &PrivateKey, records: usize, pad: usize) -> Vec<u8> {
+    let filler = "lorem ipsum dolor sit amet ".repeat(pad / 27 + 1);
+    let filler = &filler[..pad];
     let mut blocks: Vec<(CidBuf, Vec<u8>)> = Vec::with_capacity(records);
     let mut leaves = Vec::with_capacity(records);
     for i in 0..records {
@@ -87,7 +95,7 @@ pub fn repo(did: &str, key: &PrivateKey, records: usize) -> Vec<u8> {
         );
         m.insert(
             "text".to_owned(),
-            OwnedValue::Text(format!("record {i} of {did}")),
+            OwnedValue::Text(format!("record {i} of {did}{filler}")),
         );
         let bytes = OwnedValue::Map(m).to_cbor();
         let cid = CidBuf::sha256(DAG_CBOR, &bytes);
