@@ -445,3 +445,72 @@ impl Inner {
         Ok(doc)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn document_urls() {
+        let r = Resolver::new(ResolverConfig {
+            plc_url: "http://plc.local/".into(),
+            ..ResolverConfig::default()
+        })
+        .unwrap();
+        let url = |d: &str| r.inner.doc_url(&Did::parse(d).unwrap());
+        assert_eq!(
+            url("did:plc:ewvi7nxzyoun6zhxrhs64oiz").unwrap(),
+            "http://plc.local/did:plc:ewvi7nxzyoun6zhxrhs64oiz"
+        );
+        assert_eq!(
+            url("did:web:example.com").unwrap(),
+            "https://example.com/.well-known/did.json"
+        );
+        assert_eq!(
+            url("did:web:localhost%3A8080").unwrap(),
+            "http://localhost:8080/.well-known/did.json"
+        );
+        assert_eq!(
+            url("did:web:127.0.0.1%3A9").unwrap(),
+            "http://127.0.0.1:9/.well-known/did.json"
+        );
+        // Not loopback: HTTPS even with a port.
+        assert_eq!(
+            url("did:web:example.com%3A8443").unwrap(),
+            "https://example.com:8443/.well-known/did.json"
+        );
+        assert!(matches!(
+            url("did:web:example.com:u:alice"),
+            Err(ResolveError::UnsupportedMethod(_))
+        ));
+        assert!(matches!(
+            url("did:key:zQ3shqwJEJyMBsBXCWyCBpUBMqxcon9oHB7mCvx4sSpMdLJwc"),
+            Err(ResolveError::UnsupportedMethod(_))
+        ));
+    }
+
+    #[test]
+    fn error_classes() {
+        assert!(ResolveError::Status {
+            url: "u".into(),
+            status: 503
+        }
+        .is_transient());
+        assert!(ResolveError::Status {
+            url: "u".into(),
+            status: 429
+        }
+        .is_transient());
+        assert!(ResolveError::Network {
+            url: "u".into(),
+            why: "reset".into()
+        }
+        .is_transient());
+        assert!(ResolveError::Status {
+            url: "u".into(),
+            status: 400
+        }
+        .is_definite());
+        assert!(ResolveError::DidNotFound("did:plc:x".into()).is_definite());
+    }
+}
