@@ -45,6 +45,10 @@ enum Command {
     Bench(cmd::bench::Bench),
     /// Generate a synthetic network: signed firehose frames, DID documents, repositories.
     Gen(cmd::gen::Args),
+    /// The trust chain: handle -> DID -> document -> repository, all verified.
+    VerifyHandle(cmd::verify_handle::Args),
+    /// Serve a generated network (PLC directory, PDS, handles) on loopback, with faults.
+    Sim(cmd::sim::Args),
 }
 
 fn main() -> ExitCode {
@@ -59,6 +63,8 @@ fn main() -> ExitCode {
         Command::Relay(a) => cmd::relay::run(a),
         Command::Tail(a) => cmd::tail::run(a),
         Command::Gen(a) => cmd::gen::run(a),
+        Command::VerifyHandle(a) => cmd::verify_handle::run(a),
+        Command::Sim(a) => cmd::sim::run(a),
     };
     match result {
         Ok(code) => code,

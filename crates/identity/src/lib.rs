@@ -9,9 +9,10 @@
 //!
 //! What it does today: parse DID documents ([`DidDoc`]) and hold a set of them loaded from a file
 //! ([`DidDocs`], the `did_docs.json` shape: a JSON object mapping DID → document), which is what
-//! offline verification of a captured stream needs. What it does not do yet: resolve DIDs over the
-//! network (PLC directory, `did:web`), check handles bidirectionally, or cache with expiry. Those
-//! belong here too, later, behind the same types.
+//! offline verification of a captured stream needs. What it does not do: any I/O. Resolving
+//! handles and DIDs over the network (DNS, PLC directory, `did:web`), the bidirectional handle
+//! check and the expiring cache are `riptide-resolver`, built on these types, so that code which
+//! only reads documents needs no tokio, HTTP or DNS.
 //!
 //! Where it sits: above `riptide-firehose` (whose verifier asks for keys through its own
 //! `KeyLookup` trait) and below the CLI, which adapts [`DidDocs`] to that trait. Keeping the

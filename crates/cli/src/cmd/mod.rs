@@ -8,7 +8,9 @@ pub mod jetstream;
 pub mod relay;
 pub mod repo;
 pub mod tail;
+pub mod sim;
 pub mod verify;
+pub mod verify_handle;
 
 use std::path::Path;
 

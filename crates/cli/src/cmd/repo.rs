@@ -19,10 +19,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use riptide_car::{CarErrorKind, CarOptions, CarReader};
+use riptide_car::{CarOptions, CarReader};
 use riptide_crypto::PublicKey;
 use riptide_identity::DidDoc;
-use riptide_repo::{inspect, list_records, verify_repo, MstError, RepoError};
+use riptide_repo::{inspect, list_records, verify_repo, RepoError};
 
 use crate::out;
 
@@ -74,21 +74,9 @@ pub fn run(r: Repo) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// The verdict name of a repository error.
+/// The verdict name of a repository error (one mapping, shared with `verify-handle`).
 pub fn verdict(e: &RepoError) -> &'static str {
-    match e {
-        RepoError::Car(c) => match c.kind() {
-            CarErrorKind::HashMismatch { .. } => "bad-block-cid",
-            CarErrorKind::TooLarge | CarErrorKind::TooManyBlocks => "limits",
-            _ => "malformed",
-        },
-        RepoError::Signature(_) => "bad-signature",
-        RepoError::MissingCommit(_)
-        | RepoError::MissingRecord { .. }
-        | RepoError::Mst(MstError::MissingBlock(_)) => "missing-block",
-        RepoError::RootMismatch { .. } => "root-mismatch",
-        _ => "malformed",
-    }
+    riptide_resolver::TrustVerdict::of_repo_error(e).as_str()
 }
 
 fn report_failure(file: &std::path::Path, e: &RepoError) -> ExitCode {

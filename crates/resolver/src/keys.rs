@@ -1,0 +1,131 @@
+//! The resolver as the firehose verifier's key source.
+//!
+//! The problem: [`KeyLookup`] is synchronous (the verifier is I/O-free), resolution is not. The
+//! verifier also remembers each DID's lookup outcome until that DID's next `#identity` frame, so a
+//! key source that answered "unknown" merely because the document was not fetched *yet* would
+//! make every later commit of the account `unknown-key`.
+//!
+//! The answer here is **warm, then verify**: before a frame goes to the verifier, its DID's
+//! document is resolved (`Resolver::resolve_did`, coalesced and cached), and [`ResolverKeys`]
+//! then answers from the cache without I/O. [`verify_resolving`] does both for one frame, and
+//! invalidates the resolver's entry on `#identity` frames. A frame is never passed without its
+//! signature being checked: if no key can be had it is `unknown-key` (counted by the verifier),
+//! and [`ResolverKeys`] records every cache miss it answered "unknown" to, in
+//! [`ResolverKeys::take_misses`], so a caller that skipped warming can resolve those DIDs, call
+//! `Verifier::forget_key`, and verify the frames again.
+//!
+//! Which answers are "unknown" and which "unusable": no document (404, or a transient failure
+//! not yet resolved) is [`KeyUnavailable::Unknown`]; a document without a usable `#atproto` key is
+//! [`KeyUnavailable::Unusable`].
+
+use std::sync::Mutex;
+
+use riptide_crypto::PublicKey;
+use riptide_firehose::verify::{KeyLookup, KeyUnavailable, Verifier};
+use riptide_firehose::{DecodeOptions, FrameDecoder};
+
+use crate::error::ResolveError;
+use crate::resolver::Resolver;
+
+/// Most misses remembered between two [`ResolverKeys::take_misses`]; more are counted only.
+pub const MAX_MISSES: usize = 4096;
+
+#[derive(Debug, Default)]
+struct Misses {
+    dids: Vec<String>,
+    overflow: u64,
+}
+
+/// A [`KeyLookup`] answering from a [`Resolver`]'s cache, never doing I/O.
+#[derive(Debug)]
+pub struct ResolverKeys {
+    resolver: Resolver,
+    misses: Mutex<Misses>,
+}
+
+impl ResolverKeys {
+    /// Keys from `resolver`'s cache.
+    pub fn new(resolver: Resolver) -> ResolverKeys {
+        ResolverKeys {
+            resolver,
+            misses: Mutex::new(Misses::default()),
+        }
+    }
+
+    /// The resolver.
+    pub fn resolver(&self) -> &Resolver {
+        &self.resolver
+    }
+
+    /// The DIDs looked up while not cached (answered "unknown") since the last call (at most
+    /// [`MAX_MISSES`]), and how many more misses there were beyond that.
+    pub fn take_misses(&self) -> (Vec<String>, u64) {
+        let m = std::mem::take(&mut *self.misses.lock().unwrap_or_else(|p| p.into_inner()));
+        (m.dids, m.overflow)
+    }
+}
+
+impl KeyLookup for ResolverKeys {
+    fn key(&self, did: &str) -> Result<PublicKey, KeyUnavailable> {
+        match self.resolver.try_get(did) {
+            Some(Ok(doc)) => doc
+                .signing_key()
+                .map_err(|e| KeyUnavailable::Unusable(e.to_string())),
+            Some(Err(ResolveError::DidNotFound(_))) => Err(KeyUnavailable::Unknown),
+            Some(Err(e)) => Err(KeyUnavailable::Unusable(e.to_string())),
+            None => {
+                let mut m = self.misses.lock().unwrap_or_else(|p| p.into_inner());
+                if m.dids.len() < MAX_MISSES {
+                    m.dids.push(did.to_owned());
+                } else {
+                    m.overflow += 1;
+                }
+                Err(KeyUnavailable::Unknown)
+            }
+        }
+    }
+}
+
+/// Peeks at the DID of a frame (header and payload only; blocks are not hashed here, the
+/// verifier does that).
+pub fn frame_did(decoder: &mut FrameDecoder, frame: &[u8]) -> Option<String> {
+    decoder
+        .decode(frame)
+        .ok()
+        .and_then(|f| f.body().did().map(str::to_owned))
+}
+
+/// Verifies one frame with keys from the resolver: resolves the frame's DID first (one
+/// coalesced lookup per DID, cached), then verifies, then drops the resolver's entry if the
+/// frame is `#identity`. `peek` is a decoder kept by the caller for the DID peek (use
+/// `FrameDecoder::with_options(DecodeOptions::unverified())`: the verifier checks blocks).
+///
+/// Frames of one DID must go through one verifier in order (the verifier's contract).
+pub async fn verify_resolving(
+    verifier: &mut Verifier<ResolverKeys>,
+    peek: &mut FrameDecoder,
+    frame: &[u8],
+) -> riptide_firehose::verify::Verdict {
+    let did = frame_did(peek, frame);
+    if let Some(did) = &did {
+        let resolver = verifier.keys().resolver().clone();
+        if resolver.try_get(did).is_none() {
+            // The outcome lands in the cache (or, if transient, is absent and answered unknown).
+            let _ = resolver.resolve_did(did).await;
+            // The verifier may hold an earlier "unknown" for this DID: look again.
+            verifier.forget_key(did);
+        }
+    }
+    let report = verifier.check(frame);
+    if report.kind == "identity" {
+        if let Some(did) = report.did {
+            verifier.keys().resolver().invalidate(did);
+        }
+    }
+    report.verdict
+}
+
+/// A decoder for [`verify_resolving`]'s DID peek.
+pub fn peek_decoder() -> FrameDecoder {
+    FrameDecoder::with_options(DecodeOptions::unverified())
+}

@@ -1,0 +1,32 @@
+//! Identity resolution over the network: handles, `did:plc`, `did:web`, a coalescing cache, the
+//! firehose verifier's key source, and the trust chain from a handle to a verified repository.
+//!
+//! Why a crate apart from `riptide-identity`: that crate parses DID documents and does no I/O,
+//! so the verification core (and anything else that only reads documents from a file) needs no
+//! tokio, HTTP or DNS. This crate adds the network half on top: `identity` ← `resolver` →
+//! `firehose` (for the [`KeyLookup`](riptide_firehose::verify::KeyLookup) adapter) and `repo`
+//! (for the trust chain). Nothing below depends on it.
+//!
+//! - [`Resolver`]: handle → DID ([`Resolver::resolve_handle`]: DNS TXT then HTTPS, as the handle
+//!   spec says; or a test handle resolver), DID → document ([`Resolver::resolve_did`]: PLC
+//!   directory, did:web), both directions checked ([`Resolver::identity`]).
+//! - the cache (inside [`Resolver`]): LRU-bounded, TTL, negative entries, [`Resolver::invalidate`]
+//!   on `#identity`, one network request for a burst of lookups of one DID.
+//! - [`ResolverKeys`] / [`verify_resolving`]: keys for the synchronous firehose verifier (warm the
+//!   cache, then verify; see [`keys`](crate::keys) for why and what happens on a miss).
+//! - [`verify_handle`]: the trust chain behind `riptide verify-handle`.
+//!
+//! Concurrency: a [`Resolver`] is `Clone + Send + Sync` (one `Arc`); clones share the cache and
+//! the HTTP connection pool. Futures need a tokio runtime.
+
+mod cache;
+mod error;
+pub mod keys;
+mod resolver;
+pub mod trust;
+
+pub use cache::{CacheCounts, DocResult};
+pub use error::ResolveError;
+pub use keys::{peek_decoder, verify_resolving, ResolverKeys};
+pub use resolver::{Identity, Resolver, ResolverConfig, DEFAULT_PLC_URL};
+pub use trust::{verify_handle, Progress, TrustOptions, TrustReport, TrustTimings, TrustVerdict};

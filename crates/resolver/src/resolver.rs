@@ -1,0 +1,516 @@
+//! The resolver: handle → DID (DNS TXT, then HTTPS well-known), DID → document (`did:plc`
+//! through a PLC directory, `did:web` through the host's `/.well-known/did.json`), and the
+//! bidirectional handle check.
+//!
+//! Handle resolution follows <https://atproto.com/specs/handle>: the DNS TXT record
+//! `_atproto.<handle>` holding `did=<DID>` is tried first; if DNS yields no such record (or the
+//! DNS query fails), `https://<handle>/.well-known/atproto-did` is tried, whose body is the DID.
+//! TXT records naming several different DIDs make resolution fail (no HTTPS fallback). A DID from
+//! either method is only a claim until the DID's document lists the handle in `alsoKnownAs`:
+//! [`Resolver::identity`] checks both directions.
+//!
+//! Test and offline use: [`ResolverConfig::handle_resolver`] replaces DNS and HTTPS by one GET of
+//! `{base}/.well-known/atproto-did` with the handle as the `Host` header (as a virtual-host
+//! server such as `riptide sim` answers it). It is an explicit option, not a fallback.
+//!
+//! Every response body is read with a size limit, so a hostile server cannot make us buffer
+//! without bound. Requests have a timeout.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig as DnsConfig, ResolverOpts};
+use hickory_resolver::error::ResolveErrorKind;
+use hickory_resolver::TokioAsyncResolver;
+use riptide_identity::DidDoc;
+use riptide_syntax::{Did, Handle};
+
+use crate::cache::{CacheCounts, DocCache, DocResult, Lookup};
+use crate::error::ResolveError;
+
+/// The default PLC directory.
+pub const DEFAULT_PLC_URL: &str = "https://plc.directory";
+
+/// Largest DID document accepted.
+const MAX_DOC_BYTES: usize = 1 << 20;
+/// Largest `/.well-known/atproto-did` body accepted (a DID is at most 2 KiB).
+const MAX_WELL_KNOWN_BYTES: usize = 4096;
+
+/// How a [`Resolver`] reaches the network and caches.
+#[derive(Debug, Clone)]
+pub struct ResolverConfig {
+    /// PLC directory base URL (`GET {plc_url}/{did}`), default [`DEFAULT_PLC_URL`].
+    pub plc_url: String,
+    /// Test/offline only: resolve handles with `GET {base}/.well-known/atproto-did`, `Host:
+    /// <handle>`, instead of DNS and HTTPS.
+    pub handle_resolver: Option<String>,
+    /// DNS servers for the TXT lookup; empty means the system configuration.
+    pub dns_servers: Vec<SocketAddr>,
+    /// Timeout of each HTTP request (a repository download included) and DNS query.
+    pub timeout: Duration,
+    /// Most DID documents cached.
+    pub cache_capacity: usize,
+    /// How long a document is trusted before it is fetched again.
+    pub ttl: Duration,
+    /// How long a definite failure (no such DID, unusable document) is remembered.
+    pub negative_ttl: Duration,
+}
+
+impl Default for ResolverConfig {
+    fn default() -> Self {
+        ResolverConfig {
+            plc_url: DEFAULT_PLC_URL.to_owned(),
+            handle_resolver: None,
+            dns_servers: Vec::new(),
+            timeout: Duration::from_secs(30),
+            cache_capacity: 100_000,
+            ttl: Duration::from_secs(3600),
+            negative_ttl: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A handle confirmed in both directions: it resolves to `did`, and `did`'s document claims it.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// The handle (lowercased).
+    pub handle: Handle,
+    /// The DID.
+    pub did: Did,
+    /// The DID document.
+    pub doc: Arc<DidDoc>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) cfg: ResolverConfig,
+    pub(crate) http: reqwest::Client,
+    dns: tokio::sync::OnceCell<Result<TokioAsyncResolver, String>>,
+    pub(crate) cache: DocCache,
+}
+
+/// Resolves handles and DIDs, with a shared, coalescing document cache. Cheap to clone (one
+/// `Arc`); clones share the cache.
+#[derive(Clone)]
+pub struct Resolver {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Resolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resolver")
+            .field("cfg", &self.inner.cfg)
+            .field("cache", &self.inner.cache)
+            .finish()
+    }
+}
+
+fn net(url: &str, e: impl std::fmt::Display) -> ResolveError {
+    ResolveError::Network {
+        url: url.to_owned(),
+        why: e.to_string(),
+    }
+}
+
+/// Reads a response body of at most `limit` bytes.
+pub(crate) async fn read_limited(
+    url: &str,
+    mut resp: reqwest::Response,
+    limit: usize,
+) -> Result<Vec<u8>, ResolveError> {
+    if resp.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(ResolveError::TooLarge {
+            url: url.to_owned(),
+            limit,
+        });
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| net(url, e))? {
+        if body.len() + chunk.len() > limit {
+            return Err(ResolveError::TooLarge {
+                url: url.to_owned(),
+                limit,
+            });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+impl Resolver {
+    /// A resolver with `cfg`. Fails only if the HTTP client cannot be built (TLS setup).
+    pub fn new(cfg: ResolverConfig) -> Result<Resolver, ResolveError> {
+        let http = reqwest::Client::builder()
+            .timeout(cfg.timeout)
+            .connect_timeout(cfg.timeout.min(Duration::from_secs(10)))
+            .redirect(reqwest::redirect::Policy::limited(5))
+            .user_agent(concat!("riptide/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| net("(client)", e))?;
+        let cache = DocCache::new(cfg.cache_capacity, cfg.ttl, cfg.negative_ttl);
+        Ok(Resolver {
+            inner: Arc::new(Inner {
+                cfg,
+                http,
+                dns: tokio::sync::OnceCell::new(),
+                cache,
+            }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ResolverConfig {
+        &self.inner.cfg
+    }
+
+    /// The HTTP client (shared connection pool), for fetches that follow resolution.
+    pub fn http(&self) -> &reqwest::Client {
+        &self.inner.http
+    }
+
+    /// Cache counters (hits, coalesced lookups, fetches, …).
+    pub fn cache_counts(&self) -> CacheCounts {
+        self.inner.cache.counts()
+    }
+
+    /// Documents (and negative entries) currently cached.
+    pub fn cached_len(&self) -> usize {
+        self.inner.cache.len()
+    }
+
+    /// Forgets what is known of `did` (call on its `#identity` event). A lookup in flight for it
+    /// completes for its waiters but is not cached; the next lookup fetches again.
+    pub fn invalidate(&self, did: &str) {
+        tracing::debug!(did, "identity cache invalidated");
+        self.inner.cache.invalidate(did);
+    }
+
+    /// The cached outcome for `did`, if live, without any I/O (for synchronous callers such as
+    /// the firehose verifier's key lookup).
+    pub fn try_get(&self, did: &str) -> Option<DocResult> {
+        self.inner.cache.try_get(did)
+    }
+
+    /// `did`'s document: from the cache, by joining a lookup in flight, or fetched.
+    pub async fn resolve_did(&self, did: &str) -> DocResult {
+        let inner = &self.inner;
+        let lookup = inner.cache.lookup(did, |id| {
+            let inner = Arc::clone(inner);
+            let did = did.to_owned();
+            // Spawned, so the lookup completes (and leaves the in-flight table) even if every
+            // waiter gives up; the waiters share its outcome.
+            let task = tokio::spawn(async move {
+                let r = inner.fetch_doc(&did).await.map(Arc::new);
+                inner.cache.complete(&did, id, &r);
+                r
+            });
+            async move { task.await.unwrap_or_else(|e| Err(net("(lookup task)", e))) }
+                .boxed()
+                .shared()
+        });
+        match lookup {
+            Lookup::Cached(v) => v,
+            Lookup::Flight(f) => f.await,
+        }
+    }
+
+    /// The DID a handle names (one direction only: see [`Resolver::identity`]).
+    pub async fn resolve_handle(&self, handle: &str) -> Result<Did, ResolveError> {
+        let h =
+            Handle::parse(handle).map_err(|_| ResolveError::InvalidHandle(handle.to_owned()))?;
+        if let Some(base) = &self.inner.cfg.handle_resolver {
+            return self.well_known(base.trim_end_matches('/'), &h, true).await;
+        }
+        let dns = match self.dns_txt(&h).await {
+            Ok(Some(did)) => return Ok(did),
+            Err(e @ ResolveError::AmbiguousHandle { .. }) => return Err(e),
+            Ok(None) => "DNS: no _atproto TXT record".to_owned(),
+            Err(e) => format!("DNS: {e}"),
+        };
+        match self.well_known(&format!("https://{h}"), &h, false).await {
+            Ok(did) => Ok(did),
+            Err(ResolveError::HandleNotFound { why, .. }) => Err(ResolveError::HandleNotFound {
+                handle: h.to_string(),
+                why: format!("{dns}; {why}"),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Resolves `handle` to a DID and its document, and checks that the document claims the
+    /// handle back (`alsoKnownAs`).
+    pub async fn identity(&self, handle: &str) -> Result<Identity, ResolveError> {
+        let did = self.resolve_handle(handle).await?;
+        self.confirm_handle(handle, did).await
+    }
+
+    /// The other direction: fetches `did`'s document and checks it claims `handle`.
+    pub async fn confirm_handle(&self, handle: &str, did: Did) -> Result<Identity, ResolveError> {
+        let doc = self.resolve_did(did.as_str()).await?;
+        let handle =
+            Handle::parse(handle).map_err(|_| ResolveError::InvalidHandle(handle.to_owned()))?;
+        if doc.handle() != Some(&handle) {
+            return Err(ResolveError::HandleMismatch {
+                handle: handle.to_string(),
+                did: did.to_string(),
+                claimed: doc
+                    .handle()
+                    .map_or_else(|| "none".to_owned(), |h| h.to_string()),
+            });
+        }
+        Ok(Identity { handle, did, doc })
+    }
+
+    async fn dns(&self) -> Result<&TokioAsyncResolver, ResolveError> {
+        let cfg = &self.inner.cfg;
+        let r = self
+            .inner
+            .dns
+            .get_or_init(|| async {
+                let mut opts = ResolverOpts::default();
+                opts.timeout = cfg.timeout.min(Duration::from_secs(5));
+                opts.attempts = 2;
+                if cfg.dns_servers.is_empty() {
+                    let (conf, mut sys) = hickory_resolver::system_conf::read_system_conf()
+                        .map_err(|e| e.to_string())?;
+                    sys.timeout = opts.timeout;
+                    sys.attempts = opts.attempts;
+                    Ok(TokioAsyncResolver::tokio(conf, sys))
+                } else {
+                    let mut group = NameServerConfigGroup::new();
+                    for a in &cfg.dns_servers {
+                        group.merge(NameServerConfigGroup::from_ips_clear(
+                            &[a.ip()],
+                            a.port(),
+                            true,
+                        ));
+                    }
+                    Ok(TokioAsyncResolver::tokio(
+                        DnsConfig::from_parts(None, vec![], group),
+                        opts,
+                    ))
+                }
+            })
+            .await;
+        r.as_ref().map_err(|e| net("(DNS configuration)", e))
+    }
+
+    /// The DID of the `_atproto.<handle>` TXT record: `Ok(None)` when there is none.
+    async fn dns_txt(&self, h: &Handle) -> Result<Option<Did>, ResolveError> {
+        let name = format!("_atproto.{h}.");
+        let dns = self.dns().await?;
+        let lookup = match dns.txt_lookup(name.as_str()).await {
+            Ok(l) => l,
+            Err(e) if matches!(e.kind(), ResolveErrorKind::NoRecordsFound { .. }) => {
+                return Ok(None)
+            }
+            Err(e) => return Err(net(&name, e)),
+        };
+        let mut dids: Vec<Did> = Vec::new();
+        for txt in lookup.iter() {
+            let text: Vec<u8> = txt
+                .txt_data()
+                .iter()
+                .flat_map(|p| p.iter().copied())
+                .collect();
+            let Ok(text) = std::str::from_utf8(&text) else {
+                continue;
+            };
+            let Some(d) = text.trim().strip_prefix("did=") else {
+                continue;
+            };
+            if let Ok(did) = Did::parse(d) {
+                if !dids.contains(&did) {
+                    dids.push(did);
+                }
+            }
+        }
+        match dids.len() {
+            0 => Ok(None),
+            1 => Ok(dids.pop()),
+            _ => Err(ResolveError::AmbiguousHandle {
+                handle: h.to_string(),
+                dids: dids
+                    .iter()
+                    .map(|d| d.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+        }
+    }
+
+    /// `GET {base}/.well-known/atproto-did`, with `Host: <handle>` when `virtual_host`.
+    async fn well_known(
+        &self,
+        base: &str,
+        h: &Handle,
+        virtual_host: bool,
+    ) -> Result<Did, ResolveError> {
+        let url = format!("{base}/.well-known/atproto-did");
+        let mut req = self.inner.http.get(&url);
+        if virtual_host {
+            req = req.header(reqwest::header::HOST, h.as_str());
+        }
+        let resp = match req.send().await {
+            Ok(r) => r,
+            // Without a handle resolver, a host that does not answer is "no HTTPS record".
+            Err(e) if !virtual_host => {
+                return Err(ResolveError::HandleNotFound {
+                    handle: h.to_string(),
+                    why: format!("HTTPS: {e}"),
+                })
+            }
+            Err(e) => return Err(net(&url, e)),
+        };
+        let status = resp.status();
+        if status.is_server_error() || status.as_u16() == 429 {
+            return Err(ResolveError::Status {
+                url,
+                status: status.as_u16(),
+            });
+        }
+        if !status.is_success() {
+            return Err(ResolveError::HandleNotFound {
+                handle: h.to_string(),
+                why: format!("HTTPS: HTTP {status}"),
+            });
+        }
+        let body = read_limited(&url, resp, MAX_WELL_KNOWN_BYTES).await?;
+        let text = String::from_utf8_lossy(&body);
+        Did::parse(text.trim()).map_err(|_| ResolveError::HandleNotFound {
+            handle: h.to_string(),
+            why: "HTTPS: the body is not a DID".to_owned(),
+        })
+    }
+}
+
+impl Inner {
+    /// The document URL of a DID.
+    fn doc_url(&self, did: &Did) -> Result<String, ResolveError> {
+        match did.method() {
+            "plc" => Ok(format!(
+                "{}/{}",
+                self.cfg.plc_url.trim_end_matches('/'),
+                did
+            )),
+            "web" => {
+                // atproto uses hostname-level did:web only (no path); a port is `%3A`-encoded.
+                let id = did.identifier();
+                if id.contains(':') {
+                    return Err(ResolveError::UnsupportedMethod(format!(
+                        "{did} (did:web with a path)"
+                    )));
+                }
+                let host = id.replace("%3A", ":").replace("%3a", ":");
+                let bare = host.split(':').next().unwrap_or_default();
+                // Plain HTTP only for the loopback development hosts, as did:web allows.
+                let scheme = if bare == "localhost" || bare == "127.0.0.1" {
+                    "http"
+                } else {
+                    "https"
+                };
+                Ok(format!("{scheme}://{host}/.well-known/did.json"))
+            }
+            m => Err(ResolveError::UnsupportedMethod(m.to_owned())),
+        }
+    }
+
+    async fn fetch_doc(&self, did: &str) -> Result<DidDoc, ResolveError> {
+        let did = Did::parse(did).map_err(|_| ResolveError::InvalidDid(did.to_owned()))?;
+        let url = self.doc_url(&did)?;
+        tracing::debug!(did = did.as_str(), url, "fetching DID document");
+        let resp = self.http.get(&url).send().await.map_err(|e| net(&url, e))?;
+        let status = resp.status().as_u16();
+        match status {
+            200 => {}
+            404 | 410 => return Err(ResolveError::DidNotFound(did.to_string())),
+            _ => return Err(ResolveError::Status { url, status }),
+        }
+        let body = read_limited(&url, resp, MAX_DOC_BYTES).await?;
+        let text = std::str::from_utf8(&body).map_err(|_| ResolveError::Doc {
+            did: did.to_string(),
+            error: riptide_identity::DocError::Malformed("not UTF-8".to_owned()),
+        })?;
+        let doc = DidDoc::from_json(text).map_err(|error| ResolveError::Doc {
+            did: did.to_string(),
+            error,
+        })?;
+        if doc.did() != &did {
+            return Err(ResolveError::IdMismatch {
+                did: did.to_string(),
+                id: doc.did().to_string(),
+            });
+        }
+        Ok(doc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn document_urls() {
+        let r = Resolver::new(ResolverConfig {
+            plc_url: "http://plc.local/".into(),
+            ..ResolverConfig::default()
+        })
+        .unwrap();
+        let url = |d: &str| r.inner.doc_url(&Did::parse(d).unwrap());
+        assert_eq!(
+            url("did:plc:ewvi7nxzyoun6zhxrhs64oiz").unwrap(),
+            "http://plc.local/did:plc:ewvi7nxzyoun6zhxrhs64oiz"
+        );
+        assert_eq!(
+            url("did:web:example.com").unwrap(),
+            "https://example.com/.well-known/did.json"
+        );
+        assert_eq!(
+            url("did:web:localhost%3A8080").unwrap(),
+            "http://localhost:8080/.well-known/did.json"
+        );
+        assert_eq!(
+            url("did:web:127.0.0.1%3A9").unwrap(),
+            "http://127.0.0.1:9/.well-known/did.json"
+        );
+        // Not loopback: HTTPS even with a port.
+        assert_eq!(
+            url("did:web:example.com%3A8443").unwrap(),
+            "https://example.com:8443/.well-known/did.json"
+        );
+        assert!(matches!(
+            url("did:web:example.com:u:alice"),
+            Err(ResolveError::UnsupportedMethod(_))
+        ));
+        assert!(matches!(
+            url("did:key:zQ3shqwJEJyMBsBXCWyCBpUBMqxcon9oHB7mCvx4sSpMdLJwc"),
+            Err(ResolveError::UnsupportedMethod(_))
+        ));
+    }
+
+    #[test]
+    fn error_classes() {
+        assert!(ResolveError::Status {
+            url: "u".into(),
+            status: 503
+        }
+        .is_transient());
+        assert!(ResolveError::Status {
+            url: "u".into(),
+            status: 429
+        }
+        .is_transient());
+        assert!(ResolveError::Network {
+            url: "u".into(),
+            why: "reset".into()
+        }
+        .is_transient());
+        assert!(ResolveError::Status {
+            url: "u".into(),
+            status: 400
+        }
+        .is_definite());
+        assert!(ResolveError::DidNotFound("did:plc:x".into()).is_definite());
+    }
+}

@@ -1,0 +1,72 @@
+//! Faults on demand: what a flaky network does to a client, made deterministic.
+//!
+//! Deterministic (every Nth request) rather than random so a test that asserts "the client
+//! survives a dropped connection" fails the same way on every run. Counting is over all requests
+//! the fault layer sees, `/_sim/*` excluded.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Which faults to inject. All off by default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Faults {
+    /// Every Nth request is answered `503 Service Unavailable` (0: never).
+    pub error_every: u64,
+    /// Every Nth response is cut half-way through its body and the connection dropped (0: never).
+    pub drop_every: u64,
+    /// Milliseconds to wait before answering each request.
+    pub delay_ms: u64,
+}
+
+/// What the fault layer does to request number `n` (1-based).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action {
+    Pass,
+    Error,
+    Drop,
+}
+
+impl Faults {
+    pub(crate) fn delay(&self) -> Duration {
+        Duration::from_millis(self.delay_ms)
+    }
+
+    pub(crate) fn action(&self, n: u64) -> Action {
+        if self.error_every > 0 && n % self.error_every == 0 {
+            Action::Error
+        } else if self.drop_every > 0 && n % self.drop_every == 0 {
+            Action::Drop
+        } else {
+            Action::Pass
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_nth() {
+        let f = Faults {
+            error_every: 3,
+            drop_every: 2,
+            delay_ms: 0,
+        };
+        let got: Vec<Action> = (1..=6).map(|n| f.action(n)).collect();
+        use Action::*;
+        assert_eq!(got, [Pass, Drop, Error, Drop, Pass, Error]);
+        assert_eq!(Faults::default().action(1), Pass);
+        let parsed: Faults = serde_json::from_str(r#"{"error_every":2}"#).unwrap();
+        assert_eq!(
+            parsed,
+            Faults {
+                error_every: 2,
+                ..Faults::default()
+            }
+        );
+        assert!(serde_json::from_str::<Faults>(r#"{"bogus":1}"#).is_err());
+    }
+}

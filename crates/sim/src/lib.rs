@@ -1,0 +1,34 @@
+//! A small atproto network on loopback, for tests and offline demos: `riptide sim`.
+//!
+//! Why: no test may depend on the internet, yet identity resolution and the trust chain only mean
+//! something end to end (handle → DID → document → PDS → repository). This crate serves what
+//! `riptide gen` produced (or what a test builds in memory, [`Network::new`]) over HTTP on one
+//! listener:
+//!
+//! - a PLC directory: `GET /did:plc:…` → the DID document, its `#atproto_pds` service endpoint
+//!   rewritten to the simulator's own base URL, so every account's PDS is this server;
+//! - PDS endpoints: `/xrpc/com.atproto.sync.getRepo?did=`, `/xrpc/com.atproto.sync.listRepos`
+//!   (`limit`, `cursor`), `/xrpc/com.atproto.repo.describeRepo?repo=`;
+//! - handle resolution: `GET /.well-known/atproto-did` answered by the `Host` header (handle →
+//!   DID from the documents' `alsoKnownAs`), or by path `GET /<handle>/.well-known/atproto-did`;
+//! - faults on demand ([`Faults`]): every Nth request a 503, every Nth response cut mid-body (the
+//!   connection drops), a delay before each response; set at start or at run time with
+//!   `POST /_sim/faults` (JSON [`Faults`]), and read back with `GET /_sim/faults`.
+//!
+//! [`fixture`] builds small signed accounts in memory for tests.
+//!
+//! The relay endpoint (`subscribeRepos`) is added by the relay crate's owner on top of
+//! [`Sim::router`].
+//!
+//! What it is not: a PDS (no writes, no auth), or a faithful PLC directory (no audit log). The
+//! documents are served as loaded; only the PDS endpoint is rewritten. Requests are counted per
+//! endpoint ([`Counters`]) so tests can assert how many lookups reached the network.
+
+mod fault;
+pub mod fixture;
+mod network;
+mod server;
+
+pub use fault::Faults;
+pub use network::{Account, Network, SimError};
+pub use server::{Counters, Sim, SimHandle};
