@@ -34,6 +34,7 @@ import (
 
 var warmup = flag.Int("warmup", 2, "warm-up passes")
 var passes = flag.Int("passes", 5, "measured passes")
+var repeat = flag.Int("repeat", 1, "repo: verifications per pass")
 
 type row struct {
 	Benchmark      string   `json:"benchmark"`
@@ -300,7 +301,11 @@ func benchRepo(path, label string) {
 		fmt.Fprintln(os.Stderr, "indigo repo:", err)
 		errs = 1
 	}
-	med, lo, hi := stats(float64(len(b))/1e6, func() { verifyRepo(b) })
+	med, lo, hi := stats(float64(len(b)*(*repeat))/1e6, func() {
+		for i := 0; i < *repeat; i++ {
+			verifyRepo(b)
+		}
+	})
 	emit(row{"repo", "indigo", label, "MB/s", med, lo, hi, nil, errs})
 }
 
@@ -308,7 +313,7 @@ func main() {
 	flag.Parse()
 	args := flag.Args()
 	if len(args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: indigo-bench [--warmup N --passes N] decode FILE LABEL | sigs FILE | repo FILE LABEL")
+		fmt.Fprintln(os.Stderr, "usage: indigo-bench [--warmup N --passes N --repeat N] decode FILE LABEL | sigs FILE | repo FILE LABEL")
 		os.Exit(2)
 	}
 	label := ""

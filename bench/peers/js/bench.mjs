@@ -18,10 +18,12 @@ const argv = process.argv.slice(2);
 const sdk = argv.shift();
 let warmup = 2;
 let passes = 5;
+let repeat = 1;
 const args = [];
 for (let i = 0; i < argv.length; i++) {
   if (argv[i] === '--warmup') warmup = Number(argv[++i]);
   else if (argv[i] === '--passes') passes = Number(argv[++i]);
+  else if (argv[i] === '--repeat') repeat = Number(argv[++i]);
   else args.push(argv[i]);
 }
 
@@ -183,10 +185,12 @@ async function repo(file, label) {
     console.error(`${sdk} repo: ${e}`);
     errors = 1;
   }
-  const r = await measure(bytes.length / 1e6, async () => {
-    try {
-      await one();
-    } catch {}
+  const r = await measure((bytes.length * repeat) / 1e6, async () => {
+    for (let i = 0; i < repeat; i++) {
+      try {
+        await one();
+      } catch {}
+    }
   });
   emit('repo', label, 'MB/s', r, null, errors);
 }
