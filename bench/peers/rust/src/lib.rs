@@ -13,7 +13,12 @@ pub struct Opts {
 }
 
 pub fn opts() -> Opts {
-    let mut o = Opts { warmup: 2, passes: 5, repeat: 1, args: Vec::new() };
+    let mut o = Opts {
+        warmup: 2,
+        passes: 5,
+        repeat: 1,
+        args: Vec::new(),
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -40,12 +45,24 @@ pub fn measure(o: &Opts, work: f64, mut f: impl FnMut()) -> (f64, f64, f64) {
         .collect();
     rates.sort_by(|a, b| a.total_cmp(b));
     let n = rates.len();
-    let med = if n % 2 == 1 { rates[n / 2] } else { (rates[n / 2 - 1] + rates[n / 2]) / 2.0 };
+    let med = if n % 2 == 1 {
+        rates[n / 2]
+    } else {
+        (rates[n / 2 - 1] + rates[n / 2]) / 2.0
+    };
     (med, rates[0], rates[n - 1])
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn emit(benchmark: &str, sdk: &str, variant: &str, unit: &str, r: (f64, f64, f64), bpf: Option<f64>, errors: usize) {
+pub fn emit(
+    benchmark: &str,
+    sdk: &str,
+    variant: &str,
+    unit: &str,
+    r: (f64, f64, f64),
+    bpf: Option<f64>,
+    errors: usize,
+) {
     let row = serde_json::json!({
         "benchmark": benchmark, "sdk": sdk, "variant": variant, "unit": unit,
         "median": r.0, "min": r.1, "max": r.2, "blocks_per_frame": bpf, "errors": errors,
@@ -89,7 +106,11 @@ pub fn sig_entries(data: &[u8]) -> Vec<SigEntry<'_>> {
             let l = u16::from_be_bytes([data[off], data[off + 1]]) as usize;
             let pubkey = &data[off + 2..off + 2 + l];
             off += 2 + l;
-            SigEntry { k256, signed, pubkey }
+            SigEntry {
+                k256,
+                signed,
+                pubkey,
+            }
         })
         .collect()
 }

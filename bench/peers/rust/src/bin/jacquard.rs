@@ -19,7 +19,9 @@ use riptide_bench_peers::{emit, frames, measure, opts, read, sig_entries};
 type S = jacquard_common::bos::DefaultStr;
 
 async fn car(blocks: &[u8]) -> Result<usize, ()> {
-    let parsed = jacquard_repo::car::parse_car_bytes(blocks).await.map_err(|_| ())?;
+    let parsed = jacquard_repo::car::parse_car_bytes(blocks)
+        .await
+        .map_err(|_| ())?;
     for b in parsed.blocks.values() {
         serde_ipld_dagcbor::from_slice::<Ipld>(b).map_err(|_| ())?;
     }
@@ -37,7 +39,9 @@ async fn decode_frame(f: &[u8]) -> Result<usize, ()> {
 fn main() {
     let o = opts();
     let a: Vec<&str> = o.args.iter().map(String::as_str).collect();
-    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
     match a.as_slice() {
         ["decode", file, label, ..] => {
             let data = read(file);
@@ -58,17 +62,31 @@ fn main() {
                     }
                 })
             });
-            emit("decode-unverified", "jacquard", label, "frames/s", r, Some(blocks as f64 / fs.len() as f64), errors);
+            emit(
+                "decode-unverified",
+                "jacquard",
+                label,
+                "frames/s",
+                r,
+                Some(blocks as f64 / fs.len() as f64),
+                errors,
+            );
         }
         ["sigs", file] => {
             let data = read(file);
             let entries = sig_entries(&data);
             let key = |k256: bool, b: &[u8]| PublicKey {
-                codec: if k256 { KeyCodec::Secp256k1 } else { KeyCodec::P256 },
+                codec: if k256 {
+                    KeyCodec::Secp256k1
+                } else {
+                    KeyCodec::P256
+                },
                 bytes: Cow::Owned(b.to_vec()),
             };
             let verify = |e: &riptide_bench_peers::SigEntry<'_>| -> bool {
-                Commit::<S>::from_cbor(e.signed).map(|c| c.verify(&key(e.k256, e.pubkey)).is_ok()).unwrap_or(false)
+                Commit::<S>::from_cbor(e.signed)
+                    .map(|c| c.verify(&key(e.k256, e.pubkey)).is_ok())
+                    .unwrap_or(false)
             };
             let good: Vec<_> = entries.iter().filter(|e| verify(e)).collect();
             let errors = entries.len() - good.len();
@@ -90,7 +108,7 @@ fn main() {
             };
             let r = measure(&o, (bytes.len() * o.repeat) as f64 / 1e6, || {
                 for _ in 0..o.repeat {
-                std::hint::black_box(rt.block_on(verify_repo(&bytes)).is_ok());
+                    std::hint::black_box(rt.block_on(verify_repo(&bytes)).is_ok());
                 }
             });
             emit("repo", "jacquard", label, "MB/s", r, None, errors);
@@ -103,8 +121,14 @@ fn main() {
 }
 
 async fn verify_repo(bytes: &[u8]) -> Result<(), String> {
-    let parsed = jacquard_repo::car::parse_car_bytes(bytes).await.map_err(|e| e.to_string())?;
-    let commit_bytes = parsed.blocks.get(&parsed.root).ok_or("commit block missing")?.clone();
+    let parsed = jacquard_repo::car::parse_car_bytes(bytes)
+        .await
+        .map_err(|e| e.to_string())?;
+    let commit_bytes = parsed
+        .blocks
+        .get(&parsed.root)
+        .ok_or("commit block missing")?
+        .clone();
     let commit = Commit::<S>::from_cbor(&commit_bytes).map_err(|e| e.to_string())?;
     let store = Arc::new(MemoryBlockStore::new_from_blocks(parsed.blocks));
     let tree = Mst::load(store, *commit.data(), None);

@@ -10,20 +10,17 @@ use std::io::Cursor;
 
 use ipld_core::ipld::Ipld;
 use riptide_bench_peers::{emit, frames, measure, opts, read, sig_entries};
-use rsky_lexicon::com::atproto::sync::{SubscribeReposAccount, SubscribeReposCommit, SubscribeReposIdentity};
+use rsky_lexicon::com::atproto::sync::{
+    SubscribeReposAccount, SubscribeReposCommit, SubscribeReposIdentity,
+};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+/// rsky-firehose's frame header (`{op, t}`), with `op` signed so that error frames decode.
 #[derive(Deserialize)]
 struct Header {
-    #[serde(rename = "t")]
-    _t: Option<String>,
+    t: Option<String>,
     op: i64,
-}
-
-#[derive(Deserialize)]
-struct HeaderT {
-    t: String,
 }
 
 /// `#sync` is missing from rsky-lexicon: the fields it needs, in its style.
@@ -52,23 +49,26 @@ fn car(blocks: &[u8], verify: bool) -> Result<usize, ()> {
 
 fn decode_frame(f: &[u8], verify: bool) -> Result<usize, ()> {
     let mut c = Cursor::new(f);
-    let h: ciborium::Value = ciborium::de::from_reader(&mut c).map_err(|_| ())?;
-    let h2: Header = h.deserialized().map_err(|_| ())?;
-    if h2.op != 1 {
+    let h: Header = ciborium::de::from_reader(&mut c).map_err(|_| ())?;
+    if h.op != 1 {
         return Err(());
     }
-    let t: HeaderT = h.deserialized().map_err(|_| ())?;
-    match t.t.as_str() {
+    match h.t.as_deref().unwrap_or("") {
         "#commit" => {
-            let e: SubscribeReposCommit = serde_ipld_dagcbor::from_reader(&mut c).map_err(|_| ())?;
+            let e: SubscribeReposCommit =
+                serde_ipld_dagcbor::from_reader(&mut c).map_err(|_| ())?;
             car(&e.blocks, verify)
         }
         "#sync" => {
             let e: SyncEvent = serde_ipld_dagcbor::from_reader(&mut c).map_err(|_| ())?;
             car(&e.blocks, verify)
         }
-        "#identity" => serde_ipld_dagcbor::from_reader::<SubscribeReposIdentity, _>(&mut c).map(|_| 0).map_err(|_| ()),
-        "#account" => serde_ipld_dagcbor::from_reader::<SubscribeReposAccount, _>(&mut c).map(|_| 0).map_err(|_| ()),
+        "#identity" => serde_ipld_dagcbor::from_reader::<SubscribeReposIdentity, _>(&mut c)
+            .map(|_| 0)
+            .map_err(|_| ()),
+        "#account" => serde_ipld_dagcbor::from_reader::<SubscribeReposAccount, _>(&mut c)
+            .map(|_| 0)
+            .map_err(|_| ()),
         _ => Err(()),
     }
 }
@@ -93,8 +93,20 @@ fn main() {
                     std::hint::black_box(decode_frame(f, verify).ok());
                 }
             });
-            let bench = if verify { "decode" } else { "decode-unverified" };
-            emit(bench, "rsky", label, "frames/s", r, Some(blocks as f64 / fs.len() as f64), errors);
+            let bench = if verify {
+                "decode"
+            } else {
+                "decode-unverified"
+            };
+            emit(
+                bench,
+                "rsky",
+                label,
+                "frames/s",
+                r,
+                Some(blocks as f64 / fs.len() as f64),
+                errors,
+            );
         }
         ["sigs", file] => sigs(&o, file),
         ["repo", file, label] => repo(&o, file, label),
@@ -110,7 +122,6 @@ struct Prepared<'a> {
     signed: &'a [u8],
     pubkey: &'a [u8],
     did_key: String,
-    digest: Vec<u8>,
     sig: Vec<u8>,
     k: Key,
 }
@@ -127,19 +138,16 @@ fn sigs(o: &riptide_bench_peers::Opts, file: &str) {
     let mut errors = 0;
     let mut prepared = Vec::new();
     for e in &entries {
-        let alg = if e.k256 { SECP256K1_JWT_ALG } else { P256_JWT_ALG };
+        let alg = if e.k256 {
+            SECP256K1_JWT_ALG
+        } else {
+            P256_JWT_ALG
+        };
         let p = (|| {
-            let did_key = rsky_crypto::did::format_did_key(alg.to_string(), e.pubkey.to_vec()).ok()?;
+            let did_key =
+                rsky_crypto::did::format_did_key(alg.to_string(), e.pubkey.to_vec()).ok()?;
             let commit: rsky_repo::types::Commit = serde_ipld_dagcbor::from_slice(e.signed).ok()?;
             let sig = commit.sig.clone();
-            let unsigned = rsky_repo::types::UnsignedCommit {
-                did: commit.did.clone(),
-                rev: commit.rev.clone(),
-                data: commit.data,
-                prev: commit.prev,
-                version: commit.version,
-            };
-            let digest = Sha256::digest(serde_ipld_dagcbor::to_vec(&unsigned).ok()?).to_vec();
             if !rsky_repo::util::verify_commit_sig(commit, &did_key).ok()? {
                 return None;
             }
@@ -148,7 +156,14 @@ fn sigs(o: &riptide_bench_peers::Opts, file: &str) {
             } else {
                 Key::P256(p256::ecdsa::VerifyingKey::from_sec1_bytes(e.pubkey).ok()?)
             };
-            Some(Prepared { k256: e.k256, signed: e.signed, pubkey: e.pubkey, did_key, digest, sig, k })
+            Some(Prepared {
+                k256: e.k256,
+                signed: e.signed,
+                pubkey: e.pubkey,
+                did_key,
+                sig,
+                k,
+            })
         })();
         match p {
             Some(p) => prepared.push(p),
@@ -175,8 +190,15 @@ fn sigs(o: &riptide_bench_peers::Opts, file: &str) {
     let unsigned: Vec<Vec<u8>> = prepared
         .iter()
         .map(|p| {
-            let c: rsky_repo::types::Commit = serde_ipld_dagcbor::from_slice(p.signed).expect("decoded before");
-            let u = rsky_repo::types::UnsignedCommit { did: c.did, rev: c.rev, data: c.data, prev: c.prev, version: c.version };
+            let c: rsky_repo::types::Commit =
+                serde_ipld_dagcbor::from_slice(p.signed).expect("decoded before");
+            let u = rsky_repo::types::UnsignedCommit {
+                did: c.did,
+                rev: c.rev,
+                data: c.data,
+                prev: c.prev,
+                version: c.version,
+            };
             serde_ipld_dagcbor::to_vec(&u).expect("encoded before")
         })
         .collect();
@@ -187,9 +209,11 @@ fn sigs(o: &riptide_bench_peers::Opts, file: &str) {
             .filter(|(p, u)| {
                 let d = Sha256::digest(u);
                 if p.k256 {
-                    rsky_crypto::secp256k1::operations::verify_sig(p.pubkey, &d, &p.sig, None).unwrap_or(false)
+                    rsky_crypto::secp256k1::operations::verify_sig(p.pubkey, &d, &p.sig, None)
+                        .unwrap_or(false)
                 } else {
-                    rsky_crypto::p256::operations::verify_prehash_sig(p.pubkey, &d, &p.sig, None).unwrap_or(false)
+                    rsky_crypto::p256::operations::verify_prehash_sig(p.pubkey, &d, &p.sig, None)
+                        .unwrap_or(false)
                 }
             })
             .count();
@@ -221,16 +245,27 @@ fn sigs(o: &riptide_bench_peers::Opts, file: &str) {
             .count();
         check(ok);
     });
-    emit("sigs", "rsky", "preparsed", "verifies/s", preparsed, None, errors);
-    let _ = prepared.iter().map(|p| &p.digest).count();
+    emit(
+        "sigs",
+        "rsky",
+        "preparsed",
+        "verifies/s",
+        preparsed,
+        None,
+        errors,
+    );
 }
 
 fn repo(o: &riptide_bench_peers::Opts, file: &str, label: &str) {
     let bytes = read(file);
-    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
-    let verify = |b: &[u8]| -> anyhow_like::Result {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let verify = |b: &[u8]| -> Result<(), String> {
         rt.block_on(async {
-            let mut car = rsky_repo::car::read_car_with_root(b.to_vec()).await.map_err(|e| e.to_string())?;
+            let mut car = rsky_repo::car::read_car_with_root(b.to_vec())
+                .await
+                .map_err(|e| e.to_string())?;
             rsky_repo::sync::consumer::verify_repo(&mut car.blocks, car.root, None, None, None)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -245,13 +280,9 @@ fn repo(o: &riptide_bench_peers::Opts, file: &str, label: &str) {
         }
     };
     let r = measure(o, (bytes.len() * o.repeat) as f64 / 1e6, || {
-                for _ in 0..o.repeat {
-        std::hint::black_box(verify(&bytes).ok());
-                }
+        for _ in 0..o.repeat {
+            std::hint::black_box(verify(&bytes).ok());
+        }
     });
     emit("repo", "rsky", label, "MB/s", r, None, errors);
-}
-
-mod anyhow_like {
-    pub type Result = std::result::Result<(), String>;
 }
