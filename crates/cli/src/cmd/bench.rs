@@ -553,6 +553,10 @@ pub struct RepoArgs {
     /// Measured passes.
     #[arg(long, default_value_t = 5)]
     passes: usize,
+    /// Verify the repository this many times per pass and report the mean per verification
+    /// (small repositories take microseconds: one call per pass is mostly timer noise).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     /// One JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -560,6 +564,7 @@ pub struct RepoArgs {
 
 fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(a.passes > 0, "--passes must be at least 1");
+    anyhow::ensure!(a.repeat > 0, "--repeat must be at least 1");
     let bytes = super::read_file(&a.file)?;
     let key = super::repo::key_arg(a.key.as_deref(), None)?.map(|(k, _)| k);
     let first = match verify_repo(&bytes, key.as_ref()) {
@@ -578,16 +583,19 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
     for _ in 0..a.passes {
         let start = Instant::now();
         black_box(Sha256::digest(black_box(&bytes[..])));
-        let sha = start.elapsed();
-        let start = Instant::now();
-        let r = verify_repo(black_box(&bytes), key.as_ref())?;
-        let total = start.elapsed();
-        let t = r.timings;
-        for (v, d) in phases
-            .iter_mut()
-            .zip([t.car, t.signature, t.walk, t.rebuild, total, sha])
-        {
-            v.push(d.as_secs_f64() * 1e6);
+        let sha = start.elapsed().as_secs_f64() * 1e6;
+        let mut sums = [0f64; 5];
+        for _ in 0..a.repeat {
+            let start = Instant::now();
+            let r = verify_repo(black_box(&bytes), key.as_ref())?;
+            let total = start.elapsed();
+            let t = r.timings;
+            for (s, d) in sums.iter_mut().zip([t.car, t.signature, t.walk, t.rebuild, total]) {
+                *s += d.as_secs_f64() * 1e6;
+            }
+        }
+        for (v, s) in phases.iter_mut().zip(sums.iter().map(|s| s / a.repeat as f64).chain([sha])) {
+            v.push(s);
         }
     }
     let [car, signature, walk, rebuild, total, sha] = phases.map(Stats::of);
@@ -606,6 +614,7 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
         "signature_checked": first.signature_checked,
         "warmup": a.warmup,
         "passes": a.passes,
+        "repeat": a.repeat,
         "timings_us": {
             "car": car.json(), "signature": signature.json(), "walk": walk.json(),
             "rebuild": rebuild.json(), "total": total.json(),

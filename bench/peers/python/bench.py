@@ -1,0 +1,132 @@
+"""The Python peer of riptide's cross-SDK benchmark (see bench/README.md): the `atproto` package.
+
+decode-unverified: Frame.from_bytes (header and payload via libipld), parse_subscribe_repos_message
+(the typed commit), CAR.from_bytes (libipld.decode_car: every block decoded as DAG-CBOR; no block
+hash check, so no verified row). sigs: the commit decoded and re-encoded without `sig` with libipld,
+atproto_crypto.verify_signature with the did:key built from the key's bytes.
+
+usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE
+"""
+
+import json
+import statistics
+import struct
+import sys
+import time
+
+import libipld
+from atproto import CAR, parse_subscribe_repos_message
+from atproto_crypto.consts import P256_JWT_ALG, SECP256K1_JWT_ALG
+from atproto_crypto.did import format_did_key
+from atproto_crypto.verify import verify_signature
+from atproto_subscription.frames import Frame
+
+
+def measure(warmup, passes, work, f):
+    for _ in range(warmup):
+        f()
+    rates = []
+    for _ in range(passes):
+        t = time.perf_counter()
+        f()
+        rates.append(work / (time.perf_counter() - t))
+    return statistics.median(rates), min(rates), max(rates)
+
+
+def emit(benchmark, variant, unit, r, bpf, errors):
+    print(json.dumps({"benchmark": benchmark, "sdk": "python-atproto", "variant": variant, "unit": unit,
+                      "median": r[0], "min": r[1], "max": r[2], "blocks_per_frame": bpf, "errors": errors}))
+
+
+def frames(data):
+    (n,) = struct.unpack_from(">I", data, 0)
+    off, out = 4, []
+    for _ in range(n):
+        (l,) = struct.unpack_from(">I", data, off)
+        out.append(data[off + 4:off + 4 + l])
+        off += 4 + l
+    return out
+
+
+def decode_frame(f):
+    frame = Frame.from_bytes(f)
+    if frame.type not in ("#commit", "#sync"):
+        parse_subscribe_repos_message(frame)
+        return 0
+    msg = parse_subscribe_repos_message(frame)
+    car = CAR.from_bytes(msg.blocks)
+    return len(car.blocks)
+
+
+def decode(opts, file, label):
+    fs = frames(open(file, "rb").read())
+    blocks = errors = 0
+    for f in fs:
+        try:
+            blocks += decode_frame(f)
+        except Exception:
+            errors += 1
+
+    def one_pass():
+        for f in fs:
+            try:
+                decode_frame(f)
+            except Exception:
+                pass
+
+    r = measure(opts["warmup"], opts["passes"], len(fs), one_pass)
+    emit("decode-unverified", label, "frames/s", r, blocks / len(fs), errors)
+
+
+def sigs(opts, file):
+    data = open(file, "rb").read()
+    (n,) = struct.unpack_from(">I", data, 0)
+    off, entries = 4, []
+    for _ in range(n):
+        k256 = data[off] == 1
+        (l,) = struct.unpack_from(">H", data, off + 1)
+        signed = data[off + 3:off + 3 + l]
+        off += 3 + l
+        (l,) = struct.unpack_from(">H", data, off)
+        pubkey = data[off + 2:off + 2 + l]
+        off += 2 + l
+        did_key = format_did_key(SECP256K1_JWT_ALG if k256 else P256_JWT_ALG, pubkey)
+        entries.append((signed, did_key))
+
+    def full(e):
+        commit = libipld.decode_dag_cbor(e[0])
+        sig = commit.pop("sig")
+        return verify_signature(e[1], libipld.encode_dag_cbor(commit), sig)
+
+    good = []
+    for e in entries:
+        try:
+            if full(e):
+                good.append(e)
+        except Exception:
+            pass
+
+    def one_pass():
+        ok = sum(1 for e in good if full(e))
+        assert ok == len(good), f"verified {ok} of {len(good)}"
+
+    r = measure(opts["warmup"], opts["passes"], len(good), one_pass)
+    emit("sigs", "full", "verifies/s", r, None, len(entries) - len(good))
+
+
+def main():
+    opts, args, it = {"warmup": 2, "passes": 5}, [], iter(sys.argv[1:])
+    for a in it:
+        if a in ("--warmup", "--passes"):
+            opts[a[2:]] = int(next(it))
+        else:
+            args.append(a)
+    if args[:1] == ["decode"] and len(args) >= 3:
+        decode(opts, args[1], args[2])
+    elif args[:1] == ["sigs"] and len(args) == 2:
+        sigs(opts, args[1])
+    else:
+        sys.exit("usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE")
+
+
+main()
