@@ -35,6 +35,11 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
+    /// Serve the verified stream as a Jetstream-compatible /subscribe endpoint.
+    Serve(cmd::serve::Args),
+    /// zstd dictionaries for compressed subscriptions.
+    #[command(subcommand)]
+    Dict(cmd::dict::Dict),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +51,8 @@ fn main() -> ExitCode {
         Command::Repo(r) => cmd::repo::run(r),
         Command::Corpus(c) => cmd::corpus::run(c),
         Command::Bench(b) => cmd::bench::run(b),
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Dict(d) => cmd::dict::run(d),
     };
     match result {
         Ok(code) => code,

@@ -95,6 +95,15 @@ impl Store {
     /// Opens (or creates) the store under `dir`. `dict_id` is the zstd dictionary id events are
     /// compressed with (0 = none); a store written with another is refused.
     pub fn open(dir: &Path, dict_id: u32) -> Result<(Store, Resume), StoreError> {
+        Store::open_inner(dir, Some(dict_id))
+    }
+
+    /// Opens an existing store whatever its dictionary (for reading: `riptide dict train`).
+    pub fn open_any(dir: &Path) -> Result<(Store, Resume), StoreError> {
+        Store::open_inner(dir, None)
+    }
+
+    fn open_inner(dir: &Path, dict_id: Option<u32>) -> Result<(Store, Resume), StoreError> {
         let path = dir.display().to_string();
         let fj = |source| StoreError::Fjall {
             path: path.clone(),
@@ -119,8 +128,9 @@ impl Store {
             meta,
         };
         let get = |k: &[u8]| store.meta.get(k).map_err(|e| store.err(e));
-        match get(DICT_ID)? {
-            Some(v) => {
+        match (get(DICT_ID)?, dict_id) {
+            (_, None) => {}
+            (Some(v), Some(dict_id)) => {
                 let stored = be64(&v) as u32;
                 if stored != dict_id {
                     return Err(StoreError::DictionaryMismatch {
@@ -129,7 +139,7 @@ impl Store {
                     });
                 }
             }
-            None => {
+            (None, Some(dict_id)) => {
                 store
                     .meta
                     .insert(DICT_ID, (dict_id as u64).to_be_bytes())

@@ -1,10 +1,13 @@
 //! Subcommands, one module each.
 
 pub mod bench;
+pub mod bench_serve;
 pub mod corpus;
 pub mod decode;
+pub mod dict;
 pub mod jetstream;
 pub mod repo;
+pub mod serve;
 pub mod verify;
 
 use std::path::Path;
