@@ -12,7 +12,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "riptide", version, about = "The AT Protocol event stream, decoded and verified")]
+#[command(
+    name = "riptide",
+    version,
+    about = "The AT Protocol event stream, decoded and verified"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -9,7 +9,10 @@ pub fn stdout() -> BufWriter<io::StdoutLock<'static>> {
 
 /// Whether an error is a closed pipe on stdout (e.g. `riptide … | head`), which is not a failure.
 pub fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe))
+    e.chain().any(|c| {
+        c.downcast_ref::<io::Error>()
+            .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// Writes one line.

@@ -9,7 +9,10 @@ use std::process::{Command, Output};
 use riptide_firehose::corpus::{split_frames, write_frames};
 
 fn riptide(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_riptide")).args(args).output().expect("run riptide")
+    Command::new(env!("CARGO_BIN_EXE_riptide"))
+        .args(args)
+        .output()
+        .expect("run riptide")
 }
 
 fn capture() -> Option<PathBuf> {
@@ -32,9 +35,22 @@ fn s(p: &Path) -> &str {
 fn decode_summary_counts_the_capture() {
     let Some(file) = capture() else { return };
     let out = riptide(&["decode", s(&file)]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
-    for want in ["frames:  150", "commit    148", "identity  1", "account   1", "create    144", "update    2", "delete    4", "blocks:  1549 (SHA-256 verified)"] {
+    for want in [
+        "frames:  150",
+        "commit    148",
+        "identity  1",
+        "account   1",
+        "create    144",
+        "update    2",
+        "delete    4",
+        "blocks:  1549 (SHA-256 verified)",
+    ] {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
     }
 }
@@ -44,8 +60,11 @@ fn decode_json_is_one_object_per_frame_with_records() {
     let Some(file) = capture() else { return };
     let out = riptide(&["decode", s(&file), "--json"]);
     assert!(out.status.success());
-    let lines: Vec<serde_json::Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(lines.len(), 150);
     let records = lines
         .iter()
@@ -69,7 +88,13 @@ fn tampered_and_truncated_frames_are_reported_counted_and_skipped() {
     owned[3][n - 20] ^= 0x40;
     let half = owned[5].len() / 2;
     owned[5].truncate(half);
-    let corpus = write_frames(owned.iter().map(|f| f.as_slice()).collect::<Vec<_>>().into_iter());
+    let corpus = write_frames(
+        owned
+            .iter()
+            .map(|f| f.as_slice())
+            .collect::<Vec<_>>()
+            .into_iter(),
+    );
     let path = temp("tampered.bin", &corpus);
     let out = riptide(&["decode", s(&path)]);
     assert_eq!(out.status.code(), Some(1));
@@ -99,22 +124,47 @@ fn jetstream_emits_production_count_with_increasing_time_and_cursor() {
     let Some(file) = capture() else { return };
     let out = riptide(&["jetstream", s(&file)]);
     assert!(out.status.success());
-    let events: Vec<serde_json::Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let events: Vec<serde_json::Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     assert_eq!(events.len(), 152);
     for w in events.windows(2) {
         assert!(w[1]["time_us"].as_i64() > w[0]["time_us"].as_i64());
-        assert_eq!(w[1]["cursor"].as_i64().unwrap(), w[0]["cursor"].as_i64().unwrap() + 1);
+        assert_eq!(
+            w[1]["cursor"].as_i64().unwrap(),
+            w[0]["cursor"].as_i64().unwrap() + 1
+        );
     }
 }
 
 #[test]
 fn bench_decode_json_has_the_contract_fields() {
     let Some(file) = capture() else { return };
-    let out = riptide(&["bench", "decode", s(&file), "--warmup", "0", "--passes", "1", "--json"]);
+    let out = riptide(&[
+        "bench",
+        "decode",
+        s(&file),
+        "--warmup",
+        "0",
+        "--passes",
+        "1",
+        "--json",
+    ]);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    for k in ["frames", "bytes", "blocks", "errors", "passes", "fps", "mbps", "sha_bound_fps", "ratio_to_sha_bound"] {
+    for k in [
+        "frames",
+        "bytes",
+        "blocks",
+        "errors",
+        "passes",
+        "fps",
+        "mbps",
+        "sha_bound_fps",
+        "ratio_to_sha_bound",
+    ] {
         assert!(v.get(k).is_some(), "missing {k}");
     }
     assert_eq!(v["frames"], 150);
@@ -123,7 +173,17 @@ fn bench_decode_json_has_the_contract_fields() {
     for k in ["min", "median", "max"] {
         assert!(v["fps"][k].as_f64().unwrap() > 0.0);
     }
-    let out = riptide(&["bench", "decode", s(&file), "--warmup", "0", "--passes", "1", "--no-verify", "--json"]);
+    let out = riptide(&[
+        "bench",
+        "decode",
+        s(&file),
+        "--warmup",
+        "0",
+        "--passes",
+        "1",
+        "--no-verify",
+        "--json",
+    ]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v.get("sha_bound_fps").is_none());
 }
@@ -138,17 +198,34 @@ fn a_record_missing_from_its_car_is_counted_not_silent() {
     let mut rebuilt = None;
     for f in &frames {
         let frame = dec.decode(f.bytes).unwrap();
-        let riptide_firehose::Body::Commit(c) = frame.body() else { continue };
-        let Some(record) = c.ops().find_map(|op| op.cid) else { continue };
+        let riptide_firehose::Body::Commit(c) = frame.body() else {
+            continue;
+        };
+        let Some(record) = c.ops().find_map(|op| op.cid) else {
+            continue;
+        };
         let car = frame.car().unwrap();
         let roots: Vec<riptide_cbor::CidBuf> = car.roots().map(|r| r.to_buf()).collect();
-        let kept = riptide_car::write_car(&roots, car.blocks().filter(|b| b.cid != record).map(|b| (b.cid, b.data)));
+        let kept = riptide_car::write_car(
+            &roots,
+            car.blocks()
+                .filter(|b| b.cid != record)
+                .map(|b| (b.cid, b.data)),
+        );
         let mut tape_arena = riptide_cbor::Arena::new();
         let mut tape = tape_arena.tape(f.bytes);
-        let (h, end) = tape.decode_prefix(0..f.bytes.len(), &riptide_cbor::Options::strict()).unwrap();
-        let p = tape.decode(end..f.bytes.len(), &riptide_cbor::Options::strict()).unwrap();
+        let (h, end) = tape
+            .decode_prefix(0..f.bytes.len(), &riptide_cbor::Options::strict())
+            .unwrap();
+        let p = tape
+            .decode(end..f.bytes.len(), &riptide_cbor::Options::strict())
+            .unwrap();
         let header = riptide_cbor::OwnedValue::from_value(tape.value(h)).unwrap();
-        let riptide_cbor::OwnedValue::Map(mut payload) = riptide_cbor::OwnedValue::from_value(tape.value(p)).unwrap() else { panic!() };
+        let riptide_cbor::OwnedValue::Map(mut payload) =
+            riptide_cbor::OwnedValue::from_value(tape.value(p)).unwrap()
+        else {
+            panic!()
+        };
         payload.insert("blocks".into(), riptide_cbor::OwnedValue::Bytes(kept));
         let mut out = header.to_cbor();
         riptide_cbor::OwnedValue::Map(payload).encode(&mut out);
@@ -159,6 +236,10 @@ fn a_record_missing_from_its_car_is_counted_not_silent() {
     let path = temp("missing-record.bin", &corpus);
     let out = riptide(&["decode", s(&path)]);
     assert!(out.status.success(), "the frame itself decodes");
-    assert!(String::from_utf8(out.stdout).unwrap().contains("records missing from their CAR: 1"));
-    assert!(String::from_utf8(out.stderr).unwrap().contains("record block not in the CAR"));
+    assert!(String::from_utf8(out.stdout)
+        .unwrap()
+        .contains("records missing from their CAR: 1"));
+    assert!(String::from_utf8(out.stderr)
+        .unwrap()
+        .contains("record block not in the CAR"));
 }

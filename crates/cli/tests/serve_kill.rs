@@ -13,7 +13,15 @@ const REPEAT: u64 = 100;
 
 fn spawn(data: &std::path::Path, corpus: &std::path::Path) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_riptide"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--ingest-repeat", &REPEAT.to_string(), "--ingest-rate", "4000"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--ingest-repeat",
+            &REPEAT.to_string(),
+            "--ingest-rate",
+            "4000",
+        ])
         .arg("--data")
         .arg(data)
         .arg("--did-docs")
@@ -40,17 +48,24 @@ fn spawn(data: &std::path::Path, corpus: &std::path::Path) -> (Child, String) {
 fn metric(addr: &str, name: &str) -> f64 {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
     let mut body = String::new();
     s.read_to_string(&mut body).unwrap();
     body.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')).map(|v| v.parse().unwrap()))
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|r| r.strip_prefix(' '))
+                .map(|v| v.parse().unwrap())
+        })
         .unwrap_or_else(|| panic!("no metric {name}"))
 }
 
 #[test]
 fn kill_9_mid_ingest_then_restart() {
-    let Some(corpus) = riptide_testdata::corpus() else { return };
+    let Some(corpus) = riptide_testdata::corpus() else {
+        return;
+    };
     let data = tempfile::tempdir().unwrap();
     let (mut child, addr) = spawn(data.path(), &corpus);
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -62,22 +77,38 @@ fn kill_9_mid_ingest_then_restart() {
     child.wait().unwrap();
     let (mut child, addr) = spawn(data.path(), &corpus);
     let resumed = metric(&addr, "riptide_log_next_seq") as u64;
-    assert!(resumed > 2000, "durable events were lost: next seq {resumed}");
+    assert!(
+        resumed > 2000,
+        "durable events were lost: next seq {resumed}"
+    );
     while metric(&addr, "riptide_ingest_finished") < 1.0 {
         assert!(Instant::now() < deadline, "ingest did not finish");
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(metric(&addr, "riptide_upstream_frames_duplicate_total"), 0.0);
+    assert_eq!(
+        metric(&addr, "riptide_upstream_frames_duplicate_total"),
+        0.0
+    );
     let total = 152 * REPEAT;
     assert_eq!(metric(&addr, "riptide_log_next_seq") as u64, total + 1);
 
     // Every event exactly once, in order: the capture's 152 events, REPEAT times.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let got = rt.block_on(async {
-        let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=0")).await.unwrap();
+        let (mut ws, _) =
+            tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=0"))
+                .await
+                .unwrap();
         let mut out = Vec::new();
         while out.len() < total as usize {
-            let m = tokio::time::timeout(Duration::from_secs(60), ws.next()).await.unwrap().unwrap().unwrap();
+            let m = tokio::time::timeout(Duration::from_secs(60), ws.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
             if let Message::Text(t) = m {
                 out.push(serde_json::from_str::<Value>(&t).unwrap());
             }
@@ -91,7 +122,16 @@ fn kill_9_mid_ingest_then_restart() {
         assert!(t > last_time, "time_us not strictly increasing at {i}");
         last_time = t;
         let first = &got[i % 152];
-        assert_eq!((&v["did"], &v["commit"], &v["identity"], &v["account"]), (&first["did"], &first["commit"], &first["identity"], &first["account"]), "event {i}");
+        assert_eq!(
+            (&v["did"], &v["commit"], &v["identity"], &v["account"]),
+            (
+                &first["did"],
+                &first["commit"],
+                &first["identity"],
+                &first["account"]
+            ),
+            "event {i}"
+        );
     }
     child.kill().unwrap();
     child.wait().unwrap();

@@ -15,7 +15,10 @@ use riptide_crypto::{Curve, PrivateKey};
 use riptide_firehose::corpus::{split_frames, write_frames};
 
 fn riptide(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_riptide")).args(args).output().expect("run riptide")
+    Command::new(env!("CARGO_BIN_EXE_riptide"))
+        .args(args)
+        .output()
+        .expect("run riptide")
 }
 
 fn dir() -> Option<PathBuf> {
@@ -35,7 +38,11 @@ fn s(p: &Path) -> &str {
 }
 
 fn json_lines(out: &Output) -> Vec<serde_json::Value> {
-    String::from_utf8(out.stdout.clone()).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    String::from_utf8(out.stdout.clone())
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 fn stderr(out: &Output) -> String {
@@ -64,14 +71,30 @@ fn verify_the_capture_json_fields_order_and_exit_code() {
         assert!(l["did"].as_str().unwrap().starts_with("did:plc:"));
     }
     let kinds: BTreeMap<String, usize> = lines.iter().fold(BTreeMap::new(), |mut m, l| {
-        *m.entry(l["kind"].as_str().unwrap().to_string()).or_default() += 1;
+        *m.entry(l["kind"].as_str().unwrap().to_string())
+            .or_default() += 1;
         m
     });
-    assert_eq!(kinds, BTreeMap::from([("account".into(), 1), ("commit".into(), 148), ("identity".into(), 1)]));
+    assert_eq!(
+        kinds,
+        BTreeMap::from([
+            ("account".into(), 1),
+            ("commit".into(), 148),
+            ("identity".into(), 1)
+        ])
+    );
     assert!(stderr(&one).contains("ok 150"), "{}", stderr(&one));
 
     // Two threads: the same output, in the same order.
-    let two = riptide(&["verify", s(&frames), "--did-docs", s(&docs), "--json", "--threads", "2"]);
+    let two = riptide(&[
+        "verify",
+        s(&frames),
+        "--did-docs",
+        s(&docs),
+        "--json",
+        "--threads",
+        "2",
+    ]);
     assert_eq!(two.status.code(), Some(0));
     assert_eq!(two.stdout, one.stdout);
 
@@ -103,43 +126,95 @@ fn verify_reports_each_bad_frame_and_exits_1() {
     // Frame 5: truncated: malformed.
     let half = owned[5].len() / 2;
     owned[5].truncate(half);
-    let corpus = temp("tampered.bin", &write_frames(owned.iter().map(|f| f.as_slice()).collect::<Vec<_>>().into_iter()));
+    let corpus = temp(
+        "tampered.bin",
+        &write_frames(
+            owned
+                .iter()
+                .map(|f| f.as_slice())
+                .collect::<Vec<_>>()
+                .into_iter(),
+        ),
+    );
 
     // Documents without the account of frame 7: unknown-key.
-    let docs: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("did_docs.json")).unwrap()).unwrap();
-    let one = riptide(&["verify", s(&corpus), "--did-docs", s(&d.join("did_docs.json")), "--json"]);
+    let docs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("did_docs.json")).unwrap()).unwrap();
+    let one = riptide(&[
+        "verify",
+        s(&corpus),
+        "--did-docs",
+        s(&d.join("did_docs.json")),
+        "--json",
+    ]);
     let did7 = json_lines(&one)[7]["did"].as_str().unwrap().to_string();
     let mut fewer = docs.as_object().unwrap().clone();
     fewer.remove(&did7);
-    let docs_path = temp("fewer_docs.json", serde_json::to_string(&fewer).unwrap().as_bytes());
+    let docs_path = temp(
+        "fewer_docs.json",
+        serde_json::to_string(&fewer).unwrap().as_bytes(),
+    );
 
     let out = riptide(&["verify", s(&corpus), "--did-docs", s(&docs_path), "--json"]);
     assert_eq!(out.status.code(), Some(1));
     let lines = json_lines(&out);
     assert_eq!(lines.len(), 150);
     assert_eq!(lines[3]["verdict"], "bad-block-cid");
-    assert!(lines[3]["reason"].as_str().unwrap().contains("does not hash"), "{}", lines[3]);
+    assert!(
+        lines[3]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("does not hash"),
+        "{}",
+        lines[3]
+    );
     assert_eq!(lines[3]["kind"], "commit");
-    assert!(lines[3]["did"].is_string(), "the DID of a frame with a bad block is still read");
+    assert!(
+        lines[3]["did"].is_string(),
+        "the DID of a frame with a bad block is still read"
+    );
     assert_eq!(lines[4]["verdict"], "inversion-mismatch");
     assert_eq!(lines[5]["verdict"], "malformed");
-    let unknown = lines.iter().filter(|l| l["verdict"] == "unknown-key").count();
+    let unknown = lines
+        .iter()
+        .filter(|l| l["verdict"] == "unknown-key")
+        .count();
     assert!(unknown >= 1);
-    assert!(lines.iter().filter(|l| l["did"] == did7.as_str()).all(|l| l["kind"] != "commit" || l["verdict"] == "unknown-key"));
+    assert!(lines
+        .iter()
+        .filter(|l| l["did"] == did7.as_str())
+        .all(|l| l["kind"] != "commit" || l["verdict"] == "unknown-key"));
     let bad = lines.iter().filter(|l| l["verdict"] != "ok").count();
     let err = stderr(&out);
     assert!(err.contains(&format!("ok {}", 150 - bad)), "{err}");
-    assert!(err.contains("bad-block-cid 1") && err.contains("malformed 1") && err.contains("inversion-mismatch 1") && err.contains(&format!("unknown-key {unknown}")), "{err}");
+    assert!(
+        err.contains("bad-block-cid 1")
+            && err.contains("malformed 1")
+            && err.contains("inversion-mismatch 1")
+            && err.contains(&format!("unknown-key {unknown}")),
+        "{err}"
+    );
 
     // Threads do not change the verdicts or their order.
-    let two = riptide(&["verify", s(&corpus), "--did-docs", s(&docs_path), "--json", "--threads", "2"]);
+    let two = riptide(&[
+        "verify",
+        s(&corpus),
+        "--did-docs",
+        s(&docs_path),
+        "--json",
+        "--threads",
+        "2",
+    ]);
     assert_eq!(two.stdout, out.stdout);
 
     // Plain mode: one line per bad frame on stderr, with index and byte offset.
     let plain = riptide(&["verify", s(&corpus), "--did-docs", s(&docs_path)]);
     assert_eq!(plain.status.code(), Some(1));
     let err = stderr(&plain);
-    assert!(err.contains("frame 3 at byte") && err.contains("bad-block-cid"), "{err}");
+    assert!(
+        err.contains("frame 3 at byte") && err.contains("bad-block-cid"),
+        "{err}"
+    );
     assert!(err.contains("frame 5 at byte"), "{err}");
 }
 
@@ -150,7 +225,14 @@ fn verify_usage_errors_exit_2() {
     assert_eq!(riptide(&["verify", s(&frames)]).status.code(), Some(2)); // --did-docs is required
     let out = riptide(&["verify", s(&frames), "--did-docs", "/nonexistent.json"]);
     assert_eq!(out.status.code(), Some(2));
-    let out = riptide(&["verify", s(&frames), "--did-docs", s(&d.join("did_docs.json")), "--threads", "0"]);
+    let out = riptide(&[
+        "verify",
+        s(&frames),
+        "--did-docs",
+        s(&d.join("did_docs.json")),
+        "--threads",
+        "0",
+    ]);
     assert_eq!(out.status.code(), Some(2));
 }
 
@@ -160,7 +242,10 @@ fn repo_ls_and_inspect_match_goat() {
     let car = d.join("repo.car");
     let ls = riptide(&["repo", "ls", s(&car)]);
     assert!(ls.status.success(), "{}", stderr(&ls));
-    assert_eq!(String::from_utf8(ls.stdout).unwrap(), std::fs::read_to_string(d.join("car_expected_records.tsv")).unwrap());
+    assert_eq!(
+        String::from_utf8(ls.stdout).unwrap(),
+        std::fs::read_to_string(d.join("car_expected_records.tsv")).unwrap()
+    );
 
     let expected = std::fs::read_to_string(d.join("car_expected_commit.txt")).unwrap();
     let inspect = riptide(&["repo", "inspect", s(&car)]);
@@ -171,7 +256,11 @@ fn repo_ls_and_inspect_match_goat() {
     assert!(json.status.success());
     let v = &json_lines(&json)[0];
     let field = |name: &str| {
-        expected.lines().find_map(|l| l.strip_prefix(name)).map(|s| s.trim().to_string()).unwrap()
+        expected
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|s| s.trim().to_string())
+            .unwrap()
     };
     assert_eq!(v["did"], field("DID:").as_str());
     assert_eq!(v["data"], field("Data CID:").as_str());
@@ -190,15 +279,27 @@ fn resigned(car_bytes: &[u8], key: &PrivateKey) -> Vec<u8> {
     let mut arena = Arena::new();
     let mut tape = arena.tape(block);
     let item = tape.decode(0..block.len(), &Options::strict()).unwrap();
-    let OwnedValue::Map(mut m) = OwnedValue::from_value(tape.value(item)).unwrap() else { panic!() };
+    let OwnedValue::Map(mut m) = OwnedValue::from_value(tape.value(item)).unwrap() else {
+        panic!()
+    };
     m.remove("sig");
     let unsigned = OwnedValue::Map(m.clone()).to_cbor();
-    m.insert("sig".into(), OwnedValue::Bytes(key.sign(&unsigned).to_vec()));
+    m.insert(
+        "sig".into(),
+        OwnedValue::Bytes(key.sign(&unsigned).to_vec()),
+    );
     let commit = OwnedValue::Map(m).to_cbor();
     let cid = CidBuf::sha256(DAG_CBOR, &commit);
     let mut blocks: Vec<(CidBuf, Vec<u8>)> = vec![(cid, commit)];
-    blocks.extend(car.blocks().filter(|b| b.cid != root).map(|b| (b.cid.to_buf(), b.data.to_vec())));
-    write_car(&[cid], blocks.iter().map(|(c, d)| (c.as_cid(), d.as_slice())))
+    blocks.extend(
+        car.blocks()
+            .filter(|b| b.cid != root)
+            .map(|b| (b.cid.to_buf(), b.data.to_vec())),
+    );
+    write_car(
+        &[cid],
+        blocks.iter().map(|(c, d)| (c.as_cid(), d.as_slice())),
+    )
 }
 
 #[test]
@@ -218,7 +319,10 @@ fn repo_verify_json_signature_and_tampering() {
     }
 
     // The real commit with a key that is not the account's: bad-signature.
-    let stranger = PrivateKey::from_bytes(Curve::Secp256k1, &[11; 32]).unwrap().public_key().to_did_key();
+    let stranger = PrivateKey::from_bytes(Curve::Secp256k1, &[11; 32])
+        .unwrap()
+        .public_key()
+        .to_did_key();
     let out = riptide(&["repo", "verify", s(&car), "--key", &stranger, "--json"]);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(json_lines(&out)[0]["verdict"], "bad-signature");
@@ -226,12 +330,18 @@ fn repo_verify_json_signature_and_tampering() {
     // Re-signed with our key: verifies with it, by did:key and by DID document.
     for curve in [Curve::Secp256k1, Curve::P256] {
         let signer = PrivateKey::from_bytes(curve, &[12; 32]).unwrap();
-        let path = temp(&format!("resigned-{curve}.car"), &resigned(&std::fs::read(&car).unwrap(), &signer));
+        let path = temp(
+            &format!("resigned-{curve}.car"),
+            &resigned(&std::fs::read(&car).unwrap(), &signer),
+        );
         let did_key = signer.public_key().to_did_key();
         let out = riptide(&["repo", "verify", s(&path), "--key", &did_key, "--json"]);
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         let v = &json_lines(&out)[0];
-        assert_eq!((v["verdict"].as_str(), v["signature_checked"].as_bool()), (Some("ok"), Some(true)));
+        assert_eq!(
+            (v["verdict"].as_str(), v["signature_checked"].as_bool()),
+            (Some("ok"), Some(true))
+        );
 
         let doc = |did: &str| {
             serde_json::json!({
@@ -241,11 +351,17 @@ fn repo_verify_json_signature_and_tampering() {
             })
             .to_string()
         };
-        let good = temp("doc.json", doc("did:plc:53iucmf5ldftgqyf2ac7hmhd").as_bytes());
+        let good = temp(
+            "doc.json",
+            doc("did:plc:53iucmf5ldftgqyf2ac7hmhd").as_bytes(),
+        );
         let out = riptide(&["repo", "verify", s(&path), "--did-doc", s(&good)]);
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         assert!(String::from_utf8_lossy(&out.stdout).contains("signature: verified"));
-        let other = temp("other-doc.json", doc("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa").as_bytes());
+        let other = temp(
+            "other-doc.json",
+            doc("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa").as_bytes(),
+        );
         let out = riptide(&["repo", "verify", s(&path), "--did-doc", s(&other), "--json"]);
         assert_eq!(out.status.code(), Some(1));
         assert_eq!(json_lines(&out)[0]["verdict"], "unknown-key");
@@ -270,7 +386,10 @@ fn repo_verify_json_signature_and_tampering() {
 #[test]
 fn corpus_sigs_round_trips_through_bench_sigs() {
     let Some(d) = dir() else { return };
-    let out_path = std::env::temp_dir().join(format!("riptide-cli-verify-{}-capture.sigs", std::process::id()));
+    let out_path = std::env::temp_dir().join(format!(
+        "riptide-cli-verify-{}-capture.sigs",
+        std::process::id()
+    ));
     let out = riptide(&[
         "corpus",
         "sigs",
@@ -281,11 +400,24 @@ fn corpus_sigs_round_trips_through_bench_sigs() {
         s(&out_path),
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    assert!(stderr(&out).contains("wrote 148 entries"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("wrote 148 entries"),
+        "{}",
+        stderr(&out)
+    );
     let bytes = std::fs::read(&out_path).unwrap();
     assert_eq!(u32::from_be_bytes(bytes[..4].try_into().unwrap()), 148);
 
-    let bench = riptide(&["bench", "sigs", s(&out_path), "--warmup", "0", "--passes", "1", "--json"]);
+    let bench = riptide(&[
+        "bench",
+        "sigs",
+        s(&out_path),
+        "--warmup",
+        "0",
+        "--passes",
+        "1",
+        "--json",
+    ]);
     assert_eq!(bench.status.code(), Some(0), "{}", stderr(&bench));
     let v = &json_lines(&bench)[0];
     assert_eq!(v["entries"], 148); // every commit of the capture verifies
@@ -302,10 +434,22 @@ fn corpus_sigs_round_trips_through_bench_sigs() {
     let mut bad = bytes.clone();
     let len = u16::from_be_bytes([bad[5], bad[6]]) as usize;
     // Inside the first commit's sig: after the text "sig" and the bytes(64) head `58 40`.
-    let at = bad[7..7 + len].windows(6).position(|w| w == [0x63, b's', b'i', b'g', 0x58, 0x40]).unwrap();
+    let at = bad[7..7 + len]
+        .windows(6)
+        .position(|w| w == [0x63, b's', b'i', b'g', 0x58, 0x40])
+        .unwrap();
     bad[7 + at + 6 + 3] ^= 0x01;
     let bad_path = temp("bad.sigs", &bad);
-    let bench = riptide(&["bench", "sigs", s(&bad_path), "--warmup", "0", "--passes", "1", "--json"]);
+    let bench = riptide(&[
+        "bench",
+        "sigs",
+        s(&bad_path),
+        "--warmup",
+        "0",
+        "--passes",
+        "1",
+        "--json",
+    ]);
     assert_eq!(bench.status.code(), Some(1));
     assert_eq!(json_lines(&bench)[0]["errors"], 1);
     let _ = std::fs::remove_file(&out_path);
@@ -314,12 +458,24 @@ fn corpus_sigs_round_trips_through_bench_sigs() {
 #[test]
 fn bench_repo_reports_each_phase() {
     let Some(d) = dir() else { return };
-    let out = riptide(&["bench", "repo", s(&d.join("repo.car")), "--warmup", "0", "--passes", "3", "--json"]);
+    let out = riptide(&[
+        "bench",
+        "repo",
+        s(&d.join("repo.car")),
+        "--warmup",
+        "0",
+        "--passes",
+        "3",
+        "--json",
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let v = &json_lines(&out)[0];
     assert_eq!(v["records"], 23);
     assert_eq!(v["signature_checked"], false);
     for phase in ["car", "signature", "walk", "rebuild", "total"] {
-        assert!(v["timings_us"][phase]["median"].as_f64().unwrap() >= 0.0, "{phase}");
+        assert!(
+            v["timings_us"][phase]["median"].as_f64().unwrap() >= 0.0,
+            "{phase}"
+        );
     }
 }

@@ -26,8 +26,8 @@ use std::time::Instant;
 
 use riptide_crypto::{Curve, PublicKey};
 use riptide_firehose::corpus::{split_frames, write_frames};
-use riptide_repo::{verify_repo, Commit};
 use riptide_firehose::{DecodeOptions, FrameDecoder};
+use riptide_repo::{verify_repo, Commit};
 use sha2::{Digest, Sha256};
 
 use crate::out;
@@ -97,7 +97,11 @@ impl Stats {
         } else {
             (xs[n / 2 - 1] + xs[n / 2]) / 2.0
         };
-        Stats { min: xs.first().copied().unwrap_or(0.0), median, max: xs.last().copied().unwrap_or(0.0) }
+        Stats {
+            min: xs.first().copied().unwrap_or(0.0),
+            median,
+            max: xs.last().copied().unwrap_or(0.0),
+        }
     }
 
     pub fn json(&self) -> serde_json::Value {
@@ -117,7 +121,10 @@ fn par_chunks<T: Sync, R: Send>(items: &[T], n: usize, f: impl Fn(&[T]) -> R + S
     let chunk = items.len().div_ceil(n).max(1);
     std::thread::scope(|s| {
         let handles: Vec<_> = items.chunks(chunk).map(|c| s.spawn(|| f(c))).collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
     })
 }
 
@@ -134,7 +141,11 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     };
     let frames: Vec<&[u8]> = split_frames(&corpus)?.iter().map(|f| f.bytes).collect();
     let bytes: usize = frames.iter().map(|f| f.len()).sum();
-    let opts = if a.no_verify { DecodeOptions::unverified() } else { DecodeOptions::default() };
+    let opts = if a.no_verify {
+        DecodeOptions::unverified()
+    } else {
+        DecodeOptions::default()
+    };
 
     // Once, unmeasured: equal-work counts, and every block's bytes for the SHA-256 bound.
     // (Frames borrow the decoder, so block positions are kept as offsets and sliced afterwards.)
@@ -147,13 +158,19 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
                 blocks += frame.block_count();
                 if let Some(car) = frame.car() {
                     let base = f.as_ptr() as usize;
-                    block_spans.extend(car.blocks().map(|b| (i, b.data.as_ptr() as usize - base, b.data.len())));
+                    block_spans.extend(
+                        car.blocks()
+                            .map(|b| (i, b.data.as_ptr() as usize - base, b.data.len())),
+                    );
                 }
             }
             Err(_) => errors += 1,
         }
     }
-    let blocks_data: Vec<&[u8]> = block_spans.iter().map(|&(i, s, n)| &frames[i][s..s + n]).collect();
+    let blocks_data: Vec<&[u8]> = block_spans
+        .iter()
+        .map(|&(i, s, n)| &frames[i][s..s + n])
+        .collect();
 
     let decode_pass = || -> f64 {
         let start = Instant::now();
@@ -196,7 +213,9 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
             sha_pass();
         }
         let t: Vec<f64> = (0..a.passes).map(|_| sha_pass()).collect();
-        Some(Stats::of(t.iter().map(|t| frames.len() as f64 / t).collect()))
+        Some(Stats::of(
+            t.iter().map(|t| frames.len() as f64 / t).collect(),
+        ))
     };
 
     let mut report = serde_json::json!({
@@ -217,23 +236,51 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     });
     if let Some(sha) = sha {
         report["sha_bound_fps"] = sha.json();
-        report["ratio_to_sha_bound"] = serde_json::json!(round(fps.median / sha.median * 100.0) / 100.0);
+        report["ratio_to_sha_bound"] =
+            serde_json::json!(round(fps.median / sha.median * 100.0) / 100.0);
     }
     let mut stdout = out::stdout();
     if a.json {
         writeln!(stdout, "{report}")?;
     } else {
-        writeln!(stdout, "frames {} ({:.1} MB), blocks {blocks}, errors {errors}, {} thread(s), {} passes",
-            frames.len(), bytes as f64 / 1e6, a.threads, a.passes)?;
-        writeln!(stdout, "decode{}: {:.0} frames/s (min {:.0}, max {:.0}), {:.0} MB/s",
-            if a.no_verify { " (unverified)" } else { " (verified)" }, fps.median, fps.min, fps.max, mbps.median)?;
+        writeln!(
+            stdout,
+            "frames {} ({:.1} MB), blocks {blocks}, errors {errors}, {} thread(s), {} passes",
+            frames.len(),
+            bytes as f64 / 1e6,
+            a.threads,
+            a.passes
+        )?;
+        writeln!(
+            stdout,
+            "decode{}: {:.0} frames/s (min {:.0}, max {:.0}), {:.0} MB/s",
+            if a.no_verify {
+                " (unverified)"
+            } else {
+                " (verified)"
+            },
+            fps.median,
+            fps.min,
+            fps.max,
+            mbps.median
+        )?;
         if let Some(sha) = sha {
-            writeln!(stdout, "SHA-256 bound: {:.0} frames/s (min {:.0}, max {:.0}); ratio {:.2}",
-                sha.median, sha.min, sha.max, fps.median / sha.median)?;
+            writeln!(
+                stdout,
+                "SHA-256 bound: {:.0} frames/s (min {:.0}, max {:.0}); ratio {:.2}",
+                sha.median,
+                sha.min,
+                sha.max,
+                fps.median / sha.median
+            )?;
         }
     }
     stdout.flush()?;
-    Ok(if errors > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if errors > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 #[derive(clap::Args, Debug)]
@@ -270,14 +317,29 @@ fn prepare<'a>(e: &'a super::corpus::SigEntry) -> Option<Prepared<'a>> {
     commit.verify_signature(&key).ok()?;
     let mut unsigned = Vec::new();
     commit.unsigned_bytes(&mut unsigned);
-    Some(Prepared { curve: e.curve, signed: &e.signed, pubkey: &e.pubkey, unsigned, sig: commit.sig().to_vec(), key })
+    Some(Prepared {
+        curve: e.curve,
+        signed: &e.signed,
+        pubkey: &e.pubkey,
+        unsigned,
+        sig: commit.sig().to_vec(),
+        key,
+    })
 }
 
 /// Times `pass` (which returns how many verifications succeeded): warm-up, then measured passes;
 /// verifies/s per pass. A pass that verifies fewer than `expect` is a bug of the benchmark.
-fn time_passes(warmup: usize, passes: usize, expect: usize, mut pass: impl FnMut() -> usize) -> anyhow::Result<Stats> {
+fn time_passes(
+    warmup: usize,
+    passes: usize,
+    expect: usize,
+    mut pass: impl FnMut() -> usize,
+) -> anyhow::Result<Stats> {
     for _ in 0..warmup {
-        anyhow::ensure!(pass() == expect, "a warm-up pass failed to verify every entry");
+        anyhow::ensure!(
+            pass() == expect,
+            "a warm-up pass failed to verify every entry"
+        );
     }
     let mut rates = Vec::with_capacity(passes);
     for _ in 0..passes {
@@ -306,10 +368,12 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
     let full = time_passes(a.warmup, a.passes, n, || {
         let mut ok = 0;
         for p in &work {
-            let verified = Commit::decode_with(&mut arena, black_box(p.signed)).ok().and_then(|c| {
-                let key = PublicKey::from_sec1(p.curve, black_box(p.pubkey)).ok()?;
-                c.verify_signature_with(&key, &mut buf).ok()
-            });
+            let verified = Commit::decode_with(&mut arena, black_box(p.signed))
+                .ok()
+                .and_then(|c| {
+                    let key = PublicKey::from_sec1(p.curve, black_box(p.pubkey)).ok()?;
+                    c.verify_signature_with(&key, &mut buf).ok()
+                });
             ok += usize::from(verified.is_some());
         }
         ok
@@ -327,7 +391,11 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
     let preparsed = time_passes(a.warmup, a.passes, n, || {
         let mut ok = 0;
         for p in &work {
-            ok += usize::from(black_box(&p.key).verify(black_box(&p.unsigned), &p.sig).is_ok());
+            ok += usize::from(
+                black_box(&p.key)
+                    .verify(black_box(&p.unsigned), &p.sig)
+                    .is_ok(),
+            );
         }
         ok
     })?;
@@ -350,14 +418,28 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         writeln!(stdout, "{report}")?;
     } else {
-        writeln!(stdout, "entries {} (secp256k1 {}, P-256 {p256}), errors {errors}, x{} per pass, {} passes",
-            entries.len(), entries.len() - p256, a.repeat, a.passes)?;
+        writeln!(
+            stdout,
+            "entries {} (secp256k1 {}, P-256 {p256}), errors {errors}, x{} per pass, {} passes",
+            entries.len(),
+            entries.len() - p256,
+            a.repeat,
+            a.passes
+        )?;
         for (name, s) in [("full", full), ("crypto", crypto), ("preparsed", preparsed)] {
-            writeln!(stdout, "{name:<10} {:>8.0} verifies/s (min {:.0}, max {:.0})", s.median, s.min, s.max)?;
+            writeln!(
+                stdout,
+                "{name:<10} {:>8.0} verifies/s (min {:.0}, max {:.0})",
+                s.median, s.min, s.max
+            )?;
         }
     }
     stdout.flush()?;
-    Ok(if errors > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if errors > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 #[derive(clap::Args, Debug)]
@@ -398,7 +480,10 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
         let r = verify_repo(black_box(&bytes), key.as_ref())?;
         let total = start.elapsed();
         let t = r.timings;
-        for (v, d) in phases.iter_mut().zip([t.car, t.signature, t.walk, t.rebuild, total]) {
+        for (v, d) in phases
+            .iter_mut()
+            .zip([t.car, t.signature, t.walk, t.rebuild, total])
+        {
             v.push(d.as_secs_f64() * 1e6);
         }
     }
@@ -424,12 +509,37 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
     if a.json {
         writeln!(stdout, "{report}")?;
     } else {
-        writeln!(stdout, "{}: {} records, {} blocks, {} bytes, signature {}, {} passes (median, us)",
-            a.file.display(), first.records, first.blocks, bytes.len(),
-            if first.signature_checked { "checked" } else { "not checked" }, a.passes)?;
-        for (name, s) in [("car", car), ("signature", signature), ("walk", walk), ("rebuild", rebuild), ("total", total)] {
-            let share = if total.median > 0.0 { s.median / total.median * 100.0 } else { 0.0 };
-            writeln!(stdout, "{name:<10} {:>12.1} us  {share:>5.1}%  (min {:.1}, max {:.1})", s.median, s.min, s.max)?;
+        writeln!(
+            stdout,
+            "{}: {} records, {} blocks, {} bytes, signature {}, {} passes (median, us)",
+            a.file.display(),
+            first.records,
+            first.blocks,
+            bytes.len(),
+            if first.signature_checked {
+                "checked"
+            } else {
+                "not checked"
+            },
+            a.passes
+        )?;
+        for (name, s) in [
+            ("car", car),
+            ("signature", signature),
+            ("walk", walk),
+            ("rebuild", rebuild),
+            ("total", total),
+        ] {
+            let share = if total.median > 0.0 {
+                s.median / total.median * 100.0
+            } else {
+                0.0
+            };
+            writeln!(
+                stdout,
+                "{name:<10} {:>12.1} us  {share:>5.1}%  (min {:.1}, max {:.1})",
+                s.median, s.min, s.max
+            )?;
         }
     }
     stdout.flush()?;
@@ -440,7 +550,11 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
 pub fn machine() -> serde_json::Value {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| "unknown".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     serde_json::json!({"cpu": cpu, "cores": cores, "os": std::env::consts::OS, "arch": std::env::consts::ARCH})
@@ -448,7 +562,9 @@ pub fn machine() -> serde_json::Value {
 
 /// The current UTC time as RFC 3339 (seconds).
 pub fn utc_now() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = days + 719_468;
@@ -460,5 +576,10 @@ pub fn utc_now() -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }

@@ -19,7 +19,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use riptide_firehose::corpus::split_frames;
-use riptide_serve::{ingest, router, App, Dictionary, IngestConfig, Keys, Log, Metrics, ServerConfig, Store, TailLimits};
+use riptide_serve::{
+    ingest, router, App, Dictionary, IngestConfig, Keys, Log, Metrics, ServerConfig, Store,
+    TailLimits,
+};
 
 use super::bench::Stats;
 
@@ -54,13 +57,19 @@ pub struct ServeArgs {
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(bench(a))
 }
 
 async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let file = Bytes::from(super::read_file(&a.file)?);
-    let frames: Vec<Bytes> = split_frames(&file)?.iter().map(|f| file.slice(f.offset..f.offset + f.bytes.len())).collect();
+    let frames: Vec<Bytes> = split_frames(&file)?
+        .iter()
+        .map(|f| file.slice(f.offset..f.offset + f.bytes.len()))
+        .collect();
     let keys = Keys::from_docs(super::load_did_docs(&a.did_docs)?);
     let dict = Dictionary::load(&a.zstd_dictionary)?;
     let mut ingest_rates = Vec::new();
@@ -70,28 +79,46 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         let (store, resume) = Store::open(dir.path(), dict.id())?;
         let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
         let metrics = Arc::new(Metrics::default());
-        let mut cfg = if a.no_verify { IngestConfig::trusting() } else { IngestConfig::verifying(keys.clone()) };
+        let mut cfg = if a.no_verify {
+            IngestConfig::trusting()
+        } else {
+            IngestConfig::verifying(keys.clone())
+        };
         cfg.dictionary = Some(dict.clone());
         let (tx, rx) = tokio::sync::mpsc::channel(4096);
         let t0 = Instant::now();
         let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx)?;
         let n = frames.len() as u64;
         for pos in 1..=n * a.repeat {
-            tx.send((pos, frames[((pos - 1) % n) as usize].clone())).await?;
+            tx.send((pos, frames[((pos - 1) % n) as usize].clone()))
+                .await?;
         }
         drop(tx);
         let s = tokio::task::spawn_blocking(move || h.join()).await??;
         let secs = t0.elapsed().as_secs_f64();
         ingest_rates.push(s.events as f64 / secs);
-        eprintln!("pass {pass}: ingest {} frames, {} events in {secs:.2}s: {:.0} events/s", s.frames, s.events, s.events as f64 / secs);
+        eprintln!(
+            "pass {pass}: ingest {} frames, {} events in {secs:.2}s: {:.0} events/s",
+            s.frames,
+            s.events,
+            s.events as f64 / secs
+        );
 
         // Replay to one consumer from the store just written (tail ≈ the last 64k events).
-        let app = App::new(log.clone(), metrics.clone(), ServerConfig { compression: true, ..ServerConfig::default() });
+        let app = App::new(
+            log.clone(),
+            metrics.clone(),
+            ServerConfig {
+                compression: true,
+                ..ServerConfig::default()
+            },
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let server = tokio::spawn(async move { axum::serve(listener, router(app)).await });
         let t0 = Instant::now();
-        let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=0")).await?;
+        let (mut ws, _) =
+            tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=0")).await?;
         let mut got = 0u64;
         while got < s.events {
             match ws.next().await {
@@ -127,18 +154,32 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
         .unwrap_or(0)
 }
 
 async fn live(a: &ServeArgs) -> anyhow::Result<serde_json::Value> {
     let dir = tempfile::tempdir()?;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
     let addr = format!("127.0.0.1:{port}");
     // Enough frames for the whole run at the given rate.
     let repeat = ((a.rate * (a.seconds as f64 + 30.0)) / 150.0).ceil() as u64 + 1;
     let mut child = tokio::process::Command::new(std::env::current_exe()?)
-        .args(["serve", "--listen", &addr, "--ingest-repeat", &repeat.to_string(), "--ingest-rate", &a.rate.to_string()])
+        .args([
+            "serve",
+            "--listen",
+            &addr,
+            "--ingest-repeat",
+            &repeat.to_string(),
+            "--ingest-rate",
+            &a.rate.to_string(),
+        ])
         .arg("--data")
         .arg(dir.path())
         .arg("--did-docs")
@@ -154,12 +195,17 @@ async fn live(a: &ServeArgs) -> anyhow::Result<serde_json::Value> {
     let pid = child.id().unwrap_or(0);
     let t0 = Instant::now();
     while tokio::net::TcpStream::connect(&addr).await.is_err() {
-        anyhow::ensure!(t0.elapsed() < Duration::from_secs(20), "server did not start");
+        anyhow::ensure!(
+            t0.elapsed() < Duration::from_secs(20),
+            "server did not start"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
     let rss_before = rss_kib(pid);
-    let counts: Vec<Arc<AtomicU64>> = (0..a.subscribers).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let counts: Vec<Arc<AtomicU64>> = (0..a.subscribers)
+        .map(|_| Arc::new(AtomicU64::new(0)))
+        .collect();
     let mut tasks = Vec::new();
     for c in &counts {
         let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe")).await?;
@@ -181,8 +227,15 @@ async fn live(a: &ServeArgs) -> anyhow::Result<serde_json::Value> {
         rss_max = rss_max.max(rss_kib(pid));
     }
     let secs = connected.elapsed().as_secs_f64();
-    let got: Vec<u64> = counts.iter().zip(&start_counts).map(|(c, s)| c.load(Relaxed) - s).collect();
-    let (min, max) = (got.iter().min().copied().unwrap_or(0), got.iter().max().copied().unwrap_or(0));
+    let got: Vec<u64> = counts
+        .iter()
+        .zip(&start_counts)
+        .map(|(c, s)| c.load(Relaxed) - s)
+        .collect();
+    let (min, max) = (
+        got.iter().min().copied().unwrap_or(0),
+        got.iter().max().copied().unwrap_or(0),
+    );
     let _ = child.kill().await;
     for t in tasks {
         t.abort();

@@ -65,13 +65,26 @@ fn curve_byte(c: Curve) -> u8 {
 
 /// Encodes a signature corpus. Entries longer than a u16 length allows are an error.
 pub fn write_sigs(entries: &[SigEntry]) -> anyhow::Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(4 + entries.iter().map(|e| 5 + e.signed.len() + e.pubkey.len()).sum::<usize>());
+    let mut out = Vec::with_capacity(
+        4 + entries
+            .iter()
+            .map(|e| 5 + e.signed.len() + e.pubkey.len())
+            .sum::<usize>(),
+    );
     out.extend_from_slice(&u32::try_from(entries.len())?.to_be_bytes());
     for e in entries {
         out.push(curve_byte(e.curve));
-        out.extend_from_slice(&u16::try_from(e.signed.len()).context("signed commit over 65535 bytes")?.to_be_bytes());
+        out.extend_from_slice(
+            &u16::try_from(e.signed.len())
+                .context("signed commit over 65535 bytes")?
+                .to_be_bytes(),
+        );
         out.extend_from_slice(&e.signed);
-        out.extend_from_slice(&u16::try_from(e.pubkey.len()).context("public key over 65535 bytes")?.to_be_bytes());
+        out.extend_from_slice(
+            &u16::try_from(e.pubkey.len())
+                .context("public key over 65535 bytes")?
+                .to_be_bytes(),
+        );
         out.extend_from_slice(&e.pubkey);
     }
     Ok(out)
@@ -80,7 +93,9 @@ pub fn write_sigs(entries: &[SigEntry]) -> anyhow::Result<Vec<u8>> {
 /// Decodes a signature corpus; the declared count must match the entries present.
 pub fn read_sigs(bytes: &[u8]) -> anyhow::Result<Vec<SigEntry>> {
     fn take<'a>(b: &'a [u8], pos: &mut usize, n: usize, what: &str) -> anyhow::Result<&'a [u8]> {
-        let s = b.get(*pos..pos.saturating_add(n)).with_context(|| format!("sigs corpus truncated in {what} at byte {pos}"))?;
+        let s = b
+            .get(*pos..pos.saturating_add(n))
+            .with_context(|| format!("sigs corpus truncated in {what} at byte {pos}"))?;
         *pos += n;
         Ok(s)
     }
@@ -98,9 +113,17 @@ pub fn read_sigs(bytes: &[u8]) -> anyhow::Result<Vec<SigEntry>> {
         let signed = take(bytes, &mut pos, n, "a commit")?.to_vec();
         let n = u16::from_be_bytes(take(bytes, &mut pos, 2, "a length")?.try_into()?) as usize;
         let pubkey = take(bytes, &mut pos, n, "a public key")?.to_vec();
-        entries.push(SigEntry { curve, signed, pubkey });
+        entries.push(SigEntry {
+            curve,
+            signed,
+            pubkey,
+        });
     }
-    anyhow::ensure!(pos == bytes.len(), "sigs corpus has {} bytes after its {count} entries", bytes.len() - pos);
+    anyhow::ensure!(
+        pos == bytes.len(),
+        "sigs corpus has {} bytes after its {count} entries",
+        bytes.len() - pos
+    );
     Ok(entries)
 }
 
@@ -122,7 +145,9 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
         };
-        let Body::Commit(c) = frame.body() else { continue };
+        let Body::Commit(c) = frame.body() else {
+            continue;
+        };
         let Some(block) = frame.block_bytes(c.commit) else {
             *skipped.entry("no commit block").or_default() += 1;
             continue;
@@ -135,7 +160,9 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
             *skipped.entry("commit of another DID").or_default() += 1;
             continue;
         }
-        let key = keys.entry(c.repo.to_owned()).or_insert_with(|| lookup.key(c.repo).ok());
+        let key = keys
+            .entry(c.repo.to_owned())
+            .or_insert_with(|| lookup.key(c.repo).ok());
         let Some(key) = key else {
             *skipped.entry("no key").or_default() += 1;
             continue;
@@ -144,11 +171,18 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
             *skipped.entry("bad signature").or_default() += 1;
             continue;
         }
-        entries.push(SigEntry { curve: key.curve(), signed: block.to_vec(), pubkey: key.to_compressed_sec1().to_vec() });
+        entries.push(SigEntry {
+            curve: key.curve(),
+            signed: block.to_vec(),
+            pubkey: key.to_compressed_sec1().to_vec(),
+        });
     }
     let bytes = write_sigs(&entries)?;
     std::fs::write(&a.output, &bytes).with_context(|| format!("writing {}", a.output.display()))?;
-    let k256 = entries.iter().filter(|e| e.curve == Curve::Secp256k1).count();
+    let k256 = entries
+        .iter()
+        .filter(|e| e.curve == Curve::Secp256k1)
+        .count();
     let mut line = format!(
         "wrote {} entries (secp256k1 {k256}, P-256 {}) to {}",
         entries.len(),
@@ -169,8 +203,16 @@ mod tests {
     #[test]
     fn sigs_round_trip_and_errors() {
         let e = vec![
-            SigEntry { curve: Curve::P256, signed: vec![1, 2, 3], pubkey: vec![2; 33] },
-            SigEntry { curve: Curve::Secp256k1, signed: vec![], pubkey: vec![3; 33] },
+            SigEntry {
+                curve: Curve::P256,
+                signed: vec![1, 2, 3],
+                pubkey: vec![2; 33],
+            },
+            SigEntry {
+                curve: Curve::Secp256k1,
+                signed: vec![],
+                pubkey: vec![3; 33],
+            },
         ];
         let bytes = write_sigs(&e).unwrap();
         assert_eq!(bytes[..5], [0, 0, 0, 2, 0]);

@@ -31,7 +31,11 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = super::read_file(&args.file)?;
     let frames = split_frames(&file)?;
-    let opts = if args.no_verify { DecodeOptions::unverified() } else { DecodeOptions::default() };
+    let opts = if args.no_verify {
+        DecodeOptions::unverified()
+    } else {
+        DecodeOptions::default()
+    };
     let mut dec = FrameDecoder::with_options(opts);
     let mut stdout = out::stdout();
     let mut kinds: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -59,7 +63,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 // record cannot be shown (`"record": null` in --json). Counted, never silent.
                 if op.cid.is_some_and(|cid| frame.block_by_cid(cid).is_none()) {
                     missing_records += 1;
-                    eprintln!("frame {} op {i} ({}): record block not in the CAR", f.index, op.path);
+                    eprintln!(
+                        "frame {} op {i} ({}): record block not in the CAR",
+                        f.index, op.path
+                    );
                 }
             }
         }
@@ -70,7 +77,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     if !args.json {
-        writeln!(stdout, "frames:  {} ({} bytes), {} failed", frames.len(), bytes, failed)?;
+        writeln!(
+            stdout,
+            "frames:  {} ({} bytes), {} failed",
+            frames.len(),
+            bytes,
+            failed
+        )?;
         for (k, n) in &kinds {
             writeln!(stdout, "  {k:<9} {n}")?;
         }
@@ -78,7 +91,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         for (k, n) in &actions {
             writeln!(stdout, "  {k:<9} {n}")?;
         }
-        writeln!(stdout, "blocks:  {blocks} ({})", if args.no_verify { "not verified" } else { "SHA-256 verified" })?;
+        writeln!(
+            stdout,
+            "blocks:  {blocks} ({})",
+            if args.no_verify {
+                "not verified"
+            } else {
+                "SHA-256 verified"
+            }
+        )?;
         if missing_records > 0 {
             writeln!(stdout, "records missing from their CAR: {missing_records}")?;
         }
@@ -90,7 +111,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     stdout.flush()?;
-    Ok(if failed > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn opt_str(out: &mut Vec<u8>, key: &str, v: Option<&str>) {

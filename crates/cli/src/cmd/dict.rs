@@ -34,11 +34,22 @@ pub fn run(d: Dict) -> anyhow::Result<ExitCode> {
     let (store, _) = Store::open_any(&a.data)?;
     let samples = store.sample_json(a.max_samples)?;
     if samples.len() < 8 {
-        anyhow::bail!("{} holds {} events: too few to train a dictionary", a.data.display(), samples.len());
+        anyhow::bail!(
+            "{} holds {} events: too few to train a dictionary",
+            a.data.display(),
+            samples.len()
+        );
     }
     let dict = riptide_serve::compress::train(&samples, a.size)?;
     std::fs::write(&a.output, &dict).with_context(|| format!("writing {}", a.output.display()))?;
-    let id = riptide_serve::Dictionary::from_bytes(dict.clone()).map(|d| d.id()).unwrap_or(0);
-    eprintln!("trained a {}-byte dictionary (id {id}) from {} events into {}", dict.len(), samples.len(), a.output.display());
+    let id = riptide_serve::Dictionary::from_bytes(dict.clone())
+        .map(|d| d.id())
+        .unwrap_or(0);
+    eprintln!(
+        "trained a {}-byte dictionary (id {id}) from {} events into {}",
+        dict.len(),
+        samples.len(),
+        a.output.display()
+    );
     Ok(ExitCode::SUCCESS)
 }

@@ -23,14 +23,19 @@ pub struct Args {
 }
 
 fn now_us() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = super::read_file(&args.file)?;
     let frames = split_frames(&file)?;
     // Records are decoded one by one in the projector, so one bad record drops one op, not a frame.
-    let opts = DecodeOptions { decode_blocks: false, ..DecodeOptions::default() };
+    let opts = DecodeOptions {
+        decode_blocks: false,
+        ..DecodeOptions::default()
+    };
     let mut dec = FrameDecoder::with_options(opts);
     let mut proj = Projector::new();
     let mut stdout = out::stdout();
@@ -59,6 +64,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
     }
     stdout.flush()?;
-    eprintln!("{} events from {} frames; {} ops dropped; {} frames failed", seq, frames.len(), dropped, failed);
-    Ok(if failed > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    eprintln!(
+        "{} events from {} frames; {} ops dropped; {} frames failed",
+        seq,
+        frames.len(),
+        dropped,
+        failed
+    );
+    Ok(if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

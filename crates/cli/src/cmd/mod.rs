@@ -37,7 +37,9 @@ impl KeyLookup for DocKeys<'_> {
         match self.0.signing_key(did) {
             Ok(k) => Ok(k),
             Err(ResolveError::NotFound(_)) => Err(KeyUnavailable::Unknown),
-            Err(ResolveError::Doc { error, .. }) => Err(KeyUnavailable::Unusable(error.to_string())),
+            Err(ResolveError::Doc { error, .. }) => {
+                Err(KeyUnavailable::Unusable(error.to_string()))
+            }
             Err(other) => Err(KeyUnavailable::Unusable(other.to_string())),
         }
     }

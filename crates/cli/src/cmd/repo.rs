@@ -83,9 +83,9 @@ pub fn verdict(e: &RepoError) -> &'static str {
             _ => "malformed",
         },
         RepoError::Signature(_) => "bad-signature",
-        RepoError::MissingCommit(_) | RepoError::MissingRecord { .. } | RepoError::Mst(MstError::MissingBlock(_)) => {
-            "missing-block"
-        }
+        RepoError::MissingCommit(_)
+        | RepoError::MissingRecord { .. }
+        | RepoError::Mst(MstError::MissingBlock(_)) => "missing-block",
         RepoError::RootMismatch { .. } => "root-mismatch",
         _ => "malformed",
     }
@@ -140,7 +140,12 @@ fn inspect_cmd(a: InspectArgs) -> anyhow::Result<ExitCode> {
         writeln!(stdout, "ATProto Repo Spec Version: {}", info.version)?;
         writeln!(stdout, "DID: {}", info.did)?;
         writeln!(stdout, "Data CID: {}", info.data)?;
-        writeln!(stdout, "Prev CID: {}", info.prev.map_or_else(|| "<nil>".to_string(), |p| p.to_string()))?;
+        writeln!(
+            stdout,
+            "Prev CID: {}",
+            info.prev
+                .map_or_else(|| "<nil>".to_string(), |p| p.to_string())
+        )?;
         writeln!(stdout, "Revision: {}", info.rev)?;
     }
     stdout.flush()?;
@@ -148,7 +153,10 @@ fn inspect_cmd(a: InspectArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The key given by `--key` or `--did-doc` (with the document's DID), if any.
-pub fn key_arg(key: Option<&str>, did_doc: Option<&std::path::Path>) -> anyhow::Result<Option<(PublicKey, Option<String>)>> {
+pub fn key_arg(
+    key: Option<&str>,
+    did_doc: Option<&std::path::Path>,
+) -> anyhow::Result<Option<(PublicKey, Option<String>)>> {
     if let Some(k) = key {
         let key = PublicKey::from_did_key(k).map_err(|e| anyhow::anyhow!("--key {k}: {e}"))?;
         return Ok(Some((key, None)));
@@ -156,8 +164,11 @@ pub fn key_arg(key: Option<&str>, did_doc: Option<&std::path::Path>) -> anyhow::
     if let Some(path) = did_doc {
         let text = String::from_utf8(super::read_file(path)?)
             .map_err(|_| anyhow::anyhow!("{}: not UTF-8", path.display()))?;
-        let doc = DidDoc::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let key = doc.signing_key().map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let doc =
+            DidDoc::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let key = doc
+            .signing_key()
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
         return Ok(Some((key, Some(doc.did().to_string()))));
     }
     Ok(None)
@@ -174,7 +185,11 @@ fn spinner(file: &std::path::Path, bytes: usize) -> Option<indicatif::ProgressBa
         return None;
     }
     let pb = indicatif::ProgressBar::new_spinner();
-    pb.set_message(format!("verifying {} ({:.1} MB)", file.display(), bytes as f64 / 1e6));
+    pb.set_message(format!(
+        "verifying {} ({:.1} MB)",
+        file.display(),
+        bytes as f64 / 1e6
+    ));
     pb.enable_steady_tick(Duration::from_millis(100));
     Some(pb)
 }
@@ -191,7 +206,10 @@ fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
     let (verdict, reason, report) = match result {
         Ok(r) => match key.as_ref().and_then(|(_, did)| did.as_ref()) {
             Some(doc_did) if *doc_did != r.did => {
-                let why = format!("the DID document is for {doc_did}, the repository is {}", r.did);
+                let why = format!(
+                    "the DID document is for {doc_did}, the repository is {}",
+                    r.did
+                );
                 ("unknown-key", Some(why), Some(r))
             }
             _ => ("ok", None, Some(r)),
@@ -238,7 +256,11 @@ fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
                 writeln!(
                     stdout,
                     "signature: {}",
-                    if r.signature_checked { "verified" } else { "not checked (give --key or --did-doc)" }
+                    if r.signature_checked {
+                        "verified"
+                    } else {
+                        "not checked (give --key or --did-doc)"
+                    }
                 )?;
                 let t = &r.timings;
                 writeln!(
@@ -255,5 +277,9 @@ fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
         }
     }
     stdout.flush()?;
-    Ok(if verdict == "ok" { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if verdict == "ok" {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }

@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bytes::Bytes;
 use riptide_firehose::corpus::split_frames;
-use riptide_serve::{ingest, router, App, Dictionary, IngestConfig, Keys, Log, Metrics, ServerConfig, Store, TailLimits};
+use riptide_serve::{
+    ingest, router, App, Dictionary, IngestConfig, Keys, Log, Metrics, ServerConfig, Store,
+    TailLimits,
+};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -58,7 +61,9 @@ pub struct Args {
 /// `24h`, `90m`, `30s`, `2d`, or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-    let n: u64 = num.parse().map_err(|_| format!("bad duration {s:?} (use e.g. 24h, 90m, 30s, 2d)"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("bad duration {s:?} (use e.g. 24h, 90m, 30s, 2d)"))?;
     let secs = match unit {
         "" | "s" => n,
         "m" => n * 60,
@@ -70,13 +75,20 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 pub fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     init_tracing();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(serve(args))
 }
 
@@ -96,15 +108,24 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         Some(p) => Some(Dictionary::load(p)?),
         None => None,
     };
-    std::fs::create_dir_all(&args.data).with_context(|| format!("creating {}", args.data.display()))?;
+    std::fs::create_dir_all(&args.data)
+        .with_context(|| format!("creating {}", args.data.display()))?;
     let (store, resume) = Store::open(&args.data, dict.as_ref().map_or(0, Dictionary::id))?;
     tracing::info!(data = %args.data.display(), next_seq = resume.next_seq, upstream_cursor = ?resume.upstream_cursor, "store open");
     let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
     let metrics = Arc::new(Metrics::default());
-    let config = ServerConfig { compression: dict.is_some(), ..ServerConfig::default() };
+    let config = ServerConfig {
+        compression: dict.is_some(),
+        ..ServerConfig::default()
+    };
     let app = App::new(log.clone(), metrics.clone(), config);
 
-    let cfg = IngestConfig { keys, workers: 2, max_batch: 4096, dictionary: dict };
+    let cfg = IngestConfig {
+        keys,
+        workers: 2,
+        max_batch: 4096,
+        dictionary: dict,
+    };
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
     let handle = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx)?;
     let ingest_done = {
@@ -113,7 +134,9 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         let (repeat, rate) = (args.ingest_repeat, args.ingest_rate);
         tokio::spawn(async move {
             let fed = match file {
-                Some(f) => feed_file(&f, repeat, rate, resume.upstream_cursor.unwrap_or(0), tx).await,
+                Some(f) => {
+                    feed_file(&f, repeat, rate, resume.upstream_cursor.unwrap_or(0), tx).await
+                }
                 None => {
                     // Keep the channel open until the client crate is wired in.
                     std::future::pending::<()>().await;
@@ -125,7 +148,12 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
             match (fed, joined) {
                 (Err(e), _) => Err(e),
                 (_, Ok(Ok(s))) => {
-                    tracing::info!(frames = s.frames, events = s.events, next_seq = s.resume.next_seq, "ingest finished");
+                    tracing::info!(
+                        frames = s.frames,
+                        events = s.events,
+                        next_seq = s.resume.next_seq,
+                        "ingest finished"
+                    );
                     Ok(())
                 }
                 (_, Ok(Err(e))) => Err(anyhow::Error::from(e)),
@@ -133,9 +161,16 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
             }
         })
     };
-    tokio::spawn(riptide_serve::retention_loop(log.clone(), metrics.clone(), args.retention, Duration::from_secs(60)));
+    tokio::spawn(riptide_serve::retention_loop(
+        log.clone(),
+        metrics.clone(),
+        args.retention,
+        Duration::from_secs(60),
+    ));
 
-    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!("serving ws://{addr}/subscribe (metrics at http://{addr}/metrics)");
     eprintln!("riptide serve: ws://{addr}/subscribe");
@@ -146,9 +181,10 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         shutdown_app.shutdown();
         shutdown_app.drained(Duration::from_secs(5)).await;
     });
+    let mut server = tokio::spawn(async move { server.await });
     let mut ingest_done = ingest_done;
     tokio::select! {
-        r = server => { r?; }
+        r = &mut server => { r??; return Ok(ExitCode::SUCCESS) }
         r = &mut ingest_done => {
             // A finite source ended: keep serving; a failure stops the server (crash loud).
             match r {
@@ -156,12 +192,9 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
                 Ok(Err(e)) => return Err(e.context("ingest failed")),
                 Err(e) => return Err(anyhow::Error::from(e).context("ingest task")),
             }
-            let listener_app = app.clone();
-            shutdown_signal().await;
-            listener_app.shutdown();
-            listener_app.drained(Duration::from_secs(5)).await;
         }
     }
+    server.await??;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -192,7 +225,10 @@ pub async fn feed_file(
     tx: tokio::sync::mpsc::Sender<riptide_serve::UpstreamFrame>,
 ) -> anyhow::Result<()> {
     let file = Bytes::from(super::read_file(path)?);
-    let frames: Vec<Bytes> = split_frames(&file)?.iter().map(|f| file.slice(f.offset..f.offset + f.bytes.len())).collect();
+    let frames: Vec<Bytes> = split_frames(&file)?
+        .iter()
+        .map(|f| file.slice(f.offset..f.offset + f.bytes.len()))
+        .collect();
     let n = frames.len() as u64;
     let start = Instant::now();
     let mut sent = 0u64;

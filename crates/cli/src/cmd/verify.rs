@@ -54,7 +54,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let keys = DocKeys(&docs);
     let start = Instant::now();
 
-    let mut verifiers: Vec<Verifier<DocKeys<'_>>> = (0..args.threads).map(|_| Verifier::new(keys)).collect();
+    let mut verifiers: Vec<Verifier<DocKeys<'_>>> =
+        (0..args.threads).map(|_| Verifier::new(keys)).collect();
     let mut router = Router::new(args.threads);
     let mut stdout = out::stdout();
     let mut stderr = std::io::stderr().lock();
@@ -91,7 +92,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.threads,
         if args.threads == 1 { "" } else { "s" },
     )?;
-    Ok(if counts.failed() > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if counts.failed() > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// Verifies each thread's share (frame indices within `batch`, ascending) on its own verifier.
@@ -110,7 +115,13 @@ fn run_shares(
             if json {
                 out.push((i, json_line(f.index, &r)));
             } else if let Some(why) = &r.failure {
-                out.push((i, format!("frame {} at byte {}: {}: {why}", f.index, f.offset, r.verdict)));
+                out.push((
+                    i,
+                    format!(
+                        "frame {} at byte {}: {}: {why}",
+                        f.index, f.offset, r.verdict
+                    ),
+                ));
             }
         }
         out
@@ -119,9 +130,15 @@ fn run_shares(
         return vec![work(&mut verifiers[0], &shares[0])];
     }
     std::thread::scope(|s| {
-        let handles: Vec<_> =
-            verifiers.iter_mut().zip(shares).map(|(v, share)| s.spawn(move || work(v, share))).collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+        let handles: Vec<_> = verifiers
+            .iter_mut()
+            .zip(shares)
+            .map(|(v, share)| s.spawn(move || work(v, share)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
     })
 }
 
@@ -169,7 +186,10 @@ fn cost(bytes: usize, signed: bool) -> u64 {
 
 impl Router {
     fn new(threads: usize) -> Router {
-        Router { owner: HashMap::new(), arenas: (0..threads).map(|_| Arena::new()).collect() }
+        Router {
+            owner: HashMap::new(),
+            arenas: (0..threads).map(|_| Arena::new()).collect(),
+        }
     }
 
     /// Splits a batch into per-thread shares of frame indices (ascending within each share).
@@ -187,7 +207,10 @@ impl Router {
         for (i, f) in batch.iter().enumerate() {
             let Some(did) = did_of(i) else { continue };
             let c = cost(f.bytes.len(), peeks[i].0);
-            match std::str::from_utf8(did).ok().and_then(|d| self.owner.get(d)) {
+            match std::str::from_utf8(did)
+                .ok()
+                .and_then(|d| self.owner.get(d))
+            {
                 Some(&t) => load[t] += c,
                 None => *new.entry(did).or_default() += c,
             }
@@ -198,12 +221,16 @@ impl Router {
         for (did, c) in new {
             let t = least(&load);
             load[t] += c;
-            self.owner.insert(String::from_utf8_lossy(did).into_owned(), t);
+            self.owner
+                .insert(String::from_utf8_lossy(did).into_owned(), t);
         }
 
         let mut shares = vec![Vec::with_capacity(batch.len() / n + 1); n];
         for (i, f) in batch.iter().enumerate() {
-            let t = match did_of(i).and_then(|d| std::str::from_utf8(d).ok()).and_then(|d| self.owner.get(d)) {
+            let t = match did_of(i)
+                .and_then(|d| std::str::from_utf8(d).ok())
+                .and_then(|d| self.owner.get(d))
+            {
                 Some(&t) => t,
                 None => {
                     // No DID (info, error, unreadable frames): wherever there is room.
@@ -243,13 +270,19 @@ impl Router {
                     })
                 })
                 .collect();
-            handles.into_iter().flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))).collect()
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
         })
     }
 }
 
 fn least(load: &[u64]) -> usize {
-    load.iter().enumerate().min_by_key(|&(_, l)| *l).map_or(0, |(i, _)| i)
+    load.iter()
+        .enumerate()
+        .min_by_key(|&(_, l)| *l)
+        .map_or(0, |(i, _)| i)
 }
 
 #[cfg(test)]
@@ -260,16 +293,36 @@ mod tests {
     fn identity(did: &str) -> Vec<u8> {
         let mut f = vec![0xa2, 0x61, b't', 0x69];
         f.extend_from_slice(b"#identity");
-        f.extend_from_slice(&[0x62, b'o', b'p', 0x01, 0xa1, 0x63, b'd', b'i', b'd', 0x60 + did.len() as u8]);
+        f.extend_from_slice(&[
+            0x62,
+            b'o',
+            b'p',
+            0x01,
+            0xa1,
+            0x63,
+            b'd',
+            b'i',
+            b'd',
+            0x60 + did.len() as u8,
+        ]);
         f.extend_from_slice(did.as_bytes());
         f
     }
 
     #[test]
     fn each_did_stays_on_one_thread_and_shares_are_ordered_and_complete() {
-        let bytes: Vec<Vec<u8>> = (0..60).map(|i| identity(&format!("did:plc:{}", i % 7))).collect();
-        let frames: Vec<CorpusFrame<'_>> =
-            bytes.iter().enumerate().map(|(index, b)| CorpusFrame { index, offset: 0, bytes: b }).collect();
+        let bytes: Vec<Vec<u8>> = (0..60)
+            .map(|i| identity(&format!("did:plc:{}", i % 7)))
+            .collect();
+        let frames: Vec<CorpusFrame<'_>> = bytes
+            .iter()
+            .enumerate()
+            .map(|(index, b)| CorpusFrame {
+                index,
+                offset: 0,
+                bytes: b,
+            })
+            .collect();
         let mut router = Router::new(3);
         let mut owner: HashMap<String, usize> = HashMap::new();
         for batch in frames.chunks(25) {
@@ -285,13 +338,25 @@ mod tests {
                     assert_eq!(*owner.entry(did).or_insert(t), t);
                 }
             }
-            assert!(shares.iter().all(|s| !s.is_empty()), "7 DIDs spread over 3 threads");
+            assert!(
+                shares.iter().all(|s| !s.is_empty()),
+                "7 DIDs spread over 3 threads"
+            );
         }
     }
 
     #[test]
     fn json_line_fields() {
-        let r = Report { kind: "commit", seq: Some(5), did: Some("did:plc:x"), verdict: riptide_firehose::verify::Verdict::Ok, failure: None };
-        assert_eq!(json_line(3, &r), r#"{"index":3,"seq":5,"did":"did:plc:x","kind":"commit","verdict":"ok","reason":null}"#);
+        let r = Report {
+            kind: "commit",
+            seq: Some(5),
+            did: Some("did:plc:x"),
+            verdict: riptide_firehose::verify::Verdict::Ok,
+            failure: None,
+        };
+        assert_eq!(
+            json_line(3, &r),
+            r#"{"index":3,"seq":5,"did":"did:plc:x","kind":"commit","verdict":"ok","reason":null}"#
+        );
     }
 }
