@@ -1,5 +1,6 @@
 //! `riptide serve` killed with SIGKILL mid-ingest, then restarted: seqs continue, nothing durable
 //! is lost, nothing is duplicated, and ingest resumes from the stored upstream cursor.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

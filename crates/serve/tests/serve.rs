@@ -1,5 +1,6 @@
 //! `/subscribe` end to end on loopback: the real capture ingested (verified), served by the
 //! in-process server on an ephemeral port, read by a tokio-tungstenite client.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
 use std::path::Path;
