@@ -49,6 +49,11 @@ enum Command {
     VerifyHandle(cmd::verify_handle::Args),
     /// Serve a generated network (PLC directory, PDS, handles) on loopback, with faults.
     Sim(cmd::sim::Args),
+    /// Serve the verified stream as a Jetstream-compatible /subscribe endpoint.
+    Serve(cmd::serve::Args),
+    /// zstd dictionaries for compressed subscriptions.
+    #[command(subcommand)]
+    Dict(cmd::dict::Dict),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +70,8 @@ fn main() -> ExitCode {
         Command::Gen(a) => cmd::gen::run(a),
         Command::VerifyHandle(a) => cmd::verify_handle::run(a),
         Command::Sim(a) => cmd::sim::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Dict(d) => cmd::dict::run(d),
     };
     match result {
         Ok(code) => code,

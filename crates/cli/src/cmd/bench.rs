@@ -45,6 +45,9 @@ pub enum Bench {
     Sigs(SigsArgs),
     /// Verify a repository export repeatedly: per-phase times (car, signature, walk, rebuild).
     Repo(RepoArgs),
+    /// `riptide serve`: verified ingest events/s, replay to one consumer events/s, and resident
+    /// memory with many live subscribers.
+    Serve(super::bench_serve::ServeArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -76,6 +79,7 @@ pub fn run(b: Bench) -> anyhow::Result<ExitCode> {
         Bench::Decode(a) => decode(a),
         Bench::Sigs(a) => sigs(a),
         Bench::Repo(a) => repo(a),
+        Bench::Serve(a) => super::bench_serve::run(a),
     }
 }
 

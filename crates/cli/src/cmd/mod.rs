@@ -1,14 +1,17 @@
 //! Subcommands, one module each.
 
 pub mod bench;
+pub mod bench_serve;
 pub mod corpus;
 pub mod decode;
 pub mod gen;
+pub mod dict;
 pub mod jetstream;
 pub mod relay;
 pub mod repo;
 pub mod tail;
 pub mod sim;
+pub mod serve;
 pub mod verify;
 pub mod verify_handle;
 

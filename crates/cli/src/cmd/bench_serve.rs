@@ -1,0 +1,258 @@
+//! `riptide bench serve`: the three figures of issue 6, each a median of passes with min and max.
+//!
+//! 1. **Verified ingest** (in process): the capture repeated `--repeat` times (upstream seqs are
+//!    positions, so every frame is new) through the full pipeline — verify on 2 workers, project,
+//!    render, zstd with the dictionary, durable fjall batches — into a fresh store. Events/s.
+//! 2. **Replay to one consumer** (in process, loopback): a tokio-tungstenite client with
+//!    `?cursor=0` reads every stored event; events/s from connect to last event. The stored JSON
+//!    goes to the socket as is (no re-encoding).
+//! 3. **Live subscribers** (a child `riptide serve` process, so its memory is measured alone):
+//!    `--subscribers` live clients while the server ingests at `--rate` frames/s; VmRSS of the
+//!    server before and with the clients, per-subscriber memory, and events each client got.
+
+use std::path::PathBuf;
+use std::process::{ExitCode, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use riptide_firehose::corpus::split_frames;
+use riptide_serve::{
+    ingest, router, App, Dictionary, IngestConfig, Keys, Log, Metrics, ServerConfig, Store,
+    TailLimits,
+};
+
+use super::bench::Stats;
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Corpus file (the real capture).
+    file: PathBuf,
+    /// DID documents for verification.
+    #[arg(long)]
+    did_docs: PathBuf,
+    /// zstd dictionary (the legacy Jetstream one).
+    #[arg(long)]
+    zstd_dictionary: PathBuf,
+    /// Times the corpus is repeated for ingest and replay.
+    #[arg(long, default_value_t = 400)]
+    repeat: u64,
+    /// Measured passes of ingest and of replay.
+    #[arg(long, default_value_t = 3)]
+    passes: usize,
+    /// Live subscribers for the memory run (0 skips it).
+    #[arg(long, default_value_t = 1000)]
+    subscribers: usize,
+    /// Ingest rate (frames/s) during the memory run.
+    #[arg(long, default_value_t = 5000.0)]
+    rate: f64,
+    /// Seconds of the memory run with subscribers connected.
+    #[arg(long, default_value_t = 20)]
+    seconds: u64,
+    /// Verification off (`--no-verify`) for the ingest figure.
+    #[arg(long)]
+    no_verify: bool,
+}
+
+pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(bench(a))
+}
+
+async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
+    let file = Bytes::from(super::read_file(&a.file)?);
+    let frames: Vec<Bytes> = split_frames(&file)?
+        .iter()
+        .map(|f| file.slice(f.offset..f.offset + f.bytes.len()))
+        .collect();
+    let keys = Keys::from_docs(super::load_did_docs(&a.did_docs)?);
+    let dict = Dictionary::load(&a.zstd_dictionary)?;
+    let mut ingest_rates = Vec::new();
+    let mut replay_rates = Vec::new();
+    for pass in 0..a.passes {
+        let dir = tempfile::tempdir()?;
+        let (store, resume) = Store::open(dir.path(), dict.id())?;
+        let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+        let metrics = Arc::new(Metrics::default());
+        let mut cfg = if a.no_verify {
+            IngestConfig::trusting()
+        } else {
+            IngestConfig::verifying(keys.clone())
+        };
+        cfg.dictionary = Some(dict.clone());
+        let (tx, rx) = tokio::sync::mpsc::channel(4096);
+        let t0 = Instant::now();
+        let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx)?;
+        let n = frames.len() as u64;
+        for pos in 1..=n * a.repeat {
+            tx.send((pos, frames[((pos - 1) % n) as usize].clone()))
+                .await?;
+        }
+        drop(tx);
+        let s = tokio::task::spawn_blocking(move || h.join()).await??;
+        let secs = t0.elapsed().as_secs_f64();
+        ingest_rates.push(s.events as f64 / secs);
+        eprintln!(
+            "pass {pass}: ingest {} frames, {} events in {secs:.2}s: {:.0} events/s",
+            s.frames,
+            s.events,
+            s.events as f64 / secs
+        );
+
+        // Replay to one consumer from the store just written (tail ≈ the last 64k events).
+        let app = App::new(
+            log.clone(),
+            metrics.clone(),
+            ServerConfig {
+                compression: true,
+                ..ServerConfig::default()
+            },
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let server = tokio::spawn(async move { axum::serve(listener, router(app)).await });
+        let t0 = Instant::now();
+        let (mut ws, _) =
+            tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=0")).await?;
+        let mut got = 0u64;
+        while got < s.events {
+            match ws.next().await {
+                Some(Ok(m)) if m.is_text() => got += 1,
+                Some(Ok(_)) => {}
+                _ => anyhow::bail!("replay stream ended after {got} events"),
+            }
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        replay_rates.push(got as f64 / secs);
+        eprintln!(
+            "pass {pass}: replay {got} events in {secs:.2}s: {:.0} events/s ({} store reads)",
+            got as f64 / secs,
+            metrics.replay_reads.load(Relaxed)
+        );
+        server.abort();
+    }
+    let ingest = Stats::of(ingest_rates);
+    let replay = Stats::of(replay_rates);
+    let mut out = serde_json::json!({
+        "events_per_pass": 152 * a.repeat,
+        "verify": !a.no_verify,
+        "ingest_events_per_s": ingest.json(),
+        "replay_events_per_s": replay.json(),
+    });
+    if a.subscribers > 0 {
+        out["live"] = live(&a).await?;
+    }
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+async fn live(a: &ServeArgs) -> anyhow::Result<serde_json::Value> {
+    let dir = tempfile::tempdir()?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    // Enough frames for the whole run at the given rate.
+    let repeat = ((a.rate * (a.seconds as f64 + 30.0)) / 150.0).ceil() as u64 + 1;
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .args([
+            "serve",
+            "--listen",
+            &addr,
+            "--ingest-repeat",
+            &repeat.to_string(),
+            "--ingest-rate",
+            &a.rate.to_string(),
+        ])
+        .arg("--data")
+        .arg(dir.path())
+        .arg("--did-docs")
+        .arg(&a.did_docs)
+        .arg("--zstd-dictionary")
+        .arg(&a.zstd_dictionary)
+        .arg("--ingest-file")
+        .arg(&a.file)
+        .env("RUST_LOG", "warn")
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().unwrap_or(0);
+    let t0 = Instant::now();
+    while tokio::net::TcpStream::connect(&addr).await.is_err() {
+        anyhow::ensure!(
+            t0.elapsed() < Duration::from_secs(20),
+            "server did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rss_before = rss_kib(pid);
+    let counts: Vec<Arc<AtomicU64>> = (0..a.subscribers)
+        .map(|_| Arc::new(AtomicU64::new(0)))
+        .collect();
+    let mut tasks = Vec::new();
+    for c in &counts {
+        let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe")).await?;
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut ws = ws;
+            while let Some(Ok(m)) = ws.next().await {
+                if m.is_text() {
+                    c.fetch_add(1, Relaxed);
+                }
+            }
+        }));
+    }
+    let connected = Instant::now();
+    let mut rss_max = 0;
+    let start_counts: Vec<u64> = counts.iter().map(|c| c.load(Relaxed)).collect();
+    while connected.elapsed() < Duration::from_secs(a.seconds) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        rss_max = rss_max.max(rss_kib(pid));
+    }
+    let secs = connected.elapsed().as_secs_f64();
+    let got: Vec<u64> = counts
+        .iter()
+        .zip(&start_counts)
+        .map(|(c, s)| c.load(Relaxed) - s)
+        .collect();
+    let (min, max) = (
+        got.iter().min().copied().unwrap_or(0),
+        got.iter().max().copied().unwrap_or(0),
+    );
+    let _ = child.kill().await;
+    for t in tasks {
+        t.abort();
+    }
+    let per_sub = (rss_max.saturating_sub(rss_before)) as f64 / a.subscribers as f64;
+    eprintln!(
+        "live: {} subscribers, {secs:.1}s at {} frames/s: server RSS {} KiB before, {} KiB max with subscribers ({per_sub:.1} KiB each); events per subscriber {min}..{max} ({:.0}/s each)",
+        a.subscribers, a.rate, rss_before, rss_max, min as f64 / secs
+    );
+    Ok(serde_json::json!({
+        "subscribers": a.subscribers,
+        "rate_frames_per_s": a.rate,
+        "seconds": secs,
+        "rss_kib_before": rss_before,
+        "rss_kib_max": rss_max,
+        "per_subscriber_kib": per_sub,
+        "events_per_subscriber_min": min,
+        "events_per_subscriber_max": max,
+    }))
+}

@@ -1,0 +1,195 @@
+//! One stored v1 event: its JSON and zstd forms, produced once at ingest, in one buffer.
+//!
+//! Why one buffer: the same bytes are the store's value, the in-memory tail's entry and, sliced,
+//! the WebSocket message. Nothing is re-encoded between ingest and the socket; a clone is a
+//! reference count.
+//!
+//! Layout (the store's value format, version 1):
+//! `[u8 version=1][u8 kind][i64 time_us][u16 did len][did][u16 collection len][collection]`
+//! `[u32 json len][json][zstd frame (may be empty: no dictionary)]`, integers big-endian.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+use riptide_jetstream::EventKind;
+
+/// A stored value that does not follow the layout: the store is corrupt (ours, not upstream's).
+#[derive(Debug, thiserror::Error)]
+#[error("stored event {seq}: corrupt value ({what})")]
+pub struct CorruptEvent {
+    /// The event's seq.
+    pub seq: u64,
+    /// What is wrong.
+    pub what: &'static str,
+}
+
+/// One v1 event as served. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Event {
+    seq: u64,
+    time_us: i64,
+    kind: EventKind,
+    raw: Bytes,
+    did: Range<usize>,
+    collection: Range<usize>,
+    json: Range<usize>,
+}
+
+const VERSION: u8 = 1;
+
+fn kind_byte(k: EventKind) -> u8 {
+    match k {
+        EventKind::Commit => 0,
+        EventKind::Identity => 1,
+        EventKind::Account => 2,
+    }
+}
+
+impl Event {
+    /// Builds the stored form. `did` and `collection` longer than 65,535 bytes are cut (they are
+    /// only filter keys; the JSON keeps them whole) — neither can be that long once validated.
+    pub fn encode(
+        seq: u64,
+        time_us: i64,
+        kind: EventKind,
+        did: &str,
+        collection: &str,
+        json: &[u8],
+        zstd: &[u8],
+    ) -> Event {
+        let did = &did.as_bytes()[..did.len().min(u16::MAX as usize)];
+        let collection = &collection.as_bytes()[..collection.len().min(u16::MAX as usize)];
+        let mut v = Vec::with_capacity(16 + did.len() + collection.len() + json.len() + zstd.len());
+        v.push(VERSION);
+        v.push(kind_byte(kind));
+        v.extend_from_slice(&time_us.to_be_bytes());
+        v.extend_from_slice(&(did.len() as u16).to_be_bytes());
+        v.extend_from_slice(did);
+        v.extend_from_slice(&(collection.len() as u16).to_be_bytes());
+        v.extend_from_slice(collection);
+        v.extend_from_slice(&(json.len() as u32).to_be_bytes());
+        v.extend_from_slice(json);
+        v.extend_from_slice(zstd);
+        // Our own bytes: cannot fail.
+        Event::decode(seq, Bytes::from(v)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Parses a stored value.
+    pub fn decode(seq: u64, raw: Bytes) -> Result<Event, CorruptEvent> {
+        let bad = |what| CorruptEvent { seq, what };
+        let b = &raw[..];
+        if b.len() < 12 || b[0] != VERSION {
+            return Err(bad("header"));
+        }
+        let kind = match b[1] {
+            0 => EventKind::Commit,
+            1 => EventKind::Identity,
+            2 => EventKind::Account,
+            _ => return Err(bad("kind")),
+        };
+        let time_us = i64::from_be_bytes(b[2..10].try_into().map_err(|_| bad("time"))?);
+        let mut pos = 10;
+        let mut take = |width: usize| -> Result<Range<usize>, CorruptEvent> {
+            let lb = b.get(pos..pos + width).ok_or(bad("length"))?;
+            let len = lb.iter().fold(0usize, |a, &x| (a << 8) | x as usize);
+            let start = pos + width;
+            if start + len > b.len() {
+                return Err(bad("truncated"));
+            }
+            pos = start + len;
+            Ok(start..pos)
+        };
+        let did = take(2)?;
+        let collection = take(2)?;
+        let json = take(4)?;
+        if std::str::from_utf8(&b[did.clone()]).is_err()
+            || std::str::from_utf8(&b[collection.clone()]).is_err()
+        {
+            return Err(bad("utf-8"));
+        }
+        Ok(Event {
+            seq,
+            time_us,
+            kind,
+            raw,
+            did,
+            collection,
+            json,
+        })
+    }
+
+    /// Server seq (the `cursor` field).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// `time_us`.
+    pub fn time_us(&self) -> i64 {
+        self.time_us
+    }
+
+    /// The event kind.
+    pub fn kind(&self) -> EventKind {
+        self.kind
+    }
+
+    /// The account DID.
+    pub fn did(&self) -> &[u8] {
+        &self.raw[self.did.clone()]
+    }
+
+    /// The commit's collection (empty for identity and account).
+    pub fn collection(&self) -> &[u8] {
+        &self.raw[self.collection.clone()]
+    }
+
+    /// The v1 JSON text.
+    pub fn json(&self) -> Bytes {
+        self.raw.slice(self.json.clone())
+    }
+
+    /// Length of the JSON (what `maxMessageSizeBytes` compares against).
+    pub fn json_len(&self) -> usize {
+        self.json.len()
+    }
+
+    /// The zstd frame of the JSON (empty when the server has no dictionary).
+    pub fn zstd(&self) -> Bytes {
+        self.raw.slice(self.json.end..)
+    }
+
+    /// The stored value.
+    pub fn raw(&self) -> &Bytes {
+        &self.raw
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let e = Event::encode(
+            7,
+            99,
+            EventKind::Account,
+            "did:plc:x",
+            "",
+            b"{\"a\":1}",
+            b"zz",
+        );
+        let d = Event::decode(7, e.raw().clone()).unwrap();
+        assert_eq!(d.did(), b"did:plc:x");
+        assert_eq!(d.collection(), b"");
+        assert_eq!(&d.json()[..], b"{\"a\":1}");
+        assert_eq!(&d.zstd()[..], b"zz");
+        assert_eq!((d.time_us(), d.kind()), (99, EventKind::Account));
+        let raw = e.raw().clone();
+        for cut in 0..raw.len() - 2 {
+            // Truncations inside the fixed fields or the JSON are caught.
+            let _ = Event::decode(1, raw.slice(..cut));
+        }
+        assert!(Event::decode(1, raw.slice(..12)).is_err());
+    }
+}

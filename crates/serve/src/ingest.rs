@@ -1,0 +1,414 @@
+//! Ingest: upstream frames in, durable v1 events out.
+//!
+//! Source-agnostic: anything that can send `(upstream seq, frame bytes)` in order on a tokio
+//! channel feeds it (the firehose client, a corpus file, a benchmark). Pipeline, on OS threads:
+//!
+//! ```text
+//!  channel ─► dispatcher ──(hash of DID)──► worker 0..W: verify, decode, project ──► writer
+//!                 └───────── order of workers (which worker has frame i) ─────────────┘
+//! ```
+//!
+//! The dispatcher skips frames at or below the stored upstream cursor (counted as duplicates),
+//! then routes each frame to a worker by its DID, so every DID stays on one verifier (the
+//! verifier's key cache is per DID and `#identity` invalidates it in order). Workers verify
+//! (`--no-verify`: decode only, block CIDs still checked) and project; a frame that fails is
+//! counted by verdict and logged with did/seq/rev, and produces nothing. The writer takes results
+//! back in upstream order (it reads the worker ids in dispatch order, and each worker answers
+//! in order), assigns seq and `time_us = max(now, prev + 1)`, renders the final JSON and its zstd
+//! frame once, and appends a batch — events plus the upstream cursor — to the store in one
+//! durable write before publishing it to subscribers. So global order is upstream order, and
+//! per-DID order holds a fortiori.
+
+use std::hash::{Hash, Hasher};
+use std::ops::Range;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use bytes::Bytes;
+use riptide_cbor::{write_json_int, Arena};
+use riptide_firehose::verify::{peek, Verdict, Verifier};
+use riptide_firehose::{DecodeOptions, FrameDecoder};
+use riptide_jetstream::{EventKind, Projector};
+use tokio::sync::mpsc;
+
+use crate::compress::{DictError, Dictionary};
+use crate::event::Event;
+use crate::keys::Keys;
+use crate::log::Log;
+use crate::metrics::Metrics;
+use crate::store::{Resume, StoreError};
+
+/// One upstream frame: the relay's seq (the cursor to resume from) and the message bytes.
+pub type UpstreamFrame = (u64, Bytes);
+
+/// How ingest runs.
+#[derive(Clone, Debug)]
+pub struct IngestConfig {
+    /// Keys to verify with; `None` = `--no-verify` (trust the relay, as Jetstream does).
+    pub keys: Option<Keys>,
+    /// Verification threads (default 2: the machine's cores).
+    pub workers: usize,
+    /// Most frames per durable store batch.
+    pub max_batch: usize,
+    /// Dictionary for the zstd form of every event (`None`: JSON only).
+    pub dictionary: Option<Dictionary>,
+}
+
+impl IngestConfig {
+    /// Verifying with `keys`, 2 workers, batches of up to 4,096 frames, no dictionary.
+    pub fn verifying(keys: Keys) -> IngestConfig {
+        IngestConfig {
+            keys: Some(keys),
+            workers: 2,
+            max_batch: 4096,
+            dictionary: None,
+        }
+    }
+
+    /// Trusting the relay (`--no-verify`).
+    pub fn trusting() -> IngestConfig {
+        IngestConfig {
+            keys: None,
+            workers: 2,
+            max_batch: 4096,
+            dictionary: None,
+        }
+    }
+}
+
+/// Ingest stopped on a local failure (never on bad upstream data).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IngestError {
+    /// The store failed: events after the last durable batch were not stored.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The dictionary could not be loaded into zstd.
+    #[error(transparent)]
+    Dictionary(#[from] DictError),
+    /// A pipeline thread panicked.
+    #[error("ingest thread panicked")]
+    Panicked,
+}
+
+/// What an ingest run did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IngestSummary {
+    /// Frames handed to workers (duplicates excluded).
+    pub frames: u64,
+    /// Events stored.
+    pub events: u64,
+    /// Where the store stands now.
+    pub resume: Resume,
+}
+
+/// A running ingest pipeline. Drop every sender of its channel to stop it, then [`join`].
+///
+/// [`join`]: IngestHandle::join
+#[derive(Debug)]
+pub struct IngestHandle {
+    writer: JoinHandle<Result<IngestSummary, IngestError>>,
+    others: Vec<JoinHandle<()>>,
+}
+
+impl IngestHandle {
+    /// Waits for the pipeline to drain and stop.
+    pub fn join(self) -> Result<IngestSummary, IngestError> {
+        let mut panicked = false;
+        for h in self.others {
+            panicked |= h.join().is_err();
+        }
+        let r = self.writer.join().map_err(|_| IngestError::Panicked)?;
+        if panicked {
+            return Err(IngestError::Panicked);
+        }
+        r
+    }
+}
+
+struct Job {
+    seq: u64,
+    bytes: Bytes,
+    received_us: i64,
+}
+
+struct Part {
+    kind: EventKind,
+    did: Range<usize>,
+    collection: Range<usize>,
+    head: Range<usize>,
+    tail: Range<usize>,
+}
+
+struct Done {
+    seq: u64,
+    received_us: i64,
+    buf: Vec<u8>,
+    parts: Vec<Part>,
+}
+
+/// Starts the pipeline on `rx`, continuing from `resume` (what [`crate::Store::open`] returned).
+pub fn spawn(
+    cfg: IngestConfig,
+    log: Arc<Log>,
+    metrics: Arc<Metrics>,
+    resume: Resume,
+    mut rx: mpsc::Receiver<UpstreamFrame>,
+) -> Result<IngestHandle, IngestError> {
+    let workers = cfg.workers.max(1);
+    let (order_tx, order_rx) = sync_channel::<usize>(workers * 1024);
+    let mut job_txs = Vec::new();
+    let mut done_rxs = Vec::new();
+    let mut others = Vec::new();
+    for w in 0..workers {
+        let (job_tx, job_rx) = sync_channel::<Job>(1024);
+        let (done_tx, done_rx) = sync_channel::<Done>(1024);
+        job_txs.push(job_tx);
+        done_rxs.push(done_rx);
+        let keys = cfg.keys.clone();
+        let m = metrics.clone();
+        others.push(
+            std::thread::Builder::new()
+                .name(format!("ingest-verify-{w}"))
+                .spawn(move || work(keys, m, job_rx, done_tx))
+                .map_err(|_| IngestError::Panicked)?,
+        );
+    }
+    let m = metrics.clone();
+    let start_cursor = resume.upstream_cursor;
+    others.push(
+        std::thread::Builder::new()
+            .name("ingest-dispatch".into())
+            .spawn(move || dispatch(&mut rx, start_cursor, &m, &job_txs, &order_tx))
+            .map_err(|_| IngestError::Panicked)?,
+    );
+    let compressor = match &cfg.dictionary {
+        Some(d) => Some(d.compressor()?),
+        None => None,
+    };
+    let max_batch = cfg.max_batch.max(1);
+    let writer = std::thread::Builder::new()
+        .name("ingest-write".into())
+        .spawn(move || {
+            write(
+                log, metrics, resume, compressor, max_batch, order_rx, done_rxs,
+            )
+        })
+        .map_err(|_| IngestError::Panicked)?;
+    Ok(IngestHandle { writer, others })
+}
+
+fn dispatch(
+    rx: &mut mpsc::Receiver<UpstreamFrame>,
+    mut cursor: Option<u64>,
+    metrics: &Metrics,
+    jobs: &[SyncSender<Job>],
+    order: &SyncSender<usize>,
+) {
+    let mut arena = Arena::new();
+    while let Some((seq, bytes)) = rx.blocking_recv() {
+        let received_us = crate::now_us();
+        metrics.frames_in.fetch_add(1, Relaxed);
+        metrics.upstream_last_us.store(received_us, Relaxed);
+        if cursor.is_some_and(|c| seq <= c) {
+            metrics.frames_duplicate.fetch_add(1, Relaxed);
+            continue;
+        }
+        cursor = Some(seq);
+        let w = match peek(&mut arena, &bytes).did {
+            Some(did) if jobs.len() > 1 => {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                did.hash(&mut h);
+                (h.finish() % jobs.len() as u64) as usize
+            }
+            _ => 0,
+        };
+        if jobs[w]
+            .send(Job {
+                seq,
+                bytes,
+                received_us,
+            })
+            .is_err()
+            || order.send(w).is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// `,"time_us":0` as rendered with a zero timestamp and no cursor; the writer splices the real
+/// values in. The first match is the envelope's: inside the (escaped) DID string every `"` is
+/// preceded by a backslash.
+const TIME_MARK: &[u8] = b",\"time_us\":0,\"kind\":";
+
+fn work(keys: Option<Keys>, metrics: Arc<Metrics>, jobs: Receiver<Job>, done: SyncSender<Done>) {
+    let mut verifier = keys.map(Verifier::new);
+    // Blocks were hash-checked by the verifier; without one (`--no-verify`) the decoder checks
+    // them. Records are decoded one by one by the projector (one bad record drops one op).
+    let mut opts = DecodeOptions {
+        decode_blocks: false,
+        ..DecodeOptions::default()
+    };
+    opts.car.verify = verifier.is_none();
+    let mut decoder = FrameDecoder::with_options(opts);
+    let mut projector = Projector::new();
+    for job in jobs {
+        let mut out = Done {
+            seq: job.seq,
+            received_us: job.received_us,
+            buf: Vec::new(),
+            parts: Vec::new(),
+        };
+        if let Some(v) = verifier.as_mut() {
+            let report = v.check(&job.bytes);
+            metrics.verdict(report.verdict);
+            if report.verdict != Verdict::Ok {
+                let rev = decoder
+                    .decode(&job.bytes)
+                    .ok()
+                    .and_then(|f| match f.body() {
+                        riptide_firehose::Body::Commit(c) => Some(c.rev.to_string()),
+                        _ => None,
+                    });
+                tracing::warn!(
+                    did = report.did.unwrap_or("?"),
+                    seq = report.seq.unwrap_or(-1),
+                    rev = rev.as_deref().unwrap_or("?"),
+                    kind = report.kind,
+                    verdict = %report.verdict,
+                    reason = %report.failure.as_ref().map(ToString::to_string).unwrap_or_default(),
+                    "frame failed verification: not served"
+                );
+                if done.send(out).is_err() {
+                    return;
+                }
+                continue;
+            }
+        }
+        match decoder.decode(&job.bytes) {
+            Err(e) => {
+                let v = Verdict::of_frame_error(&e);
+                if verifier.is_none() {
+                    metrics.verdict(v);
+                }
+                tracing::warn!(seq = job.seq, verdict = %v, error = %e, "frame does not decode: not served");
+            }
+            Ok(frame) => {
+                let p = projector.project(&frame);
+                for &(op, why) in p.drops() {
+                    metrics.drop_op(why);
+                    tracing::debug!(seq = job.seq, op, reason = why.as_str(), "op dropped");
+                }
+                for i in 0..p.len() {
+                    let start = out.buf.len();
+                    let did = push(&mut out.buf, p.did(i).as_bytes());
+                    let collection = push(&mut out.buf, p.collection(i).as_bytes());
+                    let json_start = out.buf.len();
+                    p.render(i, 0, None, &mut out.buf);
+                    let Some(at) = out.buf[json_start..]
+                        .windows(TIME_MARK.len())
+                        .position(|w| w == TIME_MARK)
+                    else {
+                        // Our own projection's shape changed: crash loud rather than serve garbage.
+                        out.buf.truncate(start);
+                        panic!("projected event lacks the time_us marker");
+                    };
+                    let head = json_start..json_start + at + TIME_MARK.len() - b"0,\"kind\":".len();
+                    let tail = head.end + 1..out.buf.len();
+                    out.parts.push(Part {
+                        kind: p.kind(i),
+                        did,
+                        collection,
+                        head,
+                        tail,
+                    });
+                }
+            }
+        }
+        if done.send(out).is_err() {
+            return;
+        }
+    }
+}
+
+fn push(buf: &mut Vec<u8>, s: &[u8]) -> Range<usize> {
+    let start = buf.len();
+    buf.extend_from_slice(s);
+    start..buf.len()
+}
+
+fn write(
+    log: Arc<Log>,
+    metrics: Arc<Metrics>,
+    mut resume: Resume,
+    mut compressor: Option<zstd::bulk::Compressor<'static>>,
+    max_batch: usize,
+    order: Receiver<usize>,
+    done: Vec<Receiver<Done>>,
+) -> Result<IngestSummary, IngestError> {
+    let mut summary = IngestSummary {
+        resume,
+        ..IngestSummary::default()
+    };
+    let mut results: Vec<Done> = Vec::with_capacity(max_batch);
+    let mut events: Vec<Event> = Vec::new();
+    let mut json = Vec::with_capacity(1 << 14);
+    let next = |w: usize| done[w].recv().ok();
+    while let Ok(w) = order.recv() {
+        results.clear();
+        let Some(d) = next(w) else { break };
+        results.push(d);
+        while results.len() < max_batch {
+            match order.try_recv() {
+                Ok(w) => match next(w) {
+                    Some(d) => results.push(d),
+                    None => break,
+                },
+                Err(_) => break,
+            }
+        }
+        events.clear();
+        let mut oldest_us = i64::MAX;
+        for d in &results {
+            oldest_us = oldest_us.min(d.received_us);
+            for p in &d.parts {
+                let seq = resume.next_seq;
+                let time_us = crate::now_us().max(resume.last_time_us + 1);
+                json.clear();
+                json.extend_from_slice(&d.buf[p.head.clone()]);
+                write_json_int(&mut json, time_us);
+                json.extend_from_slice(b",\"cursor\":");
+                write_json_int(&mut json, seq as i64);
+                json.extend_from_slice(&d.buf[p.tail.clone()]);
+                let z = match compressor.as_mut() {
+                    Some(c) => c.compress(&json).map_err(DictError::Zstd)?,
+                    None => Vec::new(),
+                };
+                let did = std::str::from_utf8(&d.buf[p.did.clone()]).unwrap_or_default();
+                let coll = std::str::from_utf8(&d.buf[p.collection.clone()]).unwrap_or_default();
+                events.push(Event::encode(seq, time_us, p.kind, did, coll, &json, &z));
+                resume.next_seq += 1;
+                resume.last_time_us = time_us;
+            }
+            resume.upstream_cursor = Some(d.seq);
+        }
+        log.store().append(&events, &resume)?;
+        log.publish(&events);
+        summary.frames += results.len() as u64;
+        summary.events += events.len() as u64;
+        metrics
+            .events_stored
+            .fetch_add(events.len() as u64, Relaxed);
+        metrics
+            .upstream_seq
+            .store(resume.upstream_cursor.unwrap_or(0), Relaxed);
+        metrics
+            .ingest_lag_us
+            .store(crate::now_us() - oldest_us, Relaxed);
+    }
+    summary.resume = resume;
+    Ok(summary)
+}

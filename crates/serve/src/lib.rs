@@ -1,0 +1,62 @@
+//! `riptide serve`: a verifying, Jetstream-compatible stream server with disk-backed replay.
+//!
+//! Why a crate: the server is the one place where the decode/verify core meets tokio, fjall and
+//! HTTP; keeping it apart keeps the core free of I/O. Pieces, in data order:
+//!
+//! - [`ingest`]: `(upstream seq, frame bytes)` in, verified and projected v1 events out, each
+//!   rendered (JSON and zstd) once;
+//! - [`store`]: the fjall event store, with the upstream cursor committed atomically with the
+//!   events it covers (the durability point is documented there);
+//! - [`log`]: the shared log subscribers pull from at their own cursor (memory tail + store);
+//! - [`server`]: `/subscribe`, `/metrics`, `/healthz`, `/readyz`;
+//! - [`options`]: subscriber options and client messages, validated as Jetstream does.
+
+pub mod compress;
+pub mod event;
+pub mod ingest;
+pub mod keys;
+pub mod log;
+pub mod metrics;
+pub mod options;
+pub mod server;
+pub mod store;
+
+pub use compress::Dictionary;
+pub use event::Event;
+pub use ingest::{IngestConfig, IngestHandle, IngestSummary, UpstreamFrame};
+pub use keys::{DocKeys, Keys};
+pub use log::{Log, TailLimits};
+pub use metrics::Metrics;
+pub use server::{router, App, ServerConfig};
+pub use store::{Resume, Store, StoreError};
+
+/// Wall-clock unix microseconds.
+pub fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Deletes events older than `retention` every `every`, forever (spawn it).
+pub async fn retention_loop(
+    log: std::sync::Arc<Log>,
+    metrics: std::sync::Arc<Metrics>,
+    retention: std::time::Duration,
+    every: std::time::Duration,
+) {
+    loop {
+        let cutoff = now_us() - retention.as_micros() as i64;
+        let l = log.clone();
+        match tokio::task::spawn_blocking(move || l.store().prune(cutoff)).await {
+            Ok(Ok(n)) if n > 0 => {
+                metrics
+                    .retention_deleted
+                    .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!(deleted = n, "retention: old events deleted");
+            }
+            Ok(Err(e)) => tracing::error!(error = %e, "retention failed"),
+            _ => {}
+        }
+        tokio::time::sleep(every).await;
+    }
+}

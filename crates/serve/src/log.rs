@@ -1,0 +1,211 @@
+//! The shared event log every subscriber reads at its own cursor: the store, fronted by an
+//! in-memory tail of the most recent events.
+//!
+//! Why no per-subscriber queue: a queue per connection must either grow without bound or drop
+//! events when a client is slow. Here a subscriber is only a cursor (`next seq`); it copies
+//! reference-counted [`Event`]s out of the tail, and when it has fallen behind the tail (or is
+//! replaying old history) it reads the same events from the store. Replay and live are one loop,
+//! so nothing is lost or reordered at the seam.
+//!
+//! Only durable events enter the tail ([`Log::publish`] is called after [`Store::append`]
+//! returns), so a subscriber never sees an event a crash could take back.
+
+use std::collections::VecDeque;
+use std::sync::RwLock;
+
+use tokio::sync::watch;
+
+use crate::event::Event;
+use crate::store::{Store, StoreError};
+
+/// The tail's bounds (whichever is reached first evicts the oldest events).
+#[derive(Clone, Copy, Debug)]
+pub struct TailLimits {
+    /// Most events kept in memory.
+    pub max_events: usize,
+    /// Most bytes (stored values) kept in memory.
+    pub max_bytes: usize,
+}
+
+impl Default for TailLimits {
+    fn default() -> Self {
+        TailLimits {
+            max_events: 65_536,
+            max_bytes: 64 << 20,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Tail {
+    events: VecDeque<Event>,
+    bytes: usize,
+}
+
+/// The log. Share it in an `Arc`.
+#[derive(Debug)]
+pub struct Log {
+    store: Store,
+    tail: RwLock<Tail>,
+    limits: TailLimits,
+    /// The next seq to be published (one past the newest event).
+    next: watch::Sender<u64>,
+}
+
+/// Where a read was served from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadFrom {
+    /// The in-memory tail.
+    Tail,
+    /// The store.
+    Store,
+    /// Nothing to read yet: the cursor is at the tip.
+    Tip,
+}
+
+impl Log {
+    /// A log over `store`, whose next seq is `next_seq`.
+    pub fn new(store: Store, next_seq: u64, limits: TailLimits) -> Log {
+        Log {
+            store,
+            tail: RwLock::new(Tail::default()),
+            limits,
+            next: watch::Sender::new(next_seq),
+        }
+    }
+
+    /// The store behind the log.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The next seq to be published: a live subscriber starts here.
+    pub fn next_seq(&self) -> u64 {
+        *self.next.borrow()
+    }
+
+    /// Watches [`Log::next_seq`].
+    pub fn watch(&self) -> watch::Receiver<u64> {
+        self.next.subscribe()
+    }
+
+    /// Appends durable events (consecutive seqs, continuing [`Log::next_seq`]) and wakes readers.
+    pub fn publish(&self, events: &[Event]) {
+        let Some(last) = events.last() else { return };
+        {
+            let mut t = self.tail.write().unwrap_or_else(|p| p.into_inner());
+            for e in events {
+                t.bytes += e.raw().len();
+                t.events.push_back(e.clone());
+            }
+            while t.events.len() > self.limits.max_events || t.bytes > self.limits.max_bytes {
+                match t.events.pop_front() {
+                    Some(e) => t.bytes -= e.raw().len(),
+                    None => break,
+                }
+            }
+        }
+        self.next.send_replace(last.seq() + 1);
+    }
+
+    /// Events in memory and their bytes.
+    pub fn tail_size(&self) -> (usize, usize) {
+        let t = self.tail.read().unwrap_or_else(|p| p.into_inner());
+        (t.events.len(), t.bytes)
+    }
+
+    /// Up to `max` events with seq ≥ `from` into `out`: from the tail when it still holds
+    /// `from`, otherwise from the store (blocking I/O: call from a blocking context, or check
+    /// [`Log::in_tail`] first).
+    pub fn read(
+        &self,
+        from: u64,
+        max: usize,
+        out: &mut Vec<Event>,
+    ) -> Result<ReadFrom, StoreError> {
+        if from >= self.next_seq() {
+            return Ok(ReadFrom::Tip);
+        }
+        if self.read_tail(from, max, out) {
+            return Ok(ReadFrom::Tail);
+        }
+        self.store.read_from(from, max, out)?;
+        Ok(ReadFrom::Store)
+    }
+
+    /// Whether `from` is in the tail (a read will not touch the disk).
+    pub fn in_tail(&self, from: u64) -> bool {
+        let t = self.tail.read().unwrap_or_else(|p| p.into_inner());
+        t.events.front().is_some_and(|e| e.seq() <= from)
+    }
+
+    fn read_tail(&self, from: u64, max: usize, out: &mut Vec<Event>) -> bool {
+        let t = self.tail.read().unwrap_or_else(|p| p.into_inner());
+        let Some(first) = t.events.front().map(Event::seq) else {
+            return false;
+        };
+        if from < first {
+            return false;
+        }
+        let start = (from - first) as usize;
+        out.extend(
+            t.events
+                .range(start.min(t.events.len())..)
+                .take(max)
+                .cloned(),
+        );
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use riptide_jetstream::EventKind;
+
+    #[test]
+    fn tail_then_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, r) = Store::open(dir.path(), 0).unwrap();
+        let log = Log::new(
+            s.clone(),
+            r.next_seq,
+            TailLimits {
+                max_events: 4,
+                max_bytes: 1 << 20,
+            },
+        );
+        let evs: Vec<_> = (1..=10)
+            .map(|i| {
+                Event::encode(
+                    i,
+                    i as i64,
+                    EventKind::Commit,
+                    "did:plc:a",
+                    "a.b.c",
+                    b"{}",
+                    b"",
+                )
+            })
+            .collect();
+        s.append(
+            &evs,
+            &Resume {
+                next_seq: 11,
+                last_time_us: 10,
+                upstream_cursor: None,
+            },
+        )
+        .unwrap();
+        log.publish(&evs);
+        let mut out = Vec::new();
+        assert_eq!(log.read(11, 5, &mut out).unwrap(), ReadFrom::Tip);
+        assert_eq!(log.read(8, 5, &mut out).unwrap(), ReadFrom::Tail);
+        assert_eq!(out.iter().map(Event::seq).collect::<Vec<_>>(), [8, 9, 10]);
+        out.clear();
+        assert_eq!(log.read(2, 3, &mut out).unwrap(), ReadFrom::Store);
+        assert_eq!(out.iter().map(Event::seq).collect::<Vec<_>>(), [2, 3, 4]);
+        assert_eq!(log.tail_size().0, 4);
+    }
+    use crate::store::Resume;
+}

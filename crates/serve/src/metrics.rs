@@ -1,0 +1,208 @@
+//! Counters and gauges, rendered as Prometheus text at `/metrics`.
+//!
+//! Why hand-rolled: a dozen atomics and one text renderer; the names are the contract.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+
+use riptide_firehose::verify::Verdict;
+use riptide_jetstream::DropReason;
+
+const DROPS: [DropReason; 5] = [
+    DropReason::InvalidRev,
+    DropReason::InvalidCollection,
+    DropReason::InvalidRkey,
+    DropReason::MissingRecord,
+    DropReason::BadRecord,
+];
+
+/// Every metric of the server.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Upstream frames received.
+    pub frames_in: AtomicU64,
+    /// Upstream frames skipped because the store already covers their seq.
+    pub frames_duplicate: AtomicU64,
+    verdicts: [AtomicU64; 8],
+    drops: [AtomicU64; 5],
+    /// Events stored (and published).
+    pub events_stored: AtomicU64,
+    /// Events sent to subscribers.
+    pub events_out: AtomicU64,
+    /// Bytes of events sent to subscribers (WebSocket payloads).
+    pub bytes_out: AtomicU64,
+    /// Events not sent because of a subscriber's filter.
+    pub events_filtered: AtomicU64,
+    /// Events not sent because they exceed `maxMessageSizeBytes`.
+    pub events_oversize: AtomicU64,
+    /// Reads a subscriber served from the store (replay or fallen behind the tail).
+    pub replay_reads: AtomicU64,
+    /// Reads served from the in-memory tail.
+    pub tail_reads: AtomicU64,
+    /// Connected subscribers.
+    pub subscribers: AtomicI64,
+    /// Subscribers dropped for being slow (a write blocked too long, or a ping went unanswered).
+    pub slow_drops: AtomicU64,
+    /// Subscriber connections closed by the server for a bad client message.
+    pub client_errors: AtomicU64,
+    /// Last upstream seq stored.
+    pub upstream_seq: AtomicU64,
+    /// Unix microseconds of the last upstream frame received.
+    pub upstream_last_us: AtomicI64,
+    /// Wall-clock microseconds between receiving a frame and storing its events (last batch).
+    pub ingest_lag_us: AtomicI64,
+    /// Stored events deleted by retention.
+    pub retention_deleted: AtomicU64,
+}
+
+impl Metrics {
+    /// Counts one verdict.
+    pub fn verdict(&self, v: Verdict) {
+        let i = Verdict::ALL.iter().position(|&x| x == v).unwrap_or(0);
+        self.verdicts[i].fetch_add(1, Relaxed);
+    }
+
+    /// Frames with verdict `v` so far.
+    pub fn verdict_count(&self, v: Verdict) -> u64 {
+        let i = Verdict::ALL.iter().position(|&x| x == v).unwrap_or(0);
+        self.verdicts[i].load(Relaxed)
+    }
+
+    /// Counts one dropped op.
+    pub fn drop_op(&self, r: DropReason) {
+        let i = DROPS.iter().position(|&x| x == r).unwrap_or(0);
+        self.drops[i].fetch_add(1, Relaxed);
+    }
+
+    /// Prometheus text exposition. `extra` gauges (name, help, value) are appended.
+    pub fn render(&self, extra: &[(&str, &str, f64)]) -> String {
+        let mut s = String::with_capacity(4096);
+        let mut one = |name: &str, kind: &str, help: &str, v: String| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        };
+        let c = |a: &AtomicU64| a.load(Relaxed).to_string();
+        one(
+            "riptide_upstream_frames_total",
+            "counter",
+            "Upstream frames received.",
+            c(&self.frames_in),
+        );
+        one(
+            "riptide_upstream_frames_duplicate_total",
+            "counter",
+            "Upstream frames at or below the stored cursor, skipped.",
+            c(&self.frames_duplicate),
+        );
+        one(
+            "riptide_upstream_seq",
+            "gauge",
+            "Last upstream seq stored.",
+            c(&self.upstream_seq),
+        );
+        let last = self.upstream_last_us.load(Relaxed);
+        let lag = if last > 0 {
+            (crate::now_us() - last) as f64 / 1e6
+        } else {
+            0.0
+        };
+        one(
+            "riptide_upstream_idle_seconds",
+            "gauge",
+            "Seconds since the last upstream frame.",
+            format!("{lag}"),
+        );
+        one(
+            "riptide_ingest_lag_seconds",
+            "gauge",
+            "Receive-to-durable delay of the last ingest batch.",
+            format!("{}", self.ingest_lag_us.load(Relaxed) as f64 / 1e6),
+        );
+        one(
+            "riptide_events_stored_total",
+            "counter",
+            "Events stored and published.",
+            c(&self.events_stored),
+        );
+        one(
+            "riptide_events_out_total",
+            "counter",
+            "Events sent to subscribers.",
+            c(&self.events_out),
+        );
+        one(
+            "riptide_bytes_out_total",
+            "counter",
+            "Event bytes sent to subscribers.",
+            c(&self.bytes_out),
+        );
+        one(
+            "riptide_events_filtered_total",
+            "counter",
+            "Events not sent: filtered out.",
+            c(&self.events_filtered),
+        );
+        one(
+            "riptide_events_oversize_total",
+            "counter",
+            "Events not sent: over maxMessageSizeBytes.",
+            c(&self.events_oversize),
+        );
+        one(
+            "riptide_replay_reads_total",
+            "counter",
+            "Subscriber reads served from the store.",
+            c(&self.replay_reads),
+        );
+        one(
+            "riptide_tail_reads_total",
+            "counter",
+            "Subscriber reads served from memory.",
+            c(&self.tail_reads),
+        );
+        one(
+            "riptide_subscribers",
+            "gauge",
+            "Connected subscribers.",
+            self.subscribers.load(Relaxed).to_string(),
+        );
+        one(
+            "riptide_slow_consumer_drops_total",
+            "counter",
+            "Subscribers dropped as too slow.",
+            c(&self.slow_drops),
+        );
+        one(
+            "riptide_client_errors_total",
+            "counter",
+            "Subscribers closed for a bad message.",
+            c(&self.client_errors),
+        );
+        one(
+            "riptide_retention_deleted_total",
+            "counter",
+            "Events deleted by retention.",
+            c(&self.retention_deleted),
+        );
+        let _ = writeln!(s, "# HELP riptide_verdicts_total Upstream frames by verification verdict.\n# TYPE riptide_verdicts_total counter");
+        for (i, v) in Verdict::ALL.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "riptide_verdicts_total{{verdict=\"{v}\"}} {}",
+                self.verdicts[i].load(Relaxed)
+            );
+        }
+        let _ = writeln!(s, "# HELP riptide_ops_dropped_total Ops that produced no event, by reason.\n# TYPE riptide_ops_dropped_total counter");
+        for (i, r) in DROPS.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "riptide_ops_dropped_total{{reason=\"{}\"}} {}",
+                r.as_str(),
+                self.drops[i].load(Relaxed)
+            );
+        }
+        for (name, help, v) in extra {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        s
+    }
+}

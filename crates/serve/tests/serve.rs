@@ -1,0 +1,643 @@
+//! `/subscribe` end to end on loopback: the real capture ingested (verified), served by the
+//! in-process server on an ephemeral port, read by a tokio-tungstenite client.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use riptide_firehose::corpus::split_frames;
+use riptide_firehose::{DecodeOptions, FrameDecoder};
+use riptide_identity::DidDocs;
+use riptide_jetstream::Projector;
+use riptide_serve::{
+    ingest, router, App, Dictionary, IngestConfig, Keys, Log, Metrics, ServerConfig, Store,
+    TailLimits,
+};
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::Message;
+
+const T: Duration = Duration::from_secs(60);
+
+struct Server {
+    addr: SocketAddr,
+    app: Arc<App>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+fn corpus_frames() -> Option<Vec<Vec<u8>>> {
+    let file = riptide_testdata::read("jetstream-2026-07/firehose-frames.bin")?;
+    Some(
+        split_frames(&file)
+            .unwrap()
+            .iter()
+            .map(|f| f.bytes.to_vec())
+            .collect(),
+    )
+}
+
+fn keys() -> Keys {
+    let dir = riptide_testdata::corpus().unwrap();
+    Keys::from_docs(DidDocs::load(&dir.join("jetstream-2026-07/did_docs.json")).unwrap())
+}
+
+fn dictionary() -> Dictionary {
+    let dir = riptide_testdata::corpus().unwrap();
+    Dictionary::load(&dir.join("jetstream-dictionaries/legacy_subscribe.zdict")).unwrap()
+}
+
+/// Ingests `frames` (upstream seqs 1..) into the store at `dir`, then serves it.
+async fn start(dir: &Path, frames: Vec<Vec<u8>>, tail: TailLimits) -> (SocketAddr, Arc<App>) {
+    start_with(dir, frames, tail, keys()).await
+}
+
+async fn start_with(
+    dir: &Path,
+    frames: Vec<Vec<u8>>,
+    tail: TailLimits,
+    keys: Keys,
+) -> (SocketAddr, Arc<App>) {
+    let dict = dictionary();
+    let (store, resume) = Store::open(dir, dict.id()).unwrap();
+    let log = Arc::new(Log::new(store, resume.next_seq, tail));
+    let metrics = Arc::new(Metrics::default());
+    let mut cfg = IngestConfig::verifying(keys);
+    cfg.dictionary = Some(dict);
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx).unwrap();
+    for (i, f) in frames.into_iter().enumerate() {
+        tx.send((i as u64 + 1, Bytes::from(f))).await.unwrap();
+    }
+    drop(tx);
+    tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap();
+    let app = App::new(
+        log,
+        metrics,
+        ServerConfig {
+            compression: true,
+            ..ServerConfig::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let r = router(app.clone());
+    tokio::spawn(async move { axum::serve(listener, r).await });
+    (addr, app)
+}
+
+async fn capture() -> Option<Server> {
+    let frames = corpus_frames()?;
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, app) = start(dir.path(), frames, TailLimits::default()).await;
+    Some(Server {
+        addr,
+        app,
+        _dir: Some(dir),
+    })
+}
+
+/// What our projection gives for the capture: one JSON value per event, without time_us/cursor.
+fn expected() -> Vec<Value> {
+    let mut dec = FrameDecoder::with_options(DecodeOptions {
+        decode_blocks: false,
+        ..DecodeOptions::default()
+    });
+    let mut proj = Projector::new();
+    let mut out = Vec::new();
+    for f in corpus_frames().unwrap() {
+        let frame = dec.decode(&f).unwrap();
+        let p = proj.project(&frame);
+        for i in 0..p.len() {
+            let mut buf = Vec::new();
+            p.render(i, 0, None, &mut buf);
+            let mut v: Value = serde_json::from_slice(&buf).unwrap();
+            v.as_object_mut().unwrap().remove("time_us");
+            out.push(v);
+        }
+    }
+    out
+}
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn connect(addr: SocketAddr, query: &str) -> Ws {
+    let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?{query}"))
+        .await
+        .unwrap();
+    ws
+}
+
+/// Reads `n` events (decompressing binary frames), stripping time_us and cursor; also returns the
+/// cursors.
+async fn read_n(ws: &mut Ws, n: usize, dict: Option<&[u8]>) -> (Vec<Value>, Vec<u64>) {
+    let mut out = Vec::new();
+    let mut cursors = Vec::new();
+    while out.len() < n {
+        let msg = tokio::time::timeout(T, ws.next())
+            .await
+            .expect("timed out")
+            .unwrap()
+            .unwrap();
+        let text = match msg {
+            Message::Text(t) => t.as_bytes().to_vec(),
+            Message::Binary(b) => {
+                let mut d = zstd::bulk::Decompressor::with_dictionary(
+                    dict.expect("binary without compress"),
+                )
+                .unwrap();
+                d.decompress(&b, 1 << 22).unwrap()
+            }
+            _ => continue,
+        };
+        let mut v: Value = serde_json::from_slice(&text).unwrap();
+        let o = v.as_object_mut().unwrap();
+        assert!(o.remove("time_us").unwrap().as_i64().unwrap() > 1_000_000_000_000_000);
+        cursors.push(o.remove("cursor").unwrap().as_u64().unwrap());
+        out.push(v);
+    }
+    (out, cursors)
+}
+
+/// Asserts nothing more arrives within a short while (after the expected events).
+async fn assert_quiet(ws: &mut Ws) {
+    match tokio::time::timeout(Duration::from_millis(300), ws.next()).await {
+        Err(_) => {}
+        Ok(Some(Ok(Message::Ping(_)))) => {}
+        Ok(other) => panic!("unexpected message: {other:?}"),
+    }
+}
+
+async fn close_code(ws: &mut Ws) -> u16 {
+    loop {
+        match tokio::time::timeout(T, ws.next()).await.expect("timed out") {
+            Some(Ok(Message::Close(Some(f)))) => return f.code.into(),
+            Some(Ok(_)) => continue,
+            other => panic!("no close frame: {other:?}"),
+        }
+    }
+}
+
+async fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let body = http_get(addr, "/metrics").await.1;
+    body.lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|r| r.strip_prefix(' '))
+                .map(|v| v.parse::<f64>().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no metric {name}"))
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let code = text[9..12].parse().unwrap();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
+    (code, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_from_zero_plain_and_compressed() {
+    let Some(s) = capture().await else { return };
+    let want = expected();
+    assert_eq!(want.len(), 152);
+    let mut ws = connect(s.addr, "cursor=0").await;
+    let (got, cursors) = read_n(&mut ws, 152, None).await;
+    assert_eq!(got, want);
+    assert_eq!(cursors, (1..=152).collect::<Vec<u64>>());
+    assert_quiet(&mut ws).await;
+
+    let dict = dictionary();
+    let mut ws = connect(s.addr, "cursor=0&compress=true").await;
+    let (got, _) = read_n(&mut ws, 152, Some(dict.bytes())).await;
+    assert_eq!(got, want);
+
+    // Metrics: every frame verified ok.
+    assert_eq!(
+        metric(s.addr, "riptide_verdicts_total{verdict=\"ok\"}").await,
+        150.0
+    );
+    assert_eq!(metric(s.addr, "riptide_events_stored_total").await, 152.0);
+    assert_eq!(http_get(s.addr, "/healthz").await.0, 200);
+    assert_eq!(http_get(s.addr, "/readyz").await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filters_cursor_and_hello() {
+    let Some(s) = capture().await else { return };
+    let want = expected();
+    let by = |f: &dyn Fn(&Value) -> bool| want.iter().filter(|v| f(v)).cloned().collect::<Vec<_>>();
+    let coll = |v: &Value| v["commit"]["collection"].as_str().map(str::to_string);
+
+    // Exact collection: commits of it, plus identity/account (they ignore wantedCollections).
+    let w = by(&|v| coll(v).is_none_or(|c| c == "app.bsky.feed.like"));
+    assert!(w.len() > 2);
+    let mut ws = connect(s.addr, "cursor=0&wantedCollections=app.bsky.feed.like").await;
+    assert_eq!(read_n(&mut ws, w.len(), None).await.0, w);
+    assert_quiet(&mut ws).await;
+
+    // Prefix.
+    let w = by(&|v| coll(v).is_none_or(|c| c.starts_with("app.bsky.graph.")));
+    let mut ws = connect(s.addr, "cursor=0&wantedCollections=app.bsky.graph.*").await;
+    assert_eq!(read_n(&mut ws, w.len(), None).await.0, w);
+    assert_quiet(&mut ws).await;
+
+    // wantedDids: the DID of the identity event.
+    let did = want.iter().find(|v| v["kind"] == "identity").unwrap()["did"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let w = by(&|v| v["did"] == did.as_str());
+    let mut ws = connect(s.addr, &format!("cursor=0&wantedDids={did}")).await;
+    assert_eq!(read_n(&mut ws, w.len(), None).await.0, w);
+    assert_quiet(&mut ws).await;
+
+    // A cursor from the middle replays exactly the rest (inclusive).
+    let mut ws = connect(s.addr, "cursor=100").await;
+    let (got, cursors) = read_n(&mut ws, 53, None).await;
+    assert_eq!(got, want[99..]);
+    assert_eq!(cursors[0], 100);
+    assert_quiet(&mut ws).await;
+
+    // A future seq cursor is live: nothing arrives.
+    let mut ws = connect(s.addr, "cursor=999999").await;
+    assert_quiet(&mut ws).await;
+
+    // A timestamp cursor before everything replays everything.
+    let mut ws = connect(s.addr, "cursor=1000000000000000").await;
+    assert_eq!(read_n(&mut ws, 152, None).await.0, want);
+
+    // requireHello: nothing until the update; then its filter applies.
+    let mut ws = connect(s.addr, "cursor=0&requireHello=true").await;
+    assert_quiet(&mut ws).await;
+    let upd = format!(r#"{{"type":"options_update","payload":{{"wantedDids":["{did}"]}}}}"#);
+    ws.send(Message::Text(upd.into())).await.unwrap();
+    let w = by(&|v| v["did"] == did.as_str());
+    assert_eq!(read_n(&mut ws, w.len(), None).await.0, w);
+    assert_quiet(&mut ws).await;
+
+    // options_update mid-stream replaces the filter: switching from one DID to a collection
+    // takes effect for later events (here: none are left, then a fresh replay shows the rule).
+    let upd = r#"{"type":"options_update","payload":{"wantedCollections":["app.bsky.feed.like"]}}"#;
+    ws.send(Message::Text(upd.into())).await.unwrap();
+    ws.send(Message::Text(r#"{"type":"heartbeat"}"#.into()))
+        .await
+        .unwrap();
+    assert_quiet(&mut ws).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn options_update_mid_stream_live() {
+    // A live subscriber changes its filter between two ingests: the first batch arrives whole,
+    // the second only as the new filter allows.
+    let Some(frames) = corpus_frames() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, app) = start(dir.path(), frames[..75].to_vec(), TailLimits::default()).await;
+    let mut ws = connect(addr, "cursor=0").await;
+    let want = expected();
+    let n1 = app.log.next_seq() as usize - 1;
+    assert_eq!(read_n(&mut ws, n1, None).await.0, want[..n1]);
+    let upd = r#"{"type":"options_update","payload":{"wantedCollections":["app.bsky.feed.like"]}}"#;
+    ws.send(Message::Text(upd.into())).await.unwrap();
+    // Give the reader a moment to apply it (the update is asynchronous by nature).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Second half through the same store and log.
+    let metrics = app.metrics.clone();
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let mut cfg = IngestConfig::verifying(keys());
+    cfg.dictionary = Some(dictionary());
+    let r = riptide_serve::Resume {
+        next_seq: app.log.next_seq(),
+        last_time_us: riptide_serve::now_us(),
+        upstream_cursor: Some(75),
+    };
+    let h = ingest::spawn(cfg, app.log.clone(), metrics, r, rx).unwrap();
+    for (i, f) in frames[75..].iter().enumerate() {
+        tx.send((76 + i as u64, Bytes::from(f.clone())))
+            .await
+            .unwrap();
+    }
+    drop(tx);
+    tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap();
+    let w: Vec<Value> = want[n1..]
+        .iter()
+        .filter(|v| {
+            v["commit"]["collection"]
+                .as_str()
+                .is_none_or(|c| c == "app.bsky.feed.like")
+        })
+        .cloned()
+        .collect();
+    assert!(!w.is_empty() && w.len() < want.len() - n1);
+    assert_eq!(read_n(&mut ws, w.len(), None).await.0, w);
+    assert_quiet(&mut ws).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_queries_and_client_messages() {
+    let Some(s) = capture().await else { return };
+    for q in [
+        "cursor=abc",
+        "cursor=-5",
+        "wantedCollections=app.bsky.fo*",
+        "wantedCollections=notansid",
+        "wantedDids=alice",
+    ] {
+        let r = tokio_tungstenite::connect_async(format!("ws://{}/subscribe?{q}", s.addr)).await;
+        match r {
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+                assert_eq!(resp.status(), 400, "{q}");
+                let body =
+                    String::from_utf8_lossy(resp.body().as_deref().unwrap_or_default()).to_string();
+                assert!(body.contains("invalid"), "{q}: {body}");
+            }
+            other => panic!("{q}: expected 400, got {other:?}"),
+        }
+    }
+    // Not JSON → 1007.
+    let mut ws = connect(s.addr, "").await;
+    ws.send(Message::Text("{not json".into())).await.unwrap();
+    assert_eq!(close_code(&mut ws).await, 1007);
+    // Wrong payload types → 1007.
+    let mut ws = connect(s.addr, "").await;
+    ws.send(Message::Text(
+        r#"{"type":"options_update","payload":{"wantedDids":5}}"#.into(),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(close_code(&mut ws).await, 1007);
+    // Invalid options → 1008.
+    let mut ws = connect(s.addr, "").await;
+    ws.send(Message::Text(
+        r#"{"type":"options_update","payload":{"wantedCollections":["nope"]}}"#.into(),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(close_code(&mut ws).await, 1008);
+    // Same while waiting for hello.
+    let mut ws = connect(s.addr, "requireHello=true").await;
+    ws.send(Message::Text(
+        r#"{"type":"options_update","payload":{"wantedDids":["x"]}}"#.into(),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(close_code(&mut ws).await, 1008);
+    // Binary frames and unknown types are ignored.
+    let mut ws = connect(s.addr, "cursor=150").await;
+    ws.send(Message::Binary(Bytes::from_static(b"\x00\x01")))
+        .await
+        .unwrap();
+    ws.send(Message::Text(r#"{"type":"whatever"}"#.into()))
+        .await
+        .unwrap();
+    assert_eq!(read_n(&mut ws, 3, None).await.1, [150, 151, 152]);
+    // Too big → 1009.
+    let mut ws = connect(s.addr, "").await;
+    let _ = ws.send(Message::Text("x".repeat(10_000_001).into())).await;
+    assert_eq!(close_code(&mut ws).await, 1009);
+    // Graceful shutdown: 1001.
+    let mut ws = connect(s.addr, "cursor=0").await;
+    read_n(&mut ws, 152, None).await;
+    s.app.shutdown();
+    assert_eq!(close_code(&mut ws).await, 1001);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compress_without_dictionary_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, resume) = Store::open(dir.path(), 0).unwrap();
+    let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+    let app = App::new(log, Arc::new(Metrics::default()), ServerConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router(app)).await });
+    match tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?compress=true")).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status(), 400);
+            let body =
+                String::from_utf8_lossy(resp.body().as_deref().unwrap_or_default()).to_string();
+            assert!(body.contains("--zstd-dictionary"), "{body}");
+        }
+        other => panic!("expected 400, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tampered_commits_are_not_served_and_counted() {
+    let Some(mut frames) = corpus_frames() else {
+        return;
+    };
+    let want = expected();
+    // Frame 0 is a commit: flip a byte in the last bytes of its CAR... instead tamper precisely:
+    // find the 64-byte signature's last byte (the `sig` key) and flip it.
+    let mut dec = FrameDecoder::new();
+    let ops0 = match dec.decode(&frames[0]).unwrap().body() {
+        riptide_firehose::Body::Commit(c) => c.op_count(),
+        _ => panic!("frame 0 is not a commit"),
+    };
+    let sig_at = frames[0]
+        .windows(5)
+        .position(|w| w == b"csig\x58")
+        .expect("sig key")
+        + 6;
+    frames[0][sig_at] ^= 1;
+    // The tampered block no longer hashes to its CID: re-hash is not what we want to test, so
+    // keep it as a bad-block-cid case; and a wrong key for another commit gives bad-signature.
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, _app) = start(dir.path(), frames, TailLimits::default()).await;
+    let mut ws = connect(addr, "cursor=0").await;
+    let (got, _) = read_n(&mut ws, 152 - ops0, None).await;
+    assert_eq!(got, want[ops0..]);
+    assert_quiet(&mut ws).await;
+    assert_eq!(
+        metric(addr, "riptide_verdicts_total{verdict=\"ok\"}").await,
+        149.0
+    );
+    assert_eq!(
+        metric(addr, "riptide_verdicts_total{verdict=\"bad-block-cid\"}").await,
+        1.0
+    );
+}
+
+/// Gives one account another account's key: its commits are validly formed but not signed by
+/// the key we hold, as if the relay forged them.
+struct SwappedKey {
+    inner: Keys,
+    victim: String,
+    other: String,
+}
+
+impl riptide_firehose::verify::KeyLookup for SwappedKey {
+    fn key(
+        &self,
+        did: &str,
+    ) -> Result<riptide_crypto::PublicKey, riptide_firehose::verify::KeyUnavailable> {
+        self.inner
+            .key(if did == self.victim { &self.other } else { did })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_signatures_are_not_served_and_counted() {
+    let Some(frames) = corpus_frames() else {
+        return;
+    };
+    let want = expected();
+    let commits = |v: &Value| v["kind"] == "commit";
+    let victim = want[0]["did"].as_str().unwrap().to_string();
+    let other = want
+        .iter()
+        .find(|v| commits(v) && v["did"] != victim.as_str())
+        .unwrap()["did"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let keys = Keys(Arc::new(SwappedKey {
+        inner: keys(),
+        victim: victim.clone(),
+        other,
+    }));
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, _app) = start_with(dir.path(), frames.clone(), TailLimits::default(), keys).await;
+    // Every event of the victim's commits is missing; identity/account events are not commits.
+    let w: Vec<Value> = want
+        .iter()
+        .filter(|v| !(commits(v) && v["did"] == victim.as_str()))
+        .cloned()
+        .collect();
+    let mut dec = FrameDecoder::new();
+    let victim_frames = frames
+        .iter()
+        .filter(|f| matches!(dec.decode(f).unwrap().body(), riptide_firehose::Body::Commit(c) if c.repo == victim))
+        .count();
+    assert!(victim_frames > 0 && w.len() < want.len());
+    let mut ws = connect(addr, "cursor=0").await;
+    assert_eq!(read_n(&mut ws, w.len(), None).await.0, w);
+    assert_quiet(&mut ws).await;
+    assert_eq!(
+        metric(addr, "riptide_verdicts_total{verdict=\"bad-signature\"}").await,
+        victim_frames as f64
+    );
+    assert_eq!(
+        metric(addr, "riptide_verdicts_total{verdict=\"ok\"}").await,
+        150.0 - victim_frames as f64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_continues_seqs_without_loss_or_duplicates() {
+    let Some(frames) = corpus_frames() else {
+        return;
+    };
+    let want = expected();
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (addr, app) = start(dir.path(), frames[..100].to_vec(), TailLimits::default()).await;
+        let _ = addr;
+        app.shutdown();
+    }
+    // Let the first server's tasks drop the store (fjall locks the directory while open).
+    let mut tries = 0;
+    let (store, resume) = loop {
+        match Store::open(dir.path(), dictionary().id()) {
+            Ok(x) => break x,
+            Err(e) if tries < 100 => {
+                tries += 1;
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(resume.upstream_cursor, Some(100));
+    drop(store);
+    // Resend everything: the first 100 frames are duplicates of what is stored.
+    let (addr, app) = start(
+        dir.path(),
+        frames,
+        TailLimits {
+            max_events: 10,
+            max_bytes: 1 << 20,
+        },
+    )
+    .await;
+    assert_eq!(
+        metric(addr, "riptide_upstream_frames_duplicate_total").await,
+        100.0
+    );
+    assert_eq!(app.log.next_seq(), 153);
+    let mut ws = connect(addr, "cursor=0").await;
+    let (got, cursors) = read_n(&mut ws, 152, None).await;
+    assert_eq!(got, want);
+    assert_eq!(cursors, (1..=152).collect::<Vec<u64>>());
+    assert_quiet(&mut ws).await;
+    assert!(metric(addr, "riptide_replay_reads_total").await >= 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "1,000 connections: slow in debug builds; run with --ignored"]
+async fn thousand_subscribers_receive_everything() {
+    let Some(frames) = corpus_frames() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, app) = start(dir.path(), Vec::new(), TailLimits::default()).await;
+    let mut clients = Vec::new();
+    for _ in 0..1000 {
+        clients.push(connect(addr, "").await);
+    }
+    while app
+        .metrics
+        .subscribers
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 1000
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let want = expected();
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|mut ws| tokio::spawn(async move { read_n(&mut ws, 152, None).await.0 }))
+        .collect();
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let mut cfg = IngestConfig::verifying(keys());
+    cfg.dictionary = Some(dictionary());
+    let resume = riptide_serve::Resume {
+        next_seq: 1,
+        last_time_us: 0,
+        upstream_cursor: None,
+    };
+    let h = ingest::spawn(cfg, app.log.clone(), app.metrics.clone(), resume, rx).unwrap();
+    for (i, f) in frames.into_iter().enumerate() {
+        tx.send((i as u64 + 1, Bytes::from(f))).await.unwrap();
+    }
+    drop(tx);
+    tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap();
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), want);
+    }
+}
