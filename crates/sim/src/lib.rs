@@ -29,6 +29,6 @@ pub mod fixture;
 mod network;
 mod server;
 
-pub use fault::Faults;
+pub use fault::{Faults, RELAY_ERROR};
 pub use network::{Account, Network, SimError};
 pub use server::{Counters, Sim, SimHandle};
