@@ -7,8 +7,8 @@ pub mod gen;
 pub mod jetstream;
 pub mod relay;
 pub mod repo;
-pub mod tail;
 pub mod sim;
+pub mod tail;
 pub mod verify;
 pub mod verify_handle;
 
