@@ -90,5 +90,15 @@ mod tests {
             }
         );
         assert!(serde_json::from_str::<Faults>(r#"{"bogus":1}"#).is_err());
+        // The relay's faults, as POST /_sim/faults sends them, become the relay's.
+        let relay: Faults = serde_json::from_str(
+            r#"{"relay_drop_after":7,"relay_error_after":3,"relay_frame_delay_ms":5}"#,
+        )
+        .unwrap();
+        let r = relay.relay();
+        assert_eq!(r.drop_after, Some(7));
+        assert_eq!(r.error_after, Some((3, RELAY_ERROR.to_owned())));
+        assert_eq!(r.frame_delay, Some(Duration::from_millis(5)));
+        assert_eq!(Faults::default().relay().frame_delay, None);
     }
 }
