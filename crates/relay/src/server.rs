@@ -100,11 +100,11 @@ impl std::fmt::Debug for Shared {
     }
 }
 
+/// What [`setup`] gives: the shared state, the frames with their seq slots, the stop signal.
+type Setup = (Arc<Shared>, Vec<(SeqSlot, Bytes)>, watch::Sender<bool>);
+
 /// Finds every frame's seq slot and builds the shared state (log, counters, stop signal).
-fn setup(
-    frames: Vec<Bytes>,
-    config: RelayConfig,
-) -> Result<(Arc<Shared>, Vec<(SeqSlot, Bytes)>, watch::Sender<bool>), RelayError> {
+fn setup(frames: Vec<Bytes>, config: RelayConfig) -> Result<Setup, RelayError> {
     let mut dec = scan_decoder();
     let mut slotted = Vec::with_capacity(frames.len());
     for (i, f) in frames.into_iter().enumerate() {
