@@ -1,14 +1,22 @@
 //! The relay firehose (`com.atproto.sync.subscribeRepos`) as a stream of frames.
 //!
 //! Zero copy: each binary WebSocket message reaches the caller as the `bytes::Bytes` tungstenite
-//! produced. How that was checked (tungstenite 0.29.0 source): `FrameCodec::read_frame`
-//! (`protocol/frame/mod.rs`) reads the socket into one `BytesMut` and takes each frame's payload
-//! with `split_to(len).freeze()` — no copy; `WebSocketContext::read_message` (`protocol/mod.rs`)
-//! wraps an unfragmented binary payload as `Message::Binary(payload)` unchanged; this module moves
-//! that `Bytes` into [`FirehoseEvent::bytes`], and [`FirehoseEvent::decode`] hands the same memory
-//! to [`FrameDecoder`] as a slice. The one copy is the kernel's, into the read buffer. (Fragmented
-//! messages, which relays do not send, are concatenated once by tungstenite.) The test
-//! `event_bytes_are_the_message_bytes` checks the last step by pointer.
+//! produced; nothing in this crate copies frame bytes. How that was checked (tungstenite 0.29.0
+//! and bytes 1.12 source): tokio-tungstenite's `AllowStd::read` polls the socket straight into
+//! the slice it is given; `FrameCodec::read_in` (`protocol/frame/mod.rs`) gives it the spare
+//! capacity of one `BytesMut` read buffer, and `read_frame` takes each frame's payload with
+//! `split_to(len).freeze()` — a reference-counted view, no copy (client-bound frames are not
+//! masked, so nothing is rewritten); `WebSocketContext::read_message` (`protocol/mod.rs`) wraps an
+//! unfragmented binary payload as `Message::Binary(payload)` unchanged; this module moves that
+//! `Bytes` into [`FirehoseEvent::bytes`], and [`FirehoseEvent::decode`] hands the same memory to
+//! [`FrameDecoder`] as a slice (`grep` for `to_vec`, `copy_from_slice`, `Bytes::from` in `src/`:
+//! only a unit test and Jetstream's zstd output). Two caveats, both tungstenite's: when a frame
+//! straddles two socket reads and the read buffer must grow while earlier frames still share it,
+//! `BytesMut::reserve` moves the part of that frame already read into the new buffer (at most
+//! one partial frame per read); and fragmented messages, which relays do not send, are
+//! concatenated. The test `frames_are_slices_of_the_socket_read_buffer` (tests/firehose.rs)
+//! checks the path end to end over a real socket by pointer (consecutive frames from one read
+//! sit exactly one WebSocket header apart), `event_bytes_are_the_message_bytes` the last step.
 //!
 //! The client reads only each frame's header and payload (not its CAR) to learn kind and seq.
 

@@ -2,8 +2,9 @@
 //! (`/subscribe`), as async streams of events that survive network trouble without losing their
 //! place.
 //!
-//! - [`FirehoseClient`]: binary frames as [`bytes::Bytes`], never copied between the socket and the
-//!   decoder, with kind and seq read; `#info` and error frames are events too.
+//! - [`FirehoseClient`]: binary frames as [`bytes::Bytes`], not copied by this crate between the
+//!   socket and the decoder (see the `firehose` module for tungstenite's part), with kind and seq
+//!   read; `#info` and error frames are events too.
 //! - [`JetstreamClient`]: v1 JSON events, typed ([`jetstream::Event`]) with the raw JSON; filters,
 //!   `options_update`, zstd with a dictionary.
 //! - [`PerDid`]: one DID's events in order, different DIDs in parallel, bounded queues.

@@ -12,6 +12,10 @@
 //! position in the log, so there is no per-subscriber queue to overflow; a subscriber that falls
 //! out of the window gets a `ConsumerTooSlow` error frame and is closed, as the real relay does.
 //!
+//! Mounting: [`Relay::bind`] listens on its own port; [`Relay::start`] gives a [`RelayService`]
+//! with no listener, whose [`RelayService::serve`] takes a WebSocket another HTTP server already
+//! upgraded (how `riptide sim` serves `subscribeRepos` on its own base URL).
+//!
 //! Cursor semantics (as the relay): no cursor = live; `cursor=N` replays events with seq > N;
 //! N beyond the newest seq → error frame `FutureCursor`, then close; N older than the window →
 //! `#info OutdatedCursor`, then replay from the oldest event kept.
@@ -32,7 +36,7 @@ mod server;
 use std::time::Duration;
 
 pub use frames::{error_frame, info_frame, SeqSlot};
-pub use server::{Relay, RelayHandle, RelayStats};
+pub use server::{parse_cursor, Relay, RelayHandle, RelayService, RelayStats};
 
 /// The XRPC path the relay serves.
 pub const SUBSCRIBE_PATH: &str = "/xrpc/com.atproto.sync.subscribeRepos";

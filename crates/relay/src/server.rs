@@ -4,6 +4,11 @@
 //! the cursor, then a loop that sends whatever the log holds past the subscriber's position and
 //! otherwise waits for new events, client messages, the ping timer or shutdown. Shutdown sends a
 //! 1001 close frame to every subscriber.
+//!
+//! Two ways in: [`Relay::bind`] owns a listener and does the HTTP upgrade itself (tungstenite's
+//! handshake); [`Relay::start`] gives a [`RelayService`] without a listener, for a server that
+//! already speaks HTTP (the simulator's axum router) and hands over each upgraded connection with
+//! [`RelayService::serve`]. Both run the same subscriber loop over the same log.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -12,6 +17,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -25,7 +31,7 @@ use tokio_tungstenite::WebSocketStream;
 
 use crate::frames::{error_frame, info_frame, scan_decoder, SeqSlot};
 use crate::log::{Log, Read};
-use crate::{RelayConfig, RelayError, SUBSCRIBE_PATH};
+use crate::{Faults, RelayConfig, RelayError, SUBSCRIBE_PATH};
 
 /// Events sent per log read: bounds the handles cloned under the lock.
 const BATCH: usize = 256;
@@ -67,6 +73,56 @@ struct Shared {
     rejects_left: AtomicUsize,
 }
 
+/// A relay without a listener: the log, its feeder and the subscriber loop, for a server that does
+/// its own HTTP and hands over upgraded connections ([`RelayService::serve`]). Cheap to clone;
+/// when the last clone is dropped the feeder stops and every subscriber is closed with 1001.
+#[derive(Clone, Debug)]
+pub struct RelayService {
+    shared: Arc<Shared>,
+    _stop: Arc<StopOnDrop>,
+}
+
+#[derive(Debug)]
+struct StopOnDrop(watch::Sender<bool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("head", &self.log.head())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+/// What [`setup`] gives: the shared state, the frames with their seq slots, the stop signal.
+type Setup = (Arc<Shared>, Vec<(SeqSlot, Bytes)>, watch::Sender<bool>);
+
+/// Finds every frame's seq slot and builds the shared state (log, counters, stop signal).
+fn setup(frames: Vec<Bytes>, config: RelayConfig) -> Result<Setup, RelayError> {
+    let mut dec = scan_decoder();
+    let mut slotted = Vec::with_capacity(frames.len());
+    for (i, f) in frames.into_iter().enumerate() {
+        let slot = SeqSlot::find(&mut dec, i, &f)?;
+        slotted.push((slot, f));
+    }
+    let log = Arc::new(Log::new(config.first_seq, config.window));
+    let (stop, stop_rx) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        log,
+        stats: Arc::new(RelayStats::default()),
+        rejects_left: AtomicUsize::new(config.faults.reject_upgrades),
+        config,
+        stop: stop_rx,
+    });
+    Ok((shared, slotted, stop))
+}
+
 impl Relay {
     /// Binds `addr` (port 0 for an ephemeral port), starts feeding `frames` into the log and
     /// serving subscribers. Every frame must decode (header and payload).
@@ -75,30 +131,16 @@ impl Relay {
         frames: Vec<Bytes>,
         config: RelayConfig,
     ) -> Result<(SocketAddr, RelayHandle), RelayError> {
-        let mut dec = scan_decoder();
-        let mut slotted = Vec::with_capacity(frames.len());
-        for (i, f) in frames.into_iter().enumerate() {
-            let slot = SeqSlot::find(&mut dec, i, &f)?;
-            slotted.push((slot, f));
-        }
+        let (shared, slotted, stop) = setup(frames, config)?;
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| RelayError::Bind { addr, source })?;
         let local = listener
             .local_addr()
             .map_err(|source| RelayError::Bind { addr, source })?;
-        let log = Arc::new(Log::new(config.first_seq, config.window));
-        let stats = Arc::new(RelayStats::default());
-        let (stop, stop_rx) = watch::channel(false);
-        let shared = Arc::new(Shared {
-            log: log.clone(),
-            stats: stats.clone(),
-            rejects_left: AtomicUsize::new(config.faults.reject_upgrades),
-            config,
-            stop: stop_rx,
-        });
         let mut tasks = JoinSet::new();
         tasks.spawn(feed(shared.clone(), slotted));
+        let (log, stats) = (shared.log.clone(), shared.stats.clone());
         tasks.spawn(accept(shared, listener));
         Ok((
             local,
@@ -110,6 +152,90 @@ impl Relay {
                 addr: local,
             },
         ))
+    }
+
+    /// Starts feeding `frames` into a log served by whoever calls [`RelayService::serve`] (no
+    /// listener; `config.faults.reject_upgrades` is the caller's business, as the upgrade is).
+    /// Needs a tokio runtime (the feeder is a spawned task).
+    pub fn start(frames: Vec<Bytes>, config: RelayConfig) -> Result<RelayService, RelayError> {
+        let (shared, slotted, stop) = setup(frames, config)?;
+        tokio::spawn(feed(shared.clone(), slotted));
+        Ok(RelayService {
+            shared,
+            _stop: Arc::new(StopOnDrop(stop)),
+        })
+    }
+}
+
+/// Parses an upgrade request's query string (without `?`): the `cursor`, if any. The error is the
+/// message for a 400 answer.
+pub fn parse_cursor(query: Option<&str>) -> Result<Option<u64>, String> {
+    let mut cursor = None;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if k == "cursor" && !v.is_empty() {
+            cursor = Some(
+                v.parse::<u64>()
+                    .map_err(|_| format!("invalid cursor: {v}"))?,
+            );
+        }
+    }
+    Ok(cursor)
+}
+
+impl RelayService {
+    /// Serves one subscriber on an already-upgraded WebSocket until it leaves, is dropped by a
+    /// fault or the service stops. `cursor` is the request's ([`parse_cursor`]); `faults` apply
+    /// to this connection (`drop_after`, `frame_delay`, `error_after`; not `reject_upgrades`).
+    ///
+    /// The future owns what it needs (spawn it) but does not keep the service alive: once the
+    /// last [`RelayService`] clone is dropped, the subscriber is closed with 1001.
+    pub fn serve<S>(
+        &self,
+        ws: WebSocketStream<S>,
+        cursor: Option<u64>,
+        faults: Faults,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let shared = self.shared.clone();
+        async move {
+            shared.stats.attempts.fetch_add(1, Ordering::Relaxed);
+            shared.stats.connections.fetch_add(1, Ordering::Relaxed);
+            shared.stats.subscribers.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = subscriber(&shared, ws, cursor, &faults).await {
+                tracing::debug!(error = %e, "subscriber ended");
+            }
+            shared.stats.subscribers.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The newest seq assigned (first_seq - 1 before any).
+    pub fn head(&self) -> u64 {
+        self.shared.log.head()
+    }
+
+    /// Waits until the newest seq is at least `seq`.
+    pub async fn wait_for_head(&self, seq: u64) {
+        let mut rx = self.shared.log.subscribe();
+        let _ = rx.wait_for(|h| *h >= seq).await;
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &RelayStats {
+        &self.shared.stats
+    }
+
+    /// The configuration it was started with.
+    pub fn config(&self) -> &RelayConfig {
+        &self.shared.config
+    }
+
+    /// Appends a frame to the log with the next seq. The frame must decode (header and payload).
+    pub fn publish(&self, frame: Bytes) -> Result<u64, RelayError> {
+        let slot = SeqSlot::find(&mut scan_decoder(), 0, &frame)?;
+        Ok(self.shared.log.append(&slot, &frame))
     }
 }
 
@@ -220,23 +346,7 @@ enum Upgrade {
 }
 
 fn parse_query(req: &Request) -> Result<Option<u64>, String> {
-    let mut cursor = None;
-    for pair in req
-        .uri()
-        .query()
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if k == "cursor" && !v.is_empty() {
-            cursor = Some(
-                v.parse::<u64>()
-                    .map_err(|_| format!("invalid cursor: {v}"))?,
-            );
-        }
-    }
-    Ok(cursor)
+    parse_cursor(req.uri().query())
 }
 
 fn error_response(status: StatusCode, body: &str) -> ErrorResponse {
@@ -287,16 +397,19 @@ async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr) {
     };
     shared.stats.connections.fetch_add(1, Ordering::Relaxed);
     shared.stats.subscribers.fetch_add(1, Ordering::Relaxed);
-    if let Err(e) = subscriber(&shared, ws, cursor).await {
+    if let Err(e) = subscriber(&shared, ws, cursor, &shared.config.faults).await {
         tracing::debug!(%peer, error = %e, "subscriber ended");
     }
     shared.stats.subscribers.fetch_sub(1, Ordering::Relaxed);
 }
 
-type Ws = WebSocketStream<TcpStream>;
 type WsResult = Result<(), tokio_tungstenite::tungstenite::Error>;
 
-async fn close(ws: &mut Ws, code: CloseCode, reason: &str) -> WsResult {
+async fn close<S: AsyncRead + AsyncWrite + Unpin>(
+    ws: &mut WebSocketStream<S>,
+    code: CloseCode,
+    reason: &str,
+) -> WsResult {
     ws.send(Message::Close(Some(CloseFrame {
         code,
         reason: reason.into(),
@@ -310,9 +423,13 @@ async fn close(ws: &mut Ws, code: CloseCode, reason: &str) -> WsResult {
     Ok(())
 }
 
-async fn subscriber(shared: &Shared, mut ws: Ws, cursor: Option<u64>) -> WsResult {
+async fn subscriber<S: AsyncRead + AsyncWrite + Unpin>(
+    shared: &Shared,
+    mut ws: WebSocketStream<S>,
+    cursor: Option<u64>,
+    faults: &Faults,
+) -> WsResult {
     let log = &shared.log;
-    let faults = &shared.config.faults;
     let mut head_rx = log.subscribe();
     let mut stop = shared.stop.clone();
     let mut pos = match cursor {

@@ -2,7 +2,8 @@
 //!
 //! Deterministic (every Nth request) rather than random so a test that asserts "the client
 //! survives a dropped connection" fails the same way on every run. Counting is over all requests
-//! the fault layer sees, `/_sim/*` excluded.
+//! the fault layer sees, `/_sim/*` excluded. The relay's faults (`relay_*`) are per WebSocket
+//! connection and apply to connections upgraded after they are set.
 
 use std::time::Duration;
 
@@ -18,7 +19,17 @@ pub struct Faults {
     pub drop_every: u64,
     /// Milliseconds to wait before answering each request.
     pub delay_ms: u64,
+    /// Relay: drop each `subscribeRepos` connection (no close frame) after this many event frames.
+    pub relay_drop_after: Option<usize>,
+    /// Relay: after this many event frames, send an error frame (`error`: [`RELAY_ERROR`]) and
+    /// close.
+    pub relay_error_after: Option<usize>,
+    /// Relay: milliseconds to wait before each frame (0: none).
+    pub relay_frame_delay_ms: u64,
 }
+
+/// The `error` of the error frames [`Faults::relay_error_after`] injects.
+pub const RELAY_ERROR: &str = "InternalError";
 
 /// What the fault layer does to request number `n` (1-based).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +42,17 @@ pub(crate) enum Action {
 impl Faults {
     pub(crate) fn delay(&self) -> Duration {
         Duration::from_millis(self.delay_ms)
+    }
+
+    /// The relay's per-connection faults.
+    pub(crate) fn relay(&self) -> riptide_relay::Faults {
+        riptide_relay::Faults {
+            drop_after: self.relay_drop_after,
+            frame_delay: (self.relay_frame_delay_ms > 0)
+                .then(|| Duration::from_millis(self.relay_frame_delay_ms)),
+            error_after: self.relay_error_after.map(|k| (k, RELAY_ERROR.to_owned())),
+            ..riptide_relay::Faults::default()
+        }
     }
 
     pub(crate) fn action(&self, n: u64) -> Action {
@@ -53,7 +75,7 @@ mod tests {
         let f = Faults {
             error_every: 3,
             drop_every: 2,
-            delay_ms: 0,
+            ..Faults::default()
         };
         let got: Vec<Action> = (1..=6).map(|n| f.action(n)).collect();
         use Action::*;
@@ -68,5 +90,15 @@ mod tests {
             }
         );
         assert!(serde_json::from_str::<Faults>(r#"{"bogus":1}"#).is_err());
+        // The relay's faults, as POST /_sim/faults sends them, become the relay's.
+        let relay: Faults = serde_json::from_str(
+            r#"{"relay_drop_after":7,"relay_error_after":3,"relay_frame_delay_ms":5}"#,
+        )
+        .unwrap();
+        let r = relay.relay();
+        assert_eq!(r.drop_after, Some(7));
+        assert_eq!(r.error_after, Some((3, RELAY_ERROR.to_owned())));
+        assert_eq!(r.frame_delay, Some(Duration::from_millis(5)));
+        assert_eq!(Faults::default().relay().frame_delay, None);
     }
 }

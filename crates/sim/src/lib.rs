@@ -11,14 +11,21 @@
 //!   (`limit`, `cursor`), `/xrpc/com.atproto.repo.describeRepo?repo=`;
 //! - handle resolution: `GET /.well-known/atproto-did` answered by the `Host` header (handle →
 //!   DID from the documents' `alsoKnownAs`), or by path `GET /<handle>/.well-known/atproto-did`;
+//! - a relay: `ws://…/xrpc/com.atproto.sync.subscribeRepos[?cursor=N]` serving the directory's
+//!   `firehose-frames.bin` ([`Network::frames`]) through `riptide-relay` ([`Sim::relay_url`],
+//!   [`Sim::relay`]): the relay's own seqs from 1, cursor replay, pings;
 //! - faults on demand ([`Faults`]): every Nth request a 503, every Nth response cut mid-body (the
-//!   connection drops), a delay before each response; set at start or at run time with
-//!   `POST /_sim/faults` (JSON [`Faults`]), and read back with `GET /_sim/faults`.
+//!   connection drops; WebSocket upgrades included), a delay before each response, and per relay
+//!   connection a drop after N frames, an error frame after N frames, a delay before each frame;
+//!   set at start or at run time with `POST /_sim/faults` (JSON [`Faults`]), and read back with
+//!   `GET /_sim/faults`.
 //!
 //! [`fixture`] builds small signed accounts in memory for tests.
 //!
-//! The relay endpoint (`subscribeRepos`) is added by the relay crate's owner on top of
-//! [`Sim::router`].
+//! Why the relay is mounted rather than on a second port: one base URL is then PLC, PDS and relay,
+//! so a test or a user needs one address, and the sim's HTTP faults (5xx, drops, delay) hit the
+//! upgrade like any request. axum's WebSocket type is not tungstenite's, so the sim performs the
+//! upgrade and hands the raw connection to `riptide_relay::RelayService::serve` (see `server`).
 //!
 //! What it is not: a PDS (no writes, no auth), or a faithful PLC directory (no audit log). The
 //! documents are served as loaded; only the PDS endpoint is rewritten. Requests are counted per
@@ -29,6 +36,6 @@ pub mod fixture;
 mod network;
 mod server;
 
-pub use fault::Faults;
+pub use fault::{Faults, RELAY_ERROR};
 pub use network::{Account, Network, SimError};
 pub use server::{Counters, Sim, SimHandle};

@@ -3,7 +3,8 @@
 //!
 //! Directory layout (what `riptide gen` writes): `did_docs.json` (DID → document), `repos/<did>.car`
 //! (each account's repository export), optionally `big-repo.car` with `big-repo.did.json` (the
-//! document of its account). Every repository is read into memory once, and its commit read (no
+//! document of its account) and `firehose-frames.bin` (the stream the relay serves; frames are
+//! slices of the one file buffer, not copies). Every repository is read into memory once, and its commit read (no
 //! hash check here: serving is not verifying) for `listRepos`.
 
 use std::collections::BTreeMap;
@@ -56,6 +57,7 @@ pub struct Account {
 pub struct Network {
     pub(crate) accounts: BTreeMap<String, Account>,
     pub(crate) handles: BTreeMap<String, String>,
+    pub(crate) frames: Vec<Bytes>,
 }
 
 fn invalid(path: impl Into<String>, why: impl std::fmt::Display) -> SimError {
@@ -148,9 +150,26 @@ impl Network {
             .insert(handle.to_ascii_lowercase(), did.to_owned());
     }
 
+    /// Sets the frames the relay serves (`subscribeRepos`), in order; the relay assigns seqs.
+    pub fn set_frames(&mut self, frames: Vec<Bytes>) {
+        self.frames = frames;
+    }
+
+    /// The frames the relay serves.
+    pub fn frames(&self) -> &[Bytes] {
+        &self.frames
+    }
+
     /// Loads a `riptide gen` directory.
     pub fn load(dir: &Path) -> Result<Network, SimError> {
         let mut net = Network::default();
+        let frames_path = dir.join("firehose-frames.bin");
+        if frames_path.exists() {
+            let file = Bytes::from(read(&frames_path)?);
+            let split = riptide_firehose::corpus::split_frames(&file)
+                .map_err(|e| invalid(frames_path.display().to_string(), e))?;
+            net.frames = split.iter().map(|f| file.slice_ref(f.bytes)).collect();
+        }
         let docs_path = dir.join("did_docs.json");
         let docs: Value = serde_json::from_slice(&read(&docs_path)?)
             .map_err(|e| invalid(docs_path.display().to_string(), e))?;

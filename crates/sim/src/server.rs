@@ -2,6 +2,13 @@
 //!
 //! Concurrency: one [`Sim`] is shared by every connection (an `Arc`); the network is immutable
 //! once served, faults sit behind a mutex held for a copy, counters are atomics.
+//!
+//! The relay: `subscribeRepos` is mounted on the same router, so one base URL is PLC, PDS and
+//! relay. axum's own WebSocket type is not tungstenite's, so the upgrade is done here by hand
+//! (check the headers, answer 101 with `Sec-WebSocket-Accept`, take hyper's upgraded connection)
+//! and the raw connection is handed to `riptide-relay` ([`RelayService::serve`]): one relay
+//! implementation, with its cursor semantics, pings and faults, whether it listens on its own
+//! port (`riptide relay`) or here.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,9 +21,13 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use riptide_relay::{Relay, RelayConfig, RelayService};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
+use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_tungstenite::WebSocketStream;
 
 use crate::fault::{Action, Faults};
 use crate::network::Network;
@@ -34,6 +45,8 @@ pub struct Counters {
     pub list_repos: AtomicU64,
     /// `com.atproto.repo.describeRepo`.
     pub describe_repo: AtomicU64,
+    /// `com.atproto.sync.subscribeRepos` requests (upgraded or not).
+    pub subscribe: AtomicU64,
     /// Requests answered 503 by the fault layer.
     pub errors_injected: AtomicU64,
     /// Responses cut by the fault layer.
@@ -53,6 +66,7 @@ struct Shared {
     faults: Mutex<Faults>,
     seen: AtomicU64,
     counters: Counters,
+    relay: Option<RelayService>,
 }
 
 /// A simulator: a [`Network`] served at a base URL.
@@ -107,8 +121,19 @@ fn xrpc_error(status: StatusCode, error: &str, message: impl Into<String>) -> Re
 }
 
 impl Sim {
-    /// A simulator of `net` whose documents name `base_url` as every account's PDS.
+    /// A simulator of `net` whose documents name `base_url` as every account's PDS, without a
+    /// relay (`subscribeRepos` answers 501); see [`Sim::with_relay`].
     pub fn new(net: Network, base_url: impl Into<String>, faults: Faults) -> Sim {
+        Sim::with_relay(net, base_url, faults, None)
+    }
+
+    /// [`Sim::new`] with `relay` serving `subscribeRepos` (usually [`Sim::start_relay`]).
+    pub fn with_relay(
+        net: Network,
+        base_url: impl Into<String>,
+        faults: Faults,
+        relay: Option<RelayService>,
+    ) -> Sim {
         Sim {
             shared: Arc::new(Shared {
                 net,
@@ -116,17 +141,47 @@ impl Sim {
                 faults: Mutex::new(faults),
                 seen: AtomicU64::new(0),
                 counters: Counters::default(),
+                relay,
             }),
         }
     }
 
+    /// A relay for the network's frames ([`Network::frames`]), or `None` when it has none.
+    /// `config.window` is raised to hold every frame unless `config.looped`, so `cursor=0`
+    /// replays the whole stream. Needs a tokio runtime.
+    pub fn start_relay(
+        net: &Network,
+        mut config: RelayConfig,
+    ) -> Result<Option<RelayService>, riptide_relay::RelayError> {
+        if net.frames.is_empty() {
+            return Ok(None);
+        }
+        if !config.looped {
+            config.window = config.window.max(net.frames.len());
+        }
+        Relay::start(net.frames.clone(), config).map(Some)
+    }
+
     /// Binds `addr` (port 0: an ephemeral port): the simulator, whose base URL is the bound
-    /// address (loopback when `addr` is unspecified), and its listener for [`Sim::serve`].
+    /// address (loopback when `addr` is unspecified), and its listener for [`Sim::serve`]. The
+    /// relay serves the network's frames, if any, all at once ([`Sim::bind_with`] to pace them).
     pub async fn bind(
         net: Network,
         addr: SocketAddr,
         faults: Faults,
     ) -> std::io::Result<(Sim, TcpListener)> {
+        Sim::bind_with(net, addr, faults, RelayConfig::default()).await
+    }
+
+    /// [`Sim::bind`] with the relay's settings (rate, looping, window, first seq; its faults
+    /// come from [`Faults`] instead).
+    pub async fn bind_with(
+        net: Network,
+        addr: SocketAddr,
+        faults: Faults,
+        relay: RelayConfig,
+    ) -> std::io::Result<(Sim, TcpListener)> {
+        let relay = Sim::start_relay(&net, relay).map_err(std::io::Error::other)?;
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
         let host = if local.ip().is_unspecified() {
@@ -134,7 +189,10 @@ impl Sim {
         } else {
             local
         };
-        Ok((Sim::new(net, format!("http://{host}"), faults), listener))
+        Ok((
+            Sim::with_relay(net, format!("http://{host}"), faults, relay),
+            listener,
+        ))
     }
 
     /// Serves on `listener` until the task is dropped or the listener fails.
@@ -161,6 +219,22 @@ impl Sim {
     /// The base URL (what documents name as the PDS).
     pub fn base_url(&self) -> &str {
         &self.shared.base
+    }
+
+    /// The relay's URL: `ws://…/xrpc/com.atproto.sync.subscribeRepos` on the base URL.
+    pub fn relay_url(&self) -> String {
+        let base = &self.shared.base;
+        let ws = match base.split_once("://") {
+            Some(("https", rest)) => format!("wss://{rest}"),
+            Some((_, rest)) => format!("ws://{rest}"),
+            None => format!("ws://{base}"),
+        };
+        format!("{ws}{}", riptide_relay::SUBSCRIBE_PATH)
+    }
+
+    /// The relay, if the network has frames.
+    pub fn relay(&self) -> Option<&RelayService> {
+        self.shared.relay.as_ref()
     }
 
     /// The network served.
@@ -190,6 +264,7 @@ impl Sim {
             .route("/xrpc/com.atproto.sync.getRepo", get(get_repo))
             .route("/xrpc/com.atproto.sync.listRepos", get(list_repos))
             .route("/xrpc/com.atproto.repo.describeRepo", get(describe_repo))
+            .route(riptide_relay::SUBSCRIBE_PATH, get(subscribe_repos))
             .route("/.well-known/atproto-did", get(well_known_host))
             .route("/{handle}/.well-known/atproto-did", get(well_known_path))
             .route("/{did}", get(plc))
@@ -214,6 +289,17 @@ async fn fault_layer(State(st): State<Arc<Shared>>, req: Request, next: Next) ->
                 "InternalServerError",
                 "sim: injected fault",
             )
+        }
+        Action::Drop if is_upgrade(req.headers()) => {
+            // A WebSocket upgrade has no body to cut: drop the connection before upgrading (an
+            // announced body that fails at once).
+            st.counters.drops_injected.fetch_add(1, Ordering::Relaxed);
+            let chunks: [Result<bytes::Bytes, std::io::Error>; 1] =
+                [Err(std::io::Error::other("sim: injected connection drop"))];
+            let mut r = Response::new(Body::from_stream(futures_util::stream::iter(chunks)));
+            r.headers_mut()
+                .insert(header::CONTENT_LENGTH, HeaderValue::from(64u32));
+            r
         }
         Action::Drop => {
             st.counters.drops_injected.fetch_add(1, Ordering::Relaxed);
@@ -419,4 +505,75 @@ async fn describe_repo(State(st): State<Arc<Shared>>, Query(q): Query<RepoQuery>
         "handleIsCorrect": a.handle.is_some(),
     }))
     .into_response()
+}
+
+/// Whether a request asks for a WebSocket upgrade.
+fn is_upgrade(h: &HeaderMap) -> bool {
+    let has = |name: header::HeaderName, token: &str| {
+        h.get_all(name).iter().any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+        })
+    };
+    has(header::CONNECTION, "upgrade") && has(header::UPGRADE, "websocket")
+}
+
+/// `subscribeRepos`: the WebSocket handshake (RFC 6455 §4.2), then the relay on the upgraded
+/// connection with the faults in force now.
+async fn subscribe_repos(State(st): State<Arc<Shared>>, mut req: Request) -> Response {
+    st.counters.subscribe.fetch_add(1, Ordering::Relaxed);
+    if st.relay.is_none() {
+        return xrpc_error(
+            StatusCode::NOT_IMPLEMENTED,
+            "MethodNotImplemented",
+            "sim: no firehose-frames.bin, so no relay",
+        );
+    }
+    let h = req.headers();
+    let version_ok = h
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .is_some_and(|v| v.as_bytes() == b"13");
+    let key = h
+        .get(header::SEC_WEBSOCKET_KEY)
+        .map(|k| k.as_bytes().to_vec());
+    let (true, true, Some(key)) = (is_upgrade(h), version_ok, key) else {
+        return xrpc_error(
+            StatusCode::UPGRADE_REQUIRED,
+            "InvalidRequest",
+            "subscribeRepos is a WebSocket endpoint",
+        );
+    };
+    let cursor = match riptide_relay::parse_cursor(req.uri().query()) {
+        Ok(c) => c,
+        Err(m) => return xrpc_error(StatusCode::BAD_REQUEST, "InvalidRequest", m),
+    };
+    let faults = st.faults.lock().unwrap_or_else(|p| p.into_inner()).relay();
+    let upgrade = hyper::upgrade::on(&mut req);
+    // The task must not keep the simulator (and so its relay) alive: dropping the simulator
+    // stops the relay, which closes its subscribers.
+    let sim = Arc::downgrade(&st);
+    drop(st);
+    tokio::spawn(async move {
+        match upgrade.await {
+            Ok(io) => {
+                let io = hyper_util::rt::TokioIo::new(io);
+                let ws = WebSocketStream::from_raw_socket(io, Role::Server, None).await;
+                let serving = match sim.upgrade().as_ref().and_then(|s| s.relay.as_ref()) {
+                    Some(relay) => relay.serve(ws, cursor, faults),
+                    None => return,
+                };
+                serving.await;
+            }
+            Err(e) => tracing::debug!(error = %e, "subscribeRepos upgrade failed"),
+        }
+    });
+    let mut r = Response::new(Body::empty());
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let hs = r.headers_mut();
+    hs.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    hs.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    if let Ok(v) = HeaderValue::from_str(&derive_accept_key(&key)) {
+        hs.insert(header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    r
 }

@@ -9,9 +9,9 @@ pub mod dict;
 pub mod jetstream;
 pub mod relay;
 pub mod repo;
-pub mod tail;
 pub mod sim;
 pub mod serve;
+pub mod tail;
 pub mod verify;
 pub mod verify_handle;
 

@@ -3,11 +3,18 @@
 //! A PLC directory (`GET /did:plc:…`, documents' PDS rewritten to this server), PDS endpoints
 //! (`com.atproto.sync.getRepo`, `listRepos`, `com.atproto.repo.describeRepo`) and handle
 //! resolution (`/.well-known/atproto-did` by Host header or `/<handle>/.well-known/atproto-did`),
-//! from `riptide-sim`. Faults: `--fault-5xx-every N`, `--fault-drop-every N`, `--fault-delay-ms
-//! MS`, or at run time `POST /_sim/faults` with `{"error_every","drop_every","delay_ms"}`.
+//! from `riptide-sim`, and a relay: `ws://…/xrpc/com.atproto.sync.subscribeRepos[?cursor=N]` on
+//! the same address serves `DIR/firehose-frames.bin` (crate `riptide-relay`: seqs from 1, cursor
+//! replay, pings; `--relay-rate`, `--relay-loop`).
+//!
+//! Faults: `--fault-5xx-every N`, `--fault-drop-every N`, `--fault-delay-ms MS` (every HTTP
+//! request, WebSocket upgrades included), `--fault-relay-drop-after N`, `--fault-relay-error-after
+//! N`, `--fault-relay-frame-delay-ms MS` (per relay connection), or at run time `POST
+//! /_sim/faults` with the same settings as JSON (`{"error_every","drop_every","delay_ms",
+//! "relay_drop_after","relay_error_after","relay_frame_delay_ms"}`).
 //!
 //! Prints the base URL on stdout (one line, flushed: a test with `--listen 127.0.0.1:0` reads the
-//! port from it), then serves until interrupted.
+//! port from it) and the relay URL on stderr, then serves until interrupted.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -15,6 +22,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use riptide_relay::RelayConfig;
 use riptide_sim::{Faults, Network, Sim};
 
 use crate::out;
@@ -36,6 +44,21 @@ pub struct Args {
     /// Delay every response by this many milliseconds.
     #[arg(long, default_value_t = 0)]
     fault_delay_ms: u64,
+    /// Relay: drop each connection (no close frame) after this many frames.
+    #[arg(long)]
+    fault_relay_drop_after: Option<usize>,
+    /// Relay: send an error frame and close after this many frames.
+    #[arg(long)]
+    fault_relay_error_after: Option<usize>,
+    /// Relay: wait this many milliseconds before each frame.
+    #[arg(long, default_value_t = 0)]
+    fault_relay_frame_delay_ms: u64,
+    /// Relay: events per second (default: all at once).
+    #[arg(long)]
+    relay_rate: Option<f64>,
+    /// Relay: repeat the stream forever, seqs still increasing.
+    #[arg(long)]
+    relay_loop: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
@@ -44,13 +67,25 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         error_every: a.fault_5xx_every,
         drop_every: a.fault_drop_every,
         delay_ms: a.fault_delay_ms,
+        relay_drop_after: a.fault_relay_drop_after,
+        relay_error_after: a.fault_relay_error_after,
+        relay_frame_delay_ms: a.fault_relay_frame_delay_ms,
+    };
+    anyhow::ensure!(
+        a.relay_rate.is_none_or(|r| r > 0.0 && r.is_finite()),
+        "--relay-rate must be a positive number"
+    );
+    let relay = RelayConfig {
+        rate: a.relay_rate,
+        looped: a.relay_loop,
+        ..RelayConfig::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let (sim, listener) = Sim::bind(net, a.listen, faults)
+        let (sim, listener) = Sim::bind_with(net, a.listen, faults, relay)
             .await
             .with_context(|| format!("binding {}", a.listen))?;
         let accounts = sim.network().accounts().count();
@@ -66,6 +101,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             "riptide sim: {accounts} accounts, {repos} repositories at {}",
             sim.base_url()
         );
+        match sim.relay() {
+            Some(_) => eprintln!(
+                "riptide sim: relay of {} frames at {}",
+                sim.network().frames().len(),
+                sim.relay_url()
+            ),
+            None => eprintln!("riptide sim: no firehose-frames.bin, no relay"),
+        }
         tokio::select! {
             r = sim.serve(listener) => r.context("serving")?,
             _ = tokio::signal::ctrl_c() => eprintln!("riptide sim: interrupted"),
