@@ -4,14 +4,14 @@ pub mod bench;
 pub mod bench_serve;
 pub mod corpus;
 pub mod decode;
-pub mod gen;
 pub mod dict;
+pub mod gen;
 pub mod jetstream;
 pub mod relay;
 pub mod repo;
-pub mod tail;
-pub mod sim;
 pub mod serve;
+pub mod sim;
+pub mod tail;
 pub mod verify;
 pub mod verify_handle;
 
