@@ -4,6 +4,7 @@ pub mod bench;
 pub mod bench_serve;
 pub mod corpus;
 pub mod decode;
+pub mod demo;
 pub mod dict;
 pub mod gen;
 pub mod jetstream;

@@ -86,8 +86,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 pub fn init_tracing() {
+    init_tracing_with("info");
+}
+
+/// Logs to stderr at `RUST_LOG`, or `default` when unset.
+pub fn init_tracing_with(default: &str) {
     let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
