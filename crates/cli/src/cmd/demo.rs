@@ -162,6 +162,7 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
 
     let serve_args = super::serve::Args {
         upstream: vec![relay.url()],
+        upstream_cursor: None,
         did_docs: None,
         plc_url: sim.base_url(),
         did_cache: 10_000,

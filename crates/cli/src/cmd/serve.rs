@@ -34,6 +34,10 @@ pub struct Args {
     /// Upstream relay (repeatable; rotated on failure). Default: wss://bsky.network.
     #[arg(long = "upstream", value_name = "URL")]
     pub upstream: Vec<String>,
+    /// Upstream cursor to start from when the store holds none (default: live). After that,
+    /// the store's cursor always wins.
+    #[arg(long, value_name = "SEQ")]
+    pub upstream_cursor: Option<u64>,
     /// Static DID documents (DID → document JSON) for signature keys, instead of resolution.
     #[arg(long, value_name = "FILE")]
     pub did_docs: Option<PathBuf>,
@@ -220,11 +224,12 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                 } else {
                     args.upstream.clone()
                 };
+                let start_cursor = resume.upstream_cursor.or(args.upstream_cursor);
                 let mut ucfg = UpstreamConfig::new(hosts);
                 ucfg.resolver = resolver.clone();
                 let m = metrics.clone();
                 Box::pin(async move {
-                    upstream::run(ucfg, resume.upstream_cursor, m, tx).await?;
+                    upstream::run(ucfg, start_cursor, m, tx).await?;
                     Ok(())
                 })
             }
