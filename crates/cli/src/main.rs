@@ -51,6 +51,8 @@ enum Command {
     Sim(cmd::sim::Args),
     /// Serve the verified stream as a Jetstream-compatible /subscribe endpoint.
     Serve(cmd::serve::Args),
+    /// Offline, live: generate a network, replay it through a local relay, serve it verified.
+    Demo(cmd::demo::Args),
     /// zstd dictionaries for compressed subscriptions.
     #[command(subcommand)]
     Dict(cmd::dict::Dict),
@@ -71,6 +73,7 @@ fn main() -> ExitCode {
         Command::VerifyHandle(a) => cmd::verify_handle::run(a),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Serve(a) => cmd::serve::run(a),
+        Command::Demo(a) => cmd::demo::run(a),
         Command::Dict(d) => cmd::dict::run(d),
     };
     match result {

@@ -486,7 +486,9 @@ fn bench_repo_repeat_reports_the_mean_per_verification() {
     let path = d.join("repo.car");
     let car = s(&path);
     let total = |repeat: &str| {
-        let out = riptide(&["bench", "repo", car, "--warmup", "1", "--passes", "3", "--repeat", repeat, "--json"]);
+        let out = riptide(&[
+            "bench", "repo", car, "--warmup", "1", "--passes", "3", "--repeat", repeat, "--json",
+        ]);
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         let v = json_lines(&out).remove(0);
         assert_eq!(v["repeat"], repeat.parse::<u64>().unwrap());
@@ -496,7 +498,10 @@ fn bench_repo_repeat_reports_the_mean_per_verification() {
     // A mean over 100 verifications is about one verification, not a hundred (a sum would be
     // ~100x); the bound of 20x leaves room for a loaded machine.
     let (one, hundred) = (total("1"), total("100"));
-    assert!(hundred < one * 20.0, "repeat 100: {hundred} us, repeat 1: {one} us");
+    assert!(
+        hundred < one * 20.0,
+        "repeat 100: {hundred} us, repeat 1: {one} us"
+    );
     let zero = riptide(&["bench", "repo", car, "--repeat", "0", "--json"]);
     assert_ne!(zero.status.code(), Some(0), "--repeat 0 must be refused");
 }

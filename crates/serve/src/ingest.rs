@@ -265,6 +265,12 @@ fn work(keys: Option<Keys>, metrics: Arc<Metrics>, jobs: Receiver<Job>, done: Sy
         if let Some(v) = verifier.as_mut() {
             let report = v.check(&job.bytes);
             metrics.verdict(report.verdict);
+            if report.verdict == Verdict::UnknownKey {
+                // Not remembered: the account's next frame looks its key up again.
+                if let Some(did) = report.did {
+                    v.forget_key(did);
+                }
+            }
             if report.verdict != Verdict::Ok {
                 let rev = decoder
                     .decode(&job.bytes)

@@ -9,7 +9,9 @@
 //!   events it covers (the durability point is documented there);
 //! - [`log`]: the shared log subscribers pull from at their own cursor (memory tail + store);
 //! - [`server`]: `/subscribe`, `/metrics`, `/healthz`, `/readyz`;
-//! - [`options`]: subscriber options and client messages, validated as Jetstream does.
+//! - [`options`]: subscriber options and client messages, validated as Jetstream does;
+//! - [`upstream`]: the relay source (riptide-client), warming DID lookups before verification;
+//!   [`resolve_keys`]: PLC / did:web keys for the verifier.
 
 pub mod compress;
 pub mod event;
@@ -18,8 +20,10 @@ pub mod keys;
 pub mod log;
 pub mod metrics;
 pub mod options;
+pub mod resolve_keys;
 pub mod server;
 pub mod store;
+pub mod upstream;
 
 pub use compress::Dictionary;
 pub use event::Event;
@@ -27,8 +31,10 @@ pub use ingest::{IngestConfig, IngestHandle, IngestSummary, UpstreamFrame};
 pub use keys::{DocKeys, Keys};
 pub use log::{Log, TailLimits};
 pub use metrics::Metrics;
+pub use resolve_keys::ResolvingKeys;
 pub use server::{router, App, ServerConfig};
 pub use store::{Resume, Store, StoreError};
+pub use upstream::UpstreamConfig;
 
 /// Wall-clock unix microseconds.
 pub fn now_us() -> i64 {

@@ -53,6 +53,22 @@ pub struct Metrics {
     pub ingest_lag_us: AtomicI64,
     /// Stored events deleted by retention.
     pub retention_deleted: AtomicU64,
+    /// The upstream cursor the upstream source started from (0: live).
+    pub upstream_start_cursor: AtomicU64,
+    /// Upstream connections made.
+    pub upstream_connects: AtomicU64,
+    /// Upstream connection attempts that failed.
+    pub upstream_connect_failures: AtomicU64,
+    /// Upstream `#info` frames (e.g. `OutdatedCursor`).
+    pub upstream_info: AtomicU64,
+    /// Upstream error frames (e.g. `FutureCursor`, `ConsumerTooSlow`).
+    pub upstream_errors: AtomicU64,
+    /// Upstream frames without a seq (not ingested).
+    pub upstream_unsequenced: AtomicU64,
+    /// DID lookups retried after a transient failure.
+    pub key_lookup_retries: AtomicU64,
+    /// DID lookups given up (no document, unusable, or retries exhausted).
+    pub key_lookup_failures: AtomicU64,
 }
 
 impl Metrics {
@@ -183,6 +199,58 @@ impl Metrics {
             "Events deleted by retention.",
             c(&self.retention_deleted),
         );
+        for (name, kind, help, v) in [
+            (
+                "riptide_upstream_start_cursor",
+                "gauge",
+                "Upstream cursor ingest started from (0: live).",
+                &self.upstream_start_cursor,
+            ),
+            (
+                "riptide_upstream_connects_total",
+                "counter",
+                "Upstream connections made.",
+                &self.upstream_connects,
+            ),
+            (
+                "riptide_upstream_connect_failures_total",
+                "counter",
+                "Upstream connection attempts that failed.",
+                &self.upstream_connect_failures,
+            ),
+            (
+                "riptide_upstream_info_total",
+                "counter",
+                "Upstream #info frames.",
+                &self.upstream_info,
+            ),
+            (
+                "riptide_upstream_error_frames_total",
+                "counter",
+                "Upstream error frames.",
+                &self.upstream_errors,
+            ),
+            (
+                "riptide_upstream_unsequenced_total",
+                "counter",
+                "Upstream frames without a seq, not ingested.",
+                &self.upstream_unsequenced,
+            ),
+            (
+                "riptide_key_lookup_retries_total",
+                "counter",
+                "DID lookups retried after a transient failure.",
+                &self.key_lookup_retries,
+            ),
+            (
+                "riptide_key_lookup_failures_total",
+                "counter",
+                "DID lookups given up.",
+                &self.key_lookup_failures,
+            ),
+        ] {
+            one(name, kind, help, c(v));
+        }
         let _ = writeln!(s, "# HELP riptide_verdicts_total Upstream frames by verification verdict.\n# TYPE riptide_verdicts_total counter");
         for (i, v) in Verdict::ALL.iter().enumerate() {
             let _ = writeln!(

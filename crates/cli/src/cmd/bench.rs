@@ -594,11 +594,17 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
             let r = verify_repo(black_box(&bytes), key.as_ref())?;
             let total = start.elapsed();
             let t = r.timings;
-            for (s, d) in sums.iter_mut().zip([t.car, t.signature, t.walk, t.rebuild, total]) {
+            for (s, d) in sums
+                .iter_mut()
+                .zip([t.car, t.signature, t.walk, t.rebuild, total])
+            {
                 *s += d.as_secs_f64() * 1e6;
             }
         }
-        for (v, s) in phases.iter_mut().zip(sums.iter().map(|s| s / a.repeat as f64).chain([sha])) {
+        for (v, s) in phases
+            .iter_mut()
+            .zip(sums.iter().map(|s| s / a.repeat as f64).chain([sha]))
+        {
             v.push(s);
         }
     }

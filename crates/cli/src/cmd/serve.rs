@@ -1,10 +1,14 @@
 //! `riptide serve`: the verifying, Jetstream-compatible stream server (riptide-serve).
 //!
-//! Ingest sources today: `--ingest-file FILE` (not part of the contract: a corpus file, for tests,
-//! benchmarks and offline runs; the upstream seq of a frame is its 1-based position in the file,
-//! repeated `--ingest-repeat` times, so a restart resumes after the last stored position).
-//! `--upstream URL` is parsed but not yet connected: the firehose client is wired in after the
-//! client crate lands (it only has to send `(seq, Bytes)` on the ingest channel).
+//! Ingest source: `--upstream URL` (repeatable, default `wss://bsky.network`) through
+//! [`riptide_serve::upstream`] (riptide-client: rotation, backoff with jitter; the store's
+//! upstream cursor is the resume point). Not part of the contract: `--ingest-file FILE` (a corpus
+//! file, for tests, benchmarks and offline runs; the upstream seq of a frame is its 1-based
+//! position in the file, repeated `--ingest-repeat` times).
+//!
+//! Keys: `--did-docs FILE`, or else PLC (`--plc-url`) and did:web resolution with a bounded
+//! cache (`--did-cache`), warmed before each frame is verified. [`start`] is also what `riptide
+//! demo` runs.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -16,46 +20,57 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bytes::Bytes;
 use riptide_firehose::corpus::split_frames;
+use riptide_resolver::{Resolver, ResolverConfig};
 use riptide_serve::{
-    ingest, router, App, Dictionary, IngestConfig, Keys, Log, Metrics, ServerConfig, Store,
-    TailLimits,
+    ingest, router, upstream, App, Dictionary, IngestConfig, Keys, Log, Metrics, ResolvingKeys,
+    ServerConfig, Store, TailLimits, UpstreamConfig,
 };
+
+/// The public Bluesky relay.
+pub const DEFAULT_UPSTREAM: &str = "wss://bsky.network";
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Upstream relay (repeatable). Not yet connected: wired after the client crate lands.
+    /// Upstream relay (repeatable; rotated on failure). Default: wss://bsky.network.
     #[arg(long = "upstream", value_name = "URL")]
-    upstream: Vec<String>,
-    /// Static DID documents (DID → document JSON) for signature keys.
+    pub upstream: Vec<String>,
+    /// Upstream cursor to start from when the store holds none (default: live). After that,
+    /// the store's cursor always wins.
+    #[arg(long, value_name = "SEQ")]
+    pub upstream_cursor: Option<u64>,
+    /// Static DID documents (DID → document JSON) for signature keys, instead of resolution.
     #[arg(long, value_name = "FILE")]
-    did_docs: Option<PathBuf>,
-    /// PLC directory for key resolution (resolution arrives with the identity work).
+    pub did_docs: Option<PathBuf>,
+    /// PLC directory for key resolution (without --did-docs); did:web is resolved over HTTPS.
     #[arg(long, value_name = "URL", default_value = "https://plc.directory")]
-    plc_url: String,
+    pub plc_url: String,
+    /// Most DID documents cached (LRU), with negative entries.
+    #[arg(long, value_name = "N", default_value_t = 200_000)]
+    pub did_cache: usize,
     /// Trust the relay: do not verify commits (Jetstream's behaviour). Block CIDs are still checked.
     #[arg(long)]
-    no_verify: bool,
+    pub no_verify: bool,
     /// Data directory (the event store).
     #[arg(long, value_name = "DIR", default_value = "riptide-data")]
-    data: PathBuf,
+    pub data: PathBuf,
     /// How long events are kept for replay (e.g. 24h, 90m, 2d).
     #[arg(long, value_name = "DUR", default_value = "24h", value_parser = parse_duration)]
-    retention: Duration,
+    pub retention: Duration,
     /// Listen address.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6008")]
-    listen: SocketAddr,
+    pub listen: SocketAddr,
     /// zstd dictionary for compress=true (Jetstream's legacy_subscribe.zdict).
     #[arg(long, value_name = "PATH")]
-    zstd_dictionary: Option<PathBuf>,
+    pub zstd_dictionary: Option<PathBuf>,
     /// Not a contract: ingest this corpus file instead of an upstream relay.
     #[arg(long, value_name = "FILE")]
-    ingest_file: Option<PathBuf>,
+    pub ingest_file: Option<PathBuf>,
     /// Not a contract: ingest the file this many times (benchmarks).
     #[arg(long, default_value_t = 1, requires = "ingest_file")]
-    ingest_repeat: u64,
+    pub ingest_repeat: u64,
     /// Not a contract: at most this many frames per second from the file.
     #[arg(long, requires = "ingest_file")]
-    ingest_rate: Option<f64>,
+    pub ingest_rate: Option<f64>,
 }
 
 /// `24h`, `90m`, `30s`, `2d`, or plain seconds.
@@ -75,8 +90,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 pub fn init_tracing() {
+    init_tracing_with("info");
+}
+
+/// Logs to stderr at `RUST_LOG`, or `default` when unset.
+pub fn init_tracing_with(default: &str) {
     let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -93,17 +113,78 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 async fn serve(args: Args) -> anyhow::Result<ExitCode> {
+    let running = start(&args).await?;
+    eprintln!("riptide serve: ws://{}/subscribe", running.addr);
+    running.run_until(shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A started server: ingest running, `/subscribe` listening.
+pub struct Running {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// The shared state (log, metrics).
+    pub app: Arc<App>,
+    /// The resolver, when keys come from PLC / did:web.
+    pub resolver: Option<Resolver>,
+    stop: Arc<tokio::sync::Notify>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    ingest_done: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Running {
+    /// Serves until `until` resolves (or ingest fails), then closes subscribers with 1001.
+    pub async fn run_until(
+        self,
+        until: impl std::future::Future<Output = ()>,
+    ) -> anyhow::Result<()> {
+        let Running {
+            stop,
+            mut server,
+            mut ingest_done,
+            ..
+        } = self;
+        let stopper = stop.clone();
+        tokio::pin!(until);
+        tokio::select! {
+            _ = &mut until => stopper.notify_one(),
+            r = &mut server => { r??; return Ok(()) }
+            r = &mut ingest_done => {
+                // A finite source ended: keep serving; a failure stops the server (crash loud).
+                match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => return Err(e.context("ingest failed")),
+                    Err(e) => return Err(anyhow::Error::from(e).context("ingest task")),
+                }
+                tokio::select! {
+                    _ = &mut until => stopper.notify_one(),
+                    r = &mut server => { r??; return Ok(()) }
+                }
+            }
+        }
+        server.await??;
+        Ok(())
+    }
+}
+
+/// Opens the store, starts ingest from the configured source and serves `/subscribe`.
+pub async fn start(args: &Args) -> anyhow::Result<Running> {
+    let mut resolver = None;
     let keys = match (&args.did_docs, args.no_verify) {
         (_, true) => None,
         (Some(p), false) => Some(Keys::from_docs(super::load_did_docs(p)?)),
-        (None, false) => anyhow::bail!(
-            "verification needs --did-docs FILE for now (PLC resolution via --plc-url {} is not wired yet), or --no-verify",
-            args.plc_url
-        ),
+        (None, false) => {
+            let r = Resolver::new(ResolverConfig {
+                plc_url: args.plc_url.trim_end_matches('/').to_owned(),
+                cache_capacity: args.did_cache,
+                timeout: Duration::from_secs(10),
+                ..ResolverConfig::default()
+            })?;
+            resolver = Some(r.clone());
+            let keys = ResolvingKeys::new(r, tokio::runtime::Handle::current());
+            Some(Keys(Arc::new(keys)))
+        }
     };
-    if !args.upstream.is_empty() {
-        tracing::warn!(upstream = ?args.upstream, "--upstream is parsed but not connected yet: it is wired after the client crate lands");
-    }
     let dict = match &args.zstd_dictionary {
         Some(p) => Some(Dictionary::load(p)?),
         None => None,
@@ -128,21 +209,35 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     };
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
     let handle = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx)?;
+    let source: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>> =
+        match &args.ingest_file {
+            Some(f) => Box::pin(feed_file(
+                f.clone(),
+                args.ingest_repeat,
+                args.ingest_rate,
+                resume.upstream_cursor.unwrap_or(0),
+                tx,
+            )),
+            None => {
+                let hosts = if args.upstream.is_empty() {
+                    vec![DEFAULT_UPSTREAM.to_owned()]
+                } else {
+                    args.upstream.clone()
+                };
+                let start_cursor = resume.upstream_cursor.or(args.upstream_cursor);
+                let mut ucfg = UpstreamConfig::new(hosts);
+                ucfg.resolver = resolver.clone();
+                let m = metrics.clone();
+                Box::pin(async move {
+                    upstream::run(ucfg, start_cursor, m, tx).await?;
+                    Ok(())
+                })
+            }
+        };
     let ingest_done = {
         let app = app.clone();
-        let file = args.ingest_file.clone();
-        let (repeat, rate) = (args.ingest_repeat, args.ingest_rate);
         tokio::spawn(async move {
-            let fed = match file {
-                Some(f) => {
-                    feed_file(&f, repeat, rate, resume.upstream_cursor.unwrap_or(0), tx).await
-                }
-                None => {
-                    // Keep the channel open until the client crate is wired in.
-                    std::future::pending::<()>().await;
-                    Ok(())
-                }
-            };
+            let fed = source.await;
             let joined = tokio::task::spawn_blocking(move || handle.join()).await;
             app.ingest_finished.store(true, Relaxed);
             match (fed, joined) {
@@ -173,29 +268,24 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!("serving ws://{addr}/subscribe (metrics at http://{addr}/metrics)");
-    eprintln!("riptide serve: ws://{addr}/subscribe");
+    let stop = Arc::new(tokio::sync::Notify::new());
     let shutdown_app = app.clone();
+    let stopped = stop.clone();
     let server = axum::serve(listener, router(app.clone())).with_graceful_shutdown(async move {
-        shutdown_signal().await;
+        stopped.notified().await;
         tracing::info!("shutting down: closing subscribers with 1001");
         shutdown_app.shutdown();
         shutdown_app.drained(Duration::from_secs(5)).await;
     });
-    let mut server = tokio::spawn(async move { server.await });
-    let mut ingest_done = ingest_done;
-    tokio::select! {
-        r = &mut server => { r??; return Ok(ExitCode::SUCCESS) }
-        r = &mut ingest_done => {
-            // A finite source ended: keep serving; a failure stops the server (crash loud).
-            match r {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(e.context("ingest failed")),
-                Err(e) => return Err(anyhow::Error::from(e).context("ingest task")),
-            }
-        }
-    }
-    server.await??;
-    Ok(ExitCode::SUCCESS)
+    let server = tokio::spawn(async move { server.await });
+    Ok(Running {
+        addr,
+        app,
+        resolver,
+        stop,
+        server,
+        ingest_done,
+    })
 }
 
 async fn shutdown_signal() {
@@ -218,13 +308,13 @@ async fn shutdown_signal() {
 
 /// Sends the frames of a corpus file, `repeat` times, skipping positions ≤ `after`.
 pub async fn feed_file(
-    path: &std::path::Path,
+    path: PathBuf,
     repeat: u64,
     rate: Option<f64>,
     after: u64,
     tx: tokio::sync::mpsc::Sender<riptide_serve::UpstreamFrame>,
 ) -> anyhow::Result<()> {
-    let file = Bytes::from(super::read_file(path)?);
+    let file = Bytes::from(super::read_file(&path)?);
     let frames: Vec<Bytes> = split_frames(&file)?
         .iter()
         .map(|f| file.slice(f.offset..f.offset + f.bytes.len()))

@@ -1,0 +1,428 @@
+//! `riptide serve --upstream`: real components on loopback — an in-process `riptide-relay`, the
+//! `riptide` binary, a `riptide-sim` PLC directory, WebSocket and `JetstreamClient` consumers.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use riptide_firehose::corpus::split_frames;
+use riptide_firehose::{DecodeOptions, FrameDecoder};
+use riptide_jetstream::Projector;
+use riptide_relay::{Relay, RelayConfig, RelayHandle, SeqSlot};
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::Message;
+
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(data: &Path, args: &[&str]) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_riptide"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--upstream-cursor", "0"])
+        .arg("--data")
+        .arg(data)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let l = lines.next().expect("server exited").unwrap();
+        if let Some(rest) = l.strip_prefix("riptide serve: ws://") {
+            break rest.trim_end_matches("/subscribe").to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    Server { child, addr }
+}
+
+fn metrics(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
+fn metric(addr: &str, name: &str) -> f64 {
+    metrics(addr)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|r| r.strip_prefix(' '))
+                .map(|v| v.parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no metric {name}"))
+}
+
+fn verdicts(addr: &str) -> BTreeMap<String, u64> {
+    metrics(addr)
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("riptide_verdicts_total{verdict=\"")?;
+            let (v, n) = rest.split_once("\"} ")?;
+            let n: u64 = n.parse().ok()?;
+            (n > 0).then(|| (v.to_owned(), n))
+        })
+        .collect()
+}
+
+fn wait_for(addr: &str, name: &str, at_least: f64) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while metric(addr, name) < at_least {
+        assert!(Instant::now() < deadline, "{name} never reached {at_least}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The frames of a corpus file a relay can serve, with their indexes in the file.
+fn frames_of(path: &Path) -> Vec<(usize, Bytes)> {
+    let file = Bytes::from(std::fs::read(path).unwrap());
+    let mut dec = FrameDecoder::with_options(DecodeOptions {
+        decode_blocks: false,
+        ..DecodeOptions::unverified()
+    });
+    split_frames(&file)
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(i, f)| SeqSlot::find(&mut dec, *i, f.bytes).is_ok())
+        .map(|(i, f)| (i, file.slice(f.offset..f.offset + f.bytes.len())))
+        .collect()
+}
+
+/// Drops what a relay and a server assign themselves: `time_us`, `cursor`, and the upstream
+/// `seq` inside `identity` / `account` (the relay renumbers frames).
+fn normalize(v: &mut Value) -> Option<u64> {
+    let o = v.as_object_mut().unwrap();
+    o.remove("time_us");
+    for k in ["identity", "account"] {
+        if let Some(inner) = o.get_mut(k).and_then(Value::as_object_mut) {
+            inner.remove("seq");
+        }
+    }
+    o.remove("cursor").and_then(|c| c.as_u64())
+}
+
+/// Our projection of `frames`, normalized.
+fn projection<'a>(frames: impl IntoIterator<Item = &'a Bytes>) -> Vec<Value> {
+    let mut dec = FrameDecoder::with_options(DecodeOptions {
+        decode_blocks: false,
+        ..DecodeOptions::default()
+    });
+    let mut proj = Projector::new();
+    let mut out = Vec::new();
+    for f in frames {
+        let frame = dec.decode(f).unwrap();
+        let p = proj.project(&frame);
+        for i in 0..p.len() {
+            let mut buf = Vec::new();
+            p.render(i, 0, None, &mut buf);
+            let mut v: Value = serde_json::from_slice(&buf).unwrap();
+            normalize(&mut v);
+            out.push(v);
+        }
+    }
+    out
+}
+
+/// Every stored event from cursor 0, normalized; the cursors separately.
+async fn read_all(addr: &str, n: usize) -> (Vec<Value>, Vec<u64>) {
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=0"))
+        .await
+        .unwrap();
+    let (mut out, mut cursors) = (Vec::new(), Vec::new());
+    while out.len() < n {
+        let m = tokio::time::timeout(Duration::from_secs(60), ws.next())
+            .await
+            .expect("timed out reading events")
+            .unwrap()
+            .unwrap();
+        if let Message::Text(t) = m {
+            let mut v: Value = serde_json::from_str(&t).unwrap();
+            cursors.push(normalize(&mut v).unwrap());
+            out.push(v);
+        }
+    }
+    (out, cursors)
+}
+
+async fn relay(frames: Vec<Bytes>, cfg: RelayConfig) -> RelayHandle {
+    Relay::bind("127.0.0.1:0".parse().unwrap(), frames, cfg)
+        .await
+        .unwrap()
+        .1
+}
+
+/// (a) + (d): the real capture through a relay and the upstream client, served as our
+/// projection; then `JetstreamClient` with a collection filter and zstd with the legacy
+/// dictionary.
+#[test]
+fn capture_through_relay_then_jetstream_client() {
+    let Some(corpus) = riptide_testdata::corpus() else {
+        return;
+    };
+    let cap = corpus.join("jetstream-2026-07");
+    let frames: Vec<Bytes> = frames_of(&cap.join("firehose-frames.bin"))
+        .into_iter()
+        .map(|(_, f)| f)
+        .collect();
+    let want = projection(&frames);
+    assert_eq!(want.len(), 152);
+    let n_frames = frames.len() as f64;
+    let rt = rt();
+    let relay = rt.block_on(relay(frames, RelayConfig::default()));
+    let data = tempfile::tempdir().unwrap();
+    let dict = corpus.join("jetstream-dictionaries/legacy_subscribe.zdict");
+    let s = serve(
+        data.path(),
+        &[
+            "--upstream",
+            &relay.url(),
+            "--did-docs",
+            cap.join("did_docs.json").to_str().unwrap(),
+            "--zstd-dictionary",
+            dict.to_str().unwrap(),
+        ],
+    );
+    wait_for(&s.addr, "riptide_upstream_seq", n_frames);
+    assert_eq!(metric(&s.addr, "riptide_events_stored_total"), 152.0);
+    assert_eq!(verdicts(&s.addr).get("ok").copied(), Some(n_frames as u64));
+    let (got, cursors) = rt.block_on(read_all(&s.addr, 152));
+    assert_eq!(cursors, (1..=152).collect::<Vec<u64>>());
+    assert_eq!(got, want);
+
+    // JetstreamClient: wantedCollections + compress=true with the legacy dictionary.
+    let wanted = "app.bsky.feed.like";
+    let want_likes: Vec<&Value> = want
+        .iter()
+        .filter(|v| v["commit"]["collection"] == wanted)
+        .collect();
+    assert!(!want_likes.is_empty());
+    let got_likes = rt.block_on(async {
+        let mut client = riptide_client::JetstreamClient::new(riptide_client::JetstreamConfig {
+            client: riptide_client::ClientConfig {
+                start_cursor: Some(0),
+                ..riptide_client::ClientConfig::with_hosts([format!("ws://{}", s.addr)])
+            },
+            options: riptide_client::JetstreamOptions {
+                wanted_collections: vec![wanted.into()],
+                ..Default::default()
+            },
+            dictionary: Some(std::fs::read(&dict).unwrap()),
+            require_hello: false,
+        })
+        .unwrap();
+        let mut out = Vec::new();
+        while out.len() < want_likes.len() {
+            let e = tokio::time::timeout(Duration::from_secs(60), client.next())
+                .await
+                .unwrap();
+            let mut v: Value = serde_json::from_slice(&e.raw).unwrap();
+            normalize(&mut v);
+            out.push(v);
+        }
+        out
+    });
+    assert_eq!(got_likes.iter().collect::<Vec<_>>(), want_likes);
+    assert!(
+        metric(&s.addr, "riptide_events_filtered_total") > 0.0,
+        "the filter ran on the server"
+    );
+    drop(s);
+    rt.block_on(relay.shutdown());
+}
+
+/// (b): kill -9 during upstream ingest, restart: seqs continue, nothing durable lost or
+/// duplicated, and the upstream resumes from the stored cursor (no frame is received twice).
+#[test]
+fn kill_9_during_upstream_ingest_resumes_from_stored_cursor() {
+    let Some(corpus) = riptide_testdata::corpus() else {
+        return;
+    };
+    const REPEAT: usize = 30;
+    let cap = corpus.join("jetstream-2026-07");
+    let one: Vec<Bytes> = frames_of(&cap.join("firehose-frames.bin"))
+        .into_iter()
+        .map(|(_, f)| f)
+        .collect();
+    let per_pass = one.len();
+    let frames: Vec<Bytes> = (0..REPEAT).flat_map(|_| one.iter().cloned()).collect();
+    let total_frames = frames.len() as f64;
+    let rt = rt();
+    let relay = rt.block_on(relay(
+        frames,
+        RelayConfig {
+            rate: Some(1500.0),
+            ..RelayConfig::default()
+        },
+    ));
+    let data = tempfile::tempdir().unwrap();
+    let docs = cap.join("did_docs.json");
+    let args = [
+        "--upstream",
+        &relay.url(),
+        "--did-docs",
+        docs.to_str().unwrap(),
+    ];
+    let mut s = serve(data.path(), &args);
+    wait_for(&s.addr, "riptide_events_stored_total", 1000.0);
+    s.child.kill().unwrap(); // SIGKILL
+    s.child.wait().unwrap();
+    drop(s);
+    let s = serve(data.path(), &args);
+    let start = metric(&s.addr, "riptide_upstream_start_cursor");
+    assert!(
+        start >= 1000.0 / 152.0 * per_pass as f64 * 0.9,
+        "resumed from {start}"
+    );
+    assert!(
+        metric(&s.addr, "riptide_log_next_seq") > 1000.0,
+        "durable events lost"
+    );
+    wait_for(&s.addr, "riptide_upstream_seq", total_frames);
+    // Asked for cursor = stored value: every frame after it arrived once, none before it.
+    assert_eq!(
+        metric(&s.addr, "riptide_upstream_frames_duplicate_total"),
+        0.0
+    );
+    assert_eq!(
+        metric(&s.addr, "riptide_upstream_frames_total"),
+        total_frames - start
+    );
+    let total = 152 * REPEAT;
+    assert_eq!(metric(&s.addr, "riptide_log_next_seq") as usize, total + 1);
+    let want = projection(&one);
+    let (got, cursors) = rt.block_on(read_all(&s.addr, total));
+    assert_eq!(cursors, (1..=total as u64).collect::<Vec<_>>());
+    for (i, v) in got.iter().enumerate() {
+        assert_eq!(v, &want[i % 152], "event {i}");
+    }
+    drop(s);
+    rt.block_on(relay.shutdown());
+}
+
+/// A small generated network in `dir` (`adversarial` share of broken frames).
+fn generate(dir: &Path, adversarial: f64) -> Vec<(usize, Bytes)> {
+    let mut cfg = riptide_gen::Config::new(7, 20, 400);
+    cfg.adversarial = adversarial;
+    cfg.initial_records = (5, 40);
+    riptide_gen::write_dir(&cfg, dir).unwrap();
+    frames_of(&dir.join("firehose-frames.bin"))
+}
+
+/// (c): broken commits from upstream (bad signature, wrong prevData, …) are not served and are
+/// counted by verdict; everything else is served exactly.
+#[test]
+fn adversarial_frames_from_upstream_are_counted_not_served() {
+    let gen = tempfile::tempdir().unwrap();
+    let frames = generate(gen.path(), 0.06);
+    let adv: Vec<Value> =
+        serde_json::from_slice(&std::fs::read(gen.path().join("adversarial.json")).unwrap())
+            .unwrap();
+    let mut planned: BTreeMap<String, u64> = BTreeMap::new();
+    let mut rejected = std::collections::HashSet::new();
+    for e in &adv {
+        let i = e["index"].as_u64().unwrap() as usize;
+        let v = e["expected_verdict"].as_str().unwrap();
+        if frames.iter().any(|(j, _)| *j == i) && v != "ok" {
+            *planned.entry(v.to_owned()).or_default() += 1;
+            rejected.insert(i);
+        }
+    }
+    assert!(planned.contains_key("bad-signature") && planned.contains_key("inversion-mismatch"));
+    let n = frames.len() as u64;
+    let want = projection(
+        frames
+            .iter()
+            .filter(|(i, _)| !rejected.contains(i))
+            .map(|(_, f)| f),
+    );
+    let rt = rt();
+    let relay = rt.block_on(relay(
+        frames.into_iter().map(|(_, f)| f).collect(),
+        RelayConfig::default(),
+    ));
+    let data = tempfile::tempdir().unwrap();
+    let docs = gen.path().join("did_docs.json");
+    let s = serve(
+        data.path(),
+        &[
+            "--upstream",
+            &relay.url(),
+            "--did-docs",
+            docs.to_str().unwrap(),
+        ],
+    );
+    wait_for(&s.addr, "riptide_upstream_seq", n as f64);
+    let mut expect = planned.clone();
+    expect.insert("ok".into(), n - planned.values().sum::<u64>());
+    assert_eq!(verdicts(&s.addr), expect);
+    assert_eq!(
+        metric(&s.addr, "riptide_events_stored_total") as usize,
+        want.len()
+    );
+    let (got, _) = rt.block_on(read_all(&s.addr, want.len()));
+    assert_eq!(got, want);
+    drop(s);
+    rt.block_on(relay.shutdown());
+}
+
+/// (e): no --did-docs: keys resolved through a riptide-sim PLC directory; 100% ok.
+#[test]
+fn plc_resolution_verifies_a_generated_stream() {
+    let gen = tempfile::tempdir().unwrap();
+    let frames = generate(gen.path(), 0.0);
+    let n = frames.len() as u64;
+    let frames: Vec<Bytes> = frames.into_iter().map(|(_, f)| f).collect();
+    let want = projection(&frames);
+    let rt = rt();
+    let sim = rt.block_on(async {
+        let net = riptide_sim::Network::load(gen.path()).unwrap();
+        riptide_sim::Sim::spawn(
+            net,
+            "127.0.0.1:0".parse().unwrap(),
+            riptide_sim::Faults::default(),
+        )
+        .await
+        .unwrap()
+    });
+    let relay = rt.block_on(relay(frames, RelayConfig::default()));
+    let data = tempfile::tempdir().unwrap();
+    let s = serve(
+        data.path(),
+        &["--upstream", &relay.url(), "--plc-url", &sim.base_url()],
+    );
+    wait_for(&s.addr, "riptide_upstream_seq", n as f64);
+    assert_eq!(verdicts(&s.addr), BTreeMap::from([("ok".to_owned(), n)]));
+    assert_eq!(metric(&s.addr, "riptide_key_lookup_failures_total"), 0.0);
+    let (got, _) = rt.block_on(read_all(&s.addr, want.len()));
+    assert_eq!(got, want);
+    drop(s);
+    sim.abort();
+    rt.block_on(relay.shutdown());
+}

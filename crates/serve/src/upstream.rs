@@ -1,0 +1,253 @@
+//! The upstream source of ingest: relays' `subscribeRepos` through `riptide-client`, with keys
+//! resolved before a frame reaches the verifier.
+//!
+//! Why a module of its own: [`crate::ingest`] is source-agnostic (it takes `(seq, Bytes)` on a
+//! channel); this is the one source that talks to the network. It owns three things:
+//!
+//! - **Connection policy** is the client's ([`riptide_client::FirehoseClient`]): round-robin
+//!   host rotation, exponential backoff with full jitter reset after a healthy period, ping and
+//!   idle timeout. Each binary message's `Bytes` is moved into the ingest channel unchanged (no
+//!   copy between socket and verifier).
+//! - **The cursor** is the store's: the client starts at [`crate::Resume::upstream_cursor`] (the
+//!   cursor committed atomically with the events it covers) and keeps no cursor file of its own
+//!   (`cursor_store: None`). Frames the relay sends again after a reconnect are at or below the
+//!   stored cursor and are skipped (and counted) by ingest.
+//! - **Warm, then verify** (when keys come from a [`Resolver`]): each frame's DID document is
+//!   looked up *before* the frame is handed on, so the verifier's synchronous key lookup finds it
+//!   cached. Lookups run concurrently (up to [`UpstreamConfig::lookahead`] frames in flight,
+//!   coalesced per DID by the resolver) but frames leave in arrival order. A transient failure
+//!   is retried [`UpstreamConfig::lookup_retries`] times; then the frame goes on and the verifier
+//!   counts it `unknown-key` (never passed unverified). `#identity` drops the DID's cached
+//!   document first, so the next lookup fetches the new one.
+//!
+//! `#info` frames (e.g. `OutdatedCursor`: the relay no longer holds our cursor, events were
+//! missed) and error frames (`FutureCursor`, `ConsumerTooSlow`; the relay closes after them and
+//! the client reconnects) are logged and counted in [`Metrics`]; they carry no seq and are not
+//! ingested.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use futures_util::stream::{FuturesOrdered, StreamExt};
+use futures_util::FutureExt;
+use riptide_cbor::Arena;
+use riptide_client::{
+    Backoff, ClientConfig, ClientError, FirehoseClient, FirehoseEvent, FrameKind,
+};
+use riptide_firehose::verify::peek;
+use riptide_resolver::Resolver;
+use tokio::sync::mpsc;
+
+use crate::ingest::UpstreamFrame;
+use crate::metrics::Metrics;
+
+/// How the upstream source connects and resolves.
+#[derive(Clone, Debug)]
+pub struct UpstreamConfig {
+    /// Relay URLs, tried round-robin (`wss://bsky.network`, `ws://127.0.0.1:PORT`, …).
+    pub hosts: Vec<String>,
+    /// Reconnect delays.
+    pub backoff: Backoff,
+    /// Warm this resolver's cache for each frame's DID before handing it on (`None`: keys come
+    /// from a static file, or verification is off).
+    pub resolver: Option<Resolver>,
+    /// Most frames waiting for their DID lookup at once.
+    pub lookahead: usize,
+    /// Retries of a DID lookup that failed transiently, before the frame goes on (and is counted
+    /// `unknown-key` by the verifier if the key is still missing).
+    pub lookup_retries: u32,
+    /// First delay between lookup retries (doubled each time).
+    pub lookup_retry_delay: Duration,
+}
+
+impl UpstreamConfig {
+    /// Defaults for `hosts`: client backoff, no resolver, 512 lookups in flight, 3 retries from
+    /// 200 ms.
+    pub fn new(hosts: Vec<String>) -> UpstreamConfig {
+        UpstreamConfig {
+            hosts,
+            backoff: Backoff::default(),
+            resolver: None,
+            lookahead: 512,
+            lookup_retries: 3,
+            lookup_retry_delay: Duration::from_millis(200),
+        }
+    }
+}
+
+/// Runs the upstream source until `tx` is closed (ingest stopped). Returns an error only for a
+/// configuration the client refuses (no hosts, a bad URL); network trouble is retried forever.
+pub async fn run(
+    cfg: UpstreamConfig,
+    start_cursor: Option<u64>,
+    metrics: Arc<Metrics>,
+    tx: mpsc::Sender<UpstreamFrame>,
+) -> Result<(), ClientError> {
+    let client_cfg = ClientConfig {
+        backoff: cfg.backoff,
+        start_cursor: start_cursor.map(|c| c.min(i64::MAX as u64) as i64),
+        cursor_store: None,
+        ..ClientConfig::with_hosts(cfg.hosts.clone())
+    };
+    let client = FirehoseClient::new(client_cfg)?;
+    tracing::info!(hosts = ?cfg.hosts, cursor = ?start_cursor, "upstream: connecting");
+    metrics
+        .upstream_start_cursor
+        .store(start_cursor.unwrap_or(0), Relaxed);
+    // The client runs on a task of its own, so nothing ever cancels it mid-connect.
+    let (ev_tx, ev_rx) = mpsc::channel::<FirehoseEvent>(cfg.lookahead.max(1));
+    let stats_metrics = metrics.clone();
+    let reader = tokio::spawn(async move {
+        let mut client = client;
+        let stats = client.stats();
+        loop {
+            let ev = client.next().await;
+            let s = stats.snapshot();
+            stats_metrics.upstream_connects.store(s.connects, Relaxed);
+            stats_metrics
+                .upstream_connect_failures
+                .store(s.connect_failures, Relaxed);
+            if ev_tx.send(ev).await.is_err() {
+                return;
+            }
+        }
+    });
+    match cfg.resolver.clone() {
+        None => forward_direct(ev_rx, &metrics, &tx).await,
+        Some(res) => forward_resolving(&cfg, res, ev_rx, &metrics, &tx).await,
+    }
+    reader.abort();
+    Ok(())
+}
+
+/// What to do with one event: ingest it as `(seq, bytes)`, or not (counted and logged here).
+fn admit(ev: FirehoseEvent, metrics: &Metrics) -> Option<UpstreamFrame> {
+    match ev.kind {
+        FrameKind::Info | FrameKind::Error => {
+            let (name, msg) = ev
+                .notice
+                .as_ref()
+                .map(|n| (n.name.as_str(), n.message.as_deref().unwrap_or("")))
+                .unwrap_or(("?", ""));
+            if ev.kind == FrameKind::Info {
+                metrics.upstream_info.fetch_add(1, Relaxed);
+                tracing::warn!(name, message = msg, host = ev.host, "upstream #info");
+            } else {
+                metrics.upstream_errors.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    name,
+                    message = msg,
+                    host = ev.host,
+                    "upstream error frame (the relay closes; reconnecting)"
+                );
+            }
+            None
+        }
+        _ => match ev.seq.and_then(|s| u64::try_from(s).ok()) {
+            Some(seq) => Some((seq, ev.bytes)),
+            None => {
+                // No seq: nothing to resume from and nothing a consumer could place.
+                metrics.upstream_unsequenced.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    kind = ev.kind.as_str(),
+                    len = ev.bytes.len(),
+                    "upstream frame without a seq: not ingested"
+                );
+                None
+            }
+        },
+    }
+}
+
+async fn forward_direct(
+    mut rx: mpsc::Receiver<FirehoseEvent>,
+    metrics: &Metrics,
+    tx: &mpsc::Sender<UpstreamFrame>,
+) {
+    while let Some(ev) = rx.recv().await {
+        if let Some(f) = admit(ev, metrics) {
+            if tx.send(f).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+async fn forward_resolving(
+    cfg: &UpstreamConfig,
+    resolver: Resolver,
+    mut rx: mpsc::Receiver<FirehoseEvent>,
+    metrics: &Arc<Metrics>,
+    tx: &mpsc::Sender<UpstreamFrame>,
+) {
+    let mut arena = Arena::new();
+    let mut pending: FuturesOrdered<BoxFuture<'static, UpstreamFrame>> = FuturesOrdered::new();
+    let depth = cfg.lookahead.max(1);
+    let mut open = true;
+    loop {
+        tokio::select! {
+            biased;
+            Some(f) = pending.next(), if !pending.is_empty() => {
+                if tx.send(f).await.is_err() {
+                    return;
+                }
+            }
+            ev = rx.recv(), if open && pending.len() < depth => {
+                let Some(ev) = ev else { open = false; continue };
+                let Some((seq, bytes)) = admit(ev, metrics) else { continue };
+                let p = peek(&mut arena, &bytes);
+                let did = p.did.map(str::to_owned);
+                if p.kind == "identity" {
+                    if let Some(d) = &did {
+                        // In arrival order: lookups of later frames fetch the new document.
+                        resolver.invalidate(d);
+                    }
+                }
+                let (res, m) = (resolver.clone(), metrics.clone());
+                let (retries, delay) = (cfg.lookup_retries, cfg.lookup_retry_delay);
+                pending.push_back(
+                    async move {
+                        if let Some(d) = did {
+                            warm(&res, &d, retries, delay, &m).await;
+                        }
+                        (seq, bytes)
+                    }
+                    .boxed(),
+                );
+            }
+            else => return,
+        }
+    }
+}
+
+/// Resolves `did` into the cache, retrying transient failures. Definite answers (no such DID,
+/// unusable document) are cached negatively by the resolver and end the wait at once.
+async fn warm(res: &Resolver, did: &str, retries: u32, delay: Duration, metrics: &Metrics) {
+    if res.try_get(did).is_some() {
+        return;
+    }
+    let mut wait = delay;
+    for attempt in 0..=retries {
+        match res.resolve_did(did).await {
+            Ok(_) => return,
+            Err(e) if e.is_definite() => {
+                tracing::warn!(did, error = %e, "DID lookup: no usable document (the frame will be unknown-key)");
+                metrics.key_lookup_failures.fetch_add(1, Relaxed);
+                return;
+            }
+            Err(e) => {
+                if attempt == retries {
+                    tracing::warn!(did, error = %e, attempts = retries + 1, "DID lookup failed; giving up (the frame will be unknown-key)");
+                    metrics.key_lookup_failures.fetch_add(1, Relaxed);
+                    return;
+                }
+                metrics.key_lookup_retries.fetch_add(1, Relaxed);
+                tracing::debug!(did, error = %e, attempt, "DID lookup failed; retrying");
+                tokio::time::sleep(wait).await;
+                wait = wait.saturating_mul(2);
+            }
+        }
+    }
+}
