@@ -28,7 +28,7 @@ use riptide_cbor::{
     write_array_header, write_bool, write_bytes, write_int, write_link, write_map_header,
     write_null, write_text, CidBuf, DAG_CBOR, RAW,
 };
-use riptide_crypto::PrivateKey;
+use riptide_crypto::{PrivateKey, Signer};
 use riptide_repo::Action;
 
 use crate::account::Account;
@@ -130,6 +130,8 @@ pub struct Network {
     adversarial: Vec<AdversarialEntry>,
     defects_made: usize,
     oversized_made: usize,
+    /// Signs every commit: one libsecp256k1 context, blinded once (see [`signer_seed`]).
+    signer: Signer,
 }
 
 impl std::fmt::Debug for Network {
@@ -166,6 +168,7 @@ impl Network {
                 "initial records: need 1 <= min <= max".into(),
             ));
         }
+        let signer = Signer::new(&signer_seed(cfg.seed));
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let identities: Vec<Account> = (0..cfg.accounts)
             .map(|_| Account::generate(&mut rng))
@@ -218,6 +221,7 @@ impl Network {
             adversarial: Vec::new(),
             defects_made: 0,
             oversized_made: 0,
+            signer,
         })
     }
 
@@ -256,7 +260,8 @@ impl Network {
     pub fn export_repos(&self) -> impl Iterator<Item = Result<(&str, Vec<u8>), GenError>> + '_ {
         self.accounts.iter().map(|a| {
             let blocks = a.repo.export_blocks()?;
-            let (cid, commit) = signed_commit(&a.account, &a.repo.rev, a.repo.root, None);
+            let (cid, commit) =
+                signed_commit(&self.signer, &a.account, &a.repo.rev, a.repo.root, None);
             let mut w = CarWriter::new(&[cid]);
             w.block(cid.as_cid(), &commit);
             for (c, b) in &blocks {
@@ -585,9 +590,22 @@ impl Network {
     fn finish_one(&self, p: Pending) -> Vec<u8> {
         match p {
             Pending::Ready(b) => b,
-            Pending::Commit(job) => encode_commit_job(&self.accounts[job.account].account, &job),
+            Pending::Commit(job) => {
+                encode_commit_job(&self.signer, &self.accounts[job.account].account, &job)
+            }
         }
     }
+}
+
+/// The blinding seed of the signing context: derived from the seed (and nothing else, so runs
+/// stay reproducible to the byte even if a backend let blinding reach the output, which RFC 6979
+/// signing does not), without drawing from the stream's RNG.
+fn signer_seed(seed: u64) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"riptide-gen signing context");
+    h.update(seed.to_be_bytes());
+    h.finalize().into()
 }
 
 /// Records of a repository before the stream starts, with creation times in the past.
@@ -635,6 +653,7 @@ fn initial_records(
 /// The commit block `{did, version: 3, data, rev, prev: null, sig}` and its CID, signed by the
 /// account's key (or by `wrong_key`).
 fn signed_commit(
+    signer: &Signer,
     a: &Account,
     rev: &str,
     data: CidBuf,
@@ -642,7 +661,7 @@ fn signed_commit(
 ) -> (CidBuf, Vec<u8>) {
     let mut out = Vec::with_capacity(160);
     commit_fields(&mut out, &a.did, rev, data, None);
-    let sig = wrong_key.unwrap_or(&a.key).sign(&out);
+    let sig = signer.sign(wrong_key.unwrap_or(&a.key), &out);
     out.clear();
     commit_fields(&mut out, &a.did, rev, data, Some(&sig));
     (sha(&out), out)
@@ -736,7 +755,7 @@ fn write_op(out: &mut Vec<u8>, op: &Op) {
 /// One payload field: its key and how to write its value.
 type Field<'a> = (&'static str, Box<dyn Fn(&mut Vec<u8>) + 'a>);
 
-fn encode_commit_job(a: &Account, job: &CommitJob) -> Vec<u8> {
+fn encode_commit_job(signer: &Signer, a: &Account, job: &CommitJob) -> Vec<u8> {
     let wrong;
     let wrong_key = if job.defect == Some(Defect::BadSignature) {
         wrong = crate::adversarial::wrong_key(a.key.curve());
@@ -744,7 +763,7 @@ fn encode_commit_job(a: &Account, job: &CommitJob) -> Vec<u8> {
     } else {
         None
     };
-    let (cid, commit) = signed_commit(a, &job.rev, job.data, wrong_key);
+    let (cid, commit) = signed_commit(signer, a, &job.rev, job.data, wrong_key);
     let mut car = CarWriter::new(&[cid]);
     if !job.sync {
         let skip_first_node = job.defect == Some(Defect::MissingProofBlock);
