@@ -174,6 +174,7 @@ impl Network {
             .map(|_| Account::generate(&mut rng))
             .collect();
         let mut ctx = Context::new(identities.iter().map(|a| a.did.clone()).collect());
+        ctx.handles = identities.iter().map(|a| a.handle.clone()).collect();
         // Heavy users have big repositories: the most active accounts (lowest index, see
         // `cumulative`) get the largest, which makes proof paths as long as the network's.
         // Sizes fall off as rank^-1/2 (times a random factor), so the total grows as
@@ -453,7 +454,24 @@ impl Network {
             }];
         }
         if r < 12 + 27 + 13 {
-            let kind = weighted(&mut self.rng, UPDATE_MIX);
+            let mut kind = weighted(&mut self.rng, UPDATE_MIX);
+            // An update needs a record to update: a status the account never set, or a list
+            // it does not have, is an update of its profile instead (which always exists and
+            // is never deleted), not a create (which made updates 0.5% of ops, not 1.3%).
+            let missing = match kind {
+                Kind::List => self.accounts[i].list.as_deref().is_none_or(|uri| {
+                    let path = uri.splitn(4, '/').nth(3).unwrap_or_default();
+                    self.accounts[i].repo.get(path).is_none()
+                }),
+                k if k.is_singleton() => {
+                    let path = format!("{}/self", k.nsid());
+                    self.accounts[i].repo.get(&path).is_none()
+                }
+                _ => false,
+            };
+            if missing {
+                kind = Kind::Profile;
+            }
             if kind == Kind::List {
                 if let Some(uri) = self.accounts[i].list.clone() {
                     let path = uri.splitn(4, '/').nth(3).unwrap_or_default().to_owned();
