@@ -505,15 +505,13 @@ impl Network {
         let rev = tid(self.now, self.accounts[i].clock_id);
         let since = Some(self.accounts[i].repo.rev.clone());
         let mut p = self.accounts[i].repo.prepare(changes)?;
-        let (data, prev_data, ops, proof) = (
-            p.data,
-            p.prev_data,
-            p.ops.clone(),
-            std::mem::take(&mut p.proof),
-        );
-        let records = p.records.clone();
+        let (data, prev_data) = (p.data, p.prev_data);
+        let proof = std::mem::take(&mut p.proof);
+        // Move the ops and records into the job rather than copying them, except what the
+        // repository still needs: record bytes it keeps, ops an abort undoes.
+        let (ops, records);
         if keep {
-            for op in &ops {
+            for op in &p.ops {
                 if op.path.starts_with("app.bsky.feed.post/") {
                     if let Some(cid) = op.cid {
                         let uri = format!("at://{}/{}", self.accounts[i].account.did, op.path);
@@ -521,8 +519,16 @@ impl Network {
                     }
                 }
             }
+            records = if self.accounts[i].repo.keep_records() {
+                p.records.clone()
+            } else {
+                std::mem::take(&mut p.records)
+            };
             self.accounts[i].repo.keep(&mut p, rev.clone())?;
+            ops = std::mem::take(&mut p.ops);
         } else {
+            ops = p.ops.clone();
+            records = std::mem::take(&mut p.records);
             self.accounts[i].repo.abort(p)?;
         }
         Ok(Pending::Commit(Box::new(CommitJob {
