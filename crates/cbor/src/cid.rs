@@ -110,10 +110,20 @@ impl<'a> Cid<'a> {
             && input[2] == 0x12
             && input[3] == 0x20
         {
-            return Ok((Cid { bytes: &input[..36] }, 36));
+            return Ok((
+                Cid {
+                    bytes: &input[..36],
+                },
+                36,
+            ));
         }
         let len = Self::measure(input)?;
-        Ok((Cid { bytes: &input[..len] }, len))
+        Ok((
+            Cid {
+                bytes: &input[..len],
+            },
+            len,
+        ))
     }
 
     /// Wraps bytes the decoder already validated as a CID.
@@ -138,7 +148,11 @@ impl<'a> Cid<'a> {
             if input.get(1) != Some(&0x20) {
                 return Err(CidError::BadVersion);
             }
-            return if input.len() >= 34 { Ok(34) } else { Err(CidError::Truncated) };
+            return if input.len() >= 34 {
+                Ok(34)
+            } else {
+                Err(CidError::Truncated)
+            };
         }
         let mut pos = 0;
         let (version, n) = read_varint(input)?;
@@ -201,7 +215,11 @@ impl<'a> Cid<'a> {
     #[inline]
     pub fn digest(&self) -> &'a [u8] {
         // Fast path only when codec and hash code are one-byte varints, so byte 3 is the length.
-        if self.bytes.len() == 36 && self.bytes[1] < 0x80 && self.bytes[2] < 0x80 && self.bytes[3] == 0x20 {
+        if self.bytes.len() == 36
+            && self.bytes[1] < 0x80
+            && self.bytes[2] < 0x80
+            && self.bytes[3] == 0x20
+        {
             return &self.bytes[4..];
         }
         if self.version() == 0 {
@@ -238,7 +256,10 @@ impl<'a> Cid<'a> {
     pub fn to_buf(&self) -> CidBuf {
         let mut buf = [0u8; MAX_CID_LEN];
         buf[..self.bytes.len()].copy_from_slice(self.bytes);
-        CidBuf { len: self.bytes.len() as u8, buf }
+        CidBuf {
+            len: self.bytes.len() as u8,
+            buf,
+        }
     }
 
     /// Appends the canonical string form (base32 `b…` for v1, base58 `Qm…` for v0) to `out`.
@@ -278,7 +299,8 @@ fn base32_lower() -> &'static data_encoding::Encoding {
         spec.translate.from.push_str("ABCDEFGHIJKLMNOPQRSTUVWXYZ");
         spec.translate.to.push_str("abcdefghijklmnopqrstuvwxyz");
         #[allow(clippy::expect_used)]
-        spec.encoding().expect("static base32 specification is valid")
+        spec.encoding()
+            .expect("static base32 specification is valid")
     })
 }
 
@@ -321,7 +343,9 @@ impl CidBuf {
             return Err(CidError::BadString);
         }
         let decoded: Vec<u8> = if s.len() == 46 && s.starts_with("Qm") {
-            bs58::decode(s).into_vec().map_err(|_| CidError::BadString)?
+            bs58::decode(s)
+                .into_vec()
+                .map_err(|_| CidError::BadString)?
         } else {
             // `get`, not indexing: a multi-byte first character must be an error, not a panic.
             let body = s.get(1..).ok_or(CidError::BadString)?;
@@ -329,7 +353,9 @@ impl CidBuf {
                 b'b' | b'B' => base32_lower()
                     .decode(body.as_bytes())
                     .map_err(|_| CidError::BadString)?,
-                b'z' => bs58::decode(body).into_vec().map_err(|_| CidError::BadString)?,
+                b'z' => bs58::decode(body)
+                    .into_vec()
+                    .map_err(|_| CidError::BadString)?,
                 b'f' | b'F' => data_encoding::HEXLOWER_PERMISSIVE
                     .decode(body.as_bytes())
                     .map_err(|_| CidError::BadString)?,
@@ -346,7 +372,9 @@ impl CidBuf {
     /// A borrowed view.
     #[inline]
     pub fn as_cid(&self) -> Cid<'_> {
-        Cid { bytes: self.as_bytes() }
+        Cid {
+            bytes: self.as_bytes(),
+        }
     }
 
     /// The binary form.
@@ -417,7 +445,8 @@ mod tests {
 
     #[test]
     fn raw_codec() {
-        let c = CidBuf::parse("bafkreiccldh766hwcnuxnf2wh6jgzepf2nlu2lvcllt63eww5p6chi4ity").unwrap();
+        let c =
+            CidBuf::parse("bafkreiccldh766hwcnuxnf2wh6jgzepf2nlu2lvcllt63eww5p6chi4ity").unwrap();
         assert_eq!(c.as_cid().codec(), RAW);
     }
 
@@ -427,7 +456,10 @@ mod tests {
         assert_eq!(c.as_cid().version(), 0);
         assert_eq!(c.as_cid().codec(), DAG_PB);
         assert_eq!(c.as_cid().digest().len(), 32);
-        assert_eq!(c.to_string(), "QmdfTbBqBPQ7VNxZEYEj14VmRuZBkqFbiwReogJgS1zR1n");
+        assert_eq!(
+            c.to_string(),
+            "QmdfTbBqBPQ7VNxZEYEj14VmRuZBkqFbiwReogJgS1zR1n"
+        );
         assert!(!c.as_cid().is_atproto());
     }
 
@@ -447,7 +479,10 @@ mod tests {
     fn sha256_matches_known_cid() {
         // The empty byte string's raw CID.
         let c = CidBuf::sha256(RAW, b"");
-        assert_eq!(c.to_string(), "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku");
+        assert_eq!(
+            c.to_string(),
+            "bafkreihdwdcefgh4dqkjv67uzcmw7ojee6xedzdetojuzjevtenxquvyku"
+        );
     }
 
     #[test]

@@ -84,7 +84,11 @@ pub fn write_json_string(out: &mut Vec<u8>, s: &str) {
             // U+2028 is E2 80 A8, U+2029 is E2 80 A9.
             if i + 2 < bytes.len() && bytes[i + 1] == 0x80 && (bytes[i + 2] & 0xfe) == 0xa8 {
                 out.extend_from_slice(&bytes[start..i]);
-                out.extend_from_slice(if bytes[i + 2] == 0xa8 { b"\\u2028" } else { b"\\u2029" });
+                out.extend_from_slice(if bytes[i + 2] == 0xa8 {
+                    b"\\u2028"
+                } else {
+                    b"\\u2029"
+                });
                 i += 3;
                 start = i;
             } else {
@@ -94,7 +98,14 @@ pub fn write_json_string(out: &mut Vec<u8>, s: &str) {
         }
         out.extend_from_slice(&bytes[start..i]);
         if esc == b'u' {
-            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[(b >> 4) as usize], HEX[(b & 15) as usize]]);
+            out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[(b >> 4) as usize],
+                HEX[(b & 15) as usize],
+            ]);
         } else {
             out.extend_from_slice(&[b'\\', esc]);
         }
@@ -118,9 +129,11 @@ pub fn write_json_int(out: &mut Vec<u8>, v: i64) {
 pub fn write_json(v: Value<'_>, out: &mut Vec<u8>) -> Result<(), JsonError> {
     match v.kind() {
         Kind::Null => out.extend_from_slice(b"null"),
-        Kind::Bool => {
-            out.extend_from_slice(if v.as_bool() == Some(true) { b"true" } else { b"false" })
-        }
+        Kind::Bool => out.extend_from_slice(if v.as_bool() == Some(true) {
+            b"true"
+        } else {
+            b"false"
+        }),
         Kind::UInt | Kind::NegInt => match v.as_i64() {
             Some(i) => write_json_int(out, i),
             None => return Err(JsonError::NotInDataModel("an integer beyond 64 bits")),
@@ -226,7 +239,10 @@ fn convert(json: &serde_json::Value, depth: usize) -> Result<OwnedValue, JsonErr
         }
         J::String(s) => OwnedValue::Text(s.clone()),
         J::Array(items) => OwnedValue::Array(
-            items.iter().map(|i| convert(i, depth + 1)).collect::<Result<_, _>>()?,
+            items
+                .iter()
+                .map(|i| convert(i, depth + 1))
+                .collect::<Result<_, _>>()?,
         ),
         J::Object(obj) => {
             if let Some(link) = obj.get("$link") {

@@ -27,12 +27,16 @@ mod json;
 mod tape;
 mod value;
 
-pub use cid::{read_varint, write_varint, Cid, CidBuf, CidError, DAG_CBOR, DAG_PB, MAX_CID_LEN, RAW, SHA2_256};
+pub use cid::{
+    read_varint, write_varint, Cid, CidBuf, CidError, DAG_CBOR, DAG_PB, MAX_CID_LEN, RAW, SHA2_256,
+};
 pub use encode::{
-    canonical_cmp, encode_value, write_array_header, write_bool, write_bytes, write_head, write_int,
-    write_link, write_map_header, write_null, write_text, EncodeError, OwnedValue,
+    canonical_cmp, encode_value, write_array_header, write_bool, write_bytes, write_head,
+    write_int, write_link, write_map_header, write_null, write_text, EncodeError, OwnedValue,
 };
 pub use error::{Error, ErrorKind};
-pub use json::{json_to_value, to_json_string, write_json, write_json_int, write_json_string, JsonError};
+pub use json::{
+    json_to_value, to_json_string, write_json, write_json_int, write_json_string, JsonError,
+};
 pub use tape::{Arena, Doc, Item, Kind, Limits, Mode, Options, Tape};
 pub use value::{Items, Pairs, Value};

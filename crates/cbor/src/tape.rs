@@ -98,7 +98,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_input: 16 << 20, max_depth: 64, max_container_len: 1 << 20 }
+        Limits {
+            max_input: 16 << 20,
+            max_depth: 64,
+            max_container_len: 1 << 20,
+        }
     }
 }
 
@@ -119,7 +123,10 @@ impl Options {
 
     /// Lenient decoding with default limits.
     pub fn lenient() -> Options {
-        Options { mode: Mode::Lenient, ..Options::default() }
+        Options {
+            mode: Mode::Lenient,
+            ..Options::default()
+        }
     }
 }
 
@@ -202,7 +209,10 @@ impl<'a> Tape<'a> {
     /// the arena for the whole lifetime `'a`, so views can be stored next to each other.
     pub fn finish(self) -> Doc<'a> {
         let arena: &'a Arena = self.arena;
-        Doc { base: self.base, nodes: &arena.nodes }
+        Doc {
+            base: self.base,
+            nodes: &arena.nodes,
+        }
     }
 
     /// Decodes exactly one item spanning `range` of the base buffer.
@@ -384,7 +394,12 @@ fn decode_loop(
     stack.clear();
     // The innermost open container lives in `cur` (registers), its ancestors on `stack`; reading
     // the stack top for every item cost more than the item itself (profiled).
-    let mut cur = Level { node: 0, remaining: 0, is_map: false, prev_key: (0, u32::MAX) };
+    let mut cur = Level {
+        node: 0,
+        remaining: 0,
+        is_map: false,
+        prev_key: (0, u32::MAX),
+    };
     let mut open = false;
     let mut pos = start;
     loop {
@@ -421,13 +436,21 @@ fn decode_loop(
                 if strict && arg > i64::MAX as u64 {
                     return Err(err(ErrorKind::IntegerOverflow, at));
                 }
-                Node { kind: Kind::UInt, a: 0, b: arg }
+                Node {
+                    kind: Kind::UInt,
+                    a: 0,
+                    b: arg,
+                }
             }
             1 => {
                 if strict && arg > i64::MAX as u64 {
                     return Err(err(ErrorKind::IntegerOverflow, at));
                 }
-                Node { kind: Kind::NegInt, a: 0, b: arg }
+                Node {
+                    kind: Kind::NegInt,
+                    a: 0,
+                    b: arg,
+                }
             }
             2 | 3 => {
                 if arg > (end - pos) as u64 {
@@ -464,7 +487,11 @@ fn decode_loop(
                     }
                 }
                 let kind = if major == 2 { Kind::Bytes } else { Kind::Text };
-                let n = Node { kind, a: len as u32, b: pos as u64 };
+                let n = Node {
+                    kind,
+                    a: len as u32,
+                    b: pos as u64,
+                };
                 pos += len;
                 n
             }
@@ -474,13 +501,21 @@ fn decode_loop(
                 }
                 // Every item takes at least one byte: a longer declared length cannot fit.
                 // (Saturating: with the limit lifted, 2^63 pairs must not wrap to 0 items.)
-                let items = if major == 5 { arg.saturating_mul(2) } else { arg };
+                let items = if major == 5 {
+                    arg.saturating_mul(2)
+                } else {
+                    arg
+                };
                 if items > (end - pos) as u64 {
                     return Err(err(ErrorKind::Truncated, at));
                 }
                 let kind = if major == 5 { Kind::Map } else { Kind::Array };
                 let idx = nodes.len();
-                nodes.push(Node { kind, a: arg as u32, b: idx as u64 + 1 });
+                nodes.push(Node {
+                    kind,
+                    a: arg as u32,
+                    b: idx as u64 + 1,
+                });
                 if items > 0 {
                     if stack.len() + usize::from(open) >= limits.max_depth {
                         return Err(err(ErrorKind::DepthLimit, at));
@@ -488,7 +523,12 @@ fn decode_loop(
                     if open {
                         stack.push(cur);
                     }
-                    cur = Level { node: idx as u32, remaining: items, is_map: major == 5, prev_key: (0, u32::MAX) };
+                    cur = Level {
+                        node: idx as u32,
+                        remaining: items,
+                        is_map: major == 5,
+                        prev_key: (0, u32::MAX),
+                    };
                     open = true;
                     continue;
                 }
@@ -527,7 +567,11 @@ fn decode_loop(
                     if content.first() != Some(&0x00) || Cid::from_bytes(&content[1..]).is_err() {
                         return Err(err(ErrorKind::InvalidLink, at));
                     }
-                    let n = Node { kind: Kind::Link, a: (blen - 1) as u32, b: pos as u64 + 1 };
+                    let n = Node {
+                        kind: Kind::Link,
+                        a: (blen - 1) as u32,
+                        b: pos as u64 + 1,
+                    };
                     pos += blen;
                     n
                 } else if strict {
@@ -535,22 +579,43 @@ fn decode_loop(
                 } else {
                     // Lenient: a tag node with one child.
                     let idx = nodes.len();
-                    nodes.push(Node { kind: Kind::Tag, a: arg as u32, b: idx as u64 + 1 });
+                    nodes.push(Node {
+                        kind: Kind::Tag,
+                        a: arg as u32,
+                        b: idx as u64 + 1,
+                    });
                     if stack.len() + usize::from(open) >= limits.max_depth {
                         return Err(err(ErrorKind::DepthLimit, at));
                     }
                     if open {
                         stack.push(cur);
                     }
-                    cur = Level { node: idx as u32, remaining: 1, is_map: false, prev_key: (0, u32::MAX) };
+                    cur = Level {
+                        node: idx as u32,
+                        remaining: 1,
+                        is_map: false,
+                        prev_key: (0, u32::MAX),
+                    };
                     open = true;
                     continue;
                 }
             }
             _ => match info {
-                20 => Node { kind: Kind::Bool, a: 0, b: 0 },
-                21 => Node { kind: Kind::Bool, a: 1, b: 0 },
-                22 => Node { kind: Kind::Null, a: 0, b: 0 },
+                20 => Node {
+                    kind: Kind::Bool,
+                    a: 0,
+                    b: 0,
+                },
+                21 => Node {
+                    kind: Kind::Bool,
+                    a: 1,
+                    b: 0,
+                },
+                22 => Node {
+                    kind: Kind::Null,
+                    a: 0,
+                    b: 0,
+                },
                 25..=27 => {
                     if strict {
                         return Err(err(ErrorKind::Float, at));
@@ -561,17 +626,33 @@ fn decode_loop(
                         26 => f64::from(f32::from_bits(raw as u32)),
                         _ => f64::from_bits(raw),
                     };
-                    Node { kind: Kind::Float, a: 0, b: f.to_bits() }
+                    Node {
+                        kind: Kind::Float,
+                        a: 0,
+                        b: f.to_bits(),
+                    }
                 }
                 31 => return Err(err(ErrorKind::InvalidHeader, at)),
                 28..=30 => return Err(err(ErrorKind::InvalidHeader, at)),
                 _ if strict => return Err(err(ErrorKind::UnsupportedSimple, at)),
-                23 => Node { kind: Kind::Undefined, a: 0, b: 0 },
+                23 => Node {
+                    kind: Kind::Undefined,
+                    a: 0,
+                    b: 0,
+                },
                 24 => {
                     let v = read_arg(input, &mut pos, end, info, at)?;
-                    Node { kind: Kind::Simple, a: v as u32, b: 0 }
+                    Node {
+                        kind: Kind::Simple,
+                        a: v as u32,
+                        b: 0,
+                    }
                 }
-                _ => Node { kind: Kind::Simple, a: u32::from(info), b: 0 },
+                _ => Node {
+                    kind: Kind::Simple,
+                    a: u32::from(info),
+                    b: 0,
+                },
             },
         };
         nodes.push(node);
@@ -630,7 +711,13 @@ mod tests {
         assert_eq!(tape.len(), 7);
         let v = tape.value(item);
         assert_eq!(v.get("a").and_then(|v| v.as_i64()), Some(1));
-        let b: Vec<i64> = v.get("b").unwrap().array().unwrap().filter_map(|v| v.as_i64()).collect();
+        let b: Vec<i64> = v
+            .get("b")
+            .unwrap()
+            .array()
+            .unwrap()
+            .filter_map(|v| v.as_i64())
+            .collect();
         assert_eq!(b, vec![2, 3]);
     }
 
@@ -641,22 +728,40 @@ mod tests {
         assert_eq!(kind(&[0x9f, 0xff]), ErrorKind::Indefinite);
         assert_eq!(kind(&[0xa1, 0x01, 0x01]), ErrorKind::NonTextKey);
         // {"b":1,"a":2}: same length, wrong order.
-        assert_eq!(kind(&[0xa2, 0x61, 0x62, 0x01, 0x61, 0x61, 0x02]), ErrorKind::KeyOrder);
+        assert_eq!(
+            kind(&[0xa2, 0x61, 0x62, 0x01, 0x61, 0x61, 0x02]),
+            ErrorKind::KeyOrder
+        );
         // {"aa":1,"b":2}: longer key first.
-        assert_eq!(kind(&[0xa2, 0x62, 0x61, 0x61, 0x01, 0x61, 0x62, 0x02]), ErrorKind::KeyOrder);
-        assert_eq!(kind(&[0xa2, 0x61, 0x61, 0x01, 0x61, 0x61, 0x02]), ErrorKind::DuplicateKey);
+        assert_eq!(
+            kind(&[0xa2, 0x62, 0x61, 0x61, 0x01, 0x61, 0x62, 0x02]),
+            ErrorKind::KeyOrder
+        );
+        assert_eq!(
+            kind(&[0xa2, 0x61, 0x61, 0x01, 0x61, 0x61, 0x02]),
+            ErrorKind::DuplicateKey
+        );
         assert_eq!(kind(&[0xc1, 0x00]), ErrorKind::UnsupportedTag);
         assert_eq!(kind(&[0xf9, 0x3c, 0x00]), ErrorKind::Float);
         assert_eq!(kind(&[0xf7]), ErrorKind::UnsupportedSimple);
         assert_eq!(kind(&[0x62, 0xff, 0xfe]), ErrorKind::InvalidUtf8);
-        assert_eq!(kind(&[0x1b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]), ErrorKind::IntegerOverflow);
+        assert_eq!(
+            kind(&[0x1b, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]),
+            ErrorKind::IntegerOverflow
+        );
         assert_eq!(kind(&[0x01, 0x01]), ErrorKind::TrailingBytes);
         assert_eq!(kind(&[0x82, 0x01]), ErrorKind::Truncated);
         assert_eq!(kind(&[0x5a, 0xff, 0xff, 0xff, 0xff]), ErrorKind::Truncated);
-        assert_eq!(kind(&[0x9b, 0, 0, 0, 1, 0, 0, 0, 0]), ErrorKind::LengthLimit);
+        assert_eq!(
+            kind(&[0x9b, 0, 0, 0, 1, 0, 0, 0, 0]),
+            ErrorKind::LengthLimit
+        );
         assert_eq!(kind(&[0x1c]), ErrorKind::InvalidHeader);
         // tag 42 over something that is not 0x00 + CID
-        assert_eq!(kind(&[0xd8, 0x2a, 0x42, 0x01, 0x02]), ErrorKind::InvalidLink);
+        assert_eq!(
+            kind(&[0xd8, 0x2a, 0x42, 0x01, 0x02]),
+            ErrorKind::InvalidLink
+        );
         assert_eq!(kind(&[0xd8, 0x2a, 0x01]), ErrorKind::InvalidLink);
     }
 

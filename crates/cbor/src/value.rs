@@ -98,7 +98,9 @@ impl<'t> Value<'t> {
     pub fn byte_range(&self) -> Option<std::ops::Range<usize>> {
         let n = self.node();
         match n.kind {
-            Kind::Bytes | Kind::Text | Kind::Link => Some(n.b as usize..n.b as usize + n.a as usize),
+            Kind::Bytes | Kind::Text | Kind::Link => {
+                Some(n.b as usize..n.b as usize + n.a as usize)
+            }
             _ => None,
         }
     }
@@ -142,7 +144,12 @@ impl<'t> Value<'t> {
     pub fn map(&self) -> Option<Pairs<'t>> {
         let n = self.node();
         (n.kind == Kind::Map).then_some(Pairs {
-            inner: Items { base: self.base, nodes: self.nodes, next: self.idx + 1, remaining: n.a * 2 },
+            inner: Items {
+                base: self.base,
+                nodes: self.nodes,
+                next: self.idx + 1,
+                remaining: n.a * 2,
+            },
         })
     }
 
@@ -150,7 +157,10 @@ impl<'t> Value<'t> {
     /// possible only in lenient mode, are skipped.
     #[inline]
     pub fn entries(&self) -> impl Iterator<Item = (&'t str, Value<'t>)> + 't {
-        self.map().into_iter().flatten().filter_map(|(k, v)| Some((k.as_str()?, v)))
+        self.map()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.as_str()?, v)))
     }
 
     /// The value under text key `key`, if this is a map that has it.
@@ -162,7 +172,15 @@ impl<'t> Value<'t> {
     /// The tag number and content, if this is a tag other than 42 (lenient decoding only).
     pub fn tag(&self) -> Option<(u32, Value<'t>)> {
         let n = self.node();
-        (n.kind == Kind::Tag).then(|| (n.a, Value { idx: self.idx + 1, ..*self }))
+        (n.kind == Kind::Tag).then(|| {
+            (
+                n.a,
+                Value {
+                    idx: self.idx + 1,
+                    ..*self
+                },
+            )
+        })
     }
 
     /// Index of the node after this item's subtree.
@@ -199,7 +217,11 @@ impl<'t> Iterator for Items<'t> {
             return None;
         }
         self.remaining -= 1;
-        let v = Value { base: self.base, nodes: self.nodes, idx: self.next };
+        let v = Value {
+            base: self.base,
+            nodes: self.nodes,
+            idx: self.next,
+        };
         self.next = Value::next_index(self.nodes, self.next);
         Some(v)
     }
@@ -246,8 +268,14 @@ impl fmt::Debug for Value<'_> {
             Kind::Bytes => write!(f, "h'{}'", self.as_bytes().map(hex).unwrap_or_default()),
             Kind::Text => write!(f, "{:?}", self.as_str().unwrap_or_default()),
             Kind::Link => write!(f, "{:?}", self.as_link()),
-            Kind::Array => f.debug_list().entries(self.array().into_iter().flatten()).finish(),
-            Kind::Map => f.debug_map().entries(self.map().into_iter().flatten()).finish(),
+            Kind::Array => f
+                .debug_list()
+                .entries(self.array().into_iter().flatten())
+                .finish(),
+            Kind::Map => f
+                .debug_map()
+                .entries(self.map().into_iter().flatten())
+                .finish(),
             Kind::Undefined => f.write_str("undefined"),
             Kind::Simple => write!(f, "simple({})", self.node().a),
             Kind::Tag => match self.tag() {

@@ -28,13 +28,19 @@ fn fields(text: &str) -> BTreeMap<String, &RawValue> {
 
 #[test]
 fn records_hash_to_their_cid_and_render_byte_identically() {
-    let Some(file) = common::read_string("jetstream-golden/golden_v1.jsonl") else { return };
+    let Some(file) = common::read_string("jetstream-golden/golden_v1.jsonl") else {
+        return;
+    };
     let mut lines = 0;
     let mut commits = 0;
     let mut records = 0;
     let mut collections = Vec::new();
     let mut legacy_blobs = 0;
-    for (n, line) in file.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+    for (n, line) in file
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
         lines += 1;
         let event = fields(line);
         let kind: String = serde_json::from_str(event["kind"].get()).unwrap();
@@ -46,7 +52,12 @@ fn records_hash_to_their_cid_and_render_byte_identically() {
         let Some(raw_record) = commit.get("record") else {
             // Deletes carry no record.
             let op: String = serde_json::from_str(commit["operation"].get()).unwrap();
-            assert_eq!(op, "delete", "line {}: a non-delete commit without a record", n + 1);
+            assert_eq!(
+                op,
+                "delete",
+                "line {}: a non-delete commit without a record",
+                n + 1
+            );
             continue;
         };
         let want_cid: String = serde_json::from_str(commit["cid"].get()).unwrap();
@@ -56,7 +67,12 @@ fn records_hash_to_their_cid_and_render_byte_identically() {
         let json: serde_json::Value = serde_json::from_str(raw_record.get()).unwrap();
         let value = json_to_value(&json).unwrap_or_else(|e| panic!("line {}: {e}", n + 1));
         let cbor = value.to_cbor();
-        assert_eq!(CidBuf::sha256(DAG_CBOR, &cbor), want_cid, "line {}: record CID", n + 1);
+        assert_eq!(
+            CidBuf::sha256(DAG_CBOR, &cbor),
+            want_cid,
+            "line {}: record CID",
+            n + 1
+        );
 
         // DAG-CBOR → strict decode → JSON text identical to what Jetstream sent.
         let mut arena = Arena::new();
@@ -65,7 +81,12 @@ fn records_hash_to_their_cid_and_render_byte_identically() {
         let rendered = to_json_string(tape.value(item)).unwrap();
         let (expected, blobs) = sort_legacy_blobs(raw_record.get());
         legacy_blobs += blobs;
-        assert_eq!(rendered, expected, "line {}: rendering differs from Jetstream's", n + 1);
+        assert_eq!(
+            rendered,
+            expected,
+            "line {}: rendering differs from Jetstream's",
+            n + 1
+        );
         // Independently of the rewrite: the same JSON data.
         let reparsed: serde_json::Value = serde_json::from_str(&rendered).unwrap();
         assert_eq!(reparsed, json, "line {}", n + 1);
@@ -108,7 +129,9 @@ fn sort_legacy_blobs(raw: &str) -> (String, usize) {
         });
         match parsed {
             Some((r, m, size, tail)) => {
-                out.push_str(&format!(r#"{{"$type":"blob","mimeType":"{m}","ref":{r},"size":{size}}}"#));
+                out.push_str(&format!(
+                    r#"{{"$type":"blob","mimeType":"{m}","ref":{r},"size":{size}}}"#
+                ));
                 count += 1;
                 rest = tail;
             }

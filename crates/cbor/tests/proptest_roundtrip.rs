@@ -19,31 +19,65 @@ use std::collections::BTreeMap;
 
 use proptest::prelude::*;
 use riptide_cbor::{
-    encode_value, json_to_value, to_json_string, write_json, Arena, CidBuf, Options, OwnedValue, DAG_CBOR, RAW,
+    encode_value, json_to_value, to_json_string, write_json, Arena, CidBuf, Options, OwnedValue,
+    DAG_CBOR, RAW,
 };
 
 /// Integers: anywhere in i64, with the encoding's width boundaries over-represented.
 fn int() -> impl Strategy<Value = i64> {
-    let edges: Vec<i64> = [0u64, 23, 24, 255, 256, 65_535, 65_536, 4_294_967_295, 4_294_967_296]
-        .iter()
-        .flat_map(|&e| {
-            let e = e as i64;
-            [e, -e, -e - 1, e + 1]
-        })
-        .chain([i64::MAX, i64::MIN, i64::MAX - 1, i64::MIN + 1])
-        .collect();
+    let edges: Vec<i64> = [
+        0u64,
+        23,
+        24,
+        255,
+        256,
+        65_535,
+        65_536,
+        4_294_967_295,
+        4_294_967_296,
+    ]
+    .iter()
+    .flat_map(|&e| {
+        let e = e as i64;
+        [e, -e, -e - 1, e + 1]
+    })
+    .chain([i64::MAX, i64::MIN, i64::MAX - 1, i64::MIN + 1])
+    .collect();
     prop_oneof![any::<i64>(), proptest::sample::select(edges)]
 }
 
 /// Text: any Unicode scalars, and characters that JSON escaping treats specially.
 fn text() -> impl Strategy<Value = String> {
     let special: Vec<char> = vec![
-        '"', '\\', '/', '<', '>', '&', '\n', '\r', '\t', '\u{0}', '\u{8}', '\u{c}', '\u{1f}', '\u{7f}',
-        '\u{2028}', '\u{2029}', '\u{2027}', '\u{e2}', 'é', '😀', '\u{fffd}', '\u{10ffff}', 'a', '$',
+        '"',
+        '\\',
+        '/',
+        '<',
+        '>',
+        '&',
+        '\n',
+        '\r',
+        '\t',
+        '\u{0}',
+        '\u{8}',
+        '\u{c}',
+        '\u{1f}',
+        '\u{7f}',
+        '\u{2028}',
+        '\u{2029}',
+        '\u{2027}',
+        '\u{e2}',
+        'é',
+        '😀',
+        '\u{fffd}',
+        '\u{10ffff}',
+        'a',
+        '$',
     ];
     prop_oneof![
         proptest::collection::vec(any::<char>(), 0..12).prop_map(String::from_iter),
-        proptest::collection::vec(proptest::sample::select(special), 0..12).prop_map(String::from_iter),
+        proptest::collection::vec(proptest::sample::select(special), 0..12)
+            .prop_map(String::from_iter),
         "[a-z]{0,8}",
     ]
 }
@@ -52,14 +86,21 @@ fn text() -> impl Strategy<Value = String> {
 /// `$link`, `$bytes` and `$type` have meaning).
 fn key(json_safe: bool) -> BoxedStrategy<String> {
     if json_safe {
-        text().prop_filter("keys starting with $ are special in atproto JSON", |k| !k.starts_with('$')).boxed()
+        text()
+            .prop_filter("keys starting with $ are special in atproto JSON", |k| {
+                !k.starts_with('$')
+            })
+            .boxed()
     } else {
         prop_oneof![text(), Just("$type".to_string()), Just("$link".to_string())].boxed()
     }
 }
 
 fn link() -> impl Strategy<Value = CidBuf> {
-    (prop_oneof![Just(DAG_CBOR), Just(RAW)], proptest::collection::vec(any::<u8>(), 0..16))
+    (
+        prop_oneof![Just(DAG_CBOR), Just(RAW)],
+        proptest::collection::vec(any::<u8>(), 0..16),
+    )
         .prop_map(|(codec, data)| CidBuf::sha256(codec, &data))
 }
 
@@ -92,7 +133,11 @@ fn decode_anything(bytes: &[u8]) -> Result<(), TestCaseError> {
         let v = tape.value(item);
         let mut again = Vec::new();
         encode_value(v, &mut again).unwrap();
-        prop_assert_eq!(&again, &bytes, "strict decoding accepted a non-canonical encoding");
+        prop_assert_eq!(
+            &again,
+            &bytes,
+            "strict decoding accepted a non-canonical encoding"
+        );
         prop_assert!(to_json_string(v).is_ok());
     }
     let mut tape = arena.tape(bytes);
@@ -209,7 +254,10 @@ fn generated_values_are_not_trivial() {
     let mut runner = TestRunner::deterministic();
     let mut kinds = BTreeMap::new();
     for _ in 0..200 {
-        walk(&value(false).new_tree(&mut runner).unwrap().current(), &mut kinds);
+        walk(
+            &value(false).new_tree(&mut runner).unwrap().current(),
+            &mut kinds,
+        );
     }
     assert_eq!(kinds.len(), 9, "{kinds:?}");
     assert!(kinds.values().all(|&n| n >= 10), "{kinds:?}");

@@ -21,7 +21,9 @@
 //! - [`PublicKey`]: parsed once (point validated, P-256 decompressed), then verify does no
 //!   parsing. Strictness is in the name: `verify` / `verify_prehashed` enforce low-S;
 //!   `verify_lenient` / `verify_prehashed_lenient` accept high-S. DER is always refused.
-//! - [`PrivateKey`]: deterministic low-S signing, for tests and test-data generation.
+//! - [`PrivateKey`]: deterministic low-S signing, for tests and test-data generation;
+//!   [`Signer`] signs the same bytes in bulk through a context it holds (no per-call
+//!   re-randomisation).
 //! - Backends: libsecp256k1 (`secp256k1` crate) for K-256; `ring` for P-256 verification from a
 //!   message; the RustCrypto `p256` crate for P-256 point decompression, prehashed verification
 //!   and signing. This crate contains no curve arithmetic.
@@ -45,4 +47,4 @@ mod verify;
 pub use did_key::{LEGACY_P256_VM_TYPE, LEGACY_SECP256K1_VM_TYPE, MULTIKEY_VM_TYPE};
 pub use error::{KeyError, VerifyError};
 pub use key::{Curve, P256Key, PublicKey, Secp256k1Key};
-pub use sign::PrivateKey;
+pub use sign::{PrivateKey, Signer};

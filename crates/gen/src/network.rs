@@ -28,7 +28,7 @@ use riptide_cbor::{
     write_array_header, write_bool, write_bytes, write_int, write_link, write_map_header,
     write_null, write_text, CidBuf, DAG_CBOR, RAW,
 };
-use riptide_crypto::PrivateKey;
+use riptide_crypto::{PrivateKey, Signer};
 use riptide_repo::Action;
 
 use crate::account::Account;
@@ -130,6 +130,8 @@ pub struct Network {
     adversarial: Vec<AdversarialEntry>,
     defects_made: usize,
     oversized_made: usize,
+    /// Signs every commit: one libsecp256k1 context, blinded once (see [`signer_seed`]).
+    signer: Signer,
 }
 
 impl std::fmt::Debug for Network {
@@ -166,11 +168,13 @@ impl Network {
                 "initial records: need 1 <= min <= max".into(),
             ));
         }
+        let signer = Signer::new(&signer_seed(cfg.seed));
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let identities: Vec<Account> = (0..cfg.accounts)
             .map(|_| Account::generate(&mut rng))
             .collect();
         let mut ctx = Context::new(identities.iter().map(|a| a.did.clone()).collect());
+        ctx.handles = identities.iter().map(|a| a.handle.clone()).collect();
         // Heavy users have big repositories: the most active accounts (lowest index, see
         // `cumulative`) get the largest, which makes proof paths as long as the network's.
         // Sizes fall off as rank^-1/2 (times a random factor), so the total grows as
@@ -218,6 +222,7 @@ impl Network {
             adversarial: Vec::new(),
             defects_made: 0,
             oversized_made: 0,
+            signer,
         })
     }
 
@@ -256,7 +261,8 @@ impl Network {
     pub fn export_repos(&self) -> impl Iterator<Item = Result<(&str, Vec<u8>), GenError>> + '_ {
         self.accounts.iter().map(|a| {
             let blocks = a.repo.export_blocks()?;
-            let (cid, commit) = signed_commit(&a.account, &a.repo.rev, a.repo.root, None);
+            let (cid, commit) =
+                signed_commit(&self.signer, &a.account, &a.repo.rev, a.repo.root, None);
             let mut w = CarWriter::new(&[cid]);
             w.block(cid.as_cid(), &commit);
             for (c, b) in &blocks {
@@ -448,7 +454,24 @@ impl Network {
             }];
         }
         if r < 12 + 27 + 13 {
-            let kind = weighted(&mut self.rng, UPDATE_MIX);
+            let mut kind = weighted(&mut self.rng, UPDATE_MIX);
+            // An update needs a record to update: a status the account never set, or a list
+            // it does not have, is an update of its profile instead (which always exists and
+            // is never deleted), not a create (which made updates 0.5% of ops, not 1.3%).
+            let missing = match kind {
+                Kind::List => self.accounts[i].list.as_deref().is_none_or(|uri| {
+                    let path = uri.splitn(4, '/').nth(3).unwrap_or_default();
+                    self.accounts[i].repo.get(path).is_none()
+                }),
+                k if k.is_singleton() => {
+                    let path = format!("{}/self", k.nsid());
+                    self.accounts[i].repo.get(&path).is_none()
+                }
+                _ => false,
+            };
+            if missing {
+                kind = Kind::Profile;
+            }
             if kind == Kind::List {
                 if let Some(uri) = self.accounts[i].list.clone() {
                     let path = uri.splitn(4, '/').nth(3).unwrap_or_default().to_owned();
@@ -482,15 +505,13 @@ impl Network {
         let rev = tid(self.now, self.accounts[i].clock_id);
         let since = Some(self.accounts[i].repo.rev.clone());
         let mut p = self.accounts[i].repo.prepare(changes)?;
-        let (data, prev_data, ops, proof) = (
-            p.data,
-            p.prev_data,
-            p.ops.clone(),
-            std::mem::take(&mut p.proof),
-        );
-        let records = p.records.clone();
+        let (data, prev_data) = (p.data, p.prev_data);
+        let proof = std::mem::take(&mut p.proof);
+        // Move the ops and records into the job rather than copying them, except what the
+        // repository still needs: record bytes it keeps, ops an abort undoes.
+        let (ops, records);
         if keep {
-            for op in &ops {
+            for op in &p.ops {
                 if op.path.starts_with("app.bsky.feed.post/") {
                     if let Some(cid) = op.cid {
                         let uri = format!("at://{}/{}", self.accounts[i].account.did, op.path);
@@ -498,8 +519,16 @@ impl Network {
                     }
                 }
             }
+            records = if self.accounts[i].repo.keep_records() {
+                p.records.clone()
+            } else {
+                std::mem::take(&mut p.records)
+            };
             self.accounts[i].repo.keep(&mut p, rev.clone())?;
+            ops = std::mem::take(&mut p.ops);
         } else {
+            ops = p.ops.clone();
+            records = std::mem::take(&mut p.records);
             self.accounts[i].repo.abort(p)?;
         }
         Ok(Pending::Commit(Box::new(CommitJob {
@@ -585,9 +614,22 @@ impl Network {
     fn finish_one(&self, p: Pending) -> Vec<u8> {
         match p {
             Pending::Ready(b) => b,
-            Pending::Commit(job) => encode_commit_job(&self.accounts[job.account].account, &job),
+            Pending::Commit(job) => {
+                encode_commit_job(&self.signer, &self.accounts[job.account].account, &job)
+            }
         }
     }
+}
+
+/// The blinding seed of the signing context: derived from the seed (and nothing else, so runs
+/// stay reproducible to the byte even if a backend let blinding reach the output, which RFC 6979
+/// signing does not), without drawing from the stream's RNG.
+fn signer_seed(seed: u64) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"riptide-gen signing context");
+    h.update(seed.to_be_bytes());
+    h.finalize().into()
 }
 
 /// Records of a repository before the stream starts, with creation times in the past.
@@ -635,6 +677,7 @@ fn initial_records(
 /// The commit block `{did, version: 3, data, rev, prev: null, sig}` and its CID, signed by the
 /// account's key (or by `wrong_key`).
 fn signed_commit(
+    signer: &Signer,
     a: &Account,
     rev: &str,
     data: CidBuf,
@@ -642,7 +685,7 @@ fn signed_commit(
 ) -> (CidBuf, Vec<u8>) {
     let mut out = Vec::with_capacity(160);
     commit_fields(&mut out, &a.did, rev, data, None);
-    let sig = wrong_key.unwrap_or(&a.key).sign(&out);
+    let sig = signer.sign(wrong_key.unwrap_or(&a.key), &out);
     out.clear();
     commit_fields(&mut out, &a.did, rev, data, Some(&sig));
     (sha(&out), out)
@@ -736,7 +779,7 @@ fn write_op(out: &mut Vec<u8>, op: &Op) {
 /// One payload field: its key and how to write its value.
 type Field<'a> = (&'static str, Box<dyn Fn(&mut Vec<u8>) + 'a>);
 
-fn encode_commit_job(a: &Account, job: &CommitJob) -> Vec<u8> {
+fn encode_commit_job(signer: &Signer, a: &Account, job: &CommitJob) -> Vec<u8> {
     let wrong;
     let wrong_key = if job.defect == Some(Defect::BadSignature) {
         wrong = crate::adversarial::wrong_key(a.key.curve());
@@ -744,7 +787,7 @@ fn encode_commit_job(a: &Account, job: &CommitJob) -> Vec<u8> {
     } else {
         None
     };
-    let (cid, commit) = signed_commit(a, &job.rev, job.data, wrong_key);
+    let (cid, commit) = signed_commit(signer, a, &job.rev, job.data, wrong_key);
     let mut car = CarWriter::new(&[cid]);
     if !job.sync {
         let skip_first_node = job.defect == Some(Defect::MissingProofBlock);

@@ -136,6 +136,9 @@ pub struct Context {
     next: usize,
     /// DIDs of the generated accounts.
     pub dids: Vec<String>,
+    /// Their handles, index for index (empty when unknown): a mention of a generated account
+    /// shows its real handle.
+    pub handles: Vec<String>,
 }
 
 const RECENT: usize = 4096;
@@ -164,6 +167,7 @@ impl Context {
             recent: Vec::new(),
             next: 0,
             dids,
+            handles: Vec::new(),
         }
     }
 
@@ -178,10 +182,20 @@ impl Context {
     }
 
     fn some_did<R: Rng>(&self, rng: &mut R) -> String {
+        self.some_account(rng).0
+    }
+
+    /// A DID to refer to (a generated account's or one from elsewhere) and, for a generated
+    /// account whose handle is known, that handle.
+    fn some_account<R: Rng>(&self, rng: &mut R) -> (String, Option<&str>) {
         if !self.dids.is_empty() && rng.gen_bool(0.5) {
-            self.dids[rng.gen_range(0..self.dids.len())].clone()
+            let i = rng.gen_range(0..self.dids.len());
+            (
+                self.dids[i].clone(),
+                self.handles.get(i).map(String::as_str),
+            )
         } else {
-            random_did(rng)
+            (random_did(rng), None)
         }
     }
 
@@ -273,10 +287,17 @@ fn post<R: Rng>(rng: &mut R, ctx: &Context, created: u64) -> OwnedValue {
                     ])
                 }
                 1 => {
-                    let did = ctx.some_did(rng);
+                    // A generated account is mentioned by its own handle (as clients write
+                    // it); an account from elsewhere by a made-up one.
+                    let (did, handle) = ctx.some_account(rng);
                     body.push('@');
-                    body.push_str(pick(rng, TEXT_WORDS));
-                    body.push_str(".bsky.social");
+                    match handle {
+                        Some(h) => body.push_str(h),
+                        None => {
+                            body.push_str(pick(rng, TEXT_WORDS));
+                            body.push_str(".bsky.social");
+                        }
+                    }
                     map([
                         ("$type", text("app.bsky.richtext.facet#mention")),
                         ("did", text(did)),

@@ -305,3 +305,58 @@ fn big_repo_verifies_and_lists_every_record() {
     let per = big.car.len() / 5000;
     assert!((250..450).contains(&per), "{per} bytes per record");
 }
+
+/// A post's mention of a generated account shows that account's handle (as its DID document
+/// says), at the facet's byte range.
+#[test]
+fn mentions_of_generated_accounts_use_their_handles() {
+    let (frames, _, net) = generate(Config::new(11, 30, 3000));
+    let handles: HashMap<String, String> = net
+        .accounts()
+        .map(|a| (a.did.clone(), a.handle.clone()))
+        .collect();
+    let mut dec = FrameDecoder::new();
+    let (mut known, mut other) = (0, 0);
+    for f in &frames {
+        let frame = dec.decode(f).unwrap();
+        for i in 0..frame.block_count() {
+            let Some(v) = frame.block_value(i) else {
+                continue;
+            };
+            if v.get("$type").and_then(|t| t.as_str()) != Some("app.bsky.feed.post") {
+                continue;
+            }
+            let text = v.get("text").and_then(|t| t.as_str()).unwrap();
+            for facet in v
+                .get("facets")
+                .and_then(|f| f.array())
+                .into_iter()
+                .flatten()
+            {
+                let index = facet.get("index").unwrap();
+                let start = index.get("byteStart").and_then(|x| x.as_i64()).unwrap() as usize;
+                let end = index.get("byteEnd").and_then(|x| x.as_i64()).unwrap() as usize;
+                for feature in facet.get("features").and_then(|f| f.array()).unwrap() {
+                    let Some(did) = feature.get("did").and_then(|d| d.as_str()) else {
+                        continue;
+                    };
+                    let shown = &text[start..end];
+                    match handles.get(did) {
+                        Some(h) => {
+                            assert_eq!(shown, format!("@{h}"), "mention of {did}");
+                            known += 1;
+                        }
+                        None => {
+                            assert!(shown.starts_with('@'), "{shown}");
+                            other += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        known >= 5 && other >= 5,
+        "mentions: {known} known, {other} other"
+    );
+}
