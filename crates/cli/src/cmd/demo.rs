@@ -144,7 +144,9 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     );
 
     // PLC directory (and PDS) for the generated accounts.
-    let net = riptide_sim::Network::load(&gen_dir)?;
+    let mut net = riptide_sim::Network::load(&gen_dir)?;
+    // The sim is the PLC directory here; the demo runs its own paced, looping relay.
+    net.set_frames(Vec::new());
     let sim = riptide_sim::Sim::spawn(net, "127.0.0.1:0".parse()?, riptide_sim::Faults::default())
         .await?;
     // The relay: paced, looping, seqs increasing.

@@ -63,6 +63,13 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let net = Network::load(&a.from).with_context(|| format!("loading {}", a.from.display()))?;
+    if net.unservable_frames() > 0 {
+        eprintln!(
+            "riptide sim: {} frame(s) of the stream do not decode far enough for a relay to serve \
+             them (adversarial output); left out",
+            net.unservable_frames()
+        );
+    }
     let faults = Faults {
         error_every: a.fault_5xx_every,
         drop_every: a.fault_drop_every,
