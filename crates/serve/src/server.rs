@@ -30,6 +30,20 @@ use crate::options::{parse_client_message, ClientMessage, Cursor, Filter, Subscr
 /// Largest client message (v2 closes with 1009 above it).
 pub const MAX_CLIENT_MESSAGE: usize = 10_000_000;
 
+/// Bytes of outgoing frames gathered before a socket write. Big enough that replay writes many
+/// events per syscall, small enough that 1,000 subscribers cost a few MB (the buffer stays
+/// allocated for the connection's life).
+pub const WS_WRITE_BUFFER: usize = 16 << 10;
+
+/// Most bytes a connection may buffer (one write buffer plus one event of any size we store).
+/// Past it a write fails and the subscriber is dropped; it never grows towards it in normal
+/// operation because every batch is flushed (with the write timeout) before the next is read.
+pub const WS_MAX_WRITE_BUFFER: usize = 64 << 20;
+
+/// Events kept in a subscriber's read buffer between batches when it is at the tip (replay
+/// grows it to [`ServerConfig::read_batch`]; a live subscriber gives the memory back).
+const IDLE_BATCH_CAPACITY: usize = 16;
+
 /// Server settings.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -184,8 +198,13 @@ async fn subscribe(
             }
         }
     };
+    // Small per-connection buffers (tungstenite defaults to 128 KiB each way, which at 1,000
+    // subscribers was most of the server's memory): see `WS_WRITE_BUFFER`. The read buffer keeps
+    // its default: clients send little, so its pages are barely touched.
     ws.max_message_size(MAX_CLIENT_MESSAGE)
         .max_frame_size(MAX_CLIENT_MESSAGE)
+        .write_buffer_size(WS_WRITE_BUFFER)
+        .max_write_buffer_size(WS_MAX_WRITE_BUFFER)
         .on_upgrade(move |socket| run(app, socket, opts, start))
 }
 
@@ -317,7 +336,7 @@ async fn serve(
     }
     let mut next = start.unwrap_or_else(|| app.log.next_seq());
     let mut tip = app.log.watch();
-    let mut batch: Vec<Event> = Vec::with_capacity(app.config.read_batch);
+    let mut batch: Vec<Event> = Vec::with_capacity(IDLE_BATCH_CAPACITY);
     let mut tick = tokio::time::interval(app.config.ping_interval.min(app.config.pong_timeout));
     let mut last_ping = crate::now_us();
     let mut ping_out = false;
@@ -357,6 +376,7 @@ async fn serve(
             Ok(ReadFrom::Tip) => {}
         }
         if batch.is_empty() {
+            batch.shrink_to(IDLE_BATCH_CAPACITY);
             // At the tip: wait for news, client control, shutdown or the ping timer.
             tokio::select! {
                 r = tip.changed() => if r.is_err() { return Outcome::Close(1001, "server shutting down".into()) },

@@ -2,13 +2,20 @@
 //!
 //! 1. **Verified ingest** (in process): the capture repeated `--repeat` times (upstream seqs are
 //!    positions, so every frame is new) through the full pipeline — verify on 2 workers, project,
-//!    render, zstd with the dictionary, durable fjall batches — into a fresh store. Events/s.
+//!    render, zstd with the dictionary, durable fjall batches — into a fresh store. Events/s, and
+//!    the process's CPU time per event (user + system, all threads): on a shared machine the
+//!    wall-clock rate follows the CPU share we get, CPU-µs per event does not; `2 cores ×
+//!    1e6 / cpu_us_per_event` is the rate the pipeline would reach with both cores to itself.
 //! 2. **Replay to one consumer** (in process, loopback): a tokio-tungstenite client with
 //!    `?cursor=0` reads every stored event; events/s from connect to last event. The stored JSON
-//!    goes to the socket as is (no re-encoding).
+//!    goes to the socket as is (no re-encoding). Twice: from the in-memory tail (the pass fits in
+//!    it) and from disk (a log over the same store with an empty tail, as for a cursor older
+//!    than the tail).
 //! 3. **Live subscribers** (a child `riptide serve` process, so its memory is measured alone):
 //!    `--subscribers` live clients while the server ingests at `--rate` frames/s; VmRSS of the
-//!    server before and with the clients, per-subscriber memory, and events each client got.
+//!    server before and with the clients, per-subscriber memory, and events each client got. The
+//!    in-memory tail keeps filling during the run (it is bounded, not per subscriber); its growth,
+//!    read from `/metrics`, is subtracted from the per-subscriber figure.
 
 use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
@@ -73,7 +80,9 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let keys = Keys::from_docs(super::load_did_docs(&a.did_docs)?);
     let dict = Dictionary::load(&a.zstd_dictionary)?;
     let mut ingest_rates = Vec::new();
+    let mut ingest_cpu = Vec::new();
     let mut replay_rates = Vec::new();
+    let mut disk_rates = Vec::new();
     for pass in 0..a.passes {
         let dir = tempfile::tempdir()?;
         let (store, resume) = Store::open(dir.path(), dict.id())?;
@@ -86,6 +95,7 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         };
         cfg.dictionary = Some(dict.clone());
         let (tx, rx) = tokio::sync::mpsc::channel(4096);
+        let cpu0 = cpu_secs();
         let t0 = Instant::now();
         let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx)?;
         let n = frames.len() as u64;
@@ -96,59 +106,121 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         drop(tx);
         let s = tokio::task::spawn_blocking(move || h.join()).await??;
         let secs = t0.elapsed().as_secs_f64();
+        let cpu_us = (cpu_secs() - cpu0) * 1e6 / s.events.max(1) as f64;
         ingest_rates.push(s.events as f64 / secs);
+        ingest_cpu.push(cpu_us);
         eprintln!(
-            "pass {pass}: ingest {} frames, {} events in {secs:.2}s: {:.0} events/s",
+            "pass {pass}: ingest {} frames, {} events in {secs:.2}s: {:.0} events/s; {cpu_us:.1} CPU-µs/event",
             s.frames,
             s.events,
             s.events as f64 / secs
         );
 
-        // Replay to one consumer from the store just written (tail ≈ the last 64k events).
-        let app = App::new(
-            log.clone(),
-            metrics.clone(),
-            ServerConfig {
-                compression: true,
-                ..ServerConfig::default()
-            },
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let server = tokio::spawn(async move { axum::serve(listener, router(app)).await });
-        let t0 = Instant::now();
-        let (mut ws, _) =
-            tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=0")).await?;
-        let mut got = 0u64;
-        while got < s.events {
-            match ws.next().await {
-                Some(Ok(m)) if m.is_text() => got += 1,
-                Some(Ok(_)) => {}
-                _ => anyhow::bail!("replay stream ended after {got} events"),
-            }
-        }
-        let secs = t0.elapsed().as_secs_f64();
-        replay_rates.push(got as f64 / secs);
+        // Replay to one consumer from the store just written: the pass fits in the tail.
+        let rate = replay(log.clone(), metrics.clone(), s.events).await?;
+        replay_rates.push(rate);
         eprintln!(
-            "pass {pass}: replay {got} events in {secs:.2}s: {:.0} events/s ({} store reads)",
-            got as f64 / secs,
-            metrics.replay_reads.load(Relaxed)
+            "pass {pass}: replay {} events from memory: {rate:.0} events/s",
+            s.events
         );
-        server.abort();
+        // The same from disk: a log over the same store with an empty tail.
+        let disk = Arc::new(Log::new(
+            log.store().clone(),
+            s.resume.next_seq,
+            TailLimits {
+                max_events: 0,
+                max_bytes: 0,
+            },
+        ));
+        let reads0 = metrics.replay_reads.load(Relaxed);
+        let rate = replay(disk, metrics.clone(), s.events).await?;
+        disk_rates.push(rate);
+        eprintln!(
+            "pass {pass}: replay {} events from disk: {rate:.0} events/s ({} store reads)",
+            s.events,
+            metrics.replay_reads.load(Relaxed) - reads0
+        );
     }
     let ingest = Stats::of(ingest_rates);
-    let replay = Stats::of(replay_rates);
+    let cpu = Stats::of(ingest_cpu);
     let mut out = serde_json::json!({
+        "machine": super::bench::machine(),
+        "date": super::bench::utc_now(),
+        "passes": a.passes,
         "events_per_pass": 152 * a.repeat,
         "verify": !a.no_verify,
         "ingest_events_per_s": ingest.json(),
-        "replay_events_per_s": replay.json(),
+        "ingest_cpu_us_per_event": cpu.json(),
+        "ingest_events_per_s_two_idle_cores": Stats::of(vec![2e6 / cpu.max, 2e6 / cpu.median, 2e6 / cpu.min]).json(),
+        "replay_memory_events_per_s": Stats::of(replay_rates).json(),
+        "replay_disk_events_per_s": Stats::of(disk_rates).json(),
     });
     if a.subscribers > 0 {
         out["live"] = live(&a).await?;
     }
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(ExitCode::SUCCESS)
+}
+
+/// This process's CPU time so far (user + system, every thread), in seconds.
+fn cpu_secs() -> f64 {
+    // Fields 14 and 15 of /proc/self/stat, in clock ticks (100 per second on Linux).
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    f.iter().sum::<u64>() as f64 / 100.0
+}
+
+/// Serves `log` on loopback and reads `events` events with one `?cursor=0` client: events/s
+/// from connect to the last event.
+async fn replay(log: Arc<Log>, metrics: Arc<Metrics>, events: u64) -> anyhow::Result<f64> {
+    let app = App::new(
+        log,
+        metrics,
+        ServerConfig {
+            compression: true,
+            ..ServerConfig::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(async move { axum::serve(listener, router(app)).await });
+    let t0 = Instant::now();
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=0")).await?;
+    let mut got = 0u64;
+    while got < events {
+        match ws.next().await {
+            Some(Ok(m)) if m.is_text() => got += 1,
+            Some(Ok(_)) => {}
+            _ => anyhow::bail!("replay stream ended after {got} events"),
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    server.abort();
+    Ok(got as f64 / secs)
+}
+
+/// `riptide_tail_bytes` from the server's `/metrics` (0 if unavailable).
+async fn tail_bytes(addr: &str) -> u64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        return 0;
+    };
+    let req = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let mut body = String::new();
+    if s.write_all(req.as_bytes()).await.is_err() || s.read_to_string(&mut body).await.is_err() {
+        return 0;
+    }
+    body.lines()
+        .find_map(|l| l.strip_prefix("riptide_tail_bytes "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -203,6 +275,7 @@ async fn live(a: &ServeArgs) -> anyhow::Result<serde_json::Value> {
     }
     tokio::time::sleep(Duration::from_secs(5)).await;
     let rss_before = rss_kib(pid);
+    let tail_before = tail_bytes(&addr).await;
     let counts: Vec<Arc<AtomicU64>> = (0..a.subscribers)
         .map(|_| Arc::new(AtomicU64::new(0)))
         .collect();
@@ -227,6 +300,7 @@ async fn live(a: &ServeArgs) -> anyhow::Result<serde_json::Value> {
         rss_max = rss_max.max(rss_kib(pid));
     }
     let secs = connected.elapsed().as_secs_f64();
+    let tail_growth_kib = tail_bytes(&addr).await.saturating_sub(tail_before) / 1024;
     let got: Vec<u64> = counts
         .iter()
         .zip(&start_counts)
@@ -241,8 +315,10 @@ async fn live(a: &ServeArgs) -> anyhow::Result<serde_json::Value> {
         t.abort();
     }
     let per_sub = (rss_max.saturating_sub(rss_before)) as f64 / a.subscribers as f64;
+    let per_sub_net =
+        (rss_max.saturating_sub(rss_before + tail_growth_kib)) as f64 / a.subscribers as f64;
     eprintln!(
-        "live: {} subscribers, {secs:.1}s at {} frames/s: server RSS {} KiB before, {} KiB max with subscribers ({per_sub:.1} KiB each); events per subscriber {min}..{max} ({:.0}/s each)",
+        "live: {} subscribers, {secs:.1}s at {} frames/s: server RSS {} KiB before, {} KiB max with subscribers ({per_sub:.1} KiB each; {per_sub_net:.1} KiB each without the tail's growth of {tail_growth_kib} KiB); events per subscriber {min}..{max} ({:.0}/s each)",
         a.subscribers, a.rate, rss_before, rss_max, min as f64 / secs
     );
     Ok(serde_json::json!({
@@ -252,6 +328,8 @@ async fn live(a: &ServeArgs) -> anyhow::Result<serde_json::Value> {
         "rss_kib_before": rss_before,
         "rss_kib_max": rss_max,
         "per_subscriber_kib": per_sub,
+        "tail_growth_kib": tail_growth_kib,
+        "per_subscriber_kib_without_tail_growth": per_sub_net,
         "events_per_subscriber_min": min,
         "events_per_subscriber_max": max,
     }))
