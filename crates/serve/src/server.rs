@@ -236,10 +236,16 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
     let last_pong = Arc::new(AtomicI64::new(crate::now_us()));
     let pong = last_pong.clone();
     let metrics = app.metrics.clone();
-    // The reader: client messages update the filter; bad ones close the connection.
+    // The reader: client messages update the filter; bad ones close the connection. After asking
+    // for a close it keeps reading (and ignoring) until the client's own Close arrives: a socket
+    // closed with the client's close reply still unread makes the kernel send a reset, which can
+    // destroy our close frame before the client reads it (seen as a flaky test).
     let reader = tokio::spawn(async move {
+        let mut closing = false;
         while let Some(msg) = stream.next().await {
             match msg {
+                Ok(Message::Close(_)) => break,
+                Ok(_) if closing => {}
                 Ok(Message::Text(t)) => match parse_client_message(t.as_bytes()) {
                     Ok(ClientMessage::Update(f)) => {
                         filter_tx.send_replace(Arc::new(f));
@@ -248,19 +254,19 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
                     Err(e) => {
                         metrics.client_errors.fetch_add(1, Relaxed);
                         let _ = ctl_tx.send(Ctl::Close(e.code, e.reason)).await;
-                        return;
+                        closing = true;
                     }
                 },
                 Ok(Message::Pong(_)) => pong.store(crate::now_us(), Relaxed),
-                Ok(Message::Close(_)) => break,
                 Ok(_) => {}
                 Err(e) => {
                     let s = e.to_string();
-                    if s.contains("too long") || s.contains("Space limit") {
+                    if !closing && (s.contains("too long") || s.contains("Space limit")) {
                         metrics.client_errors.fetch_add(1, Relaxed);
                         let _ = ctl_tx
                             .send(Ctl::Close(1009, "message too big".into()))
                             .await;
+                        // The rest of the oversized message is unread: nothing more to wait for.
                         return;
                     }
                     break;
