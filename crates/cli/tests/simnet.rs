@@ -58,9 +58,10 @@ fn net_dir() -> &'static Path {
 
 /// Whether some `#identity` frame is followed by another frame of the same DID.
 fn has_refetch(s: &Stream) -> bool {
-    s.kinds.iter().enumerate().any(|(i, k)| {
-        k == "identity" && s.dids[i + 1..].iter().any(|d| *d == s.dids[i])
-    })
+    s.kinds
+        .iter()
+        .enumerate()
+        .any(|(i, k)| k == "identity" && s.dids[i + 1..].iter().any(|d| *d == s.dids[i]))
 }
 
 /// What the generated stream says, read from the file: each frame's DID and kind, in order.

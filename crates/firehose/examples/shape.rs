@@ -31,7 +31,12 @@ fn count_strings(v: riptide_cbor::Value<'_>) -> usize {
     match v.kind() {
         Kind::Text | Kind::Bytes | Kind::Link => 1,
         Kind::Array => v.array().into_iter().flatten().map(count_strings).sum(),
-        Kind::Map => v.map().into_iter().flatten().map(|(k, v)| count_strings(k) + count_strings(v)).sum(),
+        Kind::Map => v
+            .map()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| count_strings(k) + count_strings(v))
+            .sum(),
         _ => 0,
     }
 }

@@ -16,7 +16,11 @@ pub struct CorpusError {
 
 impl fmt::Display for CorpusError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "corpus frame {} at byte {}: {}", self.index, self.offset, self.what)
+        write!(
+            f,
+            "corpus frame {} at byte {}: {}",
+            self.index, self.offset, self.what
+        )
     }
 }
 
@@ -40,21 +44,41 @@ fn be32(b: &[u8], at: usize) -> Option<usize> {
 
 /// Splits a corpus file into frames. The declared count must match the frames present.
 pub fn split_frames(file: &[u8]) -> Result<Vec<CorpusFrame<'_>>, CorpusError> {
-    let count = be32(file, 0).ok_or(CorpusError { index: 0, offset: 0, what: "no frame count" })?;
+    let count = be32(file, 0).ok_or(CorpusError {
+        index: 0,
+        offset: 0,
+        what: "no frame count",
+    })?;
     // Every frame needs at least its 4-byte length: bound the allocation by the file size.
     let mut frames = Vec::with_capacity(count.min(file.len() / 4));
     let mut pos = 4;
     for index in 0..count {
-        let len = be32(file, pos).ok_or(CorpusError { index, offset: pos, what: "truncated length" })?;
+        let len = be32(file, pos).ok_or(CorpusError {
+            index,
+            offset: pos,
+            what: "truncated length",
+        })?;
         let start = pos + 4;
         let bytes = file
             .get(start..start.saturating_add(len))
-            .ok_or(CorpusError { index, offset: pos, what: "frame runs past the end of the file" })?;
-        frames.push(CorpusFrame { index, offset: start, bytes });
+            .ok_or(CorpusError {
+                index,
+                offset: pos,
+                what: "frame runs past the end of the file",
+            })?;
+        frames.push(CorpusFrame {
+            index,
+            offset: start,
+            bytes,
+        });
         pos = start + len;
     }
     if pos != file.len() {
-        return Err(CorpusError { index: count, offset: pos, what: "bytes after the last frame" });
+        return Err(CorpusError {
+            index: count,
+            offset: pos,
+            what: "bytes after the last frame",
+        });
     }
     Ok(frames)
 }

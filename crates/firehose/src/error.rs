@@ -65,12 +65,13 @@ impl FrameError {
                 C::Truncated => "truncated",
                 _ => "malformed",
             },
-            FrameErrorKind::HeaderCbor(K::Truncated) | FrameErrorKind::PayloadCbor(K::Truncated) => {
-                "truncated"
-            }
+            FrameErrorKind::HeaderCbor(K::Truncated)
+            | FrameErrorKind::PayloadCbor(K::Truncated) => "truncated",
             FrameErrorKind::HeaderCbor(K::DepthLimit | K::LengthLimit | K::InputLimit)
             | FrameErrorKind::PayloadCbor(K::DepthLimit | K::LengthLimit | K::InputLimit)
-            | FrameErrorKind::BlockCbor(_, K::DepthLimit | K::LengthLimit | K::InputLimit) => "limits",
+            | FrameErrorKind::BlockCbor(_, K::DepthLimit | K::LengthLimit | K::InputLimit) => {
+                "limits"
+            }
             _ => "malformed",
         }
     }
@@ -84,10 +85,14 @@ impl fmt::Display for FrameError {
             FrameErrorKind::BadHeader(why) => write!(f, "bad header: {why}"),
             FrameErrorKind::UnknownOp(op) => write!(f, "unknown header op {op}"),
             FrameErrorKind::MissingField(name) => write!(f, "payload lacks `{name}`"),
-            FrameErrorKind::WrongType(name) => write!(f, "payload field `{name}` has the wrong type"),
+            FrameErrorKind::WrongType(name) => {
+                write!(f, "payload field `{name}` has the wrong type")
+            }
             FrameErrorKind::BadOp(i, why) => write!(f, "op {i}: {why}"),
             FrameErrorKind::Car(e) => write!(f, "blocks: {e}"),
-            FrameErrorKind::BlockCbor(i, k) => write!(f, "block {i} is not DAG-CBOR: {}", k.as_str()),
+            FrameErrorKind::BlockCbor(i, k) => {
+                write!(f, "block {i} is not DAG-CBOR: {}", k.as_str())
+            }
         }?;
         write!(f, " (frame byte {})", self.0.offset)
     }

@@ -33,7 +33,11 @@ pub struct DecodeOptions {
 
 impl Default for DecodeOptions {
     fn default() -> Self {
-        DecodeOptions { car: CarOptions::default(), decode_blocks: true, cbor: Options::strict() }
+        DecodeOptions {
+            car: CarOptions::default(),
+            decode_blocks: true,
+            cbor: Options::strict(),
+        }
     }
 }
 
@@ -121,13 +125,22 @@ impl<'a> Commit<'a> {
     pub fn ops(&self) -> impl Iterator<Item = RepoOp<'a>> + 'a {
         self.ops.array().into_iter().flatten().map(|op| {
             // Shape checked by `parse_op` during decoding; defaults are unreachable.
-            parse_op(op, 0).unwrap_or(RepoOp { action: Action::Delete, path: "", cid: None, prev: None })
+            parse_op(op, 0).unwrap_or(RepoOp {
+                action: Action::Delete,
+                path: "",
+                cid: None,
+                prev: None,
+            })
         })
     }
 
     /// Blob CIDs referenced by the commit (legacy field).
     pub fn blobs(&self) -> impl Iterator<Item = Cid<'a>> + 'a {
-        self.blobs.and_then(|b| b.array()).into_iter().flatten().filter_map(|v| v.as_link())
+        self.blobs
+            .and_then(|b| b.array())
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_link())
     }
 }
 
@@ -321,7 +334,10 @@ impl FrameDecoder {
 
     /// A decoder with these options.
     pub fn with_options(opts: DecodeOptions) -> FrameDecoder {
-        FrameDecoder { opts, ..FrameDecoder::default() }
+        FrameDecoder {
+            opts,
+            ..FrameDecoder::default()
+        }
     }
 
     /// The options in force.
@@ -331,7 +347,13 @@ impl FrameDecoder {
 
     /// Decodes one frame.
     pub fn decode<'a>(&'a mut self, bytes: &'a [u8]) -> Result<Frame<'a>, FrameError> {
-        let FrameDecoder { opts, meta, blocks: block_arena, car: reader, items } = self;
+        let FrameDecoder {
+            opts,
+            meta,
+            blocks: block_arena,
+            car: reader,
+            items,
+        } = self;
         items.clear();
 
         let mut tape = meta.tape(bytes);
@@ -350,7 +372,15 @@ impl FrameDecoder {
             _ => None,
         };
         let Some(car_bytes) = car_bytes else {
-            return Ok(Frame { bytes, doc, header, payload, body, car: None, blocks: None });
+            return Ok(Frame {
+                bytes,
+                doc,
+                header,
+                payload,
+                body,
+                car: None,
+                blocks: None,
+            });
         };
         let car_start = car_bytes.as_ptr() as usize - bytes.as_ptr() as usize;
         let car = reader
@@ -363,7 +393,9 @@ impl FrameDecoder {
                 let start = car_start + b.offset;
                 let item = tape
                     .decode(start..start + b.data.len(), &opts.cbor)
-                    .map_err(|e| FrameError::new(FrameErrorKind::BlockCbor(i, e.kind()), e.offset()))?;
+                    .map_err(|e| {
+                        FrameError::new(FrameErrorKind::BlockCbor(i, e.kind()), e.offset())
+                    })?;
                 items.push(item);
             }
             let items: &'a Vec<Item> = items;
@@ -371,7 +403,15 @@ impl FrameDecoder {
         } else {
             None
         };
-        Ok(Frame { bytes, doc, header, payload, body, car: Some(car), blocks })
+        Ok(Frame {
+            bytes,
+            doc,
+            header,
+            payload,
+            body,
+            car: Some(car),
+            blocks,
+        })
     }
 }
 
@@ -440,10 +480,16 @@ impl<'a> Fields<'a> {
 }
 
 fn req_str<'a>(v: Option<Value<'a>>, name: &'static str, at: usize) -> Result<&'a str, FrameError> {
-    v.ok_or_else(|| missing(name, at))?.as_str().ok_or_else(|| wrong(name, at))
+    v.ok_or_else(|| missing(name, at))?
+        .as_str()
+        .ok_or_else(|| wrong(name, at))
 }
 
-fn opt_str<'a>(v: Option<Value<'a>>, name: &'static str, at: usize) -> Result<Option<&'a str>, FrameError> {
+fn opt_str<'a>(
+    v: Option<Value<'a>>,
+    name: &'static str,
+    at: usize,
+) -> Result<Option<&'a str>, FrameError> {
     match v {
         None => Ok(None),
         Some(v) if v.is_null() => Ok(None),
@@ -452,7 +498,9 @@ fn opt_str<'a>(v: Option<Value<'a>>, name: &'static str, at: usize) -> Result<Op
 }
 
 fn req_int(v: Option<Value<'_>>, name: &'static str, at: usize) -> Result<i64, FrameError> {
-    v.ok_or_else(|| missing(name, at))?.as_i64().ok_or_else(|| wrong(name, at))
+    v.ok_or_else(|| missing(name, at))?
+        .as_i64()
+        .ok_or_else(|| wrong(name, at))
 }
 
 fn opt_bool(v: Option<Value<'_>>, name: &'static str, at: usize) -> Result<bool, FrameError> {
@@ -462,7 +510,11 @@ fn opt_bool(v: Option<Value<'_>>, name: &'static str, at: usize) -> Result<bool,
     }
 }
 
-fn opt_link<'a>(v: Option<Value<'a>>, name: &'static str, at: usize) -> Result<Option<Cid<'a>>, FrameError> {
+fn opt_link<'a>(
+    v: Option<Value<'a>>,
+    name: &'static str,
+    at: usize,
+) -> Result<Option<Cid<'a>>, FrameError> {
     match v {
         None => Ok(None),
         Some(v) if v.is_null() => Ok(None),
@@ -470,8 +522,14 @@ fn opt_link<'a>(v: Option<Value<'a>>, name: &'static str, at: usize) -> Result<O
     }
 }
 
-fn req_bytes<'a>(v: Option<Value<'a>>, name: &'static str, at: usize) -> Result<&'a [u8], FrameError> {
-    v.ok_or_else(|| missing(name, at))?.as_bytes().ok_or_else(|| wrong(name, at))
+fn req_bytes<'a>(
+    v: Option<Value<'a>>,
+    name: &'static str,
+    at: usize,
+) -> Result<&'a [u8], FrameError> {
+    v.ok_or_else(|| missing(name, at))?
+        .as_bytes()
+        .ok_or_else(|| wrong(name, at))
 }
 
 fn parse_op(op: Value<'_>, i: usize) -> Result<RepoOp<'_>, FrameErrorKind> {
@@ -482,15 +540,28 @@ fn parse_op(op: Value<'_>, i: usize) -> Result<RepoOp<'_>, FrameErrorKind> {
     for (k, v) in op.entries() {
         match k {
             "action" => {
-                let s = v.as_str().ok_or(FrameErrorKind::BadOp(i, "action is not text"))?;
+                let s = v
+                    .as_str()
+                    .ok_or(FrameErrorKind::BadOp(i, "action is not text"))?;
                 action = Some(Action::parse(s).ok_or(FrameErrorKind::BadOp(i, "unknown action"))?);
             }
-            "path" => path = Some(v.as_str().ok_or(FrameErrorKind::BadOp(i, "path is not text"))?),
+            "path" => {
+                path = Some(
+                    v.as_str()
+                        .ok_or(FrameErrorKind::BadOp(i, "path is not text"))?,
+                )
+            }
             "cid" if !v.is_null() => {
-                cid = Some(v.as_link().ok_or(FrameErrorKind::BadOp(i, "cid is not a link"))?)
+                cid = Some(
+                    v.as_link()
+                        .ok_or(FrameErrorKind::BadOp(i, "cid is not a link"))?,
+                )
             }
             "prev" if !v.is_null() => {
-                prev = Some(v.as_link().ok_or(FrameErrorKind::BadOp(i, "prev is not a link"))?)
+                prev = Some(
+                    v.as_link()
+                        .ok_or(FrameErrorKind::BadOp(i, "prev is not a link"))?,
+                )
             }
             _ => {}
         }
@@ -500,17 +571,29 @@ fn parse_op(op: Value<'_>, i: usize) -> Result<RepoOp<'_>, FrameErrorKind> {
     if action != Action::Delete && cid.is_none() {
         return Err(FrameErrorKind::BadOp(i, "create or update without cid"));
     }
-    Ok(RepoOp { action, path, cid, prev })
+    Ok(RepoOp {
+        action,
+        path,
+        cid,
+        prev,
+    })
 }
 
-fn parse_body<'a>(header: Value<'a>, payload: Value<'a>, at: usize) -> Result<Body<'a>, FrameError> {
+fn parse_body<'a>(
+    header: Value<'a>,
+    payload: Value<'a>,
+    at: usize,
+) -> Result<Body<'a>, FrameError> {
     if header.kind() != Kind::Map {
         return Err(FrameError::new(FrameErrorKind::BadHeader("not a map"), 0));
     }
     let op = header
         .get("op")
         .and_then(|v| v.as_i64())
-        .ok_or(FrameError::new(FrameErrorKind::BadHeader("no integer op"), 0))?;
+        .ok_or(FrameError::new(
+            FrameErrorKind::BadHeader("no integer op"),
+            0,
+        ))?;
     if payload.kind() != Kind::Map {
         return Err(wrong("payload", at));
     }
@@ -572,7 +655,11 @@ fn parse_body<'a>(header: Value<'a>, payload: Value<'a>, at: usize) -> Result<Bo
             seq: req_int(f.seq, "seq", at)?,
             did: req_str(f.did, "did", at)?,
             time: req_str(f.time, "time", at)?,
-            active: f.active.ok_or_else(|| missing("active", at))?.as_bool().ok_or_else(|| wrong("active", at))?,
+            active: f
+                .active
+                .ok_or_else(|| missing("active", at))?
+                .as_bool()
+                .ok_or_else(|| wrong("active", at))?,
             status: opt_str(f.status, "status", at)?,
         }),
         "#info" => Body::Info(Info {

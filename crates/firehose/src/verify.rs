@@ -38,7 +38,9 @@ use std::fmt;
 
 use riptide_cbor::{Arena, Cid, CidBuf, Kind, Options};
 use riptide_crypto::{PublicKey, VerifyError};
-use riptide_repo::{is_tid, rev_is_newer, verify_commit_proof, Commit, CommitError, ProofClass, ProofError, ProofOp};
+use riptide_repo::{
+    is_tid, rev_is_newer, verify_commit_proof, Commit, CommitError, ProofClass, ProofError, ProofOp,
+};
 
 use riptide_car::Car;
 
@@ -295,18 +297,29 @@ impl fmt::Display for Failure {
         match self {
             Failure::Frame(e) => write!(f, "{e}"),
             Failure::TooManyOps(n) => write!(f, "{n} ops, more than the limit of {MAX_OPS}"),
-            Failure::BlocksTooLarge(n) => write!(f, "blocks of {n} bytes, more than the limit of {MAX_BLOCKS_BYTES}"),
+            Failure::BlocksTooLarge(n) => write!(
+                f,
+                "blocks of {n} bytes, more than the limit of {MAX_BLOCKS_BYTES}"
+            ),
             Failure::TooBig => f.write_str("tooBig commit without blocks: nothing to verify"),
             Failure::CommitMissing(cid) => write!(f, "commit block {cid} is not in the CAR"),
             Failure::NoRoot => f.write_str("the CAR has no root"),
             Failure::RootNotCommit => f.write_str("the CAR's root is not the frame's commit"),
             Failure::Commit(e) => write!(f, "commit: {e}"),
-            Failure::Mismatch { field, frame, commit } => {
+            Failure::Mismatch {
+                field,
+                frame,
+                commit,
+            } => {
                 write!(f, "frame {field} {frame:?} but commit {field} {commit:?}")
             }
             Failure::NotATid(field) => write!(f, "{field} is not a TID"),
-            Failure::RevNotAfterSince { rev, since } => write!(f, "rev {rev} is not later than since {since}"),
-            Failure::NoPrevData => f.write_str("no prevData: not a Sync 1.1 commit, its ops cannot be proven"),
+            Failure::RevNotAfterSince { rev, since } => {
+                write!(f, "rev {rev} is not later than since {since}")
+            }
+            Failure::NoPrevData => {
+                f.write_str("no prevData: not a Sync 1.1 commit, its ops cannot be proven")
+            }
             Failure::Key(k) => write!(f, "{k}"),
             Failure::Signature(e) => write!(f, "signature: {e}"),
             Failure::Proof(e) => write!(f, "proof: {e}"),
@@ -354,7 +367,10 @@ impl<K: KeyLookup> Verifier<K> {
         Verifier {
             keys,
             // Blocks are decoded by their readers (module docs, step 1), not all up front.
-            decoder: FrameDecoder::with_options(DecodeOptions { decode_blocks: false, ..DecodeOptions::default() }),
+            decoder: FrameDecoder::with_options(DecodeOptions {
+                decode_blocks: false,
+                ..DecodeOptions::default()
+            }),
             cache: HashMap::new(),
             max_cached: DEFAULT_MAX_CACHED,
             arena: Arena::new(),
@@ -376,21 +392,47 @@ impl<K: KeyLookup> Verifier<K> {
 
     /// Verifies one frame and returns the full report.
     pub fn check<'f>(&mut self, bytes: &'f [u8]) -> Report<'f> {
-        let Verifier { keys, decoder, cache, max_cached, arena, buf, counts } = self;
+        let Verifier {
+            keys,
+            decoder,
+            cache,
+            max_cached,
+            arena,
+            buf,
+            counts,
+        } = self;
         let report = match decoder.decode(bytes) {
             Ok(frame) => {
                 let body = frame.body();
                 let kind = body.kind();
                 let seq = body.seq();
                 let did = body.did().and_then(|d| rebase(bytes, d));
-                let mut ctx = Ctx { keys: &*keys, cache, max_cached: *max_cached, arena: &mut *arena, buf };
+                let mut ctx = Ctx {
+                    keys: &*keys,
+                    cache,
+                    max_cached: *max_cached,
+                    arena: &mut *arena,
+                    buf,
+                };
                 let failure = ctx.check_frame(&frame).err();
                 let verdict = failure.as_ref().map_or(Verdict::Ok, Failure::verdict);
-                Report { kind, seq, did, verdict, failure }
+                Report {
+                    kind,
+                    seq,
+                    did,
+                    verdict,
+                    failure,
+                }
             }
             Err(e) => {
                 let p = peek(arena, bytes);
-                Report { kind: p.kind, seq: p.seq, did: p.did, verdict: Verdict::of_frame_error(&e), failure: Some(Failure::Frame(e)) }
+                Report {
+                    kind: p.kind,
+                    seq: p.seq,
+                    did: p.did,
+                    verdict: Verdict::of_frame_error(&e),
+                    failure: Some(Failure::Frame(e)),
+                }
             }
         };
         counts.add(report.verdict);
@@ -442,7 +484,9 @@ impl<K: KeyLookup> Ctx<'_, K> {
                 if car.roots().next() != Some(c.commit) {
                     return Err(Failure::RootNotCommit);
                 }
-                let block = car.get(c.commit).ok_or_else(|| Failure::CommitMissing(c.commit.to_buf()))?;
+                let block = car
+                    .get(c.commit)
+                    .ok_or_else(|| Failure::CommitMissing(c.commit.to_buf()))?;
                 let commit = Commit::decode_with(self.arena, block).map_err(Failure::Commit)?;
                 check_commit_fields(&commit, c.repo, c.rev)?;
                 if let Some(since) = c.since {
@@ -450,7 +494,10 @@ impl<K: KeyLookup> Ctx<'_, K> {
                         return Err(Failure::NotATid("since"));
                     }
                     if !rev_is_newer(c.rev, since) {
-                        return Err(Failure::RevNotAfterSince { rev: c.rev.to_owned(), since: since.to_owned() });
+                        return Err(Failure::RevNotAfterSince {
+                            rev: c.rev.to_owned(),
+                            since: since.to_owned(),
+                        });
                     }
                 }
                 let prev_data = c.prev_data.ok_or(Failure::NoPrevData)?;
@@ -465,13 +512,16 @@ impl<K: KeyLookup> Ctx<'_, K> {
                     })
                     .collect();
                 check_records(self.arena, frame, car, &ops)?;
-                verify_commit_proof(car, c.commit, &ops, Some(prev_data)).map_err(|e| Failure::Proof(Box::new(e)))?;
+                verify_commit_proof(car, c.commit, &ops, Some(prev_data))
+                    .map_err(|e| Failure::Proof(Box::new(e)))?;
                 Ok(())
             }
             Body::Sync(s) => {
                 let car = frame.car().ok_or(Failure::NoRoot)?;
                 let root: Cid<'_> = car.roots().next().ok_or(Failure::NoRoot)?;
-                let block = car.get(root).ok_or_else(|| Failure::CommitMissing(root.to_buf()))?;
+                let block = car
+                    .get(root)
+                    .ok_or_else(|| Failure::CommitMissing(root.to_buf()))?;
                 let commit = Commit::decode_with(self.arena, block).map_err(Failure::Commit)?;
                 check_commit_fields(&commit, s.did, s.rev)?;
                 self.check_signature(&commit)
@@ -495,7 +545,9 @@ impl<K: KeyLookup> Ctx<'_, K> {
             self.cache.insert(did.to_owned(), found);
         }
         match self.cache.get(did) {
-            Some(Ok(key)) => commit.verify_signature_with(key, self.buf).map_err(Failure::Signature),
+            Some(Ok(key)) => commit
+                .verify_signature_with(key, self.buf)
+                .map_err(Failure::Signature),
             Some(Err(e)) => Err(Failure::Key(e.clone())),
             None => Err(Failure::Key(KeyUnavailable::Unknown)),
         }
@@ -505,15 +557,25 @@ impl<K: KeyLookup> Ctx<'_, K> {
 /// Strictly decodes every created or updated record present in the CAR (absent ones are the
 /// proof's `missing-block`). A record that is not strict DAG-CBOR fails the frame as a block
 /// that does not decode would.
-fn check_records(arena: &mut Arena, frame: &Frame<'_>, car: &Car<'_>, ops: &[ProofOp<'_>]) -> Result<(), Failure> {
+fn check_records(
+    arena: &mut Arena,
+    frame: &Frame<'_>,
+    car: &Car<'_>,
+    ops: &[ProofOp<'_>],
+) -> Result<(), Failure> {
     for op in ops {
         let Some(cid) = op.cid else { continue };
-        let Some(i) = car.position(cid.as_cid()) else { continue };
+        let Some(i) = car.position(cid.as_cid()) else {
+            continue;
+        };
         let Some(block) = car.block(i) else { continue };
         let mut tape = arena.tape(block.data);
         if let Err(e) = tape.decode(0..block.data.len(), &Options::strict()) {
             let at = block.data.as_ptr() as usize - frame.bytes().as_ptr() as usize + e.offset();
-            return Err(Failure::Frame(FrameError::new(FrameErrorKind::BlockCbor(i, e.kind()), at)));
+            return Err(Failure::Frame(FrameError::new(
+                FrameErrorKind::BlockCbor(i, e.kind()),
+                at,
+            )));
         }
     }
     Ok(())
@@ -521,10 +583,18 @@ fn check_records(arena: &mut Arena, frame: &Frame<'_>, car: &Car<'_>, ops: &[Pro
 
 fn check_commit_fields(commit: &Commit<'_>, did: &str, rev: &str) -> Result<(), Failure> {
     if commit.did() != did {
-        return Err(Failure::Mismatch { field: "did", frame: did.to_owned(), commit: commit.did().to_owned() });
+        return Err(Failure::Mismatch {
+            field: "did",
+            frame: did.to_owned(),
+            commit: commit.did().to_owned(),
+        });
     }
     if commit.rev() != rev {
-        return Err(Failure::Mismatch { field: "rev", frame: rev.to_owned(), commit: commit.rev().to_owned() });
+        return Err(Failure::Mismatch {
+            field: "rev",
+            frame: rev.to_owned(),
+            commit: commit.rev().to_owned(),
+        });
     }
     if !is_tid(rev) {
         return Err(Failure::NotATid("rev"));
@@ -553,17 +623,26 @@ pub struct Peek<'f> {
 /// reporting frames that fail and for routing frames to threads by DID. Never fails: what cannot
 /// be read is `None` (kind `invalid`).
 pub fn peek<'f>(arena: &mut Arena, bytes: &'f [u8]) -> Peek<'f> {
-    let mut p = Peek { kind: "invalid", seq: None, did: None };
+    let mut p = Peek {
+        kind: "invalid",
+        seq: None,
+        did: None,
+    };
     let opts = Options::strict();
     let mut tape = arena.tape(bytes);
-    let Ok((header, end)) = tape.decode_prefix(0..bytes.len(), &opts) else { return p };
+    let Ok((header, end)) = tape.decode_prefix(0..bytes.len(), &opts) else {
+        return p;
+    };
     let payload = tape.decode(end..bytes.len(), &opts).ok();
     let doc = tape.finish();
     let h = doc.value(header);
     if h.kind() != Kind::Map {
         return p;
     }
-    p.kind = match (h.get("op").and_then(|v| v.as_i64()), h.get("t").and_then(|v| v.as_str())) {
+    p.kind = match (
+        h.get("op").and_then(|v| v.as_i64()),
+        h.get("t").and_then(|v| v.as_str()),
+    ) {
         (Some(-1), _) => "error",
         (Some(1), Some("#commit")) => "commit",
         (Some(1), Some("#sync")) => "sync",
@@ -573,9 +652,16 @@ pub fn peek<'f>(arena: &mut Arena, bytes: &'f [u8]) -> Peek<'f> {
         (Some(1), Some(_)) => "unknown",
         _ => "invalid",
     };
-    if let Some(payload) = payload.map(|i| doc.value(i)).filter(|v| v.kind() == Kind::Map) {
+    if let Some(payload) = payload
+        .map(|i| doc.value(i))
+        .filter(|v| v.kind() == Kind::Map)
+    {
         p.seq = payload.get("seq").and_then(|v| v.as_i64());
-        let did = if p.kind == "commit" { payload.get("repo") } else { payload.get("did") };
+        let did = if p.kind == "commit" {
+            payload.get("repo")
+        } else {
+            payload.get("did")
+        };
         p.did = did.and_then(|v| v.as_str()).and_then(|d| rebase(bytes, d));
     }
     p
@@ -590,7 +676,16 @@ mod tests {
         let names: Vec<&str> = Verdict::ALL.iter().map(|v| v.as_str()).collect();
         assert_eq!(
             names,
-            ["ok", "bad-signature", "bad-block-cid", "missing-block", "inversion-mismatch", "malformed", "limits", "unknown-key"]
+            [
+                "ok",
+                "bad-signature",
+                "bad-block-cid",
+                "missing-block",
+                "inversion-mismatch",
+                "malformed",
+                "limits",
+                "unknown-key"
+            ]
         );
         for (i, v) in Verdict::ALL.iter().enumerate() {
             assert_eq!(v.index(), i);
@@ -628,6 +723,13 @@ mod tests {
         ]
         .concat();
         let p = peek(&mut arena, &frame);
-        assert_eq!(p, Peek { kind: "identity", seq: Some(5), did: Some("did:plc:x") });
+        assert_eq!(
+            p,
+            Peek {
+                kind: "identity",
+                seq: Some(5),
+                did: Some("did:plc:x")
+            }
+        );
     }
 }

@@ -22,9 +22,21 @@ struct Counts {
 fn count(file: &[u8], opts: DecodeOptions) -> Counts {
     let frames = split_frames(file).expect("corpus splits");
     let mut dec = FrameDecoder::with_options(opts);
-    let mut c = Counts { frames: 0, commits: 0, identity: 0, account: 0, sync: 0, creates: 0, updates: 0, deletes: 0, blocks: 0 };
+    let mut c = Counts {
+        frames: 0,
+        commits: 0,
+        identity: 0,
+        account: 0,
+        sync: 0,
+        creates: 0,
+        updates: 0,
+        deletes: 0,
+        blocks: 0,
+    };
     for f in &frames {
-        let frame = dec.decode(f.bytes).unwrap_or_else(|e| panic!("frame {}: {e}", f.index));
+        let frame = dec
+            .decode(f.bytes)
+            .unwrap_or_else(|e| panic!("frame {}: {e}", f.index));
         c.frames += 1;
         c.blocks += frame.block_count();
         match frame.body() {
@@ -38,7 +50,12 @@ fn count(file: &[u8], opts: DecodeOptions) -> Counts {
                     }
                     // Every create/update record is in the CAR and decodes.
                     if let Some(cid) = op.cid {
-                        assert!(frame.block_by_cid(cid).is_some(), "frame {} op {}: record missing", f.index, op.path);
+                        assert!(
+                            frame.block_by_cid(cid).is_some(),
+                            "frame {} op {}: record missing",
+                            f.index,
+                            op.path
+                        );
                     }
                 }
                 // The signed commit block is present.
@@ -55,7 +72,9 @@ fn count(file: &[u8], opts: DecodeOptions) -> Counts {
 
 #[test]
 fn capture_matches_manifest() {
-    let Some(file) = common::read("jetstream-2026-07/firehose-frames.bin") else { return };
+    let Some(file) = common::read("jetstream-2026-07/firehose-frames.bin") else {
+        return;
+    };
     let manifest: serde_json::Value =
         serde_json::from_slice(&common::read("jetstream-2026-07/manifest.json").unwrap()).unwrap();
     let m = |k: &str| manifest[k].as_u64().unwrap() as usize;
@@ -76,7 +95,9 @@ fn capture_matches_manifest() {
 
 #[test]
 fn flipped_block_byte_names_block_and_is_a_cid_mismatch() {
-    let Some(file) = common::read("jetstream-2026-07/firehose-frames.bin") else { return };
+    let Some(file) = common::read("jetstream-2026-07/firehose-frames.bin") else {
+        return;
+    };
     let frames = split_frames(&file).unwrap();
     let mut dec = FrameDecoder::new();
     // The first commit frame; flip one byte inside its third CAR block.
@@ -91,13 +112,18 @@ fn flipped_block_byte_names_block_and_is_a_cid_mismatch() {
         .unwrap();
     let mut bytes = f.bytes.to_vec();
     bytes[at] ^= 0x01;
-    let Err(err) = dec.decode(&bytes) else { panic!("tampered frame decoded") };
+    let Err(err) = dec.decode(&bytes) else {
+        panic!("tampered frame decoded")
+    };
     assert_eq!(err.class(), "bad-block-cid", "{err}");
     match err.kind() {
         FrameErrorKind::Car(e) => assert!(e.block() == Some(2) && e.is_hash_mismatch()),
         other => panic!("{other:?}"),
     }
-    assert!(err.to_string().contains("does not hash to its CID"), "{err}");
+    assert!(
+        err.to_string().contains("does not hash to its CID"),
+        "{err}"
+    );
     // With the explicit opt-out the frame decodes (the byte is in record text or a CID).
     let mut lax = FrameDecoder::with_options(DecodeOptions::unverified());
     let _ = lax.decode(&bytes);
@@ -105,7 +131,9 @@ fn flipped_block_byte_names_block_and_is_a_cid_mismatch() {
 
 #[test]
 fn every_truncation_of_every_frame_is_a_typed_error() {
-    let Some(file) = common::read("jetstream-2026-07/firehose-frames.bin") else { return };
+    let Some(file) = common::read("jetstream-2026-07/firehose-frames.bin") else {
+        return;
+    };
     let frames = split_frames(&file).unwrap();
     let mut dec = FrameDecoder::new();
     let mut errors = 0;

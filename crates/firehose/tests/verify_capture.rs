@@ -12,8 +12,10 @@ use riptide_car::{write_car, CarOptions, CarReader};
 use riptide_cbor::{Arena, CidBuf, Options, OwnedValue, DAG_CBOR};
 use riptide_crypto::{Curve, PrivateKey, PublicKey, VerifyError};
 use riptide_firehose::corpus::split_frames;
+use riptide_firehose::verify::{
+    Failure, KeyLookup, KeyUnavailable, Verdict, VerdictCounts, Verifier, MAX_OPS,
+};
 use riptide_firehose::FrameErrorKind;
-use riptide_firehose::verify::{Failure, KeyLookup, KeyUnavailable, Verdict, VerdictCounts, Verifier, MAX_OPS};
 
 type Keys = HashMap<String, PublicKey>;
 
@@ -40,13 +42,19 @@ fn keys() -> Option<Keys> {
 
 fn capture() -> Option<(Vec<Vec<u8>>, Keys)> {
     let file = common::read("jetstream-2026-07/firehose-frames.bin")?;
-    let frames = split_frames(&file).unwrap().iter().map(|f| f.bytes.to_vec()).collect();
+    let frames = split_frames(&file)
+        .unwrap()
+        .iter()
+        .map(|f| f.bytes.to_vec())
+        .collect();
     Some((frames, keys()?))
 }
 
 #[test]
 fn every_frame_of_the_capture_verifies() {
-    let Some((frames, keys)) = capture() else { return };
+    let Some((frames, keys)) = capture() else {
+        return;
+    };
     let mut v = Verifier::new(&keys);
     let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, f) in frames.iter().enumerate() {
@@ -58,7 +66,10 @@ fn every_frame_of_the_capture_verifies() {
     }
     assert_eq!(v.counts().get(Verdict::Ok), 150);
     assert_eq!(v.counts().failed(), 0);
-    assert_eq!(kinds, BTreeMap::from([("account", 1), ("commit", 148), ("identity", 1)]));
+    assert_eq!(
+        kinds,
+        BTreeMap::from([("account", 1), ("commit", 148), ("identity", 1)])
+    );
     assert_eq!(v.counts().to_string(), "ok 150");
 }
 
@@ -74,25 +85,40 @@ struct Parts {
 fn split(frame: &[u8]) -> Parts {
     let mut arena = Arena::new();
     let mut tape = arena.tape(frame);
-    let (h, end) = tape.decode_prefix(0..frame.len(), &Options::strict()).unwrap();
+    let (h, end) = tape
+        .decode_prefix(0..frame.len(), &Options::strict())
+        .unwrap();
     let p = tape.decode(end..frame.len(), &Options::strict()).unwrap();
     let doc = tape.finish();
     let header = OwnedValue::from_value(doc.value(h)).unwrap();
-    let OwnedValue::Map(payload) = OwnedValue::from_value(doc.value(p)).unwrap() else { panic!() };
+    let OwnedValue::Map(payload) = OwnedValue::from_value(doc.value(p)).unwrap() else {
+        panic!()
+    };
     let (mut roots, mut blocks) = (Vec::new(), Vec::new());
     if let Some(OwnedValue::Bytes(car)) = payload.get("blocks") {
         let mut reader = CarReader::new();
         let car = reader.read(car, &CarOptions::default()).unwrap();
         roots = car.roots().map(|r| r.to_buf()).collect();
-        blocks = car.blocks().map(|b| (b.cid.to_buf(), b.data.to_vec())).collect();
+        blocks = car
+            .blocks()
+            .map(|b| (b.cid.to_buf(), b.data.to_vec()))
+            .collect();
     }
-    Parts { header, payload, roots, blocks }
+    Parts {
+        header,
+        payload,
+        roots,
+        blocks,
+    }
 }
 
 fn join(p: &Parts) -> Vec<u8> {
     let mut payload = p.payload.clone();
     if payload.contains_key("blocks") {
-        let car = write_car(&p.roots, p.blocks.iter().map(|(c, d)| (c.as_cid(), d.as_slice())));
+        let car = write_car(
+            &p.roots,
+            p.blocks.iter().map(|(c, d)| (c.as_cid(), d.as_slice())),
+        );
         payload.insert("blocks".into(), OwnedValue::Bytes(car));
     }
     let mut out = p.header.to_cbor();
@@ -170,15 +196,22 @@ fn verdict_of(frame: &[u8], keys: &Keys) -> (Verdict, Option<Failure>) {
 
 #[test]
 fn reencoding_untouched_parts_gives_the_same_frame() {
-    let Some((p, keys, frames)) = sample() else { return };
+    let Some((p, keys, frames)) = sample() else {
+        return;
+    };
     let again = join(&p);
-    assert!(frames.contains(&again), "split/join must be the identity on a real frame");
+    assert!(
+        frames.contains(&again),
+        "split/join must be the identity on a real frame"
+    );
     assert_eq!(verdict_of(&again, &keys).0, Verdict::Ok);
 }
 
 #[test]
 fn a_changed_block_byte_is_bad_block_cid() {
-    let Some((mut p, keys, _)) = sample() else { return };
+    let Some((mut p, keys, _)) = sample() else {
+        return;
+    };
     let last = p.blocks.len() - 1;
     let n = p.blocks[last].1.len();
     p.blocks[last].1[n / 2] ^= 0x01;
@@ -187,7 +220,9 @@ fn a_changed_block_byte_is_bad_block_cid() {
 
 #[test]
 fn a_changed_signature_byte_readdressed_is_bad_signature() {
-    let Some((mut p, keys, _)) = sample() else { return };
+    let Some((mut p, keys, _)) = sample() else {
+        return;
+    };
     rewrite_commit(&mut p, |m| sig_mut(m)[5] ^= 0x01); // a byte of r: s stays low
     let (v, f) = verdict_of(&join(&p), &keys);
     assert_eq!(v, Verdict::BadSignature);
@@ -196,9 +231,15 @@ fn a_changed_signature_byte_readdressed_is_bad_signature() {
 
 #[test]
 fn another_accounts_key_is_bad_signature() {
-    let Some((p, mut keys, _)) = sample() else { return };
+    let Some((p, mut keys, _)) = sample() else {
+        return;
+    };
     let did = text(&p, "repo");
-    let other = keys.iter().find(|(d, _)| **d != did).map(|(_, k)| k.clone()).unwrap();
+    let other = keys
+        .iter()
+        .find(|(d, _)| **d != did)
+        .map(|(_, k)| k.clone())
+        .unwrap();
     keys.insert(did, other);
     assert_eq!(verdict_of(&join(&p), &keys).0, Verdict::BadSignature);
 }
@@ -207,10 +248,13 @@ fn another_accounts_key_is_bad_signature() {
 fn high_s_readdressed_is_bad_signature() {
     // secp256k1 group order n, big-endian; every account of the capture uses secp256k1.
     const N: [u8; 32] = [
-        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xfe, 0xba, 0xae,
-        0xdc, 0xe6, 0xaf, 0x48, 0xa0, 0x3b, 0xbf, 0xd2, 0x5e, 0x8c, 0xd0, 0x36, 0x41, 0x41,
+        0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+        0xfe, 0xba, 0xae, 0xdc, 0xe6, 0xaf, 0x48, 0xa0, 0x3b, 0xbf, 0xd2, 0x5e, 0x8c, 0xd0, 0x36,
+        0x41, 0x41,
     ];
-    let Some((mut p, keys, _)) = sample() else { return };
+    let Some((mut p, keys, _)) = sample() else {
+        return;
+    };
     assert_eq!(keys[&text(&p, "repo")].curve(), Curve::Secp256k1);
     rewrite_commit(&mut p, |m| {
         let sig = sig_mut(m);
@@ -231,15 +275,23 @@ fn high_s_readdressed_is_bad_signature() {
 
 #[test]
 fn dropping_the_mst_root_is_missing_block_and_no_node_drop_is_anything_else() {
-    let Some((frames, keys)) = capture() else { return };
+    let Some((frames, keys)) = capture() else {
+        return;
+    };
     let mut dropped_root = 0;
     for f in &frames {
         let p = split(f);
         if !p.payload.contains_key("ops") {
             continue;
         }
-        let commit = p.blocks.iter().find(|(c, _)| *c == link(&p, "commit")).unwrap();
-        let OwnedValue::Link(data) = block_map(&commit.1)["data"] else { panic!() };
+        let commit = p
+            .blocks
+            .iter()
+            .find(|(c, _)| *c == link(&p, "commit"))
+            .unwrap();
+        let OwnedValue::Link(data) = block_map(&commit.1)["data"] else {
+            panic!()
+        };
         for i in 0..p.blocks.len() {
             let m = block_map(&p.blocks[i].1);
             let is_node = m.contains_key("e") && m.contains_key("l") && m.len() == 2;
@@ -253,7 +305,10 @@ fn dropping_the_mst_root_is_missing_block_and_no_node_drop_is_anything_else() {
                 assert_eq!(v, Verdict::MissingBlock, "{fail:?}");
                 dropped_root += 1;
             } else {
-                assert!(matches!(v, Verdict::MissingBlock | Verdict::Ok), "{v}: {fail:?}");
+                assert!(
+                    matches!(v, Verdict::MissingBlock | Verdict::Ok),
+                    "{v}: {fail:?}"
+                );
             }
         }
     }
@@ -265,8 +320,16 @@ fn a_dropped_commit_or_record_block_is_missing_block() {
     let Some((p, keys, _)) = sample() else { return };
     let mut q = p.clone();
     q.blocks.retain(|(c, _)| *c != link(&p, "commit"));
-    assert_eq!(verdict_of(&join(&q), &keys), (Verdict::MissingBlock, Some(Failure::CommitMissing(link(&p, "commit")))));
-    let OwnedValue::Array(ops) = &p.payload["ops"] else { panic!() };
+    assert_eq!(
+        verdict_of(&join(&q), &keys),
+        (
+            Verdict::MissingBlock,
+            Some(Failure::CommitMissing(link(&p, "commit")))
+        )
+    );
+    let OwnedValue::Array(ops) = &p.payload["ops"] else {
+        panic!()
+    };
     let created = ops.iter().find_map(|op| match op.get("cid") {
         Some(OwnedValue::Link(c)) => Some(*c),
         _ => None,
@@ -278,11 +341,19 @@ fn a_dropped_commit_or_record_block_is_missing_block() {
 
 #[test]
 fn a_changed_prev_data_is_inversion_mismatch() {
-    let Some((mut p, keys, _)) = sample() else { return };
-    p.payload.insert("prevData".into(), OwnedValue::Link(CidBuf::sha256(DAG_CBOR, b"another tree")));
+    let Some((mut p, keys, _)) = sample() else {
+        return;
+    };
+    p.payload.insert(
+        "prevData".into(),
+        OwnedValue::Link(CidBuf::sha256(DAG_CBOR, b"another tree")),
+    );
     assert_eq!(verdict_of(&join(&p), &keys).0, Verdict::InversionMismatch);
     p.payload.remove("prevData");
-    assert_eq!(verdict_of(&join(&p), &keys), (Verdict::Malformed, Some(Failure::NoPrevData)));
+    assert_eq!(
+        verdict_of(&join(&p), &keys),
+        (Verdict::Malformed, Some(Failure::NoPrevData))
+    );
 }
 
 #[test]
@@ -302,21 +373,32 @@ fn over_the_limits_is_limits() {
     let Some((p, keys, _)) = sample() else { return };
     // 201 ops (well-formed creates of distinct paths).
     let mut q = p.clone();
-    let OwnedValue::Array(ops) = &p.payload["ops"] else { panic!() };
+    let OwnedValue::Array(ops) = &p.payload["ops"] else {
+        panic!()
+    };
     let op = ops[0].clone();
     let many: Vec<OwnedValue> = (0..=MAX_OPS)
         .map(|i| {
-            let OwnedValue::Map(mut m) = op.clone() else { panic!() };
-            m.insert("path".into(), OwnedValue::Text(format!("app.bsky.feed.like/3kaaaaaaa{i:04}")));
+            let OwnedValue::Map(mut m) = op.clone() else {
+                panic!()
+            };
+            m.insert(
+                "path".into(),
+                OwnedValue::Text(format!("app.bsky.feed.like/3kaaaaaaa{i:04}")),
+            );
             OwnedValue::Map(m)
         })
         .collect();
     q.payload.insert("ops".into(), OwnedValue::Array(many));
-    assert_eq!(verdict_of(&join(&q), &keys), (Verdict::Limits, Some(Failure::TooManyOps(MAX_OPS + 1))));
+    assert_eq!(
+        verdict_of(&join(&q), &keys),
+        (Verdict::Limits, Some(Failure::TooManyOps(MAX_OPS + 1)))
+    );
     // A CAR over 2 MiB (an extra, correctly addressed block).
     let mut q = p.clone();
     let big = vec![0x41u8; 2 << 20];
-    q.blocks.push((CidBuf::sha256(riptide_cbor::RAW, &big), big));
+    q.blocks
+        .push((CidBuf::sha256(riptide_cbor::RAW, &big), big));
     assert_eq!(verdict_of(&join(&q), &keys).0, Verdict::Limits);
 }
 
@@ -326,20 +408,43 @@ fn commit_and_frame_must_agree() {
     let rev = text(&p, "rev");
     // The frame's rev differs from the (signed) commit's.
     let mut q = p.clone();
-    q.payload.insert("rev".into(), OwnedValue::Text("2222222222222".into()));
-    assert!(matches!(verdict_of(&join(&q), &keys), (Verdict::Malformed, Some(Failure::Mismatch { field: "rev", .. }))));
+    q.payload
+        .insert("rev".into(), OwnedValue::Text("2222222222222".into()));
+    assert!(matches!(
+        verdict_of(&join(&q), &keys),
+        (
+            Verdict::Malformed,
+            Some(Failure::Mismatch { field: "rev", .. })
+        )
+    ));
     // since not before rev.
     let mut q = p.clone();
-    q.payload.insert("since".into(), OwnedValue::Text(rev.clone()));
-    assert!(matches!(verdict_of(&join(&q), &keys), (Verdict::Malformed, Some(Failure::RevNotAfterSince { .. }))));
+    q.payload
+        .insert("since".into(), OwnedValue::Text(rev.clone()));
+    assert!(matches!(
+        verdict_of(&join(&q), &keys),
+        (Verdict::Malformed, Some(Failure::RevNotAfterSince { .. }))
+    ));
     // A CAR rooted elsewhere than at the commit.
     let mut q = p.clone();
     q.roots = vec![CidBuf::sha256(DAG_CBOR, b"elsewhere")];
-    assert_eq!(verdict_of(&join(&q), &keys), (Verdict::Malformed, Some(Failure::RootNotCommit)));
+    assert_eq!(
+        verdict_of(&join(&q), &keys),
+        (Verdict::Malformed, Some(Failure::RootNotCommit))
+    );
     // The frame names another repo than the commit.
     let mut q = p.clone();
-    q.payload.insert("repo".into(), OwnedValue::Text("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa".into()));
-    assert!(matches!(verdict_of(&join(&q), &keys), (Verdict::Malformed, Some(Failure::Mismatch { field: "did", .. }))));
+    q.payload.insert(
+        "repo".into(),
+        OwnedValue::Text("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa".into()),
+    );
+    assert!(matches!(
+        verdict_of(&join(&q), &keys),
+        (
+            Verdict::Malformed,
+            Some(Failure::Mismatch { field: "did", .. })
+        )
+    ));
 }
 
 #[test]
@@ -357,10 +462,20 @@ fn sync_frames_check_the_commit_signature() {
         ("op".to_string(), OwnedValue::Int(1)),
         ("t".to_string(), OwnedValue::Text("#sync".into())),
     ]));
-    let mut s = Parts { header, payload, roots: vec![commit], blocks: vec![block] };
+    let mut s = Parts {
+        header,
+        payload,
+        roots: vec![commit],
+        blocks: vec![block],
+    };
     let frame = join(&s);
     let r = Verifier::new(&keys).check(&frame);
-    assert_eq!((r.kind, r.verdict), ("sync", Verdict::Ok), "{:?}", r.failure);
+    assert_eq!(
+        (r.kind, r.verdict),
+        ("sync", Verdict::Ok),
+        "{:?}",
+        r.failure
+    );
     s.blocks[0].1 = {
         let mut m = block_map(&s.blocks[0].1);
         sig_mut(&mut m)[3] ^= 1;
@@ -389,7 +504,10 @@ fn keys_are_cached_per_did_until_an_identity_frame() {
     let Some((p, keys, _)) = sample() else { return };
     let frame = join(&p);
     let did = text(&p, "repo");
-    let lookup = Counting { keys: &keys, calls: Cell::new(0) };
+    let lookup = Counting {
+        keys: &keys,
+        calls: Cell::new(0),
+    };
     let mut v = Verifier::new(&lookup);
     for _ in 0..3 {
         assert_eq!(v.verify(&frame), Verdict::Ok);
@@ -400,12 +518,20 @@ fn keys_are_cached_per_did_until_an_identity_frame() {
         let mut payload = BTreeMap::new();
         payload.insert("seq".to_string(), OwnedValue::Int(1));
         payload.insert("did".to_string(), OwnedValue::Text(did));
-        payload.insert("time".to_string(), OwnedValue::Text("2026-07-04T14:39:14.000Z".into()));
+        payload.insert(
+            "time".to_string(),
+            OwnedValue::Text("2026-07-04T14:39:14.000Z".into()),
+        );
         let header = OwnedValue::Map(BTreeMap::from([
             ("op".to_string(), OwnedValue::Int(1)),
             ("t".to_string(), OwnedValue::Text("#identity".into())),
         ]));
-        join(&Parts { header, payload, roots: vec![], blocks: vec![] })
+        join(&Parts {
+            header,
+            payload,
+            roots: vec![],
+            blocks: vec![],
+        })
     };
     assert_eq!(v.verify(&identity), Verdict::Ok);
     assert_eq!(v.verify(&frame), Verdict::Ok);
@@ -434,7 +560,10 @@ fn undecodable_frames_still_report_what_can_be_read() {
     assert!(r.seq.is_some());
     // Not CBOR at all.
     let r = v.check(&[0xff, 0x00]);
-    assert_eq!((r.kind, r.verdict, r.did), ("invalid", Verdict::Malformed, None));
+    assert_eq!(
+        (r.kind, r.verdict, r.did),
+        ("invalid", Verdict::Malformed, None)
+    );
     assert_eq!(v.counts().failed(), 3);
 }
 
@@ -445,8 +574,14 @@ fn a_synthetic_p256_commit_verifies_and_its_forgery_does_not() {
     let did = "did:plc:p256p256p256p256p256p256";
     let signer = PrivateKey::from_bytes(Curve::P256, &[9; 32]).unwrap();
     let record = OwnedValue::Map(BTreeMap::from([
-        ("$type".to_string(), OwnedValue::Text("app.bsky.feed.like".into())),
-        ("createdAt".to_string(), OwnedValue::Text("2026-07-04T14:39:14.000Z".into())),
+        (
+            "$type".to_string(),
+            OwnedValue::Text("app.bsky.feed.like".into()),
+        ),
+        (
+            "createdAt".to_string(),
+            OwnedValue::Text("2026-07-04T14:39:14.000Z".into()),
+        ),
     ]))
     .to_cbor();
     let record_cid = CidBuf::sha256(DAG_CBOR, &record);
@@ -462,7 +597,10 @@ fn a_synthetic_p256_commit_verifies_and_its_forgery_does_not() {
         ("prev".to_string(), OwnedValue::Null),
     ]);
     let unsigned = OwnedValue::Map(commit.clone()).to_cbor();
-    commit.insert("sig".into(), OwnedValue::Bytes(signer.sign(&unsigned).to_vec()));
+    commit.insert(
+        "sig".into(),
+        OwnedValue::Bytes(signer.sign(&unsigned).to_vec()),
+    );
     let commit = OwnedValue::Map(commit).to_cbor();
     let commit_cid = CidBuf::sha256(DAG_CBOR, &commit);
     let mut blocks = vec![(commit_cid, commit), (record_cid, record)];
@@ -479,7 +617,10 @@ fn a_synthetic_p256_commit_verifies_and_its_forgery_does_not() {
         ("rev".to_string(), OwnedValue::Text(rev.into())),
         ("since".to_string(), OwnedValue::Null),
         ("commit".to_string(), OwnedValue::Link(commit_cid)),
-        ("time".to_string(), OwnedValue::Text("2026-07-04T14:39:14.000Z".into())),
+        (
+            "time".to_string(),
+            OwnedValue::Text("2026-07-04T14:39:14.000Z".into()),
+        ),
         ("tooBig".to_string(), OwnedValue::Bool(false)),
         ("rebase".to_string(), OwnedValue::Bool(false)),
         ("prevData".to_string(), OwnedValue::Link(prev_data)),
@@ -491,7 +632,12 @@ fn a_synthetic_p256_commit_verifies_and_its_forgery_does_not() {
         ("op".to_string(), OwnedValue::Int(1)),
         ("t".to_string(), OwnedValue::Text("#commit".into())),
     ]));
-    let mut p = Parts { header, payload, roots: vec![commit_cid], blocks };
+    let mut p = Parts {
+        header,
+        payload,
+        roots: vec![commit_cid],
+        blocks,
+    };
     let keys: Keys = HashMap::from([(did.to_string(), signer.public_key())]);
     let (v, f) = verdict_of(&join(&p), &keys);
     assert_eq!(v, Verdict::Ok, "{f:?}");
@@ -504,11 +650,20 @@ fn a_record_that_is_not_strict_dag_cbor_is_malformed() {
     // The verifier decodes records itself (not through the frame decoder): a created record
     // replaced by a float-bearing map, re-addressed so every block still hashes to its CID, must
     // fail as a block that does not decode, before the proof is looked at.
-    let Some((mut p, keys, _)) = sample() else { return };
-    let OwnedValue::Array(mut ops) = p.payload["ops"].clone() else { panic!() };
-    let op = ops.iter_mut().find(|op| op.get("action") == Some(&OwnedValue::Text("create".into()))).unwrap();
+    let Some((mut p, keys, _)) = sample() else {
+        return;
+    };
+    let OwnedValue::Array(mut ops) = p.payload["ops"].clone() else {
+        panic!()
+    };
+    let op = ops
+        .iter_mut()
+        .find(|op| op.get("action") == Some(&OwnedValue::Text("create".into())))
+        .unwrap();
     let OwnedValue::Map(op) = op else { panic!() };
-    let Some(OwnedValue::Link(old)) = op.get("cid").cloned() else { panic!() };
+    let Some(OwnedValue::Link(old)) = op.get("cid").cloned() else {
+        panic!()
+    };
     // {"$type": "x", "n": 1.5} with a float64: outside the atproto data model.
     let mut bytes = vec![0xa2, 0x61, b'n', 0xfb];
     bytes.extend_from_slice(&1.5f64.to_be_bytes());
@@ -521,7 +676,10 @@ fn a_record_that_is_not_strict_dag_cbor_is_malformed() {
     let (verdict, failure) = verdict_of(&join(&p), &keys);
     assert_eq!(verdict, Verdict::Malformed);
     match failure {
-        Some(Failure::Frame(e)) => assert_eq!(e.kind(), &FrameErrorKind::BlockCbor(i, riptide_cbor::ErrorKind::Float)),
+        Some(Failure::Frame(e)) => assert_eq!(
+            e.kind(),
+            &FrameErrorKind::BlockCbor(i, riptide_cbor::ErrorKind::Float)
+        ),
         other => panic!("{other:?}"),
     }
 }

@@ -35,7 +35,10 @@ pub struct KeyMethod {
 impl KeyMethod {
     /// Parses the key (microseconds: cache the result when verifying many commits).
     pub fn parse(&self) -> Result<PublicKey, DocError> {
-        Ok(PublicKey::from_verification_method(&self.vm_type, &self.public_key_multibase)?)
+        Ok(PublicKey::from_verification_method(
+            &self.vm_type,
+            &self.public_key_multibase,
+        )?)
     }
 }
 
@@ -61,7 +64,11 @@ fn is_fragment_of(id: &str, did: &str, frag: &str) -> bool {
     }
 }
 
-fn str_field<'v>(o: &'v Map<String, Value>, name: &str, what: &str) -> Result<Option<&'v str>, DocError> {
+fn str_field<'v>(
+    o: &'v Map<String, Value>,
+    name: &str,
+    what: &str,
+) -> Result<Option<&'v str>, DocError> {
     match o.get(name) {
         None => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
@@ -80,19 +87,24 @@ fn array_field<'v>(o: &'v Map<String, Value>, name: &str) -> Result<&'v [Value],
 impl DidDoc {
     /// Parses a DID document from JSON text.
     pub fn from_json(text: &str) -> Result<DidDoc, DocError> {
-        let v: Value = serde_json::from_str(text).map_err(|e| malformed(format!("not JSON: {e}")))?;
+        let v: Value =
+            serde_json::from_str(text).map_err(|e| malformed(format!("not JSON: {e}")))?;
         DidDoc::from_value(&v)
     }
 
     /// Parses a DID document from a JSON value.
     pub fn from_value(v: &Value) -> Result<DidDoc, DocError> {
-        let o = v.as_object().ok_or_else(|| malformed("not a JSON object"))?;
+        let o = v
+            .as_object()
+            .ok_or_else(|| malformed("not a JSON object"))?;
         let id = str_field(o, "id", "document")?.ok_or_else(|| malformed("no `id`"))?;
         let did = Did::parse(id).map_err(|e| malformed(format!("`id` is not a DID: {e}")))?;
 
         let mut also_known_as = Vec::new();
         for aka in array_field(o, "alsoKnownAs")? {
-            let s = aka.as_str().ok_or_else(|| malformed("`alsoKnownAs` holds a non-string"))?;
+            let s = aka
+                .as_str()
+                .ok_or_else(|| malformed("`alsoKnownAs` holds a non-string"))?;
             also_known_as.push(s.to_owned());
         }
         // The first at:// entry is the handle claim; an invalid one is no handle.
@@ -103,23 +115,36 @@ impl DidDoc {
 
         let mut key = None;
         for vm in array_field(o, "verificationMethod")? {
-            let m = vm.as_object().ok_or_else(|| malformed("a verification method is not an object"))?;
-            let Some(vm_id) = str_field(m, "id", "verification method")? else { continue };
+            let m = vm
+                .as_object()
+                .ok_or_else(|| malformed("a verification method is not an object"))?;
+            let Some(vm_id) = str_field(m, "id", "verification method")? else {
+                continue;
+            };
             if !is_fragment_of(vm_id, did.as_str(), "atproto") {
                 continue;
             }
             let vm_type = str_field(m, "type", "#atproto verification method")?
                 .ok_or_else(|| malformed("#atproto verification method has no `type`"))?;
             let mb = str_field(m, "publicKeyMultibase", "#atproto verification method")?
-                .ok_or_else(|| malformed("#atproto verification method has no `publicKeyMultibase`"))?;
-            key = Some(KeyMethod { vm_type: vm_type.to_owned(), public_key_multibase: mb.to_owned() });
+                .ok_or_else(|| {
+                    malformed("#atproto verification method has no `publicKeyMultibase`")
+                })?;
+            key = Some(KeyMethod {
+                vm_type: vm_type.to_owned(),
+                public_key_multibase: mb.to_owned(),
+            });
             break;
         }
 
         let mut pds = None;
         for svc in array_field(o, "service")? {
-            let s = svc.as_object().ok_or_else(|| malformed("a service is not an object"))?;
-            let Some(sid) = str_field(s, "id", "service")? else { continue };
+            let s = svc
+                .as_object()
+                .ok_or_else(|| malformed("a service is not an object"))?;
+            let Some(sid) = str_field(s, "id", "service")? else {
+                continue;
+            };
             if !is_fragment_of(sid, did.as_str(), "atproto_pds") {
                 continue;
             }
@@ -132,7 +157,13 @@ impl DidDoc {
             break;
         }
 
-        Ok(DidDoc { did, also_known_as, handle, key, pds })
+        Ok(DidDoc {
+            did,
+            also_known_as,
+            handle,
+            key,
+            pds,
+        })
     }
 
     /// The document's DID (`id`).
@@ -182,7 +213,10 @@ mod tests {
     }
 
     fn multikey(curve: Curve) -> String {
-        PrivateKey::from_bytes(curve, &[3; 32]).unwrap().public_key().to_multibase()
+        PrivateKey::from_bytes(curve, &[3; 32])
+            .unwrap()
+            .public_key()
+            .to_multibase()
     }
 
     #[test]
@@ -204,8 +238,13 @@ mod tests {
 
     #[test]
     fn legacy_types_parse_through_crypto() {
-        for (curve, ty) in [(Curve::Secp256k1, LEGACY_SECP256K1_VM_TYPE), (Curve::P256, LEGACY_P256_VM_TYPE)] {
-            let key = PrivateKey::from_bytes(curve, &[5; 32]).unwrap().public_key();
+        for (curve, ty) in [
+            (Curve::Secp256k1, LEGACY_SECP256K1_VM_TYPE),
+            (Curve::P256, LEGACY_P256_VM_TYPE),
+        ] {
+            let key = PrivateKey::from_bytes(curve, &[5; 32])
+                .unwrap()
+                .public_key();
             let mb = format!("z{}", bs58::encode(key.to_compressed_sec1()).into_string());
             let d = DidDoc::from_json(&doc(
                 &format!(r##"{{"id":"#atproto","type":"{ty}","publicKeyMultibase":"{mb}"}}"##),
@@ -236,15 +275,21 @@ mod tests {
     #[test]
     fn unusable_keys_are_typed() {
         // Ed25519 Multikey (multicodec 0xed): a key, but not one atproto signs with.
-        let ed = format!("z{}", bs58::encode([&[0xed, 0x01][..], &[1; 32]].concat()).into_string());
+        let ed = format!(
+            "z{}",
+            bs58::encode([&[0xed, 0x01][..], &[1; 32]].concat()).into_string()
+        );
         let d = DidDoc::from_json(&doc(
             &format!(r##"{{"id":"#atproto","type":"Multikey","publicKeyMultibase":"{ed}"}}"##),
             "",
         ))
         .unwrap();
         assert!(matches!(d.signing_key(), Err(DocError::UnsupportedKey(_))));
-        let d = DidDoc::from_json(&doc(r##"{"id":"#atproto","type":"JsonWebKey2020","publicKeyMultibase":"zabc"}"##, ""))
-            .unwrap();
+        let d = DidDoc::from_json(&doc(
+            r##"{"id":"#atproto","type":"JsonWebKey2020","publicKeyMultibase":"zabc"}"##,
+            "",
+        ))
+        .unwrap();
         assert!(matches!(d.signing_key(), Err(DocError::UnsupportedKey(_))));
     }
 
@@ -261,7 +306,10 @@ mod tests {
             r##"{"id":"did:plc:x","service":[{"id":"#atproto_pds","type":"AtprotoPersonalDataServer","serviceEndpoint":{}}]}"##,
             "{",
         ] {
-            assert!(matches!(DidDoc::from_json(bad), Err(DocError::Malformed(_))), "{bad}");
+            assert!(
+                matches!(DidDoc::from_json(bad), Err(DocError::Malformed(_))),
+                "{bad}"
+            );
         }
         // An invalid handle claim is no handle, not a broken document.
         let d = DidDoc::from_json(r#"{"id":"did:plc:x","alsoKnownAs":["at://-bad-"]}"#).unwrap();

@@ -31,8 +31,10 @@ impl DidDocs {
 
     /// Reads a `did_docs.json` file.
     pub fn load(path: &Path) -> Result<DidDocs, DocsError> {
-        let bytes = std::fs::read(path)
-            .map_err(|source| DocsError::Io { path: path.display().to_string(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| DocsError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
         DidDocs::from_slice(&bytes)
     }
 
@@ -42,9 +44,15 @@ impl DidDocs {
         let map = v.as_object().ok_or(DocsError::NotAnObject)?;
         let mut docs = HashMap::with_capacity(map.len());
         for (did, doc) in map {
-            let doc = DidDoc::from_value(doc).map_err(|error| DocsError::Doc { did: did.clone(), error })?;
+            let doc = DidDoc::from_value(doc).map_err(|error| DocsError::Doc {
+                did: did.clone(),
+                error,
+            })?;
             if doc.did().as_str() != did {
-                return Err(DocsError::IdMismatch { key: did.clone(), id: doc.did().to_string() });
+                return Err(DocsError::IdMismatch {
+                    key: did.clone(),
+                    id: doc.did().to_string(),
+                });
             }
             docs.insert(did.clone(), doc);
         }
@@ -63,8 +71,14 @@ impl DidDocs {
 
     /// The signing key of `did`, parsed (each call parses: cache it when verifying).
     pub fn signing_key(&self, did: &str) -> Result<PublicKey, ResolveError> {
-        let doc = self.docs.get(did).ok_or_else(|| ResolveError::NotFound(did.to_owned()))?;
-        doc.signing_key().map_err(|error| ResolveError::Doc { did: did.to_owned(), error })
+        let doc = self
+            .docs
+            .get(did)
+            .ok_or_else(|| ResolveError::NotFound(did.to_owned()))?;
+        doc.signing_key().map_err(|error| ResolveError::Doc {
+            did: did.to_owned(),
+            error,
+        })
     }
 
     /// Number of documents.
@@ -108,17 +122,32 @@ mod tests {
         assert!(docs.signing_key("did:plc:b").is_ok());
         assert_eq!(
             docs.signing_key("did:plc:a"),
-            Err(ResolveError::Doc { did: "did:plc:a".into(), error: DocError::NoSigningKey })
+            Err(ResolveError::Doc {
+                did: "did:plc:a".into(),
+                error: DocError::NoSigningKey
+            })
         );
-        assert_eq!(docs.signing_key("did:plc:c"), Err(ResolveError::NotFound("did:plc:c".into())));
+        assert_eq!(
+            docs.signing_key("did:plc:c"),
+            Err(ResolveError::NotFound("did:plc:c".into()))
+        );
 
-        assert!(matches!(DidDocs::from_slice(b"[]"), Err(DocsError::NotAnObject)));
+        assert!(matches!(
+            DidDocs::from_slice(b"[]"),
+            Err(DocsError::NotAnObject)
+        ));
         assert!(matches!(DidDocs::from_slice(b"{"), Err(DocsError::Json(_))));
         assert!(matches!(
             DidDocs::from_slice(br#"{"did:plc:a":{"id":"did:plc:b"}}"#),
             Err(DocsError::IdMismatch { .. })
         ));
-        assert!(matches!(DidDocs::from_slice(br#"{"did:plc:a":{}}"#), Err(DocsError::Doc { .. })));
-        assert!(matches!(DidDocs::load(Path::new("/nonexistent/did_docs.json")), Err(DocsError::Io { .. })));
+        assert!(matches!(
+            DidDocs::from_slice(br#"{"did:plc:a":{}}"#),
+            Err(DocsError::Doc { .. })
+        ));
+        assert!(matches!(
+            DidDocs::load(Path::new("/nonexistent/did_docs.json")),
+            Err(DocsError::Io { .. })
+        ));
     }
 }

@@ -22,7 +22,9 @@ fn every_document_parses_and_every_commit_did_has_a_key() {
     let (mut k256, mut p256) = (0, 0);
     for did in dids {
         let did = did.as_str().unwrap();
-        let key = docs.signing_key(did).unwrap_or_else(|e| panic!("{did}: {e}"));
+        let key = docs
+            .signing_key(did)
+            .unwrap_or_else(|e| panic!("{did}: {e}"));
         match key.curve() {
             Curve::Secp256k1 => k256 += 1,
             Curve::P256 => p256 += 1,
@@ -34,7 +36,9 @@ fn every_document_parses_and_every_commit_did_has_a_key() {
 
     for doc in docs.iter() {
         assert!(doc.handle().is_some(), "{}", doc.did());
-        let pds = doc.pds().unwrap_or_else(|| panic!("{} has no PDS", doc.did()));
+        let pds = doc
+            .pds()
+            .unwrap_or_else(|| panic!("{} has no PDS", doc.did()));
         assert!(pds.starts_with("https://"), "{pds}");
         assert_eq!(doc.key_method().unwrap().vm_type, "Multikey");
     }

@@ -230,7 +230,12 @@ impl Projector {
                     }
                     b.push(b'}');
                     let body = body_start..out.buf.len();
-                    out.parts.push(Part { kind: EventKind::Commit, did, collection: coll, body });
+                    out.parts.push(Part {
+                        kind: EventKind::Commit,
+                        did,
+                        collection: coll,
+                        body,
+                    });
                 }
             }
             Body::Identity(id) => {
@@ -249,7 +254,12 @@ impl Projector {
                 write_json_string(b, id.time);
                 b.push(b'}');
                 let body = start..out.buf.len();
-                out.parts.push(Part { kind: EventKind::Identity, did, collection: 0..0, body });
+                out.parts.push(Part {
+                    kind: EventKind::Identity,
+                    did,
+                    collection: 0..0,
+                    body,
+                });
             }
             Body::Account(a) => {
                 let did = push(&mut out.buf, a.did);
@@ -271,7 +281,12 @@ impl Projector {
                 write_json_string(b, a.time);
                 b.push(b'}');
                 let body = start..out.buf.len();
-                out.parts.push(Part { kind: EventKind::Account, did, collection: 0..0, body });
+                out.parts.push(Part {
+                    kind: EventKind::Account,
+                    did,
+                    collection: 0..0,
+                    body,
+                });
             }
             // Never emitted on v1 (§4.1, §7.8).
             Body::Sync(_) | Body::Info(_) | Body::Error(_) | Body::Unknown { .. } => {}

@@ -11,21 +11,30 @@ use riptide_firehose::{DecodeOptions, FrameDecoder};
 use riptide_jetstream::Projector;
 
 fn keys(v: &serde_json::Value) -> Vec<String> {
-    v.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default()
+    v.as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default()
 }
 
 /// The key order of a JSON object as written (serde_json's map is sorted, so read the raw text).
 fn raw_key_order(line: &str, keys: &[&str]) -> Vec<usize> {
-    keys.iter().map(|k| line.find(&format!("\"{k}\":")).unwrap_or(usize::MAX)).collect()
+    keys.iter()
+        .map(|k| line.find(&format!("\"{k}\":")).unwrap_or(usize::MAX))
+        .collect()
 }
 
 #[test]
 fn capture_projects_to_production_event_count_and_lossless_records() {
-    let Some(file) = common::read("jetstream-2026-07/firehose-frames.bin") else { return };
+    let Some(file) = common::read("jetstream-2026-07/firehose-frames.bin") else {
+        return;
+    };
     let manifest: serde_json::Value =
         serde_json::from_slice(&common::read("jetstream-2026-07/manifest.json").unwrap()).unwrap();
     let frames = split_frames(&file).unwrap();
-    let mut dec = FrameDecoder::with_options(DecodeOptions { decode_blocks: false, ..DecodeOptions::default() });
+    let mut dec = FrameDecoder::with_options(DecodeOptions {
+        decode_blocks: false,
+        ..DecodeOptions::default()
+    });
     let mut proj = Projector::new();
     let mut lines = Vec::new();
     let mut cursor = 0u64;
@@ -36,7 +45,12 @@ fn capture_projects_to_production_event_count_and_lossless_records() {
         for i in 0..p.len() {
             cursor += 1;
             let mut out = Vec::new();
-            p.render(i, 1_700_000_000_000_000 + cursor as i64, Some(cursor), &mut out);
+            p.render(
+                i,
+                1_700_000_000_000_000 + cursor as i64,
+                Some(cursor),
+                &mut out,
+            );
             lines.push(String::from_utf8(out).unwrap());
         }
     }
@@ -46,7 +60,10 @@ fn capture_projects_to_production_event_count_and_lossless_records() {
     for line in &lines {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         let order = raw_key_order(line, &["did", "time_us", "cursor", "kind"]);
-        assert!(order.windows(2).all(|w| w[0] < w[1]), "envelope order: {line}");
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "envelope order: {line}"
+        );
         match v["kind"].as_str().unwrap() {
             "commit" => {
                 commits += 1;
@@ -57,11 +74,18 @@ fn capture_projects_to_production_event_count_and_lossless_records() {
                 } else {
                     records += 1;
                     let record = json_to_value(&c["record"]).unwrap();
-                    assert_eq!(record.cid().to_string(), c["cid"].as_str().unwrap(), "{line}");
+                    assert_eq!(
+                        record.cid().to_string(),
+                        c["cid"].as_str().unwrap(),
+                        "{line}"
+                    );
                     let inner = &line[line.find("\"commit\":").unwrap()..];
-                    let o = raw_key_order(inner, &["rev", "operation", "collection", "rkey", "record"]);
+                    let o =
+                        raw_key_order(inner, &["rev", "operation", "collection", "rkey", "record"]);
                     assert!(o.windows(2).all(|w| w[0] < w[1]), "commit order: {line}");
-                    assert!(line.ends_with(&format!(",\"cid\":\"{}\"}}}}", c["cid"].as_str().unwrap())));
+                    assert!(
+                        line.ends_with(&format!(",\"cid\":\"{}\"}}}}", c["cid"].as_str().unwrap()))
+                    );
                 }
             }
             "identity" => {
@@ -85,7 +109,9 @@ fn capture_projects_to_production_event_count_and_lossless_records() {
 #[test]
 fn identity_and_account_shapes_match_production() {
     // Production's own identity/account events: same keys, in the same order, as ours.
-    let Some(golden) = common::read("jetstream-golden/golden_v1.jsonl") else { return };
+    let Some(golden) = common::read("jetstream-golden/golden_v1.jsonl") else {
+        return;
+    };
     let golden = String::from_utf8(golden).unwrap();
     let mut seen = 0;
     for line in golden.lines() {
@@ -99,7 +125,11 @@ fn identity_and_account_shapes_match_production() {
             } else {
                 vec!["active", "did", "seq", "status", "time"]
             };
-            let present: Vec<&str> = order.iter().copied().filter(|k| inner.get(*k).is_some()).collect();
+            let present: Vec<&str> = order
+                .iter()
+                .copied()
+                .filter(|k| inner.get(*k).is_some())
+                .collect();
             let body = &line[line.find(&format!("\"{kind}\":")).unwrap()..];
             let pos = raw_key_order(body, &present);
             assert!(pos.windows(2).all(|w| w[0] < w[1]), "{line}");

@@ -427,7 +427,10 @@ async fn bad_queries_and_client_messages() {
     }
     let deadline = std::time::Instant::now() + T;
     while metric(s.addr, "riptide_client_errors_total").await <= errors_before {
-        assert!(std::time::Instant::now() < deadline, "oversized message not counted");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "oversized message not counted"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     // Graceful shutdown: 1001.

@@ -179,12 +179,11 @@ impl Network {
             // A relay passes frames through but must find each one's `seq` to renumber it; a
             // frame broken before that point (adversarial output) is left out and counted, as a
             // real relay would drop what it cannot parse, rather than failing the whole network.
-            let mut dec = riptide_firehose::FrameDecoder::with_options(
-                riptide_firehose::DecodeOptions {
+            let mut dec =
+                riptide_firehose::FrameDecoder::with_options(riptide_firehose::DecodeOptions {
                     decode_blocks: false,
                     ..riptide_firehose::DecodeOptions::unverified()
-                },
-            );
+                });
             for (i, f) in split.iter().enumerate() {
                 if riptide_relay::SeqSlot::find(&mut dec, i, f.bytes).is_ok() {
                     net.frames.push(file.slice_ref(f.bytes));

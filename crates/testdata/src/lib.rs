@@ -21,9 +21,15 @@ pub fn corpus() -> Option<PathBuf> {
         return Some(dir);
     }
     if std::env::var_os("CI").is_some() {
-        panic!("shared corpus not found at {} (set RIPTIDE_CORPUS)", dir.display());
+        panic!(
+            "shared corpus not found at {} (set RIPTIDE_CORPUS)",
+            dir.display()
+        );
     }
-    eprintln!("note: shared corpus not found at {}; skipping", dir.display());
+    eprintln!(
+        "note: shared corpus not found at {}; skipping",
+        dir.display()
+    );
     None
 }
 
