@@ -1,45 +1,22 @@
 //! The `riptide` command's contracts, run as a user runs them, on the real capture.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use riptide_testdata as common;
+mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::PathBuf;
 
+use common::{json_lines, riptide, s, scratch, stderr, write};
 use riptide_firehose::corpus::{split_frames, write_frames};
 
-fn riptide(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_riptide"))
-        .args(args)
-        .output()
-        .expect("run riptide")
-}
-
 fn capture() -> Option<PathBuf> {
-    Some(common::corpus()?.join("jetstream-2026-07/firehose-frames.bin"))
-}
-
-fn temp(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("riptide-cli-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, bytes).unwrap();
-    p
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
+    Some(common::capture_dir()?.join("firehose-frames.bin"))
 }
 
 #[test]
 fn decode_summary_counts_the_capture() {
     let Some(file) = capture() else { return };
     let out = riptide(&["decode", s(&file)]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8(out.stdout).unwrap();
     for want in [
         "frames:  150",
@@ -60,11 +37,7 @@ fn decode_json_is_one_object_per_frame_with_records() {
     let Some(file) = capture() else { return };
     let out = riptide(&["decode", s(&file), "--json"]);
     assert!(out.status.success());
-    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let lines = json_lines(&out);
     assert_eq!(lines.len(), 150);
     let records = lines
         .iter()
@@ -88,14 +61,12 @@ fn tampered_and_truncated_frames_are_reported_counted_and_skipped() {
     owned[3][n - 20] ^= 0x40;
     let half = owned[5].len() / 2;
     owned[5].truncate(half);
-    let corpus = write_frames(
-        owned
-            .iter()
-            .map(|f| f.as_slice())
-            .collect::<Vec<_>>()
-            .into_iter(),
+    let tmp = scratch();
+    let path = write(
+        &tmp,
+        "tampered.bin",
+        &write_frames(owned.iter().map(Vec::as_slice)),
     );
-    let path = temp("tampered.bin", &corpus);
     let out = riptide(&["decode", s(&path)]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8(out.stderr).unwrap();
@@ -110,13 +81,14 @@ fn tampered_and_truncated_frames_are_reported_counted_and_skipped() {
 
 #[test]
 fn garbage_input_is_an_error_not_a_panic() {
-    let path = temp("garbage.bin", &[0xff, 0xff, 0xff, 0xff, 1, 2, 3]);
+    let tmp = scratch();
+    let path = write(&tmp, "garbage.bin", &[0xff, 0xff, 0xff, 0xff, 1, 2, 3]);
     let out = riptide(&["decode", s(&path)]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("corpus frame"));
+    assert!(stderr(&out).contains("corpus frame"));
     let out = riptide(&["decode", "/nonexistent/file.bin"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/file.bin"));
+    assert!(stderr(&out).contains("/nonexistent/file.bin"));
 }
 
 #[test]
@@ -124,11 +96,7 @@ fn jetstream_emits_production_count_with_increasing_time_and_cursor() {
     let Some(file) = capture() else { return };
     let out = riptide(&["jetstream", s(&file)]);
     assert!(out.status.success());
-    let events: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let events = json_lines(&out);
     assert_eq!(events.len(), 152);
     for w in events.windows(2) {
         assert!(w[1]["time_us"].as_i64() > w[0]["time_us"].as_i64());
@@ -232,8 +200,9 @@ fn a_record_missing_from_its_car_is_counted_not_silent() {
         rebuilt = Some(out);
         break;
     }
+    let tmp = scratch();
     let corpus = write_frames([rebuilt.unwrap().as_slice()].into_iter());
-    let path = temp("missing-record.bin", &corpus);
+    let path = write(&tmp, "missing-record.bin", &corpus);
     let out = riptide(&["decode", s(&path)]);
     assert!(out.status.success(), "the frame itself decodes");
     assert!(String::from_utf8(out.stdout)

@@ -3,44 +3,28 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod common;
 
-struct Relay(Child);
-impl Drop for Relay {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use std::process::{Command, Stdio};
 
-fn start_relay(extra: &[&str]) -> Option<(Relay, String)> {
-    let corpus = riptide_testdata::corpus()?;
-    let frames = corpus.join("jetstream-2026-07/firehose-frames.bin");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_riptide"))
-        .args([
-            "relay",
-            "--replay",
-            frames.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    let url = first.trim().to_string();
+use common::{json_lines, riptide, s, stderr, KillOnDrop};
+
+/// Starts `riptide relay` replaying the capture (with `extra` arguments) and returns it with its
+/// URL.
+fn start_relay(extra: &[&str]) -> Option<(KillOnDrop, String)> {
+    let frames = common::capture_dir()?.join("firehose-frames.bin");
+    let (relay, url) = common::spawn_printing_url(
+        Command::new(common::BIN)
+            .args(["relay", "--replay", s(&frames), "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .stderr(Stdio::null()),
+    );
     assert!(
         url.starts_with("ws://127.0.0.1:")
             && url.ends_with("/xrpc/com.atproto.sync.subscribeRepos"),
         "{url}"
     );
-    Some((Relay(child), url))
+    Some((relay, url))
 }
 
 #[test]
@@ -48,26 +32,22 @@ fn tail_follows_the_relay_and_every_frame_verifies() {
     let Some((_relay, url)) = start_relay(&["--drop-after", "40"]) else {
         return;
     };
-    let docs = riptide_testdata::corpus()
-        .unwrap()
-        .join("jetstream-2026-07/did_docs.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_riptide"))
-        .args([
-            "tail", "--relay", &url, "--cursor", "0", "--count", "150", "--json", "--verify",
-        ])
-        .args(["--did-docs", docs.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines: Vec<serde_json::Value> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let docs = common::capture_dir().unwrap().join("did_docs.json");
+    let out = riptide(&[
+        "tail",
+        "--relay",
+        &url,
+        "--cursor",
+        "0",
+        "--count",
+        "150",
+        "--json",
+        "--verify",
+        "--did-docs",
+        s(&docs),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines = json_lines(&out);
     assert_eq!(lines.len(), 150);
     let seqs: Vec<i64> = lines.iter().map(|l| l["seq"].as_i64().unwrap()).collect();
     assert_eq!(
@@ -88,10 +68,10 @@ fn tail_follows_the_relay_and_every_frame_verifies() {
         .map(Vec::len)
         .sum();
     assert_eq!(ops, 150);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let err = stderr(&out);
     assert!(
-        stderr.contains("150 ok, 0 failed verification") && stderr.contains("3 reconnects"),
-        "{stderr}"
+        err.contains("150 ok, 0 failed verification") && err.contains("3 reconnects"),
+        "{err}"
     );
 }
 
@@ -100,25 +80,18 @@ fn tail_filters_relay_frames_by_collection() {
     let Some((_relay, url)) = start_relay(&[]) else {
         return;
     };
-    let out = Command::new(env!("CARGO_BIN_EXE_riptide"))
-        .args([
-            "tail",
-            "--relay",
-            &url,
-            "--cursor",
-            "0",
-            "--count",
-            "3",
-            "--collection",
-            "app.bsky.graph.*",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = riptide(&[
+        "tail",
+        "--relay",
+        &url,
+        "--cursor",
+        "0",
+        "--count",
+        "3",
+        "--collection",
+        "app.bsky.graph.*",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(text.lines().count(), 3);
     for l in text.lines() {

@@ -2,73 +2,27 @@
 //! `riptide` binary, a `riptide-sim` PLC directory, WebSocket and `JetstreamClient` consumers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
+use common::{metric, metrics, wait_for, KillOnDrop};
 use riptide_firehose::corpus::split_frames;
 use riptide_firehose::{DecodeOptions, FrameDecoder};
 use riptide_jetstream::Projector;
 use riptide_relay::{Relay, RelayConfig, RelayHandle, SeqSlot};
 use serde_json::Value;
-use tokio_tungstenite::tungstenite::Message;
 
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn serve(data: &Path, args: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_riptide"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--upstream-cursor", "0"])
-        .arg("--data")
-        .arg(data)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let l = lines.next().expect("server exited").unwrap();
-        if let Some(rest) = l.strip_prefix("riptide serve: ws://") {
-            break rest.trim_end_matches("/subscribe").to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    Server { child, addr }
-}
-
-fn metrics(addr: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body
-}
-
-fn metric(addr: &str, name: &str) -> f64 {
-    metrics(addr)
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix(name)
-                .and_then(|r| r.strip_prefix(' '))
-                .map(|v| v.parse().unwrap())
-        })
-        .unwrap_or_else(|| panic!("no metric {name}"))
+/// `riptide serve` from upstream cursor 0 into `data`, with its address.
+fn serve(data: &Path, args: &[&str]) -> (KillOnDrop, String) {
+    common::spawn_serve(
+        common::serve_command(data)
+            .args(["--upstream-cursor", "0"])
+            .args(args),
+    )
 }
 
 fn verdicts(addr: &str) -> BTreeMap<String, u64> {
@@ -81,14 +35,6 @@ fn verdicts(addr: &str) -> BTreeMap<String, u64> {
             (n > 0).then(|| (v.to_owned(), n))
         })
         .collect()
-}
-
-fn wait_for(addr: &str, name: &str, at_least: f64) {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while metric(addr, name) < at_least {
-        assert!(Instant::now() < deadline, "{name} never reached {at_least}");
-        std::thread::sleep(Duration::from_millis(25));
-    }
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -152,22 +98,8 @@ fn projection<'a>(frames: impl IntoIterator<Item = &'a Bytes>) -> Vec<Value> {
 
 /// Every stored event from cursor 0, normalized; the cursors separately.
 async fn read_all(addr: &str, n: usize) -> (Vec<Value>, Vec<u64>) {
-    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=0"))
-        .await
-        .unwrap();
-    let (mut out, mut cursors) = (Vec::new(), Vec::new());
-    while out.len() < n {
-        let m = tokio::time::timeout(Duration::from_secs(60), ws.next())
-            .await
-            .expect("timed out reading events")
-            .unwrap()
-            .unwrap();
-        if let Message::Text(t) = m {
-            let mut v: Value = serde_json::from_str(&t).unwrap();
-            cursors.push(normalize(&mut v).unwrap());
-            out.push(v);
-        }
-    }
+    let mut out = common::events_from_start(addr, n).await;
+    let cursors = out.iter_mut().map(|v| normalize(v).unwrap()).collect();
     (out, cursors)
 }
 
@@ -198,7 +130,7 @@ fn capture_through_relay_then_jetstream_client() {
     let relay = rt.block_on(relay(frames, RelayConfig::default()));
     let data = tempfile::tempdir().unwrap();
     let dict = corpus.join("jetstream-dictionaries/legacy_subscribe.zdict");
-    let s = serve(
+    let (server, addr) = serve(
         data.path(),
         &[
             "--upstream",
@@ -209,10 +141,10 @@ fn capture_through_relay_then_jetstream_client() {
             dict.to_str().unwrap(),
         ],
     );
-    wait_for(&s.addr, "riptide_upstream_seq", n_frames);
-    assert_eq!(metric(&s.addr, "riptide_events_stored_total"), 152.0);
-    assert_eq!(verdicts(&s.addr).get("ok").copied(), Some(n_frames as u64));
-    let (got, cursors) = rt.block_on(read_all(&s.addr, 152));
+    wait_for(&addr, "riptide_upstream_seq", n_frames);
+    assert_eq!(metric(&addr, "riptide_events_stored_total"), 152.0);
+    assert_eq!(verdicts(&addr).get("ok").copied(), Some(n_frames as u64));
+    let (got, cursors) = rt.block_on(read_all(&addr, 152));
     assert_eq!(cursors, (1..=152).collect::<Vec<u64>>());
     assert_eq!(got, want);
 
@@ -227,7 +159,7 @@ fn capture_through_relay_then_jetstream_client() {
         let mut client = riptide_client::JetstreamClient::new(riptide_client::JetstreamConfig {
             client: riptide_client::ClientConfig {
                 start_cursor: Some(0),
-                ..riptide_client::ClientConfig::with_hosts([format!("ws://{}", s.addr)])
+                ..riptide_client::ClientConfig::with_hosts([format!("ws://{addr}")])
             },
             options: riptide_client::JetstreamOptions {
                 wanted_collections: vec![wanted.into()],
@@ -250,10 +182,10 @@ fn capture_through_relay_then_jetstream_client() {
     });
     assert_eq!(got_likes.iter().collect::<Vec<_>>(), want_likes);
     assert!(
-        metric(&s.addr, "riptide_events_filtered_total") > 0.0,
+        metric(&addr, "riptide_events_filtered_total") > 0.0,
         "the filter ran on the server"
     );
-    drop(s);
+    drop(server);
     rt.block_on(relay.shutdown());
 }
 
@@ -289,40 +221,38 @@ fn kill_9_during_upstream_ingest_resumes_from_stored_cursor() {
         "--did-docs",
         docs.to_str().unwrap(),
     ];
-    let mut s = serve(data.path(), &args);
-    wait_for(&s.addr, "riptide_events_stored_total", 1000.0);
-    s.child.kill().unwrap(); // SIGKILL
-    s.child.wait().unwrap();
-    drop(s);
-    let s = serve(data.path(), &args);
-    let start = metric(&s.addr, "riptide_upstream_start_cursor");
+    let (server, addr) = serve(data.path(), &args);
+    wait_for(&addr, "riptide_events_stored_total", 1000.0);
+    server.kill(); // SIGKILL
+    let (server, addr) = serve(data.path(), &args);
+    let start = metric(&addr, "riptide_upstream_start_cursor");
     assert!(
         start >= 1000.0 / 152.0 * per_pass as f64 * 0.9,
         "resumed from {start}"
     );
     assert!(
-        metric(&s.addr, "riptide_log_next_seq") > 1000.0,
+        metric(&addr, "riptide_log_next_seq") > 1000.0,
         "durable events lost"
     );
-    wait_for(&s.addr, "riptide_upstream_seq", total_frames);
+    wait_for(&addr, "riptide_upstream_seq", total_frames);
     // Asked for cursor = stored value: every frame after it arrived once, none before it.
     assert_eq!(
-        metric(&s.addr, "riptide_upstream_frames_duplicate_total"),
+        metric(&addr, "riptide_upstream_frames_duplicate_total"),
         0.0
     );
     assert_eq!(
-        metric(&s.addr, "riptide_upstream_frames_total"),
+        metric(&addr, "riptide_upstream_frames_total"),
         total_frames - start
     );
     let total = 152 * REPEAT;
-    assert_eq!(metric(&s.addr, "riptide_log_next_seq") as usize, total + 1);
+    assert_eq!(metric(&addr, "riptide_log_next_seq") as usize, total + 1);
     let want = projection(&one);
-    let (got, cursors) = rt.block_on(read_all(&s.addr, total));
+    let (got, cursors) = rt.block_on(read_all(&addr, total));
     assert_eq!(cursors, (1..=total as u64).collect::<Vec<_>>());
     for (i, v) in got.iter().enumerate() {
         assert_eq!(v, &want[i % 152], "event {i}");
     }
-    drop(s);
+    drop(server);
     rt.block_on(relay.shutdown());
 }
 
@@ -369,7 +299,7 @@ fn adversarial_frames_from_upstream_are_counted_not_served() {
     ));
     let data = tempfile::tempdir().unwrap();
     let docs = gen.path().join("did_docs.json");
-    let s = serve(
+    let (server, addr) = serve(
         data.path(),
         &[
             "--upstream",
@@ -378,17 +308,17 @@ fn adversarial_frames_from_upstream_are_counted_not_served() {
             docs.to_str().unwrap(),
         ],
     );
-    wait_for(&s.addr, "riptide_upstream_seq", n as f64);
+    wait_for(&addr, "riptide_upstream_seq", n as f64);
     let mut expect = planned.clone();
     expect.insert("ok".into(), n - planned.values().sum::<u64>());
-    assert_eq!(verdicts(&s.addr), expect);
+    assert_eq!(verdicts(&addr), expect);
     assert_eq!(
-        metric(&s.addr, "riptide_events_stored_total") as usize,
+        metric(&addr, "riptide_events_stored_total") as usize,
         want.len()
     );
-    let (got, _) = rt.block_on(read_all(&s.addr, want.len()));
+    let (got, _) = rt.block_on(read_all(&addr, want.len()));
     assert_eq!(got, want);
-    drop(s);
+    drop(server);
     rt.block_on(relay.shutdown());
 }
 
@@ -413,16 +343,16 @@ fn plc_resolution_verifies_a_generated_stream() {
     });
     let relay = rt.block_on(relay(frames, RelayConfig::default()));
     let data = tempfile::tempdir().unwrap();
-    let s = serve(
+    let (server, addr) = serve(
         data.path(),
         &["--upstream", &relay.url(), "--plc-url", &sim.base_url()],
     );
-    wait_for(&s.addr, "riptide_upstream_seq", n as f64);
-    assert_eq!(verdicts(&s.addr), BTreeMap::from([("ok".to_owned(), n)]));
-    assert_eq!(metric(&s.addr, "riptide_key_lookup_failures_total"), 0.0);
-    let (got, _) = rt.block_on(read_all(&s.addr, want.len()));
+    wait_for(&addr, "riptide_upstream_seq", n as f64);
+    assert_eq!(verdicts(&addr), BTreeMap::from([("ok".to_owned(), n)]));
+    assert_eq!(metric(&addr, "riptide_key_lookup_failures_total"), 0.0);
+    let (got, _) = rt.block_on(read_all(&addr, want.len()));
     assert_eq!(got, want);
-    drop(s);
+    drop(server);
     sim.abort();
     rt.block_on(relay.shutdown());
 }

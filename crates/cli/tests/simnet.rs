@@ -9,11 +9,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -263,47 +263,13 @@ async fn whole_stream_verifies_with_resolved_keys() {
     assert_eq!(r.cache_counts().invalidations, identities);
 }
 
-/// Kills the simulator when the test ends, pass or fail.
-struct SimProcess(Child);
-
-impl Drop for SimProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn handle_of(doc: &serde_json::Value) -> String {
-    doc["alsoKnownAs"][0]
-        .as_str()
-        .unwrap()
-        .strip_prefix("at://")
-        .unwrap()
-        .to_owned()
-}
-
 /// `riptide sim --from DIR` and `riptide verify-handle --json`, both binaries: a generated
 /// account's repository (from `repos/<did>.car`) and the big repository are `ok`.
 #[test]
 fn verify_handle_on_generated_accounts_through_the_binaries() {
     let dir = net_dir();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_riptide"))
-        .args([
-            "sim",
-            "--from",
-            dir.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let _sim = SimProcess(child);
-    let mut base = String::new();
-    BufReader::new(stdout).read_line(&mut base).unwrap();
-    let base = base.trim();
+    let (_sim, base) = common::start_sim(dir);
+    let base = base.as_str();
 
     let docs: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("did_docs.json")).unwrap()).unwrap();
@@ -317,22 +283,21 @@ fn verify_handle_on_generated_accounts_through_the_binaries() {
     let big_doc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("big-repo.did.json")).unwrap()).unwrap();
     let cases = [
-        (handle_of(&docs[&did]), did.clone(), repo.clone(), None),
         (
-            handle_of(&big_doc),
+            common::handle_of(&docs[&did]),
+            did.clone(),
+            repo.clone(),
+            None,
+        ),
+        (
+            common::handle_of(&big_doc),
             big_doc["id"].as_str().unwrap().to_owned(),
             dir.join("big-repo.car"),
             Some(BIG as u64),
         ),
     ];
     for (handle, did, car, records) in cases {
-        let out = Command::new(env!("CARGO_BIN_EXE_riptide"))
-            .args(["verify-handle", &handle, "--plc-url", base])
-            .args(["--handle-resolver", base, "--json"])
-            .output()
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        let (out, v) = common::verify_handle_json(&handle, base);
         assert!(out.status.success(), "{v}");
         assert_eq!(v["verdict"], "ok", "{v}");
         assert_eq!(v["did"], did.as_str());

@@ -3,78 +3,19 @@
 //! trust chain run against it through the binary.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
 
+mod common;
+
+use std::path::PathBuf;
+
+use common::{riptide, start_sim, verify_handle_json};
 use riptide_sim::fixture;
-
-fn riptide(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_riptide"))
-        .args(args)
-        .output()
-        .expect("run riptide")
-}
-
-/// Kills the simulator when the test ends, pass or fail.
-struct SimProcess(Child);
-
-impl Drop for SimProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `riptide sim --from dir --listen 127.0.0.1:0` and returns it with its base URL.
-fn start_sim(dir: &Path) -> (SimProcess, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_riptide"))
-        .args([
-            "sim",
-            "--from",
-            dir.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start riptide sim");
-    let stdout = child.stdout.take().unwrap();
-    let sim = SimProcess(child);
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("sim prints its URL");
-    assert!(line.starts_with("http://127.0.0.1:"), "{line:?}");
-    (sim, line.trim().to_owned())
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("riptide-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(d.join("repos")).unwrap();
-    d
-}
-
-fn verify_json(handle: &str, base: &str) -> (Output, serde_json::Value) {
-    let out = riptide(&[
-        "verify-handle",
-        handle,
-        "--plc-url",
-        base,
-        "--handle-resolver",
-        base,
-        "--json",
-    ]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
-    (out, v)
-}
 
 #[test]
 fn sim_serves_a_directory_and_verify_handle_checks_it() {
-    let dir = temp_dir("trust-cli");
+    let tmp = common::scratch();
+    let dir = tmp.path();
+    std::fs::create_dir(dir.join("repos")).unwrap();
     let alice = fixture::account(1, "alice.test", 25);
     let wrong = fixture::account(3, "wrongkey.test", 5);
     let wrong_doc = fixture::doc(
@@ -95,9 +36,9 @@ fn sim_serves_a_directory_and_verify_handle_checks_it() {
         &wrong.car,
     )
     .unwrap();
-    let (_sim, base) = start_sim(&dir);
+    let (_sim, base) = start_sim(dir);
 
-    let (out, v) = verify_json("alice.test", &base);
+    let (out, v) = verify_handle_json("alice.test", &base);
     assert!(out.status.success(), "{v}");
     assert_eq!(v["verdict"], "ok");
     assert_eq!(v["handle"], "alice.test");
@@ -115,10 +56,10 @@ fn sim_serves_a_directory_and_verify_handle_checks_it() {
         );
     }
 
-    let (out, v) = verify_json("wrongkey.test", &base);
+    let (out, v) = verify_handle_json("wrongkey.test", &base);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(v["verdict"], "bad-signature");
-    let (out, v) = verify_json("nobody.test", &base);
+    let (out, v) = verify_handle_json("nobody.test", &base);
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(v["verdict"], "handle-not-found");
 
@@ -132,7 +73,6 @@ fn sim_serves_a_directory_and_verify_handle_checks_it() {
         &base,
     ]);
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("alice.test: ok\n"));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The ≥ 50 MB trust chain on a `riptide gen` directory: `RIPTIDE_SIM_DIR=DIR cargo test -p
@@ -143,14 +83,9 @@ fn big_repository_trust_chain() {
     let dir = PathBuf::from(std::env::var("RIPTIDE_SIM_DIR").expect("RIPTIDE_SIM_DIR"));
     let doc: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("big-repo.did.json")).unwrap()).unwrap();
-    let handle = doc["alsoKnownAs"][0]
-        .as_str()
-        .unwrap()
-        .strip_prefix("at://")
-        .unwrap()
-        .to_owned();
+    let handle = common::handle_of(&doc);
     let (_sim, base) = start_sim(&dir);
-    let (out, v) = verify_json(&handle, &base);
+    let (out, v) = verify_handle_json(&handle, &base);
     eprintln!("{v}");
     assert!(out.status.success(), "{v}");
     assert_eq!(v["verdict"], "ok");

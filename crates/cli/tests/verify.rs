@@ -3,55 +3,21 @@
 //! copies of both.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use riptide_testdata as common;
+mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
+use common::{json_lines, riptide, s, scratch, stderr, write};
 use riptide_car::{write_car, CarOptions, CarReader};
 use riptide_cbor::{Arena, CidBuf, Options, OwnedValue, DAG_CBOR};
 use riptide_crypto::{Curve, PrivateKey};
 use riptide_firehose::corpus::{split_frames, write_frames};
 
-fn riptide(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_riptide"))
-        .args(args)
-        .output()
-        .expect("run riptide")
-}
-
-fn dir() -> Option<PathBuf> {
-    Some(common::corpus()?.join("jetstream-2026-07"))
-}
-
-fn temp(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("riptide-cli-verify-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, bytes).unwrap();
-    p
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn json_lines(out: &Output) -> Vec<serde_json::Value> {
-    String::from_utf8(out.stdout.clone())
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 #[test]
 fn verify_the_capture_json_fields_order_and_exit_code() {
-    let Some(d) = dir() else { return };
+    let Some(d) = common::capture_dir() else {
+        return;
+    };
     let (frames, docs) = (d.join("firehose-frames.bin"), d.join("did_docs.json"));
     let one = riptide(&["verify", s(&frames), "--did-docs", s(&docs), "--json"]);
     assert_eq!(one.status.code(), Some(0), "{}", stderr(&one));
@@ -107,18 +73,14 @@ fn verify_the_capture_json_fields_order_and_exit_code() {
 
 #[test]
 fn verify_reports_each_bad_frame_and_exits_1() {
-    let Some(d) = dir() else { return };
+    let Some(d) = common::capture_dir() else {
+        return;
+    };
     let file = std::fs::read(d.join("firehose-frames.bin")).unwrap();
     let frames = split_frames(&file).unwrap();
     let mut owned: Vec<Vec<u8>> = frames.iter().map(|f| f.bytes.to_vec()).collect();
     // Frame 3: a byte flipped inside the CAR's last block: bad-block-cid.
-    let at = {
-        let mut dec = riptide_firehose::FrameDecoder::new();
-        let frame = dec.decode(&owned[3]).unwrap();
-        let last = frame.car().unwrap().blocks().last().unwrap();
-        last.data.as_ptr() as usize - owned[3].as_ptr() as usize + last.data.len() / 2
-    };
-    owned[3][at] ^= 0x40;
+    common::flip_in_last_block(&mut owned[3]);
     // Frame 4: a byte flipped near the end, in `prevData` (the payload's last field in DAG-CBOR
     // key order): the inverted tree no longer matches it.
     let n = owned[4].len();
@@ -126,15 +88,11 @@ fn verify_reports_each_bad_frame_and_exits_1() {
     // Frame 5: truncated: malformed.
     let half = owned[5].len() / 2;
     owned[5].truncate(half);
-    let corpus = temp(
+    let tmp = scratch();
+    let corpus = write(
+        &tmp,
         "tampered.bin",
-        &write_frames(
-            owned
-                .iter()
-                .map(|f| f.as_slice())
-                .collect::<Vec<_>>()
-                .into_iter(),
-        ),
+        &write_frames(owned.iter().map(Vec::as_slice)),
     );
 
     // Documents without the account of frame 7: unknown-key.
@@ -150,7 +108,8 @@ fn verify_reports_each_bad_frame_and_exits_1() {
     let did7 = json_lines(&one)[7]["did"].as_str().unwrap().to_string();
     let mut fewer = docs.as_object().unwrap().clone();
     fewer.remove(&did7);
-    let docs_path = temp(
+    let docs_path = write(
+        &tmp,
         "fewer_docs.json",
         serde_json::to_string(&fewer).unwrap().as_bytes(),
     );
@@ -220,7 +179,9 @@ fn verify_reports_each_bad_frame_and_exits_1() {
 
 #[test]
 fn verify_usage_errors_exit_2() {
-    let Some(d) = dir() else { return };
+    let Some(d) = common::capture_dir() else {
+        return;
+    };
     let frames = d.join("firehose-frames.bin");
     assert_eq!(riptide(&["verify", s(&frames)]).status.code(), Some(2)); // --did-docs is required
     let out = riptide(&["verify", s(&frames), "--did-docs", "/nonexistent.json"]);
@@ -238,7 +199,9 @@ fn verify_usage_errors_exit_2() {
 
 #[test]
 fn repo_ls_and_inspect_match_goat() {
-    let Some(d) = dir() else { return };
+    let Some(d) = common::capture_dir() else {
+        return;
+    };
     let car = d.join("repo.car");
     let ls = riptide(&["repo", "ls", s(&car)]);
     assert!(ls.status.success(), "{}", stderr(&ls));
@@ -304,8 +267,11 @@ fn resigned(car_bytes: &[u8], key: &PrivateKey) -> Vec<u8> {
 
 #[test]
 fn repo_verify_json_signature_and_tampering() {
-    let Some(d) = dir() else { return };
+    let Some(d) = common::capture_dir() else {
+        return;
+    };
     let car = d.join("repo.car");
+    let tmp = scratch();
     let out = riptide(&["repo", "verify", s(&car), "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let v = &json_lines(&out)[0];
@@ -330,7 +296,8 @@ fn repo_verify_json_signature_and_tampering() {
     // Re-signed with our key: verifies with it, by did:key and by DID document.
     for curve in [Curve::Secp256k1, Curve::P256] {
         let signer = PrivateKey::from_bytes(curve, &[12; 32]).unwrap();
-        let path = temp(
+        let path = write(
+            &tmp,
             &format!("resigned-{curve}.car"),
             &resigned(&std::fs::read(&car).unwrap(), &signer),
         );
@@ -351,14 +318,16 @@ fn repo_verify_json_signature_and_tampering() {
             })
             .to_string()
         };
-        let good = temp(
+        let good = write(
+            &tmp,
             "doc.json",
             doc("did:plc:53iucmf5ldftgqyf2ac7hmhd").as_bytes(),
         );
         let out = riptide(&["repo", "verify", s(&path), "--did-doc", s(&good)]);
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         assert!(String::from_utf8_lossy(&out.stdout).contains("signature: verified"));
-        let other = temp(
+        let other = write(
+            &tmp,
             "other-doc.json",
             doc("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa").as_bytes(),
         );
@@ -371,7 +340,7 @@ fn repo_verify_json_signature_and_tampering() {
     let mut bytes = std::fs::read(&car).unwrap();
     let n = bytes.len();
     bytes[n - 10] ^= 0x01;
-    let bad = temp("bad.car", &bytes);
+    let bad = write(&tmp, "bad.car", &bytes);
     let out = riptide(&["repo", "verify", s(&bad), "--json"]);
     assert_eq!(out.status.code(), Some(1));
     let v = &json_lines(&out)[0];
@@ -385,11 +354,11 @@ fn repo_verify_json_signature_and_tampering() {
 
 #[test]
 fn corpus_sigs_round_trips_through_bench_sigs() {
-    let Some(d) = dir() else { return };
-    let out_path = std::env::temp_dir().join(format!(
-        "riptide-cli-verify-{}-capture.sigs",
-        std::process::id()
-    ));
+    let Some(d) = common::capture_dir() else {
+        return;
+    };
+    let tmp = scratch();
+    let out_path = tmp.path().join("capture.sigs");
     let out = riptide(&[
         "corpus",
         "sigs",
@@ -439,7 +408,7 @@ fn corpus_sigs_round_trips_through_bench_sigs() {
         .position(|w| w == [0x63, b's', b'i', b'g', 0x58, 0x40])
         .unwrap();
     bad[7 + at + 6 + 3] ^= 0x01;
-    let bad_path = temp("bad.sigs", &bad);
+    let bad_path = write(&tmp, "bad.sigs", &bad);
     let bench = riptide(&[
         "bench",
         "sigs",
@@ -452,12 +421,13 @@ fn corpus_sigs_round_trips_through_bench_sigs() {
     ]);
     assert_eq!(bench.status.code(), Some(1));
     assert_eq!(json_lines(&bench)[0]["errors"], 1);
-    let _ = std::fs::remove_file(&out_path);
 }
 
 #[test]
 fn bench_repo_reports_each_phase() {
-    let Some(d) = dir() else { return };
+    let Some(d) = common::capture_dir() else {
+        return;
+    };
     let out = riptide(&[
         "bench",
         "repo",
@@ -482,7 +452,9 @@ fn bench_repo_reports_each_phase() {
 
 #[test]
 fn bench_repo_repeat_reports_the_mean_per_verification() {
-    let Some(d) = dir() else { return };
+    let Some(d) = common::capture_dir() else {
+        return;
+    };
     let path = d.join("repo.car");
     let car = s(&path);
     let total = |repeat: &str| {

@@ -1,0 +1,255 @@
+//! What the integration tests of the `riptide` binary share, written once: running the binary,
+//! the real capture's directory (located by `riptide-testdata`), scratch files that are removed
+//! when the test ends, and servers (`riptide relay|sim|serve` as child processes) that announce
+//! their address within a time limit and are killed when the test ends, pass or fail, so that a
+//! failed assertion never leaves an orphan server behind.
+//!
+//! Each test binary includes it with `mod common;` and uses only a part of it.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::Message;
+
+/// The `riptide` binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_riptide");
+
+/// How long a server may take to announce its address, a metric to reach its value, or a
+/// WebSocket message to arrive: generous, for a loaded 2-core machine.
+pub const PATIENCE: Duration = Duration::from_secs(120);
+
+/// Runs `riptide args` to completion.
+pub fn riptide(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().expect("run riptide")
+}
+
+/// The command's stderr, as text.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Each line of the command's stdout, parsed as JSON.
+pub fn json_lines(out: &Output) -> Vec<Value> {
+    std::str::from_utf8(&out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// A path as an argument.
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// The real capture's directory (`jetstream-2026-07`): `None`, with a note, when the corpus is
+/// absent outside CI (`riptide_testdata::corpus` panics under CI).
+pub fn capture_dir() -> Option<PathBuf> {
+    Some(riptide_testdata::corpus()?.join("jetstream-2026-07"))
+}
+
+/// A scratch directory, removed when dropped (at the end of the test, pass or fail).
+pub fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("riptide-cli-test-")
+        .tempdir()
+        .unwrap()
+}
+
+/// Writes `bytes` to `dir/name` and returns the path.
+pub fn write(dir: &tempfile::TempDir, name: &str, bytes: &[u8]) -> PathBuf {
+    let p = dir.path().join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// Flips a byte in the middle of the last block of a commit frame's CAR, so that the block no
+/// longer hashes to its CID.
+pub fn flip_in_last_block(frame: &mut [u8]) {
+    let at = {
+        let mut dec = riptide_firehose::FrameDecoder::new();
+        let decoded = dec.decode(frame).unwrap();
+        let last = decoded.car().unwrap().blocks().last().unwrap();
+        last.data.as_ptr() as usize - frame.as_ptr() as usize + last.data.len() / 2
+    };
+    frame[at] ^= 0x40;
+}
+
+/// A child process killed and reaped when dropped.
+pub struct KillOnDrop(Child);
+
+impl KillOnDrop {
+    /// SIGKILL now, and wait for the process to end.
+    pub fn kill(mut self) {
+        self.0.kill().expect("kill the server");
+        self.0.wait().expect("reap the server");
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Which output stream of a server carries its address.
+#[derive(Clone, Copy)]
+enum Pipe {
+    Stdout,
+    Stderr,
+}
+
+/// Spawns `cmd` with `pipe` piped and waits (at most [`PATIENCE`]) for the first line of it that
+/// `pick` turns into an address. The rest of the stream is drained, so the server never blocks on
+/// a full pipe.
+fn spawn_announcing(
+    cmd: &mut Command,
+    pipe: Pipe,
+    pick: fn(&str) -> Option<String>,
+) -> (KillOnDrop, String) {
+    match pipe {
+        Pipe::Stdout => cmd.stdout(Stdio::piped()),
+        Pipe::Stderr => cmd.stderr(Stdio::piped()),
+    };
+    let mut child = KillOnDrop(cmd.spawn().expect("start riptide"));
+    let stream: Box<dyn Read + Send> = match pipe {
+        Pipe::Stdout => Box::new(child.0.stdout.take().unwrap()),
+        Pipe::Stderr => Box::new(child.0.stderr.take().unwrap()),
+    };
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stream).lines().map_while(Result::ok);
+        if let Some(addr) = lines.by_ref().find_map(|l| pick(&l)) {
+            let _ = tx.send(addr);
+        }
+        lines.for_each(drop);
+    });
+    let addr = match rx.recv_timeout(PATIENCE) {
+        Ok(addr) => addr,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("no address announced within {PATIENCE:?}"),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("exited before announcing its address"),
+    };
+    (child, addr)
+}
+
+/// Spawns a server that prints its URL as the first line of stdout (`riptide relay`, `riptide
+/// sim`), and returns it with that URL.
+pub fn spawn_printing_url(cmd: &mut Command) -> (KillOnDrop, String) {
+    spawn_announcing(cmd, Pipe::Stdout, |l| Some(l.trim().to_owned()))
+}
+
+/// Starts `riptide sim --from dir --listen 127.0.0.1:0` and returns it with its base URL.
+pub fn start_sim(dir: &Path) -> (KillOnDrop, String) {
+    let (sim, base) = spawn_printing_url(
+        Command::new(BIN)
+            .args(["sim", "--from", s(dir), "--listen", "127.0.0.1:0"])
+            .stderr(Stdio::inherit()),
+    );
+    assert!(base.starts_with("http://127.0.0.1:"), "{base:?}");
+    (sim, base)
+}
+
+/// The handle a DID document claims (its first `alsoKnownAs`, without `at://`).
+pub fn handle_of(doc: &serde_json::Value) -> String {
+    doc["alsoKnownAs"][0]
+        .as_str()
+        .unwrap()
+        .strip_prefix("at://")
+        .unwrap()
+        .to_owned()
+}
+
+/// `riptide verify-handle handle --json` against a sim at `base` (its PLC directory and handle
+/// resolver), with the report parsed.
+pub fn verify_handle_json(handle: &str, base: &str) -> (Output, Value) {
+    let out = riptide(&[
+        "verify-handle",
+        handle,
+        "--plc-url",
+        base,
+        "--handle-resolver",
+        base,
+        "--json",
+    ]);
+    let v: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", stderr(&out)));
+    (out, v)
+}
+
+/// `riptide serve --listen 127.0.0.1:0 --data data`, quiet but for warnings; the caller adds its
+/// arguments and starts it with [`spawn_serve`].
+pub fn serve_command(data: &Path) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["serve", "--listen", "127.0.0.1:0"])
+        .arg("--data")
+        .arg(data)
+        .env("RUST_LOG", "warn");
+    cmd
+}
+
+/// Spawns `riptide serve` and returns it with the `host:port` of its
+/// `riptide serve: ws://ADDR/subscribe` line on stderr.
+pub fn spawn_serve(cmd: &mut Command) -> (KillOnDrop, String) {
+    spawn_announcing(cmd, Pipe::Stderr, |l| {
+        l.strip_prefix("riptide serve: ws://")
+            .map(|rest| rest.trim_end_matches("/subscribe").to_owned())
+    })
+}
+
+/// The server's `/metrics` page.
+pub fn metrics(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
+/// One metric's value; panics when the server does not report it.
+pub fn metric(addr: &str, name: &str) -> f64 {
+    metrics(addr)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(name)
+                .and_then(|r| r.strip_prefix(' '))
+                .map(|v| v.parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no metric {name}"))
+}
+
+/// Polls the metric until it reaches `at_least`; fails after [`PATIENCE`].
+pub fn wait_for(addr: &str, name: &str, at_least: f64) {
+    let deadline = Instant::now() + PATIENCE;
+    while metric(addr, name) < at_least {
+        assert!(Instant::now() < deadline, "{name} never reached {at_least}");
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// The first `n` events the server sends from cursor 0 (its text messages, as JSON).
+pub async fn events_from_start(addr: &str, n: usize) -> Vec<Value> {
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=0"))
+        .await
+        .unwrap();
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let m = tokio::time::timeout(PATIENCE, ws.next())
+            .await
+            .expect("timed out reading events")
+            .unwrap()
+            .unwrap();
+        if let Message::Text(t) = m {
+            out.push(serde_json::from_str(&t).unwrap());
+        }
+    }
+    out
+}
