@@ -55,10 +55,9 @@ fn tampered_and_truncated_frames_are_reported_counted_and_skipped() {
     let bytes = std::fs::read(&file).unwrap();
     let frames = split_frames(&bytes).unwrap();
     let mut owned: Vec<Vec<u8>> = frames.iter().take(10).map(|f| f.bytes.to_vec()).collect();
-    // Frame 3: a byte flipped in the last 40 bytes (inside the CAR's last block for these frames,
-    // or the commit's CID); frame 5: truncated.
-    let n = owned[3].len();
-    owned[3][n - 20] ^= 0x40;
+    // Frame 3: a byte flipped inside the CAR's last block (its SHA-256 no longer matches its
+    // CID); frame 5: truncated.
+    common::flip_in_last_block(&mut owned[3]);
     let half = owned[5].len() / 2;
     owned[5].truncate(half);
     let tmp = scratch();
@@ -70,10 +69,15 @@ fn tampered_and_truncated_frames_are_reported_counted_and_skipped() {
     let out = riptide(&["decode", s(&path)]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("frame 3 at byte"), "{err}");
     assert!(err.contains("frame 5 at byte"), "{err}");
     assert!(err.lines().count() >= 1);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("failed"), "{text}");
+    assert!(
+        text.contains("frames:  10 (") && text.contains("2 failed"),
+        "{text}"
+    );
     // The opt-out still refuses the truncated frame.
     let out = riptide(&["decode", s(&path), "--no-verify"]);
     assert_eq!(out.status.code(), Some(1));
