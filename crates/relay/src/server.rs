@@ -355,15 +355,6 @@ async fn accept(shared: Arc<Shared>, listener: TcpListener) {
     while conns.join_next().await.is_some() {}
 }
 
-/// What the upgrade request asked for.
-enum Upgrade {
-    Cursor(Option<u64>),
-}
-
-fn parse_query(req: &Request) -> Result<Option<u64>, String> {
-    parse_cursor(req.uri().query())
-}
-
 fn error_response(status: StatusCode, body: &str) -> ErrorResponse {
     let mut r = ErrorResponse::new(Some(format!(
         "{{\"error\":\"{}\",\"message\":\"{body}\"}}",
@@ -375,7 +366,8 @@ fn error_response(status: StatusCode, body: &str) -> ErrorResponse {
 
 async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr) {
     shared.stats.attempts.fetch_add(1, Ordering::Relaxed);
-    let mut asked: Option<Upgrade> = None;
+    // The cursor the upgrade request asked for, once it is accepted.
+    let mut asked: Option<Option<u64>> = None;
     // The handshake's callback type is tungstenite's; its error is an HTTP response by design.
     #[allow(clippy::result_large_err)]
     let callback = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
@@ -396,8 +388,9 @@ async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr) {
                 .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
             return Err(error_response(status, "injected fault"));
         }
-        let cursor = parse_query(req).map_err(|m| error_response(StatusCode::BAD_REQUEST, &m))?;
-        asked = Some(Upgrade::Cursor(cursor));
+        let cursor = parse_cursor(req.uri().query())
+            .map_err(|m| error_response(StatusCode::BAD_REQUEST, &m))?;
+        asked = Some(cursor);
         Ok(resp)
     };
     let ws = match tokio_tungstenite::accept_hdr_async(sock, callback).await {
@@ -407,7 +400,7 @@ async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr) {
             return;
         }
     };
-    let Some(Upgrade::Cursor(cursor)) = asked else {
+    let Some(cursor) = asked else {
         return;
     };
     shared.stats.connections.fetch_add(1, Ordering::Relaxed);
