@@ -724,31 +724,31 @@ fn header(out: &mut Vec<u8>, t: &str) {
     write_int(out, 1);
 }
 
-fn identity_frame(did: &str, handle: &str, seq: i64, time: &str) -> Vec<u8> {
+/// The frame header, then a payload map of `len` entries starting with `did`, `seq`, `time`
+/// (canonical order; the caller writes the rest).
+fn event_start(t: &str, len: usize, did: &str, seq: i64, time: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(128);
-    header(&mut out, "#identity");
-    write_map_header(&mut out, 4);
+    header(&mut out, t);
+    write_map_header(&mut out, len);
     write_text(&mut out, "did");
     write_text(&mut out, did);
     write_text(&mut out, "seq");
     write_int(&mut out, seq);
     write_text(&mut out, "time");
     write_text(&mut out, time);
+    out
+}
+
+fn identity_frame(did: &str, handle: &str, seq: i64, time: &str) -> Vec<u8> {
+    let mut out = event_start("#identity", 4, did, seq, time);
     write_text(&mut out, "handle");
     write_text(&mut out, handle);
     out
 }
 
 fn account_frame(did: &str, active: bool, seq: i64, time: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(128);
-    header(&mut out, "#account");
-    write_map_header(&mut out, if active { 4 } else { 5 });
-    write_text(&mut out, "did");
-    write_text(&mut out, did);
-    write_text(&mut out, "seq");
-    write_int(&mut out, seq);
-    write_text(&mut out, "time");
-    write_text(&mut out, time);
+    let len = if active { 4 } else { 5 };
+    let mut out = event_start("#account", len, did, seq, time);
     write_text(&mut out, "active");
     write_bool(&mut out, active);
     if !active {
@@ -821,15 +821,12 @@ fn encode_commit_job(signer: &Signer, a: &Account, job: &CommitJob) -> Vec<u8> {
     } else {
         "#commit"
     };
+    header(&mut out, t);
     if job.defect == Some(Defect::NonMinimalInt) {
-        // `op: 1` in a two-byte head (0x18 0x01): valid CBOR, not DAG-CBOR.
-        write_map_header(&mut out, 2);
-        write_text(&mut out, "t");
-        write_text(&mut out, t);
-        write_text(&mut out, "op");
+        // The header ends with `op: 1` (one byte, 0x01): re-encode it in a two-byte head
+        // (0x18 0x01), valid CBOR but not DAG-CBOR.
+        out.pop();
         out.extend_from_slice(&[0x18, 0x01]);
-    } else {
-        header(&mut out, t);
     }
     let did = a.did.as_str();
     let seq = job.seq;

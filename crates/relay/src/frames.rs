@@ -113,12 +113,7 @@ pub fn info_frame(name: &str, message: &str) -> Bytes {
     write_text(&mut out, "#info");
     write_text(&mut out, "op");
     write_int(&mut out, 1);
-    write_map_header(&mut out, 2);
-    write_text(&mut out, "name");
-    write_text(&mut out, name);
-    write_text(&mut out, "message");
-    write_text(&mut out, message);
-    Bytes::from(out)
+    notice_payload(out, "name", name, message)
 }
 
 /// An error frame: header `{op: -1}`, payload `{error, message}`.
@@ -127,9 +122,15 @@ pub fn error_frame(error: &str, message: &str) -> Bytes {
     write_map_header(&mut out, 1);
     write_text(&mut out, "op");
     write_int(&mut out, -1);
+    notice_payload(out, "error", error, message)
+}
+
+/// Appends the payload `{<key>: value, message}` (canonical order: `key` is shorter than
+/// `message`) to a frame's header.
+fn notice_payload(mut out: Vec<u8>, key: &str, value: &str, message: &str) -> Bytes {
     write_map_header(&mut out, 2);
-    write_text(&mut out, "error");
-    write_text(&mut out, error);
+    write_text(&mut out, key);
+    write_text(&mut out, value);
     write_text(&mut out, "message");
     write_text(&mut out, message);
     Bytes::from(out)

@@ -41,11 +41,12 @@ pub use server::{parse_cursor, Relay, RelayHandle, RelayService, RelayStats};
 /// The XRPC path the relay serves.
 pub const SUBSCRIBE_PATH: &str = "/xrpc/com.atproto.sync.subscribeRepos";
 
-/// What can go wrong setting up a relay.
+/// What can go wrong setting up or feeding a relay.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RelayError {
-    /// A frame to serve does not decode (header and payload).
+    /// A frame published ([`RelayHandle::publish`]) does not decode as far as its payload's `seq`.
+    /// (Frames given at start are left out and counted instead: [`RelayStats::unservable`].)
     #[error("frame {index}: {reason}")]
     Frame {
         /// Index of the frame in the list given.

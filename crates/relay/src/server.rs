@@ -53,6 +53,11 @@ pub struct RelayStats {
     pub frames_sent: AtomicU64,
     /// Upgrades refused by fault injection.
     pub rejected: AtomicU64,
+    /// Frames of the list given at start that were left out because no seq could be found in
+    /// them (they do not decode as far as the payload: truncated or non-canonical frames, as
+    /// `riptide gen --adversarial` writes). A real relay drops what it cannot parse too; counted
+    /// once, not per loop.
+    pub unservable: AtomicU64,
 }
 
 /// A running relay. Dropping it without [`RelayHandle::shutdown`] stops it abruptly.
@@ -100,38 +105,47 @@ impl std::fmt::Debug for Shared {
     }
 }
 
-/// What [`setup`] gives: the shared state, the frames with their seq slots, the stop signal.
+/// What [`setup`] gives: the shared state, the servable frames with their seq slots, the stop
+/// signal.
 type Setup = (Arc<Shared>, Vec<(SeqSlot, Bytes)>, watch::Sender<bool>);
 
-/// Finds every frame's seq slot and builds the shared state (log, counters, stop signal).
-fn setup(frames: Vec<Bytes>, config: RelayConfig) -> Result<Setup, RelayError> {
+/// Finds every frame's seq slot (leaving out and counting the frames that have none to find,
+/// [`RelayStats::unservable`]) and builds the shared state (log, counters, stop signal).
+fn setup(frames: Vec<Bytes>, config: RelayConfig) -> Setup {
     let mut dec = scan_decoder();
     let mut slotted = Vec::with_capacity(frames.len());
+    let stats = RelayStats::default();
     for (i, f) in frames.into_iter().enumerate() {
-        let slot = SeqSlot::find(&mut dec, i, &f)?;
-        slotted.push((slot, f));
+        match SeqSlot::find(&mut dec, i, &f) {
+            Ok(slot) => slotted.push((slot, f)),
+            Err(e) => {
+                tracing::debug!(error = %e, "frame left out");
+                stats.unservable.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
     let log = Arc::new(Log::new(config.first_seq, config.window));
     let (stop, stop_rx) = watch::channel(false);
     let shared = Arc::new(Shared {
         log,
-        stats: Arc::new(RelayStats::default()),
+        stats: Arc::new(stats),
         rejects_left: AtomicUsize::new(config.faults.reject_upgrades),
         config,
         stop: stop_rx,
     });
-    Ok((shared, slotted, stop))
+    (shared, slotted, stop)
 }
 
 impl Relay {
     /// Binds `addr` (port 0 for an ephemeral port), starts feeding `frames` into the log and
-    /// serving subscribers. Every frame must decode (header and payload).
+    /// serving subscribers. Frames that do not decode as far as their payload's `seq` are left
+    /// out and counted ([`RelayStats::unservable`]).
     pub async fn bind(
         addr: SocketAddr,
         frames: Vec<Bytes>,
         config: RelayConfig,
     ) -> Result<(SocketAddr, RelayHandle), RelayError> {
-        let (shared, slotted, stop) = setup(frames, config)?;
+        let (shared, slotted, stop) = setup(frames, config);
         let listener = TcpListener::bind(addr)
             .await
             .map_err(|source| RelayError::Bind { addr, source })?;
@@ -156,14 +170,15 @@ impl Relay {
 
     /// Starts feeding `frames` into a log served by whoever calls [`RelayService::serve`] (no
     /// listener; `config.faults.reject_upgrades` is the caller's business, as the upgrade is).
-    /// Needs a tokio runtime (the feeder is a spawned task).
-    pub fn start(frames: Vec<Bytes>, config: RelayConfig) -> Result<RelayService, RelayError> {
-        let (shared, slotted, stop) = setup(frames, config)?;
+    /// Unservable frames are left out and counted as by [`Relay::bind`]. Needs a tokio runtime
+    /// (the feeder is a spawned task).
+    pub fn start(frames: Vec<Bytes>, config: RelayConfig) -> RelayService {
+        let (shared, slotted, stop) = setup(frames, config);
         tokio::spawn(feed(shared.clone(), slotted));
-        Ok(RelayService {
+        RelayService {
             shared,
             _stop: Arc::new(StopOnDrop(stop)),
-        })
+        }
     }
 }
 
@@ -340,15 +355,6 @@ async fn accept(shared: Arc<Shared>, listener: TcpListener) {
     while conns.join_next().await.is_some() {}
 }
 
-/// What the upgrade request asked for.
-enum Upgrade {
-    Cursor(Option<u64>),
-}
-
-fn parse_query(req: &Request) -> Result<Option<u64>, String> {
-    parse_cursor(req.uri().query())
-}
-
 fn error_response(status: StatusCode, body: &str) -> ErrorResponse {
     let mut r = ErrorResponse::new(Some(format!(
         "{{\"error\":\"{}\",\"message\":\"{body}\"}}",
@@ -360,7 +366,8 @@ fn error_response(status: StatusCode, body: &str) -> ErrorResponse {
 
 async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr) {
     shared.stats.attempts.fetch_add(1, Ordering::Relaxed);
-    let mut asked: Option<Upgrade> = None;
+    // The cursor the upgrade request asked for, once it is accepted.
+    let mut asked: Option<Option<u64>> = None;
     // The handshake's callback type is tungstenite's; its error is an HTTP response by design.
     #[allow(clippy::result_large_err)]
     let callback = |req: &Request, resp: Response| -> Result<Response, ErrorResponse> {
@@ -381,8 +388,9 @@ async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr) {
                 .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
             return Err(error_response(status, "injected fault"));
         }
-        let cursor = parse_query(req).map_err(|m| error_response(StatusCode::BAD_REQUEST, &m))?;
-        asked = Some(Upgrade::Cursor(cursor));
+        let cursor = parse_cursor(req.uri().query())
+            .map_err(|m| error_response(StatusCode::BAD_REQUEST, &m))?;
+        asked = Some(cursor);
         Ok(resp)
     };
     let ws = match tokio_tungstenite::accept_hdr_async(sock, callback).await {
@@ -392,7 +400,7 @@ async fn serve(shared: Arc<Shared>, sock: TcpStream, peer: SocketAddr) {
             return;
         }
     };
-    let Some(Upgrade::Cursor(cursor)) = asked else {
+    let Some(cursor) = asked else {
         return;
     };
     shared.stats.connections.fetch_add(1, Ordering::Relaxed);

@@ -207,3 +207,27 @@ async fn rejected_upgrades_get_the_status_and_other_paths_404() {
     }
     relay.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_without_a_seq_to_renumber_are_left_out_and_counted() {
+    let Some((mut frames, _)) = capture() else {
+        return;
+    };
+    // A truncated frame (its payload never reaches `seq`) and one that is not CBOR at all.
+    let cut = frames[3].slice(..frames[3].len() / 3);
+    frames.insert(3, cut);
+    frames.insert(10, Bytes::from_static(b"\xff\xff"));
+    let relay = start(frames, RelayConfig::default()).await;
+    assert_eq!(
+        relay
+            .stats()
+            .unservable
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+    relay.wait_for_head(150).await;
+    assert_eq!(relay.head(), 150);
+    let got = read(&format!("{}?cursor=0", relay.url()), 150).await;
+    assert_eq!(seqs(&got), (1..=150).map(Some).collect::<Vec<_>>());
+    relay.shutdown().await;
+}

@@ -58,9 +58,6 @@ pub struct Network {
     pub(crate) accounts: BTreeMap<String, Account>,
     pub(crate) handles: BTreeMap<String, String>,
     pub(crate) frames: Vec<Bytes>,
-    /// Frames of the directory's stream that no relay can serve (they do not decode far enough to
-    /// carry a `seq`: `riptide gen --adversarial`'s truncated and non-canonical frames), left out.
-    pub(crate) unservable: usize,
 }
 
 fn invalid(path: impl Into<String>, why: impl std::fmt::Display) -> SimError {
@@ -158,14 +155,10 @@ impl Network {
         self.frames = frames;
     }
 
-    /// The frames the relay serves.
+    /// The frames given to the relay, as loaded: the relay leaves out (and counts) those it
+    /// cannot serve ([`riptide_relay::RelayStats::unservable`]).
     pub fn frames(&self) -> &[Bytes] {
         &self.frames
-    }
-
-    /// How many frames of a loaded stream were left out because no relay can serve them.
-    pub fn unservable_frames(&self) -> usize {
-        self.unservable
     }
 
     /// Loads a `riptide gen` directory.
@@ -176,21 +169,7 @@ impl Network {
             let file = Bytes::from(read(&frames_path)?);
             let split = riptide_firehose::corpus::split_frames(&file)
                 .map_err(|e| invalid(frames_path.display().to_string(), e))?;
-            // A relay passes frames through but must find each one's `seq` to renumber it; a
-            // frame broken before that point (adversarial output) is left out and counted, as a
-            // real relay would drop what it cannot parse, rather than failing the whole network.
-            let mut dec =
-                riptide_firehose::FrameDecoder::with_options(riptide_firehose::DecodeOptions {
-                    decode_blocks: false,
-                    ..riptide_firehose::DecodeOptions::unverified()
-                });
-            for (i, f) in split.iter().enumerate() {
-                if riptide_relay::SeqSlot::find(&mut dec, i, f.bytes).is_ok() {
-                    net.frames.push(file.slice_ref(f.bytes));
-                } else {
-                    net.unservable += 1;
-                }
-            }
+            net.frames = split.iter().map(|f| file.slice_ref(f.bytes)).collect();
         }
         let docs_path = dir.join("did_docs.json");
         let docs: Value = serde_json::from_slice(&read(&docs_path)?)

@@ -146,20 +146,18 @@ impl Sim {
         }
     }
 
-    /// A relay for the network's frames ([`Network::frames`]), or `None` when it has none.
-    /// `config.window` is raised to hold every frame unless `config.looped`, so `cursor=0`
+    /// A relay for the network's frames ([`Network::frames`]; those it cannot serve are left
+    /// out and counted in its [`riptide_relay::RelayStats::unservable`]), or `None` when it has
+    /// none. `config.window` is raised to hold every frame unless `config.looped`, so `cursor=0`
     /// replays the whole stream. Needs a tokio runtime.
-    pub fn start_relay(
-        net: &Network,
-        mut config: RelayConfig,
-    ) -> Result<Option<RelayService>, riptide_relay::RelayError> {
+    pub fn start_relay(net: &Network, mut config: RelayConfig) -> Option<RelayService> {
         if net.frames.is_empty() {
-            return Ok(None);
+            return None;
         }
         if !config.looped {
             config.window = config.window.max(net.frames.len());
         }
-        Relay::start(net.frames.clone(), config).map(Some)
+        Some(Relay::start(net.frames.clone(), config))
     }
 
     /// Binds `addr` (port 0: an ephemeral port): the simulator, whose base URL is the bound
@@ -181,7 +179,7 @@ impl Sim {
         faults: Faults,
         relay: RelayConfig,
     ) -> std::io::Result<(Sim, TcpListener)> {
-        let relay = Sim::start_relay(&net, relay).map_err(std::io::Error::other)?;
+        let relay = Sim::start_relay(&net, relay);
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
         let host = if local.ip().is_unspecified() {

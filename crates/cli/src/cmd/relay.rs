@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -69,8 +70,15 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let (addr, relay) = Relay::bind(args.listen, frames, config).await?;
         // The first stdout line is the URL (tests and scripts read it).
         println!("ws://{addr}{}", riptide_relay::SUBSCRIBE_PATH);
+        let unservable = relay.stats().unservable.load(Ordering::Relaxed) as usize;
+        if unservable > 0 {
+            eprintln!(
+                "relay: {unservable} frame(s) do not decode far enough to renumber; left out"
+            );
+        }
         eprintln!(
-            "relay: serving {count} frames from {}",
+            "relay: serving {} frames from {}",
+            count - unservable,
             args.replay.display()
         );
         tokio::signal::ctrl_c().await?;

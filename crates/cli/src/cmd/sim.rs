@@ -20,6 +20,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use riptide_relay::RelayConfig;
@@ -63,13 +64,6 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let net = Network::load(&a.from).with_context(|| format!("loading {}", a.from.display()))?;
-    if net.unservable_frames() > 0 {
-        eprintln!(
-            "riptide sim: {} frame(s) of the stream do not decode far enough for a relay to serve \
-             them (adversarial output); left out",
-            net.unservable_frames()
-        );
-    }
     let faults = Faults {
         error_every: a.fault_5xx_every,
         drop_every: a.fault_drop_every,
@@ -109,11 +103,20 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             sim.base_url()
         );
         match sim.relay() {
-            Some(_) => eprintln!(
-                "riptide sim: relay of {} frames at {}",
-                sim.network().frames().len(),
-                sim.relay_url()
-            ),
+            Some(relay) => {
+                let unservable = relay.stats().unservable.load(Ordering::Relaxed) as usize;
+                if unservable > 0 {
+                    eprintln!(
+                        "riptide sim: {unservable} frame(s) of the stream do not decode far \
+                         enough for a relay to serve them (adversarial output); left out"
+                    );
+                }
+                eprintln!(
+                    "riptide sim: relay of {} frames at {}",
+                    sim.network().frames().len() - unservable,
+                    sim.relay_url()
+                );
+            }
             None => eprintln!("riptide sim: no firehose-frames.bin, no relay"),
         }
         tokio::select! {
