@@ -25,6 +25,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::error::{CapacityError, Error as WsError};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
@@ -45,7 +46,9 @@ pub struct ClientConfig {
     pub ping_interval: Duration,
     /// Silence after which the connection is dropped as dead.
     pub idle_timeout: Duration,
-    /// Largest message accepted (larger ones end the connection).
+    /// Largest message accepted. A larger one ends the connection and counts in
+    /// [`StatsSnapshot::decode_errors`](crate::StatsSnapshot::decode_errors); the reconnect
+    /// resumes before it, so a relay that keeps sending it stalls the stream (with backoff).
     pub max_message_bytes: usize,
     /// Where acknowledged cursors are kept; `None` keeps them in memory only.
     pub cursor_store: Option<Arc<dyn CursorStore>>,
@@ -244,6 +247,10 @@ impl Session {
                     }
                 }
                 Ok(Some(Err(e))) => {
+                    if let WsError::Capacity(CapacityError::MessageTooLong { .. }) = e {
+                        // Refused before its payload is read, so never delivered: counted.
+                        self.stats.decode_error();
+                    }
                     let why = e.to_string();
                     self.disconnected(&why);
                 }
