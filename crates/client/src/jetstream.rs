@@ -139,8 +139,7 @@ impl JetstreamClient {
     /// A client. Loads the stored cursor; prepares the zstd dictionary.
     pub fn new(config: JetstreamConfig) -> Result<JetstreamClient, ClientError> {
         let max_bytes = config.client.max_message_bytes;
-        let stats = Arc::new(ClientStats::default());
-        let session = Session::new(config.client, SUBSCRIBE, stats)?;
+        let session = Session::new(config.client, SUBSCRIBE)?;
         let decompressor = match &config.dictionary {
             Some(d) => Some(
                 zstd::bulk::Decompressor::with_dictionary(d)

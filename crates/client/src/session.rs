@@ -114,7 +114,6 @@ pub(crate) struct Session {
     rng: StdRng,
     stats: Arc<ClientStats>,
     live: Option<Live>,
-    ever_connected: bool,
     /// Cursor of the last event delivered (resume point within this process).
     seen: Option<i64>,
     acked: Option<i64>,
@@ -124,11 +123,7 @@ pub(crate) struct Session {
 
 impl Session {
     /// A session for the endpoint at `path` (e.g. `/subscribe`). Loads the stored cursor.
-    pub(crate) fn new(
-        cfg: ClientConfig,
-        path: &'static str,
-        stats: Arc<ClientStats>,
-    ) -> Result<Session, ClientError> {
+    pub(crate) fn new(cfg: ClientConfig, path: &'static str) -> Result<Session, ClientError> {
         if cfg.hosts.is_empty() {
             return Err(ClientError::NoHosts);
         }
@@ -147,9 +142,8 @@ impl Session {
             host: 0,
             failures: 0,
             rng: StdRng::from_entropy(),
-            stats,
+            stats: Arc::default(),
             live: None,
-            ever_connected: false,
             seen,
             acked: stored,
             persisted: stored,
@@ -301,23 +295,14 @@ impl Session {
                     });
                     self.host = host;
                     self.next_host = host + 1;
-                    let c = &self.stats.connects;
-                    c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if self.ever_connected {
-                        self.stats
-                            .reconnects
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    self.ever_connected = true;
+                    self.stats.connected();
                     tracing::debug!(%url, "connected");
                     return;
                 }
                 Ok(Err(e)) => tracing::debug!(%url, error = %e, "connect failed"),
                 Err(_) => tracing::debug!(%url, "connect timed out"),
             }
-            self.stats
-                .connect_failures
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.stats.connect_failure();
             self.failures = self.failures.saturating_add(1);
             self.next_host = host + 1;
         }
