@@ -223,7 +223,7 @@ pub async fn verify_handle(
     };
     let Some(pds) = ident.doc.pds() else {
         let e = ResolveError::NoPds(ident.did.to_string());
-        return fail(report, TrustVerdict::BadDocument, e.to_string());
+        return fail(report, TrustVerdict::of_resolve_error(&e), e.to_string());
     };
     report.pds = Some(pds.to_owned());
     let key = match ident.doc.signing_key() {
