@@ -128,9 +128,8 @@ pub struct FirehoseClient {
 impl FirehoseClient {
     /// A client for these hosts and settings. Loads the stored cursor (the resume point).
     pub fn new(config: ClientConfig) -> Result<FirehoseClient, ClientError> {
-        let stats = Arc::new(ClientStats::default());
         Ok(FirehoseClient {
-            session: Session::new(config, SUBSCRIBE_REPOS, stats)?,
+            session: Session::new(config, SUBSCRIBE_REPOS)?,
             arena: Arena::new(),
             notice_decoder: None,
         })

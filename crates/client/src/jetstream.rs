@@ -118,7 +118,6 @@ pub struct JetstreamClient {
     session: Session,
     options: JetstreamOptions,
     require_hello: bool,
-    dictionary: Option<Arc<Vec<u8>>>,
     decompressor: Option<zstd::bulk::Decompressor<'static>>,
     updates_tx: mpsc::Sender<JetstreamOptions>,
     updates: mpsc::Receiver<JetstreamOptions>,
@@ -139,8 +138,7 @@ impl JetstreamClient {
     /// A client. Loads the stored cursor; prepares the zstd dictionary.
     pub fn new(config: JetstreamConfig) -> Result<JetstreamClient, ClientError> {
         let max_bytes = config.client.max_message_bytes;
-        let stats = Arc::new(ClientStats::default());
-        let session = Session::new(config.client, SUBSCRIBE, stats)?;
+        let session = Session::new(config.client, SUBSCRIBE)?;
         let decompressor = match &config.dictionary {
             Some(d) => Some(
                 zstd::bulk::Decompressor::with_dictionary(d)
@@ -153,7 +151,6 @@ impl JetstreamClient {
             session,
             options: config.options,
             require_hello: config.require_hello,
-            dictionary: config.dictionary.map(Arc::new),
             decompressor,
             updates_tx,
             updates,
@@ -187,35 +184,7 @@ impl JetstreamClient {
     }
 
     fn hello_needed(&self) -> bool {
-        self.require_hello || self.options.wanted_dids.len() > URL_DIDS
-    }
-
-    fn query(&self, cursor: Option<i64>) -> String {
-        let mut q: Vec<String> = Vec::new();
-        for c in &self.options.wanted_collections {
-            q.push(format!("wantedCollections={}", encode(c)));
-        }
-        if self.options.wanted_dids.len() <= URL_DIDS {
-            for d in &self.options.wanted_dids {
-                q.push(format!("wantedDids={}", encode(d)));
-            }
-        }
-        if self.options.max_message_size_bytes > 0 {
-            q.push(format!(
-                "maxMessageSizeBytes={}",
-                self.options.max_message_size_bytes
-            ));
-        }
-        if let Some(c) = cursor {
-            q.push(format!("cursor={c}"));
-        }
-        if self.dictionary.is_some() {
-            q.push("compress=true".into());
-        }
-        if self.hello_needed() {
-            q.push("requireHello=true".into());
-        }
-        q.join("&")
+        hello_needed(&self.options, self.require_hello)
     }
 
     async fn send_options(&mut self) {
@@ -227,21 +196,14 @@ impl JetstreamClient {
     pub async fn next(&mut self) -> JetstreamEvent {
         loop {
             let step = {
-                let query_of = |c: Option<i64>| self.query(c);
-                // The filters used for a reconnect are the latest; build the query up front.
-                let q_none = query_of(None);
-                let q_some = self.session.cursor().map(|c| query_of(Some(c)));
-                let query = move |c: Option<i64>| {
-                    if c.is_some() {
-                        q_some.clone().unwrap_or_default()
-                    } else {
-                        q_none.clone()
-                    }
-                };
+                // Built only when the session connects, from the latest filters.
+                let (options, compress) = (&self.options, self.decompressor.is_some());
+                let hello = self.require_hello;
+                let q = move |c: Option<i64>| query(options, compress, hello, c);
                 tokio::select! {
                     biased;
                     Some(opts) = self.updates.recv() => Err(opts),
-                    step = self.session.next(&query) => Ok(step),
+                    step = self.session.next(&q) => Ok(step),
                 }
             };
             let msg = match step {
@@ -298,6 +260,44 @@ impl JetstreamClient {
         };
         d.decompress(data, cap).ok().map(Bytes::from)
     }
+}
+
+fn hello_needed(options: &JetstreamOptions, require_hello: bool) -> bool {
+    require_hello || options.wanted_dids.len() > URL_DIDS
+}
+
+/// The query string (without `?`) of a connection with these filters, resuming at `cursor`.
+fn query(
+    options: &JetstreamOptions,
+    compress: bool,
+    require_hello: bool,
+    cursor: Option<i64>,
+) -> String {
+    let mut q: Vec<String> = Vec::new();
+    for c in &options.wanted_collections {
+        q.push(format!("wantedCollections={}", encode(c)));
+    }
+    if options.wanted_dids.len() <= URL_DIDS {
+        for d in &options.wanted_dids {
+            q.push(format!("wantedDids={}", encode(d)));
+        }
+    }
+    if options.max_message_size_bytes > 0 {
+        q.push(format!(
+            "maxMessageSizeBytes={}",
+            options.max_message_size_bytes
+        ));
+    }
+    if let Some(c) = cursor {
+        q.push(format!("cursor={c}"));
+    }
+    if compress {
+        q.push("compress=true".into());
+    }
+    if hello_needed(options, require_hello) {
+        q.push("requireHello=true".into());
+    }
+    q.join("&")
 }
 
 /// Percent-encodes a query value (NSIDs and DIDs need only `:` kept and `%`, `&`, `+`, `#`, ` `

@@ -25,6 +25,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::error::{CapacityError, Error as WsError};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
@@ -45,7 +46,9 @@ pub struct ClientConfig {
     pub ping_interval: Duration,
     /// Silence after which the connection is dropped as dead.
     pub idle_timeout: Duration,
-    /// Largest message accepted (larger ones end the connection).
+    /// Largest message accepted. A larger one ends the connection and counts in
+    /// [`StatsSnapshot::decode_errors`](crate::StatsSnapshot::decode_errors); the reconnect
+    /// resumes before it, so a relay that keeps sending it stalls the stream (with backoff).
     pub max_message_bytes: usize,
     /// Where acknowledged cursors are kept; `None` keeps them in memory only.
     pub cursor_store: Option<Arc<dyn CursorStore>>,
@@ -111,7 +114,6 @@ pub(crate) struct Session {
     rng: StdRng,
     stats: Arc<ClientStats>,
     live: Option<Live>,
-    ever_connected: bool,
     /// Cursor of the last event delivered (resume point within this process).
     seen: Option<i64>,
     acked: Option<i64>,
@@ -121,11 +123,7 @@ pub(crate) struct Session {
 
 impl Session {
     /// A session for the endpoint at `path` (e.g. `/subscribe`). Loads the stored cursor.
-    pub(crate) fn new(
-        cfg: ClientConfig,
-        path: &'static str,
-        stats: Arc<ClientStats>,
-    ) -> Result<Session, ClientError> {
+    pub(crate) fn new(cfg: ClientConfig, path: &'static str) -> Result<Session, ClientError> {
         if cfg.hosts.is_empty() {
             return Err(ClientError::NoHosts);
         }
@@ -144,9 +142,8 @@ impl Session {
             host: 0,
             failures: 0,
             rng: StdRng::from_entropy(),
-            stats,
+            stats: Arc::default(),
             live: None,
-            ever_connected: false,
             seen,
             acked: stored,
             persisted: stored,
@@ -244,6 +241,10 @@ impl Session {
                     }
                 }
                 Ok(Some(Err(e))) => {
+                    if let WsError::Capacity(CapacityError::MessageTooLong { .. }) = e {
+                        // Refused before its payload is read, so never delivered: counted.
+                        self.stats.decode_error();
+                    }
                     let why = e.to_string();
                     self.disconnected(&why);
                 }
@@ -294,23 +295,14 @@ impl Session {
                     });
                     self.host = host;
                     self.next_host = host + 1;
-                    let c = &self.stats.connects;
-                    c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if self.ever_connected {
-                        self.stats
-                            .reconnects
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    self.ever_connected = true;
+                    self.stats.connected();
                     tracing::debug!(%url, "connected");
                     return;
                 }
                 Ok(Err(e)) => tracing::debug!(%url, error = %e, "connect failed"),
                 Err(_) => tracing::debug!(%url, "connect timed out"),
             }
-            self.stats
-                .connect_failures
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.stats.connect_failure();
             self.failures = self.failures.saturating_add(1);
             self.next_host = host + 1;
         }

@@ -7,12 +7,12 @@ use riptide_firehose::verify::Verdict;
 /// Live counters of one client.
 #[derive(Debug, Default)]
 pub struct ClientStats {
-    pub(crate) messages: AtomicU64,
-    pub(crate) bytes: AtomicU64,
-    pub(crate) connects: AtomicU64,
-    pub(crate) reconnects: AtomicU64,
-    pub(crate) connect_failures: AtomicU64,
-    pub(crate) decode_errors: AtomicU64,
+    messages: AtomicU64,
+    bytes: AtomicU64,
+    connects: AtomicU64,
+    reconnects: AtomicU64,
+    connect_failures: AtomicU64,
+    decode_errors: AtomicU64,
     verdicts: [AtomicU64; 8],
 }
 
@@ -64,6 +64,18 @@ impl ClientStats {
     pub(crate) fn message(&self, len: usize) {
         self.messages.fetch_add(1, Relaxed);
         self.bytes.fetch_add(len as u64, Relaxed);
+    }
+
+    /// A connection is up; every one after the first is a reconnect (one `ClientStats` per
+    /// session, so its own count says whether this is the first).
+    pub(crate) fn connected(&self) {
+        if self.connects.fetch_add(1, Relaxed) > 0 {
+            self.reconnects.fetch_add(1, Relaxed);
+        }
+    }
+
+    pub(crate) fn connect_failure(&self) {
+        self.connect_failures.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn decode_error(&self) {

@@ -206,6 +206,31 @@ async fn an_idle_connection_is_detected_and_replaced() {
     relay.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_size_limit_is_counted_not_delivered() {
+    let Some(relay) = start(RelayConfig::default()).await else {
+        return;
+    };
+    // Every frame of the capture is larger than this (a DID alone is 32 bytes).
+    let mut config = fast(vec![relay.url()]);
+    config.max_message_bytes = 64;
+    let mut c = FirehoseClient::new(config).unwrap();
+    let stats = c.stats();
+    let waiter = tokio::spawn(async move { c.next().await });
+    tokio::time::timeout(T, async {
+        while stats.snapshot().decode_errors < 2 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("oversized messages not counted");
+    waiter.abort();
+    let s = stats.snapshot();
+    assert_eq!(s.messages, 0, "{s:?}");
+    assert!(s.reconnects >= 1, "{s:?}");
+    relay.shutdown().await;
+}
+
 /// Zero copy from the socket to the event, checked by pointer on a real connection: the relay
 /// writes the frames back to back, so frames that arrived in one socket read and were handed out
 /// without a copy are slices of one buffer, each starting exactly one WebSocket header after the

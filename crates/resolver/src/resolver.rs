@@ -29,6 +29,7 @@ use riptide_syntax::{Did, Handle};
 
 use crate::cache::{CacheCounts, DocCache, DocResult, Lookup};
 use crate::error::ResolveError;
+use crate::trust::Progress;
 
 /// The default PLC directory.
 pub const DEFAULT_PLC_URL: &str = "https://plc.directory";
@@ -106,34 +107,43 @@ impl std::fmt::Debug for Resolver {
     }
 }
 
-fn net(url: &str, e: impl std::fmt::Display) -> ResolveError {
+pub(crate) fn net(url: &str, e: impl std::fmt::Display) -> ResolveError {
     ResolveError::Network {
         url: url.to_owned(),
         why: e.to_string(),
     }
 }
 
-/// Reads a response body of at most `limit` bytes.
+/// Capacity reserved up front from a `Content-Length` (a claim of the server's, not a fact):
+/// beyond this the body grows as it arrives.
+const MAX_PREALLOC: u64 = 64 << 20;
+
+/// Reads a response body of at most `limit` bytes, reporting progress after each chunk (with the
+/// announced length, if any). A body shorter than its `Content-Length` is a network error.
 pub(crate) async fn read_limited(
     url: &str,
     mut resp: reqwest::Response,
     limit: usize,
+    progress: &mut dyn Progress,
 ) -> Result<Vec<u8>, ResolveError> {
-    if resp.content_length().is_some_and(|n| n > limit as u64) {
-        return Err(ResolveError::TooLarge {
-            url: url.to_owned(),
-            limit,
-        });
+    let too_large = || ResolveError::TooLarge {
+        url: url.to_owned(),
+        limit,
+    };
+    let total = resp.content_length();
+    if total.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
     }
-    let mut body = Vec::new();
+    let mut body = Vec::with_capacity(total.unwrap_or(0).min(MAX_PREALLOC) as usize);
     while let Some(chunk) = resp.chunk().await.map_err(|e| net(url, e))? {
         if body.len() + chunk.len() > limit {
-            return Err(ResolveError::TooLarge {
-                url: url.to_owned(),
-                limit,
-            });
+            return Err(too_large());
         }
         body.extend_from_slice(&chunk);
+        progress.update(body.len() as u64, total);
+    }
+    if total.is_some_and(|n| n != body.len() as u64) {
+        return Err(net(url, "connection closed early"));
     }
     Ok(body)
 }
@@ -376,7 +386,7 @@ impl Resolver {
                 why: format!("HTTPS: HTTP {status}"),
             });
         }
-        let body = read_limited(&url, resp, MAX_WELL_KNOWN_BYTES).await?;
+        let body = read_limited(&url, resp, MAX_WELL_KNOWN_BYTES, &mut |_, _| {}).await?;
         let text = String::from_utf8_lossy(&body);
         Did::parse(text.trim()).map_err(|_| ResolveError::HandleNotFound {
             handle: h.to_string(),
@@ -427,7 +437,7 @@ impl Inner {
             404 | 410 => return Err(ResolveError::DidNotFound(did.to_string())),
             _ => return Err(ResolveError::Status { url, status }),
         }
-        let body = read_limited(&url, resp, MAX_DOC_BYTES).await?;
+        let body = read_limited(&url, resp, MAX_DOC_BYTES, &mut |_, _| {}).await?;
         let text = std::str::from_utf8(&body).map_err(|_| ResolveError::Doc {
             did: did.to_string(),
             error: riptide_identity::DocError::Malformed("not UTF-8".to_owned()),

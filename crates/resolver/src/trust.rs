@@ -20,7 +20,7 @@ use riptide_car::CarErrorKind;
 use riptide_repo::{MstError, RepoError, RepoReport};
 
 use crate::error::ResolveError;
-use crate::resolver::{read_limited, Resolver};
+use crate::resolver::{net, read_limited, Resolver};
 
 /// The verdict of a trust-chain run. Names ([`TrustVerdict::as_str`]) are a CLI contract.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -223,7 +223,7 @@ pub async fn verify_handle(
     };
     let Some(pds) = ident.doc.pds() else {
         let e = ResolveError::NoPds(ident.did.to_string());
-        return fail(report, TrustVerdict::BadDocument, e.to_string());
+        return fail(report, TrustVerdict::of_resolve_error(&e), e.to_string());
     };
     report.pds = Some(pds.to_owned());
     let key = match ident.doc.signing_key() {
@@ -290,11 +290,12 @@ async fn fetch_repo(
     limit: usize,
     progress: &mut dyn Progress,
 ) -> Result<Vec<u8>, ResolveError> {
-    let net = |e: reqwest::Error| ResolveError::Network {
-        url: url.to_owned(),
-        why: e.to_string(),
-    };
-    let mut resp = resolver.http().get(url).send().await.map_err(net)?;
+    let resp = resolver
+        .http()
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| net(url, e))?;
     let status = resp.status().as_u16();
     if status != 200 {
         return Err(ResolveError::Status {
@@ -302,35 +303,5 @@ async fn fetch_repo(
             status,
         });
     }
-    let total = resp.content_length();
-    if total.is_some_and(|n| n > limit as u64) {
-        return Err(ResolveError::TooLarge {
-            url: url.to_owned(),
-            limit,
-        });
-    }
-    if total.is_none() {
-        // No length announced: the bounded reader is the same code path as documents use.
-        let body = read_limited(url, resp, limit).await?;
-        progress.update(body.len() as u64, Some(body.len() as u64));
-        return Ok(body);
-    }
-    let mut body = Vec::with_capacity(total.unwrap_or(0) as usize);
-    while let Some(chunk) = resp.chunk().await.map_err(net)? {
-        if body.len() + chunk.len() > limit {
-            return Err(ResolveError::TooLarge {
-                url: url.to_owned(),
-                limit,
-            });
-        }
-        body.extend_from_slice(&chunk);
-        progress.update(body.len() as u64, total);
-    }
-    if total.is_some_and(|n| n != body.len() as u64) {
-        return Err(ResolveError::Network {
-            url: url.to_owned(),
-            why: "connection closed early".to_owned(),
-        });
-    }
-    Ok(body)
+    read_limited(url, resp, limit, progress).await
 }

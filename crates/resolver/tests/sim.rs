@@ -109,6 +109,22 @@ async fn trust_chain_verdicts() {
     assert!(liar.reason.unwrap().contains("alice.test"));
 }
 
+/// The download is bounded: a repository larger than `max_repo_bytes` is refused with a clear
+/// reason, not buffered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_over_the_size_limit_is_refused() {
+    let sim = spawn(network()).await;
+    let r = resolver(&sim);
+    let opts = TrustOptions {
+        max_repo_bytes: 1000,
+    };
+    let rep = verify_handle(&r, "alice.test", &opts, &mut |_, _| {}).await;
+    assert_eq!(rep.verdict, TrustVerdict::FetchFailed, "{:?}", rep.reason);
+    let why = rep.reason.unwrap();
+    assert!(why.contains("larger than 1000 bytes"), "{why}");
+    assert!(rep.repo.is_none());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn burst_of_lookups_makes_one_request() {
     let alice = fixture::account(1, "alice.test", 1);

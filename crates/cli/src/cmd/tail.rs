@@ -74,36 +74,58 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Rate on stderr, redrawn at most once a second, only on a terminal.
-struct Rate {
-    on: bool,
+/// The printing side of both loops: one line per event on stdout, flushed at once when someone
+/// waits for it (`--count`, or a terminal showing the rate), and the rate on stderr, redrawn at
+/// most once a second, only on a terminal.
+struct Printer {
+    stdout: std::io::BufWriter<std::io::StdoutLock<'static>>,
+    /// Events printed.
+    n: u64,
+    count: Option<u64>,
+    rate: bool,
     start: Instant,
     last: Instant,
-    n: u64,
 }
 
-impl Rate {
-    fn new() -> Rate {
+impl Printer {
+    fn new(count: Option<u64>) -> Printer {
         let now = Instant::now();
-        Rate {
-            on: std::io::stderr().is_terminal(),
+        Printer {
+            stdout: out::stdout(),
+            n: 0,
+            count,
+            rate: std::io::stderr().is_terminal(),
             start: now,
             last: now,
-            n: 0,
         }
     }
-    fn tick(&mut self) {
+
+    /// Whether `--count` still wants events.
+    fn wants_more(&self) -> bool {
+        self.count.is_none_or(|n| self.n < n)
+    }
+
+    fn line(&mut self, line: &[u8]) -> std::io::Result<()> {
+        out::line(&mut self.stdout, line)?;
+        if self.count.is_some() || self.rate {
+            self.stdout.flush()?;
+        }
         self.n += 1;
-        if self.on && self.last.elapsed() >= Duration::from_secs(1) {
+        if self.rate && self.last.elapsed() >= Duration::from_secs(1) {
             self.last = Instant::now();
             let secs = self.start.elapsed().as_secs_f64().max(1e-9);
             eprint!("\r{} events, {:.0}/s   ", self.n, self.n as f64 / secs);
         }
+        Ok(())
     }
-    fn done(&self) {
-        if self.on {
+
+    /// Flushes stdout, ends the rate line; the number of events printed.
+    fn finish(mut self) -> std::io::Result<u64> {
+        self.stdout.flush()?;
+        if self.rate {
             eprintln!();
         }
+        Ok(self.n)
     }
 }
 
@@ -130,13 +152,11 @@ async fn relay(args: Args) -> anyhow::Result<ExitCode> {
         decode_blocks: false,
         ..DecodeOptions::unverified()
     });
-    let mut stdout = out::stdout();
-    let mut rate = Rate::new();
+    let mut printer = Printer::new(args.count);
     let mut line = Vec::with_capacity(1 << 12);
-    let mut printed = 0u64;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
-    while args.count.is_none_or(|n| printed < n) {
+    while printer.wants_more() {
         let event = tokio::select! {
             e = client.next() => e,
             _ = &mut ctrl_c => break,
@@ -148,37 +168,31 @@ async fn relay(args: Args) -> anyhow::Result<ExitCode> {
                     FrameKind::Commit | FrameKind::Sync | FrameKind::Identity | FrameKind::Account
                 ) =>
             {
-                let verdict = v.verify(&event.bytes);
-                stats.record_verdict(verdict);
-                Some(verdict)
+                Some(v.verify(&event.bytes))
             }
             _ => None,
         };
         line.clear();
-        if !render_frame(&event, &mut dec, &args, verdict, &mut line) {
-            continue;
+        if render_frame(&event, &mut dec, &args, verdict, &mut line) {
+            printer.line(&line)?;
         }
-        out::line(&mut stdout, &line)?;
-        if args.count.is_some() || rate.on {
-            stdout.flush()?;
-        }
-        printed += 1;
-        rate.tick();
     }
-    stdout.flush()?;
-    rate.done();
+    let printed = printer.finish()?;
     let s = stats.snapshot();
-    let failed: u64 = s.verdicts[1..].iter().sum();
+    // The verifier counts its verdicts itself.
+    let failed = verifier.as_ref().map_or(0, |v| v.counts().failed());
     eprintln!(
         "{printed} events; {} messages, {} bytes, {} reconnects, {} decode errors{}",
         s.messages,
         s.bytes,
         s.reconnects,
         s.decode_errors,
-        if verifier.is_some() {
-            format!(", {} ok, {failed} failed verification", s.verdicts[0])
-        } else {
-            String::new()
+        match &verifier {
+            Some(v) => format!(
+                ", {} ok, {failed} failed verification",
+                v.counts().get(Verdict::Ok)
+            ),
+            None => String::new(),
         }
     );
     Ok(if failed > 0 {
@@ -334,37 +348,27 @@ async fn jetstream(args: Args) -> anyhow::Result<ExitCode> {
     };
     let mut client = JetstreamClient::new(cfg)?;
     let stats = client.stats();
-    let mut stdout = out::stdout();
-    let mut rate = Rate::new();
-    let mut printed = 0u64;
+    let mut printer = Printer::new(args.count);
+    let mut line = Vec::new();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
-    while args.count.is_none_or(|n| printed < n) {
+    while printer.wants_more() {
         let JetstreamEvent { raw, event } = tokio::select! {
             e = client.next() => e,
             _ = &mut ctrl_c => break,
         };
         if args.json {
-            out::line(&mut stdout, &raw)?;
+            printer.line(&raw)?;
         } else {
-            let what = match &event.commit {
-                Some(c) => format!(" {} {}/{}", c.operation, c.collection, c.rkey),
-                None => String::new(),
-            };
-            writeln!(
-                stdout,
-                "{} {} {}{what}",
-                event.time_us, event.kind, event.did
-            )?;
+            line.clear();
+            write!(line, "{} {} {}", event.time_us, event.kind, event.did)?;
+            if let Some(c) = &event.commit {
+                write!(line, " {} {}/{}", c.operation, c.collection, c.rkey)?;
+            }
+            printer.line(&line)?;
         }
-        if args.count.is_some() || rate.on {
-            stdout.flush()?;
-        }
-        printed += 1;
-        rate.tick();
     }
-    stdout.flush()?;
-    rate.done();
+    let printed = printer.finish()?;
     let s = stats.snapshot();
     eprintln!(
         "{printed} events; {} messages, {} bytes, {} reconnects, {} decode errors",

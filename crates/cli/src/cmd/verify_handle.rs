@@ -87,22 +87,26 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     });
     let mut progress = {
         let pb = pb.clone();
+        let mut fetching = false;
         move |done: u64, total: Option<u64>| {
-            if let Some(pb) = &pb {
+            let Some(pb) = &pb else {
+                return;
+            };
+            if !fetching {
+                fetching = true;
+                pb.set_message("fetching repository");
+                // A bar when the server announced the size; else the spinner goes on.
                 if let Some(t) = total {
-                    if pb.length() != Some(t) {
-                        pb.set_length(t);
-                        pb.set_style(
-                            indicatif::ProgressStyle::with_template(
-                                "{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}",
-                            )
-                            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-                        );
-                        pb.set_message("fetching repository");
-                    }
+                    pb.set_length(t);
+                    pb.set_style(
+                        indicatif::ProgressStyle::with_template(
+                            "{msg} {bar:30} {bytes}/{total_bytes} {bytes_per_sec}",
+                        )
+                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                    );
                 }
-                pb.set_position(done);
             }
+            pb.set_position(done);
         }
     };
     let report = rt.block_on(verify_handle(
