@@ -28,7 +28,7 @@ pub mod upstream;
 pub use compress::Dictionary;
 pub use event::Event;
 pub use ingest::{IngestConfig, IngestHandle, IngestSummary, UpstreamFrame};
-pub use keys::{DocKeys, Keys};
+pub use keys::Keys;
 pub use log::{Log, TailLimits};
 pub use metrics::Metrics;
 pub use resolve_keys::ResolvingKeys;
