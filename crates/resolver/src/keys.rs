@@ -14,6 +14,12 @@
 //! [`ResolverKeys::take_misses`], so a caller that skipped warming can resolve those DIDs, call
 //! `Verifier::forget_key`, and verify the frames again.
 //!
+//! A verifier that runs on a plain OS thread (not a runtime thread), and whose caller warms the
+//! cache ahead of it, can instead resolve the rare miss in place ([`ResolverKeys::resolving_on`]):
+//! the entry evicted from the bounded LRU, expired, or dropped by an `#identity` between warming
+//! and verifying is then fetched once, blocking that thread on the runtime, rather than answered
+//! "unknown" for a key that exists (`riptide serve` does this).
+//!
 //! Which answers are "unknown" and which "unusable": no document (404, or a transient failure
 //! not yet resolved) is [`KeyUnavailable::Unknown`]; a document without a usable `#atproto` key is
 //! [`KeyUnavailable::Unusable`].
@@ -66,6 +72,8 @@ struct Misses {
 pub struct ResolverKeys {
     resolver: Resolver,
     misses: Mutex<Misses>,
+    /// Where a miss is resolved in place (see [`ResolverKeys::resolving_on`]).
+    rt: Option<tokio::runtime::Handle>,
 }
 
 impl ResolverKeys {
@@ -74,7 +82,16 @@ impl ResolverKeys {
         ResolverKeys {
             resolver,
             misses: Mutex::new(Misses::default()),
+            rt: None,
         }
+    }
+
+    /// Resolves a cache miss on `rt`, blocking the calling thread, before answering (when
+    /// called from outside any runtime; on a runtime thread a miss stays "unknown"). For
+    /// verifiers on plain threads behind a warming stage (module docs).
+    pub fn resolving_on(mut self, rt: tokio::runtime::Handle) -> ResolverKeys {
+        self.rt = Some(rt);
+        self
     }
 
     /// The resolver.
@@ -92,7 +109,16 @@ impl ResolverKeys {
 
 impl KeyLookup for ResolverKeys {
     fn key(&self, did: &str) -> Result<PublicKey, KeyUnavailable> {
-        match self.resolver.try_get(did) {
+        let mut cached = self.resolver.try_get(did);
+        if let (None, Some(rt)) = (&cached, &self.rt) {
+            if tokio::runtime::Handle::try_current().is_err() {
+                tracing::debug!(did, "key not cached at verification: resolving");
+                // The outcome lands in the cache (a transient failure does not: unknown).
+                let _ = rt.block_on(self.resolver.resolve_did(did));
+                cached = self.resolver.try_get(did);
+            }
+        }
+        match cached {
             Some(Ok(doc)) => doc
                 .signing_key()
                 .map_err(|e| KeyUnavailable::Unusable(e.to_string())),

@@ -1,6 +1,7 @@
 //! Account signing keys for the verifier, behind a trait object so the source can change:
 //! a static `--did-docs` file ([`Keys::from_docs`]) or PLC / did:web resolution
-//! ([`crate::resolve_keys`]); any `KeyLookup + Send + Sync`.
+//! (`riptide_resolver::ResolverKeys`, warmed by [`crate::upstream`]); any
+//! `KeyLookup + Send + Sync`.
 
 use std::sync::Arc;
 
