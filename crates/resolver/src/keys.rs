@@ -14,9 +14,20 @@
 //! [`ResolverKeys::take_misses`], so a caller that skipped warming can resolve those DIDs, call
 //! `Verifier::forget_key`, and verify the frames again.
 //!
+//! A verifier that runs on a plain OS thread (not a runtime thread), and whose caller warms the
+//! cache ahead of it, can instead resolve the rare miss in place ([`ResolverKeys::resolving_on`]):
+//! the entry evicted from the bounded LRU, expired, or dropped by an `#identity` between warming
+//! and verifying is then fetched once, blocking that thread on the runtime, rather than answered
+//! "unknown" for a key that exists (`riptide serve` does this).
+//!
 //! Which answers are "unknown" and which "unusable": no document (404, or a transient failure
 //! not yet resolved) is [`KeyUnavailable::Unknown`]; a document without a usable `#atproto` key is
 //! [`KeyUnavailable::Unusable`].
+//!
+//! [`DocKeys`] is the static counterpart: a set of DID documents loaded from a file
+//! (`--did-docs`), with the same answers. It lives here because this is the crate that knows both
+//! DID documents and the verifier's [`KeyLookup`] (`riptide-identity` does not depend on
+//! `riptide-firehose`).
 
 use std::sync::Mutex;
 
@@ -24,8 +35,28 @@ use riptide_crypto::PublicKey;
 use riptide_firehose::verify::{KeyLookup, KeyUnavailable, Verifier};
 use riptide_firehose::{DecodeOptions, FrameDecoder};
 
+use riptide_identity::DidDocs;
+
 use crate::error::ResolveError;
 use crate::resolver::Resolver;
+
+/// A set of DID documents (a `did_docs.json` file) as the verifier's key source: no document is
+/// "unknown", a document without a usable key is "unusable".
+#[derive(Debug, Clone, Copy)]
+pub struct DocKeys<'d>(pub &'d DidDocs);
+
+impl KeyLookup for DocKeys<'_> {
+    fn key(&self, did: &str) -> Result<PublicKey, KeyUnavailable> {
+        match self.0.signing_key(did) {
+            Ok(k) => Ok(k),
+            Err(riptide_identity::ResolveError::NotFound(_)) => Err(KeyUnavailable::Unknown),
+            Err(riptide_identity::ResolveError::Doc { error, .. }) => {
+                Err(KeyUnavailable::Unusable(error.to_string()))
+            }
+            Err(other) => Err(KeyUnavailable::Unusable(other.to_string())),
+        }
+    }
+}
 
 /// Most misses remembered between two [`ResolverKeys::take_misses`]; more are counted only.
 pub const MAX_MISSES: usize = 4096;
@@ -41,6 +72,8 @@ struct Misses {
 pub struct ResolverKeys {
     resolver: Resolver,
     misses: Mutex<Misses>,
+    /// Where a miss is resolved in place (see [`ResolverKeys::resolving_on`]).
+    rt: Option<tokio::runtime::Handle>,
 }
 
 impl ResolverKeys {
@@ -49,7 +82,16 @@ impl ResolverKeys {
         ResolverKeys {
             resolver,
             misses: Mutex::new(Misses::default()),
+            rt: None,
         }
+    }
+
+    /// Resolves a cache miss on `rt`, blocking the calling thread, before answering (when
+    /// called from outside any runtime; on a runtime thread a miss stays "unknown"). For
+    /// verifiers on plain threads behind a warming stage (module docs).
+    pub fn resolving_on(mut self, rt: tokio::runtime::Handle) -> ResolverKeys {
+        self.rt = Some(rt);
+        self
     }
 
     /// The resolver.
@@ -67,7 +109,16 @@ impl ResolverKeys {
 
 impl KeyLookup for ResolverKeys {
     fn key(&self, did: &str) -> Result<PublicKey, KeyUnavailable> {
-        match self.resolver.try_get(did) {
+        let mut cached = self.resolver.try_get(did);
+        if let (None, Some(rt)) = (&cached, &self.rt) {
+            if tokio::runtime::Handle::try_current().is_err() {
+                tracing::debug!(did, "key not cached at verification: resolving");
+                // The outcome lands in the cache (a transient failure does not: unknown).
+                let _ = rt.block_on(self.resolver.resolve_did(did));
+                cached = self.resolver.try_get(did);
+            }
+        }
+        match cached {
             Some(Ok(doc)) => doc
                 .signing_key()
                 .map_err(|e| KeyUnavailable::Unusable(e.to_string())),
@@ -128,4 +179,32 @@ pub async fn verify_resolving(
 /// A decoder for [`verify_resolving`]'s DID peek.
 pub fn peek_decoder() -> FrameDecoder {
     FrameDecoder::with_options(DecodeOptions::unverified())
+}
+
+#[cfg(test)]
+mod tests {
+    use riptide_firehose::verify::Verdict;
+
+    use super::*;
+
+    /// The capture's frames all verify with the capture's own documents; a DID without a
+    /// document is "unknown", not "unusable".
+    #[test]
+    fn doc_keys_verify_the_capture() {
+        let Some(dir) = riptide_testdata::corpus() else {
+            return;
+        };
+        let docs = DidDocs::load(&dir.join("jetstream-2026-07/did_docs.json")).unwrap();
+        let file = std::fs::read(dir.join("jetstream-2026-07/firehose-frames.bin")).unwrap();
+        let frames = riptide_firehose::corpus::split_frames(&file).unwrap();
+        let mut v = Verifier::new(DocKeys(&docs));
+        for f in &frames {
+            v.verify(f.bytes);
+        }
+        assert_eq!(v.counts().get(Verdict::Ok), 150, "{}", v.counts());
+        assert!(matches!(
+            DocKeys(&docs).key("did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"),
+            Err(KeyUnavailable::Unknown)
+        ));
+    }
 }

@@ -13,7 +13,8 @@
 //! - the cache (inside [`Resolver`]): LRU-bounded, TTL, negative entries, [`Resolver::invalidate`]
 //!   on `#identity`, one network request for a burst of lookups of one DID.
 //! - [`ResolverKeys`] / [`verify_resolving`]: keys for the synchronous firehose verifier (warm the
-//!   cache, then verify; see [`keys`](crate::keys) for why and what happens on a miss).
+//!   cache, then verify; see [`keys`](crate::keys) for why and what happens on a miss);
+//!   [`DocKeys`]: the same from a static set of DID documents.
 //! - [`verify_handle`]: the trust chain behind `riptide verify-handle`.
 //!
 //! Concurrency: a [`Resolver`] is `Clone + Send + Sync` (one `Arc`); clones share the cache and
@@ -27,6 +28,6 @@ pub mod trust;
 
 pub use cache::{CacheCounts, DocResult};
 pub use error::ResolveError;
-pub use keys::{peek_decoder, verify_resolving, ResolverKeys};
+pub use keys::{peek_decoder, verify_resolving, DocKeys, ResolverKeys};
 pub use resolver::{Identity, Resolver, ResolverConfig, DEFAULT_PLC_URL};
 pub use trust::{verify_handle, Progress, TrustOptions, TrustReport, TrustTimings, TrustVerdict};

@@ -1,11 +1,14 @@
 //! Account signing keys for the verifier, behind a trait object so the source can change:
-//! a static `--did-docs` file now, PLC / did:web resolution later (any `KeyLookup + Send + Sync`).
+//! a static `--did-docs` file ([`Keys::from_docs`]) or PLC / did:web resolution
+//! (`riptide_resolver::ResolverKeys`, warmed by [`crate::upstream`]); any
+//! `KeyLookup + Send + Sync`.
 
 use std::sync::Arc;
 
 use riptide_crypto::PublicKey;
 use riptide_firehose::verify::{KeyLookup, KeyUnavailable};
-use riptide_identity::{DidDocs, ResolveError};
+use riptide_identity::DidDocs;
+use riptide_resolver::DocKeys;
 
 /// A shareable key source: what every verification worker holds.
 #[derive(Clone)]
@@ -23,26 +26,20 @@ impl KeyLookup for Keys {
     }
 }
 
-/// A static set of DID documents (`--did-docs FILE`) as a key source.
-#[derive(Debug, Clone)]
-pub struct DocKeys(pub DidDocs);
+/// A static set of DID documents (`--did-docs FILE`), owned for the workers' threads; the answers
+/// are [`DocKeys`]'s.
+#[derive(Debug)]
+struct OwnedDocs(DidDocs);
 
-impl KeyLookup for DocKeys {
+impl KeyLookup for OwnedDocs {
     fn key(&self, did: &str) -> Result<PublicKey, KeyUnavailable> {
-        match self.0.signing_key(did) {
-            Ok(k) => Ok(k),
-            Err(ResolveError::NotFound(_)) => Err(KeyUnavailable::Unknown),
-            Err(ResolveError::Doc { error, .. }) => {
-                Err(KeyUnavailable::Unusable(error.to_string()))
-            }
-            Err(other) => Err(KeyUnavailable::Unusable(other.to_string())),
-        }
+        DocKeys(&self.0).key(did)
     }
 }
 
 impl Keys {
     /// Keys from a set of DID documents.
     pub fn from_docs(docs: DidDocs) -> Keys {
-        Keys(Arc::new(DocKeys(docs)))
+        Keys(Arc::new(OwnedDocs(docs)))
     }
 }

@@ -10,8 +10,8 @@
 //! - [`log`]: the shared log subscribers pull from at their own cursor (memory tail + store);
 //! - [`server`]: `/subscribe`, `/metrics`, `/healthz`, `/readyz`;
 //! - [`options`]: subscriber options and client messages, validated as Jetstream does;
-//! - [`upstream`]: the relay source (riptide-client), warming DID lookups before verification;
-//!   [`resolve_keys`]: PLC / did:web keys for the verifier.
+//! - [`upstream`]: the relay source (riptide-client), warming DID lookups before verification
+//!   (the verifier's keys are then `riptide_resolver::ResolverKeys::resolving_on`).
 
 pub mod compress;
 pub mod event;
@@ -20,7 +20,6 @@ pub mod keys;
 pub mod log;
 pub mod metrics;
 pub mod options;
-pub mod resolve_keys;
 pub mod server;
 pub mod store;
 pub mod upstream;
@@ -28,10 +27,9 @@ pub mod upstream;
 pub use compress::Dictionary;
 pub use event::Event;
 pub use ingest::{IngestConfig, IngestHandle, IngestSummary, UpstreamFrame};
-pub use keys::{DocKeys, Keys};
+pub use keys::Keys;
 pub use log::{Log, TailLimits};
 pub use metrics::Metrics;
-pub use resolve_keys::ResolvingKeys;
 pub use server::{router, App, ServerConfig};
 pub use store::{Resume, Store, StoreError};
 pub use upstream::UpstreamConfig;

@@ -375,34 +375,32 @@ async fn bad_queries_and_client_messages() {
             other => panic!("{q}: expected 400, got {other:?}"),
         }
     }
-    // Not JSON → 1007.
-    let mut ws = connect(s.addr, "").await;
-    ws.send(Message::Text("{not json".into())).await.unwrap();
-    assert_eq!(close_code(&mut ws).await, 1007);
-    // Wrong payload types → 1007.
-    let mut ws = connect(s.addr, "").await;
-    ws.send(Message::Text(
-        r#"{"type":"options_update","payload":{"wantedDids":5}}"#.into(),
-    ))
-    .await
-    .unwrap();
-    assert_eq!(close_code(&mut ws).await, 1007);
-    // Invalid options → 1008.
-    let mut ws = connect(s.addr, "").await;
-    ws.send(Message::Text(
-        r#"{"type":"options_update","payload":{"wantedCollections":["nope"]}}"#.into(),
-    ))
-    .await
-    .unwrap();
-    assert_eq!(close_code(&mut ws).await, 1008);
-    // Same while waiting for hello.
-    let mut ws = connect(s.addr, "requireHello=true").await;
-    ws.send(Message::Text(
-        r#"{"type":"options_update","payload":{"wantedDids":["x"]}}"#.into(),
-    ))
-    .await
-    .unwrap();
-    assert_eq!(close_code(&mut ws).await, 1008);
+    for (query, message, code) in [
+        // Not JSON → 1007.
+        ("", "{not json", 1007),
+        // Wrong payload types → 1007.
+        (
+            "",
+            r#"{"type":"options_update","payload":{"wantedDids":5}}"#,
+            1007,
+        ),
+        // Invalid options → 1008.
+        (
+            "",
+            r#"{"type":"options_update","payload":{"wantedCollections":["nope"]}}"#,
+            1008,
+        ),
+        // Same while waiting for hello.
+        (
+            "requireHello=true",
+            r#"{"type":"options_update","payload":{"wantedDids":["x"]}}"#,
+            1008,
+        ),
+    ] {
+        let mut ws = connect(s.addr, query).await;
+        ws.send(Message::Text(message.into())).await.unwrap();
+        assert_eq!(close_code(&mut ws).await, code, "{query} {message}");
+    }
     // Binary frames and unknown types are ignored.
     let mut ws = connect(s.addr, "cursor=150").await;
     ws.send(Message::Binary(Bytes::from_static(b"\x00\x01")))

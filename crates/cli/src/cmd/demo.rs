@@ -24,8 +24,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use riptide_firehose::corpus::split_frames;
 use riptide_firehose::verify::Verdict;
-use riptide_firehose::{DecodeOptions, FrameDecoder};
-use riptide_relay::{Relay, RelayConfig, SeqSlot};
+use riptide_relay::{Relay, RelayConfig};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -65,13 +64,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     rt.block_on(demo(args))
 }
 
-/// Frames the relay can serve (a relay does not forward frames whose header or payload do not
-/// decode), and the planned verdicts of the adversarial ones among them.
-fn load_stream(dir: &Path) -> anyhow::Result<(Vec<Bytes>, BTreeMap<String, u64>, usize)> {
-    let file = Bytes::from(super::read_file(&dir.join("firehose-frames.bin"))?);
+/// The planned verdicts of the adversarial frames among `served`: the frames of the directory's
+/// stream that `riptide_sim::Network::load` kept (it leaves out those a relay cannot serve), in
+/// file order, so each file frame is served exactly when it is the next of `served`.
+fn planned_verdicts(dir: &Path, served: &[Bytes]) -> anyhow::Result<BTreeMap<String, u64>> {
     let adv: Vec<serde_json::Value> = match std::fs::read(dir.join("adversarial.json")) {
         Ok(b) => serde_json::from_slice(&b).context("adversarial.json")?,
-        Err(_) => Vec::new(),
+        Err(_) => return Ok(BTreeMap::new()),
     };
     let planned_at: BTreeMap<u64, String> = adv
         .iter()
@@ -82,24 +81,22 @@ fn load_stream(dir: &Path) -> anyhow::Result<(Vec<Bytes>, BTreeMap<String, u64>,
             ))
         })
         .collect();
-    let mut dec = FrameDecoder::with_options(DecodeOptions {
-        decode_blocks: false,
-        ..DecodeOptions::unverified()
-    });
-    let mut frames = Vec::new();
+    let file = super::read_file(&dir.join("firehose-frames.bin"))?;
+    let mut served = served.iter().peekable();
     let mut planned = BTreeMap::new();
-    let mut unservable = 0;
     for (i, f) in split_frames(&file)?.iter().enumerate() {
-        if SeqSlot::find(&mut dec, i, f.bytes).is_err() {
-            unservable += 1;
+        if served.next_if(|s| s[..] == *f.bytes).is_none() {
             continue;
         }
         if let Some(v) = planned_at.get(&(i as u64)) {
             *planned.entry(v.clone()).or_insert(0) += 1;
         }
-        frames.push(file.slice(f.offset..f.offset + f.bytes.len()));
     }
-    Ok((frames, planned, unservable))
+    anyhow::ensure!(
+        served.next().is_none(),
+        "the network's frames are not the directory's stream"
+    );
+    Ok(planned)
 }
 
 fn dir_size(p: &Path) -> u64 {
@@ -132,19 +129,22 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     cfg.initial_records = (20, 400);
     let g = gen_dir.clone();
     tokio::task::spawn_blocking(move || riptide_gen::write_dir(&cfg, &g)).await??;
-    let (frames, planned, unservable) = load_stream(&gen_dir)?;
+    let gen_time = t.elapsed();
+
+    // The PLC directory (and PDS) for the generated accounts, and the frames a relay can serve.
+    let mut net = riptide_sim::Network::load(&gen_dir)?;
+    let frames = net.frames().to_vec();
+    let unservable = net.unservable_frames();
+    let planned = planned_verdicts(&gen_dir, &frames)?;
     eprintln!(
         "generated {} accounts, {} frames ({} broken on purpose, {} of them unservable by a relay) in {:.1}s under {}",
         args.accounts,
         args.events,
         planned.values().sum::<u64>() + unservable as u64,
         unservable,
-        t.elapsed().as_secs_f64(),
+        gen_time.as_secs_f64(),
         gen_dir.display()
     );
-
-    // PLC directory (and PDS) for the generated accounts.
-    let mut net = riptide_sim::Network::load(&gen_dir)?;
     // The sim is the PLC directory here; the demo runs its own paced, looping relay.
     net.set_frames(Vec::new());
     let sim = riptide_sim::Sim::spawn(net, "127.0.0.1:0".parse()?, riptide_sim::Faults::default())

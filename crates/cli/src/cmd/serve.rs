@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bytes::Bytes;
 use riptide_firehose::corpus::split_frames;
-use riptide_resolver::{Resolver, ResolverConfig};
+use riptide_resolver::{Resolver, ResolverConfig, ResolverKeys};
 use riptide_serve::{
-    ingest, router, upstream, App, Dictionary, IngestConfig, Keys, Log, Metrics, ResolvingKeys,
-    ServerConfig, Store, TailLimits, UpstreamConfig,
+    ingest, router, upstream, App, Dictionary, IngestConfig, Keys, Log, Metrics, ServerConfig,
+    Store, TailLimits, UpstreamConfig,
 };
 
 /// The public Bluesky relay.
@@ -181,7 +181,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                 ..ResolverConfig::default()
             })?;
             resolver = Some(r.clone());
-            let keys = ResolvingKeys::new(r, tokio::runtime::Handle::current());
+            let keys = ResolverKeys::new(r).resolving_on(tokio::runtime::Handle::current());
             Some(Keys(Arc::new(keys)))
         }
     };
