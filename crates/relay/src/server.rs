@@ -63,8 +63,7 @@ pub struct RelayStats {
 /// A running relay. Dropping it without [`RelayHandle::shutdown`] stops it abruptly.
 #[derive(Debug)]
 pub struct RelayHandle {
-    log: Arc<Log>,
-    stats: Arc<RelayStats>,
+    shared: Arc<Shared>,
     stop: watch::Sender<bool>,
     tasks: JoinSet<()>,
     addr: SocketAddr,
@@ -73,6 +72,8 @@ pub struct RelayHandle {
 struct Shared {
     log: Arc<Log>,
     stats: Arc<RelayStats>,
+    /// Positions (in the input) of the frames left out as unservable, ascending.
+    left_out: Vec<usize>,
     config: RelayConfig,
     stop: watch::Receiver<bool>,
     rejects_left: AtomicUsize,
@@ -115,12 +116,14 @@ fn setup(frames: Vec<Bytes>, config: RelayConfig) -> Setup {
     let mut dec = scan_decoder();
     let mut slotted = Vec::with_capacity(frames.len());
     let stats = RelayStats::default();
+    let mut left_out = Vec::new();
     for (i, f) in frames.into_iter().enumerate() {
         match SeqSlot::find(&mut dec, i, &f) {
             Ok(slot) => slotted.push((slot, f)),
             Err(e) => {
                 tracing::debug!(error = %e, "frame left out");
                 stats.unservable.fetch_add(1, Ordering::Relaxed);
+                left_out.push(i);
             }
         }
     }
@@ -129,6 +132,7 @@ fn setup(frames: Vec<Bytes>, config: RelayConfig) -> Setup {
     let shared = Arc::new(Shared {
         log,
         stats: Arc::new(stats),
+        left_out,
         rejects_left: AtomicUsize::new(config.faults.reject_upgrades),
         config,
         stop: stop_rx,
@@ -154,13 +158,11 @@ impl Relay {
             .map_err(|source| RelayError::Bind { addr, source })?;
         let mut tasks = JoinSet::new();
         tasks.spawn(feed(shared.clone(), slotted));
-        let (log, stats) = (shared.log.clone(), shared.stats.clone());
-        tasks.spawn(accept(shared, listener));
+        tasks.spawn(accept(shared.clone(), listener));
         Ok((
             local,
             RelayHandle {
-                log,
-                stats,
+                shared,
                 stop,
                 tasks,
                 addr: local,
@@ -242,6 +244,13 @@ impl RelayService {
         &self.shared.stats
     }
 
+    /// Where in the given frames were the ones left out as unservable (ascending): what a caller
+    /// that knows more about its frames (say, which were broken on purpose) needs to tell what is
+    /// served from what is not.
+    pub fn left_out(&self) -> &[usize] {
+        &self.shared.left_out
+    }
+
     /// The configuration it was started with.
     pub fn config(&self) -> &RelayConfig {
         &self.shared.config
@@ -267,26 +276,31 @@ impl RelayHandle {
 
     /// The newest seq assigned (first_seq - 1 before any).
     pub fn head(&self) -> u64 {
-        self.log.head()
+        self.shared.log.head()
     }
 
     /// Waits until the newest seq is at least `seq`.
     pub async fn wait_for_head(&self, seq: u64) {
-        let mut rx = self.log.subscribe();
+        let mut rx = self.shared.log.subscribe();
         // The sender lives as long as the log, which this handle holds.
         let _ = rx.wait_for(|h| *h >= seq).await;
     }
 
     /// Counters.
     pub fn stats(&self) -> &RelayStats {
-        &self.stats
+        &self.shared.stats
+    }
+
+    /// Where in the given frames were the ones left out as unservable (ascending).
+    pub fn left_out(&self) -> &[usize] {
+        &self.shared.left_out
     }
 
     /// Appends a frame to the log with the next seq (the simulator's live events). The frame must
     /// decode (header and payload).
     pub fn publish(&self, frame: Bytes) -> Result<u64, RelayError> {
         let slot = SeqSlot::find(&mut scan_decoder(), 0, &frame)?;
-        Ok(self.log.append(&slot, &frame))
+        Ok(self.shared.log.append(&slot, &frame))
     }
 
     /// Stops accepting, closes every subscriber with 1001 and waits for the tasks to end.

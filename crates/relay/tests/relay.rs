@@ -225,6 +225,7 @@ async fn frames_without_a_seq_to_renumber_are_left_out_and_counted() {
             .load(std::sync::atomic::Ordering::Relaxed),
         2
     );
+    assert_eq!(relay.left_out(), [3, 10]);
     relay.wait_for_head(150).await;
     assert_eq!(relay.head(), 150);
     let got = read(&format!("{}?cursor=0", relay.url()), 150).await;

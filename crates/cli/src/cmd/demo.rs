@@ -20,9 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use bytes::Bytes;
 use futures_util::StreamExt;
-use riptide_firehose::corpus::split_frames;
 use riptide_firehose::verify::Verdict;
 use riptide_relay::{Relay, RelayConfig};
 
@@ -64,38 +62,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     rt.block_on(demo(args))
 }
 
-/// The planned verdicts of the adversarial frames among `served`: the frames of the directory's
-/// stream that `riptide_sim::Network::load` kept (it leaves out those a relay cannot serve), in
-/// file order, so each file frame is served exactly when it is the next of `served`.
-fn planned_verdicts(dir: &Path, served: &[Bytes]) -> anyhow::Result<BTreeMap<String, u64>> {
+/// The planned verdicts of the adversarial frames the relay serves: every frame `adversarial.json`
+/// lists except those the relay left out (`left_out`, positions in the stream).
+fn planned_verdicts(dir: &Path, left_out: &[usize]) -> anyhow::Result<BTreeMap<String, u64>> {
     let adv: Vec<serde_json::Value> = match std::fs::read(dir.join("adversarial.json")) {
         Ok(b) => serde_json::from_slice(&b).context("adversarial.json")?,
         Err(_) => return Ok(BTreeMap::new()),
     };
-    let planned_at: BTreeMap<u64, String> = adv
-        .iter()
-        .filter_map(|e| {
-            Some((
-                e["index"].as_u64()?,
-                e["expected_verdict"].as_str()?.to_owned(),
-            ))
-        })
-        .collect();
-    let file = super::read_file(&dir.join("firehose-frames.bin"))?;
-    let mut served = served.iter().peekable();
     let mut planned = BTreeMap::new();
-    for (i, f) in split_frames(&file)?.iter().enumerate() {
-        if served.next_if(|s| s[..] == *f.bytes).is_none() {
-            continue;
-        }
-        if let Some(v) = planned_at.get(&(i as u64)) {
-            *planned.entry(v.clone()).or_insert(0) += 1;
+    for e in &adv {
+        let (Some(i), Some(v)) = (e["index"].as_u64(), e["expected_verdict"].as_str()) else {
+            anyhow::bail!("adversarial.json: an entry without index or expected_verdict: {e}");
+        };
+        if left_out.binary_search(&(i as usize)).is_err() {
+            *planned.entry(v.to_owned()).or_insert(0) += 1;
         }
     }
-    anyhow::ensure!(
-        served.next().is_none(),
-        "the network's frames are not the directory's stream"
-    );
     Ok(planned)
 }
 
@@ -131,26 +113,14 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     tokio::task::spawn_blocking(move || riptide_gen::write_dir(&cfg, &g)).await??;
     let gen_time = t.elapsed();
 
-    // The PLC directory (and PDS) for the generated accounts, and the frames a relay can serve.
+    // The PLC directory (and PDS) for the generated accounts; the demo runs its own paced, looping
+    // relay over the stream, which leaves out (and reports) the frames it cannot serve.
     let mut net = riptide_sim::Network::load(&gen_dir)?;
     let frames = net.frames().to_vec();
-    let unservable = net.unservable_frames();
-    let planned = planned_verdicts(&gen_dir, &frames)?;
-    eprintln!(
-        "generated {} accounts, {} frames ({} broken on purpose, {} of them unservable by a relay) in {:.1}s under {}",
-        args.accounts,
-        args.events,
-        planned.values().sum::<u64>() + unservable as u64,
-        unservable,
-        gen_time.as_secs_f64(),
-        gen_dir.display()
-    );
-    // The sim is the PLC directory here; the demo runs its own paced, looping relay.
+    let total = frames.len();
     net.set_frames(Vec::new());
     let sim = riptide_sim::Sim::spawn(net, "127.0.0.1:0".parse()?, riptide_sim::Faults::default())
         .await?;
-    // The relay: paced, looping, seqs increasing.
-    let n_frames = frames.len() as u64;
     let (_, relay) = Relay::bind(
         "127.0.0.1:0".parse()?,
         frames,
@@ -161,6 +131,18 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         },
     )
     .await?;
+    let left_out = relay.left_out();
+    let n_frames = (total - left_out.len()) as u64;
+    let planned = planned_verdicts(&gen_dir, left_out)?;
+    eprintln!(
+        "generated {} accounts, {} frames ({} broken on purpose, {} of them unservable by a relay) in {:.1}s under {}",
+        args.accounts,
+        args.events,
+        planned.values().sum::<u64>() + left_out.len() as u64,
+        left_out.len(),
+        gen_time.as_secs_f64(),
+        gen_dir.display()
+    );
 
     let serve_args = super::serve::Args {
         upstream: vec![relay.url()],
