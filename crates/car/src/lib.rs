@@ -543,13 +543,16 @@ impl<'a> Car<'a> {
         self.reader.entries.is_empty()
     }
 
+    fn data_at(&self, e: &Entry) -> &'a [u8] {
+        &self.bytes[e.data_start()..e.data_start() + e.data_len as usize]
+    }
+
     fn block_at(&self, e: &Entry) -> Block<'a> {
         let cid_bytes = &self.bytes[e.cid_start as usize..e.data_start()];
-        let data = &self.bytes[e.data_start()..e.data_start() + e.data_len as usize];
         let cid = Cid::from_bytes(cid_bytes).unwrap_or_else(|_| unreachable_cid(cid_bytes));
         Block {
             cid,
-            data,
+            data: self.data_at(e),
             offset: e.data_start(),
         }
     }
@@ -567,9 +570,9 @@ impl<'a> Car<'a> {
     /// The data of the block with this CID, in O(1).
     #[inline]
     pub fn get(&self, cid: Cid<'_>) -> Option<&'a [u8]> {
-        self.position(cid)
-            .and_then(|i| self.block(i))
-            .map(|b| b.data)
+        // The data only: the found block's CID is not re-parsed.
+        let i = self.position(cid)?;
+        self.reader.entries.get(i).map(|e| self.data_at(e))
     }
 
     /// Starts loading the index slot of `cid` without waiting for it: call it for the CIDs you
