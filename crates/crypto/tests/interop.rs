@@ -1,8 +1,8 @@
 //! The atproto interop vectors (bluesky-social/atproto-interop-tests, `crypto/`) must all pass.
 //!
-//! Read in place from the shared corpus: `$RIPTIDE_CORPUS/interop/crypto/`, by default
-//! `../../../shared/corpus` from this crate. The fixture counts are asserted, so an empty or
-//! truncated corpus fails instead of passing vacuously.
+//! Read in place from the shared corpus (`interop/crypto/`, located by `riptide-testdata`). The
+//! fixture counts are asserted, so an empty or truncated corpus fails instead of passing
+//! vacuously.
 
 use std::path::PathBuf;
 
@@ -11,28 +11,10 @@ use riptide_crypto::{Curve, PrivateKey, PublicKey, VerifyError};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-/// The crypto fixtures directory, or `None` (after a note) when the corpus is absent outside CI.
+/// The crypto fixtures directory, or `None` (after a note) when the corpus is absent outside CI
+/// (the rule of `riptide-testdata`).
 fn crypto_dir() -> Option<PathBuf> {
-    let corpus = std::env::var_os("RIPTIDE_CORPUS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus")
-        });
-    let dir = corpus.join("interop/crypto");
-    if dir.is_dir() {
-        return Some(dir);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!(
-            "interop corpus missing at {} (set RIPTIDE_CORPUS); CI must run these",
-            dir.display()
-        );
-    }
-    eprintln!(
-        "note: interop corpus not found at {}; skipping",
-        dir.display()
-    );
-    None
+    riptide_testdata::corpus().map(|c| c.join("interop/crypto"))
 }
 
 fn read_json(dir: &std::path::Path, name: &str) -> Vec<Value> {

@@ -5,9 +5,9 @@
 //! line, exactly as written: leading and trailing spaces are part of the
 //! value. Empty lines and lines starting with `#` are comments.
 //!
-//! The corpus is found via `RIPTIDE_CORPUS`, else `../../../shared/corpus`
-//! relative to this crate. If it is missing the tests panic when `CI` is set
-//! and otherwise print a note and pass.
+//! The corpus is located by `riptide-testdata` (`RIPTIDE_CORPUS`, else
+//! `../shared/corpus`): if it is missing the tests panic when `CI` is set and
+//! otherwise print a note and pass.
 //!
 //! Where a vector contradicts the atproto spec, the spec wins; such vectors
 //! are listed in [`SPEC_OVERRIDES`] with the reason, and the test asserts the
@@ -28,26 +28,10 @@ const SPEC_OVERRIDES: &[(&str, &str, &str)] = &[(
      317-byte overall limit, which is all the TS and Go reference implementations check.",
 )];
 
+/// The syntax vectors directory, or `None` (after a note) when the corpus is absent outside CI
+/// (the rule of `riptide-testdata`).
 fn corpus_dir() -> Option<PathBuf> {
-    let dir = match std::env::var_os("RIPTIDE_CORPUS") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/corpus"),
-    };
-    let syntax = dir.join("interop/syntax");
-    if syntax.is_dir() {
-        return Some(syntax);
-    }
-    if std::env::var_os("CI").is_some() {
-        panic!(
-            "interop corpus not found at {} (set RIPTIDE_CORPUS to the shared corpus directory)",
-            syntax.display()
-        );
-    }
-    eprintln!(
-        "note: interop corpus not found at {}; skipping",
-        syntax.display()
-    );
-    None
+    riptide_testdata::corpus().map(|c| c.join("interop/syntax"))
 }
 
 /// The vectors of one file, in order.

@@ -687,7 +687,6 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// CPU model and core count, for the record.
 /// The process's peak resident set (`VmHWM` of /proc/self/status), where the OS reports one.
 pub fn peak_rss_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -696,6 +695,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// CPU model and core count, for the record.
 pub fn machine() -> serde_json::Value {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -709,26 +709,28 @@ pub fn machine() -> serde_json::Value {
     serde_json::json!({"cpu": cpu, "cores": cores, "os": std::env::consts::OS, "arch": std::env::consts::ARCH})
 }
 
-/// The current UTC time as RFC 3339 (seconds).
+/// The current UTC time as RFC 3339, to the second (`2026-11-22T09:41:07Z`).
 pub fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
+    let micros = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs()) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+        .map_or(0, |d| d.as_secs() * 1_000_000);
+    // The generator's formatter writes milliseconds (always `.000` here): drop them.
+    let t = riptide_gen::clock::datetime(micros);
+    match t.split_once('.') {
+        Some((secs, _)) => format!("{secs}Z"),
+        None => t,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_now_is_an_atproto_datetime_to_the_second() {
+        let t = utc_now();
+        assert_eq!(t.len(), "2026-11-22T09:41:07Z".len(), "{t}");
+        assert!(t.ends_with('Z') && !t.contains('.'), "{t}");
+        assert!(riptide_syntax::is_valid_datetime(&t), "{t}");
+    }
 }

@@ -12,7 +12,9 @@
 //! a share of the frames (cheap: header and payload, not the CAR), DIDs seen for the first time are
 //! given to threads largest-first onto the least-loaded thread (estimated cost: a signature plus
 //! the bytes to hash), and then every thread verifies its frames. Batches bound memory and keep the
-//! threads' shares even.
+//! threads' shares even. The DID → thread map is bounded too: past [`MAX_OWNED`] DIDs, between two
+//! batches, it is emptied together with every verifier's key cache (fresh verifiers), so a DID
+//! that lands on another thread afterwards finds no stale key anywhere.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -46,6 +48,9 @@ pub struct Args {
 /// Frames per batch: large enough that the per-batch barrier costs nothing (~0.3 s of work).
 const BATCH: usize = 8192;
 
+/// DIDs the router remembers before it starts afresh (with fresh verifiers): ~20 MB of map.
+const MAX_OWNED: usize = 1 << 18;
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.threads > 0, "--threads must be at least 1");
     let file = super::read_file(&args.file)?;
@@ -60,7 +65,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut stdout = out::stdout();
     let mut stderr = std::io::stderr().lock();
     let mut lines: Vec<Option<String>> = Vec::new();
+    // Counts of the verifiers retired when the router started afresh.
+    let mut counts = VerdictCounts::new();
     for batch in frames.chunks(BATCH) {
+        if router.owned() > MAX_OWNED {
+            router.forget();
+            for v in &mut verifiers {
+                counts.merge(v.counts());
+                *v = Verifier::new(keys);
+            }
+        }
         let shares = router.route(batch);
         lines.clear();
         lines.resize(batch.len(), None);
@@ -78,7 +92,6 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     }
     stdout.flush()?;
 
-    let mut counts = VerdictCounts::new();
     for v in &verifiers {
         counts.merge(v.counts());
     }
@@ -171,7 +184,7 @@ fn json_line(index: usize, r: &Report<'_>) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Which thread owns which DID, and each thread's estimated load in the current batch.
+/// Which thread owns which DID (until [`Router::forget`]), and a scratch arena per thread.
 #[derive(Debug)]
 struct Router {
     owner: HashMap<String, usize>,
@@ -190,6 +203,17 @@ impl Router {
             owner: HashMap::new(),
             arenas: (0..threads).map(|_| Arena::new()).collect(),
         }
+    }
+
+    /// Number of DIDs with an owner.
+    fn owned(&self) -> usize {
+        self.owner.len()
+    }
+
+    /// Forgets every owner. The caller must empty the verifiers' key caches with it: a DID may
+    /// then be given to another thread.
+    fn forget(&mut self) {
+        self.owner = HashMap::new();
     }
 
     /// Splits a batch into per-thread shares of frame indices (ascending within each share).
@@ -343,6 +367,33 @@ mod tests {
                 "7 DIDs spread over 3 threads"
             );
         }
+    }
+
+    #[test]
+    fn the_owner_map_counts_dids_and_forgets_them() {
+        let bytes: Vec<Vec<u8>> = (0..20)
+            .map(|i| identity(&format!("did:plc:{}", i % 7)))
+            .collect();
+        let frames: Vec<CorpusFrame<'_>> = bytes
+            .iter()
+            .enumerate()
+            .map(|(index, b)| CorpusFrame {
+                index,
+                offset: 0,
+                bytes: b,
+            })
+            .collect();
+        let mut router = Router::new(2);
+        router.route(&frames);
+        assert_eq!(router.owned(), 7);
+        router.route(&frames);
+        assert_eq!(router.owned(), 7, "known DIDs are not added again");
+        router.forget();
+        assert_eq!(router.owned(), 0);
+        let mut all = router.route(&frames).concat();
+        all.sort_unstable();
+        assert_eq!(all, (0..frames.len()).collect::<Vec<_>>());
+        assert_eq!(router.owned(), 7);
     }
 
     #[test]
