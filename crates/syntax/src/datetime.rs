@@ -169,7 +169,7 @@ fn parse_parts(s: &str) -> Result<Parts, SyntaxErrorKind> {
 
 /// Days from 1970-01-01 to the given proleptic Gregorian date
 /// (H. Hinnant's `days_from_civil`).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+pub const fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let y = if month <= 2 { year - 1 } else { year };
     let era = y.div_euclid(400);
     let yoe = y - era * 400;
@@ -177,6 +177,45 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     let doy = (153 * mp + 2) / 5 + day - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     era * 146_097 + doe - 719_468
+}
+
+/// The proleptic Gregorian date (year, month, day) of a day count since 1970-01-01: the inverse
+/// of [`days_from_civil`] (H. Hinnant's `civil_from_days`).
+pub const fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+/// How many fractional-second digits [`format_utc`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// `2026-07-04T14:38:07Z`
+    Seconds,
+    /// `2026-07-04T14:38:07.517Z`, as the relay and the apps write `createdAt` and `time`.
+    Millis,
+}
+
+/// An instant (microseconds since the Unix epoch) as an atproto datetime in UTC (`Z`).
+pub fn format_utc(micros: u64, precision: Precision) -> String {
+    let secs = micros / 1_000_000;
+    let (y, mo, d) = civil_from_days((secs / 86_400) as i64);
+    let s = secs % 86_400;
+    let (h, mi, se) = (s / 3600, (s / 60) % 60, s % 60);
+    match precision {
+        Precision::Seconds => format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{se:02}Z"),
+        Precision::Millis => {
+            let ms = (micros / 1000) % 1000;
+            format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{se:02}.{ms:03}Z")
+        }
+    }
 }
 
 impl Parts {
@@ -242,6 +281,36 @@ mod tests {
         assert_eq!(micros("1985-04-12T23:20:50.1234567Z"), 482_196_050_123_456);
         assert_eq!(micros("2000-03-01T00:00:00Z"), 951_868_800_000_000);
         assert_eq!(micros("0000-01-01T00:00:00Z"), -62_167_219_200_000_000);
+    }
+
+    #[test]
+    fn formatting_is_the_parsers_inverse() {
+        assert_eq!(format_utc(0, Precision::Seconds), "1970-01-01T00:00:00Z");
+        assert_eq!(
+            format_utc(951_782_400_123_999, Precision::Millis),
+            "2000-02-29T00:00:00.123Z"
+        );
+        // Every day of four centuries (leap rules included), at an odd time of day: the
+        // formatted string parses back (an independent path through the parser's own checks) to
+        // the same instant, truncated to the millisecond.
+        for day in (0..146_097 * 2).step_by(7) {
+            let t = (day * 86_400 + 45_296) * 1_000_000 + 789_123;
+            let t = t as u64;
+            for p in [Precision::Seconds, Precision::Millis] {
+                let s = format_utc(t, p);
+                let unit = if p == Precision::Seconds {
+                    1_000_000
+                } else {
+                    1000
+                };
+                assert_eq!(micros(&s) as u64, t / unit * unit, "{s}");
+            }
+            assert_eq!(days_from_civil_of(civil_from_days(day)), day);
+        }
+    }
+
+    fn days_from_civil_of((y, m, d): (i64, u32, u32)) -> i64 {
+        days_from_civil(y, i64::from(m), i64::from(d))
     }
 
     #[test]

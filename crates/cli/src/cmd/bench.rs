@@ -714,12 +714,7 @@ pub fn utc_now() -> String {
     let micros = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() * 1_000_000);
-    // The generator's formatter writes milliseconds (always `.000` here): drop them.
-    let t = riptide_gen::clock::datetime(micros);
-    match t.split_once('.') {
-        Some((secs, _)) => format!("{secs}Z"),
-        None => t,
-    }
+    riptide_syntax::format_utc(micros, riptide_syntax::Precision::Seconds)
 }
 
 #[cfg(test)]
