@@ -20,3 +20,9 @@ pub fn line(w: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
     w.write_all(bytes)?;
     w.write_all(b"\n")
 }
+
+/// A duration in milliseconds with microsecond resolution, as the `timings_ms` JSON fields
+/// (`repo verify`, `verify-handle`) report it.
+pub fn ms(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}

@@ -24,7 +24,7 @@ use riptide_crypto::PublicKey;
 use riptide_identity::DidDoc;
 use riptide_repo::{inspect, list_records, verify_repo, RepoError};
 
-use crate::out;
+use crate::out::{self, ms};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Repo {
@@ -160,10 +160,6 @@ pub fn key_arg(
         return Ok(Some((key, Some(doc.did().to_string()))));
     }
     Ok(None)
-}
-
-fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 /// A spinner on stderr while a large repository is verified, only when stderr is a terminal.

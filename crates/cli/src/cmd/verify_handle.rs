@@ -23,7 +23,7 @@ use riptide_resolver::{
     verify_handle, Resolver, ResolverConfig, TrustOptions, TrustReport, DEFAULT_PLC_URL,
 };
 
-use crate::out;
+use crate::out::{self, ms};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -39,10 +39,6 @@ pub struct Args {
     /// One JSON object on stdout.
     #[arg(long)]
     json: bool,
-}
-
-fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 /// The `--json` object of a report.
