@@ -1,0 +1,74 @@
+//! `riptide tail --jetstream` against `riptide serve`: the Jetstream side of `tail`, end to end.
+//! The server ingests the real capture; `tail` asks for one collection, compressed with the legacy
+//! dictionary, from the start, and must print exactly that collection's events of the capture's
+//! Jetstream projection (`riptide jetstream`, itself checked against production elsewhere), in
+//! order, as received.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{json_lines, riptide, s, stderr, wait_for};
+
+const COLLECTION: &str = "app.bsky.feed.like";
+
+#[test]
+fn tail_prints_the_filtered_compressed_stream_of_serve() {
+    let Some(corpus) = riptide_testdata::corpus() else {
+        return;
+    };
+    let capture = corpus.join("jetstream-2026-07");
+    let frames = capture.join("firehose-frames.bin");
+    let dictionary = corpus.join("jetstream-dictionaries/legacy_subscribe.zdict");
+
+    // What tail must print: the projection's events of that collection, in order.
+    let projection = riptide(&["jetstream", s(&frames)]);
+    assert!(projection.status.success(), "{}", stderr(&projection));
+    let key = |e: &serde_json::Value| {
+        (
+            e["did"].as_str().unwrap().to_owned(),
+            e["commit"]["rkey"].as_str().unwrap().to_owned(),
+            e["commit"]["cid"].as_str().unwrap().to_owned(),
+        )
+    };
+    let expected: Vec<_> = json_lines(&projection)
+        .iter()
+        .filter(|e| e["commit"]["collection"] == COLLECTION)
+        .map(key)
+        .collect();
+    assert!(
+        expected.len() > 50,
+        "the capture has {} likes",
+        expected.len()
+    );
+
+    let data = tempfile::tempdir().unwrap();
+    let (_server, addr) = common::spawn_serve(
+        common::serve_command(data.path())
+            .arg("--did-docs")
+            .arg(capture.join("did_docs.json"))
+            .arg("--zstd-dictionary")
+            .arg(&dictionary)
+            .arg("--ingest-file")
+            .arg(&frames),
+    );
+    wait_for(&addr, "riptide_ingest_finished", 1.0);
+
+    let out = riptide(&[
+        "tail",
+        "--jetstream",
+        &format!("ws://{addr}"),
+        "--collection",
+        COLLECTION,
+        "--cursor",
+        "0",
+        "--zstd-dictionary",
+        s(&dictionary),
+        "--count",
+        &expected.len().to_string(),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = json_lines(&out);
+    assert!(got.iter().all(|e| e["commit"]["collection"] == COLLECTION));
+    assert_eq!(got.iter().map(key).collect::<Vec<_>>(), expected);
+}
