@@ -36,7 +36,9 @@ const LOOPBACK: SocketAddr =
 fn net_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("riptide-simnet-{}", std::process::id()));
+        // Under the target directory (cleaned with it): a static is never dropped.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("riptide-simnet-{}", std::process::id()));
         // The first seed from 11 whose stream has an `#identity` followed by another frame of its
         // DID (the cache-invalidation test needs one), so a change to the generator's output
         // moves the seed rather than breaking the test.

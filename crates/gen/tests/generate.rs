@@ -155,7 +155,9 @@ fn adversarial_frames_get_exactly_their_verdicts() {
 }
 
 fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("riptide-gen-{}-{name}", std::process::id()));
+    // Under the target directory, cleaned with it.
+    let d = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("riptide-gen-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     d
 }
