@@ -438,15 +438,13 @@ async fn list_repos(State(st): State<Arc<Shared>>, Query(q): Query<ListQuery>) -
         repos.push(json!({"did": did, "head": head, "rev": rev, "active": true}));
         last = Some(did.clone());
     }
+    // A full page may have more after it: give the cursor to ask for them.
+    let full = repos.len() == limit;
     let mut out = json!({ "repos": repos });
-    if repos_full(&out, limit) {
+    if full {
         out["cursor"] = json!(last);
     }
     Json(out).into_response()
-}
-
-fn repos_full(out: &Value, limit: usize) -> bool {
-    out["repos"].as_array().is_some_and(|r| r.len() == limit)
 }
 
 #[derive(Deserialize)]
