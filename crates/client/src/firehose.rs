@@ -251,13 +251,9 @@ mod tests {
     }
 
     fn riptide_cbor_info() -> Vec<u8> {
-        use riptide_cbor::{write_int, write_map_header, write_text};
+        use riptide_cbor::{write_map_header, write_text};
         let mut out = Vec::new();
-        write_map_header(&mut out, 2);
-        write_text(&mut out, "t");
-        write_text(&mut out, "#info");
-        write_text(&mut out, "op");
-        write_int(&mut out, 1);
+        riptide_firehose::encode::write_message_header(&mut out, "#info");
         write_map_header(&mut out, 1);
         write_text(&mut out, "name");
         write_text(&mut out, "OutdatedCursor");

@@ -14,6 +14,7 @@ mod error;
 mod frame;
 
 pub mod corpus;
+pub mod encode;
 pub mod verify;
 
 pub use error::{FrameError, FrameErrorKind};

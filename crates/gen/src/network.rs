@@ -29,6 +29,7 @@ use riptide_cbor::{
     write_null, write_text, CidBuf, DAG_CBOR, RAW,
 };
 use riptide_crypto::{PrivateKey, Signer};
+use riptide_firehose::encode::write_message_header;
 use riptide_repo::Action;
 
 use crate::account::Account;
@@ -716,19 +717,11 @@ pub(crate) fn commit_fields(
     write_int(out, 3);
 }
 
-fn header(out: &mut Vec<u8>, t: &str) {
-    write_map_header(out, 2);
-    write_text(out, "t");
-    write_text(out, t);
-    write_text(out, "op");
-    write_int(out, 1);
-}
-
 /// The frame header, then a payload map of `len` entries starting with `did`, `seq`, `time`
 /// (canonical order; the caller writes the rest).
 fn event_start(t: &str, len: usize, did: &str, seq: i64, time: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(128);
-    header(&mut out, t);
+    write_message_header(&mut out, t);
     write_map_header(&mut out, len);
     write_text(&mut out, "did");
     write_text(&mut out, did);
@@ -821,7 +814,7 @@ fn encode_commit_job(signer: &Signer, a: &Account, job: &CommitJob) -> Vec<u8> {
     } else {
         "#commit"
     };
-    header(&mut out, t);
+    write_message_header(&mut out, t);
     if job.defect == Some(Defect::NonMinimalInt) {
         // The header ends with `op: 1` (one byte, 0x01): re-encode it in a two-byte head
         // (0x18 0x01), valid CBOR but not DAG-CBOR.

@@ -8,8 +8,8 @@
 //! payload is a definite-length map, so no length prefix changes when the integer's width does.
 
 use bytes::Bytes;
-use riptide_cbor::{write_int, write_map_header, write_text, Kind};
-use riptide_firehose::{DecodeOptions, FrameDecoder};
+use riptide_cbor::{write_int, Kind};
+use riptide_firehose::{encode, DecodeOptions, FrameDecoder};
 
 use crate::RelayError;
 
@@ -105,35 +105,14 @@ pub(crate) fn scan_decoder() -> FrameDecoder {
     })
 }
 
-/// An `#info` frame: header `{op: 1, t: "#info"}`, payload `{name, message}`.
+/// An `#info` frame ([`riptide_firehose::encode::info_frame`]), shareable.
 pub fn info_frame(name: &str, message: &str) -> Bytes {
-    let mut out = Vec::with_capacity(64 + message.len());
-    write_map_header(&mut out, 2);
-    write_text(&mut out, "t");
-    write_text(&mut out, "#info");
-    write_text(&mut out, "op");
-    write_int(&mut out, 1);
-    notice_payload(out, "name", name, message)
+    Bytes::from(encode::info_frame(name, message))
 }
 
-/// An error frame: header `{op: -1}`, payload `{error, message}`.
+/// An error frame ([`riptide_firehose::encode::error_frame`]), shareable.
 pub fn error_frame(error: &str, message: &str) -> Bytes {
-    let mut out = Vec::with_capacity(64 + message.len());
-    write_map_header(&mut out, 1);
-    write_text(&mut out, "op");
-    write_int(&mut out, -1);
-    notice_payload(out, "error", error, message)
-}
-
-/// Appends the payload `{<key>: value, message}` (canonical order: `key` is shorter than
-/// `message`) to a frame's header.
-fn notice_payload(mut out: Vec<u8>, key: &str, value: &str, message: &str) -> Bytes {
-    write_map_header(&mut out, 2);
-    write_text(&mut out, key);
-    write_text(&mut out, value);
-    write_text(&mut out, "message");
-    write_text(&mut out, message);
-    Bytes::from(out)
+    Bytes::from(encode::error_frame(error, message))
 }
 
 #[cfg(test)]
