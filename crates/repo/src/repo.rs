@@ -25,7 +25,7 @@ use riptide_crypto::PublicKey;
 
 use crate::commit::Commit;
 use crate::error::{RepoError, RootMismatch};
-use crate::mst::build::{Builder, Leaves, RootOnly};
+use crate::mst::build::{Builder, Leaves, RootOnly, Verified};
 use crate::mst::walk::Walker;
 
 /// Options for [`verify_repo_with`].
@@ -190,21 +190,36 @@ pub fn verify_repo_with(
     timings.signature = t.elapsed();
 
     let t = Instant::now();
-    let mut leaves = LeafTable::default();
+    // Sized from the block count once, instead of growing (and copying) by doubling: records
+    // and nodes are at most the blocks, keys are ~30 bytes in practice.
+    let mut leaves = LeafTable {
+        keys: Vec::with_capacity(car.len().saturating_mul(32)),
+        ends: Vec::with_capacity(car.len()),
+        values: Vec::with_capacity(car.len()),
+        heights: Vec::with_capacity(car.len()),
+    };
     let mut missing_records = 0usize;
     let mut first_missing = None;
-    let stats = Walker::new().walk(&car, commit.data(), |k, cid, h| {
-        leaves.keys.extend_from_slice(k);
-        leaves.ends.push(leaves.keys.len());
-        leaves.values.push(cid);
-        leaves.heights.push(h as u8);
-        if car.position(cid).is_none() {
-            missing_records += 1;
-            if first_missing.is_none() {
-                first_missing = Some((String::from_utf8_lossy(k).into_owned(), cid.to_buf()));
+    // Every node in post-order, with its block: the CAR reader has checked each block against
+    // its CID, which lets the rebuild compare encodings instead of hashing them again.
+    let mut nodes: Vec<(Cid<'_>, &[u8])> = Vec::with_capacity(car.len() / 3);
+    let stats = Walker::new().walk_nodes(
+        &car,
+        commit.data(),
+        |k, cid, h| {
+            leaves.keys.extend_from_slice(k);
+            leaves.ends.push(leaves.keys.len());
+            leaves.values.push(cid);
+            leaves.heights.push(h as u8);
+            if car.position(cid).is_none() {
+                missing_records += 1;
+                if first_missing.is_none() {
+                    first_missing = Some((String::from_utf8_lossy(k).into_owned(), cid.to_buf()));
+                }
             }
-        }
-    })?;
+        },
+        |cid, block| nodes.push((cid, block)),
+    )?;
     timings.walk = t.elapsed();
     if let (Some((key, cid)), false) = (first_missing, opts.allow_missing_records) {
         return Err(RepoError::MissingRecord { key, cid });
@@ -212,7 +227,9 @@ pub fn verify_repo_with(
 
     let t = Instant::now();
     let heights = std::mem::take(&mut leaves.heights);
-    let rebuilt = Builder::new().build_with_heights(&leaves, &heights, &mut RootOnly);
+    // `CarOptions::repository()` verifies every block, so `nodes` are verified blocks.
+    let mut known = Verified::new(&nodes);
+    let rebuilt = Builder::new().build_with_cids(&leaves, &heights, &mut RootOnly, &mut known);
     timings.rebuild = t.elapsed();
     let data = commit.data().to_buf();
     if rebuilt != data {

@@ -21,6 +21,11 @@ pub trait BlockSource {
     /// start loading now. The MST walk gives it for every CID of a node it just decoded.
     #[inline]
     fn prefetch(&self, _cid: Cid<'_>) {}
+
+    /// A hint that the block `cid` will be *read* soon (after [`BlockSource::prefetch`] of its
+    /// CID): the walk gives it for the subtrees of a node it just decoded.
+    #[inline]
+    fn prefetch_data(&self, _cid: Cid<'_>) {}
 }
 
 impl BlockSource for Car<'_> {
@@ -33,6 +38,11 @@ impl BlockSource for Car<'_> {
     fn prefetch(&self, cid: Cid<'_>) {
         self.touch(cid);
     }
+
+    #[inline]
+    fn prefetch_data(&self, cid: Cid<'_>) {
+        self.touch_data(cid);
+    }
 }
 
 impl<S: BlockSource + ?Sized> BlockSource for &S {
@@ -44,6 +54,11 @@ impl<S: BlockSource + ?Sized> BlockSource for &S {
     #[inline]
     fn prefetch(&self, cid: Cid<'_>) {
         (**self).prefetch(cid)
+    }
+
+    #[inline]
+    fn prefetch_data(&self, cid: Cid<'_>) {
+        (**self).prefetch_data(cid)
     }
 }
 

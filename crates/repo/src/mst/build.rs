@@ -77,6 +77,65 @@ impl BlockSink for Vec<(CidBuf, Vec<u8>)> {
     }
 }
 
+/// How the builder turns a node's encoding into its CID.
+pub(crate) trait NodeCids {
+    /// The CID of `bytes`, the `n`-th node built (children before parents, left to right).
+    fn cid(&mut self, bytes: &[u8]) -> CidBuf;
+}
+
+/// Hashes every node: the general case.
+struct Hashing;
+
+impl NodeCids for Hashing {
+    #[inline]
+    fn cid(&mut self, bytes: &[u8]) -> CidBuf {
+        CidBuf::from_sha256_digest(DAG_CBOR, &Sha256::digest(bytes))
+    }
+}
+
+/// Node blocks whose CIDs were already checked against their bytes (a CAR read with
+/// verification), in the order the builder produces nodes: children before parents, left to
+/// right, as a post-order walk of the same tree lists them.
+///
+/// Why: rebuilding a repository's MST from its leaves re-encodes every node, and when the tree
+/// is canonical each encoding is byte for byte a block the CAR reader has just hashed. Comparing
+/// bytes is an order of magnitude cheaper than hashing them again, and proves the same thing: if
+/// the rebuilt encoding equals a block whose SHA-256 is its CID, that CID is the rebuilt node's.
+/// Any node that differs (a tree that is not canonical) is hashed as usual, so the rebuilt root
+/// is exactly what hashing every node would give.
+pub(crate) struct Verified<'k> {
+    nodes: &'k [(Cid<'k>, &'k [u8])],
+    next: usize,
+    /// Nodes whose CID came from a verified block (the rest were hashed).
+    pub(crate) reused: usize,
+}
+
+impl<'k> Verified<'k> {
+    /// `nodes` must each be a block whose SHA-256 CID was checked against its bytes.
+    pub(crate) fn new(nodes: &'k [(Cid<'k>, &'k [u8])]) -> Verified<'k> {
+        Verified {
+            nodes,
+            next: 0,
+            reused: 0,
+        }
+    }
+}
+
+impl NodeCids for Verified<'_> {
+    #[inline]
+    fn cid(&mut self, bytes: &[u8]) -> CidBuf {
+        let i = self.next;
+        self.next += 1;
+        match self.nodes.get(i) {
+            Some((cid, block)) if *block == bytes => {
+                self.reused += 1;
+                cid.to_buf()
+            }
+            _ => Hashing.cid(bytes),
+        }
+    }
+}
+
 /// Reusable state for building MSTs (an encoding buffer and scratch stacks).
 #[derive(Debug, Default)]
 pub struct Builder {
@@ -122,18 +181,20 @@ impl Builder {
             }
             heights.push(key_height(key) as u8);
         }
-        let root = self.build_with_heights(leaves, &heights, sink);
+        let root = self.build_with_cids(leaves, &heights, sink, &mut Hashing);
         self.heights = heights;
         Ok(root)
     }
 
     /// Like [`Builder::build`] with heights already known (`heights[i]` = height of key `i`) and
-    /// order and key syntax already checked, e.g. by a walk of the same tree.
-    pub(crate) fn build_with_heights<L: Leaves + ?Sized, S: BlockSink>(
+    /// order and key syntax already checked, e.g. by a walk of the same tree; node CIDs come from
+    /// `cids`.
+    pub(crate) fn build_with_cids<L: Leaves + ?Sized, S: BlockSink, C: NodeCids>(
         &mut self,
         leaves: &L,
         heights: &[u8],
         sink: &mut S,
+        cids: &mut C,
     ) -> CidBuf {
         self.nodes = 0;
         self.entries.clear();
@@ -145,11 +206,12 @@ impl Builder {
             return cid;
         }
         let top = heights[..n].iter().copied().max().unwrap_or(0);
-        self.node(leaves, heights, 0, n, u32::from(top), sink)
+        self.node(leaves, heights, 0, n, u32::from(top), sink, cids)
     }
 
     /// The node over leaves `lo..hi` (non-empty) on `layer`.
-    fn node<L: Leaves + ?Sized, S: BlockSink>(
+    #[allow(clippy::too_many_arguments)]
+    fn node<L: Leaves + ?Sized, S: BlockSink, C: NodeCids>(
         &mut self,
         leaves: &L,
         heights: &[u8],
@@ -157,19 +219,20 @@ impl Builder {
         hi: usize,
         layer: u32,
         sink: &mut S,
+        cids: &mut C,
     ) -> CidBuf {
         let e_base = self.entries.len();
         let k_base = self.kids.len();
         let mut gap_start = lo;
         for i in lo..hi {
             if u32::from(heights[i]) == layer {
-                let kid = self.gap(leaves, heights, gap_start, i, layer, sink);
+                let kid = self.gap(leaves, heights, gap_start, i, layer, sink, cids);
                 self.kids.push(kid);
                 self.entries.push(i as u32);
                 gap_start = i + 1;
             }
         }
-        let kid = self.gap(leaves, heights, gap_start, hi, layer, sink);
+        let kid = self.gap(leaves, heights, gap_start, hi, layer, sink, cids);
         self.kids.push(kid);
 
         let out = &mut self.out;
@@ -190,7 +253,7 @@ impl Builder {
             prev = key;
         }
         write_node_tail(out, kids[0].as_ref().map(|c| c.as_cid()));
-        let cid = CidBuf::from_sha256_digest(DAG_CBOR, &Sha256::digest(&self.out));
+        let cid = cids.cid(&self.out);
         sink.block(cid, &self.out);
         self.nodes += 1;
         self.entries.truncate(e_base);
@@ -200,7 +263,8 @@ impl Builder {
 
     /// The child for the gap `lo..hi` below a node on `layer`.
     #[inline]
-    fn gap<L: Leaves + ?Sized, S: BlockSink>(
+    #[allow(clippy::too_many_arguments)]
+    fn gap<L: Leaves + ?Sized, S: BlockSink, C: NodeCids>(
         &mut self,
         leaves: &L,
         heights: &[u8],
@@ -208,11 +272,12 @@ impl Builder {
         hi: usize,
         layer: u32,
         sink: &mut S,
+        cids: &mut C,
     ) -> Option<CidBuf> {
         if lo >= hi || layer == 0 {
             return None;
         }
-        Some(self.node(leaves, heights, lo, hi, layer - 1, sink))
+        Some(self.node(leaves, heights, lo, hi, layer - 1, sink, cids))
     }
 }
 
@@ -282,5 +347,42 @@ mod tests {
             build(&leaves(&["a/1", "bad"])).unwrap_err(),
             BuildError::InvalidKey { index: 1 }
         );
+    }
+
+    #[test]
+    fn verified_blocks_stand_in_for_hashing() {
+        let leaves: Vec<(String, CidBuf)> = (0..2000)
+            .map(|i| (format!("app.bsky.graph.follow/3k{i:08}"), leaf()))
+            .collect();
+        let (root, blocks) = build(&leaves[..]).unwrap();
+        let heights: Vec<u8> = leaves
+            .iter()
+            .map(|(k, _)| key_height(k.as_bytes()) as u8)
+            .collect();
+        let known: Vec<(Cid<'_>, &[u8])> = blocks
+            .iter()
+            .map(|(c, b)| (c.as_cid(), b.as_slice()))
+            .collect();
+
+        // Every node is a known block: nothing is hashed, and the root is the same.
+        let mut cids = Verified::new(&known);
+        let got = Builder::new().build_with_cids(&leaves[..], &heights, &mut RootOnly, &mut cids);
+        assert_eq!((got, cids.reused), (root, blocks.len()));
+
+        // A known block that does not match the encoding is not used: that node is hashed.
+        let mut altered: Vec<(CidBuf, Vec<u8>)> = blocks.clone();
+        altered[3].1.push(0);
+        let known: Vec<(Cid<'_>, &[u8])> = altered
+            .iter()
+            .map(|(c, b)| (c.as_cid(), b.as_slice()))
+            .collect();
+        let mut cids = Verified::new(&known);
+        let got = Builder::new().build_with_cids(&leaves[..], &heights, &mut RootOnly, &mut cids);
+        assert_eq!((got, cids.reused), (root, blocks.len() - 1));
+
+        // Too few known blocks (a different tree): the rest are hashed.
+        let mut cids = Verified::new(&known[..10]);
+        let got = Builder::new().build_with_cids(&leaves[..], &heights, &mut RootOnly, &mut cids);
+        assert_eq!((got, cids.reused), (root, 9));
     }
 }

@@ -15,7 +15,12 @@ pub const MAX_KEY_LEN: usize = 1024;
 /// The MST layer of `key`: leading zero bits of SHA-256(key), divided by two (floor).
 #[inline]
 pub fn key_height(key: &[u8]) -> u32 {
-    let digest = Sha256::digest(key);
+    height_of_digest(&Sha256::digest(key).into())
+}
+
+/// Leading zero bits of a digest, divided by two: the height a key with this SHA-256 has.
+#[inline]
+pub fn height_of_digest(digest: &[u8; 32]) -> u32 {
     let mut zeros = 0u32;
     for &b in digest.iter() {
         if b == 0 {
@@ -26,6 +31,14 @@ pub fn key_height(key: &[u8]) -> u32 {
         }
     }
     zeros / 2
+}
+
+/// The heights of two keys, hashed together (see `riptide-sha`: two short messages cost little
+/// more than one). Equal to two calls of [`key_height`].
+#[inline]
+pub fn key_height_pair(a: &[u8], b: &[u8]) -> (u32, u32) {
+    let (x, y) = riptide_sha::sha256_pair(a, b);
+    (height_of_digest(&x), height_of_digest(&y))
 }
 
 /// Length of the longest common prefix of `a` and `b`, in bytes.

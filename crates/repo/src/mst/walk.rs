@@ -16,7 +16,7 @@
 //! What it does not do: check that record blocks exist (a repository export may omit them only if
 //! the caller allows that; see [`crate::repo`]).
 
-use riptide_cbor::{Arena, Cid, CidBuf};
+use riptide_cbor::{Arena, Cid};
 
 use crate::error::MstError;
 use crate::mst::node::{decode_node, empty_root_cid, NodeData};
@@ -55,15 +55,29 @@ impl Walker {
 
     /// Visits every leaf of the tree rooted at `root` in key order, calling `f(key, record CID,
     /// height)`, and checks that the tree is canonical. Stops at the first problem.
-    pub fn walk<'s, S, F>(
+    pub fn walk<'s, S, F>(&mut self, src: &'s S, root: Cid<'_>, f: F) -> Result<WalkStats, MstError>
+    where
+        S: BlockSource + ?Sized,
+        F: FnMut(&[u8], Cid<'s>, u32),
+    {
+        // The root CID may borrow something shorter-lived than `src`: walk with a copy.
+        let root = root.to_buf();
+        self.walk_nodes(src, root.as_cid(), f, |_, _| {})
+    }
+
+    /// [`Walker::walk`] that also hands every node to `node(cid, block)` in post-order: children
+    /// before parents, left to right (the order [`crate::mst::Builder`] produces nodes in).
+    pub fn walk_nodes<'s: 'c, 'c, S, F, N>(
         &mut self,
         src: &'s S,
-        root: Cid<'_>,
+        root: Cid<'c>,
         mut f: F,
+        mut node_done: N,
     ) -> Result<WalkStats, MstError>
     where
         S: BlockSource + ?Sized,
         F: FnMut(&[u8], Cid<'s>, u32),
+        N: FnMut(Cid<'c>, &'s [u8]),
     {
         let mut stats = WalkStats::default();
         let mut levels: Vec<NodeData<'s>> = vec![NodeData::new()];
@@ -93,7 +107,9 @@ impl Walker {
         self.prev.clear();
         let mut have_prev = false;
         // Which node (for error reports) each depth holds.
-        let mut cids: Vec<CidBuf> = vec![root.to_buf()];
+        let mut cids: Vec<Cid<'c>> = vec![root];
+        // And its block.
+        let mut blocks: Vec<&'s [u8]> = vec![block];
 
         while !frames.is_empty() {
             let depth = frames.len() - 1;
@@ -107,12 +123,13 @@ impl Walker {
                 let j = (pos - 1) / 2;
                 if j >= node.len() {
                     frames.pop();
+                    node_done(cids[depth], blocks[depth]);
                     continue;
                 }
                 let key = node.key(j);
                 if have_prev && key <= self.prev.as_slice() {
                     return Err(MstError::KeyOrder {
-                        cid: cids[depth],
+                        cid: cids[depth].to_buf(),
                         key: String::from_utf8_lossy(key).into_owned(),
                     });
                 }
@@ -133,9 +150,11 @@ impl Walker {
                 .ok_or_else(|| MstError::MissingBlock(child.to_buf()))?;
             if levels.len() <= depth + 1 {
                 levels.push(NodeData::new());
-                cids.push(child.to_buf());
+                cids.push(child);
+                blocks.push(block);
             } else {
-                cids[depth + 1] = child.to_buf();
+                cids[depth + 1] = child;
+                blocks[depth + 1] = block;
             }
             let slot = &mut levels[depth + 1];
             decode_node(&mut self.arena, child, block, Some(layer), slot)?;
@@ -167,6 +186,15 @@ fn prefetch_node<S: BlockSource + ?Sized>(src: &S, node: &NodeData<'_>) {
             src.prefetch(right);
         }
     }
+    // Then the subtrees' own bytes, which the walk decodes next.
+    if let Some(left) = node.left() {
+        src.prefetch_data(left);
+    }
+    for j in 0..node.len() {
+        if let Some(right) = node.right(j) {
+            src.prefetch_data(right);
+        }
+    }
 }
 
 pub fn walk<'s, S, F>(src: &'s S, root: Cid<'_>, f: F) -> Result<WalkStats, MstError>
@@ -182,6 +210,7 @@ mod tests {
     use super::*;
     use crate::mst::build::build;
     use crate::mst::node::encode_node;
+    use riptide_cbor::CidBuf;
     use riptide_cbor::DAG_CBOR;
     use std::collections::HashMap;
 

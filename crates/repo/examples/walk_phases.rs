@@ -1,0 +1,41 @@
+//! Times the phases of whole-repository verification separately, many times, for profiling:
+//! `cargo run --release -p riptide-repo --example walk_phases -- FILE.car [PHASE] [N]`
+//! (PHASE: car, walk or all).
+use std::time::Instant;
+
+use riptide_car::{CarOptions, CarReader};
+use riptide_repo::mst::Walker;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let path = args
+        .next()
+        .expect("usage: walk_phases FILE.car [car|walk|all] [N]");
+    let phase = args.next().unwrap_or_else(|| "all".into());
+    let n: usize = args.next().map_or(10, |s| s.parse().expect("N"));
+    let bytes = std::fs::read(path).expect("read");
+    let mut reader = CarReader::new();
+    let car = reader.read(&bytes, &CarOptions::repository()).expect("car");
+    let (_, commit) = riptide_repo::commit_of(&car).expect("commit");
+    let data = commit.data().to_buf();
+    let mut walker = Walker::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        match phase.as_str() {
+            "car" => {
+                let mut r = CarReader::new();
+                r.read(&bytes, &CarOptions::repository()).expect("car");
+            }
+            "walk" => {
+                let mut keys = 0usize;
+                walker
+                    .walk(&car, data.as_cid(), |k, _, _| keys += k.len())
+                    .expect("walk");
+            }
+            _ => {
+                riptide_repo::verify_repo(&bytes, None).expect("verify");
+            }
+        }
+        println!("{phase}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
+    }
+}
