@@ -625,10 +625,10 @@ impl<'a> Car<'a> {
     #[inline]
     pub fn touch_data(&self, cid: Cid<'_>) {
         if let Some(e) = self.position(cid).and_then(|i| self.reader.entries.get(i)) {
+            // Every cache line of the first 4 KiB (MST nodes are rarely longer).
             let data = self.data_at(e);
-            prefetch(data.as_ptr());
-            if data.len() > 64 {
-                prefetch(data[64..].as_ptr());
+            for line in data.chunks(64).take(64) {
+                prefetch(line.as_ptr());
             }
         }
     }

@@ -76,19 +76,37 @@ pub fn is_valid_key(key: &[u8]) -> bool {
     if key.is_empty() || key.len() > MAX_KEY_LEN {
         return false;
     }
-    let mut slash = None;
+    // Branch-free over the bytes (every record of a repository walk passes here): a table gives
+    // each byte's class, invalid bytes and slashes are counted, and only the counts are tested.
+    let mut invalid = 0u32;
+    let mut slashes = 0u32;
+    let mut slash_at = 0usize;
     for (i, &c) in key.iter().enumerate() {
-        if c == b'/' {
-            if slash.is_some() {
-                return false;
-            }
-            slash = Some(i);
-        } else if !(c.is_ascii_alphanumeric() || matches!(c, b'_' | b'~' | b'-' | b':' | b'.')) {
-            return false;
+        let class = KEY_CLASS[c as usize];
+        invalid += u32::from(class == 0);
+        let is_slash = class == 2;
+        slashes += u32::from(is_slash);
+        if is_slash {
+            slash_at = i;
         }
     }
-    matches!(slash, Some(i) if i > 0 && i + 1 < key.len())
+    invalid == 0 && slashes == 1 && slash_at > 0 && slash_at + 1 < key.len()
 }
+
+/// Byte classes of keys: 0 not allowed, 1 allowed, 2 the `/` between collection and rkey.
+static KEY_CLASS: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        if b.is_ascii_alphanumeric() || matches!(b, b'_' | b'~' | b'-' | b':' | b'.') {
+            t[c] = 1;
+        }
+        c += 1;
+    }
+    t[b'/' as usize] = 2;
+    t
+};
 
 #[cfg(test)]
 mod tests {

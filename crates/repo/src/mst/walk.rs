@@ -171,10 +171,9 @@ impl Walker {
     }
 }
 
-/// Visits every leaf of the tree rooted at `root` in key order (see [`Walker::walk`]).
-/// Tells the source about every CID a node links to (its records, and the subtrees the walk
-/// descends into next), so that on a large CAR their index lookups overlap instead of missing
-/// the cache one after another.
+/// Tells the source about every CID a node links to: the index slots of its records (which
+/// callers such as `verify_repo` look up as the walk hands them over) and subtrees, then the
+/// bytes of the subtrees, which the walk decodes next. On a large CAR the cache misses then overlap instead of coming one by one.
 #[inline]
 fn prefetch_node<S: BlockSource + ?Sized>(src: &S, node: &NodeData<'_>) {
     if let Some(left) = node.left() {
@@ -197,6 +196,7 @@ fn prefetch_node<S: BlockSource + ?Sized>(src: &S, node: &NodeData<'_>) {
     }
 }
 
+/// Visits every leaf of the tree rooted at `root` in key order (see [`Walker::walk`]).
 pub fn walk<'s, S, F>(src: &'s S, root: Cid<'_>, f: F) -> Result<WalkStats, MstError>
 where
     S: BlockSource + ?Sized,
