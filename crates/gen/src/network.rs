@@ -25,8 +25,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use riptide_car::CarWriter;
 use riptide_cbor::{
-    write_array_header, write_bool, write_bytes, write_int, write_link, write_map_header,
-    write_null, write_text, CidBuf, DAG_CBOR, RAW,
+    write_array_header, write_bool, write_bytes, write_head, write_int, write_link,
+    write_map_header, write_null, write_text, write_varint, CidBuf, DAG_CBOR, RAW,
 };
 use riptide_crypto::{PrivateKey, Signer};
 use riptide_firehose::encode::write_message_header;
@@ -772,7 +772,99 @@ fn write_op(out: &mut Vec<u8>, op: &Op) {
 /// One payload field: its key and how to write its value.
 type Field<'a> = (&'static str, Box<dyn Fn(&mut Vec<u8>) + 'a>);
 
+/// Bytes of `value` as an unsigned LEB128 varint.
+fn varint_len(mut value: u64) -> usize {
+    let mut n = 1;
+    while value >= 0x80 {
+        value >>= 7;
+        n += 1;
+    }
+    n
+}
+
+/// A well-formed `#commit` or `#sync` frame, written in one pass into one buffer of the right
+/// size (the CAR straight into the payload's `blocks` field). Same bytes as the general path
+/// ([`encode_commit_job`]) without a defect: that is the hot path of every run.
+fn encode_plain_job(signer: &Signer, a: &Account, job: &CommitJob) -> Vec<u8> {
+    let (cid, commit) = signed_commit(signer, a, &job.rev, job.data, None);
+    let header = CarWriter::new(&[cid]).finish();
+    let block_len = |c: &CidBuf, d: &[u8]| {
+        let n = c.as_cid().as_bytes().len() + d.len();
+        varint_len(n as u64) + n
+    };
+    let mut blocks: Vec<(&CidBuf, &[u8])> = Vec::new();
+    if !job.sync {
+        blocks.reserve(job.proof.len() + job.records.len() + 1);
+        blocks.extend(job.proof.iter().map(|(c, b)| (c, b.as_slice())));
+        blocks.extend(job.records.iter().map(|(c, b)| (c, b.as_slice())));
+    }
+    blocks.push((&cid, &commit));
+    let car_len = header.len() + blocks.iter().map(|(c, b)| block_len(c, b)).sum::<usize>();
+    let mut out = Vec::with_capacity(car_len + 256 + job.ops.len() * 128);
+    let write_blocks = |o: &mut Vec<u8>| {
+        write_head(o, 2, car_len as u64);
+        o.extend_from_slice(&header);
+        for (c, b) in &blocks {
+            let c = c.as_cid();
+            write_varint(o, (c.as_bytes().len() + b.len()) as u64);
+            o.extend_from_slice(c.as_bytes());
+            o.extend_from_slice(b);
+        }
+    };
+    let did = a.did.as_str();
+    if job.sync {
+        write_message_header(&mut out, "#sync");
+        write_map_header(&mut out, 5);
+        write_text(&mut out, "did");
+        write_text(&mut out, did);
+        write_text(&mut out, "rev");
+        write_text(&mut out, &job.rev);
+        write_text(&mut out, "seq");
+        write_int(&mut out, job.seq);
+        write_text(&mut out, "time");
+        write_text(&mut out, &job.time);
+        write_text(&mut out, "blocks");
+        write_blocks(&mut out);
+        return out;
+    }
+    write_message_header(&mut out, "#commit");
+    write_map_header(&mut out, if job.since.is_some() { 12 } else { 11 });
+    write_text(&mut out, "ops");
+    write_array_header(&mut out, job.ops.len());
+    for op in &job.ops {
+        write_op(&mut out, op);
+    }
+    write_text(&mut out, "rev");
+    write_text(&mut out, &job.rev);
+    write_text(&mut out, "seq");
+    write_int(&mut out, job.seq);
+    write_text(&mut out, "repo");
+    write_text(&mut out, did);
+    write_text(&mut out, "time");
+    write_text(&mut out, &job.time);
+    write_text(&mut out, "blobs");
+    write_array_header(&mut out, 0);
+    if let Some(since) = &job.since {
+        write_text(&mut out, "since");
+        write_text(&mut out, since);
+    }
+    write_text(&mut out, "blocks");
+    write_blocks(&mut out);
+    write_text(&mut out, "commit");
+    write_link(&mut out, cid.as_cid());
+    write_text(&mut out, "rebase");
+    write_bool(&mut out, false);
+    write_text(&mut out, "tooBig");
+    write_bool(&mut out, false);
+    write_text(&mut out, "prevData");
+    write_link(&mut out, job.prev_data.as_cid());
+    out
+}
+
 fn encode_commit_job(signer: &Signer, a: &Account, job: &CommitJob) -> Vec<u8> {
+    if job.defect.is_none() {
+        return encode_plain_job(signer, a, job);
+    }
     let wrong;
     let wrong_key = if job.defect == Some(Defect::BadSignature) {
         wrong = crate::adversarial::wrong_key(a.key.curve());
