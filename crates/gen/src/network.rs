@@ -36,7 +36,9 @@ use crate::account::Account;
 use crate::adversarial::{AdversarialEntry, Defect};
 use crate::clock::{datetime, tid, EPOCH_MICROS};
 use crate::error::GenError;
-use crate::records::{record, weighted, Context, Kind, Links, CREATE_MIX, UPDATE_MIX};
+use crate::records::{
+    encode_record, record, weighted, Context, Kind, Links, CREATE_MIX, UPDATE_MIX,
+};
 use crate::repo::{Change, Op, RepoState};
 
 /// What to generate.
@@ -362,8 +364,7 @@ impl Network {
     fn new_record(&mut self, i: usize, kind: Kind, n: u64, links: &Links) -> Change {
         let created = self.now.saturating_sub(self.rng.gen_range(0..3_000_000));
         let did = self.accounts[i].account.did.clone();
-        let value = record(&mut self.rng, &self.ctx, kind, &did, created, links);
-        let bytes = crate::records::encode(&value);
+        let bytes = encode_record(&mut self.rng, &self.ctx, kind, &did, created, links);
         let cid = sha(&bytes);
         let path = if kind.is_singleton() {
             format!("{}/self", kind.nsid())
@@ -665,7 +666,7 @@ fn initial_records(
         if kind.is_singleton() {
             continue;
         }
-        let bytes = crate::records::encode(&record(rng, ctx, kind, did, t, &Links::default()));
+        let bytes = encode_record(rng, ctx, kind, did, t, &Links::default());
         out.push((
             format!("{}/{}", kind.nsid(), tid(t, clock)),
             sha(&bytes),
