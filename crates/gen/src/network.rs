@@ -20,6 +20,7 @@
 //! What it does not do: file I/O (see [`crate::output`]).
 
 use std::collections::BTreeMap;
+use std::sync::{mpsc, Arc};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -57,7 +58,9 @@ pub struct Config {
     pub keep_records: bool,
     /// Also write one large repository of this many records (`--big-repo`).
     pub big_repo: Option<usize>,
-    /// Threads that sign and encode commits (output is identical for any count).
+    /// Threads in all (output is identical for any count). One: everything on the calling
+    /// thread. N ≥ 2: the calling thread draws the frames of the next batch while N − 1
+    /// threads sign and encode the previous one.
     pub threads: usize,
     /// Records in each account's repository before the stream starts, within this range: the
     /// most active accounts get the largest (real repositories make real proof paths).
@@ -134,7 +137,10 @@ pub struct Network {
     defects_made: usize,
     oversized_made: usize,
     /// Signs every commit: one libsecp256k1 context, blinded once (see [`signer_seed`]).
-    signer: Signer,
+    signer: Arc<Signer>,
+    /// The accounts' identities (as in `accounts`, which never change them), shared with the
+    /// threads that sign.
+    identities: Arc<[Account]>,
 }
 
 impl std::fmt::Debug for Network {
@@ -171,7 +177,7 @@ impl Network {
                 "initial records: need 1 <= min <= max".into(),
             ));
         }
-        let signer = Signer::new(&signer_seed(cfg.seed));
+        let signer = Arc::new(Signer::new(&signer_seed(cfg.seed)));
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let identities: Vec<Account> = (0..cfg.accounts)
             .map(|_| Account::generate(&mut rng))
@@ -206,6 +212,7 @@ impl Network {
                 list: None,
             });
         }
+        let identities: Arc<[Account]> = accounts.iter().map(|a| a.account.clone()).collect();
         let mut cumulative = Vec::with_capacity(accounts.len());
         let mut total = 0.0;
         for i in 0..accounts.len() {
@@ -226,6 +233,7 @@ impl Network {
             defects_made: 0,
             oversized_made: 0,
             signer,
+            identities,
         })
     }
 
@@ -244,18 +252,64 @@ impl Network {
         &mut self,
         mut emit: impl FnMut(&[u8]) -> Result<(), E>,
     ) -> Result<(), E> {
-        while self.produced < self.cfg.events {
-            let n = (self.cfg.events - self.produced).min(BATCH as u64) as usize;
-            let mut pending = Vec::with_capacity(n);
-            for _ in 0..n {
-                pending.push(self.next_frame()?);
+        let threads = self.cfg.threads.max(1);
+        if threads == 1 {
+            while self.produced < self.cfg.events {
+                let pending = self.next_batch()?;
+                for f in finish(&self.signer, &self.identities, pending, 1) {
+                    emit(&f)?;
+                }
             }
-            let frames = self.finish(pending);
-            for f in &frames {
-                emit(f)?;
-            }
+            return Ok(());
         }
-        Ok(())
+        // A pipeline: this thread draws batch k + 1 while the others sign and encode batch k.
+        let signer = Arc::clone(&self.signer);
+        let identities = Arc::clone(&self.identities);
+        std::thread::scope(|s| {
+            let (job_tx, job_rx) = mpsc::sync_channel::<Vec<Pending>>(1);
+            let (out_tx, out_rx) = mpsc::sync_channel::<Vec<Vec<u8>>>(1);
+            s.spawn(move || {
+                for batch in job_rx {
+                    let frames = finish(&signer, &identities, batch, threads - 1);
+                    if out_tx.send(frames).is_err() {
+                        break;
+                    }
+                }
+            });
+            let mut in_flight = 0;
+            let emit_next = |emit: &mut dyn FnMut(&[u8]) -> Result<(), E>| {
+                let frames = out_rx
+                    .recv()
+                    .map_err(|_| GenError::Internal("the signing thread stopped".into()))?;
+                frames.iter().try_for_each(|f| emit(f))
+            };
+            while self.produced < self.cfg.events {
+                let pending = self.next_batch()?;
+                job_tx
+                    .send(pending)
+                    .map_err(|_| GenError::Internal("the signing thread stopped".into()))?;
+                in_flight += 1;
+                if in_flight == 2 {
+                    emit_next(&mut emit)?;
+                    in_flight -= 1;
+                }
+            }
+            drop(job_tx);
+            for _ in 0..in_flight {
+                emit_next(&mut emit)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The next batch of frames, drawn but not yet signed.
+    fn next_batch(&mut self) -> Result<Vec<Pending>, GenError> {
+        let n = (self.cfg.events - self.produced).min(BATCH as u64) as usize;
+        let mut pending = Vec::with_capacity(n);
+        for _ in 0..n {
+            pending.push(self.next_frame()?);
+        }
+        Ok(pending)
     }
 
     /// Each account's full repository as a CAR (root: a commit signed at its current
@@ -578,49 +632,43 @@ impl Network {
         }
         self.commit(i, seq, time, changes, Some(defect), false)
     }
+}
 
-    /// Signs and encodes a batch, on `threads` threads; order kept.
-    fn finish(&self, pending: Vec<Pending>) -> Vec<Vec<u8>> {
-        let threads = self.cfg.threads.max(1);
-        if threads == 1 || pending.len() < 64 {
-            return pending.into_iter().map(|p| self.finish_one(p)).collect();
-        }
-        let chunk = pending.len().div_ceil(threads);
-        let mut parts: Vec<Vec<Pending>> = Vec::new();
-        let mut it = pending.into_iter();
-        loop {
-            let part: Vec<Pending> = it.by_ref().take(chunk).collect();
-            if part.is_empty() {
-                break;
-            }
-            parts.push(part);
-        }
-        std::thread::scope(|s| {
-            let handles: Vec<_> = parts
-                .into_iter()
-                .map(|part| {
-                    s.spawn(move || {
-                        part.into_iter()
-                            .map(|p| self.finish_one(p))
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                .collect()
-        })
+/// Signs and encodes a batch, on `threads` threads; order kept.
+fn finish(
+    signer: &Signer,
+    identities: &[Account],
+    pending: Vec<Pending>,
+    threads: usize,
+) -> Vec<Vec<u8>> {
+    let one = |p: Pending| match p {
+        Pending::Ready(b) => b,
+        Pending::Commit(job) => encode_commit_job(signer, &identities[job.account], &job),
+    };
+    let threads = threads.max(1);
+    if threads == 1 || pending.len() < 64 {
+        return pending.into_iter().map(one).collect();
     }
-
-    fn finish_one(&self, p: Pending) -> Vec<u8> {
-        match p {
-            Pending::Ready(b) => b,
-            Pending::Commit(job) => {
-                encode_commit_job(&self.signer, &self.accounts[job.account].account, &job)
-            }
+    let chunk = pending.len().div_ceil(threads);
+    let mut parts: Vec<Vec<Pending>> = Vec::new();
+    let mut it = pending.into_iter();
+    loop {
+        let part: Vec<Pending> = it.by_ref().take(chunk).collect();
+        if part.is_empty() {
+            break;
         }
+        parts.push(part);
     }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = parts
+            .into_iter()
+            .map(|part| s.spawn(move || part.into_iter().map(one).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
 }
 
 /// The blinding seed of the signing context: derived from the seed (and nothing else, so runs
