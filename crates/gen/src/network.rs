@@ -20,13 +20,14 @@
 //! What it does not do: file I/O (see [`crate::output`]).
 
 use std::collections::BTreeMap;
+use std::sync::{mpsc, Arc};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use riptide_car::CarWriter;
 use riptide_cbor::{
-    write_array_header, write_bool, write_bytes, write_int, write_link, write_map_header,
-    write_null, write_text, CidBuf, DAG_CBOR, RAW,
+    write_array_header, write_bool, write_bytes, write_head, write_int, write_link,
+    write_map_header, write_null, write_text, write_varint, CidBuf, DAG_CBOR, RAW,
 };
 use riptide_crypto::{PrivateKey, Signer};
 use riptide_firehose::encode::write_message_header;
@@ -36,7 +37,9 @@ use crate::account::Account;
 use crate::adversarial::{AdversarialEntry, Defect};
 use crate::clock::{datetime, tid, EPOCH_MICROS};
 use crate::error::GenError;
-use crate::records::{record, weighted, Context, Kind, Links, CREATE_MIX, UPDATE_MIX};
+use crate::records::{
+    encode_record, record, weighted, Context, Kind, Links, CREATE_MIX, UPDATE_MIX,
+};
 use crate::repo::{Change, Op, RepoState};
 
 /// What to generate.
@@ -55,7 +58,9 @@ pub struct Config {
     pub keep_records: bool,
     /// Also write one large repository of this many records (`--big-repo`).
     pub big_repo: Option<usize>,
-    /// Threads that sign and encode commits (output is identical for any count).
+    /// Threads in all (output is identical for any count). One: everything on the calling
+    /// thread. N ≥ 2: the calling thread draws the frames of the next batch while N − 1
+    /// threads sign and encode the previous one.
     pub threads: usize,
     /// Records in each account's repository before the stream starts, within this range: the
     /// most active accounts get the largest (real repositories make real proof paths).
@@ -132,7 +137,10 @@ pub struct Network {
     defects_made: usize,
     oversized_made: usize,
     /// Signs every commit: one libsecp256k1 context, blinded once (see [`signer_seed`]).
-    signer: Signer,
+    signer: Arc<Signer>,
+    /// The accounts' identities (as in `accounts`, which never change them), shared with the
+    /// threads that sign.
+    identities: Arc<[Account]>,
 }
 
 impl std::fmt::Debug for Network {
@@ -169,7 +177,7 @@ impl Network {
                 "initial records: need 1 <= min <= max".into(),
             ));
         }
-        let signer = Signer::new(&signer_seed(cfg.seed));
+        let signer = Arc::new(Signer::new(&signer_seed(cfg.seed)));
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let identities: Vec<Account> = (0..cfg.accounts)
             .map(|_| Account::generate(&mut rng))
@@ -204,6 +212,7 @@ impl Network {
                 list: None,
             });
         }
+        let identities: Arc<[Account]> = accounts.iter().map(|a| a.account.clone()).collect();
         let mut cumulative = Vec::with_capacity(accounts.len());
         let mut total = 0.0;
         for i in 0..accounts.len() {
@@ -224,6 +233,7 @@ impl Network {
             defects_made: 0,
             oversized_made: 0,
             signer,
+            identities,
         })
     }
 
@@ -242,18 +252,64 @@ impl Network {
         &mut self,
         mut emit: impl FnMut(&[u8]) -> Result<(), E>,
     ) -> Result<(), E> {
-        while self.produced < self.cfg.events {
-            let n = (self.cfg.events - self.produced).min(BATCH as u64) as usize;
-            let mut pending = Vec::with_capacity(n);
-            for _ in 0..n {
-                pending.push(self.next_frame()?);
+        let threads = self.cfg.threads.max(1);
+        if threads == 1 {
+            while self.produced < self.cfg.events {
+                let pending = self.next_batch()?;
+                for f in finish(&self.signer, &self.identities, pending, 1) {
+                    emit(&f)?;
+                }
             }
-            let frames = self.finish(pending);
-            for f in &frames {
-                emit(f)?;
-            }
+            return Ok(());
         }
-        Ok(())
+        // A pipeline: this thread draws batch k + 1 while the others sign and encode batch k.
+        let signer = Arc::clone(&self.signer);
+        let identities = Arc::clone(&self.identities);
+        std::thread::scope(|s| {
+            let (job_tx, job_rx) = mpsc::sync_channel::<Vec<Pending>>(1);
+            let (out_tx, out_rx) = mpsc::sync_channel::<Vec<Vec<u8>>>(1);
+            s.spawn(move || {
+                for batch in job_rx {
+                    let frames = finish(&signer, &identities, batch, threads - 1);
+                    if out_tx.send(frames).is_err() {
+                        break;
+                    }
+                }
+            });
+            let mut in_flight = 0;
+            let emit_next = |emit: &mut dyn FnMut(&[u8]) -> Result<(), E>| {
+                let frames = out_rx
+                    .recv()
+                    .map_err(|_| GenError::Internal("the signing thread stopped".into()))?;
+                frames.iter().try_for_each(|f| emit(f))
+            };
+            while self.produced < self.cfg.events {
+                let pending = self.next_batch()?;
+                job_tx
+                    .send(pending)
+                    .map_err(|_| GenError::Internal("the signing thread stopped".into()))?;
+                in_flight += 1;
+                if in_flight == 2 {
+                    emit_next(&mut emit)?;
+                    in_flight -= 1;
+                }
+            }
+            drop(job_tx);
+            for _ in 0..in_flight {
+                emit_next(&mut emit)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The next batch of frames, drawn but not yet signed.
+    fn next_batch(&mut self) -> Result<Vec<Pending>, GenError> {
+        let n = (self.cfg.events - self.produced).min(BATCH as u64) as usize;
+        let mut pending = Vec::with_capacity(n);
+        for _ in 0..n {
+            pending.push(self.next_frame()?);
+        }
+        Ok(pending)
     }
 
     /// Each account's full repository as a CAR (root: a commit signed at its current
@@ -362,8 +418,7 @@ impl Network {
     fn new_record(&mut self, i: usize, kind: Kind, n: u64, links: &Links) -> Change {
         let created = self.now.saturating_sub(self.rng.gen_range(0..3_000_000));
         let did = self.accounts[i].account.did.clone();
-        let value = record(&mut self.rng, &self.ctx, kind, &did, created, links);
-        let bytes = crate::records::encode(&value);
+        let bytes = encode_record(&mut self.rng, &self.ctx, kind, &did, created, links);
         let cid = sha(&bytes);
         let path = if kind.is_singleton() {
             format!("{}/self", kind.nsid())
@@ -577,49 +632,43 @@ impl Network {
         }
         self.commit(i, seq, time, changes, Some(defect), false)
     }
+}
 
-    /// Signs and encodes a batch, on `threads` threads; order kept.
-    fn finish(&self, pending: Vec<Pending>) -> Vec<Vec<u8>> {
-        let threads = self.cfg.threads.max(1);
-        if threads == 1 || pending.len() < 64 {
-            return pending.into_iter().map(|p| self.finish_one(p)).collect();
-        }
-        let chunk = pending.len().div_ceil(threads);
-        let mut parts: Vec<Vec<Pending>> = Vec::new();
-        let mut it = pending.into_iter();
-        loop {
-            let part: Vec<Pending> = it.by_ref().take(chunk).collect();
-            if part.is_empty() {
-                break;
-            }
-            parts.push(part);
-        }
-        std::thread::scope(|s| {
-            let handles: Vec<_> = parts
-                .into_iter()
-                .map(|part| {
-                    s.spawn(move || {
-                        part.into_iter()
-                            .map(|p| self.finish_one(p))
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-                .collect()
-        })
+/// Signs and encodes a batch, on `threads` threads; order kept.
+fn finish(
+    signer: &Signer,
+    identities: &[Account],
+    pending: Vec<Pending>,
+    threads: usize,
+) -> Vec<Vec<u8>> {
+    let one = |p: Pending| match p {
+        Pending::Ready(b) => b,
+        Pending::Commit(job) => encode_commit_job(signer, &identities[job.account], &job),
+    };
+    let threads = threads.max(1);
+    if threads == 1 || pending.len() < 64 {
+        return pending.into_iter().map(one).collect();
     }
-
-    fn finish_one(&self, p: Pending) -> Vec<u8> {
-        match p {
-            Pending::Ready(b) => b,
-            Pending::Commit(job) => {
-                encode_commit_job(&self.signer, &self.accounts[job.account].account, &job)
-            }
+    let chunk = pending.len().div_ceil(threads);
+    let mut parts: Vec<Vec<Pending>> = Vec::new();
+    let mut it = pending.into_iter();
+    loop {
+        let part: Vec<Pending> = it.by_ref().take(chunk).collect();
+        if part.is_empty() {
+            break;
         }
+        parts.push(part);
     }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = parts
+            .into_iter()
+            .map(|part| s.spawn(move || part.into_iter().map(one).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
 }
 
 /// The blinding seed of the signing context: derived from the seed (and nothing else, so runs
@@ -665,7 +714,7 @@ fn initial_records(
         if kind.is_singleton() {
             continue;
         }
-        let bytes = crate::records::encode(&record(rng, ctx, kind, did, t, &Links::default()));
+        let bytes = encode_record(rng, ctx, kind, did, t, &Links::default());
         out.push((
             format!("{}/{}", kind.nsid(), tid(t, clock)),
             sha(&bytes),
@@ -772,7 +821,99 @@ fn write_op(out: &mut Vec<u8>, op: &Op) {
 /// One payload field: its key and how to write its value.
 type Field<'a> = (&'static str, Box<dyn Fn(&mut Vec<u8>) + 'a>);
 
+/// Bytes of `value` as an unsigned LEB128 varint.
+fn varint_len(mut value: u64) -> usize {
+    let mut n = 1;
+    while value >= 0x80 {
+        value >>= 7;
+        n += 1;
+    }
+    n
+}
+
+/// A well-formed `#commit` or `#sync` frame, written in one pass into one buffer of the right
+/// size (the CAR straight into the payload's `blocks` field). Same bytes as the general path
+/// ([`encode_commit_job`]) without a defect: that is the hot path of every run.
+fn encode_plain_job(signer: &Signer, a: &Account, job: &CommitJob) -> Vec<u8> {
+    let (cid, commit) = signed_commit(signer, a, &job.rev, job.data, None);
+    let header = CarWriter::new(&[cid]).finish();
+    let block_len = |c: &CidBuf, d: &[u8]| {
+        let n = c.as_cid().as_bytes().len() + d.len();
+        varint_len(n as u64) + n
+    };
+    let mut blocks: Vec<(&CidBuf, &[u8])> = Vec::new();
+    if !job.sync {
+        blocks.reserve(job.proof.len() + job.records.len() + 1);
+        blocks.extend(job.proof.iter().map(|(c, b)| (c, b.as_slice())));
+        blocks.extend(job.records.iter().map(|(c, b)| (c, b.as_slice())));
+    }
+    blocks.push((&cid, &commit));
+    let car_len = header.len() + blocks.iter().map(|(c, b)| block_len(c, b)).sum::<usize>();
+    let mut out = Vec::with_capacity(car_len + 256 + job.ops.len() * 128);
+    let write_blocks = |o: &mut Vec<u8>| {
+        write_head(o, 2, car_len as u64);
+        o.extend_from_slice(&header);
+        for (c, b) in &blocks {
+            let c = c.as_cid();
+            write_varint(o, (c.as_bytes().len() + b.len()) as u64);
+            o.extend_from_slice(c.as_bytes());
+            o.extend_from_slice(b);
+        }
+    };
+    let did = a.did.as_str();
+    if job.sync {
+        write_message_header(&mut out, "#sync");
+        write_map_header(&mut out, 5);
+        write_text(&mut out, "did");
+        write_text(&mut out, did);
+        write_text(&mut out, "rev");
+        write_text(&mut out, &job.rev);
+        write_text(&mut out, "seq");
+        write_int(&mut out, job.seq);
+        write_text(&mut out, "time");
+        write_text(&mut out, &job.time);
+        write_text(&mut out, "blocks");
+        write_blocks(&mut out);
+        return out;
+    }
+    write_message_header(&mut out, "#commit");
+    write_map_header(&mut out, if job.since.is_some() { 12 } else { 11 });
+    write_text(&mut out, "ops");
+    write_array_header(&mut out, job.ops.len());
+    for op in &job.ops {
+        write_op(&mut out, op);
+    }
+    write_text(&mut out, "rev");
+    write_text(&mut out, &job.rev);
+    write_text(&mut out, "seq");
+    write_int(&mut out, job.seq);
+    write_text(&mut out, "repo");
+    write_text(&mut out, did);
+    write_text(&mut out, "time");
+    write_text(&mut out, &job.time);
+    write_text(&mut out, "blobs");
+    write_array_header(&mut out, 0);
+    if let Some(since) = &job.since {
+        write_text(&mut out, "since");
+        write_text(&mut out, since);
+    }
+    write_text(&mut out, "blocks");
+    write_blocks(&mut out);
+    write_text(&mut out, "commit");
+    write_link(&mut out, cid.as_cid());
+    write_text(&mut out, "rebase");
+    write_bool(&mut out, false);
+    write_text(&mut out, "tooBig");
+    write_bool(&mut out, false);
+    write_text(&mut out, "prevData");
+    write_link(&mut out, job.prev_data.as_cid());
+    out
+}
+
 fn encode_commit_job(signer: &Signer, a: &Account, job: &CommitJob) -> Vec<u8> {
+    if job.defect.is_none() {
+        return encode_plain_job(signer, a, job);
+    }
     let wrong;
     let wrong_key = if job.defect == Some(Defect::BadSignature) {
         wrong = crate::adversarial::wrong_key(a.key.curve());

@@ -10,10 +10,11 @@
 //!
 //! What it does not do: choose accounts or actions, or encode frames (see [`crate::network`]).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use rand::Rng;
-use riptide_cbor::{CidBuf, OwnedValue, DAG_CBOR, RAW};
+use riptide_cbor::{write_map_header, write_text, CidBuf, OwnedValue, DAG_CBOR, RAW};
 
 use crate::account::random_did;
 use crate::clock::{datetime, tid};
@@ -201,20 +202,27 @@ impl Context {
 
     /// A `com.atproto.repo.strongRef` to a post: a recent one, or one from elsewhere.
     fn post_ref<R: Rng>(&self, rng: &mut R, now: u64) -> OwnedValue {
-        let (uri, cid) = if !self.recent.is_empty() && rng.gen_bool(0.6) {
-            self.recent[rng.gen_range(0..self.recent.len())].clone()
+        let (uri, cid) = self.post_ref_parts(rng, now);
+        map([("cid", text(cid)), ("uri", text(uri))])
+    }
+
+    /// The URI and CID of [`Context::post_ref`], borrowed when it is a recent post.
+    fn post_ref_parts<R: Rng>(&self, rng: &mut R, now: u64) -> (Cow<'_, str>, Cow<'_, str>) {
+        if !self.recent.is_empty() && rng.gen_bool(0.6) {
+            let (uri, cid) = &self.recent[rng.gen_range(0..self.recent.len())];
+            (Cow::Borrowed(uri), Cow::Borrowed(cid))
         } else {
             let age = rng.gen_range(0..30 * 86_400_000_000u64);
+            let uri = format!(
+                "at://{}/app.bsky.feed.post/{}",
+                random_did(rng),
+                tid(now.saturating_sub(age), rng.gen_range(0..1024))
+            );
             (
-                format!(
-                    "at://{}/app.bsky.feed.post/{}",
-                    random_did(rng),
-                    tid(now.saturating_sub(age), rng.gen_range(0..1024))
-                ),
-                fake_cid(rng, DAG_CBOR).to_string(),
+                Cow::Owned(uri),
+                Cow::Owned(fake_cid(rng, DAG_CBOR).to_string()),
             )
-        };
-        map([("cid", text(cid)), ("uri", text(uri))])
+        }
     }
 }
 
@@ -423,6 +431,53 @@ pub struct Links {
     pub list: Option<String>,
 }
 
+/// The DAG-CBOR bytes of [`record`]`(rng, ctx, kind, author, created, links)`: the same
+/// bytes and the same draws from `rng`. The commonest kinds (likes, reposts, follows,
+/// blocks: about 85% of records) are written directly, without building a value first.
+pub fn encode_record<R: Rng>(
+    rng: &mut R,
+    ctx: &Context,
+    kind: Kind,
+    author: &str,
+    created: u64,
+    links: &Links,
+) -> Vec<u8> {
+    // Canonical key order (length first): `$type`, `subject`, `createdAt`.
+    let start = |out: &mut Vec<u8>| {
+        write_map_header(out, 3);
+        write_text(out, "$type");
+        write_text(out, kind.nsid());
+        write_text(out, "subject");
+    };
+    let end = |out: &mut Vec<u8>| {
+        write_text(out, "createdAt");
+        write_text(out, &datetime(created));
+    };
+    match kind {
+        Kind::Like | Kind::Repost => {
+            let (uri, cid) = ctx.post_ref_parts(rng, created);
+            let mut out = Vec::with_capacity(64 + uri.len() + cid.len() + kind.nsid().len());
+            start(&mut out);
+            write_map_header(&mut out, 2);
+            write_text(&mut out, "cid");
+            write_text(&mut out, &cid);
+            write_text(&mut out, "uri");
+            write_text(&mut out, &uri);
+            end(&mut out);
+            out
+        }
+        Kind::Follow | Kind::Block => {
+            let did = ctx.some_did(rng);
+            let mut out = Vec::with_capacity(64 + did.len() + kind.nsid().len());
+            start(&mut out);
+            write_text(&mut out, &did);
+            end(&mut out);
+            out
+        }
+        _ => encode(&record(rng, ctx, kind, author, created, links)),
+    }
+}
+
 /// One record of `kind`, created at `created` (microseconds) by `author`.
 pub fn record<R: Rng>(
     rng: &mut R,
@@ -588,5 +643,38 @@ pub fn record<R: Rng>(
             ),
             ("createdAt", at()),
         ]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    /// The direct encoder gives the bytes (and leaves the RNG where) building the value does.
+    #[test]
+    fn encode_record_equals_encoding_the_value() {
+        let mut ctx = Context::new(vec!["did:plc:aaaaaaaaaaaaaaaaaaaaaaaa".into()]);
+        ctx.handles = vec!["alice.bsky.social".into()];
+        let mut a = ChaCha8Rng::seed_from_u64(3);
+        let mut b = ChaCha8Rng::seed_from_u64(3);
+        let author = "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb";
+        for n in 0..2000u64 {
+            let kind = weighted(&mut a, CREATE_MIX);
+            assert_eq!(weighted(&mut b, CREATE_MIX), kind);
+            let created = 1_780_000_000_000_000 + n * 1_000_000;
+            let links = Links::default();
+            let direct = encode_record(&mut a, &ctx, kind, author, created, &links);
+            let built = encode(&record(&mut b, &ctx, kind, author, created, &links));
+            assert_eq!(direct, built, "{kind:?} #{n}");
+            if n % 7 == 0 {
+                ctx.add_post(
+                    format!("at://{author}/app.bsky.feed.post/{n}"),
+                    format!("c{n}"),
+                );
+            }
+        }
+        assert_eq!(a.gen::<u64>(), b.gen::<u64>());
     }
 }

@@ -2,23 +2,24 @@
 //!
 //! Why: a generated `#commit` is only valid if its CAR holds exactly what a verifier inverting
 //! the ops needs. Rather than reimplementing that, this uses `riptide-repo`'s own MST: the
-//! account's [`Tree`] (loaded lazily from a block store) takes the ops, its re-encoded nodes are
-//! the new blocks, and [`proof_nodes`] (the verifier's inversion, run on the new tree) names the
-//! nodes the frame must include.
+//! account's [`Tree`], held wholly in memory (built bottom-up from the sorted starting records,
+//! [`Tree::from_sorted`]), takes the ops and re-hashes only the changed path; the proof nodes of
+//! a one-op commit come from the new tree's shape ([`Tree::single_op_proof`], tested against the
+//! verifier's inversion), those of a multi-op commit from the verifier's inversion itself
+//! ([`proof_nodes`]) over the new tree's blocks near the changed keys.
 //!
-//! Memory: the store keeps every node of the current tree plus those of replaced versions until
-//! a rebuild from the sorted leaves (`mst::build`) collects them, once the replaced nodes
-//! outnumber the live ones; the in-memory tree is reloaded lazily at the same time. Record bytes
-//! are kept only when a full export is wanted ([`RepoState::keep_records`]).
+//! Memory: one in-memory tree per account (no block store: a node's bytes are re-encoded when a
+//! proof needs them). Record bytes are kept only when a full export is wanted
+//! ([`RepoState::keep_records`]).
 //!
 //! What it does not do: sign or encode commits (see [`crate::network`]).
 
 use std::collections::{BTreeMap, HashMap};
 
-use riptide_cbor::{Cid, CidBuf};
+use riptide_cbor::CidBuf;
 use riptide_repo::mst::invert::proof_nodes;
 use riptide_repo::mst::{self, Tree};
-use riptide_repo::{Action, BlockSource, ProofOp};
+use riptide_repo::{Action, NoBlocks, ProofError, ProofOp};
 
 use crate::error::GenError;
 
@@ -59,26 +60,12 @@ pub struct Prepared {
     pub proof: Vec<(CidBuf, Vec<u8>)>,
     /// Created and updated records.
     pub records: Vec<(CidBuf, Vec<u8>)>,
-    new_nodes: HashMap<CidBuf, Vec<u8>>,
-}
-
-/// Two block maps read as one (the new nodes of a commit over the account's store).
-struct Layered<'a> {
-    top: &'a HashMap<CidBuf, Vec<u8>>,
-    base: &'a HashMap<CidBuf, Vec<u8>>,
-}
-
-impl BlockSource for Layered<'_> {
-    fn get_block(&self, cid: Cid<'_>) -> Option<&[u8]> {
-        self.top.get_block(cid).or_else(|| self.base.get_block(cid))
-    }
 }
 
 /// An account's repository.
 #[derive(Debug)]
 pub struct RepoState {
     tree: Tree,
-    store: HashMap<CidBuf, Vec<u8>>,
     /// The MST root.
     pub root: CidBuf,
     /// The current revision.
@@ -88,8 +75,6 @@ pub struct RepoState {
     deletable: Vec<String>,
     deletable_at: HashMap<String, usize>,
     records: Option<HashMap<CidBuf, Vec<u8>>>,
-    replaced: usize,
-    live: usize,
 }
 
 fn rkey_is_tid(path: &str) -> bool {
@@ -112,16 +97,17 @@ impl RepoState {
                 k.insert(cid, bytes);
             }
         }
+        let sorted: Vec<(&str, CidBuf)> = leaves.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        let mut tree = Tree::from_sorted(&sorted).map_err(|e| GenError::Internal(e.to_string()))?;
+        drop(sorted);
+        let root = tree.root_cid()?;
         let mut state = RepoState {
-            tree: Tree::new(),
-            store: HashMap::new(),
-            root: mst::empty_root_cid(),
+            tree,
+            root,
             rev,
             deletable: Vec::new(),
             deletable_at: HashMap::new(),
             records: kept,
-            replaced: 0,
-            live: 0,
             leaves,
         };
         let paths: Vec<String> = state
@@ -133,7 +119,6 @@ impl RepoState {
         for p in paths {
             state.add_deletable(p);
         }
-        state.rebuild(true)?;
         Ok(state)
     }
 
@@ -181,26 +166,6 @@ impl RepoState {
         }
     }
 
-    /// Rebuilds the node store from the leaves (dropping replaced nodes) and reloads the tree
-    /// lazily. `fresh`: set the root rather than check it.
-    fn rebuild(&mut self, fresh: bool) -> Result<(), GenError> {
-        let leaves: Vec<(&str, CidBuf)> =
-            self.leaves.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-        let (root, blocks) = mst::build(&leaves).map_err(|e| GenError::Internal(e.to_string()))?;
-        if !fresh && root != self.root {
-            return Err(GenError::Internal(format!(
-                "rebuilt MST root {root} differs from the incremental root {}",
-                self.root
-            )));
-        }
-        self.root = root;
-        self.store = blocks.into_iter().collect();
-        self.live = self.store.len();
-        self.replaced = 0;
-        self.tree = Tree::load(root);
-        Ok(())
-    }
-
     /// Applies `changes` to the tree and works out the frame's blocks. Follow with
     /// [`RepoState::keep`] or [`RepoState::abort`] before the next call.
     pub fn prepare(&mut self, changes: Vec<Change>) -> Result<Prepared, GenError> {
@@ -210,9 +175,9 @@ impl RepoState {
         for ch in changes {
             let key = ch.path.as_bytes();
             let (cid, prev) = match (ch.action, ch.record) {
-                (Action::Delete, _) => (None, self.tree.delete(&self.store, key)?),
+                (Action::Delete, _) => (None, self.tree.delete(&NoBlocks, key)?),
                 (_, Some((cid, bytes))) => {
-                    let prev = self.tree.insert(&self.store, key, cid)?;
+                    let prev = self.tree.insert(&NoBlocks, key, cid)?;
                     records.push((cid, bytes));
                     (Some(cid), prev)
                 }
@@ -237,13 +202,7 @@ impl RepoState {
                 prev,
             });
         }
-        let mut new_blocks = Vec::new();
-        let data = self.tree.root_cid_with_blocks(&mut new_blocks)?;
-        let new_nodes: HashMap<CidBuf, Vec<u8>> = new_blocks.into_iter().collect();
-        let src = Layered {
-            top: &new_nodes,
-            base: &self.store,
-        };
+        let data = self.tree.root_cid()?;
         let proof_ops: Vec<ProofOp<'_>> = ops
             .iter()
             .map(|o| ProofOp {
@@ -253,28 +212,61 @@ impl RepoState {
                 prev: o.prev,
             })
             .collect();
-        let needed = proof_nodes(data, &src, &proof_ops)?;
-        let mut proof = Vec::with_capacity(needed.len());
-        for cid in needed {
-            let bytes = src
-                .get_block(cid.as_cid())
-                .ok_or_else(|| GenError::Internal(format!("proof node {cid} not in the store")))?;
-            proof.push((cid, bytes.to_vec()));
-        }
+        let single = match proof_ops.as_slice() {
+            [op] => self.tree.single_op_proof(op),
+            _ => None,
+        };
+        let proof = match single {
+            Some(p) => p,
+            None => self.proof_by_inversion(data, &proof_ops)?,
+        };
         Ok(Prepared {
             data,
             prev_data,
             ops,
             proof,
             records,
-            new_nodes,
         })
+    }
+
+    /// The proof of a multi-op commit: the verifier's own inversion ([`proof_nodes`]) over the
+    /// new tree's blocks along the changed keys, and any other node it asks for.
+    fn proof_by_inversion(
+        &self,
+        data: CidBuf,
+        ops: &[ProofOp<'_>],
+    ) -> Result<Vec<(CidBuf, Vec<u8>)>, GenError> {
+        let mut near = Vec::new();
+        for op in ops {
+            self.tree.path_blocks(op.path.as_bytes(), &mut near);
+        }
+        let mut blocks: HashMap<CidBuf, Vec<u8>> = near.into_iter().collect();
+        loop {
+            match proof_nodes(data, &blocks, ops) {
+                Ok(needed) => {
+                    return needed
+                        .into_iter()
+                        .map(|cid| {
+                            let bytes = blocks.remove(&cid).ok_or_else(|| {
+                                GenError::Internal(format!("proof node {cid} named twice"))
+                            })?;
+                            Ok((cid, bytes))
+                        })
+                        .collect()
+                }
+                Err(ProofError::MissingBlock(cid)) => {
+                    let bytes = self.tree.node_block(cid.as_cid()).ok_or_else(|| {
+                        GenError::Internal(format!("proof node {cid} not in the tree"))
+                    })?;
+                    blocks.insert(cid, bytes);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Keeps a prepared commit at revision `rev`.
     pub fn keep(&mut self, p: &mut Prepared, rev: String) -> Result<(), GenError> {
-        self.replaced += p.new_nodes.len();
-        self.store.extend(p.new_nodes.drain());
         for op in &p.ops {
             match op.cid {
                 Some(cid) => {
@@ -295,9 +287,6 @@ impl RepoState {
         }
         self.root = p.data;
         self.rev = rev;
-        if self.replaced > self.live.max(512) {
-            self.rebuild(false)?;
-        }
         Ok(())
     }
 
@@ -307,10 +296,10 @@ impl RepoState {
             let key = op.path.as_bytes();
             match (op.action, op.prev) {
                 (Action::Create, _) => {
-                    self.tree.delete(&self.store, key)?;
+                    self.tree.delete(&NoBlocks, key)?;
                 }
                 (_, Some(prev)) => {
-                    self.tree.insert(&self.store, key, prev)?;
+                    self.tree.insert(&NoBlocks, key, prev)?;
                 }
                 (_, None) => return Err(GenError::Internal("op without prev".into())),
             }

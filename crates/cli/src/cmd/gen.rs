@@ -34,7 +34,8 @@ pub struct Args {
     /// Also write DIR/repos/<did>.car: every account's full repository at the end of the stream.
     #[arg(long)]
     repos: bool,
-    /// Threads signing and encoding commits (output identical for any count).
+    /// Threads in all: with N >= 2, one draws the frames while N - 1 sign and encode them
+    /// (output identical for any count).
     #[arg(long, default_value_t = 1)]
     threads: usize,
 }

@@ -37,6 +37,8 @@ use crate::mst::node::{
 };
 use crate::source::BlockSource;
 
+mod memory;
+
 /// A subtree: either known only by CID, or loaded (or built) in memory.
 #[derive(Debug, Clone)]
 enum Link {
