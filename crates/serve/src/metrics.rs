@@ -16,6 +16,36 @@ const DROPS: [DropReason; 5] = [
     DropReason::BadRecord,
 ];
 
+/// Why a subscriber was dropped as too slow (the `reason` label of
+/// `riptide_slow_consumer_drops_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlowDrop {
+    /// One write blocked longer than the write timeout.
+    WriteTimeout,
+    /// A ping went unanswered.
+    PongTimeout,
+    /// Far behind the tip and barely moving (Jetstream v2's rule, `slow.rs`).
+    Behind,
+}
+
+impl SlowDrop {
+    /// Every reason, in counting order.
+    pub const ALL: [SlowDrop; 3] = [
+        SlowDrop::WriteTimeout,
+        SlowDrop::PongTimeout,
+        SlowDrop::Behind,
+    ];
+
+    /// `write-timeout`, `pong-timeout` or `behind`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SlowDrop::WriteTimeout => "write-timeout",
+            SlowDrop::PongTimeout => "pong-timeout",
+            SlowDrop::Behind => "behind",
+        }
+    }
+}
+
 /// Every metric of the server.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -41,8 +71,8 @@ pub struct Metrics {
     pub tail_reads: AtomicU64,
     /// Connected subscribers.
     pub subscribers: AtomicI64,
-    /// Subscribers dropped for being slow (a write blocked too long, or a ping went unanswered).
-    pub slow_drops: AtomicU64,
+    /// Subscribers dropped for being slow, by [`SlowDrop`] reason.
+    slow_drops: [AtomicU64; 3],
     /// Subscriber connections closed by the server for a bad client message.
     pub client_errors: AtomicU64,
     /// Last upstream seq stored.
@@ -82,6 +112,16 @@ impl Metrics {
     pub fn verdict_count(&self, v: Verdict) -> u64 {
         let i = Verdict::ALL.iter().position(|&x| x == v).unwrap_or(0);
         self.verdicts[i].load(Relaxed)
+    }
+
+    /// Counts one subscriber dropped as too slow.
+    pub fn slow_drop(&self, why: SlowDrop) {
+        self.slow_drops[why as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Subscribers dropped as too slow for `why` so far.
+    pub fn slow_drop_count(&self, why: SlowDrop) -> u64 {
+        self.slow_drops[why as usize].load(Relaxed)
     }
 
     /// Counts one dropped op.
@@ -182,12 +222,6 @@ impl Metrics {
             self.subscribers.load(Relaxed).to_string(),
         );
         one(
-            "riptide_slow_consumer_drops_total",
-            "counter",
-            "Subscribers dropped as too slow.",
-            c(&self.slow_drops),
-        );
-        one(
             "riptide_client_errors_total",
             "counter",
             "Subscribers closed for a bad message.",
@@ -266,6 +300,15 @@ impl Metrics {
                 "riptide_ops_dropped_total{{reason=\"{}\"}} {}",
                 r.as_str(),
                 self.drops[i].load(Relaxed)
+            );
+        }
+        let _ = writeln!(s, "# HELP riptide_slow_consumer_drops_total Subscribers dropped as too slow, by reason.\n# TYPE riptide_slow_consumer_drops_total counter");
+        for r in SlowDrop::ALL {
+            let _ = writeln!(
+                s,
+                "riptide_slow_consumer_drops_total{{reason=\"{}\"}} {}",
+                r.as_str(),
+                self.slow_drop_count(r)
             );
         }
         for (name, help, v) in extra {
