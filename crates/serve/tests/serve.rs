@@ -241,6 +241,23 @@ async fn replay_from_zero_plain_and_compressed() {
         150.0
     );
     assert_eq!(metric(s.addr, "riptide_events_stored_total").await, 152.0);
+    // Histograms: one verification and one receive-to-publish latency per frame, at least one
+    // durable batch; every frame was published within the +Inf bucket, and the sum is a time.
+    for (name, count) in [
+        ("riptide_ingest_verify_seconds", Some(150.0)),
+        ("riptide_ingest_publish_seconds", Some(150.0)),
+        ("riptide_store_append_seconds", None),
+    ] {
+        let n = metric(s.addr, &format!("{name}_count")).await;
+        match count {
+            Some(c) => assert_eq!(n, c, "{name}"),
+            None => assert!(n >= 1.0, "{name}"),
+        }
+        let inf = metric(s.addr, &format!("{name}_bucket{{le=\"+Inf\"}}")).await;
+        assert_eq!(inf, n, "{name}");
+        let sum = metric(s.addr, &format!("{name}_sum")).await;
+        assert!(sum > 0.0 && sum < 60.0 * n, "{name}: sum {sum}");
+    }
     assert_eq!(http_get(s.addr, "/healthz").await.0, 200);
     assert_eq!(http_get(s.addr, "/readyz").await.0, 200);
 }
@@ -824,4 +841,53 @@ async fn rationed_store_reads_still_deliver_everything_in_order() {
     }
     // One event per read (the byte cap), four replays, plus reads that found the tip.
     assert!(metric(addr, "riptide_replay_reads_total").await >= 4.0 * 152.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusting_ingest_serves_the_same_events_and_counts_nothing_verified() {
+    let Some(frames) = corpus_frames() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (store, resume) = Store::open(dir.path(), 0).unwrap();
+    let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+    let metrics = Arc::new(Metrics::default());
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let h = ingest::spawn(
+        IngestConfig::trusting(),
+        log.clone(),
+        metrics.clone(),
+        resume,
+        rx,
+    )
+    .unwrap();
+    for (i, f) in frames.into_iter().enumerate() {
+        tx.send((i as u64 + 1, Bytes::from(f))).await.unwrap();
+    }
+    drop(tx);
+    let s = tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((s.frames, s.events), (150, 152));
+    assert_eq!(s.resume.upstream_cursor, Some(150));
+    assert_eq!(metrics.verify_seconds.count(), 0);
+    assert_eq!(metrics.publish_seconds.count(), 150);
+    let mut got = Vec::new();
+    let all = ReadLimit {
+        events: 1000,
+        bytes: 1 << 30,
+    };
+    log.read(1, all, &mut got).unwrap();
+    let got: Vec<Value> = got
+        .iter()
+        .map(|e| {
+            let mut v: Value = serde_json::from_slice(&e.json()).unwrap();
+            let o = v.as_object_mut().unwrap();
+            assert_eq!(o.remove("cursor").unwrap().as_u64(), Some(e.seq()));
+            o.remove("time_us");
+            v
+        })
+        .collect();
+    assert_eq!(got, expected());
 }
