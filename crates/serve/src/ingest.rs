@@ -227,34 +227,33 @@ fn dispatch(
     let mut arena = Arena::new();
     let mut pending: Vec<Vec<Job>> = jobs.iter().map(|_| Vec::new()).collect();
     let mut ids: Vec<u8> = Vec::with_capacity(CHUNK);
-    while let Some(first) = rx.blocking_recv() {
-        let mut next = Some(first);
-        while let Some((seq, bytes)) = next.take() {
+    let mut frames: Vec<UpstreamFrame> = Vec::with_capacity(CHUNK);
+    // Whatever is ready, up to a chunk, in one go: the channel's permits go back to the source
+    // together (one wake-up of a waiting sender per chunk, not per frame).
+    while rx.blocking_recv_many(&mut frames, CHUNK) > 0 {
+        for (seq, bytes) in frames.drain(..) {
             let received_us = crate::now_us();
             metrics.frames_in.fetch_add(1, Relaxed);
             metrics.upstream_last_us.store(received_us, Relaxed);
             if cursor.is_some_and(|c| seq <= c) {
                 metrics.frames_duplicate.fetch_add(1, Relaxed);
-            } else {
-                cursor = Some(seq);
-                let w = match peek(&mut arena, &bytes).did {
-                    Some(did) if jobs.len() > 1 => {
-                        let mut h = std::collections::hash_map::DefaultHasher::new();
-                        did.hash(&mut h);
-                        (h.finish() % jobs.len() as u64) as usize
-                    }
-                    _ => 0,
-                };
-                pending[w].push(Job {
-                    seq,
-                    bytes,
-                    received_us,
-                });
-                ids.push(w as u8);
+                continue;
             }
-            if ids.len() < CHUNK {
-                next = rx.try_recv().ok();
-            }
+            cursor = Some(seq);
+            let w = match peek(&mut arena, &bytes).did {
+                Some(did) if jobs.len() > 1 => {
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    did.hash(&mut h);
+                    (h.finish() % jobs.len() as u64) as usize
+                }
+                _ => 0,
+            };
+            pending[w].push(Job {
+                seq,
+                bytes,
+                received_us,
+            });
+            ids.push(w as u8);
         }
         if ids.is_empty() {
             continue;
