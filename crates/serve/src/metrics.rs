@@ -153,6 +153,10 @@ pub struct Metrics {
     pub upstream_connect_failures: AtomicU64,
     /// Upstream `#info` frames (e.g. `OutdatedCursor`).
     pub upstream_info: AtomicU64,
+    /// `#info OutdatedCursor` notices: gaps in what the relay sent us (see `upstream.rs`).
+    pub upstream_gaps: AtomicU64,
+    /// Upstream seqs skipped across those gaps.
+    pub upstream_gap_seqs: AtomicU64,
     /// Upstream error frames (e.g. `FutureCursor`, `ConsumerTooSlow`).
     pub upstream_errors: AtomicU64,
     /// Upstream frames without a seq (not ingested).
@@ -326,6 +330,18 @@ impl Metrics {
                 "counter",
                 "Upstream #info frames.",
                 &self.upstream_info,
+            ),
+            (
+                "riptide_upstream_gaps_total",
+                "counter",
+                "Upstream OutdatedCursor notices: events the relay no longer held were lost.",
+                &self.upstream_gaps,
+            ),
+            (
+                "riptide_upstream_gap_seqs_total",
+                "counter",
+                "Upstream seqs skipped across OutdatedCursor gaps.",
+                &self.upstream_gap_seqs,
             ),
             (
                 "riptide_upstream_error_frames_total",
