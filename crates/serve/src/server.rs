@@ -9,12 +9,13 @@
 //! little), a write buffer of [`WS_WRITE_BUFFER`] plus one event, and one read batch of at most
 //! [`ServerConfig::read`] (256 events or 16 KiB of stored values) from the in-memory tail. A batch
 //! from the tail shares the tail's events, until the tail evicts them; a batch from the store is a
-//! copy. Store reads are larger ([`ServerConfig::store_read`], 64 KiB: a read costs a seek, and
-//! replay from disk needs few of them), so they are rationed globally rather than per
-//! subscriber: at most [`ServerConfig::store_batches`] store batches exist at once (a subscriber
-//! holds its permit until its batch is written; the others wait, which a lagging subscriber can
-//! afford), and at most [`ServerConfig::store_readers`] reads run on the blocking pool at a time.
-//! So a thousand lagging subscribers cost 8 MiB of store batches, not a thousand.
+//! copy. Store reads are larger ([`ServerConfig::store_read`], 512 events or 256 KiB: a read
+//! costs a seek and a hop to the blocking pool, ~60 µs, and replay from disk must stay above
+//! 400k events/s), so they are rationed globally rather than per subscriber: at most
+//! [`ServerConfig::store_batches`] (32) store batches exist at once (a subscriber holds its permit
+//! until its batch is written; the others wait, which a lagging subscriber can afford), and at
+//! most [`ServerConfig::store_readers`] reads run on the blocking pool at a time. So a thousand
+//! lagging subscribers cost 8 MiB of store batches, not a thousand batches.
 //!
 //! **Slow consumers** (see `slow.rs`): a subscriber has no queue, so a slow one only falls behind
 //! — to the in-memory tail, then to the store — and costs no more memory. It is dropped (TCP
@@ -104,9 +105,9 @@ impl Default for ServerConfig {
             read: ReadLimit::default(),
             store_read: ReadLimit {
                 events: 512,
-                bytes: 64 << 10,
+                bytes: 256 << 10,
             },
-            store_batches: 128,
+            store_batches: 32,
             store_readers: 2,
             slow: SlowPolicy::default(),
         }
