@@ -392,6 +392,18 @@ impl<K: KeyLookup> Verifier<K> {
 
     /// Verifies one frame and returns the full report.
     pub fn check<'f>(&mut self, bytes: &'f [u8]) -> Report<'f> {
+        self.check_then(bytes, |_| ()).0
+    }
+
+    /// Verifies one frame and, when it is `ok`, hands the decoded frame to `then` (a server
+    /// projecting what it verified decodes each frame once, not twice). The frame was decoded
+    /// without decoding its blocks up front (module docs, step 1).
+    pub fn check_then<'f, R>(
+        &mut self,
+        bytes: &'f [u8],
+        then: impl FnOnce(&Frame<'_>) -> R,
+    ) -> (Report<'f>, Option<R>) {
+        let mut out = None;
         let Verifier {
             keys,
             decoder,
@@ -416,6 +428,9 @@ impl<K: KeyLookup> Verifier<K> {
                 };
                 let failure = ctx.check_frame(&frame).err();
                 let verdict = failure.as_ref().map_or(Verdict::Ok, Failure::verdict);
+                if failure.is_none() {
+                    out = Some(then(&frame));
+                }
                 Report {
                     kind,
                     seq,
@@ -436,7 +451,7 @@ impl<K: KeyLookup> Verifier<K> {
             }
         };
         counts.add(report.verdict);
-        report
+        (report, out)
     }
 
     /// Verdicts counted so far.

@@ -8,7 +8,9 @@
 //! - [`store`]: the fjall event store, with the upstream cursor committed atomically with the
 //!   events it covers (the durability point is documented there);
 //! - [`log`]: the shared log subscribers pull from at their own cursor (memory tail + store);
-//! - [`server`]: `/subscribe`, `/metrics`, `/healthz`, `/readyz`;
+//! - [`server`]: `/subscribe`, `/metrics`, `/healthz`, `/readyz`, with constant memory per
+//!   subscriber;
+//! - [`slow`]: when a subscriber far behind is dropped (Jetstream v2's rule);
 //! - [`options`]: subscriber options and client messages, validated as Jetstream does;
 //! - [`upstream`]: the relay source (riptide-client), warming DID lookups before verification
 //!   (the verifier's keys are then `riptide_resolver::ResolverKeys::resolving_on`).
@@ -21,6 +23,7 @@ pub mod log;
 pub mod metrics;
 pub mod options;
 pub mod server;
+pub mod slow;
 pub mod store;
 pub mod upstream;
 
@@ -28,9 +31,10 @@ pub use compress::Dictionary;
 pub use event::Event;
 pub use ingest::{IngestConfig, IngestHandle, IngestSummary, UpstreamFrame};
 pub use keys::Keys;
-pub use log::{Log, TailLimits};
+pub use log::{Log, ReadLimit, TailLimits};
 pub use metrics::Metrics;
 pub use server::{router, App, ServerConfig};
+pub use slow::SlowPolicy;
 pub use store::{Resume, Store, StoreError};
 pub use upstream::UpstreamConfig;
 

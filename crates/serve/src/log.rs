@@ -36,6 +36,38 @@ impl Default for TailLimits {
     }
 }
 
+/// How much one subscriber read may return: at most `events` events and, past the first event,
+/// at most `bytes` bytes of stored values. The byte cap is what keeps a subscriber's memory
+/// constant: a read from the store copies every value it returns, and a subscriber holds its
+/// batch until the socket has taken it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadLimit {
+    /// Most events.
+    pub events: usize,
+    /// Most bytes of stored values (JSON + zstd); a single larger event is still returned.
+    pub bytes: usize,
+}
+
+impl Default for ReadLimit {
+    /// 256 events or 16 KiB: a replay read fills about two WebSocket write buffers. A subscriber
+    /// that has fallen out of the tail is the only holder of its batch, so this is most of what
+    /// a lagging subscriber costs (at 64 KiB, 1,000 lagging subscribers took 100+ MB).
+    fn default() -> Self {
+        ReadLimit {
+            events: 256,
+            bytes: 16 << 10,
+        }
+    }
+}
+
+impl ReadLimit {
+    /// Whether `out` (which had `start` entries before this read) is full.
+    pub(crate) fn full(&self, out: &[Event], start: usize, bytes: usize) -> bool {
+        let n = out.len() - start;
+        n >= self.events.max(1) || (n > 0 && bytes >= self.bytes)
+    }
+}
+
 #[derive(Debug, Default)]
 struct Tail {
     events: VecDeque<Event>,
@@ -114,22 +146,22 @@ impl Log {
         (t.events.len(), t.bytes)
     }
 
-    /// Up to `max` events with seq ≥ `from` into `out`: from the tail when it still holds
+    /// Events with seq ≥ `from` into `out`, within `limit`: from the tail when it still holds
     /// `from`, otherwise from the store (blocking I/O: call from a blocking context, or check
     /// [`Log::in_tail`] first).
     pub fn read(
         &self,
         from: u64,
-        max: usize,
+        limit: ReadLimit,
         out: &mut Vec<Event>,
     ) -> Result<ReadFrom, StoreError> {
         if from >= self.next_seq() {
             return Ok(ReadFrom::Tip);
         }
-        if self.read_tail(from, max, out) {
+        if self.read_tail(from, limit, out) {
             return Ok(ReadFrom::Tail);
         }
-        self.store.read_from(from, max, out)?;
+        self.store.read_from(from, limit, out)?;
         Ok(ReadFrom::Store)
     }
 
@@ -139,7 +171,7 @@ impl Log {
         t.events.front().is_some_and(|e| e.seq() <= from)
     }
 
-    fn read_tail(&self, from: u64, max: usize, out: &mut Vec<Event>) -> bool {
+    fn read_tail(&self, from: u64, limit: ReadLimit, out: &mut Vec<Event>) -> bool {
         let t = self.tail.read().unwrap_or_else(|p| p.into_inner());
         let Some(first) = t.events.front().map(Event::seq) else {
             return false;
@@ -147,13 +179,15 @@ impl Log {
         if from < first {
             return false;
         }
-        let start = (from - first) as usize;
-        out.extend(
-            t.events
-                .range(start.min(t.events.len())..)
-                .take(max)
-                .cloned(),
-        );
+        let skip = (from - first) as usize;
+        let (start, mut bytes) = (out.len(), 0);
+        for e in t.events.range(skip.min(t.events.len())..) {
+            if limit.full(out, start, bytes) {
+                break;
+            }
+            bytes += e.raw().len();
+            out.push(e.clone());
+        }
         true
     }
 }
@@ -199,13 +233,28 @@ mod tests {
         .unwrap();
         log.publish(&evs);
         let mut out = Vec::new();
-        assert_eq!(log.read(11, 5, &mut out).unwrap(), ReadFrom::Tip);
-        assert_eq!(log.read(8, 5, &mut out).unwrap(), ReadFrom::Tail);
+        let n = |events| ReadLimit {
+            events,
+            bytes: 1 << 20,
+        };
+        assert_eq!(log.read(11, n(5), &mut out).unwrap(), ReadFrom::Tip);
+        assert_eq!(log.read(8, n(5), &mut out).unwrap(), ReadFrom::Tail);
         assert_eq!(out.iter().map(Event::seq).collect::<Vec<_>>(), [8, 9, 10]);
         out.clear();
-        assert_eq!(log.read(2, 3, &mut out).unwrap(), ReadFrom::Store);
+        assert_eq!(log.read(2, n(3), &mut out).unwrap(), ReadFrom::Store);
         assert_eq!(out.iter().map(Event::seq).collect::<Vec<_>>(), [2, 3, 4]);
         assert_eq!(log.tail_size().0, 4);
+        // The byte cap: every event is the same size; two and a half of them fit two, and a cap
+        // below one event still returns one (from the tail and from the store alike).
+        let size = evs[0].raw().len();
+        for from in [2, 8] {
+            for (bytes, want) in [(size * 5 / 2, 3), (1, 1), (0, 1)] {
+                out.clear();
+                log.read(from, ReadLimit { events: 100, bytes }, &mut out)
+                    .unwrap();
+                assert_eq!(out.len(), want, "from {from}, cap {bytes}");
+            }
+        }
     }
     use crate::store::Resume;
 }

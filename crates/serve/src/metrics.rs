@@ -1,9 +1,12 @@
-//! Counters and gauges, rendered as Prometheus text at `/metrics`.
+//! Counters, gauges and histograms, rendered as Prometheus text at `/metrics`.
 //!
-//! Why hand-rolled: a dozen atomics and one text renderer; the names are the contract.
+//! Why hand-rolled: a few dozen atomics and one text renderer; the names are the contract.
+//! Histograms ([`Histogram`]) are fixed-bucket and lock-free (one atomic add per bucket hit), so
+//! observing every frame costs nothing measurable next to verifying it.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
 
 use riptide_firehose::verify::Verdict;
 use riptide_jetstream::DropReason;
@@ -15,6 +18,95 @@ const DROPS: [DropReason; 5] = [
     DropReason::MissingRecord,
     DropReason::BadRecord,
 ];
+
+/// Why a subscriber was dropped as too slow (the `reason` label of
+/// `riptide_slow_consumer_drops_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlowDrop {
+    /// One write blocked longer than the write timeout.
+    WriteTimeout,
+    /// A ping went unanswered.
+    PongTimeout,
+    /// Far behind the tip and barely moving (Jetstream v2's rule, `slow.rs`).
+    Behind,
+}
+
+impl SlowDrop {
+    /// Every reason, in counting order.
+    pub const ALL: [SlowDrop; 3] = [
+        SlowDrop::WriteTimeout,
+        SlowDrop::PongTimeout,
+        SlowDrop::Behind,
+    ];
+
+    /// `write-timeout`, `pong-timeout` or `behind`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SlowDrop::WriteTimeout => "write-timeout",
+            SlowDrop::PongTimeout => "pong-timeout",
+            SlowDrop::Behind => "behind",
+        }
+    }
+}
+
+/// Upper bounds of the latency buckets, in seconds (`le` labels): 50 µs to 10 s.
+pub const LATENCY_BOUNDS: [f64; 17] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0,
+];
+
+/// A Prometheus histogram of durations over [`LATENCY_BOUNDS`].
+#[derive(Debug, Default)]
+pub struct Histogram {
+    /// Observations per bucket (not cumulative); the last is above every bound.
+    buckets: [AtomicU64; LATENCY_BOUNDS.len() + 1],
+    sum_ns: AtomicU64,
+}
+
+impl Histogram {
+    /// Records one duration.
+    pub fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        let i = LATENCY_BOUNDS
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(LATENCY_BOUNDS.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_ns
+            .fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+    }
+
+    /// Observations so far.
+    pub fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Relaxed)).sum()
+    }
+
+    /// Observations at or below `LATENCY_BOUNDS[i]` (cumulative, as exposed).
+    pub fn cumulative(&self, i: usize) -> u64 {
+        self.buckets[..=i.min(LATENCY_BOUNDS.len())]
+            .iter()
+            .map(|b| b.load(Relaxed))
+            .sum()
+    }
+
+    /// Sum of the observations, in seconds.
+    pub fn sum_seconds(&self) -> f64 {
+        self.sum_ns.load(Relaxed) as f64 / 1e9
+    }
+
+    fn render(&self, s: &mut String, name: &str, help: &str) {
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut total = 0;
+        for (i, b) in LATENCY_BOUNDS.iter().enumerate() {
+            total += self.buckets[i].load(Relaxed);
+            let _ = writeln!(s, "{name}_bucket{{le=\"{b}\"}} {total}");
+        }
+        total += self.buckets[LATENCY_BOUNDS.len()].load(Relaxed);
+        let _ = writeln!(s, "{name}_bucket{{le=\"+Inf\"}} {total}");
+        let _ = writeln!(s, "{name}_sum {}", self.sum_seconds());
+        let _ = writeln!(s, "{name}_count {total}");
+    }
+}
 
 /// Every metric of the server.
 #[derive(Debug, Default)]
@@ -41,8 +133,8 @@ pub struct Metrics {
     pub tail_reads: AtomicU64,
     /// Connected subscribers.
     pub subscribers: AtomicI64,
-    /// Subscribers dropped for being slow (a write blocked too long, or a ping went unanswered).
-    pub slow_drops: AtomicU64,
+    /// Subscribers dropped for being slow, by [`SlowDrop`] reason.
+    slow_drops: [AtomicU64; 3],
     /// Subscriber connections closed by the server for a bad client message.
     pub client_errors: AtomicU64,
     /// Last upstream seq stored.
@@ -61,6 +153,10 @@ pub struct Metrics {
     pub upstream_connect_failures: AtomicU64,
     /// Upstream `#info` frames (e.g. `OutdatedCursor`).
     pub upstream_info: AtomicU64,
+    /// `#info OutdatedCursor` notices: gaps in what the relay sent us (see `upstream.rs`).
+    pub upstream_gaps: AtomicU64,
+    /// Upstream seqs skipped across those gaps.
+    pub upstream_gap_seqs: AtomicU64,
     /// Upstream error frames (e.g. `FutureCursor`, `ConsumerTooSlow`).
     pub upstream_errors: AtomicU64,
     /// Upstream frames without a seq (not ingested).
@@ -69,6 +165,13 @@ pub struct Metrics {
     pub key_lookup_retries: AtomicU64,
     /// DID lookups given up (no document, unusable, or retries exhausted).
     pub key_lookup_failures: AtomicU64,
+    /// Per frame: verifying it (a worker's time from starting the check to its verdict).
+    pub verify_seconds: Histogram,
+    /// Per frame: from receiving it to its events being durable and published to subscribers
+    /// (queueing, verification, rendering, the durable store batch).
+    pub publish_seconds: Histogram,
+    /// Per ingest batch: the durable store write (journal fsync included).
+    pub store_append_seconds: Histogram,
 }
 
 impl Metrics {
@@ -82,6 +185,16 @@ impl Metrics {
     pub fn verdict_count(&self, v: Verdict) -> u64 {
         let i = Verdict::ALL.iter().position(|&x| x == v).unwrap_or(0);
         self.verdicts[i].load(Relaxed)
+    }
+
+    /// Counts one subscriber dropped as too slow.
+    pub fn slow_drop(&self, why: SlowDrop) {
+        self.slow_drops[why as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Subscribers dropped as too slow for `why` so far.
+    pub fn slow_drop_count(&self, why: SlowDrop) -> u64 {
+        self.slow_drops[why as usize].load(Relaxed)
     }
 
     /// Counts one dropped op.
@@ -182,12 +295,6 @@ impl Metrics {
             self.subscribers.load(Relaxed).to_string(),
         );
         one(
-            "riptide_slow_consumer_drops_total",
-            "counter",
-            "Subscribers dropped as too slow.",
-            c(&self.slow_drops),
-        );
-        one(
             "riptide_client_errors_total",
             "counter",
             "Subscribers closed for a bad message.",
@@ -223,6 +330,18 @@ impl Metrics {
                 "counter",
                 "Upstream #info frames.",
                 &self.upstream_info,
+            ),
+            (
+                "riptide_upstream_gaps_total",
+                "counter",
+                "Upstream OutdatedCursor notices: events the relay no longer held were lost.",
+                &self.upstream_gaps,
+            ),
+            (
+                "riptide_upstream_gap_seqs_total",
+                "counter",
+                "Upstream seqs skipped across OutdatedCursor gaps.",
+                &self.upstream_gap_seqs,
             ),
             (
                 "riptide_upstream_error_frames_total",
@@ -268,9 +387,75 @@ impl Metrics {
                 self.drops[i].load(Relaxed)
             );
         }
+        let _ = writeln!(s, "# HELP riptide_slow_consumer_drops_total Subscribers dropped as too slow, by reason.\n# TYPE riptide_slow_consumer_drops_total counter");
+        for r in SlowDrop::ALL {
+            let _ = writeln!(
+                s,
+                "riptide_slow_consumer_drops_total{{reason=\"{}\"}} {}",
+                r.as_str(),
+                self.slow_drop_count(r)
+            );
+        }
+        for (h, name, help) in [
+            (
+                &self.verify_seconds,
+                "riptide_ingest_verify_seconds",
+                "Time to verify one upstream frame.",
+            ),
+            (
+                &self.publish_seconds,
+                "riptide_ingest_publish_seconds",
+                "Time from receiving an upstream frame to its events being durable and published.",
+            ),
+            (
+                &self.store_append_seconds,
+                "riptide_store_append_seconds",
+                "Time of one durable store batch write.",
+            ),
+        ] {
+            h.render(&mut s, name, help);
+        }
         for (name, help, v) in extra {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_sum_and_exposition() {
+        let h = Histogram::default();
+        for us in [10, 50, 51, 700, 3_000_000, 60_000_000] {
+            h.observe(Duration::from_micros(us));
+        }
+        // 10 and 50 µs are at or below 50 µs (bounds are inclusive); 51 µs in the 100 µs bucket.
+        assert_eq!(h.cumulative(0), 2);
+        assert_eq!(h.cumulative(1), 3);
+        assert_eq!(h.cumulative(4), 4); // ≤ 1 ms
+        assert_eq!(h.cumulative(15), 5); // ≤ 5 s
+        assert_eq!(h.cumulative(16), 5); // ≤ 10 s: the minute is above every bound
+        assert_eq!(h.count(), 6);
+        assert!((h.sum_seconds() - 63.000811).abs() < 1e-9);
+        let mut s = String::new();
+        h.render(&mut s, "x_seconds", "X.");
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(lines[0], "# HELP x_seconds X.");
+        assert_eq!(lines[1], "# TYPE x_seconds histogram");
+        assert_eq!(lines[2], "x_seconds_bucket{le=\"0.00005\"} 2");
+        assert_eq!(lines[3], "x_seconds_bucket{le=\"0.0001\"} 3");
+        assert_eq!(lines[18], "x_seconds_bucket{le=\"10\"} 5");
+        assert_eq!(lines[19], "x_seconds_bucket{le=\"+Inf\"} 6");
+        assert_eq!(lines[20], "x_seconds_sum 63.000811");
+        assert_eq!(lines[21], "x_seconds_count 6");
+        // Buckets never decrease.
+        let counts: Vec<u64> = lines[2..20]
+            .iter()
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(counts.windows(2).all(|w| w[0] <= w[1]));
     }
 }

@@ -1,12 +1,28 @@
 //! The HTTP side: `/subscribe` (Jetstream v1, protocol §1–2), `/metrics`, `/healthz`, `/readyz`.
 //!
 //! Each subscriber is one task pulling from the shared [`Log`] at its own cursor (see `log.rs`),
-//! plus a reader task for client messages. Slow-consumer policy: a subscriber has no queue, so a
-//! slow one only falls behind — to the in-memory tail, then to the store — and costs no memory;
-//! it is dropped (TCP closed, no close frame, counted) only when a single write blocks for more
-//! than [`ServerConfig::write_timeout`] or a ping goes unanswered for
-//! [`ServerConfig::pong_timeout`]. Shutdown closes every subscriber with 1001
+//! plus a reader task for client messages. Shutdown closes every subscriber with 1001
 //! `server shutting down`.
+//!
+//! **Memory per subscriber is constant and small**, whatever the event rate and however far
+//! behind the subscriber is: a 4 KiB WebSocket read buffer ([`WS_READ_BUFFER`]; clients send
+//! little), a write buffer of [`WS_WRITE_BUFFER`] plus one event, and one read batch of at most
+//! [`ServerConfig::read`] (256 events or 16 KiB of stored values) from the in-memory tail. A batch
+//! from the tail shares the tail's events, until the tail evicts them; a batch from the store is a
+//! copy. Store reads are larger ([`ServerConfig::store_read`], 512 events or 256 KiB: a read
+//! costs a seek and a hop to the blocking pool, ~60 µs, and replay from disk must stay above
+//! 400k events/s), so they are rationed globally rather than per subscriber: at most
+//! [`ServerConfig::store_batches`] (32) store batches exist at once (a subscriber holds its permit
+//! until its batch is written; the others wait, which a lagging subscriber can afford), and at
+//! most [`ServerConfig::store_readers`] reads run on the blocking pool at a time. So a thousand
+//! lagging subscribers cost 8 MiB of store batches, not a thousand batches.
+//!
+//! **Slow consumers** (see `slow.rs`): a subscriber has no queue, so a slow one only falls behind
+//! — to the in-memory tail, then to the store — and costs no more memory. It is dropped (TCP
+//! closed, no close frame, counted by reason) when it is more than 100,000 events behind and its
+//! cursor moved under 5 events/s for 60 s (Jetstream v2's rule, [`ServerConfig::slow`]), when a
+//! single write blocks for more than [`ServerConfig::write_timeout`], or when a ping goes
+//! unanswered for [`ServerConfig::pong_timeout`].
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicI64};
@@ -20,20 +36,29 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use futures_util::{SinkExt, StreamExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::time::Instant;
 
 use crate::event::Event;
-use crate::log::{Log, ReadFrom};
-use crate::metrics::Metrics;
+use crate::log::{Log, ReadFrom, ReadLimit};
+use crate::metrics::{Metrics, SlowDrop};
 use crate::options::{parse_client_message, ClientMessage, Cursor, Filter, SubscribeOptions};
+use crate::slow::{SlowPolicy, SlowWatch};
 
 /// Largest client message (v2 closes with 1009 above it).
 pub const MAX_CLIENT_MESSAGE: usize = 10_000_000;
 
-/// Bytes of outgoing frames gathered before a socket write. Big enough that replay writes many
-/// events per syscall, small enough that 1,000 subscribers cost a few MB (the buffer stays
-/// allocated for the connection's life).
-pub const WS_WRITE_BUFFER: usize = 16 << 10;
+/// Bytes of outgoing frames gathered before a socket write. Big enough that replay writes about
+/// ten events per syscall, small enough that 1,000 subscribers cost little: the buffer stays
+/// allocated for the connection's life, and grows to this plus one frame, rounded up by `Vec`'s
+/// doubling (at 16 KiB it averaged 26 KB per connection).
+pub const WS_WRITE_BUFFER: usize = 8 << 10;
+
+/// The WebSocket read buffer. tungstenite's default (128 KiB) is zero-filled on every read, so
+/// it is resident for every connection: at 1,000 subscribers that alone was 125 MiB. Clients send
+/// a few small messages; a large one (up to [`MAX_CLIENT_MESSAGE`]) still arrives whole, the
+/// buffer growing for it.
+pub const WS_READ_BUFFER: usize = 4 << 10;
 
 /// Most bytes a connection may buffer (one write buffer plus one event of any size we store).
 /// Past it a write fails and the subscriber is dropped; it never grows towards it in normal
@@ -41,8 +66,11 @@ pub const WS_WRITE_BUFFER: usize = 16 << 10;
 pub const WS_MAX_WRITE_BUFFER: usize = 64 << 20;
 
 /// Events kept in a subscriber's read buffer between batches when it is at the tip (replay
-/// grows it to [`ServerConfig::read_batch`]; a live subscriber gives the memory back).
+/// grows it to [`ServerConfig::read`]; a live subscriber gives the memory back).
 const IDLE_BATCH_CAPACITY: usize = 16;
+
+/// How often a blocked write stops to apply the slow-consumer rule.
+const SLOW_CHECK_EVERY: Duration = Duration::from_secs(1);
 
 /// Server settings.
 #[derive(Clone, Debug)]
@@ -55,8 +83,16 @@ pub struct ServerConfig {
     pub pong_timeout: Duration,
     /// Drop a subscriber when one write blocks this long.
     pub write_timeout: Duration,
-    /// Events per read from the log.
-    pub read_batch: usize,
+    /// How much one read from the in-memory tail may return (events and bytes).
+    pub read: ReadLimit,
+    /// How much one read from the store may return.
+    pub store_read: ReadLimit,
+    /// Most store batches held by subscribers at once (each up to `store_read.bytes`).
+    pub store_batches: usize,
+    /// Store reads (subscribers behind the in-memory tail) running at once.
+    pub store_readers: usize,
+    /// When a subscriber far behind the tip is dropped.
+    pub slow: SlowPolicy,
 }
 
 impl Default for ServerConfig {
@@ -66,7 +102,14 @@ impl Default for ServerConfig {
             ping_interval: Duration::from_secs(30),
             pong_timeout: Duration::from_secs(5),
             write_timeout: Duration::from_secs(5),
-            read_batch: 512,
+            read: ReadLimit::default(),
+            store_read: ReadLimit {
+                events: 512,
+                bytes: 256 << 10,
+            },
+            store_batches: 32,
+            store_readers: 2,
+            slow: SlowPolicy::default(),
         }
     }
 }
@@ -85,12 +128,18 @@ pub struct App {
     /// Set when ingest from a finite source has finished (a gauge, for tests and operators).
     pub ingest_finished: AtomicBool,
     shutdown: watch::Sender<bool>,
+    store_reads: Semaphore,
+    store_batches: Semaphore,
 }
 
 impl App {
     /// New state.
     pub fn new(log: Arc<Log>, metrics: Arc<Metrics>, config: ServerConfig) -> Arc<App> {
+        let store_reads = Semaphore::new(config.store_readers.max(1));
+        let store_batches = Semaphore::new(config.store_batches.max(1));
         Arc::new(App {
+            store_reads,
+            store_batches,
             log,
             metrics,
             config,
@@ -199,10 +248,10 @@ async fn subscribe(
         }
     };
     // Small per-connection buffers (tungstenite defaults to 128 KiB each way, which at 1,000
-    // subscribers was most of the server's memory): see `WS_WRITE_BUFFER`. The read buffer keeps
-    // its default: clients send little, so its pages are barely touched.
+    // subscribers was most of the server's memory): see `WS_WRITE_BUFFER`, `WS_READ_BUFFER`.
     ws.max_message_size(MAX_CLIENT_MESSAGE)
         .max_frame_size(MAX_CLIENT_MESSAGE)
+        .read_buffer_size(WS_READ_BUFFER)
         .write_buffer_size(WS_WRITE_BUFFER)
         .max_write_buffer_size(WS_MAX_WRITE_BUFFER)
         .on_upgrade(move |socket| run(app, socket, opts, start))
@@ -301,8 +350,9 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
             // Give the client a moment to read the close frame before the socket goes.
             let _ = tokio::time::timeout(Duration::from_secs(1), ctl_rx.recv()).await;
         }
-        Outcome::Drop => {
-            app.metrics.slow_drops.fetch_add(1, Relaxed);
+        Outcome::Drop(why) => {
+            app.metrics.slow_drop(why);
+            tracing::info!(reason = why.as_str(), "slow subscriber dropped");
         }
         Outcome::Gone => {}
     }
@@ -312,11 +362,62 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
 
 enum Outcome {
     Close(u16, String),
-    Drop,
+    Drop(SlowDrop),
     Gone,
 }
 
 type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
+
+/// One write to the socket.
+enum Op {
+    Feed(Message),
+    Flush,
+}
+
+/// The sending half with its deadlines: every write is bounded by the write timeout, and while
+/// one is blocked the slow-consumer rule is applied once a second.
+struct Writer<'a> {
+    sink: &'a mut Sink,
+    app: &'a App,
+    slow: SlowWatch,
+}
+
+impl Writer<'_> {
+    /// Does `op` for a subscriber whose next seq is `cursor`. Both operations may be dropped
+    /// half-way and redone: a feed that has not completed has not queued its message (the
+    /// message is a cheap clone), and a flush keeps what it has not written.
+    async fn run(&mut self, op: Op, cursor: u64) -> Result<(), Outcome> {
+        let deadline = Instant::now() + self.app.config.write_timeout;
+        loop {
+            let wait = deadline
+                .saturating_duration_since(Instant::now())
+                .min(SLOW_CHECK_EVERY);
+            let r = match &op {
+                Op::Feed(m) => tokio::time::timeout(wait, self.sink.feed(m.clone())).await,
+                Op::Flush => tokio::time::timeout(wait, self.sink.flush()).await,
+            };
+            match r {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(_)) => return Err(Outcome::Gone),
+                Err(_) if Instant::now() >= deadline => {
+                    return Err(Outcome::Drop(SlowDrop::WriteTimeout))
+                }
+                Err(_) => self.check_slow(cursor)?,
+            }
+        }
+    }
+
+    /// The slow-consumer rule, now.
+    fn check_slow(&mut self, cursor: u64) -> Result<(), Outcome> {
+        if self
+            .slow
+            .too_slow(crate::now_us(), cursor, self.app.log.next_seq())
+        {
+            return Err(Outcome::Drop(SlowDrop::Behind));
+        }
+        Ok(())
+    }
+}
 
 #[allow(clippy::too_many_arguments)]
 async fn serve(
@@ -347,18 +448,33 @@ async fn serve(
     let mut last_ping = crate::now_us();
     let mut ping_out = false;
     let m = &app.metrics;
+    let limit = app.config.read;
+    let mut w = Writer {
+        sink,
+        app,
+        slow: SlowWatch::new(app.config.slow),
+    };
+    // Held while this subscriber holds a store batch.
+    let mut store_batch: Option<tokio::sync::SemaphorePermit<'_>> = None;
     loop {
         batch.clear();
+        drop(store_batch.take());
         let from = if app.log.in_tail(next) || next >= app.log.next_seq() {
-            app.log.read(next, app.config.read_batch, &mut batch)
+            app.log.read(next, limit, &mut batch)
         } else {
+            // Behind the tail: a store read, on the blocking pool, rationed (module docs).
+            let (Ok(held), Ok(_reading)) = (
+                app.store_batches.acquire().await,
+                app.store_reads.acquire().await,
+            ) else {
+                return Outcome::Close(1001, "server shutting down".into());
+            };
+            store_batch = Some(held);
             let log = app.log.clone();
-            let max = app.config.read_batch;
-            match tokio::task::spawn_blocking(move || {
-                let mut b = Vec::with_capacity(max);
-                log.read(next, max, &mut b).map(|r| (r, b))
-            })
-            .await
+            let mut b = std::mem::take(&mut batch);
+            let limit = app.config.store_read;
+            match tokio::task::spawn_blocking(move || log.read(next, limit, &mut b).map(|r| (r, b)))
+                .await
             {
                 Ok(Ok((r, b))) => {
                     batch = b;
@@ -393,9 +509,9 @@ async fn serve(
         } else {
             let filter = filter_rx.borrow_and_update().clone();
             let mut sent = false;
-            for e in &batch {
+            for e in batch.drain(..) {
                 next = e.seq() + 1;
-                if !filter.wants(e) {
+                if !filter.wants(&e) {
                     m.events_filtered.fetch_add(1, Relaxed);
                     continue;
                 }
@@ -403,34 +519,33 @@ async fn serve(
                     m.events_oversize.fetch_add(1, Relaxed);
                     continue;
                 }
-                let msg = if opts.compress {
-                    Message::Binary(e.zstd())
+                let (msg, len) = if opts.compress {
+                    let z = e.zstd();
+                    let len = z.len();
+                    (Message::Binary(z), len)
                 } else {
                     match Utf8Bytes::try_from(e.json()) {
-                        Ok(t) => Message::Text(t),
+                        Ok(t) => (Message::Text(t), e.json_len()),
                         Err(_) => continue,
                     }
                 };
-                let len = if opts.compress {
-                    e.zstd().len()
-                } else {
-                    e.json_len()
-                };
-                match tokio::time::timeout(app.config.write_timeout, sink.feed(msg)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => return Outcome::Gone,
-                    Err(_) => return Outcome::Drop,
+                // The event's bytes are copied into the write buffer: drop our reference now,
+                // so a store batch is freed while the socket drains.
+                drop(e);
+                if let Err(o) = w.run(Op::Feed(msg), next).await {
+                    return o;
                 }
                 sent = true;
                 m.events_out.fetch_add(1, Relaxed);
                 m.bytes_out.fetch_add(len as u64, Relaxed);
             }
             if sent {
-                match tokio::time::timeout(app.config.write_timeout, sink.flush()).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => return Outcome::Gone,
-                    Err(_) => return Outcome::Drop,
+                if let Err(o) = w.run(Op::Flush, next).await {
+                    return o;
                 }
+            }
+            if let Err(o) = w.check_slow(next) {
+                return o;
             }
             // Between batches, look at control messages and shutdown without waiting.
             if let Ok(c) = ctl_rx.try_recv() {
@@ -444,20 +559,19 @@ async fn serve(
         let now = crate::now_us();
         if ping_out && last_pong.load(Relaxed) < last_ping {
             if now - last_ping > app.config.pong_timeout.as_micros() as i64 {
-                return Outcome::Drop;
+                return Outcome::Drop(SlowDrop::PongTimeout);
             }
         } else if now - last_ping > app.config.ping_interval.as_micros() as i64 {
             last_ping = now;
             ping_out = true;
-            match tokio::time::timeout(
-                app.config.write_timeout,
-                sink.send(Message::Ping(bytes::Bytes::new())),
-            )
-            .await
+            if let Err(o) = w
+                .run(Op::Feed(Message::Ping(bytes::Bytes::new())), next)
+                .await
             {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) => return Outcome::Gone,
-                Err(_) => return Outcome::Drop,
+                return o;
+            }
+            if let Err(o) = w.run(Op::Flush, next).await {
+                return o;
             }
         }
     }

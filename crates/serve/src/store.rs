@@ -22,6 +22,7 @@ use bytes::Bytes;
 use fjall::{Config, Keyspace, PartitionCreateOptions, PartitionHandle, PersistMode};
 
 use crate::event::{CorruptEvent, Event};
+use crate::log::ReadLimit;
 
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
@@ -189,10 +190,22 @@ impl Store {
         b.commit().map_err(|e| self.err(e))
     }
 
-    /// Up to `max` events with seq ≥ `from`, in order (fewer, or none, at the end of the store).
-    pub fn read_from(&self, from: u64, max: usize, out: &mut Vec<Event>) -> Result<(), StoreError> {
-        for kv in self.events.range(from.to_be_bytes()..).take(max) {
+    /// Events with seq ≥ `from` within `limit`, in order (fewer, or none, at the end of the
+    /// store). Each value returned is a copy out of the store's blocks: the byte cap bounds the
+    /// memory a read costs.
+    pub fn read_from(
+        &self,
+        from: u64,
+        limit: ReadLimit,
+        out: &mut Vec<Event>,
+    ) -> Result<(), StoreError> {
+        let (start, mut bytes) = (out.len(), 0);
+        for kv in self.events.range(from.to_be_bytes()..) {
+            if limit.full(out, start, bytes) {
+                break;
+            }
             let (k, v) = kv.map_err(|e| self.err(e))?;
+            bytes += v.len();
             out.push(Event::decode(be64(&k), Bytes::from(v))?);
         }
         Ok(())
@@ -308,7 +321,15 @@ mod tests {
             }
         );
         let mut out = Vec::new();
-        s.read_from(4, 3, &mut out).unwrap();
+        s.read_from(
+            4,
+            ReadLimit {
+                events: 3,
+                bytes: 1 << 20,
+            },
+            &mut out,
+        )
+        .unwrap();
         assert_eq!(out.iter().map(Event::seq).collect::<Vec<_>>(), [4, 5, 6]);
         assert_eq!(s.seq_at_time(1005).unwrap(), Some(5));
         assert_eq!(s.seq_at_time(2000).unwrap(), None);

@@ -20,10 +20,20 @@
 //!   counts it `unknown-key` (never passed unverified). `#identity` drops the DID's cached
 //!   document first, so the next lookup fetches the new one.
 //!
-//! `#info` frames (e.g. `OutdatedCursor`: the relay no longer holds our cursor, events were
-//! missed) and error frames (`FutureCursor`, `ConsumerTooSlow`; the relay closes after them and
-//! the client reconnects) are logged and counted in [`Metrics`]; they carry no seq and are not
-//! ingested.
+//! `#info` frames and error frames (`FutureCursor`, `ConsumerTooSlow`; the relay closes after
+//! them and the client reconnects) are logged and counted in [`Metrics`]; they carry no seq and
+//! are not ingested.
+//!
+//! **`#info OutdatedCursor`** means the relay no longer holds our cursor: it goes on from the
+//! oldest event it kept, and what lay between is lost to us. What the server does: it keeps
+//! ingesting (stopping or reconnecting would not bring those events back, and would lose the
+//! ones that follow too); it marks the gap, so that it is seen rather than silently served
+//! around — `riptide_upstream_gaps_total` counts gaps and `riptide_upstream_gap_seqs_total` the
+//! upstream seqs skipped (the first seq after the notice minus our cursor, minus one), and one
+//! error-level log line names both seqs. Jetstream v1 has no way to tell subscribers (no in-band
+//! notices, protocol §7.10); the server's own seqs stay gapless, so the gap is visible only
+//! upstream-side. Recovering the lost events needs another source (a backfill), which is out of
+//! scope here.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -114,16 +124,29 @@ pub async fn run(
             }
         }
     });
+    let seqs = Seqs {
+        last: start_cursor,
+        outdated: false,
+    };
     match cfg.resolver.clone() {
-        None => forward_direct(ev_rx, &metrics, &tx).await,
-        Some(res) => forward_resolving(&cfg, res, ev_rx, &metrics, &tx).await,
+        None => forward_direct(ev_rx, &metrics, seqs, &tx).await,
+        Some(res) => forward_resolving(&cfg, res, ev_rx, &metrics, seqs, &tx).await,
     }
     reader.abort();
     Ok(())
 }
 
+/// Upstream seqs seen, for spotting the gap an `OutdatedCursor` announces.
+#[derive(Debug)]
+struct Seqs {
+    /// The last upstream seq handed on (or the cursor we started from).
+    last: Option<u64>,
+    /// An `OutdatedCursor` arrived and the next frame has not yet shown where the relay resumed.
+    outdated: bool,
+}
+
 /// What to do with one event: ingest it as `(seq, bytes)`, or not (counted and logged here).
-fn admit(ev: FirehoseEvent, metrics: &Metrics) -> Option<UpstreamFrame> {
+fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Option<UpstreamFrame> {
     match ev.kind {
         FrameKind::Info | FrameKind::Error => {
             let (name, msg) = ev
@@ -133,7 +156,18 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics) -> Option<UpstreamFrame> {
                 .unwrap_or(("?", ""));
             if ev.kind == FrameKind::Info {
                 metrics.upstream_info.fetch_add(1, Relaxed);
-                tracing::warn!(name, message = msg, host = ev.host, "upstream #info");
+                if name == "OutdatedCursor" {
+                    metrics.upstream_gaps.fetch_add(1, Relaxed);
+                    seqs.outdated = true;
+                    tracing::error!(
+                        cursor = seqs.last,
+                        message = msg,
+                        host = ev.host,
+                        "upstream: our cursor is older than the relay holds; events are lost, continuing from its oldest"
+                    );
+                } else {
+                    tracing::warn!(name, message = msg, host = ev.host, "upstream #info");
+                }
             } else {
                 metrics.upstream_errors.fetch_add(1, Relaxed);
                 tracing::warn!(
@@ -146,7 +180,20 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics) -> Option<UpstreamFrame> {
             None
         }
         _ => match ev.seq.and_then(|s| u64::try_from(s).ok()) {
-            Some(seq) => Some((seq, ev.bytes)),
+            Some(seq) => {
+                if std::mem::take(&mut seqs.outdated) {
+                    let skipped = seq.saturating_sub(seqs.last.map_or(1, |c| c + 1));
+                    metrics.upstream_gap_seqs.fetch_add(skipped, Relaxed);
+                    tracing::error!(
+                        after = seqs.last,
+                        resumed_at = seq,
+                        skipped,
+                        "upstream gap: the relay resumed past our cursor"
+                    );
+                }
+                seqs.last = Some(seqs.last.map_or(seq, |l| l.max(seq)));
+                Some((seq, ev.bytes))
+            }
             None => {
                 // No seq: nothing to resume from and nothing a consumer could place.
                 metrics.upstream_unsequenced.fetch_add(1, Relaxed);
@@ -164,10 +211,11 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics) -> Option<UpstreamFrame> {
 async fn forward_direct(
     mut rx: mpsc::Receiver<FirehoseEvent>,
     metrics: &Metrics,
+    mut seqs: Seqs,
     tx: &mpsc::Sender<UpstreamFrame>,
 ) {
     while let Some(ev) = rx.recv().await {
-        if let Some(f) = admit(ev, metrics) {
+        if let Some(f) = admit(ev, metrics, &mut seqs) {
             if tx.send(f).await.is_err() {
                 return;
             }
@@ -180,6 +228,7 @@ async fn forward_resolving(
     resolver: Resolver,
     mut rx: mpsc::Receiver<FirehoseEvent>,
     metrics: &Arc<Metrics>,
+    mut seqs: Seqs,
     tx: &mpsc::Sender<UpstreamFrame>,
 ) {
     let mut arena = Arena::new();
@@ -196,7 +245,7 @@ async fn forward_resolving(
             }
             ev = rx.recv(), if open && pending.len() < depth => {
                 let Some(ev) = ev else { open = false; continue };
-                let Some((seq, bytes)) = admit(ev, metrics) else { continue };
+                let Some((seq, bytes)) = admit(ev, metrics, &mut seqs) else { continue };
                 let p = peek(&mut arena, &bytes);
                 let did = p.did.map(str::to_owned);
                 if p.kind == "identity" {

@@ -12,10 +12,10 @@ use futures_util::{SinkExt, StreamExt};
 use riptide_firehose::corpus::split_frames;
 use riptide_firehose::{DecodeOptions, FrameDecoder};
 use riptide_identity::DidDocs;
-use riptide_jetstream::Projector;
+use riptide_jetstream::{EventKind, Projector};
 use riptide_serve::{
-    ingest, router, App, Dictionary, IngestConfig, Keys, Log, Metrics, ServerConfig, Store,
-    TailLimits,
+    ingest, router, App, Dictionary, Event, IngestConfig, Keys, Log, Metrics, ReadLimit,
+    ServerConfig, SlowPolicy, Store, TailLimits,
 };
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
@@ -60,6 +60,20 @@ async fn start_with(
     tail: TailLimits,
     keys: Keys,
 ) -> (SocketAddr, Arc<App>) {
+    let config = ServerConfig {
+        compression: true,
+        ..ServerConfig::default()
+    };
+    start_config(dir, frames, tail, keys, config).await
+}
+
+async fn start_config(
+    dir: &Path,
+    frames: Vec<Vec<u8>>,
+    tail: TailLimits,
+    keys: Keys,
+    config: ServerConfig,
+) -> (SocketAddr, Arc<App>) {
     let dict = dictionary();
     let (store, resume) = Store::open(dir, dict.id()).unwrap();
     let log = Arc::new(Log::new(store, resume.next_seq, tail));
@@ -76,14 +90,7 @@ async fn start_with(
         .await
         .unwrap()
         .unwrap();
-    let app = App::new(
-        log,
-        metrics,
-        ServerConfig {
-            compression: true,
-            ..ServerConfig::default()
-        },
-    );
+    let app = App::new(log, metrics, config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let r = router(app.clone());
@@ -234,6 +241,23 @@ async fn replay_from_zero_plain_and_compressed() {
         150.0
     );
     assert_eq!(metric(s.addr, "riptide_events_stored_total").await, 152.0);
+    // Histograms: one verification and one receive-to-publish latency per frame, at least one
+    // durable batch; every frame was published within the +Inf bucket, and the sum is a time.
+    for (name, count) in [
+        ("riptide_ingest_verify_seconds", Some(150.0)),
+        ("riptide_ingest_publish_seconds", Some(150.0)),
+        ("riptide_store_append_seconds", None),
+    ] {
+        let n = metric(s.addr, &format!("{name}_count")).await;
+        match count {
+            Some(c) => assert_eq!(n, c, "{name}"),
+            None => assert!(n >= 1.0, "{name}"),
+        }
+        let inf = metric(s.addr, &format!("{name}_bucket{{le=\"+Inf\"}}")).await;
+        assert_eq!(inf, n, "{name}");
+        let sum = metric(s.addr, &format!("{name}_sum")).await;
+        assert!(sum > 0.0 && sum < 60.0 * n, "{name}: sum {sum}");
+    }
     assert_eq!(http_get(s.addr, "/healthz").await.0, 200);
     assert_eq!(http_get(s.addr, "/readyz").await.0, 200);
 }
@@ -655,4 +679,215 @@ async fn thousand_subscribers_receive_everything() {
     for t in tasks {
         assert_eq!(t.await.unwrap(), want);
     }
+}
+
+/// Serves a log holding `n` synthetic events of about 16 KiB each (seqs 1..=n), published straight
+/// into the in-memory tail.
+async fn big_events(n: u64, config: ServerConfig) -> (SocketAddr, Arc<App>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, resume) = Store::open(dir.path(), 0).unwrap();
+    let log = Arc::new(Log::new(
+        store,
+        resume.next_seq,
+        TailLimits {
+            max_events: 1 << 20,
+            max_bytes: 1 << 30,
+        },
+    ));
+    let pad = "x".repeat(16 << 10);
+    let events: Vec<Event> = (1..=n)
+        .map(|i| {
+            let json = format!("{{\"i\":{i},\"pad\":\"{pad}\"}}");
+            Event::encode(
+                i,
+                i as i64,
+                EventKind::Commit,
+                "did:plc:a",
+                "a.b.c",
+                json.as_bytes(),
+                b"",
+            )
+        })
+        .collect();
+    log.publish(&events);
+    let app = App::new(log, Arc::new(Metrics::default()), config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let r = router(app.clone());
+    tokio::spawn(async move { axum::serve(listener, r).await });
+    (addr, app, dir)
+}
+
+/// The `i` of every event until the stream ends, and whether it ended with a close frame.
+async fn read_to_end(ws: &mut Ws) -> (Vec<u64>, bool) {
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout(T, ws.next()).await.expect("timed out") {
+            Some(Ok(Message::Text(t))) => {
+                let v: Value = serde_json::from_str(t.as_str()).unwrap();
+                seen.push(v["i"].as_u64().unwrap());
+            }
+            Some(Ok(Message::Close(_))) => return (seen, true),
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => return (seen, false),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_subscriber_far_behind_is_dropped_and_a_moving_one_is_not() {
+    // The v2 rule scaled down: more than 100 events behind, under 5 events/s, for 1 s. The write
+    // timeout is far longer, so only the rule can drop anyone.
+    let n = 2000;
+    let config = ServerConfig {
+        write_timeout: Duration::from_secs(600),
+        slow: SlowPolicy {
+            max_behind: 100,
+            min_rate: 5.0,
+            window: Duration::from_secs(1),
+        },
+        ..ServerConfig::default()
+    };
+    let (addr, app, _dir) = big_events(n, config).await;
+    let behind = "riptide_slow_consumer_drops_total{reason=\"behind\"}";
+    // A subscriber that reads everything is never dropped, however far behind it starts.
+    let mut fast = connect(addr, "cursor=1").await;
+    for i in 1..=n {
+        let msg = tokio::time::timeout(T, fast.next()).await.unwrap();
+        let Some(Ok(Message::Text(t))) = msg else {
+            panic!("event {i}: {msg:?}")
+        };
+        let v: Value = serde_json::from_str(t.as_str()).unwrap();
+        assert_eq!(v["i"].as_u64(), Some(i));
+    }
+    assert_eq!(metric(addr, behind).await, 0.0);
+    // One that reads nothing: the socket's buffers fill (some MB), the server's write blocks with
+    // ~2,000 × 16 KiB still to send, and the rule drops it.
+    let mut stalled = connect(addr, "cursor=1").await;
+    let until = tokio::time::Instant::now() + T;
+    while metric(addr, behind).await < 1.0 {
+        assert!(tokio::time::Instant::now() < until, "not dropped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // What was buffered before the drop arrives in order; then the connection ends with no close
+    // frame (protocol §1.4), having delivered far from everything.
+    let (seen, closed) = read_to_end(&mut stalled).await;
+    assert!(!closed, "a dropped slow consumer gets no close frame");
+    assert_eq!(seen, (1..=seen.len() as u64).collect::<Vec<_>>());
+    assert!(
+        seen.len() < n as usize - 100,
+        "{} of {n} delivered",
+        seen.len()
+    );
+    assert_eq!(metric(addr, behind).await, 1.0);
+    assert_eq!(
+        metric(
+            addr,
+            "riptide_slow_consumer_drops_total{reason=\"write-timeout\"}"
+        )
+        .await,
+        0.0
+    );
+    drop(fast);
+    let until = tokio::time::Instant::now() + T;
+    while app
+        .metrics
+        .subscribers
+        .load(std::sync::atomic::Ordering::Relaxed)
+        > 0
+    {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "subscribers never left"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rationed_store_reads_still_deliver_everything_in_order() {
+    // No tail, one store batch in memory at a time, reads of 7 events or one event's bytes:
+    // four concurrent replays take turns and each still gets the whole capture, in order.
+    let Some(frames) = corpus_frames() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = ServerConfig {
+        store_read: ReadLimit {
+            events: 7,
+            bytes: 1,
+        },
+        store_batches: 1,
+        store_readers: 1,
+        ..ServerConfig::default()
+    };
+    let none = TailLimits {
+        max_events: 0,
+        max_bytes: 0,
+    };
+    let (addr, _app) = start_config(dir.path(), frames, none, keys(), config).await;
+    let want = expected();
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        let mut ws = connect(addr, "cursor=0").await;
+        clients.push(tokio::spawn(
+            async move { read_n(&mut ws, 152, None).await },
+        ));
+    }
+    for c in clients {
+        let (got, cursors) = c.await.unwrap();
+        assert_eq!(got, want);
+        assert_eq!(cursors, (1..=152).collect::<Vec<u64>>());
+    }
+    // One event per read (the byte cap), four replays, plus reads that found the tip.
+    assert!(metric(addr, "riptide_replay_reads_total").await >= 4.0 * 152.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusting_ingest_serves_the_same_events_and_counts_nothing_verified() {
+    let Some(frames) = corpus_frames() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (store, resume) = Store::open(dir.path(), 0).unwrap();
+    let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+    let metrics = Arc::new(Metrics::default());
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let h = ingest::spawn(
+        IngestConfig::trusting(),
+        log.clone(),
+        metrics.clone(),
+        resume,
+        rx,
+    )
+    .unwrap();
+    for (i, f) in frames.into_iter().enumerate() {
+        tx.send((i as u64 + 1, Bytes::from(f))).await.unwrap();
+    }
+    drop(tx);
+    let s = tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((s.frames, s.events), (150, 152));
+    assert_eq!(s.resume.upstream_cursor, Some(150));
+    assert_eq!(metrics.verify_seconds.count(), 0);
+    assert_eq!(metrics.publish_seconds.count(), 150);
+    let mut got = Vec::new();
+    let all = ReadLimit {
+        events: 1000,
+        bytes: 1 << 30,
+    };
+    log.read(1, all, &mut got).unwrap();
+    let got: Vec<Value> = got
+        .iter()
+        .map(|e| {
+            let mut v: Value = serde_json::from_slice(&e.json()).unwrap();
+            let o = v.as_object_mut().unwrap();
+            assert_eq!(o.remove("cursor").unwrap().as_u64(), Some(e.seq()));
+            o.remove("time_us");
+            v
+        })
+        .collect();
+    assert_eq!(got, expected());
 }
