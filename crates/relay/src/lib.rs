@@ -8,7 +8,7 @@
 //! Model: one shared, bounded log of the last [`RelayConfig::window`] events, each with the seq the
 //! relay assigned (spliced into the frame's payload, see [`SeqSlot`]). A feeder task appends the
 //! given frames (paced by [`RelayConfig::rate`], repeated with [`RelayConfig::looped`]); callers
-//! may append more with [`RelayHandle::publish`]. Every subscriber runs one pull loop over its own
+//! may append more with [`RelayService::publish`]. Every subscriber runs one pull loop over its own
 //! position in the log, so there is no per-subscriber queue to overflow; a subscriber that falls
 //! out of the window gets a `ConsumerTooSlow` error frame and is closed, as the real relay does.
 //!
@@ -45,7 +45,7 @@ pub const SUBSCRIBE_PATH: &str = "/xrpc/com.atproto.sync.subscribeRepos";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RelayError {
-    /// A frame published ([`RelayHandle::publish`]) does not decode as far as its payload's `seq`.
+    /// A frame published ([`RelayService::publish`]) does not decode as far as its payload's `seq`.
     /// (Frames given at start are left out and counted instead: [`RelayStats::unservable`].)
     #[error("frame {index}: {reason}")]
     Frame {

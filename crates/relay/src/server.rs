@@ -60,13 +60,22 @@ pub struct RelayStats {
     pub unservable: AtomicU64,
 }
 
-/// A running relay. Dropping it without [`RelayHandle::shutdown`] stops it abruptly.
+/// A running relay with its own listener: a [`RelayService`] (the log, counters and publishing,
+/// reached through `Deref`) plus the accept task and the bound address. Dropping it without
+/// [`RelayHandle::shutdown`] stops it abruptly.
 #[derive(Debug)]
 pub struct RelayHandle {
-    shared: Arc<Shared>,
-    stop: watch::Sender<bool>,
+    service: RelayService,
     tasks: JoinSet<()>,
     addr: SocketAddr,
+}
+
+impl std::ops::Deref for RelayHandle {
+    type Target = RelayService;
+
+    fn deref(&self) -> &RelayService {
+        &self.service
+    }
 }
 
 struct Shared {
@@ -85,7 +94,7 @@ struct Shared {
 #[derive(Clone, Debug)]
 pub struct RelayService {
     shared: Arc<Shared>,
-    _stop: Arc<StopOnDrop>,
+    stop: Arc<StopOnDrop>,
 }
 
 #[derive(Debug)]
@@ -162,8 +171,10 @@ impl Relay {
         Ok((
             local,
             RelayHandle {
-                shared,
-                stop,
+                service: RelayService {
+                    shared,
+                    stop: Arc::new(StopOnDrop(stop)),
+                },
                 tasks,
                 addr: local,
             },
@@ -179,7 +190,7 @@ impl Relay {
         tokio::spawn(feed(shared.clone(), slotted));
         RelayService {
             shared,
-            _stop: Arc::new(StopOnDrop(stop)),
+            stop: Arc::new(StopOnDrop(stop)),
         }
     }
 }
@@ -274,38 +285,9 @@ impl RelayHandle {
         format!("ws://{}{}", self.addr, SUBSCRIBE_PATH)
     }
 
-    /// The newest seq assigned (first_seq - 1 before any).
-    pub fn head(&self) -> u64 {
-        self.shared.log.head()
-    }
-
-    /// Waits until the newest seq is at least `seq`.
-    pub async fn wait_for_head(&self, seq: u64) {
-        let mut rx = self.shared.log.subscribe();
-        // The sender lives as long as the log, which this handle holds.
-        let _ = rx.wait_for(|h| *h >= seq).await;
-    }
-
-    /// Counters.
-    pub fn stats(&self) -> &RelayStats {
-        &self.shared.stats
-    }
-
-    /// Where in the given frames were the ones left out as unservable (ascending).
-    pub fn left_out(&self) -> &[usize] {
-        &self.shared.left_out
-    }
-
-    /// Appends a frame to the log with the next seq (the simulator's live events). The frame must
-    /// decode (header and payload).
-    pub fn publish(&self, frame: Bytes) -> Result<u64, RelayError> {
-        let slot = SeqSlot::find(&mut scan_decoder(), 0, &frame)?;
-        Ok(self.shared.log.append(&slot, &frame))
-    }
-
     /// Stops accepting, closes every subscriber with 1001 and waits for the tasks to end.
     pub async fn shutdown(mut self) {
-        self.stop.send_replace(true);
+        self.service.stop.0.send_replace(true);
         while self.tasks.join_next().await.is_some() {}
     }
 }
