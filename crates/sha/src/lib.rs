@@ -129,7 +129,7 @@ impl<'a, T> Pairs<'a, T> {
     #[inline]
     pub fn finish(&mut self) -> Result<(), T> {
         match self.held.take() {
-            Some((m, e, t)) if sha256(m)[..] != *e => Err(t),
+            Some((m, e, t)) if sha256_short(m)[..] != *e => Err(t),
             _ => Ok(()),
         }
     }
