@@ -55,7 +55,7 @@ pub type UpstreamFrame = (u64, Bytes);
 pub struct IngestConfig {
     /// Keys to verify with; `None` = `--no-verify` (trust the relay, as Jetstream does).
     pub keys: Option<Keys>,
-    /// Verification threads (default 2: the machine's cores; at most 255).
+    /// Verification threads (default [`default_workers`]; at most 255).
     pub workers: usize,
     /// Most frames per durable store batch (give or take a chunk of 64).
     pub max_batch: usize,
@@ -64,11 +64,11 @@ pub struct IngestConfig {
 }
 
 impl IngestConfig {
-    /// Verifying with `keys`, 2 workers, batches of up to 4,096 frames, no dictionary.
+    /// Verifying with `keys`, [`default_workers`], batches of up to 4,096 frames, no dictionary.
     pub fn verifying(keys: Keys) -> IngestConfig {
         IngestConfig {
             keys: Some(keys),
-            workers: 2,
+            workers: default_workers(),
             max_batch: 4096,
             dictionary: None,
         }
@@ -78,11 +78,24 @@ impl IngestConfig {
     pub fn trusting() -> IngestConfig {
         IngestConfig {
             keys: None,
-            workers: 2,
+            workers: default_workers(),
             max_batch: 4096,
             dictionary: None,
         }
     }
+}
+
+/// Verification threads by default: two per core (at least 2, at most 64).
+///
+/// Frames go to workers by a hash of their DID, a static partition: with one worker per core, a
+/// partition that draws more of the work (a busy account, a burst, a small corpus) keeps its
+/// core busy while the other idles. With twice as many workers as cores no single worker holds
+/// the pipeline to one core's pace, and the OS scheduler keeps both cores full. Measured on the
+/// capture repeated (149 DIDs split 69/81 between two workers): see
+/// `bench/results/2026-11-22-vm/serve-3.md`.
+pub fn default_workers() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (2 * cores).clamp(2, 64)
 }
 
 /// Ingest stopped on a local failure (never on bad upstream data).

@@ -29,7 +29,7 @@ pub mod upstream;
 
 pub use compress::Dictionary;
 pub use event::Event;
-pub use ingest::{IngestConfig, IngestHandle, IngestSummary, UpstreamFrame};
+pub use ingest::{default_workers, IngestConfig, IngestHandle, IngestSummary, UpstreamFrame};
 pub use keys::Keys;
 pub use log::{Log, ReadLimit, TailLimits};
 pub use metrics::Metrics;

@@ -891,3 +891,53 @@ async fn trusting_ingest_serves_the_same_events_and_counts_nothing_verified() {
         .collect();
     assert_eq!(got, expected());
 }
+
+/// Workers split frames by DID; the writer puts results back in upstream order. Whatever the
+/// number of workers (one, fewer than the cores, more, not dividing the DIDs evenly), the store
+/// holds the same events in the same order, every frame verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_number_of_workers_stores_the_same_events_in_order() {
+    let Some(frames) = corpus_frames() else {
+        return;
+    };
+    let want = expected();
+    for workers in [1, 3, 8] {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, resume) = Store::open(dir.path(), 0).unwrap();
+        let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+        let metrics = Arc::new(Metrics::default());
+        let mut cfg = IngestConfig::verifying(keys());
+        cfg.workers = workers;
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx).unwrap();
+        for (i, f) in frames.iter().enumerate() {
+            tx.send((i as u64 + 1, Bytes::from(f.clone())))
+                .await
+                .unwrap();
+        }
+        drop(tx);
+        let s = tokio::task::spawn_blocking(move || h.join())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((s.frames, s.events), (150, 152), "{workers} workers");
+        assert_eq!(metrics.verify_seconds.count(), 150, "{workers} workers");
+        let mut got = Vec::new();
+        let all = ReadLimit {
+            events: 1000,
+            bytes: 1 << 30,
+        };
+        log.read(1, all, &mut got).unwrap();
+        let got: Vec<Value> = got
+            .iter()
+            .map(|e| {
+                let mut v: Value = serde_json::from_slice(&e.json()).unwrap();
+                let o = v.as_object_mut().unwrap();
+                assert_eq!(o.remove("cursor").unwrap().as_u64(), Some(e.seq()));
+                o.remove("time_us");
+                v
+            })
+            .collect();
+        assert_eq!(got, want, "{workers} workers");
+    }
+}

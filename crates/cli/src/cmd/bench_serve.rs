@@ -1,7 +1,7 @@
 //! `riptide bench serve`: the three figures of issue 6, each a median of passes with min and max.
 //!
 //! 1. **Verified ingest** (in process): the capture repeated `--repeat` times (upstream seqs are
-//!    positions, so every frame is new) through the full pipeline — verify on 2 workers, project,
+//!    positions, so every frame is new) through the full pipeline — verify on `--workers` threads, project,
 //!    render, zstd with the dictionary, durable fjall batches — into a fresh store. Events/s, and
 //!    the process's CPU time per event (user + system, all threads): on a shared machine the
 //!    wall-clock rate follows the CPU share we get, CPU-µs per event does not; `2 cores ×
@@ -58,6 +58,9 @@ pub struct ServeArgs {
     /// Seconds of the memory run with subscribers connected.
     #[arg(long, default_value_t = 20)]
     seconds: u64,
+    /// Verification threads (default: as `riptide serve`, two per core).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
+    workers: Option<u8>,
     /// Verification off (`--no-verify`) for the ingest figure.
     #[arg(long)]
     no_verify: bool,
@@ -83,6 +86,10 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut ingest_cpu = Vec::new();
     let mut replay_rates = Vec::new();
     let mut disk_rates = Vec::new();
+    let mut events_per_pass = 0;
+    let workers = a
+        .workers
+        .map_or_else(riptide_serve::default_workers, usize::from);
     for pass in 0..a.passes {
         let dir = tempfile::tempdir()?;
         let (store, resume) = Store::open(dir.path(), dict.id())?;
@@ -94,6 +101,7 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
             IngestConfig::verifying(keys.clone())
         };
         cfg.dictionary = Some(dict.clone());
+        cfg.workers = workers;
         let (tx, rx) = tokio::sync::mpsc::channel(4096);
         let cpu0 = cpu_secs();
         let t0 = Instant::now();
@@ -107,6 +115,7 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         let s = tokio::task::spawn_blocking(move || h.join()).await??;
         let secs = t0.elapsed().as_secs_f64();
         let cpu_us = (cpu_secs() - cpu0) * 1e6 / s.events.max(1) as f64;
+        events_per_pass = s.events;
         ingest_rates.push(s.events as f64 / secs);
         ingest_cpu.push(cpu_us);
         eprintln!(
@@ -147,8 +156,9 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         "machine": super::bench::machine(),
         "date": super::bench::utc_now(),
         "passes": a.passes,
-        "events_per_pass": 152 * a.repeat,
+        "events_per_pass": events_per_pass,
         "verify": !a.no_verify,
+        "workers": workers,
         "ingest_events_per_s": ingest.json(),
         "ingest_cpu_us_per_event": cpu.json(),
         "ingest_events_per_s_two_idle_cores": Stats::of(vec![2e6 / cpu.max, 2e6 / cpu.median, 2e6 / cpu.min]).json(),

@@ -158,6 +158,7 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         ingest_file: None,
         ingest_repeat: 1,
         ingest_rate: None,
+        workers: None,
     };
     let running = super::serve::start(&serve_args).await?;
     let addr = running.addr;

@@ -62,6 +62,10 @@ pub struct Args {
     /// zstd dictionary for compress=true (Jetstream's legacy_subscribe.zdict).
     #[arg(long, value_name = "PATH")]
     pub zstd_dictionary: Option<PathBuf>,
+    /// Verification threads (default: two per core, so that a busy account's share of the work
+    /// does not leave a core idle; frames are assigned to threads by DID).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
+    pub workers: Option<u8>,
     /// Not a contract: ingest this corpus file instead of an upstream relay.
     #[arg(long, value_name = "FILE")]
     pub ingest_file: Option<PathBuf>,
@@ -203,7 +207,9 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
 
     let cfg = IngestConfig {
         keys,
-        workers: 2,
+        workers: args
+            .workers
+            .map_or_else(riptide_serve::default_workers, usize::from),
         max_batch: 4096,
         dictionary: dict,
     };
