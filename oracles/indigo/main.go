@@ -10,6 +10,10 @@
 //	    root compared with prevData) AND repo.VerifyCommitSignature with the account's key from an
 //	    identity.MockDirectory built from DOCS; #sync: repo.VerifySyncMessage; #identity, #account,
 //	    #info: decoded; any other message type is skipped, as indigo's events consumer does.
+//	lows FRAMES --did-docs DOCS.json
+//	    whether indigo enforces low-S: each commit's signature is malleated to its high-S twin
+//	    (s -> n - s, equally valid ECDSA); counts of twins rejected by the strict verification
+//	    and accepted by indigo's lenient one (proving the twin is a real signature).
 //	repo CAR --did-doc DOC.json
 //	    repo.LoadRepoFromCAR, the commit's signature with the document's key, the MST walked
 //	    (record count), a tree rebuilt from the walked entries and its root compared with `data`.
@@ -30,9 +34,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"os"
 
 	comatproto "github.com/bluesky-social/indigo/api/atproto"
+	"github.com/bluesky-social/indigo/atproto/atcrypto"
 	"github.com/bluesky-social/indigo/atproto/identity"
 	"github.com/bluesky-social/indigo/atproto/repo"
 	"github.com/bluesky-social/indigo/atproto/repo/mst"
@@ -310,6 +316,112 @@ func cmdFrames(args []string) int {
 	return 0
 }
 
+// Curve orders, for the high-S twin of a signature.
+var (
+	orderK256, _ = new(big.Int).SetString("FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141", 16)
+	orderP256, _ = new(big.Int).SetString("FFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551", 16)
+)
+
+type lowsResult struct {
+	Commits       int `json:"commits"`
+	K256          int `json:"k256"`
+	P256          int `json:"p256"`
+	StrictOK      int `json:"strict_ok"`
+	TwinRejected  int `json:"twin_rejected"`
+	TwinLenientOK int `json:"twin_lenient_ok"`
+}
+
+func cmdLows(args []string) int {
+	fs := flag.NewFlagSet("lows", flag.ExitOnError)
+	docsPath := fs.String("did-docs", "", "DID -> DID document JSON")
+	fs.Parse(reorder(args))
+	if fs.NArg() != 1 || *docsPath == "" {
+		fmt.Fprintln(os.Stderr, "usage: indigo-check lows FRAMES --did-docs DOCS.json")
+		return 2
+	}
+	data, err := os.ReadFile(fs.Arg(0))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		return 2
+	}
+	frames, err := splitFrames(data)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error: corpus:", err)
+		return 2
+	}
+	rawDocs, err := os.ReadFile(*docsPath)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		return 2
+	}
+	var docs map[string]json.RawMessage
+	if err := json.Unmarshal(rawDocs, &docs); err != nil {
+		fmt.Fprintln(os.Stderr, "error: did docs:", err)
+		return 2
+	}
+	dir, err := loadDirectory(docs)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error: did docs:", err)
+		return 2
+	}
+	ctx := context.Background()
+	var res lowsResult
+	for _, f := range frames {
+		r := bytes.NewReader(f)
+		var hdr events.EventHeader
+		if hdr.UnmarshalCBOR(r) != nil || hdr.Op != events.EvtKindMessage || hdr.MsgType != "#commit" {
+			continue
+		}
+		var evt comatproto.SyncSubscribeRepos_Commit
+		if evt.UnmarshalCBOR(r) != nil {
+			continue
+		}
+		commit, _, err := repo.LoadCommitFromCAR(ctx, bytes.NewReader(evt.Blocks))
+		if err != nil || len(commit.Sig) != 64 {
+			continue
+		}
+		ident, err := dir.LookupDID(ctx, syntax.DID(commit.DID))
+		if err != nil {
+			continue
+		}
+		key, err := ident.PublicKey()
+		if err != nil {
+			continue
+		}
+		order := orderK256
+		switch key.(type) {
+		case *atcrypto.PublicKeyK256:
+			res.K256++
+		case *atcrypto.PublicKeyP256:
+			order = orderP256
+			res.P256++
+		default:
+			continue
+		}
+		res.Commits++
+		unsigned, err := commit.UnsignedBytes()
+		if err != nil {
+			continue
+		}
+		if key.HashAndVerify(unsigned, commit.Sig) == nil {
+			res.StrictOK++
+		}
+		s := new(big.Int).SetBytes(commit.Sig[32:])
+		twin := make([]byte, 64)
+		copy(twin, commit.Sig[:32])
+		new(big.Int).Sub(order, s).FillBytes(twin[32:])
+		if key.HashAndVerify(unsigned, twin) != nil {
+			res.TwinRejected++
+		}
+		if key.HashAndVerifyLenient(unsigned, twin) == nil {
+			res.TwinLenientOK++
+		}
+	}
+	b, _ := json.Marshal(res)
+	fmt.Println(string(b))
+	return 0
+}
+
 type repoResult struct {
 	Records  int     `json:"records"`
 	Accepted bool    `json:"accepted"`
@@ -410,12 +522,14 @@ func main() {
 	// indigo logs through slog's default logger (e.g. "prevData was null"); keep stdout/stderr ours.
 	slog.SetDefault(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: indigo-check frames FRAMES --did-docs DOCS.json [--json] | repo CAR --did-doc DOC.json")
+		fmt.Fprintln(os.Stderr, "usage: indigo-check frames FRAMES --did-docs DOCS.json [--json] | lows FRAMES --did-docs DOCS.json | repo CAR --did-doc DOC.json")
 		os.Exit(2)
 	}
 	switch os.Args[1] {
 	case "frames":
 		os.Exit(cmdFrames(os.Args[2:]))
+	case "lows":
+		os.Exit(cmdLows(os.Args[2:]))
 	case "repo":
 		os.Exit(cmdRepo(os.Args[2:]))
 	default:
