@@ -14,7 +14,7 @@
 //!
 //! What it does not do: sign or encode commits (see [`crate::network`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use riptide_cbor::CidBuf;
 use riptide_repo::mst::invert::proof_nodes;
@@ -229,8 +229,15 @@ impl RepoState {
         })
     }
 
-    /// The proof of a multi-op commit: the verifier's own inversion ([`proof_nodes`]) over the
-    /// new tree's blocks along the changed keys, and any other node it asks for.
+    /// The proof of a multi-op commit: the nodes the verifier's own inversion ([`proof_nodes`])
+    /// loads over the new tree's blocks, in several orders. Sync 1.1 does not fix the order in
+    /// which a consumer undoes the ops: riptide's verifier goes last-to-first, indigo's
+    /// `VerifyCommitMessage` deletes first and then by path, and `@atproto/repo` builds the CAR
+    /// from each changed key's covering proof in the new tree and tests every permutation. A
+    /// proof for one order only can lack the other nodes of a split that another order must
+    /// merge back (seen with indigo on list + list-item commits: "can not merge child nodes").
+    /// So this takes the union of the nodes needed last-to-first (first, in load order, as
+    /// before), first-to-last, in indigo's order, and by each op alone on the new tree.
     fn proof_by_inversion(
         &self,
         data: CidBuf,
@@ -241,19 +248,47 @@ impl RepoState {
             self.tree.path_blocks(op.path.as_bytes(), &mut near);
         }
         let mut blocks: HashMap<CidBuf, Vec<u8>> = near.into_iter().collect();
-        loop {
-            match proof_nodes(data, &blocks, ops) {
-                Ok(needed) => {
-                    return needed
-                        .into_iter()
-                        .map(|cid| {
-                            let bytes = blocks.remove(&cid).ok_or_else(|| {
-                                GenError::Internal(format!("proof node {cid} named twice"))
-                            })?;
-                            Ok((cid, bytes))
-                        })
-                        .collect()
+        // `proof_nodes` inverts last-to-first, so each order is given reversed.
+        let forward: Vec<ProofOp<'_>> = ops.iter().rev().copied().collect();
+        let mut indigo: Vec<ProofOp<'_>> = ops.to_vec();
+        indigo.sort_by(|a, b| {
+            let del = |o: &ProofOp<'_>| o.action != Action::Delete;
+            (del(a), a.path).cmp(&(del(b), b.path))
+        });
+        indigo.reverse();
+        let mut orders: Vec<Vec<ProofOp<'_>>> = vec![ops.to_vec(), forward, indigo];
+        orders.extend(ops.iter().map(|op| vec![*op]));
+        let mut seen = HashSet::new();
+        let mut proof = Vec::new();
+        for order in &orders {
+            for cid in self.nodes_needed(data, &mut blocks, order)? {
+                if seen.insert(cid) {
+                    proof.push(cid);
                 }
+            }
+        }
+        proof
+            .into_iter()
+            .map(|cid| {
+                let bytes = blocks.get(&cid).cloned().ok_or_else(|| {
+                    GenError::Internal(format!("proof node {cid} not in the tree"))
+                })?;
+                Ok((cid, bytes))
+            })
+            .collect()
+    }
+
+    /// [`proof_nodes`] for `ops` (inverted last-to-first), adding to `blocks` every node of the
+    /// new tree it asks for.
+    fn nodes_needed(
+        &self,
+        data: CidBuf,
+        blocks: &mut HashMap<CidBuf, Vec<u8>>,
+        ops: &[ProofOp<'_>],
+    ) -> Result<Vec<CidBuf>, GenError> {
+        loop {
+            match proof_nodes(data, &*blocks, ops) {
+                Ok(needed) => return Ok(needed),
                 Err(ProofError::MissingBlock(cid)) => {
                     let bytes = self.tree.node_block(cid.as_cid()).ok_or_else(|| {
                         GenError::Internal(format!("proof node {cid} not in the tree"))
