@@ -33,7 +33,20 @@ fn main() {
                     .expect("walk");
             }
             _ => {
-                riptide_repo::verify_repo(&bytes, None).expect("verify");
+                let r = riptide_repo::verify_repo(&bytes, None).expect("verify");
+                let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+                let total = ms(t.elapsed());
+                let t = Instant::now();
+                std::hint::black_box(riptide_sha::sha256(std::hint::black_box(&bytes)));
+                let bound = ms(t.elapsed());
+                println!(
+                    "all: {total:.1} ms car {:.1} walk {:.1} rebuild {:.1} sha256 {bound:.1} ratio {:.3}",
+                    ms(r.timings.car),
+                    ms(r.timings.walk),
+                    ms(r.timings.rebuild),
+                    bound / total
+                );
+                continue;
             }
         }
         println!("{phase}: {:.1} ms", t.elapsed().as_secs_f64() * 1e3);
