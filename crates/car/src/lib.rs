@@ -228,7 +228,10 @@ impl Entry {
         let bytes = cid.as_bytes();
         if self.prefix_len != 0 {
             let p = self.prefix_len as usize;
-            bytes.len() == p + 32 && bytes[..p] == self.prefix[..p] && bytes[p..] == self.digest
+            // The digest as one fixed-size comparison, not a `memcmp` call (profiled).
+            bytes.len() == p + 32
+                && bytes[..p] == self.prefix[..p]
+                && <&[u8; 32]>::try_from(&bytes[p..]).is_ok_and(|d| *d == self.digest)
         } else {
             let start = self.cid_start as usize;
             &car[start..start + self.cid_len as usize] == bytes

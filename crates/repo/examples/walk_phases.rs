@@ -1,6 +1,6 @@
 //! Times the phases of whole-repository verification separately, many times, for profiling:
 //! `cargo run --release -p riptide-repo --example walk_phases -- FILE.car [PHASE] [N]`
-//! (PHASE: car, walk or all).
+//! (PHASE: car, walk, lookups (walk and look every record up) or all).
 use std::time::Instant;
 
 use riptide_car::{CarOptions, CarReader};
@@ -25,6 +25,15 @@ fn main() {
             "car" => {
                 let mut r = CarReader::new();
                 r.read(&bytes, &CarOptions::repository()).expect("car");
+            }
+            "lookups" => {
+                let mut found = 0usize;
+                walker
+                    .walk(&car, data.as_cid(), |_, cid, _| {
+                        found += usize::from(car.position(cid).is_some())
+                    })
+                    .expect("walk");
+                std::hint::black_box(found);
             }
             "walk" => {
                 let mut keys = 0usize;
