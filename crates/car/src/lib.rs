@@ -181,8 +181,27 @@ struct Entry {
 const PREFIX_MAX: usize = 6;
 
 impl Entry {
+    #[inline]
     fn new(cid: Cid<'_>, cid_start: usize, data_len: usize) -> Entry {
         let bytes = cid.as_bytes();
+        // Every atproto CID: a 4-byte prefix and a SHA-256 digest, copied as fixed-size arrays
+        // (the general path below makes two `memcpy` calls per block).
+        if let Ok(b) = <&[u8; 36]>::try_from(bytes) {
+            if b[1] < 0x80 && b[2] < 0x80 && b[3] == 0x20 {
+                let mut prefix = [0u8; PREFIX_MAX];
+                prefix[..4].copy_from_slice(&b[..4]);
+                let mut digest = [0u8; 32];
+                digest.copy_from_slice(&b[4..]);
+                return Entry {
+                    digest,
+                    cid_start: cid_start as u32,
+                    data_len: data_len as u32,
+                    cid_len: 36,
+                    prefix_len: 4,
+                    prefix,
+                };
+            }
+        }
         let digest = cid.digest();
         let mut e = Entry {
             digest: [0; 32],
@@ -228,7 +247,10 @@ impl Entry {
         let bytes = cid.as_bytes();
         if self.prefix_len != 0 {
             let p = self.prefix_len as usize;
-            bytes.len() == p + 32 && bytes[..p] == self.prefix[..p] && bytes[p..] == self.digest
+            // The digest as one fixed-size comparison, not a `memcmp` call (profiled).
+            bytes.len() == p + 32
+                && bytes[..p] == self.prefix[..p]
+                && <&[u8; 32]>::try_from(&bytes[p..]).is_ok_and(|d| *d == self.digest)
         } else {
             let start = self.cid_start as usize;
             &car[start..start + self.cid_len as usize] == bytes

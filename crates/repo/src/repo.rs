@@ -6,8 +6,9 @@
 //! canonical tree (a checked walk), and rebuilding that tree from its leaves reproduces the
 //! commit's `data`. [`verify_repo`] does exactly that and reports how long each phase took.
 //!
-//! Performance: the walk decodes each node once on a reused tape and keeps keys in one growing
-//! buffer; the rebuild reuses the key heights the walk computed and one encoding buffer. Nothing
+//! Performance: the walk decodes each node once on a reused tape; the rebuild takes each leaf
+//! from the walk as it is visited (with the key height the walk computed), so it reads keys,
+//! record CIDs and node blocks while they are in cache and needs no table of all leaves. Nothing
 //! is allocated per record or per node beyond amortized buffer growth.
 //!
 //! Record blocks: a full export holds every record the MST points to, so a missing one is an
@@ -25,8 +26,8 @@ use riptide_crypto::PublicKey;
 
 use crate::commit::Commit;
 use crate::error::{RepoError, RootMismatch};
-use crate::mst::build::{Builder, Leaves, RootOnly, Verified};
-use crate::mst::walk::Walker;
+use crate::mst::stream::StreamBuilder;
+use crate::mst::walk::{Visit, Walker};
 
 /// Options for [`verify_repo_with`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,9 +43,11 @@ pub struct Timings {
     pub car: Duration,
     /// Decoding the commit and verifying its signature.
     pub signature: Duration,
-    /// Walking the MST with structural checks.
+    /// Walking the MST with structural checks, and rebuilding it from its leaves as the walk
+    /// hands them over (the two are interleaved, so that the rebuild finds its data in cache).
     pub walk: Duration,
-    /// Rebuilding the MST from its leaves.
+    /// Finishing the rebuild: the nodes still open after the last leaf (the right edge of the
+    /// tree, up to the root).
     pub rebuild: Duration,
 }
 
@@ -97,25 +100,35 @@ pub struct CommitInfo {
     pub prev: Option<CidBuf>,
 }
 
-/// Leaves collected by a walk: keys in one buffer, CIDs borrowed from the CAR.
-#[derive(Debug, Default)]
-struct LeafTable<'a> {
-    keys: Vec<u8>,
-    ends: Vec<usize>,
-    values: Vec<Cid<'a>>,
-    heights: Vec<u8>,
+/// What [`verify_repo`] does with what the walk hands over: every record must be in the CAR,
+/// and every leaf goes to the rebuild while the walk still holds it (and the node it came from)
+/// in cache.
+struct Verifying<'a, 'r> {
+    car: &'r Car<'a>,
+    rebuild: StreamBuilder<'a>,
+    /// Every node in post-order, with its block: the CAR reader has checked each block against
+    /// its CID, which lets the rebuild compare encodings instead of hashing them again.
+    nodes: Vec<(Cid<'a>, &'a [u8])>,
+    missing_records: usize,
+    first_missing: Option<(String, CidBuf)>,
 }
 
-impl Leaves for LeafTable<'_> {
-    fn count(&self) -> usize {
-        self.values.len()
+impl<'a> Visit<'a, 'a> for Verifying<'a, '_> {
+    #[inline]
+    fn leaf(&mut self, key: &[u8], cid: Cid<'a>, height: u32) {
+        if self.car.position(cid).is_none() {
+            self.missing_records += 1;
+            if self.first_missing.is_none() {
+                self.first_missing =
+                    Some((String::from_utf8_lossy(key).into_owned(), cid.to_buf()));
+            }
+        }
+        self.rebuild.leaf(key, cid, height, &self.nodes);
     }
-    fn key(&self, i: usize) -> &[u8] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] };
-        &self.keys[start..self.ends[i]]
-    }
-    fn value(&self, i: usize) -> Cid<'_> {
-        self.values[i]
+
+    #[inline]
+    fn node(&mut self, cid: Cid<'a>, block: &'a [u8]) {
+        self.nodes.push((cid, block));
     }
 }
 
@@ -190,46 +203,23 @@ pub fn verify_repo_with(
     timings.signature = t.elapsed();
 
     let t = Instant::now();
-    // Sized from the block count once, instead of growing (and copying) by doubling: records
-    // and nodes are at most the blocks, keys are ~30 bytes in practice.
-    let mut leaves = LeafTable {
-        keys: Vec::with_capacity(car.len().saturating_mul(32)),
-        ends: Vec::with_capacity(car.len()),
-        values: Vec::with_capacity(car.len()),
-        heights: Vec::with_capacity(car.len()),
+    // `CarOptions::repository()` verifies every block, so `nodes` are verified blocks.
+    let mut v = Verifying {
+        car: &car,
+        rebuild: StreamBuilder::new(),
+        nodes: Vec::with_capacity(car.len() / 3),
+        missing_records: 0,
+        first_missing: None,
     };
-    let mut missing_records = 0usize;
-    let mut first_missing = None;
-    // Every node in post-order, with its block: the CAR reader has checked each block against
-    // its CID, which lets the rebuild compare encodings instead of hashing them again.
-    let mut nodes: Vec<(Cid<'_>, &[u8])> = Vec::with_capacity(car.len() / 3);
-    let stats = Walker::new().walk_nodes(
-        &car,
-        commit.data(),
-        |k, cid, h| {
-            leaves.keys.extend_from_slice(k);
-            leaves.ends.push(leaves.keys.len());
-            leaves.values.push(cid);
-            leaves.heights.push(h as u8);
-            if car.position(cid).is_none() {
-                missing_records += 1;
-                if first_missing.is_none() {
-                    first_missing = Some((String::from_utf8_lossy(k).into_owned(), cid.to_buf()));
-                }
-            }
-        },
-        |cid, block| nodes.push((cid, block)),
-    )?;
+    let stats = Walker::new().walk_with(&car, commit.data(), &mut v)?;
     timings.walk = t.elapsed();
-    if let (Some((key, cid)), false) = (first_missing, opts.allow_missing_records) {
+    if let (Some((key, cid)), false) = (v.first_missing.take(), opts.allow_missing_records) {
         return Err(RepoError::MissingRecord { key, cid });
     }
+    let missing_records = v.missing_records;
 
     let t = Instant::now();
-    let heights = std::mem::take(&mut leaves.heights);
-    // `CarOptions::repository()` verifies every block, so `nodes` are verified blocks.
-    let mut known = Verified::new(&nodes);
-    let rebuilt = Builder::new().build_with_cids(&leaves, &heights, &mut RootOnly, &mut known);
+    let rebuilt = v.rebuild.finish(&v.nodes);
     timings.rebuild = t.elapsed();
     let data = commit.data().to_buf();
     if rebuilt != data {

@@ -93,49 +93,6 @@ impl NodeCids for Hashing {
     }
 }
 
-/// Node blocks whose CIDs were already checked against their bytes (a CAR read with
-/// verification), in the order the builder produces nodes: children before parents, left to
-/// right, as a post-order walk of the same tree lists them.
-///
-/// Why: rebuilding a repository's MST from its leaves re-encodes every node, and when the tree
-/// is canonical each encoding is byte for byte a block the CAR reader has just hashed. Comparing
-/// bytes is an order of magnitude cheaper than hashing them again, and proves the same thing: if
-/// the rebuilt encoding equals a block whose SHA-256 is its CID, that CID is the rebuilt node's.
-/// Any node that differs (a tree that is not canonical) is hashed as usual, so the rebuilt root
-/// is exactly what hashing every node would give.
-pub(crate) struct Verified<'k> {
-    nodes: &'k [(Cid<'k>, &'k [u8])],
-    next: usize,
-    /// Nodes whose CID came from a verified block (the rest were hashed).
-    pub(crate) reused: usize,
-}
-
-impl<'k> Verified<'k> {
-    /// `nodes` must each be a block whose SHA-256 CID was checked against its bytes.
-    pub(crate) fn new(nodes: &'k [(Cid<'k>, &'k [u8])]) -> Verified<'k> {
-        Verified {
-            nodes,
-            next: 0,
-            reused: 0,
-        }
-    }
-}
-
-impl NodeCids for Verified<'_> {
-    #[inline]
-    fn cid(&mut self, bytes: &[u8]) -> CidBuf {
-        let i = self.next;
-        self.next += 1;
-        match self.nodes.get(i) {
-            Some((cid, block)) if *block == bytes => {
-                self.reused += 1;
-                cid.to_buf()
-            }
-            _ => Hashing.cid(bytes),
-        }
-    }
-}
-
 /// Reusable state for building MSTs (an encoding buffer and scratch stacks).
 #[derive(Debug, Default)]
 pub struct Builder {
@@ -347,42 +304,5 @@ mod tests {
             build(&leaves(&["a/1", "bad"])).unwrap_err(),
             BuildError::InvalidKey { index: 1 }
         );
-    }
-
-    #[test]
-    fn verified_blocks_stand_in_for_hashing() {
-        let leaves: Vec<(String, CidBuf)> = (0..2000)
-            .map(|i| (format!("app.bsky.graph.follow/3k{i:08}"), leaf()))
-            .collect();
-        let (root, blocks) = build(&leaves[..]).unwrap();
-        let heights: Vec<u8> = leaves
-            .iter()
-            .map(|(k, _)| key_height(k.as_bytes()) as u8)
-            .collect();
-        let known: Vec<(Cid<'_>, &[u8])> = blocks
-            .iter()
-            .map(|(c, b)| (c.as_cid(), b.as_slice()))
-            .collect();
-
-        // Every node is a known block: nothing is hashed, and the root is the same.
-        let mut cids = Verified::new(&known);
-        let got = Builder::new().build_with_cids(&leaves[..], &heights, &mut RootOnly, &mut cids);
-        assert_eq!((got, cids.reused), (root, blocks.len()));
-
-        // A known block that does not match the encoding is not used: that node is hashed.
-        let mut altered: Vec<(CidBuf, Vec<u8>)> = blocks.clone();
-        altered[3].1.push(0);
-        let known: Vec<(Cid<'_>, &[u8])> = altered
-            .iter()
-            .map(|(c, b)| (c.as_cid(), b.as_slice()))
-            .collect();
-        let mut cids = Verified::new(&known);
-        let got = Builder::new().build_with_cids(&leaves[..], &heights, &mut RootOnly, &mut cids);
-        assert_eq!((got, cids.reused), (root, blocks.len() - 1));
-
-        // Too few known blocks (a different tree): the rest are hashed.
-        let mut cids = Verified::new(&known[..10]);
-        let got = Builder::new().build_with_cids(&leaves[..], &heights, &mut RootOnly, &mut cids);
-        assert_eq!((got, cids.reused), (root, 9));
     }
 }

@@ -9,6 +9,8 @@
 //! - [`node`]: decoding one node with its local checks; canonical encoding.
 //! - [`walk`](mod@walk): every leaf in order, checking the whole structure.
 //! - [`build`](mod@build): the canonical tree (root CID and blocks) from sorted leaves.
+//! - `stream`: the same tree built from leaves as a walk hands them over (repository
+//!   verification).
 //! - [`tree`]: a mutable tree loaded lazily from blocks, for commit-proof inversion and
 //!   incremental updates.
 //! - [`invert`]: undoing firehose operations on such a tree.
@@ -20,6 +22,7 @@ pub mod build;
 pub mod height;
 pub mod invert;
 pub mod node;
+pub(crate) mod stream;
 pub mod tree;
 pub mod walk;
 
@@ -28,4 +31,4 @@ pub use height::{common_prefix_len, is_valid_key, key_height, MAX_KEY_LEN};
 pub use invert::{Action, ProofOp};
 pub use node::{decode_node, empty_root_cid, encode_node, NodeData, EMPTY_NODE};
 pub use tree::{Checkpoint, Tree};
-pub use walk::{walk, WalkStats, Walker};
+pub use walk::{walk, Visit, WalkStats, Walker};

@@ -20,7 +20,9 @@ use riptide_cbor::{
 };
 
 use crate::error::MstError;
-use crate::mst::height::{common_prefix_len, is_valid_key, key_height, key_height_pair};
+use crate::mst::height::{
+    common_prefix_len, key_height, key_height_pair, key_slash, key_slash_after,
+};
 
 /// The encoding of the empty node `{e: [], l: null}`: the root of an empty repository.
 pub const EMPTY_NODE: [u8; 7] = [0xa2, 0x61, b'e', 0x80, 0x61, b'l', 0xf6];
@@ -46,6 +48,8 @@ pub struct NodeData<'a> {
     entries: Vec<EntryRef<'a>>,
     keys: Vec<u8>,
     layer: Option<u32>,
+    /// Where the slash of the last key is.
+    last_slash: usize,
 }
 
 impl<'a> NodeData<'a> {
@@ -498,9 +502,15 @@ fn push_entry<'a>(
     out.keys.extend_from_within(prev_start..prev_start + p);
     out.keys.extend_from_slice(k);
     let key = &out.keys[prev_end..];
-    if !is_valid_key(key) {
+    // After the first entry, the key starts with `p` bytes of the previous (valid) key.
+    let slash = if index == 0 {
+        key_slash(key)
+    } else {
+        key_slash_after(key, p, out.last_slash)
+    };
+    let Some(slash) = slash else {
         return Err(MstError::InvalidKey { key: lossy(key) });
-    }
+    };
     // Heights are checked here unless the caller checks them for the whole node (`None`).
     let h = match layer {
         Some(layer) => {
@@ -527,6 +537,7 @@ fn push_entry<'a>(
             reason: "node keys too long",
         });
     }
+    out.last_slash = slash;
     out.entries.push(EntryRef {
         key_end: out.keys.len() as u32,
         value,

@@ -71,13 +71,28 @@ impl Walker {
         &mut self,
         src: &'s S,
         root: Cid<'c>,
-        mut f: F,
-        mut node_done: N,
+        f: F,
+        node_done: N,
     ) -> Result<WalkStats, MstError>
     where
         S: BlockSource + ?Sized,
         F: FnMut(&[u8], Cid<'s>, u32),
         N: FnMut(Cid<'c>, &'s [u8]),
+    {
+        self.walk_with(src, root, &mut Closures { f, node_done })
+    }
+
+    /// [`Walker::walk_nodes`] with one visitor for leaves and nodes (so that both can work on
+    /// the same state).
+    pub fn walk_with<'s: 'c, 'c, S, V>(
+        &mut self,
+        src: &'s S,
+        root: Cid<'c>,
+        visit: &mut V,
+    ) -> Result<WalkStats, MstError>
+    where
+        S: BlockSource + ?Sized,
+        V: Visit<'s, 'c> + ?Sized,
     {
         let mut stats = WalkStats::default();
         let mut levels: Vec<NodeData<'s>> = vec![NodeData::new()];
@@ -123,7 +138,7 @@ impl Walker {
                 let j = (pos - 1) / 2;
                 if j >= node.len() {
                     frames.pop();
-                    node_done(cids[depth], blocks[depth]);
+                    visit.node(cids[depth], blocks[depth]);
                     continue;
                 }
                 let key = node.key(j);
@@ -137,7 +152,7 @@ impl Walker {
                 self.prev.extend_from_slice(key);
                 have_prev = true;
                 stats.records += 1;
-                f(key, node.value(j), frame.layer);
+                visit.leaf(key, node.value(j), frame.layer);
                 continue;
             } else {
                 node.right((pos - 2) / 2)
@@ -168,6 +183,36 @@ impl Walker {
             frames.push(Frame { pos: 0, layer });
         }
         Ok(stats)
+    }
+}
+
+/// What a walk hands over: every leaf in key order, and every node in post-order (children
+/// before parents, left to right); a node is handed over before the leaf that follows it.
+pub trait Visit<'s, 'c> {
+    /// One leaf: its key, record CID and height (the layer of its node).
+    fn leaf(&mut self, key: &[u8], cid: Cid<'s>, height: u32);
+    /// One node, once every leaf under it was visited: its CID and block.
+    fn node(&mut self, _cid: Cid<'c>, _block: &'s [u8]) {}
+}
+
+/// A leaf closure and a node closure as one [`Visit`].
+struct Closures<F, N> {
+    f: F,
+    node_done: N,
+}
+
+impl<'s, 'c, F, N> Visit<'s, 'c> for Closures<F, N>
+where
+    F: FnMut(&[u8], Cid<'s>, u32),
+    N: FnMut(Cid<'c>, &'s [u8]),
+{
+    #[inline]
+    fn leaf(&mut self, key: &[u8], cid: Cid<'s>, height: u32) {
+        (self.f)(key, cid, height)
+    }
+    #[inline]
+    fn node(&mut self, cid: Cid<'c>, block: &'s [u8]) {
+        (self.node_done)(cid, block)
     }
 }
 
