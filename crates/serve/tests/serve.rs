@@ -843,43 +843,35 @@ async fn rationed_store_reads_still_deliver_everything_in_order() {
     assert!(metric(addr, "riptide_replay_reads_total").await >= 4.0 * 152.0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn trusting_ingest_serves_the_same_events_and_counts_nothing_verified() {
-    let Some(frames) = corpus_frames() else {
-        return;
-    };
+/// Ingests the capture into a fresh store with `cfg`; what ingest reports, its metrics, and the
+/// stored events as JSON without `time_us` and `cursor` (each cursor checked against its seq).
+async fn ingest_capture(
+    frames: &[Vec<u8>],
+    cfg: IngestConfig,
+) -> (riptide_serve::IngestSummary, Arc<Metrics>, Vec<Value>) {
     let dir = tempfile::tempdir().unwrap();
     let (store, resume) = Store::open(dir.path(), 0).unwrap();
     let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
     let metrics = Arc::new(Metrics::default());
     let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let h = ingest::spawn(
-        IngestConfig::trusting(),
-        log.clone(),
-        metrics.clone(),
-        resume,
-        rx,
-    )
-    .unwrap();
-    for (i, f) in frames.into_iter().enumerate() {
-        tx.send((i as u64 + 1, Bytes::from(f))).await.unwrap();
+    let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx).unwrap();
+    for (i, f) in frames.iter().enumerate() {
+        tx.send((i as u64 + 1, Bytes::from(f.clone())))
+            .await
+            .unwrap();
     }
     drop(tx);
     let s = tokio::task::spawn_blocking(move || h.join())
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((s.frames, s.events), (150, 152));
-    assert_eq!(s.resume.upstream_cursor, Some(150));
-    assert_eq!(metrics.verify_seconds.count(), 0);
-    assert_eq!(metrics.publish_seconds.count(), 150);
     let mut got = Vec::new();
     let all = ReadLimit {
         events: 1000,
         bytes: 1 << 30,
     };
     log.read(1, all, &mut got).unwrap();
-    let got: Vec<Value> = got
+    let got = got
         .iter()
         .map(|e| {
             let mut v: Value = serde_json::from_slice(&e.json()).unwrap();
@@ -889,6 +881,19 @@ async fn trusting_ingest_serves_the_same_events_and_counts_nothing_verified() {
             v
         })
         .collect();
+    (s, metrics, got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trusting_ingest_serves_the_same_events_and_counts_nothing_verified() {
+    let Some(frames) = corpus_frames() else {
+        return;
+    };
+    let (s, metrics, got) = ingest_capture(&frames, IngestConfig::trusting()).await;
+    assert_eq!((s.frames, s.events), (150, 152));
+    assert_eq!(s.resume.upstream_cursor, Some(150));
+    assert_eq!(metrics.verify_seconds.count(), 0);
+    assert_eq!(metrics.publish_seconds.count(), 150);
     assert_eq!(got, expected());
 }
 
@@ -902,42 +907,12 @@ async fn any_number_of_workers_stores_the_same_events_in_order() {
     };
     let want = expected();
     for workers in [1, 3, 8] {
-        let dir = tempfile::tempdir().unwrap();
-        let (store, resume) = Store::open(dir.path(), 0).unwrap();
-        let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
-        let metrics = Arc::new(Metrics::default());
         let mut cfg = IngestConfig::verifying(keys());
         cfg.workers = workers;
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
-        let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx).unwrap();
-        for (i, f) in frames.iter().enumerate() {
-            tx.send((i as u64 + 1, Bytes::from(f.clone())))
-                .await
-                .unwrap();
-        }
-        drop(tx);
-        let s = tokio::task::spawn_blocking(move || h.join())
-            .await
-            .unwrap()
-            .unwrap();
+        let (s, metrics, got) = ingest_capture(&frames, cfg).await;
         assert_eq!((s.frames, s.events), (150, 152), "{workers} workers");
         assert_eq!(metrics.verify_seconds.count(), 150, "{workers} workers");
-        let mut got = Vec::new();
-        let all = ReadLimit {
-            events: 1000,
-            bytes: 1 << 30,
-        };
-        log.read(1, all, &mut got).unwrap();
-        let got: Vec<Value> = got
-            .iter()
-            .map(|e| {
-                let mut v: Value = serde_json::from_slice(&e.json()).unwrap();
-                let o = v.as_object_mut().unwrap();
-                assert_eq!(o.remove("cursor").unwrap().as_u64(), Some(e.seq()));
-                o.remove("time_us");
-                v
-            })
-            .collect();
+        assert_eq!(metrics.publish_seconds.count(), 150, "{workers} workers");
         assert_eq!(got, want, "{workers} workers");
     }
 }
