@@ -252,6 +252,37 @@ func checkFrame(ctx context.Context, dir identity.Directory, index int, f []byte
 	return
 }
 
+// loadFramesAndDocs reads a corpus file and a DID -> DID document JSON file, as `frames` and
+// `lows` both take them; on failure it says why on stderr and returns ok = false (exit code 2).
+func loadFramesAndDocs(framesPath, docsPath string) (frames [][]byte, dir *identity.MockDirectory, ok bool) {
+	data, err := os.ReadFile(framesPath)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		return nil, nil, false
+	}
+	frames, err = splitFrames(data)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error: corpus:", err)
+		return nil, nil, false
+	}
+	rawDocs, err := os.ReadFile(docsPath)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		return nil, nil, false
+	}
+	var docs map[string]json.RawMessage
+	if err := json.Unmarshal(rawDocs, &docs); err != nil {
+		fmt.Fprintln(os.Stderr, "error: did docs:", err)
+		return nil, nil, false
+	}
+	dir, err = loadDirectory(docs)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "error: did docs:", err)
+		return nil, nil, false
+	}
+	return frames, dir, true
+}
+
 func cmdFrames(args []string) int {
 	fs := flag.NewFlagSet("frames", flag.ExitOnError)
 	docsPath := fs.String("did-docs", "", "DID -> DID document JSON")
@@ -261,29 +292,8 @@ func cmdFrames(args []string) int {
 		fmt.Fprintln(os.Stderr, "usage: indigo-check frames FRAMES --did-docs DOCS.json [--json]")
 		return 2
 	}
-	data, err := os.ReadFile(fs.Arg(0))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		return 2
-	}
-	frames, err := splitFrames(data)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "error: corpus:", err)
-		return 2
-	}
-	rawDocs, err := os.ReadFile(*docsPath)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		return 2
-	}
-	var docs map[string]json.RawMessage
-	if err := json.Unmarshal(rawDocs, &docs); err != nil {
-		fmt.Fprintln(os.Stderr, "error: did docs:", err)
-		return 2
-	}
-	dir, err := loadDirectory(docs)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "error: did docs:", err)
+	frames, dir, ok := loadFramesAndDocs(fs.Arg(0), *docsPath)
+	if !ok {
 		return 2
 	}
 	ctx := context.Background()
@@ -339,29 +349,8 @@ func cmdLows(args []string) int {
 		fmt.Fprintln(os.Stderr, "usage: indigo-check lows FRAMES --did-docs DOCS.json")
 		return 2
 	}
-	data, err := os.ReadFile(fs.Arg(0))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		return 2
-	}
-	frames, err := splitFrames(data)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "error: corpus:", err)
-		return 2
-	}
-	rawDocs, err := os.ReadFile(*docsPath)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "error:", err)
-		return 2
-	}
-	var docs map[string]json.RawMessage
-	if err := json.Unmarshal(rawDocs, &docs); err != nil {
-		fmt.Fprintln(os.Stderr, "error: did docs:", err)
-		return 2
-	}
-	dir, err := loadDirectory(docs)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "error: did docs:", err)
+	frames, dir, ok := loadFramesAndDocs(fs.Arg(0), *docsPath)
+	if !ok {
 		return 2
 	}
 	ctx := context.Background()
