@@ -244,10 +244,7 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         report["ratio_to_sha_bound"] =
             serde_json::json!(round(fps.median / sha.median * 100.0) / 100.0);
     }
-    let mut stdout = out::stdout();
-    if a.json {
-        writeln!(stdout, "{report}")?;
-    } else {
+    print_report(a.json, &report, errors, |stdout| {
         writeln!(
             stdout,
             "frames {} ({:.1} MB), blocks {blocks}, errors {errors}, {} thread(s), {} passes",
@@ -279,12 +276,7 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
                 fps.median / sha.median
             )?;
         }
-    }
-    stdout.flush()?;
-    Ok(if errors > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
+        Ok(())
     })
 }
 
@@ -515,10 +507,7 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
         "machine": machine(),
         "date": utc_now(),
     });
-    let mut stdout = out::stdout();
-    if a.json {
-        writeln!(stdout, "{report}")?;
-    } else {
+    print_report(a.json, &report, errors, |stdout| {
         writeln!(stdout, "entries {} (secp256k1 {}, P-256 {p256}), errors {errors}, x{} per pass, {} passes (tiers interleaved)",
             entries.len(), entries.len() - p256, a.repeat, a.passes)?;
         for (name, s) in names.iter().zip(&stats) {
@@ -535,12 +524,7 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
             stats[1].median / preparsed_s.median,
             preparsed_s.median / raw_s.median
         )?;
-    }
-    stdout.flush()?;
-    Ok(if errors > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
+        Ok(())
     })
 }
 
@@ -636,10 +620,7 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
         "machine": machine(),
         "date": utc_now(),
     });
-    let mut stdout = out::stdout();
-    if a.json {
-        writeln!(stdout, "{report}")?;
-    } else {
+    print_report(a.json, &report, 0, |stdout| {
         writeln!(
             stdout,
             "{}: {} records, {} blocks, {} bytes, signature {}, {} passes (median, us)",
@@ -682,9 +663,30 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
                 rss as f64 / bytes.len() as f64
             )?;
         }
+        Ok(())
+    })
+}
+
+/// Prints a benchmark's result: `report` as one JSON object with `--json`, else the lines `text`
+/// writes; then the exit code, 1 when `errors` items of the corpus failed (decode, sigs).
+fn print_report(
+    json: bool,
+    report: &serde_json::Value,
+    errors: usize,
+    text: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> anyhow::Result<ExitCode> {
+    let mut stdout = out::stdout();
+    if json {
+        writeln!(stdout, "{report}")?;
+    } else {
+        text(&mut stdout)?;
     }
     stdout.flush()?;
-    Ok(ExitCode::SUCCESS)
+    Ok(if errors > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// The process's peak resident set (`VmHWM` of /proc/self/status), where the OS reports one.
