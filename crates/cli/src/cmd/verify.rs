@@ -333,12 +333,16 @@ mod tests {
         f
     }
 
-    #[test]
-    fn each_did_stays_on_one_thread_and_shares_are_ordered_and_complete() {
-        let bytes: Vec<Vec<u8>> = (0..60)
+    /// `n` `#identity` frames, frame `i` of `did:plc:{i % 7}`: 7 DIDs, each more than once.
+    fn identities(n: usize) -> Vec<Vec<u8>> {
+        (0..n)
             .map(|i| identity(&format!("did:plc:{}", i % 7)))
-            .collect();
-        let frames: Vec<CorpusFrame<'_>> = bytes
+            .collect()
+    }
+
+    /// `bytes` as the corpus frames the router takes, indexed in order.
+    fn corpus_frames(bytes: &[Vec<u8>]) -> Vec<CorpusFrame<'_>> {
+        bytes
             .iter()
             .enumerate()
             .map(|(index, b)| CorpusFrame {
@@ -346,7 +350,13 @@ mod tests {
                 offset: 0,
                 bytes: b,
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn each_did_stays_on_one_thread_and_shares_are_ordered_and_complete() {
+        let bytes = identities(60);
+        let frames = corpus_frames(&bytes);
         let mut router = Router::new(3);
         let mut owner: HashMap<String, usize> = HashMap::new();
         for batch in frames.chunks(25) {
@@ -371,18 +381,8 @@ mod tests {
 
     #[test]
     fn the_owner_map_counts_dids_and_forgets_them() {
-        let bytes: Vec<Vec<u8>> = (0..20)
-            .map(|i| identity(&format!("did:plc:{}", i % 7)))
-            .collect();
-        let frames: Vec<CorpusFrame<'_>> = bytes
-            .iter()
-            .enumerate()
-            .map(|(index, b)| CorpusFrame {
-                index,
-                offset: 0,
-                bytes: b,
-            })
-            .collect();
+        let bytes = identities(20);
+        let frames = corpus_frames(&bytes);
         let mut router = Router::new(2);
         router.route(&frames);
         assert_eq!(router.owned(), 7);
