@@ -114,16 +114,20 @@ fn jetstream_emits_production_count_with_increasing_time_and_cursor() {
 #[test]
 fn bench_decode_json_has_the_contract_fields() {
     let Some(file) = capture() else { return };
-    let out = riptide(&[
-        "bench",
-        "decode",
-        s(&file),
-        "--warmup",
-        "0",
-        "--passes",
-        "1",
-        "--json",
-    ]);
+    // The same run, with `extra` flags before `--json`.
+    let bench = |extra: &[&str]| {
+        let head = [
+            "bench",
+            "decode",
+            s(&file),
+            "--warmup",
+            "0",
+            "--passes",
+            "1",
+        ];
+        riptide(&[&head[..], extra, &["--json"]].concat())
+    };
+    let out = bench(&[]);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for k in [
@@ -145,17 +149,7 @@ fn bench_decode_json_has_the_contract_fields() {
     for k in ["min", "median", "max"] {
         assert!(v["fps"][k].as_f64().unwrap() > 0.0);
     }
-    let out = riptide(&[
-        "bench",
-        "decode",
-        s(&file),
-        "--warmup",
-        "0",
-        "--passes",
-        "1",
-        "--no-verify",
-        "--json",
-    ]);
+    let out = bench(&["--no-verify"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v.get("sha_bound_fps").is_none());
 }
