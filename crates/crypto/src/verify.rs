@@ -88,10 +88,9 @@ impl PublicKey {
         strictness: Strictness,
     ) -> Result<(), VerifyError> {
         match self {
-            PublicKey::Secp256k1(key) => {
-                let sig = check_compact(sig, &SECP256K1_HALF_ORDER, strictness)?;
-                let digest: [u8; 32] = Sha256::digest(msg).into();
-                verify_secp256k1(key, &digest, sig)
+            // libsecp256k1 verifies digests: hash, then the digest path.
+            PublicKey::Secp256k1(_) => {
+                self.verify_digest(&Sha256::digest(msg).into(), sig, strictness)
             }
             PublicKey::P256(P256Key(point)) => {
                 check_compact(sig, &P256_HALF_ORDER, strictness)?;
