@@ -41,15 +41,19 @@ impl<K: AsRef<[u8]>> Leaves for [(K, CidBuf)] {
     }
 }
 
+/// A vector of leaves is its slice (so `build(&vec)` works without `[..]`).
 impl<K: AsRef<[u8]>> Leaves for Vec<(K, CidBuf)> {
+    #[inline]
     fn count(&self) -> usize {
-        self.len()
+        Leaves::count(self.as_slice())
     }
+    #[inline]
     fn key(&self, i: usize) -> &[u8] {
-        self[i].0.as_ref()
+        self.as_slice().key(i)
     }
+    #[inline]
     fn value(&self, i: usize) -> Cid<'_> {
-        self[i].1.as_cid()
+        self.as_slice().value(i)
     }
 }
 
