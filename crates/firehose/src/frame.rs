@@ -17,6 +17,7 @@
 
 use riptide_car::{Car, CarOptions, CarReader};
 use riptide_cbor::{Arena, Cid, Doc, Item, Kind, Options, Value};
+use riptide_repo::ProofOp;
 
 use crate::error::{FrameError, FrameErrorKind};
 
@@ -132,6 +133,18 @@ impl<'a> Commit<'a> {
                 prev: None,
             })
         })
+    }
+
+    /// The ops as the MST proof check takes them ([`riptide_repo::verify_commit_proof`]).
+    pub fn proof_ops(&self) -> Vec<ProofOp<'a>> {
+        self.ops()
+            .map(|op| ProofOp {
+                action: op.action,
+                path: op.path,
+                cid: op.cid.map(|c| c.to_buf()),
+                prev: op.prev.map(|c| c.to_buf()),
+            })
+            .collect()
     }
 
     /// Blob CIDs referenced by the commit (legacy field).

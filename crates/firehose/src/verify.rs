@@ -517,15 +517,7 @@ impl<K: KeyLookup> Ctx<'_, K> {
                 }
                 let prev_data = c.prev_data.ok_or(Failure::NoPrevData)?;
                 self.check_signature(&commit)?;
-                let ops: Vec<ProofOp<'_>> = c
-                    .ops()
-                    .map(|op| ProofOp {
-                        action: op.action,
-                        path: op.path,
-                        cid: op.cid.map(|c| c.to_buf()),
-                        prev: op.prev.map(|c| c.to_buf()),
-                    })
-                    .collect();
+                let ops = c.proof_ops();
                 check_records(self.arena, frame, car, &ops)?;
                 verify_commit_proof(car, c.commit, &ops, Some(prev_data))
                     .map_err(|e| Failure::Proof(Box::new(e)))?;

@@ -372,7 +372,7 @@ fn mentions_of_generated_accounts_use_their_handles() {
 #[test]
 fn multi_op_proofs_invert_in_any_order() {
     use riptide_repo::mst::invert::invert_one;
-    use riptide_repo::{Action, ProofOp, Tree};
+    use riptide_repo::{Action, Tree};
 
     fn permutations(n: usize) -> Vec<Vec<usize>> {
         if n == 0 {
@@ -397,15 +397,7 @@ fn multi_op_proofs_invert_in_any_order() {
         let Body::Commit(c) = frame.body() else {
             continue;
         };
-        let ops: Vec<ProofOp<'_>> = c
-            .ops()
-            .map(|op| ProofOp {
-                action: op.action,
-                path: op.path,
-                cid: op.cid.map(|c| c.to_buf()),
-                prev: op.prev.map(|c| c.to_buf()),
-            })
-            .collect();
+        let ops = c.proof_ops();
         if ops.len() < 2 {
             continue;
         }
