@@ -250,16 +250,7 @@ impl Projector {
                 }
                 b.extend_from_slice(b",\"seq\":");
                 write_json_int(b, id.seq);
-                b.extend_from_slice(b",\"time\":");
-                write_json_string(b, id.time);
-                b.push(b'}');
-                let body = start..out.buf.len();
-                out.parts.push(Part {
-                    kind: EventKind::Identity,
-                    did,
-                    collection: 0..0,
-                    body,
-                });
+                out.end_part(EventKind::Identity, did, start, id.time);
             }
             Body::Account(a) => {
                 let did = push(&mut out.buf, a.did);
@@ -277,21 +268,30 @@ impl Projector {
                     b.extend_from_slice(b",\"status\":");
                     write_json_string(b, s);
                 }
-                b.extend_from_slice(b",\"time\":");
-                write_json_string(b, a.time);
-                b.push(b'}');
-                let body = start..out.buf.len();
-                out.parts.push(Part {
-                    kind: EventKind::Account,
-                    did,
-                    collection: 0..0,
-                    body,
-                });
+                out.end_part(EventKind::Account, did, start, a.time);
             }
             // Never emitted on v1 (§4.1, §7.8).
             Body::Sync(_) | Body::Info(_) | Body::Error(_) | Body::Unknown { .. } => {}
         }
         out
+    }
+}
+
+impl Projection {
+    /// Ends the body of an identity or account event begun at `start` (all its fields written but
+    /// the last, `time`) and records its part.
+    fn end_part(&mut self, kind: EventKind, did: Range<usize>, start: usize, time: &str) {
+        let b = &mut self.buf;
+        b.extend_from_slice(b",\"time\":");
+        write_json_string(b, time);
+        b.push(b'}');
+        let body = start..b.len();
+        self.parts.push(Part {
+            kind,
+            did,
+            collection: 0..0,
+            body,
+        });
     }
 }
 
