@@ -464,17 +464,20 @@ fn hostile_headers_are_typed_errors() {
         l
     };
     let opts = CarOptions::default();
-    // {"roots": [root], "version": 2}
-    let v2 = [
-        &[0xa2, 0x65][..],
-        b"roots",
-        &[0x81],
-        &link,
-        &[0x67],
-        b"version",
-        &[0x02],
-    ]
-    .concat();
+    // {"roots": [root], "version": v}
+    let header = |v: u8| {
+        [
+            &[0xa2, 0x65][..],
+            b"roots",
+            &[0x81],
+            &link,
+            &[0x67],
+            b"version",
+            &[v],
+        ]
+        .concat()
+    };
+    let v2 = header(2);
     assert_eq!(
         read_err(&with_header(&v2), &opts).kind(),
         &CarErrorKind::BadHeader("version is not 1")
@@ -525,15 +528,6 @@ fn hostile_headers_are_typed_errors() {
         &CarErrorKind::HeaderCbor(riptide_cbor::ErrorKind::DepthLimit)
     );
     // The canonical header itself reads back.
-    let good = [
-        &[0xa2, 0x65][..],
-        b"roots",
-        &[0x81],
-        &link,
-        &[0x67],
-        b"version",
-        &[0x01],
-    ]
-    .concat();
+    let good = header(1);
     assert_eq!(with_header(&good), car);
 }
