@@ -46,10 +46,10 @@ async fn real_repository_served() {
     .unwrap();
     let base = sim.base_url();
     let http = reqwest::Client::new();
+    // GET `path` on the sim.
+    let get = |path: &str| http.get(format!("{base}{path}")).send();
 
-    let list: serde_json::Value = http
-        .get(format!("{base}/xrpc/com.atproto.sync.listRepos"))
-        .send()
+    let list: serde_json::Value = get("/xrpc/com.atproto.sync.listRepos")
         .await
         .unwrap()
         .json()
@@ -62,19 +62,13 @@ async fn real_repository_served() {
         .unwrap()
         .starts_with("bafyrei"));
 
-    let got = http
-        .get(format!("{base}/xrpc/com.atproto.sync.getRepo?did={did}"))
-        .send()
+    let got = get(&format!("/xrpc/com.atproto.sync.getRepo?did={did}"))
         .await
         .unwrap();
     assert_eq!(got.status(), 200);
     assert_eq!(got.bytes().await.unwrap(), car);
 
-    let desc: serde_json::Value = http
-        .get(format!(
-            "{base}/xrpc/com.atproto.repo.describeRepo?repo={did}"
-        ))
-        .send()
+    let desc: serde_json::Value = get(&format!("/xrpc/com.atproto.repo.describeRepo?repo={did}"))
         .await
         .unwrap()
         .json()
@@ -84,11 +78,7 @@ async fn real_repository_served() {
     assert_eq!(cols, goat_collections);
 
     // Unknown repository: the XRPC error shape.
-    let missing = http
-        .get(format!(
-            "{base}/xrpc/com.atproto.sync.getRepo?did=did:plc:nobody"
-        ))
-        .send()
+    let missing = get("/xrpc/com.atproto.sync.getRepo?did=did:plc:nobody")
         .await
         .unwrap();
     assert_eq!(missing.status(), 400);
@@ -103,21 +93,13 @@ async fn real_repository_served() {
         .await
         .unwrap();
     assert_eq!(set.status(), 200);
-    let r = http
-        .get(format!("{base}/xrpc/com.atproto.sync.listRepos"))
-        .send()
-        .await
-        .unwrap();
+    let r = get("/xrpc/com.atproto.sync.listRepos").await.unwrap();
     assert_eq!(r.status(), 503);
     http.post(format!("{base}/_sim/faults"))
         .json(&Faults::default())
         .send()
         .await
         .unwrap();
-    let r = http
-        .get(format!("{base}/xrpc/com.atproto.sync.listRepos"))
-        .send()
-        .await
-        .unwrap();
+    let r = get("/xrpc/com.atproto.sync.listRepos").await.unwrap();
     assert_eq!(r.status(), 200);
 }
