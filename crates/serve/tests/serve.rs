@@ -80,22 +80,37 @@ async fn start_config(
     let metrics = Arc::new(Metrics::default());
     let mut cfg = IngestConfig::verifying(keys);
     cfg.dictionary = Some(dict);
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx).unwrap();
-    for (i, f) in frames.into_iter().enumerate() {
-        tx.send((i as u64 + 1, Bytes::from(f))).await.unwrap();
-    }
-    drop(tx);
-    tokio::task::spawn_blocking(move || h.join())
-        .await
-        .unwrap()
-        .unwrap();
+    ingest_all(cfg, &log, &metrics, resume, &frames, 1).await;
     let app = App::new(log, metrics, config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let r = router(app.clone());
     tokio::spawn(async move { axum::serve(listener, r).await });
     (addr, app)
+}
+
+/// Runs ingest with `cfg` over `frames` (upstream seqs `first`, `first + 1`, …) into `log` until
+/// it has stored them all; what it reports.
+async fn ingest_all(
+    cfg: IngestConfig,
+    log: &Arc<Log>,
+    metrics: &Arc<Metrics>,
+    resume: riptide_serve::Resume,
+    frames: &[Vec<u8>],
+    first: u64,
+) -> riptide_serve::IngestSummary {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx).unwrap();
+    for (i, f) in frames.iter().enumerate() {
+        tx.send((first + i as u64, Bytes::copy_from_slice(f)))
+            .await
+            .unwrap();
+    }
+    drop(tx);
+    tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap()
 }
 
 async fn capture() -> Option<Server> {
@@ -344,8 +359,6 @@ async fn options_update_mid_stream_live() {
     // Give the reader a moment to apply it (the update is asynchronous by nature).
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Second half through the same store and log.
-    let metrics = app.metrics.clone();
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
     let mut cfg = IngestConfig::verifying(keys());
     cfg.dictionary = Some(dictionary());
     let r = riptide_serve::Resume {
@@ -353,17 +366,7 @@ async fn options_update_mid_stream_live() {
         last_time_us: riptide_serve::now_us(),
         upstream_cursor: Some(75),
     };
-    let h = ingest::spawn(cfg, app.log.clone(), metrics, r, rx).unwrap();
-    for (i, f) in frames[75..].iter().enumerate() {
-        tx.send((76 + i as u64, Bytes::from(f.clone())))
-            .await
-            .unwrap();
-    }
-    drop(tx);
-    tokio::task::spawn_blocking(move || h.join())
-        .await
-        .unwrap()
-        .unwrap();
+    ingest_all(cfg, &app.log, &app.metrics, r, &frames[75..], 76).await;
     let w: Vec<Value> = want[n1..]
         .iter()
         .filter(|v| {
@@ -659,7 +662,6 @@ async fn thousand_subscribers_receive_everything() {
         .into_iter()
         .map(|mut ws| tokio::spawn(async move { read_n(&mut ws, 152, None).await.0 }))
         .collect();
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
     let mut cfg = IngestConfig::verifying(keys());
     cfg.dictionary = Some(dictionary());
     let resume = riptide_serve::Resume {
@@ -667,15 +669,7 @@ async fn thousand_subscribers_receive_everything() {
         last_time_us: 0,
         upstream_cursor: None,
     };
-    let h = ingest::spawn(cfg, app.log.clone(), app.metrics.clone(), resume, rx).unwrap();
-    for (i, f) in frames.into_iter().enumerate() {
-        tx.send((i as u64 + 1, Bytes::from(f))).await.unwrap();
-    }
-    drop(tx);
-    tokio::task::spawn_blocking(move || h.join())
-        .await
-        .unwrap()
-        .unwrap();
+    ingest_all(cfg, &app.log, &app.metrics, resume, &frames, 1).await;
     for t in tasks {
         assert_eq!(t.await.unwrap(), want);
     }
@@ -853,18 +847,7 @@ async fn ingest_capture(
     let (store, resume) = Store::open(dir.path(), 0).unwrap();
     let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
     let metrics = Arc::new(Metrics::default());
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx).unwrap();
-    for (i, f) in frames.iter().enumerate() {
-        tx.send((i as u64 + 1, Bytes::from(f.clone())))
-            .await
-            .unwrap();
-    }
-    drop(tx);
-    let s = tokio::task::spawn_blocking(move || h.join())
-        .await
-        .unwrap()
-        .unwrap();
+    let s = ingest_all(cfg, &log, &metrics, resume, frames, 1).await;
     let mut got = Vec::new();
     let all = ReadLimit {
         events: 1000,
