@@ -57,12 +57,8 @@ pub struct DecodeArgs {
     /// Skip the SHA-256 check of CAR blocks.
     #[arg(long)]
     no_verify: bool,
-    /// Warm-up passes (not measured).
-    #[arg(long, default_value_t = 2)]
-    warmup: usize,
-    /// Measured passes.
-    #[arg(long, default_value_t = 5)]
-    passes: usize,
+    #[command(flatten)]
+    runs: Passes,
     /// Worker threads; frames are split into contiguous chunks, one decoder per thread.
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -72,6 +68,33 @@ pub struct DecodeArgs {
     /// One JSON object on stdout.
     #[arg(long)]
     json: bool,
+}
+
+/// Warm-up and measured passes: the same flags and defaults (formats.md's 2 and 5) for every
+/// bench here.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct Passes {
+    /// Warm-up passes (not measured).
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Measured passes.
+    #[arg(long, default_value_t = 5)]
+    passes: usize,
+}
+
+impl Passes {
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(self.passes > 0, "--passes must be at least 1");
+        Ok(())
+    }
+
+    /// Runs `pass` `warmup` times, then `passes` times; what the measured passes returned.
+    fn time(&self, mut pass: impl FnMut() -> f64) -> Vec<f64> {
+        for _ in 0..self.warmup {
+            pass();
+        }
+        (0..self.passes).map(|_| pass()).collect()
+    }
 }
 
 pub fn run(b: Bench) -> anyhow::Result<ExitCode> {
@@ -134,7 +157,7 @@ fn par_chunks<T: Sync, R: Send>(items: &[T], n: usize, f: impl Fn(&[T]) -> R + S
 }
 
 fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(a.passes > 0, "--passes must be at least 1");
+    a.runs.check()?;
     anyhow::ensure!(a.threads > 0, "--threads must be at least 1");
     let file = super::read_file(&a.file)?;
     let corpus = if a.repeat > 1 {
@@ -205,19 +228,13 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         start.elapsed().as_secs_f64()
     };
 
-    for _ in 0..a.warmup {
-        decode_pass();
-    }
-    let times: Vec<f64> = (0..a.passes).map(|_| decode_pass()).collect();
+    let times = a.runs.time(decode_pass);
     let fps = Stats::of(times.iter().map(|t| frames.len() as f64 / t).collect());
     let mbps = Stats::of(times.iter().map(|t| bytes as f64 / t / 1e6).collect());
     let sha = if a.no_verify {
         None
     } else {
-        for _ in 0..a.warmup {
-            sha_pass();
-        }
-        let t: Vec<f64> = (0..a.passes).map(|_| sha_pass()).collect();
+        let t = a.runs.time(sha_pass);
         Some(Stats::of(
             t.iter().map(|t| frames.len() as f64 / t).collect(),
         ))
@@ -232,8 +249,8 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         "errors": errors,
         "verified": !a.no_verify,
         "threads": a.threads,
-        "warmup": a.warmup,
-        "passes": a.passes,
+        "warmup": a.runs.warmup,
+        "passes": a.runs.passes,
         "fps": fps.json(),
         "mbps": mbps.json(),
         "machine": machine(),
@@ -251,7 +268,7 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
             frames.len(),
             bytes as f64 / 1e6,
             a.threads,
-            a.passes
+            a.runs.passes
         )?;
         writeln!(
             stdout,
@@ -284,12 +301,8 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
 pub struct SigsArgs {
     /// Signature corpus (formats.md `*.sigs`; see `riptide corpus sigs`).
     file: PathBuf,
-    /// Warm-up passes (not measured).
-    #[arg(long, default_value_t = 2)]
-    warmup: usize,
-    /// Measured passes.
-    #[arg(long, default_value_t = 5)]
-    passes: usize,
+    #[command(flatten)]
+    runs: Passes,
     /// Repeat the entries this many times per pass (longer passes, steadier figures).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
@@ -376,7 +389,7 @@ fn time_interleaved(
 }
 
 fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(a.passes > 0, "--passes must be at least 1");
+    a.runs.check()?;
     anyhow::ensure!(a.repeat > 0, "--repeat must be at least 1");
     let file = super::read_file(&a.file)?;
     let entries = super::corpus::read_sigs(&file)?;
@@ -469,8 +482,8 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
         ok
     };
     let stats = time_interleaved(
-        a.warmup,
-        a.passes,
+        a.runs.warmup,
+        a.runs.passes,
         n,
         &mut [
             &mut full,
@@ -495,8 +508,8 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
         "secp256k1": entries.len() - p256,
         "errors": errors,
         "repeat": a.repeat,
-        "warmup": a.warmup,
-        "passes": a.passes,
+        "warmup": a.runs.warmup,
+        "passes": a.runs.passes,
         "unit": "verifies/s",
         "tiers": tiers,
         "ratios": {
@@ -509,7 +522,7 @@ fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
     });
     print_report(a.json, &report, errors, |stdout| {
         writeln!(stdout, "entries {} (secp256k1 {}, P-256 {p256}), errors {errors}, x{} per pass, {} passes (tiers interleaved)",
-            entries.len(), entries.len() - p256, a.repeat, a.passes)?;
+            entries.len(), entries.len() - p256, a.repeat, a.runs.passes)?;
         for (name, s) in names.iter().zip(&stats) {
             writeln!(
                 stdout,
@@ -535,12 +548,8 @@ pub struct RepoArgs {
     /// The account's signing key (did:key:z…): include the signature check.
     #[arg(long)]
     key: Option<String>,
-    /// Warm-up passes (not measured).
-    #[arg(long, default_value_t = 2)]
-    warmup: usize,
-    /// Measured passes.
-    #[arg(long, default_value_t = 5)]
-    passes: usize,
+    #[command(flatten)]
+    runs: Passes,
     /// Verify the repository this many times per pass and report the mean per verification
     /// (small repositories take microseconds: one call per pass is mostly timer noise).
     #[arg(long, default_value_t = 1)]
@@ -551,7 +560,7 @@ pub struct RepoArgs {
 }
 
 fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(a.passes > 0, "--passes must be at least 1");
+    a.runs.check()?;
     anyhow::ensure!(a.repeat > 0, "--repeat must be at least 1");
     let bytes = super::read_file(&a.file)?;
     let key = super::repo::key_arg(a.key.as_deref(), None)?.map(|(k, _)| k);
@@ -562,13 +571,13 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(1));
         }
     };
-    for _ in 0..a.warmup {
+    for _ in 0..a.runs.warmup {
         black_box(verify_repo(black_box(&bytes), key.as_ref()).is_ok());
     }
     // Each round also hashes the CAR's bytes once: the SHA-256 bound, the floor under verifying a
     // repository (every byte must be hashed), measured beside it so the ratio holds on a noisy box.
     let mut phases: [Vec<f64>; 6] = Default::default();
-    for _ in 0..a.passes {
+    for _ in 0..a.runs.passes {
         let start = Instant::now();
         black_box(Sha256::digest(black_box(&bytes[..])));
         let sha = start.elapsed().as_secs_f64() * 1e6;
@@ -606,8 +615,8 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
         "records": first.records,
         "mst_nodes": first.mst_nodes,
         "signature_checked": first.signature_checked,
-        "warmup": a.warmup,
-        "passes": a.passes,
+        "warmup": a.runs.warmup,
+        "passes": a.runs.passes,
         "repeat": a.repeat,
         "timings_us": {
             "car": car.json(), "signature": signature.json(), "walk": walk.json(),
@@ -633,7 +642,7 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
             } else {
                 "not checked"
             },
-            a.passes
+            a.runs.passes
         )?;
         for (name, s) in [
             ("car", car),
