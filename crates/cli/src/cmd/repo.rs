@@ -15,11 +15,11 @@
 //! not an error of the command: exit 1, and the JSON still printed.
 
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use riptide_car::{CarOptions, CarReader};
+use riptide_car::{Car, CarOptions, CarReader};
 use riptide_crypto::PublicKey;
 use riptide_identity::DidDoc;
 use riptide_repo::{inspect, list_records, verify_repo, RepoError};
@@ -84,16 +84,25 @@ fn report_failure(file: &std::path::Path, e: &RepoError) -> ExitCode {
     ExitCode::from(1)
 }
 
-fn ls(a: FileArgs) -> anyhow::Result<ExitCode> {
-    let bytes = super::read_file(&a.file)?;
+/// Reads `file` as a repository CAR and applies `f` to it; a failure of either is reported
+/// (`report_failure`) and returned as the exit code.
+fn read_repo<T>(
+    file: &Path,
+    f: impl FnOnce(&Car<'_>) -> Result<T, RepoError>,
+) -> anyhow::Result<Result<T, ExitCode>> {
+    let bytes = super::read_file(file)?;
     let mut reader = CarReader::new();
-    let car = match reader.read(&bytes, &CarOptions::repository()) {
-        Ok(car) => car,
-        Err(e) => return Ok(report_failure(&a.file, &RepoError::from(e))),
-    };
-    let records = match list_records(&car) {
+    let result = reader
+        .read(&bytes, &CarOptions::repository())
+        .map_err(RepoError::from)
+        .and_then(|car| f(&car));
+    Ok(result.map_err(|e| report_failure(file, &e)))
+}
+
+fn ls(a: FileArgs) -> anyhow::Result<ExitCode> {
+    let records = match read_repo(&a.file, list_records)? {
         Ok(r) => r,
-        Err(e) => return Ok(report_failure(&a.file, &e)),
+        Err(code) => return Ok(code),
     };
     let mut stdout = out::stdout();
     for (key, cid) in &records {
@@ -104,15 +113,9 @@ fn ls(a: FileArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn inspect_cmd(a: InspectArgs) -> anyhow::Result<ExitCode> {
-    let bytes = super::read_file(&a.file)?;
-    let mut reader = CarReader::new();
-    let car = match reader.read(&bytes, &CarOptions::repository()) {
-        Ok(car) => car,
-        Err(e) => return Ok(report_failure(&a.file, &RepoError::from(e))),
-    };
-    let info = match inspect(&car) {
+    let info = match read_repo(&a.file, inspect)? {
         Ok(i) => i,
-        Err(e) => return Ok(report_failure(&a.file, &e)),
+        Err(code) => return Ok(code),
     };
     let mut stdout = out::stdout();
     if a.json {
