@@ -7,12 +7,6 @@
 mod cmd;
 mod out;
 
-/// mimalloc rather than glibc's malloc: `serve`'s ingest threads build and drop small
-/// allocations per frame (proof trees, event buffers) on several threads at once, where glibc's
-/// bins (`_int_malloc`, `malloc_consolidate`) took about 6% of ingest CPU.
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
