@@ -1,0 +1,33 @@
+#!/bin/bash
+# Verified ingest from a local relay: riptide relay (loopback) -> riptide serve; events/s of durable
+# storage measured from serve's /metrics, between 2,000 and N events stored.
+# usage: relay_ingest.sh BIN FRAMES EVENTS [extra serve args]  (FRAMES: e.g. the capture x600, 90,000 frames; RELAYBIN, RELAYWAIT=6 optional)
+BIN=$1; FRAMES=$2; N=$3; shift 3
+C=${RIPTIDE_CORPUS:-../shared/corpus}
+D=$(mktemp -d)
+RP=$((7100 + RANDOM % 500)); SP=$((RP + 600))
+${RELAYBIN:-$BIN} relay --replay $FRAMES --listen 127.0.0.1:$RP --window 100000 >/dev/null 2>&1 &
+R=$!
+sleep ${RELAYWAIT:-4}
+start_cpu() { awk '{print $14+$15}' /proc/$1/stat; }
+$BIN serve --upstream ws://127.0.0.1:$RP/xrpc/com.atproto.sync.subscribeRepos --upstream-cursor 0 \
+  --did-docs $C/jetstream-2026-07/did_docs.json --zstd-dictionary $C/jetstream-dictionaries/legacy_subscribe.zdict \
+  --data $D --listen 127.0.0.1:$SP "$@" >/dev/null 2>&1 &
+S=$!
+t0=""; c0=""; r0=""
+while true; do
+  n=$(curl -s 127.0.0.1:$SP/metrics 2>/dev/null | awk '/^riptide_events_stored_total/{print $2}')
+  n=${n:-0}
+  now=$(date +%s.%N)
+  if [ -z "$t0" ] && [ "${n%.*}" -ge 2000 ]; then t0=$now; n0=$n; c0=$(start_cpu $S); r0=$(start_cpu $R); fi
+  if [ -n "$t0" ] && [ "${n%.*}" -ge "$N" ]; then
+    c1=$(start_cpu $S); r1=$(start_cpu $R)
+    python3 -c "
+n0,n1,t0,t1=$n0,$n,$t0,$now
+ev=n1-n0; dt=t1-t0
+print(f'{ev:.0f} events in {dt:.2f}s: {ev/dt:.0f} events/s; serve {($c1-$c0)*1e4/ev:.1f} CPU-us/event, relay {($r1-$r0)*1e4/ev:.1f} CPU-us/event')"
+    break
+  fi
+  sleep 0.05
+done
+kill $S $R; wait $S $R 2>/dev/null; rm -rf $D
