@@ -373,7 +373,9 @@ fn work(
                 parts: first..out.parts.len(),
             });
         }
-        capacity = capacity.max(out.buf.len());
+        // The next chunk's buffer starts as large as the largest so far, up to 1 MiB (one huge
+        // frame should not make every later chunk reserve megabytes).
+        capacity = capacity.max(out.buf.len()).min(1 << 20);
         if done.send(out).is_err() {
             return;
         }
