@@ -37,6 +37,20 @@ enum Child<'v> {
     Hashed(u32),
 }
 
+impl<'v> Child<'v> {
+    /// The CID, looking a hashed one up in `hashed` ([`StreamBuilder::hashed`]).
+    #[inline]
+    fn cid<'a>(self, hashed: &'a [CidBuf]) -> Cid<'a>
+    where
+        'v: 'a,
+    {
+        match self {
+            Child::Known(cid) => cid,
+            Child::Hashed(i) => hashed[i as usize].as_cid(),
+        }
+    }
+}
+
 /// One entry of an open node: where its key ends in the layer's key buffer, its record, and the
 /// subtree to its right (filled when the gap after it closes).
 #[derive(Debug, Clone, Copy)]
@@ -56,6 +70,19 @@ struct Open<'v> {
     pending: Option<Child<'v>>,
     keys: Vec<u8>,
     entries: Vec<Entry<'v>>,
+}
+
+impl Open<'_> {
+    /// Puts the child that closed in the current gap (if any) in its place: right of the last
+    /// entry, or left of the node when it has none yet.
+    #[inline]
+    fn settle_gap(&mut self) {
+        let gap = self.pending.take();
+        match self.entries.last_mut() {
+            Some(last) => last.right = gap,
+            None => self.left = gap,
+        }
+    }
 }
 
 /// Builds the MST of leaves fed in ascending key order (see the module docs).
@@ -100,11 +127,7 @@ impl<'v> StreamBuilder<'v> {
             }
         }
         let node = &mut self.layers[h];
-        let gap = node.pending.take();
-        match node.entries.last_mut() {
-            Some(last) => last.right = gap,
-            None => node.left = gap,
-        }
+        node.settle_gap();
         node.keys.extend_from_slice(key);
         node.entries.push(Entry {
             key_end: node.keys.len() as u32,
@@ -124,19 +147,10 @@ impl<'v> StreamBuilder<'v> {
                 self.close_into_parent(layer, known);
             }
         }
-        let root = self.close(top, known);
-        let root = self.cid(root).to_buf();
+        let root = self.close(top, known).cid(&self.hashed).to_buf();
         self.layers.clear();
         self.hashed.clear();
         root
-    }
-
-    #[inline]
-    fn cid(&self, c: Child<'v>) -> Cid<'_> {
-        match c {
-            Child::Known(cid) => cid,
-            Child::Hashed(i) => self.hashed[i as usize].as_cid(),
-        }
     }
 
     /// Closes the node of `layer` and puts it in the current gap of the layer above.
@@ -155,12 +169,7 @@ impl<'v> StreamBuilder<'v> {
         let i = self.next;
         self.next += 1;
         self.nodes += 1;
-        let node = &mut self.layers[layer];
-        let gap = node.pending.take();
-        match node.entries.last_mut() {
-            Some(last) => last.right = gap,
-            None => node.left = gap,
-        }
+        self.layers[layer].settle_gap();
         let node = &self.layers[layer];
         let child = match known.get(i) {
             Some(&(cid, block)) if encodes_to(block, node, &self.hashed) => {
@@ -173,10 +182,7 @@ impl<'v> StreamBuilder<'v> {
                 write_node_head(out, node.entries.len());
                 let mut start = 0usize;
                 let mut prev: &[u8] = &[];
-                let cid_of = |c: Child<'v>| match c {
-                    Child::Known(cid) => cid,
-                    Child::Hashed(i) => self.hashed[i as usize].as_cid(),
-                };
+                let cid_of = |c: Child<'v>| c.cid(&self.hashed);
                 for e in &node.entries {
                     let key = &node.keys[start..e.key_end as usize];
                     write_entry(out, prev, key, e.value, e.right.map(cid_of));
@@ -202,12 +208,7 @@ impl<'v> StreamBuilder<'v> {
 /// `write_entry` and `write_node_tail` would write), read piece by piece against the block
 /// instead of written out and compared: the same bytes, without the stores.
 fn encodes_to<'a>(block: &[u8], node: &Open<'a>, hashed: &'a [CidBuf]) -> bool {
-    let cid_of = |c: Child<'a>| -> Cid<'a> {
-        match c {
-            Child::Known(cid) => cid,
-            Child::Hashed(i) => hashed[i as usize].as_cid(),
-        }
-    };
+    let cid_of = |c: Child<'a>| c.cid(hashed);
     let mut m = Expect { b: block, pos: 0 };
     if !(m.lit(&[0xa2, 0x61, b'e']) && m.head(4, node.entries.len() as u64)) {
         return false;
