@@ -126,15 +126,28 @@ impl Projection {
     /// Appends the complete v1 JSON of event `i`:
     /// `{"did","time_us","cursor","kind",<kind>}`. `cursor` is omitted when `None` (legacy).
     pub fn render(&self, i: usize, time_us: i64, cursor: Option<u64>, out: &mut Vec<u8>) {
-        let p = &self.parts[i];
-        out.extend_from_slice(b"{\"did\":");
-        write_json_string(out, self.did(i));
-        out.extend_from_slice(b",\"time_us\":");
+        self.render_head(i, out);
         write_json_int(out, time_us);
         if let Some(c) = cursor {
             out.extend_from_slice(b",\"cursor\":");
             write_json_int(out, c as i64);
         }
+        self.render_tail(i, out);
+    }
+
+    /// The part of [`render`](Projection::render) before the `time_us` value:
+    /// `{"did":"…","time_us":`. With [`render_tail`](Projection::render_tail), for a caller that
+    /// stamps the time and cursor later (the server's writer, after verification, in order).
+    pub fn render_head(&self, i: usize, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"{\"did\":");
+        write_json_string(out, self.did(i));
+        out.extend_from_slice(b",\"time_us\":");
+    }
+
+    /// The part of [`render`](Projection::render) after the `time_us` value and the cursor:
+    /// `,"kind":"…",<kind's fields>}`.
+    pub fn render_tail(&self, i: usize, out: &mut Vec<u8>) {
+        let p = &self.parts[i];
         out.extend_from_slice(b",\"kind\":\"");
         out.extend_from_slice(p.kind.as_str().as_bytes());
         out.extend_from_slice(b"\",");

@@ -292,11 +292,6 @@ fn dispatch(
     }
 }
 
-/// `,"time_us":0` as rendered with a zero timestamp and no cursor; the writer splices the real
-/// values in. The first match is the envelope's: inside the (escaped) DID string every `"` is
-/// preceded by a backslash.
-const TIME_MARK: &[u8] = b",\"time_us\":0,\"kind\":";
-
 fn work(
     keys: Option<Keys>,
     metrics: Arc<Metrics>,
@@ -382,8 +377,8 @@ fn work(
     }
 }
 
-/// Projects a decoded frame into `out`: each event's DID, collection and JSON (with a zero
-/// `time_us` and no cursor, split around the place the writer stamps).
+/// Projects a decoded frame into `out`: each event's DID, collection and JSON, the JSON in two
+/// pieces around the `time_us` value and cursor, which the writer stamps in upstream order.
 fn project(
     projector: &mut Projector,
     frame: &riptide_firehose::Frame<'_>,
@@ -397,21 +392,10 @@ fn project(
         tracing::debug!(seq, op, reason = why.as_str(), "op dropped");
     }
     for i in 0..p.len() {
-        let start = out.buf.len();
         let did = push(&mut out.buf, p.did(i).as_bytes());
         let collection = push(&mut out.buf, p.collection(i).as_bytes());
-        let json_start = out.buf.len();
-        p.render(i, 0, None, &mut out.buf);
-        let Some(at) = out.buf[json_start..]
-            .windows(TIME_MARK.len())
-            .position(|w| w == TIME_MARK)
-        else {
-            // Our own projection's shape changed: crash loud rather than serve garbage.
-            out.buf.truncate(start);
-            panic!("projected event lacks the time_us marker");
-        };
-        let head = json_start..json_start + at + TIME_MARK.len() - b"0,\"kind\":".len();
-        let tail = head.end + 1..out.buf.len();
+        let head = push_with(&mut out.buf, |b| p.render_head(i, b));
+        let tail = push_with(&mut out.buf, |b| p.render_tail(i, b));
         out.parts.push(Part {
             kind: p.kind(i),
             did,
@@ -423,8 +407,13 @@ fn project(
 }
 
 fn push(buf: &mut Vec<u8>, s: &[u8]) -> Range<usize> {
+    push_with(buf, |b| b.extend_from_slice(s))
+}
+
+/// Appends what `write` writes to `buf`; where it went.
+fn push_with(buf: &mut Vec<u8>, write: impl FnOnce(&mut Vec<u8>)) -> Range<usize> {
     let start = buf.len();
-    buf.extend_from_slice(s);
+    write(buf);
     start..buf.len()
 }
 
