@@ -413,7 +413,7 @@ fn decode_loop(
         let info = ib & 0x1f;
 
         // Map key position: a text string in canonical order (strict).
-        let key_pos = open && cur.is_map && cur.remaining % 2 == 0;
+        let key_pos = open && cur.is_map && cur.remaining.is_multiple_of(2);
         if key_pos && strict && major != 3 {
             return Err(err(ErrorKind::NonTextKey, at));
         }

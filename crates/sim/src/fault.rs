@@ -56,9 +56,9 @@ impl Faults {
     }
 
     pub(crate) fn action(&self, n: u64) -> Action {
-        if self.error_every > 0 && n % self.error_every == 0 {
+        if self.error_every > 0 && n.is_multiple_of(self.error_every) {
             Action::Error
-        } else if self.drop_every > 0 && n % self.drop_every == 0 {
+        } else if self.drop_every > 0 && n.is_multiple_of(self.drop_every) {
             Action::Drop
         } else {
             Action::Pass
