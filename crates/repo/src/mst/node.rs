@@ -157,10 +157,28 @@ pub fn decode_node<'a>(
     expected_layer: Option<u32>,
     out: &mut NodeData<'a>,
 ) -> Result<(), MstError> {
-    if decode_canonical(cid, block, expected_layer, out) {
+    if decode_canonical(cid, block, expected_layer, true, out) {
         return Ok(());
     }
     decode_general(arena, cid, block, expected_layer, out)
+}
+
+/// [`decode_node`] for a node that must be on `layer`, except that the keys' heights are not
+/// computed: the node is decoded as if every key had height `layer`, and the caller must check
+/// each key's height itself (the walk queues them to hash sixteen at a time). Every other check
+/// is made. A block the fast path does not accept goes through the general path, which checks
+/// heights as [`decode_node`] does.
+pub(crate) fn decode_node_on_layer<'a>(
+    arena: &mut Arena,
+    cid: Cid<'_>,
+    block: &'a [u8],
+    layer: u32,
+    out: &mut NodeData<'a>,
+) -> Result<(), MstError> {
+    if decode_canonical(cid, block, Some(layer), false, out) {
+        return Ok(());
+    }
+    decode_general(arena, cid, block, Some(layer), out)
 }
 
 /// The general path of [`decode_node`]: the strict tape decoder, then the fields by name. Slower,
@@ -280,6 +298,7 @@ fn decode_canonical<'a>(
     cid: Cid<'_>,
     block: &'a [u8],
     expected_layer: Option<u32>,
+    heights: bool,
     out: &mut NodeData<'a>,
 ) -> bool {
     out.clear();
@@ -328,16 +347,16 @@ fn decode_canonical<'a>(
     // Heights for the whole node, two keys at a time: every key on one layer, the expected one
     // when the parent said.
     let n = out.len();
-    let mut heights = [0u32; 2];
-    let mut i = 0;
+    let mut pair = [0u32; 2];
+    let mut i = if heights || layer.is_none() { 0 } else { n };
     while i < n {
         let got = if i + 1 < n {
             let (a, b) = key_height_pair(out.key(i), out.key(i + 1));
-            heights = [a, b];
-            &heights[..]
+            pair = [a, b];
+            &pair[..]
         } else {
-            heights[0] = key_height(out.key(i));
-            &heights[..1]
+            pair[0] = key_height(out.key(i));
+            &pair[..1]
         };
         for &h in got {
             match layer {
@@ -825,7 +844,7 @@ mod tests {
     fn agree(block: &[u8], expected: Option<u32>) -> (bool, bool) {
         let cid = CidBuf::sha256(DAG_CBOR, block);
         let mut fast = NodeData::new();
-        let fast_ok = decode_canonical(cid.as_cid(), block, expected, &mut fast);
+        let fast_ok = decode_canonical(cid.as_cid(), block, expected, true, &mut fast);
         let mut arena = Arena::new();
         let mut general = NodeData::new();
         let general_res = decode_general(&mut arena, cid.as_cid(), block, expected, &mut general);
@@ -835,6 +854,22 @@ mod tests {
                 "fast path accepted what the general path rejects ({general_res:?}): {block:02x?}"
             );
             assert_eq!(snapshot(&fast), snapshot(&general), "{block:02x?}");
+        }
+        // With heights left to the caller, the fast path accepts the same nodes, plus those
+        // whose only fault is a key's height.
+        if let Some(layer) = expected {
+            let mut deferred = NodeData::new();
+            let deferred_ok =
+                decode_canonical(cid.as_cid(), block, Some(layer), false, &mut deferred);
+            if fast_ok {
+                assert!(deferred_ok, "{block:02x?}");
+                assert_eq!(snapshot(&deferred), snapshot(&fast), "{block:02x?}");
+            } else if deferred_ok {
+                assert!(
+                    matches!(general_res, Err(MstError::WrongLayer { .. })),
+                    "deferred heights accepted a node rejected for {general_res:?}: {block:02x?}"
+                );
+            }
         }
         (fast_ok, general_res.is_ok())
     }
@@ -869,9 +904,25 @@ mod tests {
 
     #[test]
     fn fast_path_takes_every_canonical_node() {
+        let mut arena = Arena::new();
+        let mut on_layer = 0;
         for block in sample_nodes() {
             assert_eq!(agree(&block, None), (true, true), "{block:02x?}");
+            // On its own layer, and (heights left to the caller) claimed one layer higher.
+            let cid = CidBuf::sha256(DAG_CBOR, &block);
+            let mut out = NodeData::new();
+            decode_general(&mut arena, cid.as_cid(), &block, None, &mut out).unwrap();
+            if let Some(layer) = out.layer() {
+                assert_eq!(agree(&block, Some(layer)), (true, true), "{block:02x?}");
+                assert_eq!(
+                    agree(&block, Some(layer + 1)),
+                    (false, false),
+                    "{block:02x?}"
+                );
+                on_layer += 1;
+            }
         }
+        assert!(on_layer >= 15, "{on_layer}");
     }
 
     #[test]

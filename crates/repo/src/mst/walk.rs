@@ -18,8 +18,11 @@
 
 use riptide_cbor::{Arena, Cid};
 
+use riptide_sha::ShortBatch;
+
 use crate::error::MstError;
-use crate::mst::node::{decode_node, empty_root_cid, NodeData};
+use crate::mst::height::{height_of_digest, key_height};
+use crate::mst::node::{decode_node, decode_node_on_layer, empty_root_cid, NodeData};
 use crate::source::BlockSource;
 
 /// What a walk saw.
@@ -84,11 +87,35 @@ impl Walker {
 
     /// [`Walker::walk_nodes`] with one visitor for leaves and nodes (so that both can work on
     /// the same state).
+    ///
+    /// Keys' heights are checked sixteen at a time (see [`PendingHeights`]), so the visitor may
+    /// be handed a few leaves and nodes before the walk finds that a key above them is on the
+    /// wrong layer; the walk's result is what says whether the tree is canonical, and its error
+    /// is always the first problem in walk order.
     pub fn walk_with<'s: 'c, 'c, S, V>(
         &mut self,
         src: &'s S,
         root: Cid<'c>,
         visit: &mut V,
+    ) -> Result<WalkStats, MstError>
+    where
+        S: BlockSource + ?Sized,
+        V: Visit<'s, 'c> + ?Sized,
+    {
+        let mut pending = PendingHeights::new();
+        match self.walk_inner(src, root, visit, &mut pending) {
+            Ok(stats) => pending.flush().map(|()| stats),
+            // A key queued before the problem was found comes first in walk order.
+            Err(e) => Err(pending.flush().err().unwrap_or(e)),
+        }
+    }
+
+    fn walk_inner<'s: 'c, 'c, S, V>(
+        &mut self,
+        src: &'s S,
+        root: Cid<'c>,
+        visit: &mut V,
+        pending: &mut PendingHeights<'c>,
     ) -> Result<WalkStats, MstError>
     where
         S: BlockSource + ?Sized,
@@ -172,7 +199,10 @@ impl Walker {
                 blocks[depth + 1] = block;
             }
             let slot = &mut levels[depth + 1];
-            decode_node(&mut self.arena, child, block, Some(layer), slot)?;
+            decode_node_on_layer(&mut self.arena, child, block, layer, slot)?;
+            for j in 0..slot.len() {
+                pending.push(slot.key(j), child, layer)?;
+            }
             prefetch_node(src, slot);
             stats.nodes += 1;
             if slot.is_empty() && slot.left().is_none() {
@@ -184,6 +214,68 @@ impl Walker {
         }
         Ok(stats)
     }
+}
+
+/// Keys the walk has decoded on a layer but not yet hashed, checked sixteen at a time
+/// ([`ShortBatch`]: sixteen SHA-256 lanes where the CPU has AVX-512). A node holds a few keys;
+/// queuing them across nodes fills the lanes. Keys too long for one block are checked at once.
+struct PendingHeights<'c> {
+    batch: ShortBatch,
+    /// The node and layer of each queued key.
+    at: [Option<(Cid<'c>, u32)>; ShortBatch::LANES],
+}
+
+impl<'c> PendingHeights<'c> {
+    fn new() -> Self {
+        PendingHeights {
+            batch: ShortBatch::new(),
+            at: [None; ShortBatch::LANES],
+        }
+    }
+
+    /// Queues "`key`, in node `cid`, has height `layer`"; checks the batch when it is full.
+    #[inline]
+    fn push(&mut self, key: &[u8], cid: Cid<'c>, layer: u32) -> Result<(), MstError> {
+        let i = self.batch.len();
+        if !self.batch.push(key) {
+            // Too long for a lane: check it now, after everything queued before it.
+            self.flush()?;
+            return check_height(cid, key, layer, key_height(key));
+        }
+        self.at[i] = Some((cid, layer));
+        if self.batch.is_full() {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Checks every queued key; the error is the first wrong one in queue order.
+    fn flush(&mut self) -> Result<(), MstError> {
+        let n = self.batch.len();
+        if n == 0 {
+            return Ok(());
+        }
+        let digests = self.batch.digests();
+        for (i, d) in digests.iter().enumerate().take(n) {
+            if let Some((cid, layer)) = self.at[i] {
+                check_height(cid, self.batch.message(i), layer, height_of_digest(d))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[inline]
+fn check_height(cid: Cid<'_>, key: &[u8], layer: u32, found: u32) -> Result<(), MstError> {
+    if found == layer {
+        return Ok(());
+    }
+    Err(MstError::WrongLayer {
+        cid: cid.to_buf(),
+        key: String::from_utf8_lossy(key).into_owned(),
+        expected: layer,
+        found,
+    })
 }
 
 /// What a walk hands over: every leaf in key order, and every node in post-order (children
@@ -366,6 +458,57 @@ mod tests {
                 ..
             })
         ));
+
+        // The same wrong child, then a right subtree that is missing: the key queued for its
+        // height came first in walk order, so it is the error.
+        let missing = CidBuf::sha256(DAG_CBOR, b"not in the store");
+        let mut root = Vec::new();
+        encode_node(
+            &mut root,
+            Some(child_cid.as_cid()),
+            &[(top[0].as_bytes(), v.as_cid(), Some(missing.as_cid()))],
+        );
+        let root_cid = CidBuf::sha256(DAG_CBOR, &root);
+        src.insert(root_cid, root);
+        assert!(matches!(
+            keys_of(&src, root_cid),
+            Err(MstError::WrongLayer {
+                expected: 1,
+                found: 0,
+                ..
+            })
+        ));
+
+        // A key too long for one SHA-256 block (checked at once, not queued), also on layer 0.
+        let long: String = (0..1000)
+            .map(|i| format!("a.b.c/{i:04}{}", "-".repeat(60)))
+            .find(|k| crate::mst::key_height(k.as_bytes()) == 0 && k.as_str() < top[0].as_str())
+            .unwrap();
+        let mut long_child = Vec::new();
+        encode_node(
+            &mut long_child,
+            None,
+            &[(long.as_bytes(), v.as_cid(), None)],
+        );
+        let long_cid = CidBuf::sha256(DAG_CBOR, &long_child);
+        src.insert(long_cid, long_child);
+        let mut root = Vec::new();
+        encode_node(
+            &mut root,
+            Some(long_cid.as_cid()),
+            &[(top[0].as_bytes(), v.as_cid(), None)],
+        );
+        let root_cid = CidBuf::sha256(DAG_CBOR, &root);
+        src.insert(root_cid, root);
+        match keys_of(&src, root_cid) {
+            Err(MstError::WrongLayer {
+                expected: 1,
+                found: 0,
+                key,
+                ..
+            }) => assert_eq!(key, long),
+            other => panic!("{other:?}"),
+        }
 
         // An empty node as a child, and an unpruned root.
         let mut empty_child = Vec::new();
