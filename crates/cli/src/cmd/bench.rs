@@ -562,7 +562,9 @@ pub struct RepoArgs {
 fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
     a.runs.check()?;
     anyhow::ensure!(a.repeat > 0, "--repeat must be at least 1");
-    let bytes = super::read_file(&a.file)?;
+    // As `repo verify` reads it (huge pages for a large file): the bound and the verification
+    // run over the same buffer.
+    let bytes = super::read_file_large(&a.file)?;
     let key = super::repo::key_arg(a.key.as_deref(), None)?.map(|(k, _)| k);
     let first = match verify_repo(&bytes, key.as_ref()) {
         Ok(r) => r,

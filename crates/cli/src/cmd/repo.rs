@@ -90,7 +90,7 @@ fn read_repo<T>(
     file: &Path,
     f: impl FnOnce(&Car<'_>) -> Result<T, RepoError>,
 ) -> anyhow::Result<Result<T, ExitCode>> {
-    let bytes = super::read_file(file)?;
+    let bytes = super::read_file_large(file)?;
     let mut reader = CarReader::new();
     let result = reader
         .read(&bytes, &CarOptions::repository())
@@ -182,7 +182,7 @@ fn spinner(file: &std::path::Path, bytes: usize) -> Option<indicatif::ProgressBa
 }
 
 fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
-    let bytes = super::read_file(&a.file)?;
+    let bytes = super::read_file_large(&a.file)?;
     let key = key_arg(a.key.as_deref(), a.did_doc.as_deref())?;
     let pb = spinner(&a.file, bytes.len());
     let result = verify_repo(&bytes, key.as_ref().map(|(k, _)| k));
