@@ -464,9 +464,9 @@ impl ShortBatch {
     /// are unspecified); the batch is emptied.
     pub fn digests(&mut self) -> [Digest; 16] {
         let n = std::mem::take(&mut self.n);
-        let mut out = [[0u8; 32]; 16];
         #[cfg(target_arch = "x86_64")]
         if x16::available() {
+            let mut out = [[0u8; 32]; 16];
             let mut st = x16::States::default();
             for i in 0..16 {
                 st.reset(i);
@@ -478,6 +478,12 @@ impl ShortBatch {
             }
             return out;
         }
+        self.digests_without_lanes(n)
+    }
+
+    /// [`ShortBatch::digests`] on a CPU without AVX-512: SHA-NI pairs or `sha2`.
+    fn digests_without_lanes(&self, n: usize) -> [Digest; 16] {
+        let mut out = [[0u8; 32]; 16];
         let mut i = 0;
         while i < n {
             if i + 1 < n {
@@ -931,8 +937,10 @@ mod tests {
             for (i, m) in chunk.iter().enumerate() {
                 assert_eq!(b.message(i), &m[..]);
             }
+            let without = b.digests_without_lanes(chunk.len());
             let d = b.digests();
             assert!(b.is_empty());
+            assert_eq!(d[..chunk.len()], without[..chunk.len()]);
             for (i, m) in chunk.iter().enumerate() {
                 assert_eq!(d[i], sha256(m), "{i}");
             }
