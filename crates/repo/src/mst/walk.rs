@@ -359,6 +359,19 @@ mod tests {
         blocks.into_iter().collect()
     }
 
+    /// Encodes a node, stores it, returns its CID.
+    fn put(
+        src: &mut HashMap<CidBuf, Vec<u8>>,
+        left: Option<Cid<'_>>,
+        entries: &[(&[u8], Cid<'_>, Option<Cid<'_>>)],
+    ) -> CidBuf {
+        let mut bytes = Vec::new();
+        encode_node(&mut bytes, left, entries);
+        let cid = CidBuf::sha256(DAG_CBOR, &bytes);
+        src.insert(cid, bytes);
+        cid
+    }
+
     fn keys_of(src: &HashMap<CidBuf, Vec<u8>>, root: CidBuf) -> Result<Vec<String>, MstError> {
         let mut out = Vec::new();
         walk(src, root.as_cid(), |k, _, _| {
@@ -418,19 +431,13 @@ mod tests {
             .take(1)
             .collect();
         let v = leaf();
-        let mut child = Vec::new();
-        encode_node(&mut child, None, &[(lo[0].as_bytes(), v.as_cid(), None)]);
-        let child_cid = CidBuf::sha256(DAG_CBOR, &child);
-        let mut root = Vec::new();
-        encode_node(
-            &mut root,
+        let mut src = HashMap::new();
+        let child_cid = put(&mut src, None, &[(lo[0].as_bytes(), v.as_cid(), None)]);
+        let root_cid = put(
+            &mut src,
             Some(child_cid.as_cid()),
             &[(hi[0].as_bytes(), v.as_cid(), None)],
         );
-        let root_cid = CidBuf::sha256(DAG_CBOR, &root);
-        let mut src = HashMap::new();
-        src.insert(child_cid, child.clone());
-        src.insert(root_cid, root);
         assert!(matches!(
             keys_of(&src, root_cid),
             Err(MstError::KeyOrder { .. })
@@ -442,14 +449,11 @@ mod tests {
             .filter(|k| crate::mst::key_height(k.as_bytes()) == 2 && k.as_str() > lo[0].as_str())
             .take(1)
             .collect();
-        let mut root = Vec::new();
-        encode_node(
-            &mut root,
+        let root_cid = put(
+            &mut src,
             Some(child_cid.as_cid()),
             &[(top[0].as_bytes(), v.as_cid(), None)],
         );
-        let root_cid = CidBuf::sha256(DAG_CBOR, &root);
-        src.insert(root_cid, root);
         assert!(matches!(
             keys_of(&src, root_cid),
             Err(MstError::WrongLayer {
@@ -462,14 +466,11 @@ mod tests {
         // The same wrong child, then a right subtree that is missing: the key queued for its
         // height came first in walk order, so it is the error.
         let missing = CidBuf::sha256(DAG_CBOR, b"not in the store");
-        let mut root = Vec::new();
-        encode_node(
-            &mut root,
+        let root_cid = put(
+            &mut src,
             Some(child_cid.as_cid()),
             &[(top[0].as_bytes(), v.as_cid(), Some(missing.as_cid()))],
         );
-        let root_cid = CidBuf::sha256(DAG_CBOR, &root);
-        src.insert(root_cid, root);
         assert!(matches!(
             keys_of(&src, root_cid),
             Err(MstError::WrongLayer {
@@ -484,22 +485,12 @@ mod tests {
             .map(|i| format!("a.b.c/{i:04}{}", "-".repeat(60)))
             .find(|k| crate::mst::key_height(k.as_bytes()) == 0 && k.as_str() < top[0].as_str())
             .unwrap();
-        let mut long_child = Vec::new();
-        encode_node(
-            &mut long_child,
-            None,
-            &[(long.as_bytes(), v.as_cid(), None)],
-        );
-        let long_cid = CidBuf::sha256(DAG_CBOR, &long_child);
-        src.insert(long_cid, long_child);
-        let mut root = Vec::new();
-        encode_node(
-            &mut root,
+        let long_cid = put(&mut src, None, &[(long.as_bytes(), v.as_cid(), None)]);
+        let root_cid = put(
+            &mut src,
             Some(long_cid.as_cid()),
             &[(top[0].as_bytes(), v.as_cid(), None)],
         );
-        let root_cid = CidBuf::sha256(DAG_CBOR, &root);
-        src.insert(root_cid, root);
         match keys_of(&src, root_cid) {
             Err(MstError::WrongLayer {
                 expected: 1,
@@ -511,26 +502,17 @@ mod tests {
         }
 
         // An empty node as a child, and an unpruned root.
-        let mut empty_child = Vec::new();
-        encode_node(&mut empty_child, None, &[]);
-        let empty_cid = CidBuf::sha256(DAG_CBOR, &empty_child);
-        src.insert(empty_cid, empty_child);
-        let mut root = Vec::new();
-        encode_node(
-            &mut root,
+        let empty_cid = put(&mut src, None, &[]);
+        let root_cid = put(
+            &mut src,
             Some(empty_cid.as_cid()),
             &[(hi[0].as_bytes(), v.as_cid(), None)],
         );
-        let root_cid = CidBuf::sha256(DAG_CBOR, &root);
-        src.insert(root_cid, root);
         assert!(matches!(
             keys_of(&src, root_cid),
             Err(MstError::EmptyNode { .. })
         ));
-        let mut root = Vec::new();
-        encode_node(&mut root, Some(child_cid.as_cid()), &[]);
-        let root_cid = CidBuf::sha256(DAG_CBOR, &root);
-        src.insert(root_cid, root);
+        let root_cid = put(&mut src, Some(child_cid.as_cid()), &[]);
         assert!(matches!(
             keys_of(&src, root_cid),
             Err(MstError::UnprunedRoot { .. })
