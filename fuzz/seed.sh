@@ -9,7 +9,7 @@ if [ ! -f "$src/README.md" ]; then
     echo "shared corpus not found at $src (pass its path or set RIPTIDE_CORPUS)" >&2
     exit 1
 fi
-mkdir -p "$here/corpus/cbor_decode" "$here/corpus/car_read" "$here/corpus/frame_decode" "$here/corpus/json_to_cbor"
+mkdir -p "$here/corpus/cbor_decode" "$here/corpus/car_read" "$here/corpus/frame_decode" "$here/corpus/json_to_cbor" "$here/corpus/repo_verify"
 python3 - "$src" "$here/corpus" <<'PY'
 import base64, json, os, sys
 
@@ -76,7 +76,7 @@ def blocks_field(frame):
         i = skip(frame, i)
     return None
 
-counts = {"cbor_decode": 0, "car_read": 0, "frame_decode": 0, "json_to_cbor": 0}
+counts = {"cbor_decode": 0, "car_read": 0, "frame_decode": 0, "json_to_cbor": 0, "repo_verify": 0}
 frames = open(os.path.join(src, "jetstream-2026-07/firehose-frames.bin"), "rb").read()
 count = int.from_bytes(frames[:4], "big")
 pos = 4
@@ -93,6 +93,7 @@ for n in range(count):
 
 repo = open(os.path.join(src, "jetstream-2026-07/repo.car"), "rb").read()
 put("car_read", "repo.car", repo); counts["car_read"] += 1
+put("repo_verify", "repo.car", repo); counts["repo_verify"] += 1
 for k, block in enumerate(car_blocks(repo)):
     put("cbor_decode", f"repo-block-{k:03}", block); counts["cbor_decode"] += 1
 
