@@ -454,6 +454,16 @@ impl Tree {
         }
     }
 
+    /// Makes this the tree with root `root` (as [`Tree::load`]), keeping the buffers it has grown
+    /// (decoding arena, node and encoding scratch): a verifier checking one commit after another
+    /// reuses one tree instead of growing a fresh one's for every commit.
+    pub fn reload(&mut self, root: CidBuf) {
+        self.root = Some(Link::Stub(root));
+        self.loaded.clear();
+        self.kids.clear();
+        self.poisoned = false;
+    }
+
     /// CIDs of the nodes loaded from a source so far, in load order (what the operations needed).
     pub fn loaded(&self) -> &[CidBuf] {
         &self.loaded
