@@ -39,7 +39,8 @@ use std::fmt;
 use riptide_cbor::{Arena, Cid, CidBuf, Kind, Options};
 use riptide_crypto::{PublicKey, VerifyError};
 use riptide_repo::{
-    is_tid, rev_is_newer, verify_commit_proof, Commit, CommitError, ProofClass, ProofError, ProofOp,
+    is_tid, rev_is_newer, verify_commit_proof_in, Commit, CommitError, ProofClass, ProofError,
+    ProofOp, Tree,
 };
 
 use riptide_car::Car;
@@ -355,6 +356,8 @@ pub struct Verifier<K> {
     max_cached: usize,
     arena: Arena,
     buf: Vec<u8>,
+    /// The proof's partial MST, reused from commit to commit (its buffers, not its contents).
+    tree: Tree,
     counts: VerdictCounts,
 }
 
@@ -375,6 +378,7 @@ impl<K: KeyLookup> Verifier<K> {
             max_cached: DEFAULT_MAX_CACHED,
             arena: Arena::new(),
             buf: Vec::new(),
+            tree: Tree::new(),
             counts: VerdictCounts::new(),
         }
     }
@@ -411,6 +415,7 @@ impl<K: KeyLookup> Verifier<K> {
             max_cached,
             arena,
             buf,
+            tree,
             counts,
         } = self;
         let report = match decoder.decode(bytes) {
@@ -425,6 +430,7 @@ impl<K: KeyLookup> Verifier<K> {
                     max_cached: *max_cached,
                     arena: &mut *arena,
                     buf,
+                    tree,
                 };
                 let failure = ctx.check_frame(&frame).err();
                 let verdict = failure.as_ref().map_or(Verdict::Ok, Failure::verdict);
@@ -482,6 +488,7 @@ struct Ctx<'v, K> {
     max_cached: usize,
     arena: &'v mut Arena,
     buf: &'v mut Vec<u8>,
+    tree: &'v mut Tree,
 }
 
 impl<K: KeyLookup> Ctx<'_, K> {
@@ -519,7 +526,7 @@ impl<K: KeyLookup> Ctx<'_, K> {
                 self.check_signature(&commit)?;
                 let ops = c.proof_ops();
                 check_records(self.arena, frame, car, &ops)?;
-                verify_commit_proof(car, c.commit, &ops, Some(prev_data))
+                verify_commit_proof_in(self.tree, car, c.commit, &ops, Some(prev_data))
                     .map_err(|e| Failure::Proof(Box::new(e)))?;
                 Ok(())
             }

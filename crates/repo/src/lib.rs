@@ -46,4 +46,4 @@ pub use repo::{
     RepoReport, Timings,
 };
 pub use source::{BlockSource, NoBlocks};
-pub use verify::{verify_commit_proof, Verified};
+pub use verify::{verify_commit_proof, verify_commit_proof_in, Verified};

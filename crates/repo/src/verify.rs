@@ -47,14 +47,27 @@ pub fn verify_commit_proof<'a, S: BlockSource + ?Sized>(
     ops: &[ProofOp<'_>],
     prev_data: Option<Cid<'_>>,
 ) -> Result<Verified<'a>, ProofError> {
+    verify_commit_proof_in(&mut Tree::new(), blocks, commit_cid, ops, prev_data)
+}
+
+/// [`verify_commit_proof`] on a tree kept by the caller ([`Tree::reload`]ed here), so that a
+/// verifier checking commit after commit reuses the buffers the tree has grown. The same checks
+/// and the same result; afterwards `tree` holds whatever the proof loaded.
+pub fn verify_commit_proof_in<'a, S: BlockSource + ?Sized>(
+    tree: &mut Tree,
+    blocks: &'a S,
+    commit_cid: Cid<'_>,
+    ops: &[ProofOp<'_>],
+    prev_data: Option<Cid<'_>>,
+) -> Result<Verified<'a>, ProofError> {
     let block = blocks
         .get_block(commit_cid)
         .ok_or_else(|| ProofError::MissingBlock(commit_cid.to_buf()))?;
     let commit = Commit::decode(block)?;
     check_ops(ops)?;
-    let mut tree = Tree::load(commit.data().to_buf());
+    tree.reload(commit.data().to_buf());
     let mut nodes_extra = 0;
-    check_forward(&mut tree, blocks, ops)?;
+    check_forward(tree, blocks, ops)?;
     for op in ops {
         if let Some(cid) = op.after() {
             if blocks.get_block(cid.as_cid()).is_none() {
@@ -62,12 +75,12 @@ pub fn verify_commit_proof<'a, S: BlockSource + ?Sized>(
             }
         }
     }
-    match invert(&mut tree, blocks, ops) {
+    match invert(tree, blocks, ops) {
         Ok(()) => {}
         // Another order of the ops may not need the absent node (see `invert_any_order`).
         Err(ProofError::MissingBlock(_)) if ops.len() > 1 => {
             let loaded = tree.loaded().len();
-            tree = invert_any_order(commit.data().to_buf(), blocks, ops)?;
+            *tree = invert_any_order(commit.data().to_buf(), blocks, ops)?;
             nodes_extra = loaded;
         }
         Err(e) => return Err(e),

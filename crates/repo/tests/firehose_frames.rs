@@ -161,3 +161,45 @@ fn every_commit_verifies() {
     assert_eq!((creates, updates, deletes), (144, 2, 4));
     eprintln!("148 commits verified; {loaded} MST nodes loaded in total");
 }
+
+#[test]
+fn one_tree_reused_across_commits_gives_the_same_answers() {
+    let Some(file) = common::read("jetstream-2026-07/firehose-frames.bin") else {
+        return;
+    };
+    let (_, frames) = commit_frames(&file);
+    let mut reader = CarReader::new();
+    let mut tree = Tree::new();
+    let mut checked = 0;
+    for f in &frames {
+        let car = reader.read(&f.blocks, &CarOptions::default()).unwrap();
+        let ops: Vec<ProofOp<'_>> = common::proof_ops(&f.ops);
+        let prev_data = f.prev_data.unwrap();
+        // A failing proof first (it leaves the tree half-modified), then the real one.
+        let wrong = CidBuf::sha256(riptide_cbor::DAG_CBOR, f.rev.as_bytes());
+        let e = riptide_repo::verify_commit_proof_in(
+            &mut tree,
+            &car,
+            f.commit.as_cid(),
+            &ops,
+            Some(wrong.as_cid()),
+        )
+        .unwrap_err();
+        assert_eq!(e.class(), riptide_repo::ProofClass::InversionMismatch);
+        let fresh =
+            verify_commit_proof(&car, f.commit.as_cid(), &ops, Some(prev_data.as_cid())).unwrap();
+        let reused = riptide_repo::verify_commit_proof_in(
+            &mut tree,
+            &car,
+            f.commit.as_cid(),
+            &ops,
+            Some(prev_data.as_cid()),
+        )
+        .unwrap_or_else(|e| panic!("{} {}: {e}", f.repo, f.rev));
+        assert_eq!(reused.prev_data, prev_data);
+        assert_eq!(reused.nodes_loaded, fresh.nodes_loaded);
+        assert_eq!(tree.loaded().len(), fresh.nodes_loaded);
+        checked += 1;
+    }
+    assert_eq!(checked, 148);
+}

@@ -37,6 +37,9 @@ pub struct Event {
 
 const VERSION: u8 = 1;
 
+/// The fixed part of the layout: version, kind, time, and the three lengths.
+const HEADER_LEN: usize = 1 + 1 + 8 + 2 + 2 + 4;
+
 fn kind_byte(k: EventKind) -> u8 {
     match k {
         EventKind::Commit => 0,
@@ -59,7 +62,10 @@ impl Event {
     ) -> Event {
         let did = &did.as_bytes()[..did.len().min(u16::MAX as usize)];
         let collection = &collection.as_bytes()[..collection.len().min(u16::MAX as usize)];
-        let mut v = Vec::with_capacity(16 + did.len() + collection.len() + json.len() + zstd.len());
+        // Exactly the layout's size: a buffer even one byte short is reallocated (copied) at the
+        // last append and left at twice the size, in the tail for as long as the event stays.
+        let len = HEADER_LEN + did.len() + collection.len() + json.len() + zstd.len();
+        let mut v = Vec::with_capacity(len);
         v.push(VERSION);
         v.push(kind_byte(kind));
         v.extend_from_slice(&time_us.to_be_bytes());
@@ -70,6 +76,7 @@ impl Event {
         v.extend_from_slice(&(json.len() as u32).to_be_bytes());
         v.extend_from_slice(json);
         v.extend_from_slice(zstd);
+        debug_assert_eq!(v.len(), len);
         // Our own bytes: cannot fail.
         Event::decode(seq, Bytes::from(v)).unwrap_or_else(|e| panic!("{e}"))
     }
@@ -191,5 +198,8 @@ mod tests {
             let _ = Event::decode(1, raw.slice(..cut));
         }
         assert!(Event::decode(1, raw.slice(..12)).is_err());
+        // The layout's size, byte for byte: the fixed fields, then did, collection, JSON, zstd.
+        assert_eq!(raw.len(), 18 + 9 + 7 + 2);
+        assert_eq!(HEADER_LEN, 18);
     }
 }

@@ -106,34 +106,43 @@ pub async fn run(
     metrics
         .upstream_start_cursor
         .store(start_cursor.unwrap_or(0), Relaxed);
-    // The client runs on a task of its own, so nothing ever cancels it mid-connect.
+    let seqs = Seqs {
+        last: start_cursor,
+        outdated: false,
+    };
+    let Some(res) = cfg.resolver.clone() else {
+        // Nothing to wait for between socket and ingest: read and hand on in one task (a task
+        // and a channel between them cost a wake-up and a hand-off per frame).
+        forward_direct(client, &metrics, seqs, &tx).await;
+        return Ok(());
+    };
+    // The client runs on a task of its own, so nothing ever cancels it mid-connect (the
+    // resolving loop below selects between reading and handing on).
     let (ev_tx, ev_rx) = mpsc::channel::<FirehoseEvent>(cfg.lookahead.max(1));
     let stats_metrics = metrics.clone();
     let reader = tokio::spawn(async move {
         let mut client = client;
-        let stats = client.stats();
         loop {
-            let ev = client.next().await;
-            let s = stats.snapshot();
-            stats_metrics.upstream_connects.store(s.connects, Relaxed);
-            stats_metrics
-                .upstream_connect_failures
-                .store(s.connect_failures, Relaxed);
+            let ev = next_event(&mut client, &stats_metrics).await;
             if ev_tx.send(ev).await.is_err() {
                 return;
             }
         }
     });
-    let seqs = Seqs {
-        last: start_cursor,
-        outdated: false,
-    };
-    match cfg.resolver.clone() {
-        None => forward_direct(ev_rx, &metrics, seqs, &tx).await,
-        Some(res) => forward_resolving(&cfg, res, ev_rx, &metrics, seqs, &tx).await,
-    }
+    forward_resolving(&cfg, res, ev_rx, &metrics, seqs, &tx).await;
     reader.abort();
     Ok(())
+}
+
+/// The client's next event, with its connection counters copied into `metrics`.
+async fn next_event(client: &mut FirehoseClient, metrics: &Metrics) -> FirehoseEvent {
+    let ev = client.next().await;
+    let s = client.stats().snapshot();
+    metrics.upstream_connects.store(s.connects, Relaxed);
+    metrics
+        .upstream_connect_failures
+        .store(s.connect_failures, Relaxed);
+    ev
 }
 
 /// Upstream seqs seen, for spotting the gap an `OutdatedCursor` announces.
@@ -208,13 +217,16 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Option<Upstre
     }
 }
 
+/// Reads and hands on until ingest stops. Never cancelled mid-read: it returns only when `tx`
+/// is closed.
 async fn forward_direct(
-    mut rx: mpsc::Receiver<FirehoseEvent>,
+    mut client: FirehoseClient,
     metrics: &Metrics,
     mut seqs: Seqs,
     tx: &mpsc::Sender<UpstreamFrame>,
 ) {
-    while let Some(ev) = rx.recv().await {
+    loop {
+        let ev = next_event(&mut client, metrics).await;
         if let Some(f) = admit(ev, metrics, &mut seqs) {
             if tx.send(f).await.is_err() {
                 return;

@@ -58,6 +58,26 @@ impl<'a> NodeData<'a> {
         NodeData::default()
     }
 
+    /// This value emptied, its buffers kept, for decoding blocks of another lifetime (a caller
+    /// that loads nodes from short-lived borrows keeps one across them instead of allocating
+    /// afresh for every node).
+    pub fn recycle<'b>(self) -> NodeData<'b> {
+        let NodeData {
+            entries, mut keys, ..
+        } = self;
+        keys.clear();
+        NodeData {
+            left: None,
+            // Empty, and collected in place: the allocation is reused, nothing is borrowed.
+            // (`filter_map`, not `filter`: the item type changes with the lifetime.)
+            #[allow(clippy::unnecessary_filter_map)]
+            entries: entries.into_iter().filter_map(|_| None).collect(),
+            keys,
+            layer: None,
+            last_slash: 0,
+        }
+    }
+
     fn clear(&mut self) {
         self.left = None;
         self.entries.clear();
@@ -673,6 +693,32 @@ mod tests {
         m.insert("e".into(), OwnedValue::Array(e));
         m.insert("l".into(), l.map_or(OwnedValue::Null, OwnedValue::Link));
         OwnedValue::Map(m).to_cbor()
+    }
+
+    #[test]
+    fn recycled_data_is_empty_and_keeps_its_buffers() {
+        let bytes = node(
+            None,
+            vec![
+                entry(0, b"app.bsky.feed.post/3l2a", None),
+                entry(22, b"b", None),
+            ],
+        );
+        let mut arena = Arena::new();
+        let mut out = NodeData::new();
+        let cid = CidBuf::sha256(DAG_CBOR, &bytes);
+        decode_node(&mut arena, cid.as_cid(), &bytes, None, &mut out).unwrap();
+        assert_eq!(out.key(1), b"app.bsky.feed.post/3l2b");
+        let (entries, keys) = (out.entries.capacity(), out.keys.capacity());
+        assert!(entries >= 2 && keys >= 46);
+        let mut again: NodeData<'_> = out.recycle();
+        assert!(again.is_empty() && again.left().is_none() && again.layer().is_none());
+        assert_eq!(again.entries.capacity(), entries);
+        assert_eq!(again.keys.capacity(), keys);
+        // And it decodes the same block the same way again.
+        decode_node(&mut arena, cid.as_cid(), &bytes, None, &mut again).unwrap();
+        assert_eq!(again.len(), 2);
+        assert_eq!(again.key(0), b"app.bsky.feed.post/3l2a");
     }
 
     #[test]

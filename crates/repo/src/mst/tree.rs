@@ -57,9 +57,53 @@ struct Node {
 
 #[derive(Debug, Clone)]
 struct Entry {
-    key: Box<[u8]>,
+    key: Key,
     value: CidBuf,
     right: Option<Link>,
+}
+
+/// Longest key kept inside its entry (longer ones go to the heap). Repository keys are
+/// `collection/rkey`: `app.bsky.feed.like/` and a 13-character TID is 32 bytes, the longest
+/// common collections stay under 46; the type is 48 bytes, a boxed slice 16.
+const INLINE_KEY: usize = 46;
+
+/// An entry's full key. Inline up to [`INLINE_KEY`] bytes: loading a proof's nodes allocated
+/// one box per key (and freed it again with the tree), which cost more than the tree itself.
+#[derive(Clone)]
+enum Key {
+    Inline { len: u8, bytes: [u8; INLINE_KEY] },
+    Heap(Box<[u8]>),
+}
+
+impl From<&[u8]> for Key {
+    fn from(k: &[u8]) -> Key {
+        match u8::try_from(k.len()) {
+            Ok(len) if k.len() <= INLINE_KEY => {
+                let mut bytes = [0; INLINE_KEY];
+                bytes[..k.len()].copy_from_slice(k);
+                Key::Inline { len, bytes }
+            }
+            _ => Key::Heap(k.into()),
+        }
+    }
+}
+
+impl std::ops::Deref for Key {
+    type Target = [u8];
+
+    #[inline]
+    fn deref(&self) -> &[u8] {
+        match self {
+            Key::Inline { len, bytes } => &bytes[..*len as usize],
+            Key::Heap(k) => k,
+        }
+    }
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", String::from_utf8_lossy(self))
+    }
 }
 
 impl Node {
@@ -88,6 +132,8 @@ struct Ctx<'c, S: ?Sized> {
     src: &'c S,
     arena: &'c mut Arena,
     loaded: &'c mut Vec<CidBuf>,
+    /// Decoding scratch, reused from node to node.
+    data: &'c mut NodeData<'static>,
 }
 
 impl<S: BlockSource + ?Sized> Ctx<'_, S> {
@@ -101,37 +147,13 @@ impl<S: BlockSource + ?Sized> Ctx<'_, S> {
             .src
             .get_block(cid.as_cid())
             .ok_or(MstError::MissingBlock(cid))?;
-        let mut data = NodeData::new();
-        decode_node(self.arena, cid.as_cid(), block, layer, &mut data)?;
-        self.loaded.push(cid);
-        let layer = match (data.layer(), layer) {
-            (Some(l), _) => l,
-            (None, Some(l)) => {
-                if data.left().is_none() {
-                    return Err(MstError::EmptyNode { cid });
-                }
-                l
-            }
-            (None, None) => {
-                if data.left().is_some() {
-                    return Err(MstError::UnprunedRoot { cid });
-                }
-                return Ok(None);
-            }
-        };
-        let entries = (0..data.len())
-            .map(|i| Entry {
-                key: data.key(i).into(),
-                value: data.value(i).to_buf(),
-                right: data.right(i).map(|c| Link::Stub(c.to_buf())),
-            })
-            .collect();
-        Ok(Some(Box::new(Node {
-            layer,
-            left: data.left().map(|c| Link::Stub(c.to_buf())),
-            entries,
-            cid: Some(cid),
-        })))
+        let mut data = std::mem::take(self.data).recycle();
+        let node = decode_node(self.arena, cid.as_cid(), block, layer, &mut data).and_then(|()| {
+            self.loaded.push(cid);
+            node_of(cid, &data, layer)
+        });
+        *self.data = data.recycle();
+        node
     }
 
     /// Loads a non-root node on `layer`.
@@ -318,6 +340,42 @@ impl<S: BlockSource + ?Sized> Ctx<'_, S> {
     }
 }
 
+/// The node `data` (decoded from block `cid`) describes, on `layer` (`None`: a root).
+fn node_of(
+    cid: CidBuf,
+    data: &NodeData<'_>,
+    layer: Option<u32>,
+) -> Result<Option<Box<Node>>, MstError> {
+    let layer = match (data.layer(), layer) {
+        (Some(l), _) => l,
+        (None, Some(l)) => {
+            if data.left().is_none() {
+                return Err(MstError::EmptyNode { cid });
+            }
+            l
+        }
+        (None, None) => {
+            if data.left().is_some() {
+                return Err(MstError::UnprunedRoot { cid });
+            }
+            return Ok(None);
+        }
+    };
+    let entries = (0..data.len())
+        .map(|i| Entry {
+            key: data.key(i).into(),
+            value: data.value(i).to_buf(),
+            right: data.right(i).map(|c| Link::Stub(c.to_buf())),
+        })
+        .collect();
+    Ok(Some(Box::new(Node {
+        layer,
+        left: data.left().map(|c| Link::Stub(c.to_buf())),
+        entries,
+        cid: Some(cid),
+    })))
+}
+
 fn non_void(node: Box<Node>) -> Option<Link> {
     if node.is_void() {
         None
@@ -378,6 +436,7 @@ pub struct Tree {
     loaded: Vec<CidBuf>,
     buf: Vec<u8>,
     kids: Vec<Option<CidBuf>>,
+    data: NodeData<'static>,
     poisoned: bool,
 }
 
@@ -393,6 +452,16 @@ impl Tree {
             root: Some(Link::Stub(root)),
             ..Tree::default()
         }
+    }
+
+    /// Makes this the tree with root `root` (as [`Tree::load`]), keeping the buffers it has grown
+    /// (decoding arena, node and encoding scratch): a verifier checking one commit after another
+    /// reuses one tree instead of growing a fresh one's for every commit.
+    pub fn reload(&mut self, root: CidBuf) {
+        self.root = Some(Link::Stub(root));
+        self.loaded.clear();
+        self.kids.clear();
+        self.poisoned = false;
     }
 
     /// CIDs of the nodes loaded from a source so far, in load order (what the operations needed).
@@ -429,6 +498,7 @@ impl Tree {
             src,
             arena: &mut self.arena,
             loaded: &mut self.loaded,
+            data: &mut self.data,
         };
         // Make sure the root is loaded (and the empty tree is `None`).
         if let Some(Link::Stub(cid)) = self.root {
@@ -641,6 +711,44 @@ mod tests {
         (0..n)
             .map(|i| format!("com.example.record/{:05}", i * 7919 % 100_000))
             .collect()
+    }
+
+    #[test]
+    fn keys_inline_and_on_the_heap_are_the_same_keys() {
+        // Lengths on both sides of the inline limit, loaded lazily and modified.
+        let ks: Vec<String> = (0..120)
+            .map(|i| {
+                let pad = "x".repeat([0, 20, 27, 28, 29, 100, 600][i % 7]);
+                format!("com.example.r{pad}/{:05}", i * 7919 % 100_000)
+            })
+            .collect();
+        assert!(ks.iter().any(|k| k.len() == INLINE_KEY));
+        assert!(ks.iter().any(|k| k.len() == INLINE_KEY + 1));
+        let mut sorted: Vec<(String, CidBuf)> = ks
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.clone(), val(i as u32)))
+            .collect();
+        sorted.sort();
+        let (root, blocks) = build(&sorted).unwrap();
+        let store: HashMap<CidBuf, Vec<u8>> = blocks.into_iter().collect();
+        let mut lazy = Tree::load(root);
+        for (i, k) in ks.iter().enumerate() {
+            assert_eq!(lazy.get(&store, k.as_bytes()).unwrap(), Some(val(i as u32)));
+            assert_eq!(&*Key::from(k.as_bytes()), k.as_bytes());
+        }
+        for k in ks.iter().step_by(3) {
+            assert!(lazy.delete(&store, k.as_bytes()).unwrap().is_some());
+        }
+        let rest: Vec<(String, CidBuf)> = sorted
+            .iter()
+            .filter(|(k, _)| !ks.iter().step_by(3).any(|d| d == k))
+            .cloned()
+            .collect();
+        assert_eq!(
+            lazy.root_cid().unwrap(),
+            crate::mst::build::root_cid(&rest).unwrap()
+        );
     }
 
     #[test]
