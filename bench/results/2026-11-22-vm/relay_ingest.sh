@@ -1,12 +1,12 @@
 #!/bin/bash
 # Verified ingest from a local relay: riptide relay (loopback) -> riptide serve; events/s of durable
-# storage measured from serve's /metrics, between 2,000 and N events stored.
+# storage measured from serve's /metrics, between START (default 2,000) and N events stored.
 # usage: relay_ingest.sh BIN FRAMES EVENTS [extra serve args]  (FRAMES: e.g. the capture x600, 90,000 frames; RELAYBIN, RELAYWAIT=6 optional)
 BIN=$1; FRAMES=$2; N=$3; shift 3
 C=${RIPTIDE_CORPUS:-../shared/corpus}
 D=$(mktemp -d)
 RP=$((7100 + RANDOM % 500)); SP=$((RP + 600))
-${RELAYBIN:-$BIN} relay --replay $FRAMES --listen 127.0.0.1:$RP --window 100000 >/dev/null 2>&1 &
+${RELAYBIN:-$BIN} relay --replay $FRAMES --listen 127.0.0.1:$RP --window ${WINDOW:-100000} >/dev/null 2>&1 &
 R=$!
 sleep ${RELAYWAIT:-4}
 start_cpu() { awk '{print $14+$15}' /proc/$1/stat; }
@@ -19,7 +19,7 @@ while true; do
   n=$(curl -s 127.0.0.1:$SP/metrics 2>/dev/null | awk '/^riptide_events_stored_total/{print $2}')
   n=${n:-0}
   now=$(date +%s.%N)
-  if [ -z "$t0" ] && [ "${n%.*}" -ge 2000 ]; then t0=$now; n0=$n; c0=$(start_cpu $S); r0=$(start_cpu $R); fi
+  if [ -z "$t0" ] && [ "${n%.*}" -ge ${START:-2000} ]; then t0=$now; n0=$n; c0=$(start_cpu $S); r0=$(start_cpu $R); fi
   if [ -n "$t0" ] && [ "${n%.*}" -ge "$N" ]; then
     c1=$(start_cpu $S); r1=$(start_cpu $R)
     python3 -c "
