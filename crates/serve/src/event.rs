@@ -40,6 +40,15 @@ const VERSION: u8 = 1;
 /// The fixed part of the layout: version, kind, time, and the three lengths.
 const HEADER_LEN: usize = 1 + 1 + 8 + 2 + 2 + 4;
 
+/// `s` cut to at most 65,535 bytes (a `u16` length), on a character boundary.
+fn cut(s: &str) -> &str {
+    let mut end = s.len().min(u16::MAX as usize);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 fn kind_byte(k: EventKind) -> u8 {
     match k {
         EventKind::Commit => 0,
@@ -49,8 +58,10 @@ fn kind_byte(k: EventKind) -> u8 {
 }
 
 impl Event {
-    /// Builds the stored form. `did` and `collection` longer than 65,535 bytes are cut (they are
-    /// only filter keys; the JSON keeps them whole) — neither can be that long once validated.
+    /// Builds the stored form, and the event over it (the ranges are known as it is written: it
+    /// is not parsed back). `did` and `collection` longer than 65,535 bytes are cut, on a
+    /// character boundary so the value still decodes (they are only filter keys; the JSON keeps
+    /// them whole) — neither can be that long once validated.
     pub fn encode(
         seq: u64,
         time_us: i64,
@@ -60,8 +71,8 @@ impl Event {
         json: &[u8],
         zstd: &[u8],
     ) -> Event {
-        let did = &did.as_bytes()[..did.len().min(u16::MAX as usize)];
-        let collection = &collection.as_bytes()[..collection.len().min(u16::MAX as usize)];
+        let did = cut(did).as_bytes();
+        let collection = cut(collection).as_bytes();
         // Exactly the layout's size: a buffer even one byte short is reallocated (copied) at the
         // last append and left at twice the size, in the tail for as long as the event stays.
         let len = HEADER_LEN + did.len() + collection.len() + json.len() + zstd.len();
@@ -69,16 +80,26 @@ impl Event {
         v.push(VERSION);
         v.push(kind_byte(kind));
         v.extend_from_slice(&time_us.to_be_bytes());
-        v.extend_from_slice(&(did.len() as u16).to_be_bytes());
-        v.extend_from_slice(did);
-        v.extend_from_slice(&(collection.len() as u16).to_be_bytes());
-        v.extend_from_slice(collection);
-        v.extend_from_slice(&(json.len() as u32).to_be_bytes());
-        v.extend_from_slice(json);
+        let field = |v: &mut Vec<u8>, len_bytes: &[u8], bytes: &[u8]| {
+            v.extend_from_slice(len_bytes);
+            let start = v.len();
+            v.extend_from_slice(bytes);
+            start..v.len()
+        };
+        let did_at = field(&mut v, &(did.len() as u16).to_be_bytes(), did);
+        let collection_at = field(&mut v, &(collection.len() as u16).to_be_bytes(), collection);
+        let json_at = field(&mut v, &(json.len() as u32).to_be_bytes(), json);
         v.extend_from_slice(zstd);
         debug_assert_eq!(v.len(), len);
-        // Our own bytes: cannot fail.
-        Event::decode(seq, Bytes::from(v)).unwrap_or_else(|e| panic!("{e}"))
+        Event {
+            seq,
+            time_us,
+            kind,
+            raw: Bytes::from(v),
+            did: did_at,
+            collection: collection_at,
+            json: json_at,
+        }
     }
 
     /// Parses a stored value.
@@ -198,6 +219,17 @@ mod tests {
             let _ = Event::decode(1, raw.slice(..cut));
         }
         assert!(Event::decode(1, raw.slice(..12)).is_err());
+
+        // An over-long collection is cut on a character boundary, and the value still decodes
+        // to what the encoder's event says.
+        // 80,000 bytes of two-byte characters: byte 65,535 falls inside one.
+        let long = "é".repeat(40_000);
+        let e = Event::encode(8, 1, EventKind::Commit, "did:plc:x", &long, b"{}", b"");
+        assert_eq!(e.collection().len(), 65_534);
+        assert!(long.as_bytes().starts_with(e.collection()));
+        let d = Event::decode(8, e.raw().clone()).unwrap();
+        assert_eq!(d.collection(), e.collection());
+        assert_eq!((d.did(), &d.json()[..]), (e.did(), &e.json()[..]));
         // The layout's size, byte for byte: the fixed fields, then did, collection, JSON, zstd.
         assert_eq!(raw.len(), 18 + 9 + 7 + 2);
         assert_eq!(HEADER_LEN, 18);

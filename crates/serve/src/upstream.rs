@@ -44,7 +44,7 @@ use futures_util::stream::{FuturesOrdered, StreamExt};
 use futures_util::FutureExt;
 use riptide_cbor::Arena;
 use riptide_client::{
-    Backoff, ClientConfig, ClientError, FirehoseClient, FirehoseEvent, FrameKind,
+    Backoff, ClientConfig, ClientError, ClientStats, FirehoseClient, FirehoseEvent, FrameKind,
 };
 use riptide_firehose::verify::peek;
 use riptide_resolver::Resolver;
@@ -122,8 +122,9 @@ pub async fn run(
     let stats_metrics = metrics.clone();
     let reader = tokio::spawn(async move {
         let mut client = client;
+        let stats = client.stats();
         loop {
-            let ev = next_event(&mut client, &stats_metrics).await;
+            let ev = next_event(&mut client, &stats, &stats_metrics).await;
             if ev_tx.send(ev).await.is_err() {
                 return;
             }
@@ -134,10 +135,15 @@ pub async fn run(
     Ok(())
 }
 
-/// The client's next event, with its connection counters copied into `metrics`.
-async fn next_event(client: &mut FirehoseClient, metrics: &Metrics) -> FirehoseEvent {
+/// The client's next event, with its connection counters (`stats`, the client's own, taken once:
+/// not a reference count per frame) copied into `metrics`.
+async fn next_event(
+    client: &mut FirehoseClient,
+    stats: &ClientStats,
+    metrics: &Metrics,
+) -> FirehoseEvent {
     let ev = client.next().await;
-    let s = client.stats().snapshot();
+    let s = stats.snapshot();
     metrics.upstream_connects.store(s.connects, Relaxed);
     metrics
         .upstream_connect_failures
@@ -225,8 +231,9 @@ async fn forward_direct(
     mut seqs: Seqs,
     tx: &mpsc::Sender<UpstreamFrame>,
 ) {
+    let stats = client.stats();
     loop {
-        let ev = next_event(&mut client, metrics).await;
+        let ev = next_event(&mut client, &stats, metrics).await;
         if let Some(f) = admit(ev, metrics, &mut seqs) {
             if tx.send(f).await.is_err() {
                 return;
