@@ -310,7 +310,9 @@ impl<'a, T> Lanes<'a, T> {
         while self.busy == u16::MAX {
             self.step();
             if self.failed.is_some() {
-                return Err(self.drain());
+                // An earlier-pushed message still in flight may fail too: finish them all, the
+                // earliest failure wins.
+                return self.finish();
             }
         }
         let i = (!self.busy).trailing_zeros() as usize;
@@ -331,19 +333,6 @@ impl<'a, T> Lanes<'a, T> {
         match self.failed.take() {
             Some((_, t)) => Err(t),
             None => Ok(()),
-        }
-    }
-
-    /// After a mismatch: completes every message in flight (an earlier-pushed one may fail
-    /// too) and returns the earliest failure.
-    #[cold]
-    fn drain(&mut self) -> T {
-        while self.busy != 0 {
-            self.step();
-        }
-        match self.failed.take() {
-            Some((_, t)) => t,
-            None => unreachable!("drain is only called after a mismatch"),
         }
     }
 

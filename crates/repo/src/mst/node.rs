@@ -364,28 +364,11 @@ fn decode_canonical<'a>(
             return false;
         }
     }
-    // Heights for the whole node, two keys at a time: every key on one layer, the expected one
-    // when the parent said.
+    // Heights for the whole node, unless the caller checks them (it can only when it names the
+    // layer).
     let n = out.len();
-    let mut pair = [0u32; 2];
-    let mut i = if heights || layer.is_none() { 0 } else { n };
-    while i < n {
-        let got = if i + 1 < n {
-            let (a, b) = key_height_pair(out.key(i), out.key(i + 1));
-            pair = [a, b];
-            &pair[..]
-        } else {
-            pair[0] = key_height(out.key(i));
-            &pair[..1]
-        };
-        for &h in got {
-            match layer {
-                None => layer = Some(h),
-                Some(want) if want != h => return false,
-                Some(_) => {}
-            }
-        }
-        i += 2;
+    if (heights || layer.is_none()) && !keys_on_one_layer(out, &mut layer) {
+        return false;
     }
     out.layer = if n == 0 { None } else { layer };
     if !r.eat(&[0x61, b'l']) {
@@ -398,6 +381,30 @@ fn decode_canonical<'a>(
         }
     }
     r.pos == block.len() && finish_node(cid, out, layer).is_ok()
+}
+
+/// Whether every key of `out` has the same height, `layer` when it is given (else `layer` is set
+/// to it). Keys are hashed two at a time.
+fn keys_on_one_layer(out: &NodeData<'_>, layer: &mut Option<u32>) -> bool {
+    let n = out.len();
+    let mut i = 0;
+    while i < n {
+        let (a, b) = if i + 1 < n {
+            let (a, b) = key_height_pair(out.key(i), out.key(i + 1));
+            (a, Some(b))
+        } else {
+            (key_height(out.key(i)), None)
+        };
+        for h in std::iter::once(a).chain(b) {
+            match *layer {
+                None => *layer = Some(h),
+                Some(want) if want != h => return false,
+                Some(_) => {}
+            }
+        }
+        i += 2;
+    }
+    true
 }
 
 /// A cursor over one node's bytes for [`decode_canonical`]: every read either matches the
