@@ -338,6 +338,14 @@ mod tests {
         (root, b.nodes, b.reused)
     }
 
+    /// Blocks as the builder takes known ones: borrowed (CID, bytes) pairs.
+    fn as_known(blocks: &[(CidBuf, Vec<u8>)]) -> Vec<(Cid<'_>, &[u8])> {
+        blocks
+            .iter()
+            .map(|(c, b)| (c.as_cid(), b.as_slice()))
+            .collect()
+    }
+
     #[test]
     fn same_tree_as_the_recursive_builder() {
         // Many sizes, so that roots on several layers, empty intermediate layers and long
@@ -364,20 +372,14 @@ mod tests {
             .map(|i| (format!("app.bsky.graph.follow/3k{i:08}"), leaf(i)))
             .collect();
         let (root, blocks) = build(&leaves[..]).unwrap();
-        let known: Vec<(Cid<'_>, &[u8])> = blocks
-            .iter()
-            .map(|(c, b)| (c.as_cid(), b.as_slice()))
-            .collect();
+        let known = as_known(&blocks);
         // The blocks in build order are the order nodes close: nothing is hashed.
         assert_eq!(stream(&leaves, &known), (root, blocks.len(), blocks.len()));
 
         // A known block with other bytes under its CID is not used: that node is hashed.
         let mut altered = blocks.clone();
         altered[3].1.push(0);
-        let known: Vec<(Cid<'_>, &[u8])> = altered
-            .iter()
-            .map(|(c, b)| (c.as_cid(), b.as_slice()))
-            .collect();
+        let known = as_known(&altered);
         assert_eq!(
             stream(&leaves, &known),
             (root, blocks.len(), blocks.len() - 1)
@@ -390,18 +392,11 @@ mod tests {
             .collect();
         let (other_root, other_blocks) = build(&other[..]).unwrap();
         assert_ne!(other_root, root);
-        let known: Vec<(Cid<'_>, &[u8])> = other_blocks
-            .iter()
-            .map(|(c, b)| (c.as_cid(), b.as_slice()))
-            .collect();
+        let known = as_known(&other_blocks);
         assert_eq!(stream(&leaves, &known), (root, blocks.len(), 0));
 
         // Too few known blocks: the rest are hashed.
-        let known: Vec<(Cid<'_>, &[u8])> = blocks
-            .iter()
-            .take(10)
-            .map(|(c, b)| (c.as_cid(), b.as_slice()))
-            .collect();
+        let known = as_known(&blocks[..10]);
         assert_eq!(stream(&leaves, &known), (root, blocks.len(), 10));
     }
 

@@ -707,6 +707,17 @@ mod tests {
         CidBuf::sha256(DAG_CBOR, &i.to_be_bytes())
     }
 
+    /// Key `i` of `ks` with value `val(i)`, in key order (what `build` takes).
+    fn sorted_leaves(ks: &[String]) -> Vec<(String, CidBuf)> {
+        let mut sorted: Vec<(String, CidBuf)> = ks
+            .iter()
+            .enumerate()
+            .map(|(i, k)| (k.clone(), val(i as u32)))
+            .collect();
+        sorted.sort();
+        sorted
+    }
+
     fn keys(n: usize) -> Vec<String> {
         (0..n)
             .map(|i| format!("com.example.record/{:05}", i * 7919 % 100_000))
@@ -724,12 +735,7 @@ mod tests {
             .collect();
         assert!(ks.iter().any(|k| k.len() == INLINE_KEY));
         assert!(ks.iter().any(|k| k.len() == INLINE_KEY + 1));
-        let mut sorted: Vec<(String, CidBuf)> = ks
-            .iter()
-            .enumerate()
-            .map(|(i, k)| (k.clone(), val(i as u32)))
-            .collect();
-        sorted.sort();
+        let sorted = sorted_leaves(&ks);
         let (root, blocks) = build(&sorted).unwrap();
         let store: HashMap<CidBuf, Vec<u8>> = blocks.into_iter().collect();
         let mut lazy = Tree::load(root);
@@ -761,12 +767,7 @@ mod tests {
                 None
             );
         }
-        let mut sorted: Vec<(String, CidBuf)> = ks
-            .iter()
-            .enumerate()
-            .map(|(i, k)| (k.clone(), val(i as u32)))
-            .collect();
-        sorted.sort();
+        let sorted = sorted_leaves(&ks);
         let (root, blocks) = build(&sorted).unwrap();
         assert_eq!(tree.root_cid().unwrap(), root);
 
