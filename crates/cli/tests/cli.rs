@@ -84,6 +84,25 @@ fn tampered_and_truncated_frames_are_reported_counted_and_skipped() {
 }
 
 #[test]
+fn relay_loop_without_a_rate_is_refused() {
+    let Some(cap) = capture() else { return };
+    let out = riptide(&[
+        "relay",
+        "--replay",
+        s(&cap),
+        "--listen",
+        "127.0.0.1:0",
+        "--loop",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("--loop needs --rate"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
 fn garbage_input_is_an_error_not_a_panic() {
     let tmp = scratch();
     let path = write(&tmp, "garbage.bin", &[0xff, 0xff, 0xff, 0xff, 1, 2, 3]);

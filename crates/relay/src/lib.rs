@@ -69,7 +69,8 @@ pub enum RelayError {
 pub struct RelayConfig {
     /// Events per second appended to the log by the feeder; `None` appends all at once.
     pub rate: Option<f64>,
-    /// Repeat the frames forever, seqs still increasing.
+    /// Repeat the frames forever, seqs still increasing. Give a `rate` with it: unpaced, the
+    /// feeder appends without end and the window turns over faster than anyone can read it.
     pub looped: bool,
     /// Events kept for cursor replay (older ones are forgotten; cursors before them are outdated).
     /// Bounds memory: with `looped`, the log would otherwise grow without end.

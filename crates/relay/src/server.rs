@@ -306,16 +306,24 @@ async fn feed(shared: Arc<Shared>, frames: Vec<(SeqSlot, Bytes)>) {
     let mut n: u64 = 0;
     loop {
         for (slot, frame) in &frames {
-            if let Some(rate) = shared.config.rate.filter(|r| *r > 0.0) {
-                let at = start + Duration::from_secs_f64(n as f64 / rate);
+            // Paced: sleep only when ahead. The timer wakes about once a millisecond and every
+            // frame due by then goes out in one burst (a sleep per frame cost the relay 10-20
+            // CPU-µs per frame at 40k/s, its subscribers woken frame by frame).
+            let ahead = shared
+                .config
+                .rate
+                .filter(|r| *r > 0.0)
+                .map(|rate| start + Duration::from_secs_f64(n as f64 / rate))
+                .filter(|at| *at > Instant::now());
+            if let Some(at) = ahead {
                 tokio::select! {
                     _ = sleep_until(at) => {}
                     _ = stopped(&mut stop) => return,
                 }
             } else if n % 1024 == 1023 {
+                // Behind (or unpaced): let the subscribers run.
                 tokio::task::yield_now().await;
-                let stopping = *stop.borrow();
-                if stopping {
+                if *stop.borrow() {
                     return;
                 }
             }

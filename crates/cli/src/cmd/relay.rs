@@ -25,7 +25,7 @@ pub struct Args {
     /// Events per second (default: all at once).
     #[arg(long)]
     rate: Option<f64>,
-    /// Repeat the corpus forever, seqs still increasing.
+    /// Repeat the corpus forever, seqs still increasing (needs --rate).
     #[arg(long = "loop")]
     looped: bool,
     /// Events kept for cursor replay.
@@ -46,6 +46,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(
         args.rate.is_none_or(|r| r > 0.0 && r.is_finite()),
         "--rate must be a positive number"
+    );
+    // Without a rate the feeder would append frames as fast as a core allows, forever: the log's
+    // window turns over in milliseconds and no subscriber can keep up (seen as a relay at 100%
+    // CPU that never delivers a frame).
+    anyhow::ensure!(
+        !args.looped || args.rate.is_some(),
+        "--loop needs --rate: without a pace the relay would produce frames faster than any subscriber can take them"
     );
     let file = super::read_file(&args.replay)?;
     let frames: Vec<Bytes> = split_frames(&file)?
