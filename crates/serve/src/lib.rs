@@ -45,25 +45,44 @@ pub fn now_us() -> i64 {
         .map_or(0, |d| d.as_micros() as i64)
 }
 
-/// Deletes events older than `retention` every `every`, forever (spawn it).
+/// Expires events older than `retention` every `every`, forever (spawn it): raises the store's
+/// floor and drops segment files wholly outside the window ([`store::Store::expire`]), and
+/// reports the store's size on disk.
 pub async fn retention_loop(
     log: std::sync::Arc<Log>,
     metrics: std::sync::Arc<Metrics>,
     retention: std::time::Duration,
     every: std::time::Duration,
 ) {
+    use std::sync::atomic::Ordering::Relaxed;
     loop {
         let cutoff = now_us() - retention.as_micros() as i64;
         let l = log.clone();
-        match tokio::task::spawn_blocking(move || l.store().prune(cutoff)).await {
-            Ok(Ok(n)) if n > 0 => {
-                metrics
-                    .retention_deleted
-                    .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-                tracing::info!(deleted = n, "retention: old events deleted");
+        let pass = tokio::task::spawn_blocking(move || {
+            let r = l.store().expire(cutoff, retention);
+            (r, l.store().disk_usage())
+        });
+        match pass.await {
+            Ok((r, disk)) => {
+                metrics.store_bytes.store(disk.bytes, Relaxed);
+                metrics.store_segments.store(disk.segments as u64, Relaxed);
+                match r {
+                    Ok(x) => {
+                        metrics.retention_floor.store(x.floor, Relaxed);
+                        if x.events > 0 {
+                            metrics.retention_deleted.fetch_add(x.events, Relaxed);
+                            tracing::info!(
+                                expired = x.events,
+                                floor = x.floor,
+                                disk_bytes = disk.bytes,
+                                "retention: old events expired"
+                            );
+                        }
+                    }
+                    Err(e) => tracing::error!(error = %e, "retention failed"),
+                }
             }
-            Ok(Err(e)) => tracing::error!(error = %e, "retention failed"),
-            _ => {}
+            Err(e) => tracing::error!(error = %e, "retention task failed"),
         }
         tokio::time::sleep(every).await;
     }

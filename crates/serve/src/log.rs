@@ -146,7 +146,8 @@ impl Log {
         (t.events.len(), t.bytes)
     }
 
-    /// Events with seq ≥ `from` into `out`, within `limit`: from the tail when it still holds
+    /// Events with seq ≥ `from` (and ≥ the store's retention floor) into `out`, within `limit`:
+    /// from the tail when it still holds
     /// `from`, otherwise from the store (blocking I/O: call from a blocking context, or check
     /// [`Log::in_tail`] first).
     pub fn read(
@@ -155,6 +156,8 @@ impl Log {
         limit: ReadLimit,
         out: &mut Vec<Event>,
     ) -> Result<ReadFrom, StoreError> {
+        // Nothing below the retention floor is served, from memory either.
+        let from = from.max(self.store.floor());
         if from >= self.next_seq() {
             return Ok(ReadFrom::Tip);
         }
@@ -254,6 +257,13 @@ mod tests {
                     .unwrap();
                 assert_eq!(out.len(), want, "from {from}, cap {bytes}");
             }
+        }
+        // Retention: past the floor nothing is served, from the store or from the tail.
+        s.expire(9, std::time::Duration::from_secs(3600)).unwrap();
+        for from in [1, 7] {
+            out.clear();
+            log.read(from, n(5), &mut out).unwrap();
+            assert_eq!(out.iter().map(Event::seq).collect::<Vec<_>>(), [9, 10]);
         }
     }
     use crate::store::Resume;

@@ -143,8 +143,14 @@ pub struct Metrics {
     pub upstream_last_us: AtomicI64,
     /// Wall-clock microseconds between receiving a frame and storing its events (last batch).
     pub ingest_lag_us: AtomicI64,
-    /// Stored events deleted by retention.
+    /// Stored events expired by retention (now below the floor).
     pub retention_deleted: AtomicU64,
+    /// The retention floor: the oldest seq served.
+    pub retention_floor: AtomicU64,
+    /// Bytes of the store's segment files (updated by each retention pass).
+    pub store_bytes: AtomicU64,
+    /// Segment files of the store's log partitions (updated by each retention pass).
+    pub store_segments: AtomicU64,
     /// The upstream cursor the upstream source started from (0: live).
     pub upstream_start_cursor: AtomicU64,
     /// Upstream connections made.
@@ -303,9 +309,28 @@ impl Metrics {
         one(
             "riptide_retention_deleted_total",
             "counter",
-            "Events deleted by retention.",
+            "Events expired by retention (below the floor; their disk space is reclaimed a segment file at a time).",
             c(&self.retention_deleted),
         );
+        for (name, help, v) in [
+            (
+                "riptide_retention_floor",
+                "The oldest seq served (retention floor).",
+                &self.retention_floor,
+            ),
+            (
+                "riptide_store_bytes",
+                "Bytes of the store's segment files (at the last retention pass).",
+                &self.store_bytes,
+            ),
+            (
+                "riptide_store_segments",
+                "Segment files of the store's log partitions (at the last retention pass).",
+                &self.store_segments,
+            ),
+        ] {
+            one(name, "gauge", help, c(v));
+        }
         for (name, kind, help, v) in [
             (
                 "riptide_upstream_start_cursor",
