@@ -31,6 +31,13 @@
 //! floor lost in a crash is recomputed by the next pass. No tombstones are written, so the
 //! segments stay disjoint and nothing is ever merged.
 //!
+//! **The cost of never merging**: one segment file per flushed `events` memtable (fjall's 16 MiB),
+//! so their number grows with the window: a day of today's network (~1,500 events/s, ~2 KB
+//! each) is ~16,000 files. Each holds ~2.4 KB of memory (index and metadata), and fjall opens
+//! them all at start: 4,000 took 7 s on the development VM, so a full day would take about half
+//! a minute. 64 MiB memtables would cut both by four but cost ~2% of steady-state ingest in a
+//! first measurement (`bench/results/2026-11-22-vm/serve-5.md`); not done yet.
+//!
 //! A data directory written by the previous layout (leveled partitions, deletes by tombstone) is
 //! refused with [`StoreError::OldLayout`] rather than served with a retention that would leak.
 
