@@ -26,17 +26,19 @@
 //! whatever the segment boundaries. Then it drops every segment file created longer ago than the
 //! window (fjall's FIFO time-to-live, run with the window given now, so a restart with another
 //! `--retention` takes effect): every event in such a file was written before the file, so it is
-//! below the floor already. Disk space thus comes back one segment (a flushed memtable, 16 MiB of
+//! below the floor already. Disk space thus comes back one segment (a flushed memtable, 64 MiB of
 //! events) at a time, a little after the window has passed. The floor is stored without fsync: a
 //! floor lost in a crash is recomputed by the next pass. No tombstones are written, so the
 //! segments stay disjoint and nothing is ever merged.
 //!
-//! **The cost of never merging**: one segment file per flushed `events` memtable (fjall's 16 MiB),
-//! so their number grows with the window: a day of today's network (~1,500 events/s, ~2 KB
-//! each) is ~16,000 files. Each holds ~2.4 KB of memory (index and metadata), and fjall opens
-//! them all at start: 4,000 took 7 s on the development VM, so a full day would take about half
-//! a minute. 64 MiB memtables would cut both by four but cost ~2% of steady-state ingest in a
-//! first measurement (`bench/results/2026-11-22-vm/serve-5.md`); not done yet.
+//! **The cost of never merging**: one segment file per flushed `events` memtable, so their
+//! number grows with the window. fjall 2 checks a level's files for overlap pairwise (lsm-tree's
+//! `KeyRange::is_disjoint`) whenever the level changes and at start, so both grow with the square
+//! of the count: measured on the development VM, a flush took ~14 ms longer with 3,000 files and
+//! reopening 4,000 took 7 s; each file also holds ~2.4 KB of memory. Hence 64 MiB memtables
+//! (fjall's default is 16 MiB): a day of today's network (~1,500 events/s of ~2 KB) is ~4,000
+//! files, not 16,000 (`bench/results/2026-11-22-vm/serve-5.md`). A much longer window or a much
+//! faster network would need segments merged once (not yet done).
 //!
 //! A data directory written by the previous layout (leveled partitions, deletes by tombstone) is
 //! refused with [`StoreError::OldLayout`] rather than served with a retention that would leak.
@@ -126,6 +128,11 @@ const LAYOUT: &[u8] = b"layout";
 /// The store layout this code writes: 2 = FIFO log partitions with a retention floor.
 pub const LAYOUT_VERSION: u64 = 2;
 
+/// Memtable size of `events`, hence the size of its segment files (see the module docs on the
+/// cost of never merging). The memory is mostly not extra: the memtable holds the same
+/// reference-counted event buffers as the in-memory tail (64 MB by default).
+const EVENTS_MEMTABLE: u32 = 64 << 20;
+
 /// Options of the two log partitions (`events`, `times`); see the module docs.
 fn log_partition() -> PartitionCreateOptions {
     PartitionCreateOptions::default()
@@ -180,8 +187,13 @@ impl Store {
             path: path.clone(),
             source,
         };
-        // Durability is chosen per batch (`append`); no background fsync timer is needed.
-        let ks = Config::new(dir).open().map_err(fj)?;
+        // Durability is chosen per batch (`append`); no background fsync timer is needed. The
+        // write buffer has room for an `events` memtable filling while the last one flushes
+        // (fjall flushes the largest memtables once the buffer is half full).
+        let ks = Config::new(dir)
+            .max_write_buffer_size(3 * u64::from(EVENTS_MEMTABLE))
+            .open()
+            .map_err(fj)?;
         let existed = ks.partition_exists("events");
         let meta = ks
             .open_partition("meta", PartitionCreateOptions::default())
@@ -200,7 +212,9 @@ impl Store {
                 .map_err(fj)?;
             ks.persist(PersistMode::SyncAll).map_err(fj)?;
         }
-        let events = ks.open_partition("events", log_partition()).map_err(fj)?;
+        let events = ks
+            .open_partition("events", log_partition().max_memtable_size(EVENTS_MEMTABLE))
+            .map_err(fj)?;
         let times = ks.open_partition("times", log_partition()).map_err(fj)?;
         let floor = meta.get(FLOOR).map_err(fj)?.map_or(0, |v| be64(&v));
         let store = Store {
