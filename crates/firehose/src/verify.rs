@@ -10,7 +10,8 @@
 //!    once, by whoever reads it: the commit and the MST nodes by `riptide-repo`, the created and
 //!    updated records here. (Decoding every block up front as well cost a second decode of most
 //!    of them.) A block nothing refers to is hash-checked only: nothing downstream reads it;
-//! 2. limits: at most [`MAX_OPS`] ops and [`MAX_BLOCKS_BYTES`] of `blocks`;
+//! 2. limits: at most [`MAX_OPS`] ops, [`MAX_BLOCKS_BYTES`] of `blocks` and [`MAX_RECORD_BYTES`]
+//!    per created or updated record block;
 //! 3. the commit block is present, decodes, names the frame's `repo` and `rev`, and `rev` (a TID)
 //!    is later than `since`;
 //! 4. its signature verifies with the account's key (SHA-256 of the commit re-encoded without
@@ -50,8 +51,11 @@ use crate::frame::{Body, DecodeOptions, Frame, FrameDecoder};
 
 /// Most ops a `#commit` may carry (the relay limit of Sync 1.1).
 pub const MAX_OPS: usize = 200;
-/// Largest `blocks` CAR a `#commit` or `#sync` may carry: 2 MiB.
-pub const MAX_BLOCKS_BYTES: usize = 2 << 20;
+/// Largest `blocks` CAR a `#commit` may carry: the sync spec's hard limit of 2,000,000 bytes.
+pub const MAX_BLOCKS_BYTES: usize = 2_000_000;
+/// Largest record block a `#commit`'s op may point to: the sync spec's hard limit of 1,000,000
+/// bytes.
+pub const MAX_RECORD_BYTES: usize = 1_000_000;
 
 /// The verdict on one frame. Stable names ([`Verdict::as_str`]) are a contract of the CLI.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -229,6 +233,13 @@ pub enum Failure {
     TooManyOps(usize),
     /// `blocks` larger than [`MAX_BLOCKS_BYTES`].
     BlocksTooLarge(usize),
+    /// A record block (an op's new record) larger than [`MAX_RECORD_BYTES`].
+    RecordTooLarge {
+        /// The op's path.
+        path: String,
+        /// The block's size.
+        bytes: usize,
+    },
     /// A `tooBig` commit without blocks: nothing to verify (not sent under Sync 1.1).
     TooBig,
     /// The commit block named by the frame is not in its CAR.
@@ -272,7 +283,9 @@ impl Failure {
     pub fn verdict(&self) -> Verdict {
         match self {
             Failure::Frame(e) => Verdict::of_frame_error(e),
-            Failure::TooManyOps(_) | Failure::BlocksTooLarge(_) => Verdict::Limits,
+            Failure::TooManyOps(_)
+            | Failure::BlocksTooLarge(_)
+            | Failure::RecordTooLarge { .. } => Verdict::Limits,
             Failure::CommitMissing(_) => Verdict::MissingBlock,
             Failure::Key(_) => Verdict::UnknownKey,
             Failure::Signature(_) => Verdict::BadSignature,
@@ -301,6 +314,10 @@ impl fmt::Display for Failure {
             Failure::BlocksTooLarge(n) => write!(
                 f,
                 "blocks of {n} bytes, more than the limit of {MAX_BLOCKS_BYTES}"
+            ),
+            Failure::RecordTooLarge { path, bytes } => write!(
+                f,
+                "record {path} of {bytes} bytes, more than the limit of {MAX_RECORD_BYTES}"
             ),
             Failure::TooBig => f.write_str("tooBig commit without blocks: nothing to verify"),
             Failure::CommitMissing(cid) => write!(f, "commit block {cid} is not in the CAR"),
@@ -505,6 +522,19 @@ impl<K: KeyLookup> Ctx<'_, K> {
                 let car = frame.car().ok_or(Failure::TooBig)?;
                 if car.roots().next() != Some(c.commit) {
                     return Err(Failure::RootNotCommit);
+                }
+                for op in c.ops() {
+                    let size = op
+                        .cid
+                        .and_then(|cid| car.position(cid))
+                        .and_then(|i| car.block(i))
+                        .map_or(0, |b| b.data.len());
+                    if size > MAX_RECORD_BYTES {
+                        return Err(Failure::RecordTooLarge {
+                            path: op.path.to_owned(),
+                            bytes: size,
+                        });
+                    }
                 }
                 let block = car
                     .get(c.commit)

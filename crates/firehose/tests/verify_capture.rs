@@ -13,7 +13,8 @@ use riptide_cbor::{Arena, CidBuf, Options, OwnedValue, DAG_CBOR};
 use riptide_crypto::{Curve, PrivateKey, PublicKey, VerifyError};
 use riptide_firehose::corpus::split_frames;
 use riptide_firehose::verify::{
-    Failure, KeyLookup, KeyUnavailable, Verdict, VerdictCounts, Verifier, MAX_OPS,
+    Failure, KeyLookup, KeyUnavailable, Verdict, VerdictCounts, Verifier, MAX_BLOCKS_BYTES,
+    MAX_OPS, MAX_RECORD_BYTES,
 };
 use riptide_firehose::FrameErrorKind;
 
@@ -400,6 +401,53 @@ fn over_the_limits_is_limits() {
     q.blocks
         .push((CidBuf::sha256(riptide_cbor::RAW, &big), big));
     assert_eq!(verdict_of(&join(&q), &keys).0, Verdict::Limits);
+    // The sync spec's limit is 2,000,000 bytes, below 2 MiB: a CAR in between is over it.
+    let mut q = p.clone();
+    let big = vec![0x41u8; MAX_BLOCKS_BYTES - 1000];
+    q.blocks
+        .push((CidBuf::sha256(riptide_cbor::RAW, &big), big));
+    let frame = join(&q);
+    let (verdict, failure) = verdict_of(&frame, &keys);
+    let Some(Failure::BlocksTooLarge(n)) = failure else {
+        panic!("{verdict:?} {failure:?}")
+    };
+    assert!(n > MAX_BLOCKS_BYTES && n < 2 << 20, "{n}");
+    assert_eq!(verdict, Verdict::Limits);
+    // And one block just under it still passes the limits (the extra block is unreferenced).
+    let mut q = p.clone();
+    let fits = vec![0x41u8; MAX_RECORD_BYTES];
+    q.blocks
+        .push((CidBuf::sha256(riptide_cbor::RAW, &fits), fits));
+    assert_eq!(verdict_of(&join(&q), &keys), (Verdict::Ok, None));
+    // A record block over 1,000,000 bytes that an op points to.
+    let mut q = p.clone();
+    let record = vec![0x41u8; MAX_RECORD_BYTES + 1];
+    let cid = CidBuf::sha256(riptide_cbor::RAW, &record);
+    q.blocks.push((cid, record));
+    let Some(OwnedValue::Array(ops)) = q.payload.get_mut("ops") else {
+        panic!()
+    };
+    let OwnedValue::Map(mut op) = ops[0].clone() else {
+        panic!()
+    };
+    op.insert(
+        "path".into(),
+        OwnedValue::Text("app.bsky.feed.post/3kbig".into()),
+    );
+    op.insert("action".into(), OwnedValue::Text("create".into()));
+    op.insert("cid".into(), OwnedValue::Link(cid));
+    op.remove("prev");
+    ops.push(OwnedValue::Map(op));
+    assert_eq!(
+        verdict_of(&join(&q), &keys),
+        (
+            Verdict::Limits,
+            Some(Failure::RecordTooLarge {
+                path: "app.bsky.feed.post/3kbig".into(),
+                bytes: MAX_RECORD_BYTES + 1
+            })
+        )
+    );
 }
 
 #[test]
