@@ -10,8 +10,9 @@
 //!    once, by whoever reads it: the commit and the MST nodes by `riptide-repo`, the created and
 //!    updated records here. (Decoding every block up front as well cost a second decode of most
 //!    of them.) A block nothing refers to is hash-checked only: nothing downstream reads it;
-//! 2. limits: at most [`MAX_OPS`] ops, [`MAX_BLOCKS_BYTES`] of `blocks` and [`MAX_RECORD_BYTES`]
-//!    per created or updated record block;
+//! 2. limits: at most [`MAX_OPS`] ops and [`MAX_BLOCKS_BYTES`] of `blocks` (and
+//!    [`MAX_RECORD_BYTES`] per created or updated record, checked where step 5 reads the records,
+//!    before each is decoded);
 //! 3. the commit block is present, decodes, names the frame's `repo` and `rev`, and `rev` (a TID)
 //!    is later than `since`;
 //! 4. its signature verifies with the account's key (SHA-256 of the commit re-encoded without
@@ -523,19 +524,6 @@ impl<K: KeyLookup> Ctx<'_, K> {
                 if car.roots().next() != Some(c.commit) {
                     return Err(Failure::RootNotCommit);
                 }
-                for op in c.ops() {
-                    let size = op
-                        .cid
-                        .and_then(|cid| car.position(cid))
-                        .and_then(|i| car.block(i))
-                        .map_or(0, |b| b.data.len());
-                    if size > MAX_RECORD_BYTES {
-                        return Err(Failure::RecordTooLarge {
-                            path: op.path.to_owned(),
-                            bytes: size,
-                        });
-                    }
-                }
                 let block = car
                     .get(c.commit)
                     .ok_or_else(|| Failure::CommitMissing(c.commit.to_buf()))?;
@@ -599,8 +587,8 @@ impl<K: KeyLookup> Ctx<'_, K> {
 }
 
 /// Strictly decodes every created or updated record present in the CAR (absent ones are the
-/// proof's `missing-block`). A record that is not strict DAG-CBOR fails the frame as a block
-/// that does not decode would.
+/// proof's `missing-block`), after checking it against [`MAX_RECORD_BYTES`]. A record that is
+/// not strict DAG-CBOR fails the frame as a block that does not decode would.
 fn check_records(
     arena: &mut Arena,
     frame: &Frame<'_>,
@@ -613,6 +601,13 @@ fn check_records(
             continue;
         };
         let Some(block) = car.block(i) else { continue };
+        // The spec's per-record limit, before the record is decoded.
+        if block.data.len() > MAX_RECORD_BYTES {
+            return Err(Failure::RecordTooLarge {
+                path: op.path.to_owned(),
+                bytes: block.data.len(),
+            });
+        }
         let mut tape = arena.tape(block.data);
         if let Err(e) = tape.decode(0..block.data.len(), &Options::strict()) {
             let at = block.data.as_ptr() as usize - frame.bytes().as_ptr() as usize + e.offset();
