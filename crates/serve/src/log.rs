@@ -147,9 +147,8 @@ impl Log {
     }
 
     /// Events with seq ≥ `from` (and ≥ the store's retention floor) into `out`, within `limit`:
-    /// from the tail when it still holds
-    /// `from`, otherwise from the store (blocking I/O: call from a blocking context, or check
-    /// [`Log::in_tail`] first).
+    /// from the tail when it still holds `from`, otherwise from the store (blocking I/O: call
+    /// from a blocking context, or check [`Log::in_tail`] first).
     pub fn read(
         &self,
         from: u64,

@@ -147,7 +147,7 @@ pub struct Metrics {
     pub retention_deleted: AtomicU64,
     /// The retention floor: the oldest seq served.
     pub retention_floor: AtomicU64,
-    /// Bytes of the store's segment files (updated by each retention pass).
+    /// Bytes of the store's segment files and journals (updated by each retention pass).
     pub store_bytes: AtomicU64,
     /// Segment files of the store's log partitions (updated by each retention pass).
     pub store_segments: AtomicU64,
@@ -320,7 +320,7 @@ impl Metrics {
             ),
             (
                 "riptide_store_bytes",
-                "Bytes of the store's segment files (at the last retention pass).",
+                "Bytes of the store's segment files and journals (at the last retention pass).",
                 &self.store_bytes,
             ),
             (
