@@ -263,15 +263,7 @@ impl<'a> Lane<'a> {
             return (b, false);
         }
         if self.tail_blocks == 0 {
-            // The last partial block (< 64 bytes), 0x80, zeros, the length in bits.
-            let r = self.rest.len();
-            let blocks = if r < 56 { 1 } else { 2 };
-            let end = blocks * 64;
-            self.tail[..r].copy_from_slice(self.rest);
-            self.tail[r] = 0x80;
-            self.tail[r + 1..end - 8].fill(0);
-            self.tail[end - 8..end].copy_from_slice(&self.len.wrapping_mul(8).to_be_bytes());
-            self.tail_blocks = blocks as u8;
+            self.tail_blocks = pad_tail(self.rest, self.len, &mut self.tail) as u8;
         }
         let k = self.tail_next as usize;
         self.tail_next += 1;
@@ -433,11 +425,8 @@ impl ShortBatch {
         if self.n == Self::LANES || m.len() > Self::MAX_LEN {
             return false;
         }
-        let b = &mut self.blocks[self.n];
-        b[..m.len()].copy_from_slice(m);
-        b[m.len()] = 0x80;
-        b[m.len() + 1..56].fill(0);
-        b[56..].copy_from_slice(&(m.len() as u64 * 8).to_be_bytes());
+        // One block: `m` is at most 55 bytes.
+        pad_tail(m, m.len() as u64, &mut self.blocks[self.n]);
         self.lens[self.n] = m.len() as u8;
         self.n += 1;
         true
@@ -486,6 +475,21 @@ impl ShortBatch {
         }
         out
     }
+}
+
+/// Writes the padded end of a message into `out`: `rest` (the bytes after its last full block,
+/// fewer than 64), `0x80`, zeros, and the length of the whole message (`len` bytes) in bits.
+/// Returns the blocks written: 1, or 2 when `rest` leaves no room for the length. `out` must
+/// hold them (128 bytes always do; 64 when `rest` is at most 55 bytes).
+#[inline]
+fn pad_tail(rest: &[u8], len: u64, out: &mut [u8]) -> usize {
+    let blocks = if rest.len() < 56 { 1 } else { 2 };
+    let end = blocks * 64;
+    out[..rest.len()].copy_from_slice(rest);
+    out[rest.len()] = 0x80;
+    out[rest.len() + 1..end - 8].fill(0);
+    out[end - 8..end].copy_from_slice(&len.wrapping_mul(8).to_be_bytes());
+    blocks
 }
 
 /// SHA-256 initial state (FIPS 180-4 §5.3.3).
@@ -544,11 +548,7 @@ mod x86 {
             let n_full = m.len() / 64;
             let (full, rest) = m.split_at(n_full * 64);
             let mut tail = [0u8; 128];
-            tail[..rest.len()].copy_from_slice(rest);
-            tail[rest.len()] = 0x80;
-            let tail_blocks = if rest.len() < 56 { 1 } else { 2 };
-            let bits = (m.len() as u64).wrapping_mul(8);
-            tail[tail_blocks * 64 - 8..tail_blocks * 64].copy_from_slice(&bits.to_be_bytes());
+            let tail_blocks = super::pad_tail(rest, m.len() as u64, &mut tail);
             Blocks {
                 full,
                 tail,
