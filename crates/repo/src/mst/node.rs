@@ -142,6 +142,17 @@ fn lossy(key: &[u8]) -> String {
     String::from_utf8_lossy(key).into_owned()
 }
 
+/// The error for `key`, in node `cid`, whose height is `found` where its node's layer is
+/// `expected`.
+pub(crate) fn wrong_layer(cid: Cid<'_>, key: &[u8], expected: u32, found: u32) -> MstError {
+    MstError::WrongLayer {
+        cid: cid.to_buf(),
+        key: lossy(key),
+        expected,
+        found,
+    }
+}
+
 fn link_in<'a>(v: Value<'_>, block: &'a [u8]) -> Option<Cid<'a>> {
     if v.kind() != Kind::Link {
         return None;
@@ -563,14 +574,7 @@ fn push_entry<'a>(
             let h = key_height(key);
             match *layer {
                 None => *layer = Some(h),
-                Some(want) if want != h => {
-                    return Err(MstError::WrongLayer {
-                        cid: cid.to_buf(),
-                        key: lossy(key),
-                        expected: want,
-                        found: h,
-                    })
-                }
+                Some(want) if want != h => return Err(wrong_layer(cid, key, want, h)),
                 Some(_) => {}
             }
             Some(h)

@@ -22,7 +22,7 @@ use riptide_sha::ShortBatch;
 
 use crate::error::MstError;
 use crate::mst::height::{height_of_digest, key_height};
-use crate::mst::node::{decode_node, decode_node_on_layer, empty_root_cid, NodeData};
+use crate::mst::node::{decode_node, decode_node_on_layer, empty_root_cid, wrong_layer, NodeData};
 use crate::source::BlockSource;
 
 /// What a walk saw.
@@ -270,12 +270,7 @@ fn check_height(cid: Cid<'_>, key: &[u8], layer: u32, found: u32) -> Result<(), 
     if found == layer {
         return Ok(());
     }
-    Err(MstError::WrongLayer {
-        cid: cid.to_buf(),
-        key: String::from_utf8_lossy(key).into_owned(),
-        expected: layer,
-        found,
-    })
+    Err(wrong_layer(cid, key, layer, found))
 }
 
 /// What a walk hands over: every leaf in key order, and every node in post-order (children
