@@ -4,8 +4,13 @@
 //! it), diagnostics to stderr. Exit codes: 0 success, 1 some input failed (counted and reported),
 //! 2 usage or I/O error. A closed stdout pipe (`| head`) ends the program quietly.
 
+mod alloc;
 mod cmd;
 mod out;
+
+/// glibc's malloc, or mimalloc once a server command switches to it (see `alloc`).
+#[global_allocator]
+static ALLOC: alloc::Process = alloc::Process;
 
 use std::process::ExitCode;
 
@@ -60,6 +65,13 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The long-running server allocates per frame on many threads; see `alloc`.
+    if matches!(
+        cli.command,
+        Command::Serve(_) | Command::Demo(_) | Command::Bench(cmd::bench::Bench::Serve(_))
+    ) {
+        alloc::use_mimalloc();
+    }
     let result = match cli.command {
         Command::Decode(a) => cmd::decode::run(a),
         Command::Jetstream(a) => cmd::jetstream::run(a),
