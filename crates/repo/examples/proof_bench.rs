@@ -1,4 +1,5 @@
-//! Times `verify_commit_proof` (and, separately, signature checks) over the real `#commit`
+//! Times `verify_commit_proof_in` on one reused tree, as the firehose verifier calls it (and,
+//! separately, the CAR read alone) over the real `#commit`
 //! frames of the corpus capture `jetstream-2026-07/firehose-frames.bin`.
 //!
 //! `cargo run --release -p riptide-repo --example proof_bench -- [corpus dir]`
@@ -7,7 +8,7 @@ use std::time::Instant;
 
 use riptide_car::{CarOptions, CarReader};
 use riptide_cbor::{Arena, CidBuf, Options};
-use riptide_repo::{verify_commit_proof, Action, ProofOp};
+use riptide_repo::{verify_commit_proof_in, Action, ProofOp, Tree};
 
 type Op = (Action, String, Option<CidBuf>, Option<CidBuf>);
 /// A `#commit` frame: CAR bytes, commit CID, prevData, ops.
@@ -75,6 +76,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rounds = 200;
     let t = Instant::now();
     let mut nodes = 0;
+    // One tree for every proof, as the firehose verifier keeps one.
+    let mut tree = Tree::new();
     for _ in 0..rounds {
         for (blocks, commit, prev, ops) in &frames {
             let car = reader.read(blocks, &CarOptions::default())?;
@@ -87,7 +90,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     prev: *pr,
                 })
                 .collect();
-            let v = verify_commit_proof(
+            let v = verify_commit_proof_in(
+                &mut tree,
                 &car,
                 commit.as_cid(),
                 &ops,
