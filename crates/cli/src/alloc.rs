@@ -3,8 +3,9 @@
 //! Why two. `riptide serve` builds and drops small allocations per frame on several threads for
 //! as long as it runs (proof trees, decoded frames, event buffers, memtable entries). In steady
 //! state, under glibc, `_int_malloc`, `unlink_chunk` and `malloc_consolidate` showed up on every
-//! thread, and mimalloc made verified ingest from a local relay ~7% cheaper per event
-//! (`bench/results/2026-11-22-vm/serve-6.md`). The one-shot commands are the other way round:
+//! thread, 5.1% of the server's samples. With mimalloc, verified ingest from a local relay
+//! took 1–4 CPU-µs less per event and ran 3.5% faster (median of ten alternated pairs,
+//! `bench/results/2026-11-22-vm/serve-6.md`). The one-shot commands are the other way round:
 //! `repo verify` holds one large working set, and mimalloc keeps freed memory for a while
 //! (a purge delay) and grows a vector by copying where glibc remaps it in place. Its peak RSS
 //! on the 72 MB generated repository went from 1.32× to 1.69× the CAR, past that command's
@@ -15,7 +16,9 @@
 //! Allocations made before it (argument parsing) stay glibc's. Every free and realloc asks
 //! mimalloc whether it owns the pointer (`mi_is_in_heap_region`, a lookup in its page map) and
 //! goes to the allocator that made it. Before the switch nothing is mimalloc's, so the one-shot
-//! commands never call mimalloc at all.
+//! commands never call mimalloc at all. The price is a second page-map lookup per free in the
+//! server (mimalloc's own free does one too); against mimalloc as the only allocator it did not
+//! show above the noise of three alternated pairs.
 
 #![allow(unsafe_code)] // `GlobalAlloc` is an unsafe trait; each block says why it holds.
 

@@ -1,6 +1,6 @@
 //! Times `verify_commit_proof_in` on one reused tree, as the firehose verifier calls it (and,
-//! separately, the CAR read alone) over the real `#commit`
-//! frames of the corpus capture `jetstream-2026-07/firehose-frames.bin`.
+//! separately, the CAR read alone) over the real `#commit` frames of the corpus capture
+//! `jetstream-2026-07/firehose-frames.bin`.
 //!
 //! `cargo run --release -p riptide-repo --example proof_bench -- [corpus dir]`
 
