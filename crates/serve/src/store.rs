@@ -375,7 +375,7 @@ impl Store {
         })
     }
 
-    /// The store's segment files.
+    /// The store's size on disk: bytes of segment files and journals, and the log's segments.
     pub fn disk_usage(&self) -> DiskUsage {
         DiskUsage {
             bytes: self.ks.disk_space(),
