@@ -6,13 +6,15 @@
 //! [`FrameDecoder`] that allocates nothing per frame once warm.
 //!
 //! [`verify`] checks what a frame claims: signatures with the account's key and Sync 1.1 proofs,
-//! one typed verdict per frame.
+//! one typed verdict per frame; [`chain`] checks that each commit follows the account's previous
+//! one (per-account state: rev, commit, MST root, hosting status).
 //!
 //! It does no I/O and knows nothing of sockets, async runtimes or metrics.
 
 mod error;
 mod frame;
 
+pub mod chain;
 pub mod corpus;
 pub mod encode;
 pub mod verify;

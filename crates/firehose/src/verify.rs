@@ -27,8 +27,14 @@
 //! document may have changed. That is why frames of one DID must be verified in order, by one
 //! verifier: callers that spread frames over threads keep each DID on one thread.
 //!
-//! What it does not do: resolve DIDs (the [`KeyLookup`] does), or check a commit against the
-//! account's previous commit (`since` against stored state): that needs per-account storage.
+//! Then, unless the verifier is [`Verifier::stateless`], the frame is checked against the
+//! account's chain state ([`crate::chain`]: `rev` against the stored rev and the clock, `since`
+//! and `prevData` against the stored rev and MST root, the hosting status), kept in a
+//! [`ChainStore`] (in memory by default; [`Verifier::with_chain`] for a durable one). A frame that
+//! fails a stateless check never reaches the chain and changes no state.
+//!
+//! What it does not do: resolve DIDs (the [`KeyLookup`] does), or resynchronize an account whose
+//! chain broke (the caller does, with the state it reads from its store).
 //!
 //! Cost: measured on the real capture (release, 2-core Xeon VM), ~58 us a commit frame on one
 //! thread: the signature ~27 us (secp256k1; P-256 ~60 us), decoding with the SHA-256 of every block
@@ -47,6 +53,10 @@ use riptide_repo::{
 
 use riptide_car::Car;
 
+use crate::chain::{
+    apply_account, check_commit, check_sync, ChainFailure, ChainStore, CommitClaim, MemoryChain,
+    NoChain,
+};
 use crate::error::{FrameError, FrameErrorKind};
 use crate::frame::{Body, DecodeOptions, Frame, FrameDecoder};
 
@@ -78,11 +88,22 @@ pub enum Verdict {
     Limits,
     /// No usable key for the DID.
     UnknownKey,
+    /// Chain state: `rev` at or below the account's stored rev (a replay or rollback).
+    RevRegression,
+    /// Chain state: `rev` more than five minutes in the future.
+    FutureRev,
+    /// Chain state: `since` or `prevData` does not follow the stored state (commits missing).
+    ChainBreak,
+    /// Chain state: a commit for an account that is not active.
+    AccountInactive,
 }
 
 impl Verdict {
+    /// How many verdicts there are.
+    pub const COUNT: usize = 12;
+
     /// Every verdict, in counting order.
-    pub const ALL: [Verdict; 8] = [
+    pub const ALL: [Verdict; Verdict::COUNT] = [
         Verdict::Ok,
         Verdict::BadSignature,
         Verdict::BadBlockCid,
@@ -91,10 +112,15 @@ impl Verdict {
         Verdict::Malformed,
         Verdict::Limits,
         Verdict::UnknownKey,
+        Verdict::RevRegression,
+        Verdict::FutureRev,
+        Verdict::ChainBreak,
+        Verdict::AccountInactive,
     ];
 
     /// `ok`, `bad-signature`, `bad-block-cid`, `missing-block`, `inversion-mismatch`, `malformed`,
-    /// `limits` or `unknown-key`.
+    /// `limits`, `unknown-key`; from chain state, `rev-regression`, `future-rev`, `chain-break`,
+    /// `account-inactive`.
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Ok => "ok",
@@ -105,6 +131,10 @@ impl Verdict {
             Verdict::Malformed => "malformed",
             Verdict::Limits => "limits",
             Verdict::UnknownKey => "unknown-key",
+            Verdict::RevRegression => "rev-regression",
+            Verdict::FutureRev => "future-rev",
+            Verdict::ChainBreak => "chain-break",
+            Verdict::AccountInactive => "account-inactive",
         }
     }
 
@@ -131,7 +161,7 @@ impl fmt::Display for Verdict {
 
 /// Counts of each verdict.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct VerdictCounts([u64; 8]);
+pub struct VerdictCounts([u64; Verdict::COUNT]);
 
 impl VerdictCounts {
     /// All zero.
@@ -277,6 +307,8 @@ pub enum Failure {
     Signature(VerifyError),
     /// The Sync 1.1 proof does not verify (boxed: the largest reason, and the rarest).
     Proof(Box<ProofError>),
+    /// The frame verifies on its own but is not the account's next (chain state).
+    Chain(ChainFailure),
 }
 
 impl Failure {
@@ -294,6 +326,12 @@ impl Failure {
                 ProofClass::MissingBlock => Verdict::MissingBlock,
                 ProofClass::InversionMismatch => Verdict::InversionMismatch,
                 _ => Verdict::Malformed,
+            },
+            Failure::Chain(c) => match c {
+                ChainFailure::RevRegression { .. } => Verdict::RevRegression,
+                ChainFailure::FutureRev { .. } => Verdict::FutureRev,
+                ChainFailure::ChainBreak { .. } => Verdict::ChainBreak,
+                ChainFailure::AccountInactive(_) => Verdict::AccountInactive,
             },
             Failure::TooBig
             | Failure::NoRoot
@@ -342,6 +380,7 @@ impl fmt::Display for Failure {
             Failure::Key(k) => write!(f, "{k}"),
             Failure::Signature(e) => write!(f, "signature: {e}"),
             Failure::Proof(e) => write!(f, "proof: {e}"),
+            Failure::Chain(e) => write!(f, "{e}"),
         }
     }
 }
@@ -364,10 +403,11 @@ pub struct Report<'f> {
     pub failure: Option<Failure>,
 }
 
-/// Reusable verification state: a frame decoder, a per-DID cache of parsed keys, scratch buffers
-/// and running counts. One per thread; keep each DID on one verifier (see the module docs).
+/// Reusable verification state: a frame decoder, a per-DID cache of parsed keys, the accounts'
+/// chain state (`C`, in memory by default), scratch buffers and running counts. One per thread;
+/// keep each DID on one verifier (see the module docs).
 #[derive(Debug)]
-pub struct Verifier<K> {
+pub struct Verifier<K, C = MemoryChain> {
     keys: K,
     decoder: FrameDecoder,
     cache: HashMap<String, Result<PublicKey, KeyUnavailable>>,
@@ -377,14 +417,33 @@ pub struct Verifier<K> {
     /// The proof's partial MST, reused from commit to commit (its buffers, not its contents).
     tree: Tree,
     counts: VerdictCounts,
+    chain: C,
+    /// The clock future revs are judged by (unix µs); `None`: the system clock.
+    now_us: Option<u64>,
 }
 
 /// Keys cached before the cache is emptied (bounds memory on an endless stream).
 const DEFAULT_MAX_CACHED: usize = 1 << 20;
 
 impl<K: KeyLookup> Verifier<K> {
-    /// A verifier with strict, fully verifying decoding.
+    /// A verifier with strict, fully verifying decoding that keeps every account's chain state in
+    /// memory ([`MemoryChain`]): each frame is checked against the account's previous ones.
     pub fn new(keys: K) -> Verifier<K> {
+        Verifier::with_chain(keys, MemoryChain::new())
+    }
+}
+
+impl<K: KeyLookup> Verifier<K, NoChain> {
+    /// A verifier that checks each frame on its own, with no chain state (`--stateless`): a
+    /// replayed or out-of-order commit that is validly signed passes.
+    pub fn stateless(keys: K) -> Verifier<K, NoChain> {
+        Verifier::with_chain(keys, NoChain)
+    }
+}
+
+impl<K: KeyLookup, C: ChainStore> Verifier<K, C> {
+    /// A verifier keeping chain state in `chain`.
+    pub fn with_chain(keys: K, chain: C) -> Verifier<K, C> {
         Verifier {
             keys,
             // Blocks are decoded by their readers (module docs, step 1), not all up front.
@@ -398,11 +457,30 @@ impl<K: KeyLookup> Verifier<K> {
             buf: Vec::new(),
             tree: Tree::new(),
             counts: VerdictCounts::new(),
+            chain,
+            now_us: None,
         }
     }
 
+    /// Judges future revs by a fixed clock (unix µs) instead of the system's: for tests and for
+    /// re-verifying an old capture as of its time.
+    pub fn with_clock_us(mut self, now_us: u64) -> Verifier<K, C> {
+        self.now_us = Some(now_us);
+        self
+    }
+
+    /// The chain state.
+    pub fn chain(&self) -> &C {
+        &self.chain
+    }
+
+    /// The chain state, mutably (a durable store drains its updates here).
+    pub fn chain_mut(&mut self) -> &mut C {
+        &mut self.chain
+    }
+
     /// Caps the key cache (it is emptied when full). At least 1.
-    pub fn with_max_cached_keys(mut self, n: usize) -> Verifier<K> {
+    pub fn with_max_cached_keys(mut self, n: usize) -> Verifier<K, C> {
         self.max_cached = n.max(1);
         self
     }
@@ -435,6 +513,8 @@ impl<K: KeyLookup> Verifier<K> {
             buf,
             tree,
             counts,
+            chain,
+            now_us,
         } = self;
         let report = match decoder.decode(bytes) {
             Ok(frame) => {
@@ -450,7 +530,16 @@ impl<K: KeyLookup> Verifier<K> {
                     buf,
                     tree,
                 };
-                let failure = ctx.check_frame(&frame).err();
+                let failure = ctx
+                    .check_frame(&frame)
+                    .and_then(|checked| {
+                        if chain.is_stateless() {
+                            return Ok(());
+                        }
+                        let now = now_us.unwrap_or_else(system_now_us);
+                        chain_step(chain, body, checked, now)
+                    })
+                    .err();
                 let verdict = failure.as_ref().map_or(Verdict::Ok, Failure::verdict);
                 if failure.is_none() {
                     out = Some(then(&frame));
@@ -499,6 +588,66 @@ impl<K: KeyLookup> Verifier<K> {
     }
 }
 
+fn system_now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// What the stateless checks learned that the chain checks need.
+enum Checked {
+    /// A `#commit`: its `data`.
+    Commit { data: CidBuf },
+    /// A `#sync`: its commit's CID and `data`.
+    Sync { commit: CidBuf, data: CidBuf },
+    /// Anything else.
+    Other,
+}
+
+/// Checks a frame that verified on its own against the account's chain state, and stores the
+/// state that follows (see [`crate::chain`]).
+fn chain_step<C: ChainStore>(
+    chain: &mut C,
+    body: &Body<'_>,
+    checked: Checked,
+    now_us: u64,
+) -> Result<(), Failure> {
+    let (did, (result, next)) = match (body, checked) {
+        (Body::Commit(c), Checked::Commit { data }) => {
+            let claim = CommitClaim {
+                rev: c.rev,
+                since: c.since,
+                prev_data: c.prev_data,
+                commit: c.commit,
+                data: data.as_cid(),
+            };
+            (
+                c.repo,
+                check_commit(chain.get(c.repo).as_ref(), &claim, now_us),
+            )
+        }
+        (Body::Sync(s), Checked::Sync { commit, data }) => (
+            s.did,
+            check_sync(
+                chain.get(s.did).as_ref(),
+                s.rev,
+                commit.as_cid(),
+                data.as_cid(),
+                now_us,
+            ),
+        ),
+        (Body::Account(a), _) => {
+            let next = apply_account(chain.get(a.did).as_ref(), a.active, a.status);
+            (a.did, (Ok(()), Some(next)))
+        }
+        _ => return Ok(()),
+    };
+    if let Some(next) = next {
+        chain.put(did, next);
+    }
+    result.map_err(Failure::Chain)
+}
+
 /// The borrowed parts of a verifier that checking one decoded frame needs.
 struct Ctx<'v, K> {
     keys: &'v K,
@@ -510,7 +659,7 @@ struct Ctx<'v, K> {
 }
 
 impl<K: KeyLookup> Ctx<'_, K> {
-    fn check_frame(&mut self, frame: &Frame<'_>) -> Result<(), Failure> {
+    fn check_frame(&mut self, frame: &Frame<'_>) -> Result<Checked, Failure> {
         match frame.body() {
             Body::Commit(c) => {
                 if c.op_count() > MAX_OPS {
@@ -546,7 +695,9 @@ impl<K: KeyLookup> Ctx<'_, K> {
                 check_records(self.arena, frame, car, &ops)?;
                 verify_commit_proof_in(self.tree, car, c.commit, &ops, Some(prev_data))
                     .map_err(|e| Failure::Proof(Box::new(e)))?;
-                Ok(())
+                Ok(Checked::Commit {
+                    data: commit.data().to_buf(),
+                })
             }
             Body::Sync(s) => {
                 let car = frame.car().ok_or(Failure::NoRoot)?;
@@ -556,14 +707,20 @@ impl<K: KeyLookup> Ctx<'_, K> {
                     .ok_or_else(|| Failure::CommitMissing(root.to_buf()))?;
                 let commit = Commit::decode_with(self.arena, block).map_err(Failure::Commit)?;
                 check_commit_fields(&commit, s.did, s.rev)?;
-                self.check_signature(&commit)
+                self.check_signature(&commit)?;
+                Ok(Checked::Sync {
+                    commit: root.to_buf(),
+                    data: commit.data().to_buf(),
+                })
             }
             Body::Identity(i) => {
                 // The DID document may have changed: look the key up again next time.
                 self.cache.remove(i.did);
-                Ok(())
+                Ok(Checked::Other)
             }
-            Body::Account(_) | Body::Info(_) | Body::Error(_) | Body::Unknown { .. } => Ok(()),
+            Body::Account(_) | Body::Info(_) | Body::Error(_) | Body::Unknown { .. } => {
+                Ok(Checked::Other)
+            }
         }
     }
 
@@ -723,7 +880,11 @@ mod tests {
                 "inversion-mismatch",
                 "malformed",
                 "limits",
-                "unknown-key"
+                "unknown-key",
+                "rev-regression",
+                "future-rev",
+                "chain-break",
+                "account-inactive"
             ]
         );
         for (i, v) in Verdict::ALL.iter().enumerate() {
@@ -742,7 +903,7 @@ mod tests {
         d.merge(&c);
         assert_eq!((d.total(), d.failed(), d.get(Verdict::Limits)), (6, 4, 4));
         assert_eq!(d.to_string(), "ok 2, limits 4");
-        assert_eq!(d.iter().count(), 8);
+        assert_eq!(d.iter().count(), Verdict::COUNT);
     }
 
     #[test]

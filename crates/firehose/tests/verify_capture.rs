@@ -74,6 +74,124 @@ fn every_frame_of_the_capture_verifies() {
     assert_eq!(v.counts().to_string(), "ok 150");
 }
 
+/// The capture's commits in relay order, grouped by account: (frame index, did, rev).
+fn commits_by_did(frames: &[Vec<u8>]) -> BTreeMap<String, Vec<usize>> {
+    let mut arena = Arena::new();
+    let mut by: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, f) in frames.iter().enumerate() {
+        let p = riptide_firehose::verify::peek(&mut arena, f);
+        if p.kind == "commit" {
+            by.entry(p.did.unwrap().to_owned()).or_default().push(i);
+        }
+    }
+    by
+}
+
+/// Chain state on real data: the capture verifies in order (each of its 148 commits is its
+/// account's first in the window, so each establishes the account's chain), and the whole capture
+/// replayed after itself is 148 rev-regressions; stateless, all of it passes. (Reordered and
+/// dropped commits need accounts with several commits: the generated streams test those, in
+/// riptide-gen's tests and `riptide verify`'s.)
+#[test]
+fn replayed_real_commits_are_rev_regressions() {
+    let Some((frames, keys)) = capture() else {
+        return;
+    };
+    let by = commits_by_did(&frames);
+    assert_eq!(by.values().map(Vec::len).sum::<usize>(), 148);
+    let mut v = Verifier::new(&keys);
+    let mut s = Verifier::stateless(&keys);
+    for f in &frames {
+        assert_eq!(v.verify(f), Verdict::Ok);
+        assert_eq!(s.verify(f), Verdict::Ok);
+    }
+    for f in &frames {
+        let r = v.check(f);
+        let want = if r.kind == "commit" {
+            Verdict::RevRegression
+        } else {
+            Verdict::Ok
+        };
+        assert_eq!(r.verdict, want, "{:?}", r.failure);
+        if let Some(why) = &r.failure {
+            assert!(why
+                .to_string()
+                .contains("not later than the account's stored rev"));
+        }
+        assert_eq!(s.verify(f), Verdict::Ok);
+    }
+    assert_eq!(v.counts().get(Verdict::RevRegression), 148);
+    assert_eq!(s.counts().get(Verdict::Ok), 300);
+    assert_eq!(
+        v.chain().len(),
+        149,
+        "148 committing accounts and the #account one"
+    );
+}
+
+/// Future revs, judged by a clock set an hour before the capture: every commit is refused, the
+/// identity and account frames pass, and nothing is established.
+#[test]
+fn real_commits_from_the_future_are_future_revs() {
+    let Some((frames, keys)) = capture() else {
+        return;
+    };
+    // 2026-07-04T13:40:00Z; the capture is from about 14:39.
+    let before = 1_783_172_400_000_000;
+    let mut v = Verifier::new(&keys).with_clock_us(before);
+    for f in &frames {
+        let r = v.check(f);
+        let want = if r.kind == "commit" {
+            Verdict::FutureRev
+        } else {
+            Verdict::Ok
+        };
+        assert_eq!(r.verdict, want);
+    }
+    assert_eq!(v.counts().get(Verdict::FutureRev), 148);
+    assert_eq!(v.chain().iter().filter(|(_, s)| s.tip.is_some()).count(), 0);
+    // An hour after: all ok.
+    let mut v = Verifier::new(&keys).with_clock_us(before + 2 * 3_600_000_000);
+    for f in &frames {
+        assert_eq!(v.verify(f), Verdict::Ok);
+    }
+}
+
+/// The capture's `#account` frame sets its account's hosting status: if it says inactive, a
+/// commit of that account afterwards is `account-inactive`.
+#[test]
+fn the_real_account_frame_sets_the_hosting_status() {
+    let Some((frames, keys)) = capture() else {
+        return;
+    };
+    let mut arena = Arena::new();
+    let (ai, adid) = frames
+        .iter()
+        .enumerate()
+        .find_map(|(i, f)| {
+            let p = riptide_firehose::verify::peek(&mut arena, f);
+            (p.kind == "account").then(|| (i, p.did.unwrap().to_owned()))
+        })
+        .unwrap();
+    let mut v = Verifier::new(&keys);
+    assert_eq!(v.verify(&frames[ai]), Verdict::Ok);
+    let st = v.chain().iter().find(|(d, _)| *d == adid).map(|(_, s)| *s);
+    let st = st.expect("the account frame stored a state");
+    // Whatever it said, a commit of another account is unaffected, and one of this account
+    // (if it has any in the capture) meets the status.
+    let by = commits_by_did(&frames);
+    let other = by.iter().find(|(d, _)| **d != adid).unwrap().1[0];
+    assert_eq!(v.verify(&frames[other]), Verdict::Ok);
+    if let Some(own) = by.get(&adid) {
+        let want = if st.hosting.is_active() {
+            Verdict::Ok
+        } else {
+            Verdict::AccountInactive
+        };
+        assert_eq!(v.verify(&frames[own[0]]), want);
+    }
+}
+
 /// A frame taken apart: header, payload, and its CAR's roots and blocks.
 #[derive(Clone)]
 struct Parts {
@@ -556,7 +674,8 @@ fn keys_are_cached_per_did_until_an_identity_frame() {
         keys: &keys,
         calls: Cell::new(0),
     };
-    let mut v = Verifier::new(&lookup);
+    // The same frame three times: stateless, or the repeats would be replays.
+    let mut v = Verifier::stateless(&lookup);
     for _ in 0..3 {
         assert_eq!(v.verify(&frame), Verdict::Ok);
     }

@@ -43,7 +43,7 @@ pub use handle::{is_valid_handle, Handle};
 pub use language::{is_valid_language, Language};
 pub use nsid::{is_valid_nsid, Nsid};
 pub use record_key::{is_valid_record_key, RecordKey};
-pub use tid::{is_valid_tid, Tid};
+pub use tid::{is_valid_tid, tid_value, Tid};
 
 /// The shared surface of the `String` newtypes. The invoking module supplies
 /// `fn check(&str) -> Result<(), SyntaxError>` (all validation) and

@@ -25,6 +25,13 @@ pub fn is_valid_tid(s: &str) -> bool {
     validate(s).is_ok()
 }
 
+/// The 64-bit integer a TID string encodes, or `None` if `s` is not a TID. No allocation: for
+/// comparing revisions and reading their clocks on the hot path (chain state keeps revs as this
+/// integer).
+pub fn tid_value(s: &str) -> Option<u64> {
+    decode(s).ok()
+}
+
 /// The base32-sortable value of `c`, if it is in the alphabet.
 fn digit(c: u8) -> Option<u64> {
     match c {
@@ -121,6 +128,9 @@ mod tests {
         assert_eq!(parsed, t);
         assert_eq!(parsed.timestamp_micros(), micros);
         assert_eq!(parsed.clock_id(), 513);
+        assert_eq!(tid_value(t.as_str()), Some(t.to_u64()));
+        assert_eq!(tid_value("3jzfcijpj2z2"), None);
+        assert_eq!(tid_value("3jzfcijpj2z21"), None);
     }
 
     #[test]
