@@ -54,3 +54,166 @@ fn gen_then_verify() {
         assert_eq!(l["verdict"].as_str().unwrap(), want, "{l}");
     }
 }
+
+/// Writes frames `range` of a corpus file as a corpus file of their own.
+fn corpus_slice(bytes: &[u8], range: std::ops::Range<usize>) -> Vec<u8> {
+    let frames = riptide_firehose::corpus::split_frames(bytes).unwrap();
+    let mut out = (range.len() as u32).to_be_bytes().to_vec();
+    for f in &frames[range] {
+        out.extend_from_slice(&(f.bytes.len() as u32).to_be_bytes());
+        out.extend_from_slice(f.bytes);
+    }
+    out
+}
+
+fn verdicts(out: &std::process::Output) -> Vec<String> {
+    json_lines(out)
+        .iter()
+        .map(|l| l["verdict"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Chain state in `riptide verify`: every stream-level defect of `riptide gen` gets its verdict
+/// (on two threads, so an account's state is shared across them), `--stateless` passes them all,
+/// and `--state DIR` carries the chain from one file to the next: the stream verified in two
+/// halves gives the verdicts of the whole, and a half verified again is all replays.
+#[test]
+fn verify_keeps_chain_state_across_frames_and_runs() {
+    let tmp = scratch();
+    let dir = tmp.path().join("net");
+    let out = riptide(&[
+        "gen",
+        "--seed",
+        "5",
+        "--accounts",
+        "10",
+        "--events",
+        "800",
+        "--out",
+        s(&dir),
+        "--adversarial",
+        "0.06",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let frames = dir.join("firehose-frames.bin");
+    let docs = dir.join("did_docs.json");
+    let adversarial: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("adversarial.json")).unwrap()).unwrap();
+    let labels: HashMap<usize, (String, String)> = adversarial
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["index"].as_u64().unwrap() as usize,
+                (
+                    e["defect"].as_str().unwrap().to_owned(),
+                    e["expected_verdict"].as_str().unwrap().to_owned(),
+                ),
+            )
+        })
+        .collect();
+    let stream_level = [
+        "replayed-commit",
+        "dropped-commit",
+        "future-rev",
+        "commit-after-deactivation",
+        "sync-after-gap",
+    ];
+    for d in stream_level {
+        assert!(
+            labels.values().any(|(x, _)| x == d),
+            "{d} generated: {labels:?}"
+        );
+    }
+
+    let whole = riptide(&[
+        "verify",
+        s(&frames),
+        "--did-docs",
+        s(&docs),
+        "--json",
+        "--threads",
+        "2",
+    ]);
+    assert_eq!(whole.status.code(), Some(1), "{}", stderr(&whole));
+    let whole = verdicts(&whole);
+    assert_eq!(whole.len(), 800);
+    for (i, v) in whole.iter().enumerate() {
+        let want = labels.get(&i).map_or("ok", |(_, v)| v.as_str());
+        assert_eq!(v, want, "frame {i} {:?}", labels.get(&i));
+    }
+
+    let out = riptide(&[
+        "verify",
+        s(&frames),
+        "--did-docs",
+        s(&docs),
+        "--json",
+        "--stateless",
+    ]);
+    for (i, v) in verdicts(&out).iter().enumerate() {
+        let want = match labels.get(&i) {
+            Some((d, _)) if stream_level.contains(&d.as_str()) => "ok",
+            Some((_, v)) => v.as_str(),
+            None => "ok",
+        };
+        assert_eq!(v, want, "frame {i} {:?}", labels.get(&i));
+    }
+
+    // Two halves, one chain.
+    let bytes = std::fs::read(&frames).unwrap();
+    let a = common::write(&tmp, "a.bin", &corpus_slice(&bytes, 0..400));
+    let b = common::write(&tmp, "b.bin", &corpus_slice(&bytes, 400..800));
+    let state = tmp.path().join("state");
+    let run = |f: &std::path::Path| {
+        verdicts(&riptide(&[
+            "verify",
+            s(f),
+            "--did-docs",
+            s(&docs),
+            "--json",
+            "--state",
+            s(&state),
+        ]))
+    };
+    let mut halves = run(&a);
+    assert!(state.join("chain-state").is_file());
+    halves.extend(run(&b));
+    assert_eq!(halves, whole);
+    // The first half again, after the whole chain: every commit that passed is now a replay.
+    let again = run(&a);
+    let replays = again.iter().filter(|v| *v == "rev-regression").count();
+    let commits_ok = whole[..400]
+        .iter()
+        .zip(&again)
+        .filter(|(w, _)| *w == "ok")
+        .filter(|(_, a)| *a != "ok")
+        .count();
+    assert!(replays > 300, "{replays}");
+    assert!(commits_ok >= replays, "{commits_ok} {replays}");
+
+    // A corrupt state file is an error naming it, not a silent fresh start.
+    std::fs::write(state.join("chain-state"), b"junk").unwrap();
+    let out = riptide(&[
+        "verify",
+        s(&a),
+        "--did-docs",
+        s(&docs),
+        "--state",
+        s(&state),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("chain-state"), "{}", stderr(&out));
+    // --stateless and --state together are a usage error.
+    let out = riptide(&[
+        "verify",
+        s(&a),
+        "--did-docs",
+        s(&docs),
+        "--state",
+        s(&state),
+        "--stateless",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}

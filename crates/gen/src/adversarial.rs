@@ -21,8 +21,24 @@
 //! | `non-minimal-int` | the header's `op: 1` in a two-byte head (`0x18 0x01`) | `malformed` |
 //! | `unknown-type` | header `t` is `#futureType`: well-formed; an unknown message type is skipped, not an error (the protocol adds types over time) | `ok` |
 //!
+//! Stream-level defects break nothing inside a frame: each frame verifies on its own (and under
+//! `riptide verify --stateless`), and only a verifier that keeps each account's chain state
+//! (`riptide_firehose::chain`) refuses it:
+//!
+//! | defect | what | verdict |
+//! |---|---|---|
+//! | `replayed-commit` | an account's commit sent again right after it (the label is on the copy) | `rev-regression` |
+//! | `dropped-commit` | an account's commit left out of the stream; the label is on its next commit, sent in its place | `chain-break` |
+//! | `future-rev` | a commit whose `rev` is in the year 2200 (aborted) | `future-rev` |
+//! | `commit-after-deactivation` | a commit of an account whose last `#account` deactivated it (aborted) | `account-inactive` |
+//! | `sync-after-gap` | an account's commit left out, then a `#sync` of its new state sent in its place: the account's later commits continue from the `#sync` | `ok` |
+//!
+//! After a `dropped-commit` the account's chain restarts at the labelled commit (what a verifier
+//! without resync does), so its later commits verify `ok`.
+//!
 //! Defects are assigned round-robin in this order, except that `oversized-blocks` (2 MiB each)
-//! is made at most [`MAX_OVERSIZED`] times per stream.
+//! is made at most [`MAX_OVERSIZED`] times per stream, and `commit-after-deactivation` only
+//! while some account is deactivated (otherwise the next defect is made instead).
 
 use riptide_cbor::{write_array_header, write_map_header, write_text};
 use riptide_crypto::{Curve, PrivateKey};
@@ -34,6 +50,9 @@ pub const MAX_OVERSIZED: usize = 2;
 pub const OVERSIZED_FILLER: usize = (2 << 20) + 1024;
 /// Nesting depth of a `deep-nesting` record.
 pub const DEEP: usize = 100;
+/// The clock of a `future-rev` commit: 2200-01-01T00:00:00Z in unix µs (TIDs reach 2255).
+pub const FUTURE_REV_MICROS: u64 =
+    riptide_syntax::days_from_civil(2200, 1, 1) as u64 * 86_400 * 1_000_000;
 
 /// One way of breaking a frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -60,11 +79,21 @@ pub enum Defect {
     NonMinimalInt,
     /// An unknown message type.
     UnknownType,
+    /// A commit sent twice.
+    ReplayedCommit,
+    /// A commit left out.
+    DroppedCommit,
+    /// A rev far in the future.
+    FutureRev,
+    /// A commit of a deactivated account.
+    CommitAfterDeactivation,
+    /// A commit left out, then a `#sync`.
+    SyncAfterGap,
 }
 
 impl Defect {
     /// Every defect, in assignment order.
-    pub const ALL: [Defect; 11] = [
+    pub const ALL: [Defect; 16] = [
         Defect::ChangedBlockByte,
         Defect::BadSignature,
         Defect::WrongPrevData,
@@ -76,6 +105,11 @@ impl Defect {
         Defect::UnsortedKeys,
         Defect::NonMinimalInt,
         Defect::UnknownType,
+        Defect::ReplayedCommit,
+        Defect::DroppedCommit,
+        Defect::FutureRev,
+        Defect::CommitAfterDeactivation,
+        Defect::SyncAfterGap,
     ];
 
     /// The label in `adversarial.json`.
@@ -92,6 +126,11 @@ impl Defect {
             Defect::UnsortedKeys => "unsorted-keys",
             Defect::NonMinimalInt => "non-minimal-int",
             Defect::UnknownType => "unknown-type",
+            Defect::ReplayedCommit => "replayed-commit",
+            Defect::DroppedCommit => "dropped-commit",
+            Defect::FutureRev => "future-rev",
+            Defect::CommitAfterDeactivation => "commit-after-deactivation",
+            Defect::SyncAfterGap => "sync-after-gap",
         }
     }
 
@@ -104,8 +143,24 @@ impl Defect {
             Defect::MissingProofBlock => "missing-block",
             Defect::Truncated | Defect::UnsortedKeys | Defect::NonMinimalInt => "malformed",
             Defect::OversizedBlocks | Defect::TooManyOps | Defect::DeepNesting => "limits",
-            Defect::UnknownType => "ok",
+            Defect::UnknownType | Defect::SyncAfterGap => "ok",
+            Defect::ReplayedCommit => "rev-regression",
+            Defect::DroppedCommit => "chain-break",
+            Defect::FutureRev => "future-rev",
+            Defect::CommitAfterDeactivation => "account-inactive",
         }
+    }
+
+    /// Whether the frame verifies on its own and only chain state refuses it.
+    pub fn is_stream_level(self) -> bool {
+        matches!(
+            self,
+            Defect::ReplayedCommit
+                | Defect::DroppedCommit
+                | Defect::FutureRev
+                | Defect::CommitAfterDeactivation
+                | Defect::SyncAfterGap
+        )
     }
 }
 

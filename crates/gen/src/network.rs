@@ -97,6 +97,8 @@ struct AccountState {
     clock_id: u16,
     /// A list of the account's (for list items).
     list: Option<String>,
+    /// Whether a commit or `#sync` of the account's has been sent (a verifier has its state).
+    seen: bool,
 }
 
 /// A frame waiting to be signed and encoded.
@@ -105,6 +107,7 @@ enum Pending {
     Commit(Box<CommitJob>),
 }
 
+#[derive(Clone)]
 struct CommitJob {
     account: usize,
     seq: i64,
@@ -136,6 +139,8 @@ pub struct Network {
     adversarial: Vec<AdversarialEntry>,
     defects_made: usize,
     oversized_made: usize,
+    /// The copy of a commit a `replayed-commit` sends as the next frame.
+    replay_next: Option<Box<CommitJob>>,
     /// Signs every commit: one libsecp256k1 context, blinded once (see [`signer_seed`]).
     signer: Arc<Signer>,
     /// The accounts' identities (as in `accounts`, which never change them), shared with the
@@ -210,6 +215,7 @@ impl Network {
                 active: true,
                 clock_id,
                 list: None,
+                seen: false,
             });
         }
         let identities: Arc<[Account]> = accounts.iter().map(|a| a.account.clone()).collect();
@@ -232,6 +238,7 @@ impl Network {
             adversarial: Vec::new(),
             defects_made: 0,
             oversized_made: 0,
+            replay_next: None,
             signer,
             identities,
         })
@@ -339,6 +346,12 @@ impl Network {
         let index = self.produced;
         self.produced += 1;
         let (seq, time) = self.tick();
+        if let Some(mut copy) = self.replay_next.take() {
+            copy.seq = seq;
+            copy.time = time;
+            self.label(index, Defect::ReplayedCommit);
+            return Ok(Pending::Commit(copy));
+        }
         if self.cfg.adversarial > 0.0 && self.rng.gen_bool(self.cfg.adversarial) {
             return self.adversarial_frame(index, seq, time);
         }
@@ -355,26 +368,32 @@ impl Network {
         }
         let i = self.pick_active();
         if r < IDENTITY_PER_MILLE + ACCOUNT_PER_MILLE + SYNC_PER_MILLE {
-            let a = &mut self.accounts[i];
-            let rev = tid(self.now, a.clock_id);
-            a.repo.rev = rev.clone();
-            return Ok(Pending::Commit(Box::new(CommitJob {
-                account: i,
-                seq,
-                time,
-                rev,
-                since: None,
-                data: a.repo.root,
-                prev_data: a.repo.root,
-                ops: Vec::new(),
-                proof: Vec::new(),
-                records: Vec::new(),
-                sync: true,
-                defect: None,
-            })));
+            return Ok(self.sync(i, seq, time));
         }
         let changes = self.draw_changes(i, None);
         self.commit(i, seq, time, changes, None, true)
+    }
+
+    /// A `#sync` of account `i`'s current repository, at a new rev.
+    fn sync(&mut self, i: usize, seq: i64, time: String) -> Pending {
+        let a = &mut self.accounts[i];
+        let rev = tid(self.now, a.clock_id);
+        a.repo.rev = rev.clone();
+        a.seen = true;
+        Pending::Commit(Box::new(CommitJob {
+            account: i,
+            seq,
+            time,
+            rev,
+            since: None,
+            data: a.repo.root,
+            prev_data: a.repo.root,
+            ops: Vec::new(),
+            proof: Vec::new(),
+            records: Vec::new(),
+            sync: true,
+            defect: None,
+        }))
     }
 
     /// A weighted random active account (there is always one: the last is never deactivated).
@@ -581,6 +600,7 @@ impl Network {
                 std::mem::take(&mut p.records)
             };
             self.accounts[i].repo.keep(&mut p, rev.clone())?;
+            self.accounts[i].seen = true;
             ops = std::mem::take(&mut p.ops);
         } else {
             ops = p.ops.clone();
@@ -603,28 +623,89 @@ impl Network {
         })))
     }
 
+    /// Records frame `index` as broken by `defect`.
+    fn label(&mut self, index: u64, defect: Defect) {
+        self.adversarial.push(AdversarialEntry {
+            index,
+            defect,
+            expected_verdict: defect.expected_verdict(),
+        });
+    }
+
+    /// The next defect of the round-robin that can be made now (see [`crate::adversarial`]),
+    /// with the account to make it on.
+    fn next_defect(&mut self) -> (Defect, usize) {
+        loop {
+            let defect = Defect::ALL[self.defects_made % Defect::ALL.len()];
+            self.defects_made += 1;
+            let i = self.pick_active();
+            match defect {
+                Defect::OversizedBlocks => {
+                    if self.oversized_made < crate::adversarial::MAX_OVERSIZED {
+                        self.oversized_made += 1;
+                        return (defect, i);
+                    }
+                }
+                Defect::CommitAfterDeactivation => {
+                    if let Some(&j) = self.inactive.first() {
+                        return (defect, j);
+                    }
+                }
+                // Its chain must be known to a verifier for a gap to show.
+                Defect::DroppedCommit => {
+                    if self.accounts[i].seen {
+                        return (defect, i);
+                    }
+                }
+                _ => return (defect, i),
+            }
+        }
+    }
+
     fn adversarial_frame(
         &mut self,
         index: u64,
         seq: i64,
         time: String,
     ) -> Result<Pending, GenError> {
-        let mut defect = Defect::ALL[self.defects_made % Defect::ALL.len()];
-        self.defects_made += 1;
-        if defect == Defect::OversizedBlocks {
-            if self.oversized_made >= crate::adversarial::MAX_OVERSIZED {
-                defect = Defect::ALL[self.defects_made % Defect::ALL.len()];
-                self.defects_made += 1;
-            } else {
-                self.oversized_made += 1;
+        let (defect, i) = self.next_defect();
+        match defect {
+            Defect::ReplayedCommit => {
+                // This commit now, its copy as the next frame (labelled when it is sent).
+                let changes = self.draw_changes(i, None);
+                let p = self.commit(i, seq, time, changes, None, true)?;
+                if let Pending::Commit(job) = &p {
+                    self.replay_next = Some(job.clone());
+                }
+                return Ok(p);
             }
+            Defect::DroppedCommit | Defect::SyncAfterGap => {
+                // A commit the stream leaves out; then, a millisecond later (a later rev), the
+                // account's next commit or a #sync of its new state in its place.
+                let changes = self.draw_changes(i, None);
+                let _left_out = self.commit(i, seq, time.clone(), changes, None, true)?;
+                self.now += 1000;
+                self.label(index, defect);
+                if defect == Defect::SyncAfterGap {
+                    return Ok(self.sync(i, seq, time));
+                }
+                let changes = self.draw_changes(i, None);
+                return self.commit(i, seq, time, changes, None, true);
+            }
+            Defect::FutureRev | Defect::CommitAfterDeactivation => {
+                self.label(index, defect);
+                let changes = self.draw_changes(i, Some(defect));
+                let mut p = self.commit(i, seq, time, changes, None, false)?;
+                if let (Defect::FutureRev, Pending::Commit(job)) = (defect, &mut p) {
+                    job.rev = tid(
+                        crate::adversarial::FUTURE_REV_MICROS,
+                        self.accounts[i].clock_id,
+                    );
+                }
+                return Ok(p);
+            }
+            _ => self.label(index, defect),
         }
-        self.adversarial.push(AdversarialEntry {
-            index,
-            defect,
-            expected_verdict: defect.expected_verdict(),
-        });
-        let i = self.pick_active();
         let mut changes = self.draw_changes(i, Some(defect));
         if defect == Defect::DeepNesting {
             let bytes = crate::adversarial::deep_record();

@@ -1,7 +1,14 @@
-//! `riptide verify FILE --did-docs DOCS.json [--threads N] [--json]` (a contract).
+//! `riptide verify FILE --did-docs DOCS.json [--threads N] [--json] [--stateless | --state DIR]`
+//! (a contract).
 //!
 //! Verifies every frame of a corpus file: block CIDs, commit signatures with the keys of the DID
-//! documents, Sync 1.1 proofs (see `riptide_firehose::verify`). With `--json`, one object per frame
+//! documents, Sync 1.1 proofs (see `riptide_firehose::verify`), and each frame against its
+//! account's chain state kept across the frames of the input (`riptide_firehose::chain`:
+//! `rev-regression`, `future-rev`, `chain-break`, `account-inactive`; a chain break restarts the
+//! account's chain at the breaking commit, as there is no resync from a file). `--stateless`
+//! checks each frame alone; `--state DIR` loads the chain state from `DIR/chain-state` before the
+//! run and writes it back after (atomically: a temporary file renamed over it), so successive runs
+//! over successive files continue one chain. With `--json`, one object per frame
 //! on stdout, in frame order: `{"index","seq","did","kind","verdict","reason"}` (`reason` null when
 //! ok). Otherwise each frame that is not ok is reported on stderr. A summary of verdict counts goes
 //! to stderr either way; the exit code is 1 if any frame is not ok.
@@ -14,7 +21,8 @@
 //! the bytes to hash), and then every thread verifies its frames. Batches bound memory and keep the
 //! threads' shares even. The DID → thread map is bounded too: past [`MAX_OWNED`] DIDs, between two
 //! batches, it is emptied together with every verifier's key cache (fresh verifiers), so a DID
-//! that lands on another thread afterwards finds no stale key anywhere.
+//! that lands on another thread afterwards finds no stale key anywhere. Chain state is shared by
+//! all threads ([`SharedChain`]), so it survives a DID moving to another thread.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -23,7 +31,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use anyhow::Context;
 use riptide_cbor::{write_json_int, write_json_string, Arena};
+use riptide_firehose::chain::{ChainStore, NoChain, SharedChain};
 use riptide_firehose::corpus::{split_frames, CorpusFrame};
 use riptide_firehose::verify::{peek, Report, VerdictCounts, Verifier};
 
@@ -43,6 +53,48 @@ pub struct Args {
     /// One JSON object per frame on stdout.
     #[arg(long)]
     json: bool,
+    /// Check each frame on its own, with no per-account chain state.
+    #[arg(long, conflicts_with = "state")]
+    stateless: bool,
+    /// Keep the chain state in DIR/chain-state across runs (read before, written after).
+    #[arg(long, value_name = "DIR")]
+    state: Option<PathBuf>,
+}
+
+/// A verifier of this command: the documents' keys, chain state shared or none.
+type CliVerifier<'d> = Verifier<DocKeys<'d>, Box<dyn ChainStore + Send>>;
+
+/// The chain state file under `--state DIR`.
+const STATE_FILE: &str = "chain-state";
+
+fn load_state(dir: &std::path::Path) -> anyhow::Result<SharedChain> {
+    let path = dir.join(STATE_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => SharedChain::decode(&bytes)
+            .with_context(|| format!("reading chain state {}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SharedChain::new()),
+        Err(e) => Err(anyhow::anyhow!(
+            "reading chain state {}: {e}",
+            path.display()
+        )),
+    }
+}
+
+/// Writes the state durably: a temporary file, fsynced, renamed over the old one, the directory
+/// fsynced (a crash leaves the old state or the new one, never half of one).
+fn save_state(dir: &std::path::Path, chain: &SharedChain) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| anyhow::anyhow!("creating state directory {}: {e}", dir.display()))?;
+    let path = dir.join(STATE_FILE);
+    let tmp = dir.join(format!("{STATE_FILE}.tmp"));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&chain.encode())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(dir)?.sync_all()
+    };
+    write().map_err(|e| anyhow::anyhow!("writing chain state {}: {e}", path.display()))
 }
 
 /// Frames per batch: large enough that the per-batch barrier costs nothing (~0.3 s of work).
@@ -57,10 +109,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let frames = split_frames(&file)?;
     let docs = super::load_did_docs(&args.did_docs)?;
     let keys = DocKeys(&docs);
+    let chain = std::sync::Arc::new(match &args.state {
+        Some(dir) => load_state(dir)?,
+        None => SharedChain::new(),
+    });
+    let new_verifier = || -> CliVerifier<'_> {
+        let store: Box<dyn ChainStore + Send> = if args.stateless {
+            Box::new(NoChain)
+        } else {
+            Box::new(chain.clone())
+        };
+        Verifier::with_chain(keys, store)
+    };
     let start = Instant::now();
 
-    let mut verifiers: Vec<Verifier<DocKeys<'_>>> =
-        (0..args.threads).map(|_| Verifier::new(keys)).collect();
+    let mut verifiers: Vec<CliVerifier<'_>> = (0..args.threads).map(|_| new_verifier()).collect();
     let mut router = Router::new(args.threads);
     let mut stdout = out::stdout();
     let mut stderr = std::io::stderr().lock();
@@ -72,7 +135,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             router.forget();
             for v in &mut verifiers {
                 counts.merge(v.counts());
-                *v = Verifier::new(keys);
+                *v = new_verifier();
             }
         }
         let shares = router.route(batch);
@@ -95,6 +158,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for v in &verifiers {
         counts.merge(v.counts());
     }
+    drop(verifiers);
+    if let Some(dir) = &args.state {
+        save_state(dir, &chain)?;
+    }
     let secs = start.elapsed().as_secs_f64();
     writeln!(
         stderr,
@@ -115,12 +182,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 /// Verifies each thread's share (frame indices within `batch`, ascending) on its own verifier.
 /// Returns, per thread, `(index in batch, line)` for every frame to print.
 fn run_shares(
-    verifiers: &mut [Verifier<DocKeys<'_>>],
+    verifiers: &mut [CliVerifier<'_>],
     shares: &[Vec<usize>],
     batch: &[CorpusFrame<'_>],
     json: bool,
 ) -> Vec<Vec<(usize, String)>> {
-    let work = |v: &mut Verifier<DocKeys<'_>>, share: &[usize]| -> Vec<(usize, String)> {
+    let work = |v: &mut CliVerifier<'_>, share: &[usize]| -> Vec<(usize, String)> {
         let mut out = Vec::with_capacity(if json { share.len() } else { 0 });
         for &i in share {
             let f = &batch[i];
