@@ -13,7 +13,7 @@ pub struct ClientStats {
     reconnects: AtomicU64,
     connect_failures: AtomicU64,
     decode_errors: AtomicU64,
-    verdicts: [AtomicU64; 8],
+    verdicts: [AtomicU64; Verdict::COUNT],
 }
 
 /// A copy of the counters at one moment.
@@ -33,7 +33,7 @@ pub struct StatsSnapshot {
     pub decode_errors: u64,
     /// Verdicts recorded by the caller with [`ClientStats::record_verdict`], in
     /// [`Verdict::ALL`] order.
-    pub verdicts: [u64; 8],
+    pub verdicts: [u64; Verdict::COUNT],
 }
 
 impl ClientStats {
@@ -46,7 +46,7 @@ impl ClientStats {
 
     /// The counters now.
     pub fn snapshot(&self) -> StatsSnapshot {
-        let mut verdicts = [0; 8];
+        let mut verdicts = [0; Verdict::COUNT];
         for (o, a) in verdicts.iter_mut().zip(&self.verdicts) {
             *o = a.load(Relaxed);
         }

@@ -48,5 +48,5 @@ pub use adversarial::{AdversarialEntry, Defect};
 pub use big_repo::{big_repo, BigRepo};
 pub use error::GenError;
 pub use network::{Config, Network};
-pub use output::{write_dir, Summary};
+pub use output::{write_dir, write_network, Summary};
 pub use stats::{measure, Stats};

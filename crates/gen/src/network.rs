@@ -249,6 +249,12 @@ impl Network {
         self.accounts.iter().map(|a| &a.account)
     }
 
+    /// Lets the next [`Network::run`] generate `frames` more, continuing the same stream (seqs,
+    /// times and every account's chain go on from where they are).
+    pub fn extend(&mut self, frames: u64) {
+        self.cfg.events = self.produced + frames;
+    }
+
     /// The frames broken on purpose so far.
     pub fn adversarial(&self) -> &[AdversarialEntry] {
         &self.adversarial

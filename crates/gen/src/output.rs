@@ -43,6 +43,12 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), GenError> {
 
 /// Generates `cfg` into `dir` (created if needed).
 pub fn write_dir(cfg: &Config, dir: &Path) -> Result<Summary, GenError> {
+    write_network(cfg, dir).map(|(summary, _)| summary)
+}
+
+/// [`write_dir`], returning the network too, as it stands after the last frame written: a
+/// caller can [`Network::extend`] it and go on generating the same stream (a live demo).
+pub fn write_network(cfg: &Config, dir: &Path) -> Result<(Summary, Network), GenError> {
     std::fs::create_dir_all(dir).map_err(|e| GenError::io(dir, e))?;
     let count = u32::try_from(cfg.events)
         .map_err(|_| GenError::Config("the corpus format holds at most 2^32-1 frames".into()))?;
@@ -96,5 +102,5 @@ pub fn write_dir(cfg: &Config, dir: &Path) -> Result<Summary, GenError> {
             summary.repos += 1;
         }
     }
-    Ok(summary)
+    Ok((summary, net))
 }

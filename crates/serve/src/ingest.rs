@@ -10,21 +10,26 @@
 //!
 //! The dispatcher skips frames at or below the stored upstream cursor (counted as duplicates),
 //! then routes each frame to a worker by its DID, so every DID stays on one verifier (the
-//! verifier's key cache is per DID and `#identity` invalidates it in order). Workers verify
-//! (`--no-verify`: decode only, block CIDs still checked) and project the frame the verifier
-//! decoded (`Verifier::check_then`: one decode per frame); a frame that fails is counted by
-//! verdict and logged with did/seq/rev, and produces nothing. The writer takes results back in
-//! upstream order (it reads the worker ids in dispatch order, and each worker answers in order),
-//! assigns seq and `time_us = max(now, prev + 1)`, renders the final JSON and its zstd frame
-//! once, and appends a batch — events plus the upstream cursor — to the store in one durable
-//! write before publishing it to subscribers. So global order is upstream order, and per-DID
-//! order holds a fortiori.
+//! verifier's key cache and chain state are per DID, and `#identity` invalidates the key in
+//! order). Workers verify (`--no-verify`: decode only, block CIDs still checked), check the
+//! frame against its account's chain state ([`crate::chain`]; `--stateless` skips it), and
+//! project the frame the verifier decoded (`Verifier::check_then`: one decode per frame); a frame
+//! that fails is counted by verdict and logged with did/seq/rev, and produces nothing (though a
+//! chain break still moves the account's state: `riptide_firehose::chain`). The writer takes
+//! results back in upstream order (it reads the worker ids in dispatch order, and each worker
+//! answers in order), assigns seq and `time_us = max(now, prev + 1)`, renders the final JSON and
+//! its zstd frame once, and appends a batch — events, the account states its frames changed, and
+//! the upstream cursor — to the store in one durable write before publishing it to subscribers.
+//! So global order is upstream order, per-DID order holds a fortiori, and after a crash the
+//! frames after the stored cursor are verified again against exactly the state they were first
+//! verified against.
 //!
 //! Frames cross threads in chunks of up to [`CHUNK`] (whatever the source has ready), and a
 //! worker renders a chunk's events into one buffer: handing frames over one by one spent a fifth
 //! of ingest's CPU in wake-ups. Latency is observed per frame (`riptide_ingest_verify_seconds`,
 //! `riptide_ingest_publish_seconds`) and per batch (`riptide_store_append_seconds`).
 
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
@@ -40,6 +45,9 @@ use riptide_firehose::{DecodeOptions, FrameDecoder};
 use riptide_jetstream::{EventKind, Projector};
 use tokio::sync::mpsc;
 
+use riptide_firehose::chain::AccountState;
+
+use crate::chain::{max_in_flight, ServeChain};
 use crate::compress::{DictError, Dictionary};
 use crate::event::Event;
 use crate::keys::Keys;
@@ -61,6 +69,8 @@ pub struct IngestConfig {
     pub max_batch: usize,
     /// Dictionary for the zstd form of every event (`None`: JSON only).
     pub dictionary: Option<Dictionary>,
+    /// Check every frame against its account's chain state (`false`: `--stateless`).
+    pub stateful: bool,
 }
 
 impl IngestConfig {
@@ -71,6 +81,7 @@ impl IngestConfig {
             workers: default_workers(),
             max_batch: 4096,
             dictionary: None,
+            stateful: true,
         }
     }
 
@@ -81,6 +92,7 @@ impl IngestConfig {
             workers: default_workers(),
             max_batch: 4096,
             dictionary: None,
+            stateful: false,
         }
     }
 }
@@ -111,6 +123,10 @@ pub enum IngestError {
     /// A pipeline thread panicked.
     #[error("ingest thread panicked")]
     Panicked,
+    /// A verifier could not read an account's chain state from the store (nothing after the
+    /// last durable batch was stored).
+    #[error("reading account chain state: {0}")]
+    ChainState(StoreError),
 }
 
 /// What an ingest run did.
@@ -130,21 +146,29 @@ pub struct IngestSummary {
 #[derive(Debug)]
 pub struct IngestHandle {
     writer: JoinHandle<Result<IngestSummary, IngestError>>,
-    others: Vec<JoinHandle<()>>,
+    others: Vec<JoinHandle<Result<(), IngestError>>>,
 }
 
 impl IngestHandle {
     /// Waits for the pipeline to drain and stop.
     pub fn join(self) -> Result<IngestSummary, IngestError> {
         let mut panicked = false;
+        let mut failed = None;
         for h in self.others {
-            panicked |= h.join().is_err();
+            match h.join() {
+                Err(_) => panicked = true,
+                Ok(Err(e)) => failed = failed.or(Some(e)),
+                Ok(Ok(())) => {}
+            }
         }
         let r = self.writer.join().map_err(|_| IngestError::Panicked)?;
         if panicked {
             return Err(IngestError::Panicked);
         }
-        r
+        match failed {
+            Some(e) => Err(e),
+            None => r,
+        }
     }
 }
 
@@ -168,11 +192,13 @@ struct Part {
     tail: Range<usize>,
 }
 
-/// One frame's outcome: its events are `parts[parts]` of its chunk.
+/// One frame's outcome: its events are `parts[parts]` of its chunk, the account states it
+/// changed `states[states]`.
 struct Done {
     seq: u64,
     received_us: i64,
     parts: Range<usize>,
+    states: Range<usize>,
 }
 
 /// A worker's answer to one chunk of jobs, in job order; all the events' bytes in one buffer.
@@ -181,7 +207,11 @@ struct DoneChunk {
     frames: Vec<Done>,
     parts: Vec<Part>,
     buf: Vec<u8>,
+    states: Vec<(Box<str>, AccountState)>,
 }
+
+/// Chunks a worker's answer channel holds.
+const ANSWER_CHUNKS: usize = 32;
 
 /// Starts the pipeline on `rx`, continuing from `resume` (what [`crate::Store::open`] returned).
 pub fn spawn(
@@ -198,15 +228,19 @@ pub fn spawn(
     let mut others = Vec::new();
     for w in 0..workers {
         let (job_tx, job_rx) = sync_channel::<Vec<Job>>(32);
-        let (done_tx, done_rx) = sync_channel::<DoneChunk>(32);
+        let (done_tx, done_rx) = sync_channel::<DoneChunk>(ANSWER_CHUNKS);
         job_txs.push(job_tx);
         done_rxs.push(done_rx);
         let keys = cfg.keys.clone();
         let m = metrics.clone();
+        // Twice the frames in flight (module docs of crate::chain), at least 16,384 accounts.
+        let generation =
+            (2 * max_in_flight(cfg.max_batch.max(1), ANSWER_CHUNKS, CHUNK)).max(1 << 14);
+        let chain = ServeChain::new(log.store().clone(), cfg.stateful, generation);
         others.push(
             std::thread::Builder::new()
                 .name(format!("ingest-verify-{w}"))
-                .spawn(move || work(keys, m, job_rx, done_tx))
+                .spawn(move || work(keys, chain, m, job_rx, done_tx))
                 .map_err(|_| IngestError::Panicked)?,
         );
     }
@@ -215,7 +249,10 @@ pub fn spawn(
     others.push(
         std::thread::Builder::new()
             .name("ingest-dispatch".into())
-            .spawn(move || dispatch(&mut rx, start_cursor, &m, &job_txs, &order_tx))
+            .spawn(move || {
+                dispatch(&mut rx, start_cursor, &m, &job_txs, &order_tx);
+                Ok(())
+            })
             .map_err(|_| IngestError::Panicked)?,
     );
     let compressor = match &cfg.dictionary {
@@ -294,11 +331,12 @@ fn dispatch(
 
 fn work(
     keys: Option<Keys>,
+    chain: ServeChain,
     metrics: Arc<Metrics>,
     jobs: Receiver<Vec<Job>>,
     done: SyncSender<DoneChunk>,
-) {
-    let mut verifier = keys.map(Verifier::new);
+) -> Result<(), IngestError> {
+    let mut verifier = keys.map(|k| Verifier::with_chain(k, chain));
     // Without a verifier (`--no-verify`) the frame is decoded here, block CIDs checked. With
     // one, the verifier's own decoding is reused (`check_then`): each frame is decoded once.
     // Records are decoded one by one by the projector (one bad record drops one op).
@@ -316,9 +354,11 @@ fn work(
             frames: Vec::with_capacity(chunk.len()),
             parts: Vec::with_capacity(chunk.len() * 2),
             buf: Vec::with_capacity(capacity),
+            states: Vec::new(),
         };
         for job in &chunk {
             let first = out.parts.len();
+            let first_state = out.states.len();
             let t0 = Instant::now();
             match verifier.as_mut() {
                 Some(v) => {
@@ -362,19 +402,32 @@ fn work(
                     Ok(frame) => project(&mut projector, &frame, job.seq, &metrics, &mut out),
                 },
             }
+            if let Some(v) = verifier.as_mut() {
+                let chain = v.chain_mut();
+                if let Some(e) = chain.take_error() {
+                    // This frame was checked against no state: it and what follows are not
+                    // stored (module docs of crate::chain). What came before is.
+                    out.parts.truncate(first);
+                    let _ = done.send(out);
+                    return Err(IngestError::ChainState(e));
+                }
+                chain.drain_into(&mut out.states);
+            }
             out.frames.push(Done {
                 seq: job.seq,
                 received_us: job.received_us,
                 parts: first..out.parts.len(),
+                states: first_state..out.states.len(),
             });
         }
         // The next chunk's buffer starts as large as the largest so far, up to 1 MiB (one huge
         // frame should not make every later chunk reserve megabytes).
         capacity = capacity.max(out.buf.len()).min(1 << 20);
         if done.send(out).is_err() {
-            return;
+            return Ok(());
         }
     }
+    Ok(())
 }
 
 /// Projects a decoded frame into `out`: each event's DID, collection and JSON, the JSON in two
@@ -455,6 +508,9 @@ fn write(
         done,
     };
     let mut events: Vec<Event> = Vec::new();
+    // The batch's account states, the last per DID (a batch holds one write per key).
+    let mut states: HashMap<Box<str>, AccountState> = HashMap::new();
+    let mut state_list: Vec<(Box<str>, AccountState)> = Vec::new();
     let mut received: Vec<i64> = Vec::with_capacity(max_batch);
     let mut json = Vec::with_capacity(1 << 14);
     let mut zbuf = Vec::new();
@@ -473,6 +529,14 @@ fn write(
                 };
                 let frame = &d.frames[i];
                 received.push(frame.received_us);
+                for (did, st) in &d.states[frame.states.clone()] {
+                    match states.get_mut(did) {
+                        Some(s) => *s = *st,
+                        None => {
+                            states.insert(did.clone(), *st);
+                        }
+                    }
+                }
                 for p in &d.parts[frame.parts.clone()] {
                     let seq = resume.next_seq;
                     let time_us = crate::now_us().max(resume.last_time_us + 1);
@@ -506,7 +570,10 @@ fn write(
             }
         }
         let t0 = Instant::now();
-        log.store().append(&events, &resume)?;
+        state_list.clear();
+        state_list.extend(states.drain());
+        log.store()
+            .append_with_accounts(&events, &state_list, &resume)?;
         metrics.store_append_seconds.observe(t0.elapsed());
         log.publish(&events);
         let now = crate::now_us();

@@ -5,6 +5,7 @@
 //!
 //! - [`ingest`]: `(upstream seq, frame bytes)` in, verified and projected v1 events out, each
 //!   rendered (JSON and zstd) once;
+//! - [`chain`]: each verifier's account chain state, cached over the store's `accounts`;
 //! - [`store`]: the fjall event store, with the upstream cursor committed atomically with the
 //!   events it covers (the durability point is documented there);
 //! - [`log`]: the shared log subscribers pull from at their own cursor (memory tail + store);
@@ -15,6 +16,7 @@
 //! - [`upstream`]: the relay source (riptide-client), warming DID lookups before verification
 //!   (the verifier's keys are then `riptide_resolver::ResolverKeys::resolving_on`).
 
+pub mod chain;
 pub mod compress;
 pub mod event;
 pub mod ingest;

@@ -115,7 +115,7 @@ pub struct Metrics {
     pub frames_in: AtomicU64,
     /// Upstream frames skipped because the store already covers their seq.
     pub frames_duplicate: AtomicU64,
-    verdicts: [AtomicU64; 8],
+    verdicts: [AtomicU64; Verdict::COUNT],
     drops: [AtomicU64; 5],
     /// Events stored (and published).
     pub events_stored: AtomicU64,

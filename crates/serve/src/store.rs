@@ -1,8 +1,12 @@
 //! The event store: fjall partitions under `--data DIR`.
 //!
 //! Partitions: `events` (seq, big-endian u64 → [`Event`] value), `times` (time_us, big-endian →
-//! seq) and `meta` (next seq, last time_us, upstream cursor, dictionary id, retention floor,
-//! layout version).
+//! seq), `accounts` (DID → the account's chain state, `riptide_firehose::chain::encode_state`)
+//! and `meta` (next seq, last time_us, upstream cursor, dictionary id, retention floor, layout
+//! version). `accounts` is an ordinary LSM tree (leveled compaction, bloom filters): it is
+//! rewritten in place and read by point lookups, one per account the verifiers do not hold in
+//! memory. A data directory from before chain state simply has no `accounts` yet: each account's
+//! first commit after the upgrade establishes its state.
 //!
 //! **Why FIFO compaction.** `events` and `times` are append-only logs under monotonic keys: no
 //! key is ever written twice, so an LSM tree's merging has nothing to merge. Leveled compaction
@@ -12,13 +16,14 @@
 //! and retention drops whole segment files. Nothing reads these partitions by point lookup, so
 //! they have no bloom filters either.
 //!
-//! **Durability point.** [`Store::append`] writes a whole ingest batch — its events, their time
-//! index entries, the next seq, the last time_us and the upstream cursor that covers them — as
-//! ONE fjall batch committed with `PersistMode::SyncAll` (journal written and fsynced) before it
+//! **Durability point.** [`Store::append_with_accounts`] writes a whole ingest batch — its
+//! events, their time index entries, the chain state of every account the batch's frames changed,
+//! the next seq, the last time_us and the upstream cursor that covers them — as ONE fjall batch committed with `PersistMode::SyncAll` (journal written and fsynced) before it
 //! returns. Events are published to subscribers only after that. So after `kill -9` (or power
 //! loss, given honest disks) the store holds exactly the batches whose `append` returned: every
-//! event a subscriber could have seen survives; the upstream cursor matches the events, so
-//! resuming from it neither loses nor duplicates a frame; and the next seq / time_us restart
+//! event a subscriber could have seen survives; the upstream cursor matches the events and the
+//! account states, so resuming from it neither loses nor duplicates a frame, and re-verifies the
+//! frames after it against exactly the state they were first verified against; and the next seq / time_us restart
 //! above everything stored, so no seq or time_us is reused.
 //!
 //! **Retention** has two halves. [`Store::expire`] moves the *floor*: the first seq whose
@@ -52,6 +57,8 @@ use bytes::Bytes;
 use fjall::compaction::{Fifo, Strategy};
 use fjall::{AbstractTree, Config, Keyspace, PartitionCreateOptions, PartitionHandle, PersistMode};
 
+use riptide_firehose::chain::{decode_state, encode_state, AccountState, CorruptState};
+
 use crate::event::{CorruptEvent, Event};
 use crate::log::ReadLimit;
 
@@ -70,6 +77,14 @@ pub enum StoreError {
     /// A stored value is corrupt.
     #[error(transparent)]
     Corrupt(#[from] CorruptEvent),
+    /// A stored account state is corrupt.
+    #[error("account {did}: {source}")]
+    CorruptAccount {
+        /// The account.
+        did: String,
+        /// What is wrong.
+        source: CorruptState,
+    },
     /// The data directory was written with another zstd dictionary.
     #[error("the data directory holds events compressed with zstd dictionary {stored}, but the server was started with {given} (0 = none); use the same --zstd-dictionary or a new --data directory")]
     DictionaryMismatch {
@@ -107,6 +122,7 @@ pub struct Store {
     ks: Keyspace,
     events: PartitionHandle,
     times: PartitionHandle,
+    accounts: PartitionHandle,
     meta: PartitionHandle,
     /// The retention floor: no read returns a seq below it.
     floor: Arc<AtomicU64>,
@@ -216,12 +232,16 @@ impl Store {
             .open_partition("events", log_partition().max_memtable_size(EVENTS_MEMTABLE))
             .map_err(fj)?;
         let times = ks.open_partition("times", log_partition()).map_err(fj)?;
+        let accounts = ks
+            .open_partition("accounts", PartitionCreateOptions::default())
+            .map_err(fj)?;
         let floor = meta.get(FLOOR).map_err(fj)?.map_or(0, |v| be64(&v));
         let store = Store {
             path,
             ks,
             events,
             times,
+            accounts,
             meta,
             floor: Arc::new(AtomicU64::new(floor)),
         };
@@ -266,7 +286,24 @@ impl Store {
     /// Writes one ingest batch atomically and durably (see the module docs). `events` are in seq
     /// order; `resume` is the state after them.
     pub fn append(&self, events: &[Event], resume: &Resume) -> Result<(), StoreError> {
+        self.append_with_accounts(events, &[], resume)
+    }
+
+    /// [`Store::append`], with the chain state of the accounts the batch's frames changed, in
+    /// the same atomic, durable write (at most one state per DID: the last).
+    pub fn append_with_accounts(
+        &self,
+        events: &[Event],
+        accounts: &[(Box<str>, AccountState)],
+        resume: &Resume,
+    ) -> Result<(), StoreError> {
         let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        let mut buf = Vec::with_capacity(96);
+        for (did, state) in accounts {
+            buf.clear();
+            encode_state(state, &mut buf);
+            b.insert(&self.accounts, did.as_bytes(), buf.as_slice());
+        }
         for e in events {
             b.insert(&self.events, e.seq().to_be_bytes(), e.raw().clone());
             b.insert(
@@ -285,6 +322,40 @@ impl Store {
             b.insert(&self.meta, UPSTREAM, c.to_be_bytes());
         }
         b.commit().map_err(|e| self.err(e))
+    }
+
+    /// The stored chain state of `did`, if any.
+    pub fn account(&self, did: &str) -> Result<Option<AccountState>, StoreError> {
+        let Some(v) = self.accounts.get(did).map_err(|e| self.err(e))? else {
+            return Ok(None);
+        };
+        decode_state(&v)
+            .map(Some)
+            .map_err(|source| StoreError::CorruptAccount {
+                did: did.to_owned(),
+                source,
+            })
+    }
+
+    /// Every stored account state, in DID order.
+    pub fn accounts(
+        &self,
+    ) -> impl Iterator<Item = Result<(String, AccountState), StoreError>> + '_ {
+        self.accounts.iter().map(|kv| {
+            let (k, v) = kv.map_err(|e| self.err(e))?;
+            let did = String::from_utf8_lossy(&k).into_owned();
+            match decode_state(&v) {
+                Ok(s) => Ok((did, s)),
+                Err(source) => Err(StoreError::CorruptAccount { did, source }),
+            }
+        })
+    }
+
+    /// Writes raw bytes as an account's state (tests of corruption handling).
+    #[cfg(test)]
+    pub(crate) fn put_raw_account_for_tests(&self, did: &str, value: &[u8]) {
+        #[allow(clippy::expect_used)]
+        self.accounts.insert(did, value).expect("insert");
     }
 
     /// The retention floor: the oldest seq a read may return (0 before any retention pass).

@@ -2,8 +2,10 @@
 //!
 //! Why: the first thing to run after cloning. It generates a small signed network (riptide-gen,
 //! with a few frames broken on purpose), serves its DID documents from an in-process PLC
-//! directory (riptide-sim), replays the stream through an in-process relay (riptide-relay,
-//! paced and looping, so it stays live), and serves it verified with `riptide serve`'s own
+//! directory (riptide-sim), publishes the stream through an in-process relay (riptide-relay,
+//! paced; once the generated file is through, the generator goes on producing the same network's
+//! next frames, so it stays live — replaying the file in a loop would be nothing but replayed
+//! commits to a verifier that keeps chain state), and serves it verified with `riptide serve`'s own
 //! machinery ([`super::serve::start`]: upstream client, DID resolution, verification, store,
 //! `/subscribe`). One internal subscriber proves events come out; a summary line is printed
 //! every second.
@@ -11,15 +13,14 @@
 //! `--seconds N` stops it by itself (the CI smoke test) and exits 1 if nothing was served or if
 //! any verdict other than the planned adversarial ones (or `ok`) was counted.
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use futures_util::StreamExt;
 use riptide_firehose::verify::Verdict;
 use riptide_relay::{Relay, RelayConfig};
@@ -29,7 +30,7 @@ pub struct Args {
     /// Accounts in the generated network.
     #[arg(long, default_value_t = 200)]
     accounts: usize,
-    /// Frames in the generated stream (replayed in a loop).
+    /// Frames in the generated file (the stream then goes on, generated live).
     #[arg(long, default_value_t = 20_000)]
     events: u64,
     /// Share of frames broken on purpose (their verdicts show as rejections).
@@ -62,23 +63,56 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     rt.block_on(demo(args))
 }
 
-/// The planned verdicts of the adversarial frames the relay serves: every frame `adversarial.json`
-/// lists except those the relay left out (`left_out`, positions in the stream).
-fn planned_verdicts(dir: &Path, left_out: &[usize]) -> anyhow::Result<BTreeMap<String, u64>> {
-    let adv: Vec<serde_json::Value> = match std::fs::read(dir.join("adversarial.json")) {
-        Ok(b) => serde_json::from_slice(&b).context("adversarial.json")?,
-        Err(_) => return Ok(BTreeMap::new()),
-    };
-    let mut planned = BTreeMap::new();
-    for e in &adv {
-        let (Some(i), Some(v)) = (e["index"].as_u64(), e["expected_verdict"].as_str()) else {
-            anyhow::bail!("adversarial.json: an entry without index or expected_verdict: {e}");
-        };
-        if left_out.binary_search(&(i as usize)).is_err() {
-            *planned.entry(v.to_owned()).or_insert(0) += 1;
-        }
+/// The verdicts frames broken on purpose may get (`riptide_gen::Defect`'s), `ok` excluded.
+fn planned_verdicts(adversarial: f64) -> BTreeSet<&'static str> {
+    if adversarial <= 0.0 {
+        return BTreeSet::new();
     }
-    Ok(planned)
+    riptide_gen::Defect::ALL
+        .iter()
+        .map(|d| d.expected_verdict())
+        .filter(|&v| v != "ok")
+        .collect()
+}
+
+/// Frames a generating thread publishes to the relay per pacing step, and between steps.
+const STEP: Duration = Duration::from_millis(50);
+
+/// Publishes `frames`, then the network's next frames forever, at `rate` frames/s, until `stop`.
+/// Frames the relay cannot serve (broken so that it cannot find their seq) are counted.
+fn produce(
+    frames: Vec<bytes::Bytes>,
+    mut net: riptide_gen::Network,
+    relay: riptide_relay::RelayService,
+    rate: f64,
+    stop: Arc<AtomicBool>,
+    unservable: Arc<AtomicU64>,
+) {
+    let start = Instant::now();
+    let mut sent = 0u64;
+    let mut queue: std::collections::VecDeque<bytes::Bytes> = frames.into();
+    while !stop.load(Relaxed) {
+        let due = (start.elapsed().as_secs_f64() * rate) as u64;
+        while sent < due {
+            if queue.is_empty() {
+                net.extend(1024);
+                let r = net.run(|f: &[u8]| -> Result<(), riptide_gen::GenError> {
+                    queue.push_back(bytes::Bytes::copy_from_slice(f));
+                    Ok(())
+                });
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "demo: generating the stream failed; it stops here");
+                    return;
+                }
+            }
+            let Some(f) = queue.pop_front() else { return };
+            if relay.publish(f).is_err() {
+                unservable.fetch_add(1, Relaxed);
+            }
+            sent += 1;
+        }
+        std::thread::sleep(STEP);
+    }
 }
 
 fn dir_size(p: &Path) -> u64 {
@@ -110,39 +144,48 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     cfg.threads = 2;
     cfg.initial_records = (20, 400);
     let g = gen_dir.clone();
-    tokio::task::spawn_blocking(move || riptide_gen::write_dir(&cfg, &g)).await??;
+    let (summary, generator) =
+        tokio::task::spawn_blocking(move || riptide_gen::write_network(&cfg, &g)).await??;
     let gen_time = t.elapsed();
 
-    // The PLC directory (and PDS) for the generated accounts; the demo runs its own paced, looping
-    // relay over the stream, which leaves out (and reports) the frames it cannot serve.
+    // The PLC directory (and PDS) for the generated accounts, and a relay the generated stream
+    // is published to, paced, by a thread of its own (`produce`).
     let mut net = riptide_sim::Network::load(&gen_dir)?;
     let frames = net.frames().to_vec();
-    let total = frames.len();
     net.set_frames(Vec::new());
     let sim = riptide_sim::Sim::spawn(net, "127.0.0.1:0".parse()?, riptide_sim::Faults::default())
         .await?;
     let (_, relay) = Relay::bind(
         "127.0.0.1:0".parse()?,
-        frames,
+        Vec::new(),
         RelayConfig {
-            rate: Some(args.rate),
-            looped: true,
+            looped: false,
             ..RelayConfig::default()
         },
     )
     .await?;
-    let left_out = relay.left_out();
-    let n_frames = (total - left_out.len()) as u64;
-    let planned = planned_verdicts(&gen_dir, left_out)?;
+    let planned = planned_verdicts(args.adversarial);
     eprintln!(
-        "generated {} accounts, {} frames ({} broken on purpose, {} of them unservable by a relay) in {:.1}s under {}",
+        "generated {} accounts, {} frames ({} broken on purpose) in {:.1}s under {}; the stream goes on live from there",
         args.accounts,
         args.events,
-        planned.values().sum::<u64>() + left_out.len() as u64,
-        left_out.len(),
+        summary.adversarial,
         gen_time.as_secs_f64(),
         gen_dir.display()
     );
+    let stop = Arc::new(AtomicBool::new(false));
+    let unservable = Arc::new(AtomicU64::new(0));
+    let producer = {
+        let (service, stop, unservable, rate) = (
+            (*relay).clone(),
+            stop.clone(),
+            unservable.clone(),
+            args.rate,
+        );
+        std::thread::Builder::new()
+            .name("demo-generator".into())
+            .spawn(move || produce(frames, generator, service, rate, stop, unservable))?
+    };
 
     let serve_args = super::serve::Args {
         upstream: vec![relay.url()],
@@ -151,6 +194,7 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         plc_url: sim.base_url(),
         did_cache: 10_000,
         no_verify: false,
+        stateless: false,
         data: root.join("data"),
         retention: Duration::from_secs(3600),
         listen: args.listen,
@@ -172,7 +216,7 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     println!("  try:        websocat 'ws://{addr}/subscribe?wantedCollections=app.bsky.feed.post'");
     println!("         or:  cargo run --release -- tail --jetstream ws://{addr}");
     println!("  metrics:    http://{addr}/metrics");
-    println!("  planned rejections per pass of {n_frames} frames: {planned:?}");
+    println!("  planned rejections (frames broken on purpose): {planned:?}");
 
     // One subscriber of our own, to prove events come out.
     let received = Arc::new(AtomicU64::new(0));
@@ -235,6 +279,8 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         })
         .await?;
     sub.abort();
+    stop.store(true, Relaxed);
+    let _ = tokio::task::spawn_blocking(move || producer.join()).await;
     relay.shutdown().await;
     sim.abort();
 
@@ -245,13 +291,14 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     }
     for v in Verdict::ALL {
         let n = m.verdict_count(v);
-        if v != Verdict::Ok && n > 0 && !planned.contains_key(v.as_str()) {
+        if v != Verdict::Ok && n > 0 && !planned.contains(v.as_str()) {
             failures.push(format!("{n} unplanned '{v}' verdicts"));
         }
     }
     println!(
-        "riptide demo: {} frames verified, {} events stored, {} received by our subscriber",
+        "riptide demo: {} frames verified ({} broken ones the relay could not serve), {} events stored, {} received by our subscriber",
         m.frames_in.load(Relaxed),
+        unservable.load(Relaxed),
         m.events_stored.load(Relaxed),
         received.load(Relaxed)
     );

@@ -50,6 +50,10 @@ pub struct Args {
     /// Trust the relay: do not verify commits (Jetstream's behaviour). Block CIDs are still checked.
     #[arg(long)]
     pub no_verify: bool,
+    /// Verify each frame on its own: no per-account chain state (rev, since, prevData, hosting
+    /// status), so a replayed or out-of-order commit that is validly signed is served.
+    #[arg(long)]
+    pub stateless: bool,
     /// Data directory (the event store).
     #[arg(long, value_name = "DIR", default_value = "riptide-data")]
     pub data: PathBuf,
@@ -212,6 +216,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
             .map_or_else(riptide_serve::default_workers, usize::from),
         max_batch: 4096,
         dictionary: dict,
+        stateful: !args.stateless,
     };
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
     let handle = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx)?;
