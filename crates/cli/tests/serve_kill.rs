@@ -1,5 +1,7 @@
 //! `riptide serve` killed with SIGKILL mid-ingest, then restarted: seqs continue, nothing durable
-//! is lost, nothing is duplicated, and ingest resumes from the stored upstream cursor.
+//! is lost, nothing is duplicated, and ingest resumes from the stored upstream cursor; with chain
+//! state, the accounts' states after kills and restarts are those of a run without a crash (and
+//! those `riptide verify` computes).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -19,6 +21,8 @@ fn spawn(data: &Path, capture: &Path, dictionary: &Path) -> (KillOnDrop, String)
                 &REPEAT.to_string(),
                 "--ingest-rate",
                 "4000",
+                // The capture repeated is all replays to chain state.
+                "--stateless",
             ])
             .arg("--did-docs")
             .arg(capture.join("did_docs.json"))
@@ -79,4 +83,91 @@ fn kill_9_mid_ingest_then_restart() {
             "event {i}"
         );
     }
+}
+
+/// `riptide serve` ingesting a generated stream at `rate` frames/s into `data`.
+fn spawn_gen(data: &Path, net: &Path, rate: u32) -> (KillOnDrop, String) {
+    common::spawn_serve(
+        common::serve_command(data)
+            .args(["--ingest-rate", &rate.to_string(), "--workers", "3"])
+            .arg("--did-docs")
+            .arg(net.join("did_docs.json"))
+            .arg("--ingest-file")
+            .arg(net.join("firehose-frames.bin")),
+    )
+}
+
+/// Every account state in a store (the server stopped).
+fn store_accounts(data: &Path) -> Vec<(String, riptide_firehose::chain::AccountState)> {
+    let (store, _) = riptide_serve::Store::open_any(data).unwrap();
+    store.accounts().map(Result::unwrap).collect()
+}
+
+#[test]
+fn kill_9_with_chain_state_resumes_the_same_chain() {
+    let tmp = common::scratch();
+    let net = tmp.path().join("net");
+    let out = common::riptide(&[
+        "gen",
+        "--seed",
+        "9",
+        "--accounts",
+        "40",
+        "--events",
+        "6000",
+        "--adversarial",
+        "0.01",
+        "--out",
+        common::s(&net),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+
+    // What `riptide verify` computes, and what an uninterrupted server stores.
+    let state = tmp.path().join("verify-state");
+    let out = common::riptide(&[
+        "verify",
+        common::s(&net.join("firehose-frames.bin")),
+        "--did-docs",
+        common::s(&net.join("did_docs.json")),
+        "--state",
+        common::s(&state),
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", common::stderr(&out));
+    let verified = riptide_firehose::chain::SharedChain::decode(
+        &std::fs::read(state.join("chain-state")).unwrap(),
+    )
+    .unwrap()
+    .to_sorted();
+    assert!(verified.len() >= 40);
+
+    let clean = tmp.path().join("clean");
+    let (server, addr) = spawn_gen(&clean, &net, 100_000);
+    wait_for(&addr, "riptide_ingest_finished", 1.0);
+    let clean_next = metric(&addr, "riptide_log_next_seq") as u64;
+    let refused = metric(&addr, "riptide_verdicts_total{verdict=\"chain-break\"}");
+    assert!(refused > 0.0, "the stream has stream-level defects");
+    server.kill();
+    assert_eq!(store_accounts(&clean), verified);
+
+    // Killed three times mid-ingest, restarted each time.
+    let data = tmp.path().join("killed");
+    let mut mid_ingest = 0;
+    for at in [800.0, 2500.0, 4200.0] {
+        let (server, addr) = spawn_gen(&data, &net, 1000);
+        wait_for(&addr, "riptide_log_next_seq", at);
+        if (metric(&addr, "riptide_log_next_seq") as u64) < clean_next {
+            mid_ingest += 1;
+        }
+        server.kill(); // SIGKILL
+    }
+    assert!(mid_ingest >= 2, "the kills landed mid-ingest ({mid_ingest} of 3)");
+    let (server, addr) = spawn_gen(&data, &net, 100_000);
+    wait_for(&addr, "riptide_ingest_finished", 1.0);
+    assert_eq!(metric(&addr, "riptide_log_next_seq") as u64, clean_next);
+    assert_eq!(
+        metric(&addr, "riptide_upstream_frames_duplicate_total"),
+        0.0
+    );
+    server.kill();
+    assert_eq!(store_accounts(&data), verified);
 }

@@ -6,6 +6,11 @@
 //!    the process's CPU time per event (user + system, all threads): on a shared machine the
 //!    wall-clock rate follows the CPU share we get, CPU-µs per event does not; `2 cores ×
 //!    1e6 / cpu_us_per_event` is the rate the pipeline would reach with both cores to itself.
+//!    **Chain state** (`--chain`): the pipeline's per-account checks. A corpus repeated is
+//!    nothing but replays to them (every repeat a `rev-regression`, so cheaper than real work),
+//!    so with `--repeat` above 1 the ingest figure is stateless and `--chain on|both` is refused;
+//!    on a generated stream (`riptide gen`, `--repeat 1`) the default `both` runs each pass twice,
+//!    stateless then stateful, into fresh stores, and reports the CPU ratio of the two per pass.
 //! 2. **Replay to one consumer** (in process, loopback): a tokio-tungstenite client with
 //!    `?cursor=0` reads every stored event; events/s from connect to last event. The stored JSON
 //!    goes to the socket as is (no re-encoding). Twice: from the in-memory tail (the pass fits in
@@ -64,6 +69,18 @@ pub struct ServeArgs {
     /// Verification off (`--no-verify`) for the ingest figure.
     #[arg(long)]
     no_verify: bool,
+    /// Chain-state checks in the ingest figure: off, on, or both (each pass twice, the ratio
+    /// reported). Default: both with --repeat 1, off otherwise (a repeated corpus is replays).
+    #[arg(long, value_enum)]
+    chain: Option<ChainMode>,
+}
+
+/// Whether ingest checks chain state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ChainMode {
+    Off,
+    On,
+    Both,
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -90,34 +107,50 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let workers = a
         .workers
         .map_or_else(riptide_serve::default_workers, usize::from);
+    let chain = a.chain.unwrap_or(if a.repeat == 1 && !a.no_verify {
+        ChainMode::Both
+    } else {
+        ChainMode::Off
+    });
+    anyhow::ensure!(
+        chain == ChainMode::Off || (a.repeat == 1 && !a.no_verify),
+        "--chain on/both needs --repeat 1 and verification: a repeated corpus is all replays to \
+         chain state (generate a long stream with `riptide gen` instead)"
+    );
+    let mut chain_rates = Vec::new();
+    let mut chain_cpu = Vec::new();
+    let mut chain_ratio = Vec::new();
     for pass in 0..a.passes {
-        let dir = tempfile::tempdir()?;
-        let (store, resume) = Store::open(dir.path(), dict.id())?;
-        let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
-        let metrics = Arc::new(Metrics::default());
-        let mut cfg = if a.no_verify {
-            IngestConfig::trusting()
-        } else {
-            IngestConfig::verifying(keys.clone())
-        };
-        cfg.dictionary = Some(dict.clone());
-        cfg.workers = workers;
-        let (tx, rx) = tokio::sync::mpsc::channel(4096);
-        let cpu0 = cpu_secs();
-        let t0 = Instant::now();
-        let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx)?;
-        let n = frames.len() as u64;
-        for pos in 1..=n * a.repeat {
-            tx.send((pos, frames[((pos - 1) % n) as usize].clone()))
-                .await?;
+        if chain == ChainMode::Both {
+            // The stateful run first, into a store of its own; the stateless one below.
+            let dir = tempfile::tempdir()?;
+            let p = ingest_pass(&a, &keys, &dict, workers, true, &frames, dir.path()).await?;
+            let rate = p.summary.events as f64 / p.secs;
+            eprintln!(
+                "pass {pass}: ingest with chain state, {} events: {rate:.0} events/s; {:.1} CPU-µs/event",
+                p.summary.events, p.cpu_us
+            );
+            chain_rates.push(rate);
+            chain_cpu.push(p.cpu_us);
         }
-        drop(tx);
-        let s = tokio::task::spawn_blocking(move || h.join()).await??;
-        let secs = t0.elapsed().as_secs_f64();
-        let cpu_us = (cpu_secs() - cpu0) * 1e6 / s.events.max(1) as f64;
+        let dir = tempfile::tempdir()?;
+        let p = ingest_pass(
+            &a,
+            &keys,
+            &dict,
+            workers,
+            chain == ChainMode::On,
+            &frames,
+            dir.path(),
+        )
+        .await?;
+        let (log, metrics, s, secs, cpu_us) = (p.log, p.metrics, p.summary, p.secs, p.cpu_us);
         events_per_pass = s.events;
         ingest_rates.push(s.events as f64 / secs);
         ingest_cpu.push(cpu_us);
+        if let Some(&c) = chain_cpu.last() {
+            chain_ratio.push(c / cpu_us);
+        }
         eprintln!(
             "pass {pass}: ingest {} frames, {} events in {secs:.2}s: {:.0} events/s; {cpu_us:.1} CPU-µs/event",
             s.frames,
@@ -164,12 +197,72 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         "ingest_events_per_s_two_idle_cores": Stats::of(vec![2e6 / cpu.max, 2e6 / cpu.median, 2e6 / cpu.min]).json(),
         "replay_memory_events_per_s": Stats::of(replay_rates).json(),
         "replay_disk_events_per_s": Stats::of(disk_rates).json(),
+        "chain": format!("{chain:?}").to_lowercase(),
     });
+    if chain == ChainMode::Both {
+        out["ingest_chain_events_per_s"] = Stats::of(chain_rates).json();
+        out["ingest_chain_cpu_us_per_event"] = Stats::of(chain_cpu).json();
+        // Per pass: CPU per event with chain state over CPU per event without.
+        out["chain_cpu_ratio"] = Stats::of(chain_ratio).json();
+    }
     if a.subscribers > 0 {
         out["live"] = live(&a).await?;
     }
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(ExitCode::SUCCESS)
+}
+
+/// What one ingest pass left: the log over its store, its metrics and what it did.
+struct IngestPass {
+    log: Arc<Log>,
+    metrics: Arc<Metrics>,
+    summary: riptide_serve::IngestSummary,
+    secs: f64,
+    cpu_us: f64,
+}
+
+/// One ingest of the corpus `--repeat` times (upstream seqs are positions, so every frame is new
+/// to the dispatcher) into a fresh store at `dir`.
+async fn ingest_pass(
+    a: &ServeArgs,
+    keys: &Keys,
+    dict: &Dictionary,
+    workers: usize,
+    stateful: bool,
+    frames: &[Bytes],
+    dir: &std::path::Path,
+) -> anyhow::Result<IngestPass> {
+    let (store, resume) = Store::open(dir, dict.id())?;
+    let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+    let metrics = Arc::new(Metrics::default());
+    let mut cfg = if a.no_verify {
+        IngestConfig::trusting()
+    } else {
+        IngestConfig::verifying(keys.clone())
+    };
+    cfg.dictionary = Some(dict.clone());
+    cfg.workers = workers;
+    cfg.stateful = stateful;
+    let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    let cpu0 = cpu_secs();
+    let t0 = Instant::now();
+    let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx)?;
+    let n = frames.len() as u64;
+    for pos in 1..=n * a.repeat {
+        tx.send((pos, frames[((pos - 1) % n) as usize].clone()))
+            .await?;
+    }
+    drop(tx);
+    let summary = tokio::task::spawn_blocking(move || h.join()).await??;
+    let secs = t0.elapsed().as_secs_f64();
+    let cpu_us = (cpu_secs() - cpu0) * 1e6 / summary.events.max(1) as f64;
+    Ok(IngestPass {
+        log,
+        metrics,
+        summary,
+        secs,
+        cpu_us,
+    })
 }
 
 /// This process's CPU time so far (user + system, every thread), in seconds.
@@ -261,6 +354,8 @@ async fn live(a: &ServeArgs) -> anyhow::Result<serde_json::Value> {
             &repeat.to_string(),
             "--ingest-rate",
             &a.rate.to_string(),
+            // The file repeated is replays to chain state; this run measures fan-out.
+            "--stateless",
         ])
         .arg("--data")
         .arg(dir.path())
