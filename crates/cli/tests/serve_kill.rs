@@ -160,7 +160,10 @@ fn kill_9_with_chain_state_resumes_the_same_chain() {
         }
         server.kill(); // SIGKILL
     }
-    assert!(mid_ingest >= 2, "the kills landed mid-ingest ({mid_ingest} of 3)");
+    assert!(
+        mid_ingest >= 2,
+        "the kills landed mid-ingest ({mid_ingest} of 3)"
+    );
     let (server, addr) = spawn_gen(&data, &net, 100_000);
     wait_for(&addr, "riptide_ingest_finished", 1.0);
     assert_eq!(metric(&addr, "riptide_log_next_seq") as u64, clean_next);

@@ -24,10 +24,12 @@ mod cache;
 mod error;
 pub mod keys;
 mod resolver;
+pub mod resync;
 pub mod trust;
 
 pub use cache::{CacheCounts, DocResult};
 pub use error::ResolveError;
 pub use keys::{peek_decoder, verify_resolving, DocKeys, ResolverKeys};
 pub use resolver::{Identity, Resolver, ResolverConfig, DEFAULT_PLC_URL};
+pub use resync::{ResyncConfig, ResyncError, Resynced, Resyncer};
 pub use trust::{verify_handle, Progress, TrustOptions, TrustReport, TrustTimings, TrustVerdict};

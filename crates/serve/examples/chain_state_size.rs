@@ -71,7 +71,9 @@ fn dir_size(p: &std::path::Path) -> u64 {
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let n: u64 = args.next().map_or(1_000_000, |a| a.parse().expect("a count"));
+    let n: u64 = args
+        .next()
+        .map_or(1_000_000, |a| a.parse().expect("a count"));
     let tmp;
     let dir = match args.next() {
         Some(d) => std::path::PathBuf::from(d),
@@ -106,7 +108,9 @@ fn main() {
     let t1 = Instant::now();
     let mut x = 12345u64;
     for _ in 0..lookups {
-        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         let k = (x >> 11) % n;
         let got = store.account(&did(k)).unwrap();
         assert_eq!(got, Some(state(k)));

@@ -26,7 +26,13 @@ pub struct Faults {
     pub relay_error_after: Option<usize>,
     /// Relay: milliseconds to wait before each frame (0: none).
     pub relay_frame_delay_ms: u64,
+    /// Every Nth request is answered `429 Too Many Requests` with `Retry-After:`
+    /// [`RETRY_AFTER_SECS`] (0: never). Checked after `error_every`, before `drop_every`.
+    pub rate_limit_every: u64,
 }
+
+/// The `Retry-After` of an injected 429, in seconds.
+pub const RETRY_AFTER_SECS: u64 = 1;
 
 /// The `error` of the error frames [`Faults::relay_error_after`] injects.
 pub const RELAY_ERROR: &str = "InternalError";
@@ -36,6 +42,7 @@ pub const RELAY_ERROR: &str = "InternalError";
 pub(crate) enum Action {
     Pass,
     Error,
+    RateLimited,
     Drop,
 }
 
@@ -58,6 +65,8 @@ impl Faults {
     pub(crate) fn action(&self, n: u64) -> Action {
         if self.error_every > 0 && n.is_multiple_of(self.error_every) {
             Action::Error
+        } else if self.rate_limit_every > 0 && n.is_multiple_of(self.rate_limit_every) {
+            Action::RateLimited
         } else if self.drop_every > 0 && n.is_multiple_of(self.drop_every) {
             Action::Drop
         } else {

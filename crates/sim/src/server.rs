@@ -288,6 +288,19 @@ async fn fault_layer(State(st): State<Arc<Shared>>, req: Request, next: Next) ->
                 "sim: injected fault",
             )
         }
+        Action::RateLimited => {
+            st.counters.errors_injected.fetch_add(1, Ordering::Relaxed);
+            let mut r = xrpc_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "RateLimitExceeded",
+                "sim: injected rate limit",
+            );
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(crate::fault::RETRY_AFTER_SECS),
+            );
+            r
+        }
         Action::Drop if is_upgrade(req.headers()) => {
             // A WebSocket upgrade has no body to cut: drop the connection before upgrading (an
             // announced body that fails at once).

@@ -1,0 +1,393 @@
+//! Resync: an account's whole repository fetched and verified, to replace a broken chain.
+//!
+//! Why: when an account's chain breaks (`riptide_firehose::chain`: commits are missing between
+//! its stored state and the frame that arrived), the sync spec's remedy is to fetch the account's
+//! current repository (`com.atproto.sync.getRepo`) and take its commit as the new state. This
+//! module is that fetch and its verification; deciding *when* to resync and what to do with the
+//! commits that arrive meanwhile is the consumer's (`riptide serve`).
+//!
+//! Sources, in order: each upstream relay (its `getRepo`, at the host of its `subscribeRepos`
+//! URL), then the account's PDS from its DID document. The first repository that verifies
+//! completely — every block's CID, the commit signature with the document's key, the MST walk and
+//! its rebuild against the commit's `data` (`riptide_repo::verify_repo`), for the right DID — is
+//! the answer. A source that fails (network, HTTP status, timeout, too large, a repository that
+//! does not verify: a forged one is refused like any other) is noted and the next is tried; when
+//! all fail, [`ResyncError::AllSourcesFailed`] lists every attempt. Nothing unverified is ever
+//! returned.
+//!
+//! Limits, as the peers learned them (Jetstream's stream stalled for hours behind one huge
+//! repository, issue #299): at most [`ResyncConfig::per_account_per_minute`] resyncs of one
+//! account per minute ([`ResyncError::RateLimited`]); at most [`ResyncConfig::per_host`] fetches
+//! from one host at once; a host that answered `429` with `Retry-After` is not asked again
+//! before then; each fetch has a timeout and a size bound; verification runs on a blocking
+//! thread, never on the async threads that carry live events.
+//!
+//! Memory: the repository is held whole while it is verified (the CAR reader needs every block
+//! to walk the tree), bounded by [`ResyncConfig::max_repo_bytes`]. Verifying a repository larger
+//! than memory, streaming, is not done yet.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use riptide_cbor::CidBuf;
+use riptide_repo::RepoError;
+use tokio::sync::Semaphore;
+
+use crate::error::ResolveError;
+use crate::resolver::{net, read_limited, Resolver};
+
+/// Resync limits.
+#[derive(Clone, Debug)]
+pub struct ResyncConfig {
+    /// Upper bound on one fetch, connect to last byte (default 60 s).
+    pub timeout: Duration,
+    /// Largest repository fetched (default 512 MiB).
+    pub max_repo_bytes: usize,
+    /// Resyncs of one account allowed per minute (default 5).
+    pub per_account_per_minute: usize,
+    /// Fetches from one host at once (default 4).
+    pub per_host: usize,
+}
+
+impl Default for ResyncConfig {
+    fn default() -> ResyncConfig {
+        ResyncConfig {
+            timeout: Duration::from_secs(60),
+            max_repo_bytes: 512 << 20,
+            per_account_per_minute: 5,
+            per_host: 4,
+        }
+    }
+}
+
+/// A repository fetched and verified: the account's new chain state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resynced {
+    /// The account.
+    pub did: String,
+    /// Its commit's `rev`.
+    pub rev: String,
+    /// The commit block's CID.
+    pub commit: CidBuf,
+    /// The MST root.
+    pub data: CidBuf,
+    /// Records in the repository.
+    pub records: usize,
+    /// Bytes fetched.
+    pub bytes: u64,
+    /// The `getRepo` URL it came from.
+    pub source: String,
+}
+
+/// One source tried and why it did not do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attempt {
+    /// The `getRepo` URL.
+    pub url: String,
+    /// What went wrong.
+    pub why: String,
+}
+
+/// Why a resync gave no new state.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResyncError {
+    /// The account was resynced too often lately; try again after `retry_in`.
+    #[error("{did}: resynced {limit} times in the last minute; next allowed in {retry_in:?}")]
+    RateLimited {
+        /// The account.
+        did: String,
+        /// The limit per minute.
+        limit: usize,
+        /// When the next resync is allowed.
+        retry_in: Duration,
+    },
+    /// The DID document (for the PDS and the key) could not be had.
+    #[error("{did}: {source}")]
+    Identity {
+        /// The account.
+        did: String,
+        /// Why.
+        source: ResolveError,
+    },
+    /// Every source failed.
+    #[error("{did}: no source gave a repository that verifies: {}", describe(.attempts))]
+    AllSourcesFailed {
+        /// The account.
+        did: String,
+        /// Each source tried, in order.
+        attempts: Vec<Attempt>,
+    },
+}
+
+fn describe(attempts: &[Attempt]) -> String {
+    attempts
+        .iter()
+        .map(|a| format!("{} ({})", a.url, a.why))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl ResyncError {
+    /// Whether trying again later may succeed (everything but a DID that does not exist).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ResyncError::Identity { source, .. } => source.is_transient(),
+            _ => true,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Host {
+    slots: Option<Arc<Semaphore>>,
+    not_before: Option<Instant>,
+}
+
+/// Resyncs accounts under the limits of [`ResyncConfig`]. Cheap to share (`Arc` inside).
+#[derive(Clone, Debug)]
+pub struct Resyncer {
+    resolver: Resolver,
+    cfg: ResyncConfig,
+    hosts: Arc<Mutex<HashMap<String, Host>>>,
+    recent: Arc<Mutex<HashMap<String, VecDeque<Instant>>>>,
+}
+
+/// `ws(s)://host[:port]/…` → `http(s)://host[:port]` (a relay's HTTP base).
+pub fn relay_http_base(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let scheme = match scheme {
+        "ws" | "http" => "http",
+        "wss" | "https" => "https",
+        _ => return None,
+    };
+    let host = rest.split(['/', '?']).next().filter(|h| !h.is_empty())?;
+    Some(format!("{scheme}://{host}"))
+}
+
+fn host_of(url: &str) -> String {
+    url.split_once("://")
+        .map_or(url, |(_, r)| r)
+        .split(['/', '?'])
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+impl Resyncer {
+    /// A resyncer resolving DIDs (and fetching) with `resolver`.
+    pub fn new(resolver: Resolver, cfg: ResyncConfig) -> Resyncer {
+        Resyncer {
+            resolver,
+            cfg,
+            hosts: Arc::default(),
+            recent: Arc::default(),
+        }
+    }
+
+    /// Fetches and verifies `did`'s repository from each relay of `relays` (their
+    /// `subscribeRepos` URLs), then from its PDS, under the limits (module docs).
+    pub async fn resync(&self, did: &str, relays: &[String]) -> Result<Resynced, ResyncError> {
+        self.admit(did)?;
+        let doc = self
+            .resolver
+            .resolve_did(did)
+            .await
+            .map_err(|source| ResyncError::Identity {
+                did: did.to_owned(),
+                source,
+            })?;
+        let key = doc.signing_key().map_err(|e| ResyncError::Identity {
+            did: did.to_owned(),
+            source: ResolveError::Doc {
+                did: did.to_owned(),
+                error: e,
+            },
+        })?;
+        let mut urls: Vec<String> = relays.iter().filter_map(|r| relay_http_base(r)).collect();
+        if let Some(pds) = doc.pds() {
+            urls.push(pds.trim_end_matches('/').to_owned());
+        }
+        urls.dedup();
+        let mut attempts = Vec::new();
+        for base in urls {
+            let url = format!("{base}/xrpc/com.atproto.sync.getRepo?did={did}");
+            match self.fetch(&url).await {
+                Err(why) => attempts.push(Attempt { url, why }),
+                Ok(car) => {
+                    let bytes = car.len() as u64;
+                    let k = key.clone();
+                    let verified = tokio::task::spawn_blocking(move || {
+                        riptide_repo::verify_repo(&car, Some(&k))
+                    })
+                    .await;
+                    match verified {
+                        Ok(Ok(r)) if r.did == did => {
+                            return Ok(Resynced {
+                                did: did.to_owned(),
+                                rev: r.rev,
+                                commit: r.commit,
+                                data: r.data,
+                                records: r.records,
+                                bytes,
+                                source: url,
+                            })
+                        }
+                        Ok(Ok(r)) => attempts.push(Attempt {
+                            url,
+                            why: format!("the repository is {}'s", r.did),
+                        }),
+                        Ok(Err(e)) => attempts.push(Attempt {
+                            url,
+                            why: format!("does not verify: {}", repo_why(&e)),
+                        }),
+                        Err(e) => attempts.push(Attempt {
+                            url,
+                            why: format!("verification task failed: {e}"),
+                        }),
+                    }
+                }
+            }
+        }
+        Err(ResyncError::AllSourcesFailed {
+            did: did.to_owned(),
+            attempts,
+        })
+    }
+
+    /// Counts a resync of `did` against its per-minute limit.
+    fn admit(&self, did: &str) -> Result<(), ResyncError> {
+        let now = Instant::now();
+        let mut recent = self
+            .recent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Bounded: accounts with nothing in the last minute are forgotten.
+        if recent.len() > 100_000 {
+            recent.retain(|_, q| q.back().is_some_and(|t| now.duration_since(*t) < MINUTE));
+        }
+        let q = recent.entry(did.to_owned()).or_default();
+        while q.front().is_some_and(|t| now.duration_since(*t) >= MINUTE) {
+            q.pop_front();
+        }
+        if q.len() >= self.cfg.per_account_per_minute {
+            let retry_in = q
+                .front()
+                .map_or(MINUTE, |t| MINUTE.saturating_sub(now.duration_since(*t)));
+            return Err(ResyncError::RateLimited {
+                did: did.to_owned(),
+                limit: self.cfg.per_account_per_minute,
+                retry_in,
+            });
+        }
+        q.push_back(now);
+        Ok(())
+    }
+
+    /// One `getRepo`, within the host's limits, the timeout and the size bound.
+    async fn fetch(&self, url: &str) -> Result<Vec<u8>, String> {
+        let host = host_of(url);
+        let slots = {
+            let mut hosts = self
+                .hosts
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let h = hosts.entry(host.clone()).or_default();
+            if let Some(t) = h.not_before {
+                let now = Instant::now();
+                if t > now {
+                    return Err(format!(
+                        "host rate-limited us; not asked again for {:?}",
+                        t - now
+                    ));
+                }
+            }
+            h.slots
+                .get_or_insert_with(|| Arc::new(Semaphore::new(self.cfg.per_host.max(1))))
+                .clone()
+        };
+        let _slot = slots
+            .acquire_owned()
+            .await
+            .map_err(|_| "host slots closed".to_owned())?;
+        let get = async {
+            let resp = self
+                .resolver
+                .http()
+                .get(url)
+                .send()
+                .await
+                .map_err(|e| Fail::Other(net(url, e)))?;
+            let status = resp.status().as_u16();
+            if status == 429 {
+                let after = resp
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .unwrap_or(60);
+                return Err(Fail::RateLimited(after));
+            }
+            if status != 200 {
+                return Err(Fail::Other(ResolveError::Status {
+                    url: url.to_owned(),
+                    status,
+                }));
+            }
+            let mut nothing = |_: u64, _: Option<u64>| {};
+            read_limited(url, resp, self.cfg.max_repo_bytes, &mut nothing)
+                .await
+                .map_err(Fail::Other)
+        };
+        match tokio::time::timeout(self.cfg.timeout, get).await {
+            Err(_) => Err(format!("timed out after {:?}", self.cfg.timeout)),
+            Ok(Ok(car)) => Ok(car),
+            Ok(Err(Fail::Other(e))) => Err(e.to_string()),
+            Ok(Err(Fail::RateLimited(after))) => {
+                let mut hosts = self
+                    .hosts
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let until = Instant::now() + Duration::from_secs(after);
+                hosts.entry(host).or_default().not_before = Some(until);
+                Err(format!("HTTP 429, Retry-After {after} s"))
+            }
+        }
+    }
+}
+
+/// Why one fetch failed.
+enum Fail {
+    /// `429` with this `Retry-After` (seconds; 60 when absent).
+    RateLimited(u64),
+    /// Anything else.
+    Other(ResolveError),
+}
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn repo_why(e: &RepoError) -> String {
+    e.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relay_urls_map_to_their_http_base() {
+        assert_eq!(
+            relay_http_base("wss://bsky.network").as_deref(),
+            Some("https://bsky.network")
+        );
+        assert_eq!(
+            relay_http_base("ws://127.0.0.1:9/xrpc/com.atproto.sync.subscribeRepos?cursor=5")
+                .as_deref(),
+            Some("http://127.0.0.1:9")
+        );
+        assert_eq!(relay_http_base("ftp://x"), None);
+        assert_eq!(relay_http_base("ws://"), None);
+        assert_eq!(host_of("http://a.b:3/xrpc/x?did=y"), "a.b:3");
+    }
+}

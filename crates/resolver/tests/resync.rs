@@ -1,0 +1,186 @@
+//! Resync against `riptide-sim` on loopback: a repository fetched from the relay or, failing
+//! that, the PDS, verified whole before its commit is returned; a forged repository, 5xx, 429
+//! with Retry-After, a slow host and too many resyncs of one account each a typed failure, and
+//! nothing unverified ever returned.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
+
+use riptide_resolver::{Resolver, ResolverConfig, ResyncConfig, ResyncError, Resyncer};
+use riptide_sim::{fixture, Faults, Network, Sim, SimHandle};
+
+const LOOPBACK: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+
+struct World {
+    sim: SimHandle,
+    alice: fixture::FixtureAccount,
+    mallory: fixture::FixtureAccount,
+}
+
+/// alice (a good repository of 60 records) and mallory (one block of hers tampered).
+async fn world() -> World {
+    let alice = fixture::account(1, "alice.test", 60);
+    let mallory = fixture::account(2, "mallory.test", 30);
+    let net = Network::new(
+        [alice.doc.clone(), mallory.doc.clone()],
+        [
+            (alice.did.clone(), alice.car.clone()),
+            (
+                mallory.did.clone(),
+                fixture::tamper_last_block(&mallory.car).into(),
+            ),
+        ],
+    )
+    .unwrap();
+    let sim = Sim::spawn(net, LOOPBACK, Faults::default()).await.unwrap();
+    World {
+        sim,
+        alice,
+        mallory,
+    }
+}
+
+fn resyncer(w: &World, cfg: ResyncConfig) -> Resyncer {
+    let r = Resolver::new(ResolverConfig {
+        plc_url: w.sim.base_url(),
+        timeout: Duration::from_secs(30),
+        ..ResolverConfig::default()
+    })
+    .unwrap();
+    Resyncer::new(r, cfg)
+}
+
+fn relay(w: &World) -> String {
+    format!("ws://{}/xrpc/com.atproto.sync.subscribeRepos", w.sim.addr)
+}
+
+fn attempts(e: &ResyncError) -> Vec<String> {
+    match e {
+        ResyncError::AllSourcesFailed { attempts, .. } => {
+            attempts.iter().map(|a| a.why.clone()).collect()
+        }
+        other => panic!("expected AllSourcesFailed, got {other}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verified_repository_from_the_relay_or_else_the_pds() {
+    let w = world().await;
+    let want = riptide_repo::verify_repo(&w.alice.car, Some(&w.alice.key.public_key())).unwrap();
+    let rs = resyncer(&w, ResyncConfig::default());
+
+    let got = rs.resync(&w.alice.did, &[relay(&w)]).await.unwrap();
+    assert_eq!(
+        (&got.rev, got.commit, got.data, got.records),
+        (&want.rev, want.commit, want.data, 60)
+    );
+    assert_eq!(got.bytes, w.alice.car.len() as u64);
+    assert!(got.source.starts_with(&w.sim.base_url()), "{}", got.source);
+
+    // A relay that is down: the PDS (the sim, from the DID document) answers.
+    let got = rs
+        .resync(&w.alice.did, &["ws://127.0.0.1:1".to_owned()])
+        .await
+        .unwrap();
+    assert_eq!(got.data, want.data);
+    assert!(got.source.starts_with(&w.sim.base_url()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_repository_is_refused_from_every_source() {
+    let w = world().await;
+    let rs = resyncer(&w, ResyncConfig::default());
+    let e = rs
+        .resync(&w.mallory.did, &["ws://127.0.0.1:1".to_owned(), relay(&w)])
+        .await
+        .unwrap_err();
+    let why = attempts(&e);
+    assert_eq!(why.len(), 2, "{why:?}");
+    assert!(why[1].contains("does not verify"), "{why:?}");
+    assert!(e.is_transient());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_rate_limits_and_slow_hosts_are_typed_failures() {
+    let w = world().await;
+    let rs = resyncer(
+        &w,
+        ResyncConfig {
+            timeout: Duration::from_millis(400),
+            ..ResyncConfig::default()
+        },
+    );
+    // Every request a 503 (the DID document lookup included: an identity failure).
+    w.sim.sim.set_faults(Faults {
+        error_every: 1,
+        ..Faults::default()
+    });
+    let e = rs.resync(&w.alice.did, &[relay(&w)]).await.unwrap_err();
+    assert!(
+        matches!(e, ResyncError::Identity { .. }),
+        "the document could not be had: {e}"
+    );
+    // The document cached, every getRepo a 503.
+    w.sim.sim.set_faults(Faults::default());
+    rs.resync(&w.alice.did, &[relay(&w)]).await.unwrap();
+    w.sim.sim.set_faults(Faults {
+        error_every: 1,
+        ..Faults::default()
+    });
+    let e = rs.resync(&w.alice.did, &[relay(&w)]).await.unwrap_err();
+    assert!(attempts(&e)[0].contains("HTTP 503"), "{e}");
+
+    // 429 with Retry-After: 1: the host is left alone for a second, then asked again.
+    w.sim.sim.set_faults(Faults {
+        rate_limit_every: 1,
+        ..Faults::default()
+    });
+    let e = rs.resync(&w.alice.did, &[relay(&w)]).await.unwrap_err();
+    assert!(attempts(&e)[0].contains("429"), "{e}");
+    w.sim.sim.set_faults(Faults::default());
+    let repos = || w.sim.sim.counters().get_repo.load(Relaxed);
+    let seen = repos();
+    let e = rs.resync(&w.mallory.did, &[relay(&w)]).await.unwrap_err();
+    assert!(attempts(&e)[0].contains("rate-limited"), "{e}");
+    assert_eq!(repos(), seen, "the host was not asked");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    rs.resync(&w.alice.did, &[relay(&w)]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_host_times_out_and_an_account_is_resynced_at_most_five_times_a_minute() {
+    let w = world().await;
+    let rs = resyncer(
+        &w,
+        ResyncConfig {
+            timeout: Duration::from_millis(300),
+            ..ResyncConfig::default()
+        },
+    );
+    // Warm the document cache, then make every answer slow.
+    rs.resync(&w.alice.did, &[relay(&w)]).await.unwrap();
+    w.sim.sim.set_faults(Faults {
+        delay_ms: 1500,
+        ..Faults::default()
+    });
+    let e = rs.resync(&w.alice.did, &[relay(&w)]).await.unwrap_err();
+    assert!(attempts(&e)[0].contains("timed out"), "{e}");
+    w.sim.sim.set_faults(Faults::default());
+    for _ in 0..3 {
+        rs.resync(&w.alice.did, &[relay(&w)]).await.unwrap();
+    }
+    match rs.resync(&w.alice.did, &[relay(&w)]).await {
+        Err(ResyncError::RateLimited {
+            limit, retry_in, ..
+        }) => {
+            assert_eq!(limit, 5);
+            assert!(retry_in <= Duration::from_secs(60));
+        }
+        other => panic!("expected RateLimited, got {other:?}"),
+    }
+    // Another account is not limited by alice's count.
+    assert!(rs.resync(&w.mallory.did, &[relay(&w)]).await.is_err());
+}
