@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use riptide_firehose::corpus::split_frames;
 use riptide_serve::{
     ingest, router, App, Dictionary, IngestConfig, Keys, Log, Metrics, ServerConfig, Store,
     TailLimits,
@@ -76,7 +75,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
 
 async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let file = Bytes::from(super::read_file(&a.file)?);
-    let frames: Vec<Bytes> = split_frames(&file)?
+    let frames: Vec<Bytes> = super::corpus_frames(&a.file, &file)?
         .iter()
         .map(|f| file.slice(f.offset..f.offset + f.bytes.len()))
         .collect();

@@ -57,7 +57,7 @@ pub struct Args {
     #[arg(long, value_name = "DUR", default_value = "24h", value_parser = parse_duration)]
     pub retention: Duration,
     /// Listen address.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6008")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6008", value_parser = super::parse_listen)]
     pub listen: SocketAddr,
     /// zstd dictionary for compress=true (Jetstream's legacy_subscribe.zdict).
     #[arg(long, value_name = "PATH")]
@@ -97,14 +97,9 @@ pub fn init_tracing() {
     init_tracing_with("info");
 }
 
-/// Logs to stderr at `RUST_LOG`, or `default` when unset.
+/// Logs to stderr (see `crate::log`: `RUST_LOG`, or `default` moved by `-v`/`-q`).
 pub fn init_tracing_with(default: &str) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    crate::log::init(default);
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -118,7 +113,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let running = start(&args).await?;
-    eprintln!("riptide serve: ws://{}/subscribe", running.addr);
+    // The first stdout line is the URL, as `relay` and `sim` print theirs (scripts read it).
+    println!("ws://{}/subscribe", running.addr);
     running.run_until(shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
 }
