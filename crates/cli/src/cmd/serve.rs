@@ -9,6 +9,10 @@
 //! Keys: `--did-docs FILE`, or else PLC (`--plc-url`) and did:web resolution with a bounded
 //! cache (`--did-cache`), warmed before each frame is verified. [`start`] is also what `riptide
 //! demo` runs.
+//!
+//! Prints its URL (`ws://ADDR/subscribe`) as the first stdout line, as `relay` and `sim` do; logs
+//! go to stderr. `--config FILE` (the same settings in TOML) is read in `config`, before these
+//! arguments are parsed: a flag added here is a config key with no change there.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
