@@ -509,3 +509,91 @@ fn the_example_config_covers_every_serve_flag_and_parses() {
     let err = stderr(&out);
     assert!(err.contains("no-dictionary.zdict"), "{err}");
 }
+
+/// `riptide serve` on the capture with `flags`, killed once it printed its URL; its stderr.
+fn serve_stderr(cap: &Path, flags: &[&str]) -> String {
+    let tmp = scratch();
+    let log = tmp.path().join("stderr.log");
+    let mut cmd = Command::new(BIN);
+    cmd.args(flags)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(tmp.path().join("data"))
+        .arg("--ingest-file")
+        .arg(cap.join("firehose-frames.bin"))
+        .arg("--did-docs")
+        .arg(cap.join("did_docs.json"))
+        .env_remove("RUST_LOG")
+        .stderr(std::fs::File::create(&log).unwrap());
+    let (server, _) = common::spawn_serve(&mut cmd);
+    server.kill();
+    std::fs::read_to_string(&log).unwrap()
+}
+
+#[test]
+fn verbose_and_quiet_move_the_log_level_and_storage_lines_are_debug() {
+    let Some(cap) = capture() else { return };
+    let default = serve_stderr(&cap, &[]);
+    assert!(default.contains(" INFO "), "{default}");
+    assert!(!default.contains("fjall"), "{default}");
+    let quiet = serve_stderr(&cap, &["-q"]);
+    assert!(!quiet.contains(" INFO "), "{quiet}");
+    let verbose = serve_stderr(&cap, &["-v"]);
+    assert!(verbose.contains("DEBUG"), "{verbose}");
+    assert!(
+        verbose.contains("fjall"),
+        "the storage library from debug on: {verbose}"
+    );
+}
+
+#[test]
+fn colour_only_on_a_terminal_and_never_with_no_color() {
+    // `script` (util-linux) gives the command a terminal.
+    if Command::new("script").arg("--version").output().is_err() {
+        // Said where cargo test shows it, not only on failure.
+        let _ = writeln!(
+            std::io::stderr(),
+            "note: `script` (util-linux) is not installed: colour on a terminal not tested"
+        );
+        return;
+    }
+    let tmp = scratch();
+    // A command that logs (the storage library at debug, with -vv) and ends by itself (an empty
+    // store has nothing to train on).
+    let on_terminal = |no_color: bool, dir: &str| -> String {
+        let line = format!(
+            "{BIN} -vv dict train --data {} -o {}",
+            s(&tmp.path().join(dir)),
+            s(&tmp.path().join(format!("{dir}.zdict"))),
+        );
+        let mut cmd = Command::new("script");
+        cmd.args(["-qec", &line, "/dev/null"])
+            .env_remove("RUST_LOG");
+        if no_color {
+            cmd.env("NO_COLOR", "1");
+        } else {
+            cmd.env_remove("NO_COLOR");
+        }
+        String::from_utf8_lossy(&cmd.output().unwrap().stdout).into_owned()
+    };
+    let coloured = on_terminal(false, "a");
+    assert!(coloured.contains("fjall"), "{coloured}");
+    assert!(
+        coloured.contains("\u{1b}["),
+        "colour on a terminal: {coloured:?}"
+    );
+    let plain = on_terminal(true, "b");
+    assert!(plain.contains("fjall"), "{plain}");
+    assert!(!plain.contains('\u{1b}'), "NO_COLOR: {plain:?}");
+    // Off a terminal: never.
+    let out = Command::new(BIN)
+        .args(["-vv", "dict", "train", "--data"])
+        .arg(tmp.path().join("c"))
+        .arg("-o")
+        .arg(tmp.path().join("c.zdict"))
+        .env_remove("RUST_LOG")
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(err.contains("fjall") && !err.contains('\u{1b}'), "{err:?}");
+}
