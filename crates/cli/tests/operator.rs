@@ -597,3 +597,25 @@ fn colour_only_on_a_terminal_and_never_with_no_color() {
     let err = stderr(&out);
     assert!(err.contains("fjall") && !err.contains('\u{1b}'), "{err:?}");
 }
+
+#[test]
+fn a_file_that_is_not_a_dictionary_is_named_before_serving() {
+    let tmp = scratch();
+    let readme = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+    let out = Command::new(BIN)
+        .args(["serve", "--no-verify", "--listen", "127.0.0.1:0", "--data"])
+        .arg(tmp.path().join("data"))
+        .arg("--zstd-dictionary")
+        .arg(&readme)
+        .arg("--ingest-file")
+        .arg(&readme)
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert_eq!(count(&err, "README.md"), 1, "{err}");
+    assert!(err.contains("not a zstd dictionary"), "{err}");
+    assert!(err.contains("this looks like a text file"), "{err}");
+}

@@ -26,8 +26,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures_util::StreamExt;
 use riptide_serve::{
-    ingest, router, App, Dictionary, IngestConfig, Keys, Log, Metrics, ServerConfig, Store,
-    TailLimits,
+    ingest, router, App, IngestConfig, Keys, Log, Metrics, ServerConfig, Store, TailLimits,
 };
 
 use super::bench::Stats;
@@ -80,7 +79,7 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         .map(|f| file.slice(f.offset..f.offset + f.bytes.len()))
         .collect();
     let keys = Keys::from_docs(super::load_did_docs(&a.did_docs)?);
-    let dict = Dictionary::load(&a.zstd_dictionary)?;
+    let dict = super::load_dictionary(&a.zstd_dictionary)?;
     let mut ingest_rates = Vec::new();
     let mut ingest_cpu = Vec::new();
     let mut replay_rates = Vec::new();

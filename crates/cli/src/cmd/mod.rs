@@ -130,6 +130,8 @@ impl Sniffed {
             (Sniffed::Zstd, _) => "this looks like zstd data or a zstd dictionary",
             (Sniffed::Text, Sniffed::Corpus) => "this looks like a text file, not a frame corpus",
             (Sniffed::Text, Sniffed::Car) => "this looks like a text file, not a CAR file",
+            (Sniffed::Text, _) => "this looks like a text file",
+            (Sniffed::Json, _) => "this looks like JSON",
             (Sniffed::Car, _) => "this looks like a CAR file (a repository export)",
             (Sniffed::Corpus, _) => "this looks like a frame corpus",
             _ => return None,
@@ -229,6 +231,23 @@ pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
             .ok_or_else(|| format!("{s:?} resolves to no address")),
         Err(e) => Err(format!("cannot resolve {s:?}: {e}")),
     }
+}
+
+/// Loads a zstd dictionary file (`-`: standard input); when it is not one, the error says what
+/// it looks like.
+pub fn load_dictionary(path: &Path) -> anyhow::Result<riptide_serve::Dictionary> {
+    let bytes = read_file(path)?;
+    let kind = sniff(&bytes);
+    riptide_serve::Dictionary::from_bytes(bytes).map_err(|_| {
+        let hint = kind
+            .hint(Sniffed::Zstd)
+            .map(|h| format!(" ({h})"))
+            .unwrap_or_default();
+        anyhow::anyhow!(
+            "{}: not a zstd dictionary (it starts with the bytes 37 a4 30 ec){hint}",
+            name(path)
+        )
+    })
 }
 
 /// Loads a `did_docs.json` file (DID → DID document; `-`: standard input).

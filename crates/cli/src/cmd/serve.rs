@@ -190,7 +190,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         }
     };
     let dict = match &args.zstd_dictionary {
-        Some(p) => Some(Dictionary::load(p)?),
+        Some(p) => Some(super::load_dictionary(p)?),
         None => None,
     };
     std::fs::create_dir_all(&args.data)
