@@ -560,6 +560,7 @@ fn colour_only_on_a_terminal_and_never_with_no_color() {
     // A command that logs (the storage library at debug, with -vv) and ends by itself (an empty
     // store has nothing to train on).
     let on_terminal = |no_color: bool, dir: &str| -> String {
+        std::fs::create_dir(tmp.path().join(dir)).unwrap();
         let line = format!(
             "{BIN} -vv dict train --data {} -o {}",
             s(&tmp.path().join(dir)),
@@ -585,6 +586,7 @@ fn colour_only_on_a_terminal_and_never_with_no_color() {
     assert!(plain.contains("fjall"), "{plain}");
     assert!(!plain.contains('\u{1b}'), "NO_COLOR: {plain:?}");
     // Off a terminal: never.
+    std::fs::create_dir(tmp.path().join("c")).unwrap();
     let out = Command::new(BIN)
         .args(["-vv", "dict", "train", "--data"])
         .arg(tmp.path().join("c"))
@@ -618,4 +620,22 @@ fn a_file_that_is_not_a_dictionary_is_named_before_serving() {
     assert_eq!(count(&err, "README.md"), 1, "{err}");
     assert!(err.contains("not a zstd dictionary"), "{err}");
     assert!(err.contains("this looks like a text file"), "{err}");
+}
+
+#[test]
+fn dict_train_on_a_missing_directory_creates_nothing() {
+    let tmp = scratch();
+    let missing = tmp.path().join("no-data");
+    let out = riptide(&[
+        "dict",
+        "train",
+        "--data",
+        s(&missing),
+        "-o",
+        s(&tmp.path().join("d")),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(err.contains("no-data: no such directory"), "{err}");
+    assert!(!missing.exists(), "a mistyped --data made a store");
 }
