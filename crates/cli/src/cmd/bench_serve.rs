@@ -269,6 +269,8 @@ async fn live(a: &ServeArgs) -> anyhow::Result<serde_json::Value> {
         .arg("--ingest-file")
         .arg(&a.file)
         .env("RUST_LOG", "warn")
+        // Its URL line (stdout) would land in this command's report.
+        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()?;
