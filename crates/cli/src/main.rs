@@ -2,10 +2,12 @@
 //!
 //! One file per subcommand under `cmd/`. Data goes to stdout (JSON lines where a machine reads
 //! it), diagnostics to stderr. Exit codes: 0 success, 1 some input failed (counted and reported),
-//! 2 usage or I/O error. A closed stdout pipe (`| head`) ends the program quietly.
+//! 2 usage or I/O error. A closed stdout pipe (`| head`) ends the program quietly. Logging and
+//! the error line: `log`.
 
 mod alloc;
 mod cmd;
+mod log;
 mod out;
 
 /// glibc's malloc, or mimalloc once a server command switches to it (see `alloc`).
@@ -14,15 +16,31 @@ static ALLOC: alloc::Process = alloc::Process;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+
+/// `riptide --version`: the crate version and the git commit it was built from (`build.rs`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("RIPTIDE_GIT_COMMIT"),
+    ")"
+);
 
 #[derive(Parser, Debug)]
 #[command(
     name = "riptide",
-    version,
-    about = "The AT Protocol event stream, decoded and verified"
+    version = VERSION,
+    about = "The AT Protocol event stream, decoded and verified",
+    after_help = "Logs go to stderr: -v/-q move the level one step (RUST_LOG, when set, is used instead). \
+                  Colour only on a terminal, never with NO_COLOR set. A FILE argument of - reads stdin."
 )]
 struct Cli {
+    /// More log output (repeat for more); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Less log output (repeat for less); RUST_LOG overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "verbose")]
+    quiet: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -55,16 +73,32 @@ enum Command {
     /// Serve a generated network (PLC directory, PDS, handles) on loopback, with faults.
     Sim(cmd::sim::Args),
     /// Serve the verified stream as a Jetstream-compatible /subscribe endpoint.
-    Serve(cmd::serve::Args),
+    Serve(cmd::config::ServeArgs),
     /// Offline, live: generate a network, replay it through a local relay, serve it verified.
     Demo(cmd::demo::Args),
     /// zstd dictionaries for compressed subscriptions.
     #[command(subcommand)]
     Dict(cmd::dict::Dict),
+    /// Print a shell completion script (e.g. `riptide completions bash > /etc/bash_completion.d/riptide`).
+    Completions(cmd::docs::CompletionsArgs),
+    /// Print the man page (roff), or write one page per command with --out-dir.
+    Man(cmd::docs::ManArgs),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match cmd::config::parse_with_config(std::env::args_os().collect()) {
+        Ok(cli) => cli,
+        Err(e) => {
+            eprintln!("riptide: {}", log::error_text(&e));
+            return ExitCode::from(2);
+        }
+    };
+    log::set_verbosity(cli.verbose, cli.quiet);
+    log::init(match cli.command {
+        Command::Serve(_) => "info",
+        Command::Demo(_) => "error",
+        _ => "warn",
+    });
     // The long-running server allocates per frame on many threads; see `alloc`.
     if matches!(
         cli.command,
@@ -84,9 +118,11 @@ fn main() -> ExitCode {
         Command::Gen(a) => cmd::gen::run(a),
         Command::VerifyHandle(a) => cmd::verify_handle::run(a),
         Command::Sim(a) => cmd::sim::run(a),
-        Command::Serve(a) => cmd::serve::run(a),
+        Command::Serve(a) => cmd::serve::run(a.serve),
         Command::Demo(a) => cmd::demo::run(a),
         Command::Dict(d) => cmd::dict::run(d),
+        Command::Completions(a) => cmd::docs::completions(a, Cli::command()),
+        Command::Man(a) => cmd::docs::man(a, Cli::command()),
     };
     match result {
         Ok(code) => code,
@@ -94,8 +130,15 @@ fn main() -> ExitCode {
             if out::is_broken_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("riptide: {e:#}");
+            eprintln!("riptide: {}", log::error_text(&e));
             ExitCode::from(2)
         }
     }
+}
+
+/// Parses the command line (`cmd::config` adds a `serve --config` file's settings first).
+fn parse_args(argv: &[std::ffi::OsString]) -> Result<(Cli, clap::ArgMatches), clap::Error> {
+    let matches = Cli::command().try_get_matches_from(argv)?;
+    let cli = Cli::from_arg_matches(&matches)?;
+    Ok((cli, matches))
 }

@@ -44,28 +44,45 @@ fn be32(b: &[u8], at: usize) -> Option<usize> {
 
 /// Splits a corpus file into frames. The declared count must match the frames present.
 pub fn split_frames(file: &[u8]) -> Result<Vec<CorpusFrame<'_>>, CorpusError> {
-    let count = be32(file, 0).ok_or(CorpusError {
-        index: 0,
-        offset: 0,
-        what: "no frame count",
-    })?;
+    match split_frames_prefix(file) {
+        (frames, None) => Ok(frames),
+        (_, Some(e)) => Err(e),
+    }
+}
+
+/// Splits a corpus file into the frames that can be read, in order, up to the first place the
+/// file departs from the format (a truncated or over-long file), and returns that departure, if
+/// any. For tools that report what is readable and count what is not (`riptide decode`).
+pub fn split_frames_prefix(file: &[u8]) -> (Vec<CorpusFrame<'_>>, Option<CorpusError>) {
+    let Some(count) = be32(file, 0) else {
+        let e = CorpusError {
+            index: 0,
+            offset: 0,
+            what: "no frame count",
+        };
+        return (Vec::new(), Some(e));
+    };
     // Every frame needs at least its 4-byte length: bound the allocation by the file size.
     let mut frames = Vec::with_capacity(count.min(file.len() / 4));
     let mut pos = 4;
     for index in 0..count {
-        let len = be32(file, pos).ok_or(CorpusError {
-            index,
-            offset: pos,
-            what: "truncated length",
-        })?;
+        let Some(len) = be32(file, pos) else {
+            let e = CorpusError {
+                index,
+                offset: pos,
+                what: "truncated length",
+            };
+            return (frames, Some(e));
+        };
         let start = pos + 4;
-        let bytes = file
-            .get(start..start.saturating_add(len))
-            .ok_or(CorpusError {
+        let Some(bytes) = file.get(start..start.saturating_add(len)) else {
+            let e = CorpusError {
                 index,
                 offset: pos,
                 what: "frame runs past the end of the file",
-            })?;
+            };
+            return (frames, Some(e));
+        };
         frames.push(CorpusFrame {
             index,
             offset: start,
@@ -74,13 +91,19 @@ pub fn split_frames(file: &[u8]) -> Result<Vec<CorpusFrame<'_>>, CorpusError> {
         pos = start + len;
     }
     if pos != file.len() {
-        return Err(CorpusError {
+        let e = CorpusError {
             index: count,
             offset: pos,
             what: "bytes after the last frame",
-        });
+        };
+        return (frames, Some(e));
     }
-    Ok(frames)
+    (frames, None)
+}
+
+/// The frame count a corpus file declares in its first four bytes, if it has them.
+pub fn declared_count(file: &[u8]) -> Option<usize> {
+    be32(file, 0)
 }
 
 /// Writes frames in the corpus format.
@@ -111,5 +134,20 @@ mod tests {
         assert!(split_frames(&[0, 0]).is_err());
         // A huge declared count does not allocate before failing.
         assert!(split_frames(&[0xff, 0xff, 0xff, 0xff]).is_err());
+    }
+
+    #[test]
+    fn a_truncated_file_keeps_its_readable_frames() {
+        let file = write_frames([&b"ab"[..], b"", b"xyz"].into_iter());
+        let (frames, e) = split_frames_prefix(&file[..file.len() - 1]);
+        assert_eq!(frames.len(), 2);
+        let e = e.unwrap();
+        assert_eq!(
+            (e.index, e.what),
+            (2, "frame runs past the end of the file")
+        );
+        let (frames, e) = split_frames_prefix(&file);
+        assert_eq!((frames.len(), e), (3, None));
+        assert_eq!(declared_count(&file), Some(3));
     }
 }

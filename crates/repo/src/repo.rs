@@ -187,20 +187,54 @@ pub fn verify_repo_with(
     key: Option<&PublicKey>,
     opts: &RepoOptions,
 ) -> Result<RepoReport, RepoError> {
+    verify_repo_traced(car_bytes, key, opts, &mut Progress::default())
+}
+
+/// How far [`verify_repo_traced`] got: what it learned before it stopped. Why: a report of a
+/// repository that fails (`riptide repo verify --json`) has the same fields as one that passes,
+/// filled in as far as the checks went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// The commit's DID, once the commit decoded.
+    pub did: Option<String>,
+    /// Blocks in the CAR, once it was read.
+    pub blocks: Option<usize>,
+    /// Whether the signature was checked (passed or failed): a key was given and the commit
+    /// decoded far enough for it.
+    pub signature_checked: bool,
+    /// The phases that ran; those that did not are zero.
+    pub timings: Timings,
+}
+
+/// [`verify_repo_with`], recording in `progress` how far it got, pass or fail.
+pub fn verify_repo_traced(
+    car_bytes: &[u8],
+    key: Option<&PublicKey>,
+    opts: &RepoOptions,
+    progress: &mut Progress,
+) -> Result<RepoReport, RepoError> {
     let t = Instant::now();
     let mut reader = CarReader::new();
-    let car = reader.read(car_bytes, &CarOptions::repository())?;
-    let mut timings = Timings {
-        car: t.elapsed(),
-        ..Timings::default()
-    };
+    let car = reader.read(car_bytes, &CarOptions::repository());
+    progress.timings.car = t.elapsed();
+    let car = car?;
+    progress.blocks = Some(car.len());
 
     let t = Instant::now();
-    let (commit_cid, commit) = commit_of(&car)?;
-    if let Some(key) = key {
-        commit.verify_signature(key)?;
+    let commit = commit_of(&car);
+    if let Ok((_, c)) = &commit {
+        progress.did = Some(c.did().to_owned());
     }
-    timings.signature = t.elapsed();
+    let signed = commit.and_then(|(cid, c)| {
+        if let Some(key) = key {
+            progress.signature_checked = true;
+            c.verify_signature(key)?;
+        }
+        Ok((cid, c))
+    });
+    progress.timings.signature = t.elapsed();
+    let (commit_cid, commit) = signed?;
+    let timings = &mut progress.timings;
 
     let t = Instant::now();
     // `CarOptions::repository()` verifies every block, so `nodes` are verified blocks.
@@ -211,8 +245,9 @@ pub fn verify_repo_with(
         missing_records: 0,
         first_missing: None,
     };
-    let stats = Walker::new().walk_with(&car, commit.data(), &mut v)?;
+    let walked = Walker::new().walk_with(&car, commit.data(), &mut v);
     timings.walk = t.elapsed();
+    let stats = walked?;
     if let (Some((key, cid)), false) = (v.first_missing.take(), opts.allow_missing_records) {
         return Err(RepoError::MissingRecord { key, cid });
     }
@@ -242,7 +277,7 @@ pub fn verify_repo_with(
         blocks: car.len(),
         bytes: car_bytes.len(),
         signature_checked: key.is_some(),
-        timings,
+        timings: *timings,
     })
 }
 
@@ -325,5 +360,28 @@ mod tests {
             verify_repo(&empty_roots, None).unwrap_err(),
             RepoError::NoRoot
         );
+    }
+
+    #[test]
+    fn a_failed_verification_reports_how_far_it_got() {
+        let key = PrivateKey::from_bytes(Curve::Secp256k1, &[1; 32]).unwrap();
+        let other = PrivateKey::from_bytes(Curve::Secp256k1, &[2; 32]).unwrap();
+        let car = repo(&[], &[], &key);
+        let mut p = Progress::default();
+        let r = verify_repo_traced(
+            &car,
+            Some(&other.public_key()),
+            &RepoOptions::default(),
+            &mut p,
+        );
+        assert!(matches!(r, Err(RepoError::Signature(_))), "{r:?}");
+        assert_eq!(p.did.as_deref(), Some("did:plc:x"));
+        assert_eq!(p.blocks, Some(2));
+        assert!(p.signature_checked, "the check ran, and failed");
+        assert_eq!(p.timings.walk, Duration::ZERO, "the walk never ran");
+
+        let mut p = Progress::default();
+        assert!(verify_repo_traced(b"nope", None, &RepoOptions::default(), &mut p).is_err());
+        assert_eq!((p.did, p.blocks, p.signature_checked), (None, None, false));
     }
 }

@@ -4,7 +4,9 @@
 //! corpus is `$RIPTIDE_CORPUS`, else `../shared/corpus` beside the checkout. Tests read the files
 //! in place (they are never copied into the repository). When the corpus is absent, a test prints a
 //! note and passes — except under `CI`, where a missing corpus is a failure: a test that silently
-//! skips proves nothing.
+//! skips proves nothing. The note goes straight to the process's stderr, once per test binary, so
+//! that `cargo test` shows it (the test harness hides what a passing test prints with
+//! `eprintln!`); it says where the corpus comes from.
 
 use std::path::PathBuf;
 
@@ -26,10 +28,19 @@ pub fn corpus() -> Option<PathBuf> {
             dir.display()
         );
     }
-    eprintln!(
-        "note: shared corpus not found at {}; skipping",
-        dir.display()
-    );
+    static NOTE: std::sync::Once = std::sync::Once::new();
+    NOTE.call_once(|| {
+        use std::io::Write;
+        // Not `eprintln!`: the harness captures that for passing tests.
+        let _ = writeln!(
+            std::io::stderr(),
+            "note: the shared corpus is not at {}: tests that need it pass without checking \
+             anything. It is the `shared/corpus` directory distributed beside this repository \
+             (see the README, \"The shared corpus\"); put it at ../shared/corpus or set \
+             RIPTIDE_CORPUS.",
+            dir.display()
+        );
+    });
     None
 }
 

@@ -30,7 +30,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use riptide_crypto::{Curve, PublicKey};
-use riptide_firehose::corpus::{split_frames, write_frames};
+use riptide_firehose::corpus::write_frames;
 use riptide_firehose::{DecodeOptions, FrameDecoder};
 use riptide_repo::{verify_repo, Commit};
 use sha2::{Digest, Sha256};
@@ -137,6 +137,48 @@ impl Stats {
     }
 }
 
+/// A max/min spread of passes above this is reported: figures that swing this much say more about
+/// the machine than about the code.
+pub const WIDE_SPREAD: f64 = 1.3;
+
+/// A 1-minute load average above this means something besides the benchmark was running (the
+/// threshold `bench/run` uses).
+pub const BUSY_LOAD: f64 = 1.5;
+
+/// The 1-minute load average (`/proc/loadavg`), where the system has one.
+pub fn load_avg() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The warning for a run whose passes spread from `s.min` to `s.max` under the load before and
+/// after it, or `None` when the run looks steady.
+pub fn spread_warning(s: &Stats, load: (Option<f64>, Option<f64>)) -> Option<String> {
+    let spread = if s.min > 0.0 { s.max / s.min } else { 1.0 };
+    let busy = [load.0, load.1]
+        .into_iter()
+        .flatten()
+        .any(|l| l > BUSY_LOAD);
+    if spread <= WIDE_SPREAD && !busy {
+        return None;
+    }
+    let fmt = |l: Option<f64>| l.map_or_else(|| "?".to_owned(), |l| format!("{l:.2}"));
+    Some(format!(
+        "warning: passes spread {spread:.2}x from min to max (load {} before, {} after): {}",
+        fmt(load.0),
+        fmt(load.1),
+        if busy {
+            "the machine was busy; measure again on a quiet machine"
+        } else {
+            "the figures are unsteady; use more --passes or a larger --repeat"
+        }
+    ))
+}
+
 fn round(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
@@ -161,13 +203,16 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(a.threads > 0, "--threads must be at least 1");
     let file = super::read_file(&a.file)?;
     let corpus = if a.repeat > 1 {
-        let frames = split_frames(&file)?;
+        let frames = super::corpus_frames(&a.file, &file)?;
         let reps = (0..a.repeat).flat_map(|_| frames.iter().map(|f| f.bytes));
         write_frames(reps.collect::<Vec<_>>().into_iter())
     } else {
         file
     };
-    let frames: Vec<&[u8]> = split_frames(&corpus)?.iter().map(|f| f.bytes).collect();
+    let frames: Vec<&[u8]> = super::corpus_frames(&a.file, &corpus)?
+        .iter()
+        .map(|f| f.bytes)
+        .collect();
     let bytes: usize = frames.iter().map(|f| f.len()).sum();
     let opts = if a.no_verify {
         DecodeOptions::unverified()
@@ -228,6 +273,7 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         start.elapsed().as_secs_f64()
     };
 
+    let load_before = load_avg();
     let times = a.runs.time(decode_pass);
     let fps = Stats::of(times.iter().map(|t| frames.len() as f64 / t).collect());
     let mbps = Stats::of(times.iter().map(|t| bytes as f64 / t / 1e6).collect());
@@ -240,9 +286,16 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         ))
     };
 
+    let load = (load_before, load_avg());
+    let warning = spread_warning(&fps, load);
+    if let Some(w) = &warning {
+        eprintln!("riptide bench decode: {w}");
+    }
     let mut report = serde_json::json!({
         "file": a.file.display().to_string(),
         "frames": frames.len(),
+        "load": {"before": load.0, "after": load.1},
+        "spread": round(if fps.min > 0.0 { fps.max / fps.min } else { 1.0 }),
         "bytes": bytes,
         "blocks": blocks,
         "blocks_per_frame": round(blocks as f64 / frames.len().max(1) as f64),
@@ -740,5 +793,25 @@ mod tests {
         assert_eq!(t.len(), "2026-11-22T09:41:07Z".len(), "{t}");
         assert!(t.ends_with('Z') && !t.contains('.'), "{t}");
         assert!(riptide_syntax::is_valid_datetime(&t), "{t}");
+    }
+
+    #[test]
+    fn a_wide_spread_or_a_busy_machine_is_warned_about() {
+        let steady = Stats {
+            min: 100.0,
+            median: 110.0,
+            max: 120.0,
+        };
+        assert_eq!(spread_warning(&steady, (Some(0.2), Some(0.3))), None);
+        assert_eq!(spread_warning(&steady, (None, None)), None);
+        let swinging = Stats {
+            min: 100.0,
+            median: 180.0,
+            max: 260.0,
+        };
+        let w = spread_warning(&swinging, (Some(0.2), Some(0.3))).unwrap();
+        assert!(w.contains("2.60x") && w.contains("more --passes"), "{w}");
+        let w = spread_warning(&steady, (Some(3.1), Some(2.0))).unwrap();
+        assert!(w.contains("load 3.10 before") && w.contains("busy"), "{w}");
     }
 }

@@ -30,10 +30,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use riptide_firehose::corpus::split_frames;
 use riptide_serve::{
-    ingest, router, App, Dictionary, IngestConfig, Keys, Log, Metrics, ServerConfig, Store,
-    TailLimits,
+    ingest, router, App, IngestConfig, Keys, Log, Metrics, ServerConfig, Store, TailLimits,
 };
 
 use super::bench::Stats;
@@ -93,12 +91,12 @@ pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
 
 async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let file = Bytes::from(super::read_file(&a.file)?);
-    let frames: Vec<Bytes> = split_frames(&file)?
+    let frames: Vec<Bytes> = super::corpus_frames(&a.file, &file)?
         .iter()
         .map(|f| file.slice(f.offset..f.offset + f.bytes.len()))
         .collect();
     let keys = Keys::from_docs(super::load_did_docs(&a.did_docs)?);
-    let dict = Dictionary::load(&a.zstd_dictionary)?;
+    let dict = super::load_dictionary(&a.zstd_dictionary)?;
     let mut ingest_rates = Vec::new();
     let mut ingest_cpu = Vec::new();
     let mut replay_rates = Vec::new();
@@ -226,7 +224,7 @@ struct IngestPass {
 async fn ingest_pass(
     a: &ServeArgs,
     keys: &Keys,
-    dict: &Dictionary,
+    dict: &riptide_serve::Dictionary,
     workers: usize,
     stateful: bool,
     frames: &[Bytes],
@@ -366,6 +364,8 @@ async fn live(a: &ServeArgs) -> anyhow::Result<serde_json::Value> {
         .arg("--ingest-file")
         .arg(&a.file)
         .env("RUST_LOG", "warn")
+        // Its URL line (stdout) would land in this command's report.
+        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()?;

@@ -14,7 +14,6 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use riptide_crypto::{Curve, PublicKey};
-use riptide_firehose::corpus::split_frames;
 use riptide_firehose::verify::KeyLookup;
 use riptide_firehose::{Body, FrameDecoder};
 use riptide_repo::Commit;
@@ -129,7 +128,7 @@ pub fn read_sigs(bytes: &[u8]) -> anyhow::Result<Vec<SigEntry>> {
 
 fn sigs(a: SigsArgs) -> anyhow::Result<ExitCode> {
     let file = super::read_file(&a.frames)?;
-    let frames = split_frames(&file)?;
+    let frames = super::corpus_frames(&a.frames, &file)?;
     let docs = super::load_did_docs(&a.did_docs)?;
     let lookup = DocKeys(&docs);
     let mut keys: HashMap<String, Option<PublicKey>> = HashMap::new();

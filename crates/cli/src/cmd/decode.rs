@@ -3,7 +3,15 @@
 //! Decodes every frame of a corpus file (format of `shared/docs/formats.md`). Without `--json`, a
 //! summary on stdout; with `--json`, one object per frame with records rendered as atproto JSON.
 //! A frame that fails is reported on stderr with its index, byte offset and reason, counted and
-//! skipped; the exit code is 1 if any frame failed.
+//! skipped; the exit code is 1 if any frame failed. A file cut short (or with bytes after its last
+//! frame) is decoded up to the last whole frame and the rest reported: the frames it declares but
+//! lacks count as failed, with the unreadable bytes, and the exit code is 1. A file with no
+//! readable frame at all is an error (exit 2) that says what the file looks like instead.
+//!
+//! Byte offsets, here and in `riptide verify`: `frame I at byte F` is where frame I's bytes start
+//! in the file (after its length prefix); the reason ends with `(frame byte N)`, the offset of the
+//! fault within the frame. So the fault is at file byte F + N, and both commands print the same
+//! F and N for the same corrupted byte.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -11,7 +19,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use riptide_cbor::{write_json, write_json_int, write_json_string};
-use riptide_firehose::corpus::split_frames;
+use riptide_firehose::corpus::{declared_count, split_frames_prefix};
 use riptide_firehose::{Action, Body, DecodeOptions, Frame, FrameDecoder};
 
 use crate::out;
@@ -30,7 +38,26 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = super::read_file(&args.file)?;
-    let frames = split_frames(&file)?;
+    let (frames, tail) = split_frames_prefix(&file);
+    // The frames a damaged file declares but does not hold, and its unreadable bytes.
+    let (mut tail_frames, mut tail_bytes) = (0u64, 0u64);
+    if let Some(e) = tail {
+        if frames.is_empty() && super::sniff(&file) != super::Sniffed::Corpus {
+            return Err(super::not_a_corpus(&args.file, &file, e));
+        }
+        let declared = declared_count(&file).unwrap_or(0);
+        tail_frames = declared.saturating_sub(frames.len()) as u64;
+        tail_bytes = (file.len() - e.offset) as u64;
+        eprintln!(
+            "{}: {e}: {} declared frame(s) missing, {tail_bytes} byte(s) unread",
+            super::name(&args.file),
+            tail_frames
+        );
+        // Bytes after the last declared frame are not a frame, but the file is still bad.
+        if tail_frames == 0 {
+            tail_frames = 1;
+        }
+    }
     let opts = if args.no_verify {
         DecodeOptions::unverified()
     } else {
@@ -50,7 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Err(e) => {
                 failed += 1;
                 *errors.entry(e.class()).or_default() += 1;
-                eprintln!("frame {} at byte {}: {e}", f.index, f.offset + e.offset());
+                eprintln!("frame {} at byte {}: {e}", f.index, f.offset);
                 continue;
             }
         };
@@ -80,9 +107,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         writeln!(
             stdout,
             "frames:  {} ({} bytes), {} failed",
-            frames.len(),
+            frames.len() as u64 + tail_frames,
             bytes,
-            failed
+            failed + tail_frames
         )?;
         for (k, n) in &kinds {
             writeln!(stdout, "  {k:<9} {n}")?;
@@ -103,15 +130,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         if missing_records > 0 {
             writeln!(stdout, "records missing from their CAR: {missing_records}")?;
         }
+        if tail_frames > 0 {
+            *errors.entry("truncated-file").or_default() += tail_frames;
+        }
         if !errors.is_empty() {
             writeln!(stdout, "errors:")?;
             for (k, n) in &errors {
                 writeln!(stdout, "  {k:<14} {n}")?;
             }
         }
+        if tail_bytes > 0 {
+            writeln!(stdout, "unread:  {tail_bytes} bytes at the end of the file")?;
+        }
     }
     stdout.flush()?;
-    Ok(if failed > 0 {
+    Ok(if failed + tail_frames > 0 {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS

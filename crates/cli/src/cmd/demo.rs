@@ -43,7 +43,7 @@ pub struct Args {
     #[arg(long, default_value_t = 2000.0)]
     rate: f64,
     /// Listen address of /subscribe.
-    #[arg(long, default_value = "127.0.0.1:6008")]
+    #[arg(long, default_value = "127.0.0.1:6008", value_parser = super::parse_listen)]
     listen: SocketAddr,
     /// Stop after this many seconds of serving (default: until Ctrl-C).
     #[arg(long)]

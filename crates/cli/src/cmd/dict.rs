@@ -31,6 +31,13 @@ pub struct TrainArgs {
 
 pub fn run(d: Dict) -> anyhow::Result<ExitCode> {
     let Dict::Train(a) = d;
+    // Opening a store creates one: a mistyped --data would otherwise leave an empty store behind
+    // and report "0 events".
+    anyhow::ensure!(
+        a.data.is_dir(),
+        "{}: no such directory (give the --data directory of a riptide serve)",
+        a.data.display()
+    );
     let (store, _) = Store::open_any(&a.data)?;
     let samples = store.sample_json(a.max_samples)?;
     if samples.len() < 8 {

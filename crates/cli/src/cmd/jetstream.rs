@@ -10,7 +10,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use riptide_firehose::corpus::split_frames;
 use riptide_firehose::{DecodeOptions, FrameDecoder};
 use riptide_jetstream::Projector;
 
@@ -30,7 +29,7 @@ fn now_us() -> i64 {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = super::read_file(&args.file)?;
-    let frames = split_frames(&file)?;
+    let frames = super::corpus_frames(&args.file, &file)?;
     // Records are decoded one by one in the projector, so one bad record drops one op, not a frame.
     let opts = DecodeOptions {
         decode_blocks: false,
@@ -46,7 +45,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Ok(frame) => frame,
             Err(e) => {
                 failed += 1;
-                eprintln!("frame {} at byte {}: {e}", f.index, f.offset + e.offset());
+                eprintln!("frame {} at byte {}: {e}", f.index, f.offset);
                 continue;
             }
         };

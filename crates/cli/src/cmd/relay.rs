@@ -11,7 +11,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use bytes::Bytes;
-use riptide_firehose::corpus::split_frames;
 use riptide_relay::{Faults, Relay, RelayConfig};
 
 #[derive(clap::Args, Debug)]
@@ -20,7 +19,7 @@ pub struct Args {
     #[arg(long)]
     replay: PathBuf,
     /// Address to listen on, e.g. 127.0.0.1:2470 (port 0: any free port; the URL is printed).
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_listen)]
     listen: SocketAddr,
     /// Events per second (default: all at once).
     #[arg(long)]
@@ -55,7 +54,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "--loop needs --rate: without a pace the relay would produce frames faster than any subscriber can take them"
     );
     let file = super::read_file(&args.replay)?;
-    let frames: Vec<Bytes> = split_frames(&file)?
+    let frames: Vec<Bytes> = super::corpus_frames(&args.replay, &file)?
         .iter()
         .map(|f| Bytes::copy_from_slice(f.bytes))
         .collect();
@@ -80,16 +79,16 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         let unservable = relay.stats().unservable.load(Ordering::Relaxed) as usize;
         if unservable > 0 {
             eprintln!(
-                "relay: {unservable} frame(s) do not decode far enough to renumber; left out"
+                "riptide relay: {unservable} frame(s) do not decode far enough to renumber; left out"
             );
         }
         eprintln!(
-            "relay: serving {} frames from {}",
+            "riptide relay: serving {} frames from {}",
             count - unservable,
             args.replay.display()
         );
         tokio::signal::ctrl_c().await?;
-        eprintln!("relay: shutting down after seq {}", relay.head());
+        eprintln!("riptide relay: shutting down after seq {}", relay.head());
         relay.shutdown().await;
         anyhow::Ok(())
     })?;

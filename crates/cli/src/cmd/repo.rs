@@ -6,8 +6,12 @@
 //!   `{"did","data","rev","version","prev"}` (`prev` null when absent).
 //! - `verify`: every block CID, the commit signature (given `--key did:key:…` or `--did-doc FILE`),
 //!   a structural walk of the MST and its rebuild from the leaves against the commit's `data`.
-//!   `--json`: `{"verdict","records","blocks","bytes","timings_ms":{"car","signature","walk",
-//!   "rebuild"}}` (plus `reason` and `signature_checked`). Exit 1 when the verdict is not `ok`.
+//!   `--json`: `{"verdict","reason","did","records","blocks","bytes","signature_checked",
+//!   "timings_ms":{"car","signature","walk","rebuild"}}`, the same fields whatever the verdict:
+//!   a failure fills in what the checks learned before they stopped (`did` once the commit
+//!   decoded, `blocks` once the CAR was read, `records` only when the walk finished, else null;
+//!   the timings of the phases that ran, zero for the others; `signature_checked` true when the
+//!   signature was checked, so true beside `bad-signature`). Exit 1 when the verdict is not `ok`.
 //!
 //! Verdicts: `ok`, `bad-block-cid`, `bad-signature`, `missing-block`, `root-mismatch` (the tree
 //! rebuilt from its leaves is not the commit's `data`), `malformed`, `limits`, `unknown-key` (a
@@ -22,7 +26,7 @@ use std::time::Duration;
 use riptide_car::{Car, CarOptions, CarReader};
 use riptide_crypto::PublicKey;
 use riptide_identity::DidDoc;
-use riptide_repo::{inspect, list_records, verify_repo, RepoError};
+use riptide_repo::{inspect, list_records, verify_repo_traced, Progress, RepoError, RepoOptions};
 
 use crate::out::{self, ms};
 
@@ -79,9 +83,23 @@ pub fn verdict(e: &RepoError) -> &'static str {
     riptide_resolver::TrustVerdict::of_repo_error(e).as_str()
 }
 
-fn report_failure(file: &std::path::Path, e: &RepoError) -> ExitCode {
-    eprintln!("{}: {}: {e}", file.display(), verdict(e));
+fn report_failure(file: &std::path::Path, bytes: &[u8], e: &RepoError) -> ExitCode {
+    eprintln!(
+        "{}: {}: {}",
+        super::name(file),
+        verdict(e),
+        reason(bytes, e)
+    );
     ExitCode::from(1)
+}
+
+/// Why a repository failed, with what the file looks like when a CAR could not be read from it
+/// (a frame corpus or a JSON file given where a CAR was expected).
+fn reason(bytes: &[u8], e: &RepoError) -> String {
+    match (e, super::sniff(bytes).hint(super::Sniffed::Car)) {
+        (RepoError::Car(_), Some(hint)) => format!("{hint} ({e})"),
+        _ => e.to_string(),
+    }
 }
 
 /// Reads `file` as a repository CAR and applies `f` to it; a failure of either is reported
@@ -96,7 +114,7 @@ fn read_repo<T>(
         .read(&bytes, &CarOptions::repository())
         .map_err(RepoError::from)
         .and_then(|car| f(&car));
-    Ok(result.map_err(|e| report_failure(file, &e)))
+    Ok(result.map_err(|e| report_failure(file, &bytes, &e)))
 }
 
 fn ls(a: FileArgs) -> anyhow::Result<ExitCode> {
@@ -185,7 +203,13 @@ fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
     let bytes = super::read_file_large(&a.file)?;
     let key = key_arg(a.key.as_deref(), a.did_doc.as_deref())?;
     let pb = spinner(&a.file, bytes.len());
-    let result = verify_repo(&bytes, key.as_ref().map(|(k, _)| k));
+    let mut progress = Progress::default();
+    let result = verify_repo_traced(
+        &bytes,
+        key.as_ref().map(|(k, _)| k),
+        &RepoOptions::default(),
+        &mut progress,
+    );
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
@@ -201,7 +225,7 @@ fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
             }
             _ => ("ok", None, Some(r)),
         },
-        Err(e) => (verdict(&e), Some(e.to_string()), None),
+        Err(e) => (verdict(&e), Some(reason(&bytes, &e)), None),
     };
     let mut stdout = out::stdout();
     if a.json {
@@ -221,15 +245,24 @@ fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
                     "rebuild": ms(r.timings.rebuild),
                 },
             }),
-            None => serde_json::json!({
-                "verdict": verdict,
-                "reason": reason,
-                "records": null,
-                "blocks": null,
-                "bytes": bytes.len(),
-                "signature_checked": false,
-                "timings_ms": null,
-            }),
+            None => {
+                let t = &progress.timings;
+                serde_json::json!({
+                    "verdict": verdict,
+                    "reason": reason,
+                    "did": progress.did,
+                    "records": null,
+                    "blocks": progress.blocks,
+                    "bytes": bytes.len(),
+                    "signature_checked": progress.signature_checked,
+                    "timings_ms": {
+                        "car": ms(t.car),
+                        "signature": ms(t.signature),
+                        "walk": ms(t.walk),
+                        "rebuild": ms(t.rebuild),
+                    },
+                })
+            }
         };
         writeln!(stdout, "{v}")?;
     } else {
@@ -259,7 +292,7 @@ fn verify(a: VerifyArgs) -> anyhow::Result<ExitCode> {
                     ms(t.rebuild)
                 )?;
             }
-            (_, Some(why)) => eprintln!("{}: {verdict}: {why}", a.file.display()),
+            (_, Some(why)) => eprintln!("{}: {verdict}: {why}", super::name(&a.file)),
             (None, None) => {}
         }
     }

@@ -9,6 +9,10 @@
 //! Keys: `--did-docs FILE`, or else PLC (`--plc-url`) and did:web resolution with a bounded
 //! cache (`--did-cache`), warmed before each frame is verified. [`start`] is also what `riptide
 //! demo` runs.
+//!
+//! Prints its URL (`ws://ADDR/subscribe`) as the first stdout line, as `relay` and `sim` do; logs
+//! go to stderr. `--config FILE` (the same settings in TOML) is read in `config`, before these
+//! arguments are parsed: a flag added here is a config key with no change there.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -61,7 +65,7 @@ pub struct Args {
     #[arg(long, value_name = "DUR", default_value = "24h", value_parser = parse_duration)]
     pub retention: Duration,
     /// Listen address.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6008")]
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6008", value_parser = super::parse_listen)]
     pub listen: SocketAddr,
     /// zstd dictionary for compress=true (Jetstream's legacy_subscribe.zdict).
     #[arg(long, value_name = "PATH")]
@@ -101,14 +105,9 @@ pub fn init_tracing() {
     init_tracing_with("info");
 }
 
-/// Logs to stderr at `RUST_LOG`, or `default` when unset.
+/// Logs to stderr (see `crate::log`: `RUST_LOG`, or `default` moved by `-v`/`-q`).
 pub fn init_tracing_with(default: &str) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+    crate::log::init(default);
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -122,7 +121,8 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let running = start(&args).await?;
-    eprintln!("riptide serve: ws://{}/subscribe", running.addr);
+    // The first stdout line is the URL, as `relay` and `sim` print theirs (scripts read it).
+    println!("ws://{}/subscribe", running.addr);
     running.run_until(shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
 }
@@ -194,7 +194,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         }
     };
     let dict = match &args.zstd_dictionary {
-        Some(p) => Some(Dictionary::load(p)?),
+        Some(p) => Some(super::load_dictionary(p)?),
         None => None,
     };
     std::fs::create_dir_all(&args.data)

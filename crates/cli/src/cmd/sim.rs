@@ -35,7 +35,7 @@ pub struct Args {
     #[arg(long)]
     from: PathBuf,
     /// Address to listen on (port 0: any free port).
-    #[arg(long)]
+    #[arg(long, value_parser = super::parse_listen)]
     listen: SocketAddr,
     /// Answer every Nth request with a 503 (0: never).
     #[arg(long, default_value_t = 0)]

@@ -34,7 +34,7 @@ use std::time::Instant;
 use anyhow::Context;
 use riptide_cbor::{write_json_int, write_json_string, Arena};
 use riptide_firehose::chain::{ChainStore, NoChain, SharedChain};
-use riptide_firehose::corpus::{split_frames, CorpusFrame};
+use riptide_firehose::corpus::CorpusFrame;
 use riptide_firehose::verify::{peek, Report, VerdictCounts, Verifier};
 
 use super::DocKeys;
@@ -106,7 +106,7 @@ const MAX_OWNED: usize = 1 << 18;
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(args.threads > 0, "--threads must be at least 1");
     let file = super::read_file(&args.file)?;
-    let frames = split_frames(&file)?;
+    let frames = super::corpus_frames(&args.file, &file)?;
     let docs = super::load_did_docs(&args.did_docs)?;
     let keys = DocKeys(&docs);
     let chain = std::sync::Arc::new(match &args.state {

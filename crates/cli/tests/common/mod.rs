@@ -194,11 +194,12 @@ pub fn serve_command(data: &Path) -> Command {
     cmd
 }
 
-/// Spawns `riptide serve` and returns it with the `host:port` of its
-/// `riptide serve: ws://ADDR/subscribe` line on stderr.
+/// Spawns `riptide serve` and returns it with the `host:port` of the `ws://ADDR/subscribe` URL
+/// it prints as its first stdout line (as `relay` and `sim` print theirs).
 pub fn spawn_serve(cmd: &mut Command) -> (KillOnDrop, String) {
-    spawn_announcing(cmd, Pipe::Stderr, |l| {
-        l.strip_prefix("riptide serve: ws://")
+    spawn_announcing(cmd, Pipe::Stdout, |l| {
+        l.trim()
+            .strip_prefix("ws://")
             .map(|rest| rest.trim_end_matches("/subscribe").to_owned())
     })
 }

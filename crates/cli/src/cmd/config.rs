@@ -1,0 +1,146 @@
+//! `riptide serve --config FILE`: the server's settings from a TOML file, flags overriding it.
+//!
+//! Why here and not in `serve`: the file is a second spelling of the command line, so it is read
+//! by clap's own definitions and nothing else. Each key is a `serve` flag's long name
+//! (`listen = "0.0.0.0:6008"`, `upstream = ["wss://a", "wss://b"]`, `no-verify = true`); the file's
+//! settings are put on the command line before the user's flags, leaving out every setting the
+//! user also gave as a flag, and the whole line is parsed again. So a flag added to `serve` is a
+//! config key at once, with the same parser and the same checks, and a flag always wins over the
+//! file. Unknown keys are errors that name the key and the file. Relative paths are relative to
+//! the working directory, as on the command line. `deploy/riptide.toml` lists every key.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::parser::ValueSource;
+use clap::{ArgAction, CommandFactory};
+
+/// `riptide serve`'s arguments: `--config` and the server's own flags.
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// TOML file of settings: keys are this command's long flag names (see deploy/riptide.toml);
+    /// flags given here override the file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub serve: super::serve::Args,
+}
+
+/// Parses `argv`, with the settings of `serve --config FILE` added. A usage error exits as clap
+/// exits (message, usage, code 2); an unreadable or invalid file is an error naming it.
+pub fn parse_with_config(argv: Vec<OsString>) -> anyhow::Result<crate::Cli> {
+    let (cli, matches) = crate::parse_args(&argv).unwrap_or_else(|e| e.exit());
+    let Some(("serve", sm)) = matches.subcommand() else {
+        return Ok(cli);
+    };
+    let Some(path) = sm.get_one::<PathBuf>("config") else {
+        return Ok(cli);
+    };
+    let settings = settings(path, |id| {
+        sm.value_source(id) == Some(ValueSource::CommandLine)
+    })?;
+    // The subcommand's token: the first `serve` after the program name (global flags take no
+    // values, so nothing before it can be the word `serve` as a value).
+    let at = argv
+        .iter()
+        .skip(1)
+        .position(|a| a == "serve")
+        .map(|i| i + 2)
+        .context("no `serve` on the command line")?;
+    let mut full = argv[..at].to_vec();
+    full.extend(settings);
+    full.extend_from_slice(&argv[at..]);
+    match crate::parse_args(&full) {
+        Ok((cli, _)) => Ok(cli),
+        Err(e) => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("");
+            anyhow::bail!(
+                "{} (with the settings of {})",
+                first.trim_start_matches("error: "),
+                path.display()
+            )
+        }
+    }
+}
+
+/// The file's settings as `--flag=value` arguments, leaving out those `on_command_line`.
+fn settings(path: &Path, on_command_line: impl Fn(&str) -> bool) -> anyhow::Result<Vec<OsString>> {
+    let text = String::from_utf8(super::read_file(path)?)
+        .map_err(|_| anyhow::anyhow!("{}: not UTF-8 text", path.display()))?;
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        anyhow::anyhow!("{}: not TOML: {}", path.display(), e.message())
+    })?;
+    let cmd = crate::Cli::command();
+    let serve = cmd
+        .find_subcommand("serve")
+        .context("no serve subcommand")?;
+    let settable = |a: &&clap::Arg| {
+        a.get_long()
+            .is_some_and(|l| !matches!(l, "config" | "help" | "version" | "verbose" | "quiet"))
+    };
+    let mut out = Vec::new();
+    for (key, value) in &table {
+        let Some(arg) = serve
+            .get_arguments()
+            .filter(settable)
+            .find(|a| a.get_long() == Some(key.as_str()))
+        else {
+            let known: Vec<&str> = serve
+                .get_arguments()
+                .filter(settable)
+                .filter_map(clap::Arg::get_long)
+                .collect();
+            anyhow::bail!(
+                "{}: unknown setting `{key}` (the settings are serve's flags: {})",
+                path.display(),
+                known.join(", ")
+            );
+        };
+        if on_command_line(arg.get_id().as_str()) {
+            continue;
+        }
+        let bad = |want: &str| {
+            anyhow::anyhow!(
+                "{}: `{key}` must be {want}, not {}",
+                path.display(),
+                value.type_str()
+            )
+        };
+        match arg.get_action() {
+            ArgAction::SetTrue => match value {
+                toml::Value::Boolean(true) => out.push(format!("--{key}").into()),
+                toml::Value::Boolean(false) => {}
+                _ => return Err(bad("true or false")),
+            },
+            ArgAction::Append => {
+                let items: Vec<&toml::Value> = match value {
+                    toml::Value::Array(a) => a.iter().collect(),
+                    v => vec![v],
+                };
+                for v in items {
+                    let s = scalar(v).ok_or_else(|| bad("a value or a list of values"))?;
+                    out.push(format!("--{key}={s}").into());
+                }
+            }
+            _ => {
+                let s = scalar(value).ok_or_else(|| bad("a single value"))?;
+                out.push(format!("--{key}={s}").into());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A TOML scalar as the text a flag would be given.
+fn scalar(v: &toml::Value) -> Option<String> {
+    match v {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Integer(i) => Some(i.to_string()),
+        toml::Value::Float(f) => Some(f.to_string()),
+        toml::Value::Boolean(b) => Some(b.to_string()),
+        toml::Value::Datetime(d) => Some(d.to_string()),
+        toml::Value::Array(_) | toml::Value::Table(_) => None,
+    }
+}
