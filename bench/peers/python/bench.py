@@ -5,7 +5,14 @@ decode-unverified: Frame.from_bytes (header and payload via libipld), parse_subs
 hash check, so no verified row). sigs: the commit decoded and re-encoded without `sig` with libipld,
 atproto_crypto.verify_signature with the did:key built from the key's bytes.
 
-usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE
+python-decode (issue 21: Python consumers): every frame decoded from Python and every record of
+every commit turned into a dict, by two SDKs in the same process type. `atproto`: the firehose path
+of its documentation (Frame.from_bytes, parse_subscribe_repos_message, CAR.from_bytes, the record
+of each op from `car.blocks`; no CID is checked). `riptide`: the binding of this repository
+(`riptide.decode_frame` with every block's CID checked, `op.record` for each op, in atproto JSON
+form).
+
+usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE | python-decode {atproto,riptide} FILE LABEL
 """
 
 import json
@@ -114,6 +121,62 @@ def sigs(opts, file):
     emit("sigs", "full", "verifies/s", r, None, len(entries) - len(good))
 
 
+def records_atproto(f):
+    frame = Frame.from_bytes(f)
+    msg = parse_subscribe_repos_message(frame)
+    if frame.type != "#commit":
+        return 0, 0
+    car = CAR.from_bytes(msg.blocks)
+    n = 0
+    for op in msg.ops:
+        if op.cid is not None:
+            rec = car.blocks.get(op.cid)
+            assert isinstance(rec, dict)
+            n += 1
+    return n, len(car.blocks)
+
+
+def records_riptide(f):
+    import riptide
+
+    frame = riptide.decode_frame(f)
+    n = 0
+    for op in frame.ops:
+        rec = op.record
+        if rec is not None:
+            assert isinstance(rec, dict)
+            n += 1
+    return n, frame.blocks
+
+
+def python_decode(opts, sdk, file, label):
+    fs = frames(open(file, "rb").read())
+    one = {"atproto": records_atproto, "riptide": records_riptide}[sdk]
+    if sdk == "riptide":
+        import riptide  # noqa: F401  (imported before timing)
+    records = blocks = errors = 0
+    for f in fs:
+        try:
+            r, b = one(f)
+            records += r
+            blocks += b
+        except Exception:
+            errors += 1
+
+    def one_pass():
+        for f in fs:
+            try:
+                one(f)
+            except Exception:
+                pass
+
+    r = measure(opts["warmup"], opts["passes"], len(fs), one_pass)
+    print(json.dumps({"benchmark": "python-decode", "sdk": "riptide-python" if sdk == "riptide" else "python-atproto",
+                      "variant": label, "unit": "frames/s", "median": r[0], "min": r[1], "max": r[2],
+                      "blocks_per_frame": blocks / len(fs), "errors": errors}))
+    print(f"{sdk}: {records} records as dicts per pass", file=sys.stderr)
+
+
 def main():
     opts, args, it = {"warmup": 2, "passes": 5}, [], iter(sys.argv[1:])
     for a in it:
@@ -125,8 +188,11 @@ def main():
         decode(opts, args[1], args[2])
     elif args[:1] == ["sigs"] and len(args) == 2:
         sigs(opts, args[1])
+    elif args[:1] == ["python-decode"] and len(args) == 4 and args[1] in ("atproto", "riptide"):
+        python_decode(opts, args[1], args[2], args[3])
     else:
-        sys.exit("usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE")
+        sys.exit("usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE | "
+                 "python-decode {atproto,riptide} FILE LABEL")
 
 
 main()

@@ -105,9 +105,11 @@ class _Client:
         return self._core.stats()
 
     def close(self) -> None:
-        """Stops the connection and the Rust threads; iteration then ends."""
+        """Stops the connection and the Rust threads; iteration then ends (events received but
+        not handed out are dropped: resume from `cursor`)."""
         self._core.close()
         self._closed = True
+        self._batch.clear()
 
     def __enter__(self):
         return self
