@@ -69,7 +69,12 @@ struct Pipeline {
 impl Pipeline {
     /// Starts the socket thread (`next` gives the stream's events) and the worker (`process`
     /// turns an event into an item).
-    fn start<C, E, N, P>(client: C, stats: Arc<ClientStats>, next: N, mut process: P) -> PyResult<Pipeline>
+    fn start<C, E, N, P>(
+        client: C,
+        stats: Arc<ClientStats>,
+        next: N,
+        mut process: P,
+    ) -> PyResult<Pipeline>
     where
         C: Send + 'static,
         E: Send + 'static,
@@ -138,7 +143,10 @@ impl Pipeline {
     }
 
     fn is_closed(&self) -> bool {
-        self.stop.lock().unwrap_or_else(|p| p.into_inner()).is_none()
+        self.stop
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
     }
 
     fn close(&self) {
@@ -262,10 +270,11 @@ impl FirehoseCore {
         let counts = stats.clone();
         let process = move |ev: FirehoseEvent| -> Item {
             let bytes = ev.bytes;
-            let decoded = |decoder: &mut FrameDecoder, arena: &mut Arena| match decoder.decode(&bytes) {
-                Ok(f) => FrameData::new(&bytes, &f),
-                Err(e) => FrameData::invalid(bytes.clone(), arena, &e),
-            };
+            let decoded =
+                |decoder: &mut FrameDecoder, arena: &mut Arena| match decoder.decode(&bytes) {
+                    Ok(f) => FrameData::new(&bytes, &f),
+                    Err(e) => FrameData::invalid(bytes.clone(), arena, &e),
+                };
             let data = match &mut verifier {
                 Some(v) => {
                     let (report, data) = v.check_then(&bytes, |f| FrameData::new(&bytes, f));

@@ -280,7 +280,10 @@ impl Frame {
             "Frame(kind={:?}, seq={}, did={}, ops={})",
             self.data.kind,
             self.data.seq.map_or("None".into(), |s| s.to_string()),
-            self.data.did.as_deref().map_or("None".into(), |d| format!("{d:?}")),
+            self.data
+                .did
+                .as_deref()
+                .map_or("None".into(), |d| format!("{d:?}")),
             self.data.ops.len()
         )
     }
@@ -310,7 +313,10 @@ impl RepoOp {
     /// The collection NSID.
     #[getter]
     fn collection(&self) -> &str {
-        self.op.path.split_once('/').map_or(&self.op.path, |(c, _)| c)
+        self.op
+            .path
+            .split_once('/')
+            .map_or(&self.op.path, |(c, _)| c)
     }
     /// The record key.
     #[getter]
@@ -347,7 +353,10 @@ impl RepoOp {
             "RepoOp(action={:?}, path={:?}, cid={})",
             self.op.action,
             self.op.path,
-            self.op.cid.as_deref().map_or("None".into(), |c| format!("{c:?}"))
+            self.op
+                .cid
+                .as_deref()
+                .map_or("None".into(), |c| format!("{c:?}"))
         )
     }
 }
@@ -369,9 +378,14 @@ fn record_to_py<'py>(
         let mut arena = arena.borrow_mut();
         let mut tape = arena.tape(bytes);
         let start = range.start;
-        let item = tape
-            .decode(range, &Options::strict())
-            .map_err(|e| errors::decode_error(py, "malformed", format!("record block: {e}"), e.offset().max(start)))?;
+        let item = tape.decode(range, &Options::strict()).map_err(|e| {
+            errors::decode_error(
+                py,
+                "malformed",
+                format!("record block: {e}"),
+                e.offset().max(start),
+            )
+        })?;
         let doc = tape.finish();
         value_to_py(py, doc.value(item))
     })

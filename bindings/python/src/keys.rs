@@ -21,7 +21,10 @@ pub enum Keys {
     /// A fixed set of DID documents.
     Docs(DidDocs),
     /// Resolution, with the runtime it runs on (kept alive as long as the keys).
-    Resolving(ResolverKeys, #[allow(dead_code)] Arc<tokio::runtime::Runtime>),
+    Resolving(
+        ResolverKeys,
+        #[allow(dead_code)] Arc<tokio::runtime::Runtime>,
+    ),
 }
 
 impl Keys {

@@ -112,7 +112,9 @@ fn verdict(e: &RepoError) -> &'static str {
 #[pyo3(signature = (car, key = None))]
 fn verify_repo(py: Python<'_>, car: &[u8], key: Option<&str>) -> PyResult<RepoReport> {
     let key = key
-        .map(|k| PublicKey::from_did_key(k).map_err(|e| PyValueError::new_err(format!("key {k}: {e}"))))
+        .map(|k| {
+            PublicKey::from_did_key(k).map_err(|e| PyValueError::new_err(format!("key {k}: {e}")))
+        })
         .transpose()?;
     let result = py.detach(|| rs_verify_repo(car, key.as_ref()));
     Ok(match result {

@@ -20,7 +20,11 @@ pub fn value_to_py<'py>(py: Python<'py>, v: Value<'_>) -> PyResult<Bound<'py, Py
             .into_any(),
         Kind::UInt | Kind::NegInt => match v.as_i64() {
             Some(i) => i.into_pyobject(py)?.into_any(),
-            None => return Err(not_json(JsonError::NotInDataModel("an integer beyond 64 bits"))),
+            None => {
+                return Err(not_json(JsonError::NotInDataModel(
+                    "an integer beyond 64 bits",
+                )))
+            }
         },
         Kind::Text => PyString::new(py, v.as_str().unwrap_or_default()).into_any(),
         Kind::Bytes => {
@@ -46,7 +50,10 @@ pub fn value_to_py<'py>(py: Python<'py>, v: Value<'_>) -> PyResult<Bound<'py, Py
             // Canonical CBOR order is length-first; the JSON rendering's is bytewise.
             let mut pairs: Vec<(&str, Value<'_>)> = Vec::with_capacity(v.len());
             for (k, val) in v.map().into_iter().flatten() {
-                pairs.push((k.as_str().ok_or_else(|| not_json(JsonError::NonTextKey))?, val));
+                pairs.push((
+                    k.as_str().ok_or_else(|| not_json(JsonError::NonTextKey))?,
+                    val,
+                ));
             }
             pairs.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
             let d = PyDict::new(py);

@@ -4,6 +4,7 @@ lists what indigo's goat lists."""
 
 import hashlib
 import json
+import subprocess
 
 import pytest
 
@@ -134,3 +135,31 @@ def test_verify_repo_verdicts(capture, did_docs):
     # Truncated and empty: malformed.
     assert riptide.verify_repo(car[: len(car) // 2]).name == "malformed"
     assert riptide.verify_repo(b"").name == "malformed"
+
+
+def test_keys_resolved_through_a_plc_directory(riptide_bin, tmp_path):
+    """Without did_docs, keys come from a PLC directory: `riptide sim` serves one (and a relay) for
+    a generated network; every frame must get the verdict `riptide verify` gives with the
+    network's own documents."""
+    from conftest import Server
+
+    net = tmp_path / "net"
+    gen = subprocess.run([str(riptide_bin), "gen", "--seed", "21", "--accounts", "5", "--events", "60", "--out", str(net)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=600)
+    assert gen.returncode == 0, gen.stderr.decode()
+    code, want, err = run_json_lines([riptide_bin, "verify", net / "firehose-frames.bin", "--did-docs", net / "did_docs.json", "--json"])
+    assert len(want) >= 60 and sum(w["kind"] == "commit" for w in want) > 10, err
+    sim = Server([riptide_bin, "sim", "--from", net, "--listen", "127.0.0.1:0"], lambda l: l.strip() or None)
+    try:
+        v = riptide.Verifier(plc_url=sim.address)
+        got = [v.verify(f) for f in riptide.read_corpus(net / "firehose-frames.bin")]
+        assert [(g.name, g.reason) for g in got] == [(w["verdict"], w["reason"]) for w in want]
+        assert sum(g.ok for g in got) > 10
+        # The same through the sim's relay, verified on the client's thread.
+        relay = sim.address.replace("http://", "ws://") + "/xrpc/com.atproto.sync.subscribeRepos"
+        from test_clients import take
+
+        frames = take(riptide.Firehose(relay, cursor=0, plc_url=sim.address), len(want))
+        assert [f.verdict.name for f in frames] == [w["verdict"] for w in want]
+    finally:
+        sim.kill()
