@@ -53,9 +53,10 @@ const OUT_QUEUE: usize = 16;
 
 /// What the worker hands Python.
 enum Item {
-    Frame(FrameData),
+    Frame(Box<FrameData>),
     Event(serde_json::Value),
-    /// A Jetstream message that is not JSON (counted as a decode error by the client too).
+    /// A Jetstream message that is not JSON. (The client parses every message before handing
+    /// it over, so this does not happen; if it ever did, Python would see it, not lose it.)
     BadEvent(String),
 }
 
@@ -286,7 +287,7 @@ impl FirehoseCore {
                 }
                 None => decoded(&mut decoder, &mut arena),
             };
-            Item::Frame(data)
+            Item::Frame(Box::new(data))
         };
         Ok(FirehoseCore {
             pipeline: Pipeline::start(client, stats, FirehoseNext, process)?,
@@ -376,7 +377,7 @@ fn items_to_py(py: Python<'_>, batch: Option<Vec<Item>>) -> PyResult<Option<Py<P
     let list = PyList::empty(py);
     for item in batch {
         match item {
-            Item::Frame(d) => list.append(Py::new(py, Frame::new(d))?)?,
+            Item::Frame(d) => list.append(Py::new(py, Frame::new(*d))?)?,
             Item::Event(v) => list.append(json_to_py(py, &v)?)?,
             Item::BadEvent(why) => {
                 let d = PyDict::new(py);
