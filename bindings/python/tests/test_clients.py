@@ -81,6 +81,29 @@ def test_firehose_async_and_plain_iteration_agree(relay, did_docs):
     assert all(f.verdict is None for f in unverified)
 
 
+def test_async_timeouts_lose_nothing(relay):
+    """`asyncio.wait_for` around `__anext__` with a timeout shorter than a batch takes: the
+    cancelled calls must leave their batches to the next ones."""
+
+    async def run():
+        it = riptide.Firehose(relay, cursor=0, verify=False).__aiter__()
+        got, timeouts = [], 0
+        while len(got) < 150:
+            try:
+                got.append(await asyncio.wait_for(it.__anext__(), 0.0005))
+            except asyncio.TimeoutError:
+                timeouts += 1
+        it.close()
+        return got, timeouts
+
+    async def bounded():
+        return await asyncio.wait_for(run(), PATIENCE)
+
+    got, timeouts = asyncio.run(bounded())
+    assert [f.seq for f in got] == list(range(1, 151))
+    assert timeouts > 0
+
+
 def test_firehose_resumes_from_its_cursor(relay, did_docs):
     first = riptide.Firehose(relay, cursor=0, did_docs=did_docs)
     head = take(first, 60)

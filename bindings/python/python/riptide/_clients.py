@@ -28,6 +28,7 @@ class _Client:
         self._batch: Deque[Any] = collections.deque()
         self._closed = False
         self._cursor: Optional[int] = None
+        self._pending: Optional["asyncio.Future[Any]"] = None
 
     def _cursor_of(self, item: Any) -> Optional[int]:
         raise NotImplementedError
@@ -65,7 +66,13 @@ class _Client:
         while not self._batch:
             if self._closed:
                 raise StopAsyncIteration
-            batch = await loop.run_in_executor(None, self._core.take, _SLICE)
+            # The wait runs in the executor; shielded, so that a cancelled `__anext__` (a timeout
+            # around it, say) leaves the batch it was fetching to the next call instead of
+            # losing it.
+            if self._pending is None:
+                self._pending = loop.run_in_executor(None, self._core.take, _SLICE)
+            batch = await asyncio.shield(self._pending)
+            self._pending = None
             if batch is None:
                 self._closed = True
                 raise StopAsyncIteration
