@@ -12,7 +12,14 @@ of each op from `car.blocks`; no CID is checked). `riptide`: the binding of this
 (`riptide.decode_frame` with every block's CID checked, `op.record` for each op, in atproto JSON
 form).
 
+python-firehose (issue 21): a local relay (`riptide relay`) replays N frames; each pass a new client
+from cursor 0 receives all N and touches every op (action, path, record). `riptide`: riptide.Firehose,
+every frame verified (signature, Sync 1.1 proof) on its Rust threads with DID_DOCS. `atproto`:
+FirehoseSubscribeReposClient, parse_subscribe_repos_message and CAR.from_bytes per commit (nothing
+verified).
+
 usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE | python-decode {atproto,riptide} FILE LABEL
+       | python-firehose {atproto,riptide} URL N DID_DOCS LABEL
 """
 
 import json
@@ -177,6 +184,62 @@ def python_decode(opts, sdk, file, label):
     print(f"{sdk}: {records} records as dicts per pass", file=sys.stderr)
 
 
+def firehose_riptide(url, n, did_docs):
+    """Seconds to receive, verify and walk n frames from the relay (from its start)."""
+    import riptide
+
+    t = time.perf_counter()
+    seen = ops = 0
+    with riptide.Firehose(url, cursor=0, verify=True, did_docs=did_docs) as fh:
+        for frame in fh:
+            if not frame.verdict.ok:
+                raise RuntimeError(f"frame {frame.seq}: {frame.verdict}")
+            for op in frame.ops:
+                op.action, op.path, op.record
+                ops += 1
+            seen += 1
+            if seen == n:
+                break
+    return time.perf_counter() - t, ops
+
+
+def firehose_atproto(url, n, _did_docs):
+    """The same with atproto's client (which verifies nothing): records from each commit's CAR."""
+    from atproto import FirehoseSubscribeReposClient, models
+
+    base = url.split("/xrpc/")[0] + "/xrpc"
+    client = FirehoseSubscribeReposClient(base_uri=base, params={"cursor": 0})
+    state = {"seen": 0, "ops": 0}
+
+    def on_message(frame):
+        msg = parse_subscribe_repos_message(frame)
+        if isinstance(msg, models.ComAtprotoSyncSubscribeRepos.Commit):
+            car = CAR.from_bytes(msg.blocks)
+            for op in msg.ops:
+                op.action, op.path, car.blocks.get(op.cid) if op.cid else None
+                state["ops"] += 1
+        state["seen"] += 1
+        if state["seen"] == n:
+            client.stop()
+
+    t = time.perf_counter()
+    client.start(on_message)
+    return time.perf_counter() - t, state["ops"]
+
+
+def python_firehose(opts, sdk, url, n, did_docs_path, label):
+    did_docs = json.load(open(did_docs_path))
+    run = {"atproto": firehose_atproto, "riptide": firehose_riptide}[sdk]
+    _, ops = run(url, n, did_docs)
+    for _ in range(opts["warmup"]):
+        run(url, n, did_docs)
+    rates = [n / run(url, n, did_docs)[0] for _ in range(opts["passes"])]
+    print(json.dumps({"benchmark": "python-firehose", "sdk": "riptide-python" if sdk == "riptide" else "python-atproto",
+                      "variant": label, "unit": "frames/s", "median": statistics.median(rates), "min": min(rates),
+                      "max": max(rates), "blocks_per_frame": None, "errors": 0}))
+    print(f"{sdk}: {ops} ops per pass", file=sys.stderr)
+
+
 def main():
     opts, args, it = {"warmup": 2, "passes": 5}, [], iter(sys.argv[1:])
     for a in it:
@@ -190,9 +253,11 @@ def main():
         sigs(opts, args[1])
     elif args[:1] == ["python-decode"] and len(args) == 4 and args[1] in ("atproto", "riptide"):
         python_decode(opts, args[1], args[2], args[3])
+    elif args[:1] == ["python-firehose"] and len(args) == 6 and args[1] in ("atproto", "riptide"):
+        python_firehose(opts, args[1], args[2], int(args[3]), args[4], args[5])
     else:
         sys.exit("usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE | "
-                 "python-decode {atproto,riptide} FILE LABEL")
+                 "python-decode {atproto,riptide} FILE LABEL | python-firehose {atproto,riptide} URL N DID_DOCS LABEL")
 
 
 main()
