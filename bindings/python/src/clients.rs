@@ -39,7 +39,7 @@ use riptide_firehose::verify::{Verdict as RsVerdict, Verifier as RsVerifier};
 use riptide_firehose::FrameDecoder;
 use tokio::sync::oneshot;
 
-use crate::frame::{Frame, FrameData};
+use crate::frame::{Buf, Frame, FrameData};
 use crate::keys::Keys;
 use crate::topy::json_to_py;
 use crate::verify::Verdict;
@@ -273,12 +273,13 @@ impl FirehoseCore {
             let bytes = ev.bytes;
             let decoded =
                 |decoder: &mut FrameDecoder, arena: &mut Arena| match decoder.decode(&bytes) {
-                    Ok(f) => FrameData::new(&bytes, &f),
+                    Ok(f) => FrameData::new(Buf::Rust(bytes.clone()), &f),
                     Err(e) => FrameData::invalid(bytes.clone(), arena, &e),
                 };
             let data = match &mut verifier {
                 Some(v) => {
-                    let (report, data) = v.check_then(&bytes, |f| FrameData::new(&bytes, f));
+                    let (report, data) =
+                        v.check_then(&bytes, |f| FrameData::new(Buf::Rust(bytes.clone()), f));
                     counts.record_verdict(report.verdict);
                     // A frame that failed is still shown, decoded as far as it goes.
                     let mut data = data.unwrap_or_else(|| decoded(&mut decoder, &mut arena));

@@ -16,7 +16,7 @@ use std::cell::RefCell;
 use bytes::Bytes;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
-use riptide_cbor::{Arena, Options};
+use riptide_cbor::{Arena, CidBuf, Options};
 use riptide_firehose::corpus::split_frames;
 use riptide_firehose::verify::peek;
 use riptide_firehose::{Action, Body, DecodeOptions, Frame as RsFrame, FrameDecoder, FrameError};
@@ -30,24 +30,49 @@ use crate::verify::Verdict;
 pub struct OpData {
     action: &'static str,
     path: String,
-    cid: Option<String>,
-    prev: Option<String>,
+    // CIDs are kept binary (inline, no heap) and rendered as text only when Python asks.
+    cid: Option<CidBuf>,
+    prev: Option<CidBuf>,
     /// The record block's byte range in the frame (create, update), if it is in the CAR.
     record: Option<(usize, usize)>,
 }
 
+/// The bytes of a frame: the socket's buffer (a client's frames) or the caller's `bytes` object
+/// (`decode_frame`: kept, not copied).
+#[derive(Debug)]
+pub enum Buf {
+    Rust(Bytes),
+    Py(Py<PyBytes>),
+}
+
+impl Buf {
+    fn slice<'a>(&'a self, py: Python<'a>) -> &'a [u8] {
+        match self {
+            Buf::Rust(b) => b,
+            Buf::Py(b) => b.as_bytes(py),
+        }
+    }
+
+    fn clone_ref(&self, py: Python<'_>) -> Buf {
+        match self {
+            Buf::Rust(b) => Buf::Rust(b.clone()),
+            Buf::Py(b) => Buf::Py(b.clone_ref(py)),
+        }
+    }
+}
+
 /// A decoded frame, owned: what crosses from a Rust thread to Python.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct FrameData {
-    pub bytes: Bytes,
+    pub bytes: Buf,
     pub kind: &'static str,
     pub seq: Option<i64>,
     pub did: Option<String>,
     rev: Option<String>,
     since: Option<String>,
     time: Option<String>,
-    commit: Option<String>,
-    prev_data: Option<String>,
+    commit: Option<CidBuf>,
+    prev_data: Option<CidBuf>,
     blocks: usize,
     handle: Option<String>,
     active: Option<bool>,
@@ -62,11 +87,11 @@ pub struct FrameData {
 }
 
 impl FrameData {
-    /// The owned summary of a decoded frame; `bytes` must be the frame's bytes.
-    pub fn new(bytes: &Bytes, frame: &RsFrame<'_>) -> FrameData {
-        let base = bytes.as_ptr() as usize;
+    /// The owned summary of a decoded frame, holding `buf`, the frame's bytes.
+    pub fn new(buf: Buf, frame: &RsFrame<'_>) -> FrameData {
+        let base = frame.bytes().as_ptr() as usize;
         let owned = |s: &str| Some(s.to_owned());
-        let mut d = FrameData::empty(bytes.clone(), frame.body().kind());
+        let mut d = FrameData::empty(buf, frame.body().kind());
         d.seq = frame.body().seq();
         d.did = frame.body().did().map(str::to_owned);
         d.blocks = frame.block_count();
@@ -75,15 +100,15 @@ impl FrameData {
                 d.rev = owned(c.rev);
                 d.since = c.since.map(str::to_owned);
                 d.time = owned(c.time);
-                d.commit = Some(c.commit.to_string());
-                d.prev_data = c.prev_data.map(|c| c.to_string());
+                d.commit = Some(c.commit.to_buf());
+                d.prev_data = c.prev_data.map(|c| c.to_buf());
                 d.ops = c
                     .ops()
                     .map(|op| OpData {
                         action: op.action.as_str(),
                         path: op.path.to_owned(),
-                        cid: op.cid.map(|c| c.to_string()),
-                        prev: op.prev.map(|c| c.to_string()),
+                        cid: op.cid.map(|c| c.to_buf()),
+                        prev: op.prev.map(|c| c.to_buf()),
                         record: match op.action {
                             Action::Delete => None,
                             _ => op
@@ -124,14 +149,14 @@ impl FrameData {
     pub fn invalid(bytes: Bytes, arena: &mut Arena, e: &FrameError) -> FrameData {
         let p = peek(arena, &bytes);
         let (kind, seq, did) = (p.kind, p.seq, p.did.map(str::to_owned));
-        let mut d = FrameData::empty(bytes, kind);
+        let mut d = FrameData::empty(Buf::Rust(bytes), kind);
         d.seq = seq;
         d.did = did;
         d.error = Some((e.class(), e.to_string(), e.offset()));
         d
     }
 
-    fn empty(bytes: Bytes, kind: &'static str) -> FrameData {
+    fn empty(bytes: Buf, kind: &'static str) -> FrameData {
         FrameData {
             bytes,
             kind,
@@ -204,13 +229,13 @@ impl Frame {
     }
     /// The signed commit's CID (commit).
     #[getter]
-    fn commit(&self) -> Option<&str> {
-        self.data.commit.as_deref()
+    fn commit(&self) -> Option<String> {
+        self.data.commit.map(|c| c.to_string())
     }
     /// The MST root before the commit (Sync 1.1).
     #[getter]
-    fn prev_data(&self) -> Option<&str> {
-        self.data.prev_data.as_deref()
+    fn prev_data(&self) -> Option<String> {
+        self.data.prev_data.map(|c| c.to_string())
     }
     /// Number of blocks in the embedded CAR.
     #[getter]
@@ -255,7 +280,10 @@ impl Frame {
     /// The frame bytes as received.
     #[getter]
     fn bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
-        PyBytes::new(py, &self.data.bytes)
+        match &self.data.bytes {
+            Buf::Py(b) => b.clone_ref(py).into_bound(py),
+            Buf::Rust(b) => PyBytes::new(py, b),
+        }
     }
     /// The ops of a commit (empty for other kinds).
     #[getter]
@@ -266,7 +294,7 @@ impl Frame {
         let list = PyList::empty(py);
         for op in &self.data.ops {
             list.append(RepoOp {
-                bytes: self.data.bytes.clone(),
+                bytes: self.data.bytes.clone_ref(py),
                 op: op.clone(),
                 record: None,
             })?;
@@ -293,7 +321,7 @@ impl Frame {
 #[pyclass(module = "riptide", name = "RepoOp")]
 #[derive(Debug)]
 pub struct RepoOp {
-    bytes: Bytes,
+    bytes: Buf,
     op: OpData,
     record: Option<Py<PyAny>>,
 }
@@ -325,13 +353,13 @@ impl RepoOp {
     }
     /// The new record's CID (create, update); None for delete.
     #[getter]
-    fn cid(&self) -> Option<&str> {
-        self.op.cid.as_deref()
+    fn cid(&self) -> Option<String> {
+        self.op.cid.map(|c| c.to_string())
     }
     /// The previous record's CID (update, delete; Sync 1.1).
     #[getter]
-    fn prev(&self) -> Option<&str> {
-        self.op.prev.as_deref()
+    fn prev(&self) -> Option<String> {
+        self.op.prev.map(|c| c.to_string())
     }
     /// The record as a dict in atproto JSON form (`$link`, `$bytes`), built on first access;
     /// None for a delete, or when the record block is not in the frame's CAR (as in
@@ -344,7 +372,7 @@ impl RepoOp {
         let Some((start, len)) = self.op.record else {
             return Ok(py.None());
         };
-        let obj = record_to_py(py, &self.bytes, start..start + len)?.unbind();
+        let obj = record_to_py(py, self.bytes.slice(py), start..start + len)?.unbind();
         self.record = Some(obj.clone_ref(py));
         Ok(obj)
     }
@@ -355,8 +383,7 @@ impl RepoOp {
             self.op.path,
             self.op
                 .cid
-                .as_deref()
-                .map_or("None".into(), |c| format!("{c:?}"))
+                .map_or("None".into(), |c| format!("{:?}", c.to_string()))
         )
     }
 }
@@ -391,11 +418,12 @@ fn record_to_py<'py>(
     })
 }
 
-/// Decodes `bytes` on this thread's decoder: the owned summary, or the frame error.
-pub fn decode_owned(bytes: &Bytes, verify_cids: bool) -> Result<FrameData, FrameError> {
+/// Decodes `bytes` on this thread's decoder: the owned summary (holding `buf`, which must hold
+/// these bytes), or the frame error.
+fn decode_owned(buf: Buf, bytes: &[u8], verify_cids: bool) -> Result<FrameData, FrameError> {
     let run = |dec: &RefCell<FrameDecoder>| {
         let mut dec = dec.borrow_mut();
-        dec.decode(bytes).map(|f| FrameData::new(bytes, &f))
+        dec.decode(bytes).map(|f| FrameData::new(buf, &f))
     };
     if verify_cids {
         DECODER.with(run)
@@ -411,9 +439,11 @@ pub fn decode_owned(bytes: &Bytes, verify_cids: bool) -> Result<FrameData, Frame
 /// Raises a DecodeError subclass (with .offset) when the frame does not decode.
 #[pyfunction]
 #[pyo3(signature = (data, verify_cids = true))]
-fn decode_frame(py: Python<'_>, data: &[u8], verify_cids: bool) -> PyResult<Frame> {
-    let bytes = Bytes::copy_from_slice(data);
-    let result = py.detach(|| decode_owned(&bytes, verify_cids));
+fn decode_frame(py: Python<'_>, data: &Bound<'_, PyBytes>, verify_cids: bool) -> PyResult<Frame> {
+    // The frame keeps the caller's (immutable) bytes object alive instead of copying it.
+    let buf = Buf::Py(data.clone().unbind());
+    let bytes = data.as_bytes();
+    let result = py.detach(move || decode_owned(buf, bytes, verify_cids));
     match result {
         Ok(d) => Ok(Frame::new(d)),
         Err(e) => Err(errors::frame_error(py, &e)),
