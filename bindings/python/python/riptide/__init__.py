@@ -3,7 +3,7 @@
 The decoder, Sync 1.1 verifier, repository verification and clients of riptide (Rust), with the
 heavy work done in Rust outside the GIL. Names and messages are those of the `riptide` CLI.
 
-    import riptide
+    import json, riptide
 
     verifier = riptide.Verifier(did_docs=json.load(open("did_docs.json")))
     for data in riptide.read_corpus("firehose-frames.bin"):
