@@ -5,7 +5,21 @@ decode-unverified: Frame.from_bytes (header and payload via libipld), parse_subs
 hash check, so no verified row). sigs: the commit decoded and re-encoded without `sig` with libipld,
 atproto_crypto.verify_signature with the did:key built from the key's bytes.
 
-usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE
+python-decode (issue 21: Python consumers): every frame decoded from Python and every record of
+every commit turned into a dict, by two SDKs in the same process type. `atproto`: the firehose path
+of its documentation (Frame.from_bytes, parse_subscribe_repos_message, CAR.from_bytes, the record
+of each op from `car.blocks`; no CID is checked). `riptide`: the binding of this repository
+(`riptide.decode_frame` with every block's CID checked, `op.record` for each op, in atproto JSON
+form).
+
+python-firehose (issue 21): a local relay (`riptide relay`) replays N frames; each pass a new client
+from cursor 0 receives all N and touches every op (action, path, record). `riptide`: riptide.Firehose,
+every frame verified (signature, Sync 1.1 proof) on its Rust threads with DID_DOCS. `atproto`:
+FirehoseSubscribeReposClient, parse_subscribe_repos_message and CAR.from_bytes per commit (nothing
+verified).
+
+usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE | python-decode {atproto,riptide} FILE LABEL
+       | python-firehose {atproto,riptide} URL N DID_DOCS LABEL
 """
 
 import json
@@ -114,6 +128,118 @@ def sigs(opts, file):
     emit("sigs", "full", "verifies/s", r, None, len(entries) - len(good))
 
 
+def records_atproto(f):
+    frame = Frame.from_bytes(f)
+    msg = parse_subscribe_repos_message(frame)
+    if frame.type != "#commit":
+        return 0, 0
+    car = CAR.from_bytes(msg.blocks)
+    n = 0
+    for op in msg.ops:
+        if op.cid is not None:
+            rec = car.blocks.get(op.cid)
+            assert isinstance(rec, dict)
+            n += 1
+    return n, len(car.blocks)
+
+
+def records_riptide(f):
+    import riptide
+
+    frame = riptide.decode_frame(f)
+    n = 0
+    for op in frame.ops:
+        rec = op.record
+        if rec is not None:
+            assert isinstance(rec, dict)
+            n += 1
+    return n, frame.blocks
+
+
+def python_decode(opts, sdk, file, label):
+    fs = frames(open(file, "rb").read())
+    one = {"atproto": records_atproto, "riptide": records_riptide}[sdk]
+    if sdk == "riptide":
+        import riptide  # noqa: F401  (imported before timing)
+    records = blocks = errors = 0
+    for f in fs:
+        try:
+            r, b = one(f)
+            records += r
+            blocks += b
+        except Exception:
+            errors += 1
+
+    def one_pass():
+        for f in fs:
+            try:
+                one(f)
+            except Exception:
+                pass
+
+    r = measure(opts["warmup"], opts["passes"], len(fs), one_pass)
+    print(json.dumps({"benchmark": "python-decode", "sdk": "riptide-python" if sdk == "riptide" else "python-atproto",
+                      "variant": label, "unit": "frames/s", "median": r[0], "min": r[1], "max": r[2],
+                      "blocks_per_frame": blocks / len(fs), "errors": errors}))
+    print(f"{sdk}: {records} records as dicts per pass", file=sys.stderr)
+
+
+def firehose_riptide(url, n, did_docs):
+    """Seconds to receive, verify and walk n frames from the relay (from its start)."""
+    import riptide
+
+    t = time.perf_counter()
+    seen = ops = 0
+    with riptide.Firehose(url, cursor=0, verify=True, did_docs=did_docs) as fh:
+        for frame in fh:
+            if not frame.verdict.ok:
+                raise RuntimeError(f"frame {frame.seq}: {frame.verdict}")
+            for op in frame.ops:
+                op.action, op.path, op.record
+                ops += 1
+            seen += 1
+            if seen == n:
+                break
+    return time.perf_counter() - t, ops
+
+
+def firehose_atproto(url, n, _did_docs):
+    """The same with atproto's client (which verifies nothing): records from each commit's CAR."""
+    from atproto import FirehoseSubscribeReposClient, models
+
+    base = url.split("/xrpc/")[0] + "/xrpc"
+    client = FirehoseSubscribeReposClient(base_uri=base, params={"cursor": 0})
+    state = {"seen": 0, "ops": 0}
+
+    def on_message(frame):
+        msg = parse_subscribe_repos_message(frame)
+        if isinstance(msg, models.ComAtprotoSyncSubscribeRepos.Commit):
+            car = CAR.from_bytes(msg.blocks)
+            for op in msg.ops:
+                op.action, op.path, car.blocks.get(op.cid) if op.cid else None
+                state["ops"] += 1
+        state["seen"] += 1
+        if state["seen"] == n:
+            client.stop()
+
+    t = time.perf_counter()
+    client.start(on_message)
+    return time.perf_counter() - t, state["ops"]
+
+
+def python_firehose(opts, sdk, url, n, did_docs_path, label):
+    did_docs = json.load(open(did_docs_path))
+    run = {"atproto": firehose_atproto, "riptide": firehose_riptide}[sdk]
+    _, ops = run(url, n, did_docs)
+    for _ in range(opts["warmup"]):
+        run(url, n, did_docs)
+    rates = [n / run(url, n, did_docs)[0] for _ in range(opts["passes"])]
+    print(json.dumps({"benchmark": "python-firehose", "sdk": "riptide-python" if sdk == "riptide" else "python-atproto",
+                      "variant": label, "unit": "frames/s", "median": statistics.median(rates), "min": min(rates),
+                      "max": max(rates), "blocks_per_frame": None, "errors": 0}))
+    print(f"{sdk}: {ops} ops per pass", file=sys.stderr)
+
+
 def main():
     opts, args, it = {"warmup": 2, "passes": 5}, [], iter(sys.argv[1:])
     for a in it:
@@ -125,8 +251,13 @@ def main():
         decode(opts, args[1], args[2])
     elif args[:1] == ["sigs"] and len(args) == 2:
         sigs(opts, args[1])
+    elif args[:1] == ["python-decode"] and len(args) == 4 and args[1] in ("atproto", "riptide"):
+        python_decode(opts, args[1], args[2], args[3])
+    elif args[:1] == ["python-firehose"] and len(args) == 6 and args[1] in ("atproto", "riptide"):
+        python_firehose(opts, args[1], args[2], int(args[3]), args[4], args[5])
     else:
-        sys.exit("usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE")
+        sys.exit("usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE | "
+                 "python-decode {atproto,riptide} FILE LABEL | python-firehose {atproto,riptide} URL N DID_DOCS LABEL")
 
 
 main()

@@ -1,0 +1,398 @@
+//! The native halves of `riptide.Firehose` and `riptide.Jetstream`: a `riptide-client` stream run
+//! on Rust threads, handing Python whole batches.
+//!
+//! Per client, two threads:
+//! - the socket thread runs the client (`FirehoseClient` / `JetstreamClient`: reconnection with
+//!   backoff and host rotation, resuming after the last event received) on a current-thread tokio
+//!   runtime and passes every event to
+//! - the worker thread, which decodes (and, for a verifying `Firehose`, verifies: one
+//!   `riptide_firehose::verify::Verifier`, so every account's frames are verified in order by the
+//!   same verifier) or parses (Jetstream JSON) whatever events have arrived, up to [`BATCH`] at a
+//!   time, and queues the batch for Python.
+//!
+//! Python takes a batch with the GIL released while it waits (`take`), and only then builds the
+//! Python objects. Both queues are bounded ([`RAW_QUEUE`] events, [`OUT_QUEUE`] batches): a slow
+//! Python consumer holds the socket thread back (TCP backpressure, as a slow consumer of the Rust
+//! client would), and memory stays bounded.
+//!
+//! Shutdown: `close()` (or dropping the object) drops the batch queue and tells the socket thread
+//! to stop; the worker ends when either queue is gone. Nothing is joined from Python, so closing
+//! never blocks the interpreter.
+//!
+//! Nothing is dropped silently: a frame that does not decode reaches Python as a `Frame` of kind
+//! `invalid` with its `error`, a frame that does not verify with its `verdict`, and the client's
+//! counters (`stats()`) count messages, reconnects, decode errors and verdicts.
+
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+use riptide_cbor::Arena;
+use riptide_client::{
+    ClientConfig, ClientError, ClientStats, FirehoseClient, FirehoseEvent, JetstreamClient,
+    JetstreamConfig, JetstreamEvent, JetstreamOptions,
+};
+use riptide_firehose::verify::{Verdict as RsVerdict, Verifier as RsVerifier};
+use riptide_firehose::FrameDecoder;
+use tokio::sync::oneshot;
+
+use crate::frame::{Buf, Frame, FrameData};
+use crate::keys::Keys;
+use crate::topy::json_to_py;
+use crate::verify::Verdict;
+
+/// Most events processed into one batch.
+const BATCH: usize = 512;
+/// Events buffered between the socket thread and the worker.
+const RAW_QUEUE: usize = 4096;
+/// Batches buffered between the worker and Python.
+const OUT_QUEUE: usize = 16;
+
+/// What the worker hands Python.
+enum Item {
+    Frame(Box<FrameData>),
+    Event(serde_json::Value),
+    /// A Jetstream message that is not JSON. (The client parses every message before handing
+    /// it over, so this does not happen; if it ever did, Python would see it, not lose it.)
+    BadEvent(String),
+}
+
+/// A running client: the batch queue, the stop signal and the counters.
+struct Pipeline {
+    rx: Mutex<Option<Receiver<Vec<Item>>>>,
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+    stats: Arc<ClientStats>,
+}
+
+impl Pipeline {
+    /// Starts the socket thread (`next` gives the stream's events) and the worker (`process`
+    /// turns an event into an item).
+    fn start<C, E, N, P>(
+        client: C,
+        stats: Arc<ClientStats>,
+        next: N,
+        mut process: P,
+    ) -> PyResult<Pipeline>
+    where
+        C: Send + 'static,
+        E: Send + 'static,
+        N: for<'c> AsyncNext<'c, C, E> + Send + 'static,
+        P: FnMut(E) -> Item + Send + 'static,
+    {
+        let (raw_tx, raw_rx) = sync_channel::<E>(RAW_QUEUE);
+        let (out_tx, out_rx) = sync_channel::<Vec<Item>>(OUT_QUEUE);
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| PyRuntimeError::new_err(format!("runtime: {e}")))?;
+        std::thread::Builder::new()
+            .name("riptide-socket".into())
+            .spawn(move || socket_loop(rt, client, next, raw_tx, stop_rx))
+            .map_err(|e| PyRuntimeError::new_err(format!("thread: {e}")))?;
+        std::thread::Builder::new()
+            .name("riptide-worker".into())
+            .spawn(move || {
+                while let Ok(first) = raw_rx.recv() {
+                    let mut batch = Vec::with_capacity(64);
+                    batch.push(process(first));
+                    while batch.len() < BATCH {
+                        match raw_rx.try_recv() {
+                            Ok(e) => batch.push(process(e)),
+                            Err(_) => break,
+                        }
+                    }
+                    if out_tx.send(batch).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|e| PyRuntimeError::new_err(format!("thread: {e}")))?;
+        Ok(Pipeline {
+            rx: Mutex::new(Some(out_rx)),
+            stop: Mutex::new(Some(stop_tx)),
+            stats,
+        })
+    }
+
+    /// The next batch, waiting at most `timeout` seconds with the GIL released: `Some(empty)` on
+    /// timeout, `None` once closed.
+    fn take(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Vec<Item>>> {
+        let timeout = Duration::try_from_secs_f64(timeout.max(0.0))
+            .map_err(|e| PyValueError::new_err(format!("timeout: {e}")))?;
+        let r = py.detach(|| {
+            let rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+            match rx.as_ref() {
+                None => Err(RecvTimeoutError::Disconnected),
+                Some(rx) => rx.recv_timeout(timeout),
+            }
+        });
+        match r {
+            Ok(batch) => Ok(Some(batch)),
+            Err(RecvTimeoutError::Timeout) => Ok(Some(Vec::new())),
+            Err(RecvTimeoutError::Disconnected) => {
+                if self.is_closed() {
+                    Ok(None)
+                } else {
+                    Err(PyRuntimeError::new_err("the client's threads stopped"))
+                }
+            }
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        self.stop
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
+    }
+
+    fn close(&self) {
+        if let Some(stop) = self.stop.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = stop.send(());
+        }
+        self.rx.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.stats.snapshot();
+        let d = PyDict::new(py);
+        d.set_item("messages", s.messages)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("connects", s.connects)?;
+        d.set_item("reconnects", s.reconnects)?;
+        d.set_item("connect_failures", s.connect_failures)?;
+        d.set_item("decode_errors", s.decode_errors)?;
+        let v = PyDict::new(py);
+        for (verdict, n) in RsVerdict::ALL.iter().zip(s.verdicts) {
+            v.set_item(verdict.as_str(), n)?;
+        }
+        d.set_item("verdicts", v)?;
+        Ok(d)
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// `client.next()` as a trait, so one socket loop serves both clients.
+trait AsyncNext<'c, C, E> {
+    type Fut: std::future::Future<Output = E> + 'c;
+    fn next(&self, client: &'c mut C) -> Self::Fut;
+}
+
+struct FirehoseNext;
+impl<'c> AsyncNext<'c, FirehoseClient, FirehoseEvent> for FirehoseNext {
+    type Fut = std::pin::Pin<Box<dyn std::future::Future<Output = FirehoseEvent> + 'c>>;
+    fn next(&self, client: &'c mut FirehoseClient) -> Self::Fut {
+        Box::pin(client.next())
+    }
+}
+
+struct JetstreamNext;
+impl<'c> AsyncNext<'c, JetstreamClient, JetstreamEvent> for JetstreamNext {
+    type Fut = std::pin::Pin<Box<dyn std::future::Future<Output = JetstreamEvent> + 'c>>;
+    fn next(&self, client: &'c mut JetstreamClient) -> Self::Fut {
+        Box::pin(client.next())
+    }
+}
+
+fn socket_loop<C, E, N>(
+    rt: tokio::runtime::Runtime,
+    mut client: C,
+    next: N,
+    raw_tx: SyncSender<E>,
+    mut stop_rx: oneshot::Receiver<()>,
+) where
+    N: for<'c> AsyncNext<'c, C, E>,
+{
+    rt.block_on(async {
+        loop {
+            let event = tokio::select! {
+                _ = &mut stop_rx => break,
+                e = next.next(&mut client) => e,
+            };
+            // Blocks this thread (its own runtime) while the worker is behind: backpressure.
+            if raw_tx.send(event).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+fn client_error(e: ClientError) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+fn config(url: String, cursor: Option<i64>) -> ClientConfig {
+    let mut cfg = ClientConfig::with_hosts([url]);
+    cfg.start_cursor = cursor;
+    cfg
+}
+
+/// The native half of `riptide.Firehose`.
+#[pyclass(module = "riptide", name = "_FirehoseCore")]
+pub struct FirehoseCore {
+    pipeline: Pipeline,
+}
+
+impl std::fmt::Debug for FirehoseCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FirehoseCore").finish_non_exhaustive()
+    }
+}
+
+#[pymethods]
+impl FirehoseCore {
+    #[new]
+    #[pyo3(signature = (url, cursor = None, verify = true, did_docs_json = None, plc_url = None))]
+    fn new(
+        url: String,
+        cursor: Option<i64>,
+        verify: bool,
+        did_docs_json: Option<&[u8]>,
+        plc_url: Option<String>,
+    ) -> PyResult<FirehoseCore> {
+        let client = FirehoseClient::new(config(url, cursor)).map_err(client_error)?;
+        let stats = client.stats();
+        let mut verifier = if verify {
+            Some(RsVerifier::new(Keys::new(did_docs_json, plc_url)?))
+        } else {
+            None
+        };
+        let mut decoder = FrameDecoder::new();
+        let mut arena = Arena::new();
+        let counts = stats.clone();
+        let process = move |ev: FirehoseEvent| -> Item {
+            let bytes = ev.bytes;
+            let decoded =
+                |decoder: &mut FrameDecoder, arena: &mut Arena| match decoder.decode(&bytes) {
+                    Ok(f) => FrameData::new(Buf::Rust(bytes.clone()), &f),
+                    Err(e) => FrameData::invalid(bytes.clone(), arena, &e),
+                };
+            let data = match &mut verifier {
+                Some(v) => {
+                    let (report, data) =
+                        v.check_then(&bytes, |f| FrameData::new(Buf::Rust(bytes.clone()), f));
+                    counts.record_verdict(report.verdict);
+                    // A frame that failed is still shown, decoded as far as it goes.
+                    let mut data = data.unwrap_or_else(|| decoded(&mut decoder, &mut arena));
+                    data.verdict = Some(Verdict::of_report(&report));
+                    data
+                }
+                None => decoded(&mut decoder, &mut arena),
+            };
+            Item::Frame(Box::new(data))
+        };
+        Ok(FirehoseCore {
+            pipeline: Pipeline::start(client, stats, FirehoseNext, process)?,
+        })
+    }
+
+    /// The next batch of frames (waiting at most `timeout` seconds; empty on timeout), or None
+    /// once closed.
+    fn take(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Py<PyList>>> {
+        items_to_py(py, self.pipeline.take(py, timeout)?)
+    }
+
+    /// Stops the client (the GIL released while its queue is locked: a `take` may hold it).
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.pipeline.close());
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.pipeline.stats(py)
+    }
+}
+
+/// The native half of `riptide.Jetstream`.
+#[pyclass(module = "riptide", name = "_JetstreamCore")]
+pub struct JetstreamCore {
+    pipeline: Pipeline,
+}
+
+impl std::fmt::Debug for JetstreamCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JetstreamCore").finish_non_exhaustive()
+    }
+}
+
+#[pymethods]
+impl JetstreamCore {
+    #[new]
+    #[pyo3(signature = (url, collections = None, dids = None, cursor = None, zstd_dictionary = None))]
+    fn new(
+        url: String,
+        collections: Option<Vec<String>>,
+        dids: Option<Vec<String>>,
+        cursor: Option<i64>,
+        zstd_dictionary: Option<Vec<u8>>,
+    ) -> PyResult<JetstreamCore> {
+        let cfg = JetstreamConfig {
+            client: config(url, cursor),
+            options: JetstreamOptions {
+                wanted_collections: collections.unwrap_or_default(),
+                wanted_dids: dids.unwrap_or_default(),
+                max_message_size_bytes: 0,
+            },
+            dictionary: zstd_dictionary,
+            require_hello: false,
+        };
+        let client = JetstreamClient::new(cfg).map_err(client_error)?;
+        let stats = client.stats();
+        let process = |ev: JetstreamEvent| match serde_json::from_slice(&ev.raw) {
+            Ok(v) => Item::Event(v),
+            Err(e) => Item::BadEvent(format!("not JSON: {e}")),
+        };
+        Ok(JetstreamCore {
+            pipeline: Pipeline::start(client, stats, JetstreamNext, process)?,
+        })
+    }
+
+    /// The next batch of events as dicts (waiting at most `timeout` seconds; empty on timeout),
+    /// or None once closed.
+    fn take(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Py<PyList>>> {
+        items_to_py(py, self.pipeline.take(py, timeout)?)
+    }
+
+    /// Stops the client (the GIL released while its queue is locked: a `take` may hold it).
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.pipeline.close());
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.pipeline.stats(py)
+    }
+}
+
+fn items_to_py(py: Python<'_>, batch: Option<Vec<Item>>) -> PyResult<Option<Py<PyList>>> {
+    let Some(batch) = batch else {
+        return Ok(None);
+    };
+    let list = PyList::empty(py);
+    for item in batch {
+        match item {
+            Item::Frame(d) => list.append(Py::new(py, Frame::new(*d))?)?,
+            Item::Event(v) => list.append(json_to_py(py, &v)?)?,
+            Item::BadEvent(why) => {
+                let d = PyDict::new(py);
+                d.set_item("kind", "invalid")?;
+                d.set_item("error", why)?;
+                list.append(d)?;
+            }
+        }
+    }
+    Ok(Some(list.unbind()))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<FirehoseCore>()?;
+    m.add_class::<JetstreamCore>()?;
+    Ok(())
+}

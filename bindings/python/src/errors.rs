@@ -1,0 +1,91 @@
+//! The exceptions: `DecodeError` and its subclasses, one per class of frame error
+//! (`FrameError::class`, the names `riptide decode` counts), each with the byte offset; and
+//! `CorpusError` for a corpus file that does not follow the format.
+//!
+//! The message is the CLI's (`FrameError`'s `Display`, which ends with the frame byte), so a
+//! Python user and a CLI user read the same words.
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use riptide_firehose::corpus::CorpusError as CorpusFormatError;
+use riptide_firehose::FrameError;
+
+create_exception!(
+    riptide,
+    DecodeError,
+    PyValueError,
+    "A frame that does not decode. `.offset`: byte offset in the frame; `.name`: the class \
+     (`truncated`, `malformed`, `limits`, `bad-block-cid`)."
+);
+create_exception!(
+    riptide,
+    TruncatedError,
+    DecodeError,
+    "The frame ends early."
+);
+create_exception!(
+    riptide,
+    MalformedError,
+    DecodeError,
+    "The frame is not what the protocol defines."
+);
+create_exception!(
+    riptide,
+    LimitsError,
+    DecodeError,
+    "The frame is over a limit (size, block count, nesting)."
+);
+create_exception!(
+    riptide,
+    BadBlockCidError,
+    DecodeError,
+    "A CAR block's bytes do not hash to its CID."
+);
+create_exception!(
+    riptide,
+    CorpusError,
+    PyValueError,
+    "A corpus file that does not follow the format. `.index`: the frame; `.offset`: byte offset in the file."
+);
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("DecodeError", py.get_type::<DecodeError>())?;
+    m.add("TruncatedError", py.get_type::<TruncatedError>())?;
+    m.add("MalformedError", py.get_type::<MalformedError>())?;
+    m.add("LimitsError", py.get_type::<LimitsError>())?;
+    m.add("BadBlockCidError", py.get_type::<BadBlockCidError>())?;
+    m.add("CorpusError", py.get_type::<CorpusError>())?;
+    Ok(())
+}
+
+/// A decoding error of class `class` with this message and offset, as a Python exception.
+pub fn decode_error(py: Python<'_>, class: &str, message: String, offset: usize) -> PyErr {
+    let err = match class {
+        "truncated" => TruncatedError::new_err(message),
+        "limits" => LimitsError::new_err(message),
+        "bad-block-cid" => BadBlockCidError::new_err(message),
+        _ => MalformedError::new_err(message),
+    };
+    let value = err.value(py);
+    // Setting attributes on a fresh exception instance cannot fail but for memory exhaustion;
+    // the exception is raised either way.
+    let _ = value.setattr("offset", offset);
+    let _ = value.setattr("name", class);
+    err
+}
+
+/// A frame error as a Python exception (`FrameError`'s message, the CLI's).
+pub fn frame_error(py: Python<'_>, e: &FrameError) -> PyErr {
+    decode_error(py, e.class(), e.to_string(), e.offset())
+}
+
+/// A corpus error as a Python exception.
+pub fn corpus_error(py: Python<'_>, e: &CorpusFormatError) -> PyErr {
+    let err = CorpusError::new_err(e.to_string());
+    let value = err.value(py);
+    let _ = value.setattr("index", e.index);
+    let _ = value.setattr("offset", e.offset);
+    err
+}

@@ -1,0 +1,470 @@
+//! `decode_frame`, `read_corpus` and the `Frame` / `RepoOp` classes.
+//!
+//! A decoded [`riptide_firehose::Frame`] borrows its bytes and its decoder, so it cannot cross into
+//! Python as is. [`FrameData`] is its owned summary: the frame bytes (a reference-counted
+//! `Bytes`, shared, not copied, when it came from a socket), the payload fields as Python will read
+//! them, and for each op the byte range of its record block inside the frame. The record itself
+//! is turned into a dict only when `RepoOp.record` is first read (then cached): a consumer that
+//! looks at one collection pays nothing for the others.
+//!
+//! The frame is decoded exactly as `riptide decode` decodes it (strict, every block's SHA-256
+//! checked against its CID unless `verify_cids=False`, every block decoded as DAG-CBOR), with the
+//! GIL released.
+
+use std::cell::RefCell;
+
+use bytes::Bytes;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+use riptide_cbor::{Arena, CidBuf, Options};
+use riptide_firehose::corpus::split_frames;
+use riptide_firehose::verify::peek;
+use riptide_firehose::{Action, Body, DecodeOptions, Frame as RsFrame, FrameDecoder, FrameError};
+
+use crate::errors;
+use crate::topy::value_to_py;
+use crate::verify::Verdict;
+
+/// One op, owned.
+#[derive(Clone, Debug)]
+pub struct OpData {
+    action: &'static str,
+    path: String,
+    // CIDs are kept binary (inline, no heap) and rendered as text only when Python asks.
+    cid: Option<CidBuf>,
+    prev: Option<CidBuf>,
+    /// The record block's byte range in the frame (create, update), if it is in the CAR.
+    record: Option<(usize, usize)>,
+}
+
+/// The bytes of a frame: the socket's buffer (a client's frames) or the caller's `bytes` object
+/// (`decode_frame`: kept, not copied).
+#[derive(Debug)]
+pub enum Buf {
+    Rust(Bytes),
+    Py(Py<PyBytes>),
+}
+
+impl Buf {
+    fn slice<'a>(&'a self, py: Python<'a>) -> &'a [u8] {
+        match self {
+            Buf::Rust(b) => b,
+            Buf::Py(b) => b.as_bytes(py),
+        }
+    }
+
+    fn clone_ref(&self, py: Python<'_>) -> Buf {
+        match self {
+            Buf::Rust(b) => Buf::Rust(b.clone()),
+            Buf::Py(b) => Buf::Py(b.clone_ref(py)),
+        }
+    }
+}
+
+/// A decoded frame, owned: what crosses from a Rust thread to Python.
+#[derive(Debug)]
+pub struct FrameData {
+    pub bytes: Buf,
+    pub kind: &'static str,
+    pub seq: Option<i64>,
+    pub did: Option<String>,
+    rev: Option<String>,
+    since: Option<String>,
+    time: Option<String>,
+    commit: Option<CidBuf>,
+    prev_data: Option<CidBuf>,
+    blocks: usize,
+    handle: Option<String>,
+    active: Option<bool>,
+    status: Option<String>,
+    name: Option<String>,
+    message: Option<String>,
+    ops: Vec<OpData>,
+    /// The frame error, for a frame a client received that does not decode.
+    error: Option<(&'static str, String, usize)>,
+    /// The verdict, for frames a verifying client checked.
+    pub verdict: Option<Verdict>,
+}
+
+impl FrameData {
+    /// The owned summary of a decoded frame, holding `buf`, the frame's bytes.
+    pub fn new(buf: Buf, frame: &RsFrame<'_>) -> FrameData {
+        let base = frame.bytes().as_ptr() as usize;
+        let owned = |s: &str| Some(s.to_owned());
+        let mut d = FrameData::empty(buf, frame.body().kind());
+        d.seq = frame.body().seq();
+        d.did = frame.body().did().map(str::to_owned);
+        d.blocks = frame.block_count();
+        match frame.body() {
+            Body::Commit(c) => {
+                d.rev = owned(c.rev);
+                d.since = c.since.map(str::to_owned);
+                d.time = owned(c.time);
+                d.commit = Some(c.commit.to_buf());
+                d.prev_data = c.prev_data.map(|c| c.to_buf());
+                d.ops = c
+                    .ops()
+                    .map(|op| OpData {
+                        action: op.action.as_str(),
+                        path: op.path.to_owned(),
+                        cid: op.cid.map(|c| c.to_buf()),
+                        prev: op.prev.map(|c| c.to_buf()),
+                        record: match op.action {
+                            Action::Delete => None,
+                            _ => op
+                                .cid
+                                .and_then(|cid| frame.block_bytes(cid))
+                                .map(|b| (b.as_ptr() as usize - base, b.len())),
+                        },
+                    })
+                    .collect();
+            }
+            Body::Sync(s) => {
+                d.rev = owned(s.rev);
+                d.time = owned(s.time);
+            }
+            Body::Identity(i) => {
+                d.time = owned(i.time);
+                d.handle = i.handle.map(str::to_owned);
+            }
+            Body::Account(a) => {
+                d.time = owned(a.time);
+                d.active = Some(a.active);
+                d.status = a.status.map(str::to_owned);
+            }
+            Body::Info(i) => {
+                d.name = owned(i.name);
+                d.message = i.message.map(str::to_owned);
+            }
+            Body::Error(e) => {
+                d.name = owned(e.error);
+                d.message = e.message.map(str::to_owned);
+            }
+            Body::Unknown { .. } => {}
+        }
+        d
+    }
+
+    /// A frame that does not decode: its kind, seq and DID as far as they can be read.
+    pub fn invalid(bytes: Bytes, arena: &mut Arena, e: &FrameError) -> FrameData {
+        let p = peek(arena, &bytes);
+        let (kind, seq, did) = (p.kind, p.seq, p.did.map(str::to_owned));
+        let mut d = FrameData::empty(Buf::Rust(bytes), kind);
+        d.seq = seq;
+        d.did = did;
+        d.error = Some((e.class(), e.to_string(), e.offset()));
+        d
+    }
+
+    fn empty(bytes: Buf, kind: &'static str) -> FrameData {
+        FrameData {
+            bytes,
+            kind,
+            seq: None,
+            did: None,
+            rev: None,
+            since: None,
+            time: None,
+            commit: None,
+            prev_data: None,
+            blocks: 0,
+            handle: None,
+            active: None,
+            status: None,
+            name: None,
+            message: None,
+            ops: Vec::new(),
+            error: None,
+            verdict: None,
+        }
+    }
+}
+
+/// A decoded firehose frame (`com.atproto.sync.subscribeRepos` message).
+#[pyclass(module = "riptide", name = "Frame")]
+#[derive(Debug)]
+pub struct Frame {
+    data: FrameData,
+    ops: Option<Py<PyList>>,
+}
+
+impl Frame {
+    pub fn new(data: FrameData) -> Frame {
+        Frame { data, ops: None }
+    }
+}
+
+#[pymethods]
+impl Frame {
+    /// `commit`, `sync`, `identity`, `account`, `info`, `error`, `unknown`; `invalid` for a
+    /// frame a client received that does not decode (see `error`).
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.data.kind
+    }
+    /// The relay sequence number (commit, sync, identity, account).
+    #[getter]
+    fn seq(&self) -> Option<i64> {
+        self.data.seq
+    }
+    /// The account DID (`repo` of a commit).
+    #[getter]
+    fn did(&self) -> Option<&str> {
+        self.data.did.as_deref()
+    }
+    /// The commit's revision (commit, sync).
+    #[getter]
+    fn rev(&self) -> Option<&str> {
+        self.data.rev.as_deref()
+    }
+    /// The revision a commit follows.
+    #[getter]
+    fn since(&self) -> Option<&str> {
+        self.data.since.as_deref()
+    }
+    /// When the relay saw the event (RFC 3339).
+    #[getter]
+    fn time(&self) -> Option<&str> {
+        self.data.time.as_deref()
+    }
+    /// The signed commit's CID (commit).
+    #[getter]
+    fn commit(&self) -> Option<String> {
+        self.data.commit.map(|c| c.to_string())
+    }
+    /// The MST root before the commit (Sync 1.1).
+    #[getter]
+    fn prev_data(&self) -> Option<String> {
+        self.data.prev_data.map(|c| c.to_string())
+    }
+    /// Number of blocks in the embedded CAR.
+    #[getter]
+    fn blocks(&self) -> usize {
+        self.data.blocks
+    }
+    /// The handle of an `#identity` event, if it carries one.
+    #[getter]
+    fn handle(&self) -> Option<&str> {
+        self.data.handle.as_deref()
+    }
+    /// Whether the account is active (`#account`).
+    #[getter]
+    fn active(&self) -> Option<bool> {
+        self.data.active
+    }
+    /// Why not (`#account`), when given.
+    #[getter]
+    fn status(&self) -> Option<&str> {
+        self.data.status.as_deref()
+    }
+    /// The name of an `#info` message or error frame (`OutdatedCursor`, `FutureCursor`, …).
+    #[getter]
+    fn name(&self) -> Option<&str> {
+        self.data.name.as_deref()
+    }
+    /// The message of an `#info` or error frame.
+    #[getter]
+    fn message(&self) -> Option<&str> {
+        self.data.message.as_deref()
+    }
+    /// Why the frame does not decode (kind `invalid`), as `riptide decode` says it.
+    #[getter]
+    fn error(&self) -> Option<&str> {
+        self.data.error.as_ref().map(|e| e.1.as_str())
+    }
+    /// The verdict, for frames of a verifying `Firehose`.
+    #[getter]
+    fn verdict(&self) -> Option<Verdict> {
+        self.data.verdict.clone()
+    }
+    /// The frame bytes as received.
+    #[getter]
+    fn bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        match &self.data.bytes {
+            Buf::Py(b) => b.clone_ref(py).into_bound(py),
+            Buf::Rust(b) => PyBytes::new(py, b),
+        }
+    }
+    /// The ops of a commit (empty for other kinds).
+    #[getter]
+    fn ops(&mut self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        if let Some(ops) = &self.ops {
+            return Ok(ops.clone_ref(py));
+        }
+        let list = PyList::empty(py);
+        for op in &self.data.ops {
+            list.append(RepoOp {
+                bytes: self.data.bytes.clone_ref(py),
+                op: op.clone(),
+                record: None,
+            })?;
+        }
+        let list = list.unbind();
+        self.ops = Some(list.clone_ref(py));
+        Ok(list)
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "Frame(kind={:?}, seq={}, did={}, ops={})",
+            self.data.kind,
+            self.data.seq.map_or("None".into(), |s| s.to_string()),
+            self.data
+                .did
+                .as_deref()
+                .map_or("None".into(), |d| format!("{d:?}")),
+            self.data.ops.len()
+        )
+    }
+}
+
+/// One op of a commit.
+#[pyclass(module = "riptide", name = "RepoOp")]
+#[derive(Debug)]
+pub struct RepoOp {
+    bytes: Buf,
+    op: OpData,
+    record: Option<Py<PyAny>>,
+}
+
+#[pymethods]
+impl RepoOp {
+    /// `create`, `update` or `delete`.
+    #[getter]
+    fn action(&self) -> &'static str {
+        self.op.action
+    }
+    /// `collection/rkey`.
+    #[getter]
+    fn path(&self) -> &str {
+        &self.op.path
+    }
+    /// The collection NSID.
+    #[getter]
+    fn collection(&self) -> &str {
+        self.op
+            .path
+            .split_once('/')
+            .map_or(&self.op.path, |(c, _)| c)
+    }
+    /// The record key.
+    #[getter]
+    fn rkey(&self) -> &str {
+        self.op.path.split_once('/').map_or("", |(_, r)| r)
+    }
+    /// The new record's CID (create, update); None for delete.
+    #[getter]
+    fn cid(&self) -> Option<String> {
+        self.op.cid.map(|c| c.to_string())
+    }
+    /// The previous record's CID (update, delete; Sync 1.1).
+    #[getter]
+    fn prev(&self) -> Option<String> {
+        self.op.prev.map(|c| c.to_string())
+    }
+    /// The record as a dict in atproto JSON form (`$link`, `$bytes`), built on first access;
+    /// None for a delete, or when the record block is not in the frame's CAR (as in
+    /// `riptide decode --json`).
+    #[getter]
+    fn record(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        if let Some(r) = &self.record {
+            return Ok(r.clone_ref(py));
+        }
+        let Some((start, len)) = self.op.record else {
+            return Ok(py.None());
+        };
+        let obj = record_to_py(py, self.bytes.slice(py), start..start + len)?.unbind();
+        self.record = Some(obj.clone_ref(py));
+        Ok(obj)
+    }
+    fn __repr__(&self) -> String {
+        format!(
+            "RepoOp(action={:?}, path={:?}, cid={})",
+            self.op.action,
+            self.op.path,
+            self.op
+                .cid
+                .map_or("None".into(), |c| format!("{:?}", c.to_string()))
+        )
+    }
+}
+
+thread_local! {
+    static RECORD_ARENA: RefCell<Arena> = RefCell::new(Arena::new());
+    static DECODER: RefCell<FrameDecoder> = RefCell::new(FrameDecoder::new());
+    static DECODER_UNVERIFIED: RefCell<FrameDecoder> =
+        RefCell::new(FrameDecoder::with_options(DecodeOptions::unverified()));
+}
+
+/// Decodes one record block (already checked when the frame was decoded) into Python objects.
+fn record_to_py<'py>(
+    py: Python<'py>,
+    bytes: &[u8],
+    range: std::ops::Range<usize>,
+) -> PyResult<Bound<'py, PyAny>> {
+    RECORD_ARENA.with(|arena| {
+        let mut arena = arena.borrow_mut();
+        let mut tape = arena.tape(bytes);
+        let start = range.start;
+        let item = tape.decode(range, &Options::strict()).map_err(|e| {
+            errors::decode_error(
+                py,
+                "malformed",
+                format!("record block: {e}"),
+                e.offset().max(start),
+            )
+        })?;
+        let doc = tape.finish();
+        value_to_py(py, doc.value(item))
+    })
+}
+
+/// Decodes `bytes` on this thread's decoder: the owned summary (holding `buf`, which must hold
+/// these bytes), or the frame error.
+fn decode_owned(buf: Buf, bytes: &[u8], verify_cids: bool) -> Result<FrameData, FrameError> {
+    let run = |dec: &RefCell<FrameDecoder>| {
+        let mut dec = dec.borrow_mut();
+        dec.decode(bytes).map(|f| FrameData::new(buf, &f))
+    };
+    if verify_cids {
+        DECODER.with(run)
+    } else {
+        DECODER_UNVERIFIED.with(run)
+    }
+}
+
+/// decode_frame(data, verify_cids=True) -> Frame
+///
+/// Decodes one firehose frame: header, payload, the embedded CAR with every block's SHA-256
+/// checked against its CID (unless verify_cids=False), every block decoded as strict DAG-CBOR.
+/// Raises a DecodeError subclass (with .offset) when the frame does not decode.
+#[pyfunction]
+#[pyo3(signature = (data, verify_cids = true))]
+fn decode_frame(py: Python<'_>, data: &Bound<'_, PyBytes>, verify_cids: bool) -> PyResult<Frame> {
+    // The frame keeps the caller's (immutable) bytes object alive instead of copying it.
+    let buf = Buf::Py(data.clone().unbind());
+    let bytes = data.as_bytes();
+    let result = py.detach(move || decode_owned(buf, bytes, verify_cids));
+    match result {
+        Ok(d) => Ok(Frame::new(d)),
+        Err(e) => Err(errors::frame_error(py, &e)),
+    }
+}
+
+/// Splits a corpus file's bytes into frames (the native half of `read_corpus`).
+#[pyfunction]
+fn split_corpus<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
+    let frames = split_frames(data).map_err(|e| errors::corpus_error(py, &e))?;
+    let list = PyList::empty(py);
+    for f in frames {
+        list.append(PyBytes::new(py, f.bytes))?;
+    }
+    Ok(list)
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Frame>()?;
+    m.add_class::<RepoOp>()?;
+    m.add_function(wrap_pyfunction!(decode_frame, m)?)?;
+    m.add_function(wrap_pyfunction!(split_corpus, m)?)?;
+    Ok(())
+}
