@@ -47,8 +47,16 @@ use crate::log::Log;
 use crate::metrics::Metrics;
 use crate::store::{Resume, StoreError};
 
-/// One upstream frame: the relay's seq (the cursor to resume from) and the message bytes.
+/// One upstream frame: the relay's seq (the cursor to resume from) and the message bytes. A frame
+/// with no bytes is not a frame but [`cursor_reset`].
 pub type UpstreamFrame = (u64, Bytes);
+
+/// The message that tells ingest the relay's numbering went backwards: the frames that follow,
+/// from `seq` on, are new even if the stored cursor is higher (see `upstream.rs`, "Seqs that go
+/// backwards"). The stored cursor then follows the relay. (No real frame is empty.)
+pub fn cursor_reset(seq: u64) -> UpstreamFrame {
+    (seq, Bytes::new())
+}
 
 /// How ingest runs.
 #[derive(Clone, Debug)]
@@ -212,6 +220,10 @@ pub fn spawn(
     }
     let m = metrics.clone();
     let start_cursor = resume.upstream_cursor;
+    // The gauge says where the store is from the start, not only after the first batch.
+    metrics
+        .upstream_seq
+        .store(start_cursor.unwrap_or(0), Relaxed);
     others.push(
         std::thread::Builder::new()
             .name("ingest-dispatch".into())
@@ -251,6 +263,11 @@ fn dispatch(
     // together (one wake-up of a waiting sender per chunk, not per frame).
     while rx.blocking_recv_many(&mut frames, CHUNK) > 0 {
         for (seq, bytes) in frames.drain(..) {
+            if bytes.is_empty() {
+                // `cursor_reset`: counted and logged by the source.
+                cursor = seq.checked_sub(1);
+                continue;
+            }
             let received_us = crate::now_us();
             metrics.frames_in.fetch_add(1, Relaxed);
             metrics.upstream_last_us.store(received_us, Relaxed);
@@ -386,6 +403,18 @@ fn project(
     metrics: &Metrics,
     out: &mut DoneChunk,
 ) {
+    let time = match *frame.body() {
+        riptide_firehose::Body::Commit(c) => Some(c.time),
+        riptide_firehose::Body::Sync(s) => Some(s.time),
+        riptide_firehose::Body::Identity(i) => Some(i.time),
+        riptide_firehose::Body::Account(a) => Some(a.time),
+        _ => None,
+    };
+    if let Some(t) = time.and_then(|t| riptide_syntax::Datetime::parse(t).ok()) {
+        metrics
+            .upstream_event_time_us
+            .fetch_max(t.timestamp_micros(), Relaxed);
+    }
     let p = projector.project(frame);
     for &(op, why) in p.drops() {
         metrics.drop_op(why);
@@ -506,7 +535,7 @@ fn write(
             }
         }
         let t0 = Instant::now();
-        log.store().append(&events, &resume)?;
+        append_until_stored(&log, &metrics, &events, &resume);
         metrics.store_append_seconds.observe(t0.elapsed());
         log.publish(&events);
         let now = crate::now_us();
@@ -531,4 +560,45 @@ fn write(
     }
     summary.resume = resume;
     Ok(summary)
+}
+
+/// How long ingest waits before retrying a store write that failed (doubling up to a minute).
+const STORE_RETRY_FIRST: Duration = Duration::from_millis(500);
+
+/// Appends one batch, retrying until it is stored: a full or read-only disk pauses ingest (the
+/// upstream channel fills and the source stops reading) while subscribers go on reading what is
+/// stored. The pause is loud — `riptide_ingest_paused` 1, `/readyz` 503, one error line, then one
+/// every ten failures — and ends by itself when a write succeeds again. Nothing is published
+/// until it is durable, so nothing is lost or duplicated across the pause.
+fn append_until_stored(log: &Log, metrics: &Metrics, events: &[Event], resume: &Resume) {
+    let mut wait = STORE_RETRY_FIRST;
+    let mut failures = 0u64;
+    loop {
+        let r = match crate::faults::store_write() {
+            Some(e) => Err(e),
+            None => log.store().append(events, resume),
+        };
+        match r {
+            Ok(()) => {
+                if failures > 0 {
+                    metrics.ingest_paused.store(false, Relaxed);
+                    tracing::warn!(failures, "store writable again: ingest resumed");
+                }
+                return;
+            }
+            Err(e) => {
+                metrics.store_write_failures.fetch_add(1, Relaxed);
+                metrics.ingest_paused.store(true, Relaxed);
+                if failures % 10 == 0 {
+                    tracing::error!(
+                        error = %e, failures = failures + 1, retry_in = ?wait,
+                        "store write failed (disk full or read-only?): ingest paused, still serving reads"
+                    );
+                }
+                failures += 1;
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_secs(60));
+            }
+        }
+    }
 }

@@ -55,6 +55,11 @@ use fjall::{AbstractTree, Config, Keyspace, PartitionCreateOptions, PartitionHan
 use crate::event::{CorruptEvent, Event};
 use crate::log::ReadLimit;
 
+/// Most files the store keeps open (fjall's descriptor cache; its default is 900). Kept small
+/// and fixed so the connection budget can leave room for it (`limits.rs`): a store that cannot
+/// open its next journal file is poisoned.
+pub const STORE_MAX_OPEN_FILES: usize = 256;
+
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -66,6 +71,12 @@ pub enum StoreError {
         path: String,
         /// The cause.
         source: fjall::Error,
+    },
+    /// A fault injected by a test hook (`faults.rs`), standing for an I/O failure.
+    #[error("injected fault: {source}")]
+    Injected {
+        /// The failure it stands for.
+        source: std::io::Error,
     },
     /// A stored value is corrupt.
     #[error(transparent)]
@@ -192,6 +203,7 @@ impl Store {
         // (fjall flushes the largest memtables once the buffer is half full).
         let ks = Config::new(dir)
             .max_write_buffer_size(3 * u64::from(EVENTS_MEMTABLE))
+            .max_open_files(STORE_MAX_OPEN_FILES)
             .open()
             .map_err(fj)?;
         let existed = ks.partition_exists("events");
