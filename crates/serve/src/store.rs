@@ -299,6 +299,18 @@ impl Store {
         b.commit().map_err(|e| self.err(e))
     }
 
+    /// Replaces the stored upstream cursor (`None`: forget it, so the next start follows the
+    /// relay from `--upstream-cursor` or live), durably. The operator's way out when the relay
+    /// this store followed was reset or replaced (`riptide serve --reset-upstream-cursor`).
+    pub fn set_upstream_cursor(&self, cursor: Option<u64>) -> Result<(), StoreError> {
+        let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        match cursor {
+            Some(c) => b.insert(&self.meta, UPSTREAM, c.to_be_bytes()),
+            None => b.remove(&self.meta, UPSTREAM),
+        }
+        b.commit().map_err(|e| self.err(e))
+    }
+
     /// The retention floor: the oldest seq a read may return (0 before any retention pass).
     pub fn floor(&self) -> u64 {
         self.floor.load(Relaxed)

@@ -3,7 +3,9 @@
 //! Decodes every frame of a corpus file (format of `shared/docs/formats.md`). Without `--json`, a
 //! summary on stdout; with `--json`, one object per frame with records rendered as atproto JSON.
 //! A frame that fails is reported on stderr with its index, byte offset and reason, counted and
-//! skipped; the exit code is 1 if any frame failed.
+//! skipped; the exit code is 1 if any frame failed. Only the first [`ERROR_LINES`] of each error
+//! class are printed (then a count); frames are read one at a time, so memory stays bounded by
+//! the file.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -11,10 +13,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use riptide_cbor::{write_json, write_json_int, write_json_string};
-use riptide_firehose::corpus::split_frames;
+use riptide_firehose::corpus;
 use riptide_firehose::{Action, Body, DecodeOptions, Frame, FrameDecoder};
 
 use crate::out;
+
+/// Error lines printed per error class (and for missing records); the rest are counted.
+const ERROR_LINES: u64 = 20;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -30,7 +35,9 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = super::read_file(&args.file)?;
-    let frames = split_frames(&file)?;
+    // One frame at a time: memory stays bounded by the file, however many frames it holds.
+    let frames = corpus::frames(&file)?;
+    let count = frames.count;
     let opts = if args.no_verify {
         DecodeOptions::unverified()
     } else {
@@ -43,14 +50,28 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut errors: BTreeMap<&'static str, u64> = BTreeMap::new();
     let (mut blocks, mut bytes, mut failed, mut missing_records) = (0u64, 0u64, 0u64, 0u64);
     let mut line = Vec::with_capacity(1 << 16);
-    for f in &frames {
+    // Error lines are capped per class (a file of millions of broken frames printed one line
+    // each took minutes); the rest are counted, and said once at the end.
+    let mut stderr = std::io::BufWriter::new(std::io::stderr().lock());
+    for f in frames {
+        let f = f?;
         bytes += f.bytes.len() as u64;
         let frame = match dec.decode(f.bytes) {
             Ok(frame) => frame,
             Err(e) => {
                 failed += 1;
-                *errors.entry(e.class()).or_default() += 1;
-                eprintln!("frame {} at byte {}: {e}", f.index, f.offset + e.offset());
+                let n = errors.entry(e.class()).or_default();
+                *n += 1;
+                if *n <= ERROR_LINES {
+                    writeln!(stderr, "frame {} at byte {}: {e}", f.index, f.offset + e.offset())?;
+                    if *n == ERROR_LINES {
+                        writeln!(
+                            stderr,
+                            "(further '{}' errors are counted, not printed)",
+                            e.class()
+                        )?;
+                    }
+                }
                 continue;
             }
         };
@@ -63,10 +84,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 // record cannot be shown (`"record": null` in --json). Counted, never silent.
                 if op.cid.is_some_and(|cid| frame.block_by_cid(cid).is_none()) {
                     missing_records += 1;
-                    eprintln!(
-                        "frame {} op {i} ({}): record block not in the CAR",
-                        f.index, op.path
-                    );
+                    if missing_records <= ERROR_LINES {
+                        writeln!(
+                            stderr,
+                            "frame {} op {i} ({}): record block not in the CAR",
+                            f.index, op.path
+                        )?;
+                    }
                 }
             }
         }
@@ -76,11 +100,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             out::line(&mut stdout, &line)?;
         }
     }
+    for (k, n) in errors.iter().filter(|(_, n)| **n > ERROR_LINES) {
+        writeln!(stderr, "{} more '{k}' errors not printed", n - ERROR_LINES)?;
+    }
+    if missing_records > ERROR_LINES {
+        writeln!(
+            stderr,
+            "{} more records missing from their CAR not printed",
+            missing_records - ERROR_LINES
+        )?;
+    }
+    stderr.flush()?;
     if !args.json {
         writeln!(
             stdout,
             "frames:  {} ({} bytes), {} failed",
-            frames.len(),
+            count,
             bytes,
             failed
         )?;
