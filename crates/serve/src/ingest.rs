@@ -535,7 +535,7 @@ fn write(
             }
         }
         let t0 = Instant::now();
-        append_until_stored(&log, &metrics, &events, &resume);
+        append_until_stored(&log, &metrics, &events, &resume)?;
         metrics.store_append_seconds.observe(t0.elapsed());
         log.publish(&events);
         let now = crate::now_us();
@@ -570,10 +570,31 @@ const STORE_RETRY_FIRST: Duration = Duration::from_millis(500);
 /// stored. The pause is loud — `riptide_ingest_paused` 1, `/readyz` 503, one error line, then one
 /// every ten failures — and ends by itself when a write succeeds again. Nothing is published
 /// until it is durable, so nothing is lost or duplicated across the pause.
-fn append_until_stored(log: &Log, metrics: &Metrics, events: &[Event], resume: &Resume) {
+///
+/// fjall poisons its keyspace after a failed journal write: then no retry can succeed, and the
+/// store must be reopened. Ingest stays paused until a probe file can be written to the data
+/// directory again (space is back), and then ends with [`StoreError::NeedsReopen`]; `riptide
+/// serve` restarts itself on it (a restart reopens the store; what was durable is kept).
+fn append_until_stored(
+    log: &Log,
+    metrics: &Metrics,
+    events: &[Event],
+    resume: &Resume,
+) -> Result<(), StoreError> {
     let mut wait = STORE_RETRY_FIRST;
     let mut failures = 0u64;
+    let mut poisoned = false;
     loop {
+        if poisoned {
+            if space_is_back(log.store().dir()) {
+                return Err(StoreError::NeedsReopen {
+                    path: log.store().dir().display().to_string(),
+                });
+            }
+            std::thread::sleep(wait);
+            wait = (wait * 2).min(Duration::from_secs(10));
+            continue;
+        }
         let r = match crate::faults::store_write() {
             Some(e) => Err(e),
             None => log.store().append(events, resume),
@@ -584,9 +605,10 @@ fn append_until_stored(log: &Log, metrics: &Metrics, events: &[Event], resume: &
                     metrics.ingest_paused.store(false, Relaxed);
                     tracing::warn!(failures, "store writable again: ingest resumed");
                 }
-                return;
+                return Ok(());
             }
             Err(e) => {
+                poisoned |= e.is_poisoned();
                 metrics.store_write_failures.fetch_add(1, Relaxed);
                 metrics.ingest_paused.store(true, Relaxed);
                 if failures % 10 == 0 {
@@ -601,4 +623,18 @@ fn append_until_stored(log: &Log, metrics: &Metrics, events: &[Event], resume: &
             }
         }
     }
+}
+
+/// Whether 4 MiB can be written and synced in `dir` again (then removed).
+fn space_is_back(dir: &std::path::Path) -> bool {
+    use std::io::Write;
+    let p = dir.join(".riptide-space-probe");
+    let ok = std::fs::File::create(&p)
+        .and_then(|mut f| {
+            f.write_all(&vec![0u8; 4 << 20])?;
+            f.sync_all()
+        })
+        .is_ok();
+    let _ = std::fs::remove_file(&p);
+    ok
 }

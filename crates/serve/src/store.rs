@@ -78,6 +78,13 @@ pub enum StoreError {
         /// The failure it stands for.
         source: std::io::Error,
     },
+    /// The store was written while its disk was full and must be reopened (fjall poisons a
+    /// keyspace after a failed journal write). Raised by ingest once space is back.
+    #[error("the store at {path} failed a write and must be reopened (space is available again): restart the server")]
+    NeedsReopen {
+        /// The data directory.
+        path: String,
+    },
     /// A stored value is corrupt.
     #[error(transparent)]
     Corrupt(#[from] CorruptEvent),
@@ -98,6 +105,20 @@ pub enum StoreError {
         /// The layout found (1 = before layouts were recorded).
         found: u64,
     },
+}
+
+impl StoreError {
+    /// Whether no write can succeed on this store handle again (fjall poisons its keyspace after
+    /// a failed journal write): only reopening the store recovers.
+    pub fn is_poisoned(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Fjall {
+                source: fjall::Error::Poisoned,
+                ..
+            }
+        )
+    }
 }
 
 /// Where the store stood when it was opened: what the next batch continues from.
@@ -297,6 +318,11 @@ impl Store {
             b.insert(&self.meta, UPSTREAM, c.to_be_bytes());
         }
         b.commit().map_err(|e| self.err(e))
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        Path::new(&self.path)
     }
 
     /// Replaces the stored upstream cursor (`None`: forget it, so the next start follows the

@@ -139,8 +139,44 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let running = start(&args).await?;
     eprintln!("riptide serve: ws://{}/subscribe", running.addr);
-    running.run_until(shutdown_signal()).await?;
-    Ok(ExitCode::SUCCESS)
+    match running.run_until(shutdown_signal()).await {
+        Err(e) if needs_reopen(&e) => restart(e),
+        r => r.map(|()| ExitCode::SUCCESS),
+    }
+}
+
+/// Whether ingest stopped because the store must be reopened (it failed a write on a full disk,
+/// and space is back: see `riptide_serve::ingest`).
+fn needs_reopen(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<riptide_serve::ingest::IngestError>(),
+            Some(riptide_serve::ingest::IngestError::Store(
+                riptide_serve::StoreError::NeedsReopen { .. }
+            ))
+        ) || matches!(
+            c.downcast_ref::<riptide_serve::StoreError>(),
+            Some(riptide_serve::StoreError::NeedsReopen { .. })
+        )
+    })
+}
+
+/// Replaces this process with a fresh `riptide serve` with the same arguments (same pid, so a
+/// supervisor sees no exit): the store is reopened, and ingest resumes from its durable cursor.
+#[cfg(unix)]
+fn restart(why: anyhow::Error) -> anyhow::Result<ExitCode> {
+    use std::os::unix::process::CommandExt;
+    tracing::warn!(reason = %why, "disk space is back: restarting to reopen the store");
+    let exe = std::env::current_exe()?;
+    let e = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    Err(anyhow::Error::from(e).context("restarting riptide serve"))
+}
+
+#[cfg(not(unix))]
+fn restart(why: anyhow::Error) -> anyhow::Result<ExitCode> {
+    Err(why)
 }
 
 /// A started server: ingest running, `/subscribe` listening.
