@@ -38,7 +38,11 @@ fn spawn_lines(cmd: &mut Command) -> (KillOnDrop, mpsc::Receiver<String>) {
 }
 
 /// Waits (at most `within`) for a line satisfying `want`; every line seen so far.
-fn wait_line(rx: &mpsc::Receiver<String>, within: Duration, want: impl Fn(&str) -> bool) -> Vec<String> {
+fn wait_line(
+    rx: &mpsc::Receiver<String>,
+    within: Duration,
+    want: impl Fn(&str) -> bool,
+) -> Vec<String> {
     let until = Instant::now() + within;
     let mut seen = Vec::new();
     loop {
@@ -59,21 +63,31 @@ fn wait_line(rx: &mpsc::Receiver<String>, within: Duration, want: impl Fn(&str) 
 fn http(addr: &str, path: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(PATIENCE)).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut t = String::new();
     s.read_to_string(&mut t).unwrap();
     let code = t[9..12].parse().unwrap();
-    (code, t.split_once("\r\n\r\n").map(|x| x.1.to_owned()).unwrap_or_default())
+    (
+        code,
+        t.split_once("\r\n\r\n")
+            .map(|x| x.1.to_owned())
+            .unwrap_or_default(),
+    )
 }
 
 #[test]
 fn serve_with_nothing_listening_warns_within_seconds_and_is_not_ready() {
     let data = scratch();
     let port = dead_port();
-    let (_server, rx) = spawn_lines(
-        common::serve_command(data.path())
-            .args(["--upstream", &format!("ws://127.0.0.1:{port}"), "--no-verify"]),
-    );
+    let (_server, rx) = spawn_lines(common::serve_command(data.path()).args([
+        "--upstream",
+        &format!("ws://127.0.0.1:{port}"),
+        "--no-verify",
+    ]));
     let lines = wait_line(&rx, Duration::from_secs(60), |l| {
         l.starts_with("riptide serve: ws://")
     });
@@ -106,14 +120,23 @@ fn serve_with_nothing_listening_warns_within_seconds_and_is_not_ready() {
 fn serve_refuses_an_unusable_upstream_url_at_start() {
     let data = scratch();
     let out = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--upstream", "ws://127.0.0.1:99999"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "ws://127.0.0.1:99999",
+        ])
         .arg("--data")
         .arg(data.path())
         .output()
         .unwrap();
     assert!(!out.status.success());
     let e = stderr(&out);
-    assert!(e.contains("not a usable host URL: ws://127.0.0.1:99999"), "{e}");
+    assert!(
+        e.contains("not a usable host URL: ws://127.0.0.1:99999"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -128,7 +151,9 @@ fn tail_with_nothing_listening_warns_within_seconds() {
         l.contains(&format!("127.0.0.1:{port}")) && l.contains("retrying")
     });
     assert!(
-        lines.iter().any(|l| l.contains("starting live") && l.contains("--cursor 0")),
+        lines
+            .iter()
+            .any(|l| l.contains("starting live") && l.contains("--cursor 0")),
         "{lines:?}"
     );
 }
@@ -160,7 +185,13 @@ fn tail_with_the_wrong_dictionary_fails_loudly_after_a_few_messages() {
     // Another dictionary, structurally valid: trained here from other samples.
     let dir = scratch();
     let samples: Vec<Vec<u8>> = (0..2000)
-        .map(|i| format!("{{\"unrelated\":{i},\"text\":\"sample {} of nothing\"}}", i * 7919).into_bytes())
+        .map(|i| {
+            format!(
+                "{{\"unrelated\":{i},\"text\":\"sample {} of nothing\"}}",
+                i * 7919
+            )
+            .into_bytes()
+        })
         .collect();
     let wrong = riptide_serve::compress::train(&samples, 4096).unwrap();
     let wrong = common::write(&dir, "wrong.zdict", &wrong);
@@ -204,7 +235,13 @@ fn a_full_disk_pauses_ingest_keeps_reads_and_resumes_exactly_once() {
     let (_server, addr) = common::spawn_serve(
         common::serve_command(&data.path().join("store"))
             .env("RIPTIDE_FAULT_STORE_FULL", &flag)
-            .args(["--no-verify", "--ingest-rate", "400", "--ingest-repeat", &repeat.to_string()])
+            .args([
+                "--no-verify",
+                "--ingest-rate",
+                "400",
+                "--ingest-repeat",
+                &repeat.to_string(),
+            ])
             .arg("--ingest-file")
             .arg(capture.join("firehose-frames.bin")),
     );
@@ -248,7 +285,10 @@ fn decode_of_many_broken_frames_prints_a_bounded_number_of_lines() {
     assert!(e.lines().count() <= 30, "{} lines", e.lines().count());
     assert!(e.contains(&format!("{} more", n - 20)), "{e}");
     let o = String::from_utf8_lossy(&out.stdout);
-    assert!(o.contains(&format!("frames:  {n} (0 bytes), {n} failed")), "{o}");
+    assert!(
+        o.contains(&format!("frames:  {n} (0 bytes), {n} failed")),
+        "{o}"
+    );
 }
 
 #[test]
@@ -265,13 +305,20 @@ fn fd_exhaustion_under_prlimit_is_refused_at_the_door() {
     };
     let data = scratch();
     let mut cmd = Command::new("prlimit");
-    cmd.args(["--nofile=448:448", BIN, "serve", "--listen", "127.0.0.1:0", "--no-verify"])
-        .args(["--ingest-rate", "300", "--ingest-repeat", "30"])
-        .arg("--data")
-        .arg(data.path())
-        .arg("--ingest-file")
-        .arg(capture.join("firehose-frames.bin"))
-        .env("RUST_LOG", "warn");
+    cmd.args([
+        "--nofile=448:448",
+        BIN,
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--no-verify",
+    ])
+    .args(["--ingest-rate", "300", "--ingest-repeat", "30"])
+    .arg("--data")
+    .arg(data.path())
+    .arg("--ingest-file")
+    .arg(capture.join("firehose-frames.bin"))
+    .env("RUST_LOG", "warn");
     let (server, addr) = common::spawn_serve(&mut cmd);
     let mut held = Vec::new();
     let mut refused = 0;
@@ -295,7 +342,15 @@ fn fd_exhaustion_under_prlimit_is_refused_at_the_door() {
     drop(held);
     std::thread::sleep(Duration::from_millis(300));
     wait_for(&addr, "riptide_ingest_finished", 1.0);
-    assert_eq!(metric(&addr, "riptide_events_stored_total") as u64, 152 * 30);
-    assert!(metric(&addr, "riptide_connections_refused_total{reason=\"max-connections\"}") >= 1.0);
+    assert_eq!(
+        metric(&addr, "riptide_events_stored_total") as u64,
+        152 * 30
+    );
+    assert!(
+        metric(
+            &addr,
+            "riptide_connections_refused_total{reason=\"max-connections\"}"
+        ) >= 1.0
+    );
     drop(server);
 }

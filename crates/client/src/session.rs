@@ -225,7 +225,8 @@ impl Session {
             let host = &self.cfg.hosts[self.host];
             tracing::warn!(host = %host, why, healthy, "disconnected; reconnecting");
             self.stats.set_connected(false);
-            self.stats.set_error(Some(format!("{host}: disconnected: {why}")));
+            self.stats
+                .set_error(Some(format!("{host}: disconnected: {why}")));
             if healthy {
                 self.failures = 0;
                 self.next_host = self.host;
@@ -254,8 +255,7 @@ impl Session {
                     }
                 }
                 Ok(Some(Err(e))) => {
-                    if let WsError::Capacity(CapacityError::MessageTooLong { size, max_size }) = e
-                    {
+                    if let WsError::Capacity(CapacityError::MessageTooLong { size, max_size }) = e {
                         // Refused before its payload is read, so never delivered: counted, and
                         // skipped (a connection resuming at the same cursor would meet it again
                         // forever). tungstenite cannot discard the rest of a message, so the
@@ -395,7 +395,11 @@ pub(crate) fn endpoint_url(host: &str, path: &str) -> Result<String, ClientError
     if a.host().is_empty() || a.as_str().contains('@') {
         return Err(bad());
     }
-    if let Some((_, port)) = a.as_str().rsplit_once(':').filter(|_| !a.as_str().ends_with(']')) {
+    if let Some((_, port)) = a
+        .as_str()
+        .rsplit_once(':')
+        .filter(|_| !a.as_str().ends_with(']'))
+    {
         port.parse::<u16>().map_err(|_| bad())?;
     }
     Ok(url)
@@ -427,7 +431,14 @@ mod tests {
         assert!(endpoint_url("ftp://h", p).is_err());
         assert!(endpoint_url("ws://", p).is_err());
         // Caught at start, not on every connection attempt.
-        for bad in ["ws://h:99999", "ws://h:port", "h:", "ws://[::1", "ws://a b", "ws://u@h"] {
+        for bad in [
+            "ws://h:99999",
+            "ws://h:port",
+            "h:",
+            "ws://[::1",
+            "ws://a b",
+            "ws://u@h",
+        ] {
             assert!(endpoint_url(bad, p).is_err(), "{bad}");
         }
         assert!(endpoint_url("ws://[::1]:80", p).is_ok());

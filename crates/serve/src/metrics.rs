@@ -426,7 +426,10 @@ impl Metrics {
             ("oversized", client.map_or(0, |c| c.oversized)),
             ("text", client.map_or(0, |c| c.text_messages)),
         ] {
-            let _ = writeln!(lab, "riptide_upstream_dropped_total{{reason=\"{reason}\"}} {n}");
+            let _ = writeln!(
+                lab,
+                "riptide_upstream_dropped_total{{reason=\"{reason}\"}} {n}"
+            );
         }
         let _ = writeln!(lab, "# HELP riptide_connections_refused_total Client connections refused before HTTP, by reason.\n# TYPE riptide_connections_refused_total counter");
         for (i, reason) in ["max-connections", "per-ip"].iter().enumerate() {

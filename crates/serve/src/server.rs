@@ -189,7 +189,11 @@ pub fn router(app: Arc<App>) -> Router {
 async fn readyz(State(app): State<Arc<App>>) -> Response {
     match readiness(&app) {
         Ok(()) => "ready".into_response(),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
     }
 }
 
@@ -217,7 +221,9 @@ pub fn readiness(app: &App) -> Result<(), String> {
         ));
     }
     if m.upstream_behind.load(Relaxed) {
-        return Err("the relay is behind our stored upstream cursor (FutureCursor): see the log".into());
+        return Err(
+            "the relay is behind our stored upstream cursor (FutureCursor): see the log".into(),
+        );
     }
     if let Some(max) = app.config.ready_max_idle {
         let last = m
@@ -385,7 +391,9 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
                 Ok(Message::Pong(_)) => pong.store(crate::now_us(), Relaxed),
                 Ok(_) => {}
                 Err(e) => {
-                    if let Some((code, reason)) = violation_close(&e.to_string()).filter(|_| !closing) {
+                    if let Some((code, reason)) =
+                        violation_close(&e.to_string()).filter(|_| !closing)
+                    {
                         metrics.client_errors.fetch_add(1, Relaxed);
                         let _ = ctl_tx.send(Ctl::Close(code, reason.into())).await;
                         // What follows the violation cannot be read: nothing more to wait for.

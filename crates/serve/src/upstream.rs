@@ -119,9 +119,7 @@ pub async fn run(
         .upstream_start_cursor
         .store(start_cursor.unwrap_or(0), Relaxed);
     let _ = metrics.upstream_client.set(client.stats());
-    metrics
-        .upstream_started_us
-        .store(crate::now_us(), Relaxed);
+    metrics.upstream_started_us.store(crate::now_us(), Relaxed);
     let seqs = Seqs {
         last: start_cursor,
         ..Seqs::default()
@@ -324,10 +322,9 @@ async fn forward_direct(
             if tx.send(f).await.is_err() {
                 return;
             }
-            metrics.ingest_queue.store(
-                (tx.max_capacity() - tx.capacity()) as i64,
-                Relaxed,
-            );
+            metrics
+                .ingest_queue
+                .store((tx.max_capacity() - tx.capacity()) as i64, Relaxed);
         }
     }
 }

@@ -11,8 +11,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use riptide_jetstream::EventKind;
 use riptide_serve::{
-    router, App, ConnLimits, Event, LimitedListener, Log, Metrics, ServerConfig, Store,
-    TailLimits,
+    router, App, ConnLimits, Event, LimitedListener, Log, Metrics, ServerConfig, Store, TailLimits,
 };
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,7 +42,15 @@ async fn serve(
     let events: Vec<Event> = (1..=n)
         .map(|i| {
             let json = format!("{{\"i\":{i},\"pad\":\"{pad}\"}}");
-            Event::encode(i, i as i64, EventKind::Commit, "did:plc:a", "a.b.c", json.as_bytes(), b"")
+            Event::encode(
+                i,
+                i as i64,
+                EventKind::Commit,
+                "did:plc:a",
+                "a.b.c",
+                json.as_bytes(),
+                b"",
+            )
         })
         .collect();
     log.publish(&events);
@@ -73,7 +80,11 @@ async fn raw_ws(addr: SocketAddr) -> TcpStream {
         s.read_exact(&mut b).await.unwrap();
         buf.push(b[0]);
     }
-    assert!(buf.starts_with(b"HTTP/1.1 101"), "{}", String::from_utf8_lossy(&buf));
+    assert!(
+        buf.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&buf)
+    );
     s
 }
 
@@ -132,7 +143,10 @@ async fn close_code(s: &mut TcpStream) -> Option<u16> {
             }
             at += head + len;
         }
-        match tokio::time::timeout(T, s.read(&mut buf)).await.expect("timed out") {
+        match tokio::time::timeout(T, s.read(&mut buf))
+            .await
+            .expect("timed out")
+        {
             Ok(0) | Err(_) => return None,
             Ok(n) => data.extend_from_slice(&buf[..n]),
         }
@@ -144,11 +158,19 @@ async fn protocol_violations_get_rfc6455_close_codes() {
     let (addr, app, _dir) = serve(0, 0, ServerConfig::default(), ConnLimits::default()).await;
     let cases: [(&str, Vec<u8>, u16); 6] = [
         ("unmasked frame", frame(0x81, b"{}", true), 1002),
-        ("invalid UTF-8 text", frame(0x81, &[0xff, 0xfe, 0xfd], false), 1007),
+        (
+            "invalid UTF-8 text",
+            frame(0x81, &[0xff, 0xfe, 0xfd], false),
+            1007,
+        ),
         ("RSV1 set", frame(0xC1, b"{}", false), 1002),
         ("reserved opcode 3", frame(0x83, b"{}", false), 1002),
         ("ping over 125 bytes", frame(0x89, &[0u8; 126], false), 1002),
-        ("close code 999", frame(0x88, &999u16.to_be_bytes(), false), 1002),
+        (
+            "close code 999",
+            frame(0x88, &999u16.to_be_bytes(), false),
+            1002,
+        ),
     ];
     for (what, bytes, want) in cases {
         let mut s = raw_ws(addr).await;
@@ -165,7 +187,8 @@ async fn a_replaying_reader_that_pauses_is_slowed_not_dropped() {
     // replaying reader on a loaded host does. It is not far behind (the v2 rule's 100,000), so it
     // must get everything.
     let n = 3000;
-    let (addr, app, _dir) = serve(n, 16 << 10, ServerConfig::default(), ConnLimits::default()).await;
+    let (addr, app, _dir) =
+        serve(n, 16 << 10, ServerConfig::default(), ConnLimits::default()).await;
     let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=1"))
         .await
         .unwrap();
@@ -184,8 +207,12 @@ async fn a_replaying_reader_that_pauses_is_slowed_not_dropped() {
     }
     for r in ["write-timeout", "behind", "pong-timeout"] {
         assert_eq!(
-            app.metrics
-                .slow_drop_count(riptide_serve::metrics::SlowDrop::ALL.into_iter().find(|d| d.as_str() == r).unwrap()),
+            app.metrics.slow_drop_count(
+                riptide_serve::metrics::SlowDrop::ALL
+                    .into_iter()
+                    .find(|d| d.as_str() == r)
+                    .unwrap()
+            ),
             0,
             "{r}"
         );
@@ -194,7 +221,9 @@ async fn a_replaying_reader_that_pauses_is_slowed_not_dropped() {
 
 async fn http_status(s: &mut TcpStream) -> Option<u16> {
     let mut buf = Vec::new();
-    let _ = tokio::time::timeout(T, s.read_to_end(&mut buf)).await.expect("timed out");
+    let _ = tokio::time::timeout(T, s.read_to_end(&mut buf))
+        .await
+        .expect("timed out");
     let t = String::from_utf8_lossy(&buf);
     t.get(9..12).and_then(|c| c.parse().ok())
 }
@@ -211,7 +240,9 @@ async fn connection_limits_refuse_before_anything_inside_fails() {
     let mut slow = Vec::new();
     for _ in 0..4 {
         let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
         slow.push(s);
     }
     let until = tokio::time::Instant::now() + T;
@@ -230,8 +261,13 @@ async fn connection_limits_refuse_before_anything_inside_fails() {
     // The header deadline closes the slow ones; then ordinary requests are served again.
     for mut s in slow {
         let mut buf = Vec::new();
-        let r = tokio::time::timeout(T, s.read_to_end(&mut buf)).await.expect("not closed");
-        assert!(r.is_err() || buf.is_empty() || buf.starts_with(b"HTTP/1.1 4"), "{buf:?}");
+        let r = tokio::time::timeout(T, s.read_to_end(&mut buf))
+            .await
+            .expect("not closed");
+        assert!(
+            r.is_err() || buf.is_empty() || buf.starts_with(b"HTTP/1.1 4"),
+            "{buf:?}"
+        );
     }
     assert_eq!(app.metrics.header_timeouts.load(Relaxed), 4);
     let mut s = TcpStream::connect(addr).await.unwrap();

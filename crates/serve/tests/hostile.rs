@@ -187,7 +187,10 @@ async fn text_frames_and_garbage_are_counted_where_metrics_show_them() {
         text.contains("riptide_verdicts_total{verdict=\"malformed\"} 1\n"),
         "{text}"
     );
-    assert!(text.contains("riptide_upstream_unsequenced_total 0\n"), "{text}");
+    assert!(
+        text.contains("riptide_upstream_unsequenced_total 0\n"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -231,12 +234,7 @@ async fn an_unreachable_upstream_is_counted_on_every_attempt_and_not_ready() {
     source.abort();
     // A URL that cannot work is refused at start, not retried forever.
     let (tx, _rx) = tokio::sync::mpsc::channel(1);
-    let bad = upstream::run(
-        fast(vec!["ws://127.0.0.1:99999".into()]),
-        None,
-        metrics,
-        tx,
-    );
+    let bad = upstream::run(fast(vec!["ws://127.0.0.1:99999".into()]), None, metrics, tx);
     assert!(tokio::time::timeout(T, bad).await.unwrap().is_err());
 }
 

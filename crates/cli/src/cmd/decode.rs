@@ -63,7 +63,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 let n = errors.entry(e.class()).or_default();
                 *n += 1;
                 if *n <= ERROR_LINES {
-                    writeln!(stderr, "frame {} at byte {}: {e}", f.index, f.offset + e.offset())?;
+                    writeln!(
+                        stderr,
+                        "frame {} at byte {}: {e}",
+                        f.index,
+                        f.offset + e.offset()
+                    )?;
                     if *n == ERROR_LINES {
                         writeln!(
                             stderr,
@@ -115,9 +120,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         writeln!(
             stdout,
             "frames:  {} ({} bytes), {} failed",
-            count,
-            bytes,
-            failed
+            count, bytes, failed
         )?;
         for (k, n) in &kinds {
             writeln!(stdout, "  {k:<9} {n}")?;

@@ -22,8 +22,8 @@ use bytes::Bytes;
 use riptide_firehose::corpus::split_frames;
 use riptide_resolver::{Resolver, ResolverConfig, ResolverKeys};
 use riptide_serve::{
-    ingest, router, upstream, App, ConnLimits, Dictionary, LimitedListener, IngestConfig, Keys, Log, Metrics, ServerConfig,
-    Store, TailLimits, UpstreamConfig,
+    ingest, router, upstream, App, ConnLimits, Dictionary, IngestConfig, Keys, LimitedListener,
+    Log, Metrics, ServerConfig, Store, TailLimits, UpstreamConfig,
 };
 
 /// The public Bluesky relay.

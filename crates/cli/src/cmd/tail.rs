@@ -346,9 +346,8 @@ async fn jetstream(args: Args) -> anyhow::Result<ExitCode> {
     let dictionary = match args.zstd_dictionary.as_deref() {
         Some(p) => {
             let d = super::read_file(p)?;
-            let id = riptide_client::jetstream::dictionary_id(&d).map_err(|e| {
-                anyhow::anyhow!("--zstd-dictionary {}: {e}", p.display())
-            })?;
+            let id = riptide_client::jetstream::dictionary_id(&d)
+                .map_err(|e| anyhow::anyhow!("--zstd-dictionary {}: {e}", p.display()))?;
             tracing::debug!(id, "zstd dictionary");
             Some(d)
         }
