@@ -356,7 +356,7 @@ impl Session {
             delay = self.cfg.backoff.delay(self.failures, &mut self.rng);
             let next = &self.cfg.hosts[self.next_host % self.cfg.hosts.len()];
             tracing::warn!(
-                %url, error = %why, failures = self.failures,
+                failures = self.failures,
                 "cannot connect to {url}: {why}; retrying {next} in {:.1}s",
                 delay.as_secs_f64()
             );

@@ -611,7 +611,7 @@ fn append_until_stored(
                 poisoned |= e.is_poisoned();
                 metrics.store_write_failures.fetch_add(1, Relaxed);
                 metrics.ingest_paused.store(true, Relaxed);
-                if failures % 10 == 0 {
+                if failures.is_multiple_of(10) {
                     tracing::error!(
                         error = %e, failures = failures + 1, retry_in = ?wait,
                         "store write failed (disk full or read-only?): ingest paused, still serving reads"

@@ -1,7 +1,7 @@
 //! The upstream source against a hostile relay on loopback: messages over the size limit, text
 //! frames, garbage, seqs that go backwards or are forged, `FutureCursor`, and no relay at all.
 //! Each scenario is one that stopped or blinded ingest before (issue 17, items 2, 3, 4, 6).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::result_large_err)]
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
