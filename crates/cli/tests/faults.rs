@@ -354,3 +354,114 @@ fn fd_exhaustion_under_prlimit_is_refused_at_the_door() {
     );
     drop(server);
 }
+
+/// `riptide relay` serving the capture from seq 1, with its URL.
+fn relay(frames: &std::path::Path) -> (KillOnDrop, String) {
+    common::spawn_printing_url(
+        Command::new(BIN)
+            .args(["relay", "--replay", s(frames), "--listen", "127.0.0.1:0"])
+            .stderr(Stdio::null()),
+    )
+}
+
+#[test]
+fn a_relay_behind_the_stored_cursor_is_an_error_that_says_what_to_do() {
+    let Some(capture) = common::capture_dir() else {
+        return;
+    };
+    let frames = capture.join("firehose-frames.bin");
+    let data = scratch();
+    // Follow relay A to its end; its seqs reach the number of frames it serves.
+    let (relay_a, url_a) = relay(&frames);
+    let (server, addr) = common::spawn_serve(common::serve_command(data.path()).args([
+        "--no-verify",
+        "--upstream",
+        &url_a,
+        "--upstream-cursor",
+        "0",
+    ]));
+    let until = Instant::now() + PATIENCE;
+    while metric(&addr, "riptide_upstream_idle_seconds") < 2.0
+        || metric(&addr, "riptide_upstream_seq") < 100.0
+    {
+        assert!(Instant::now() < until);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let head = metric(&addr, "riptide_upstream_seq");
+    let stored = metric(&addr, "riptide_events_stored_total");
+    drop(server);
+    drop(relay_a);
+    // Relay B is new, numbering from 1 again, and holds less: our stored cursor is in its
+    // future.
+    let file = std::fs::read(&frames).unwrap();
+    let few: Vec<&[u8]> = riptide_firehose::corpus::split_frames(&file)
+        .unwrap()
+        .iter()
+        .take(60)
+        .map(|f| f.bytes)
+        .collect();
+    let dir = scratch();
+    let few = common::write(
+        &dir,
+        "few.bin",
+        &riptide_firehose::corpus::write_frames(few.into_iter()),
+    );
+    let (_relay_b, url_b) = relay(&few);
+    let (server, rx) =
+        spawn_lines(common::serve_command(data.path()).args(["--no-verify", "--upstream", &url_b]));
+    let lines = wait_line(&rx, PATIENCE, |l| l.contains("FutureCursor"));
+    let said = lines.last().unwrap();
+    assert!(said.contains("ERROR"), "{said}");
+    assert!(said.contains(&format!("{}", head as u64)), "{said}");
+    assert!(
+        said.contains("--reset-upstream-cursor") && said.contains("--data"),
+        "{said}"
+    );
+    drop(server);
+    // The operator's way out: forget the cursor and follow relay B from its start. The stored
+    // events stay; B's follow them.
+    let (_server, addr) = common::spawn_serve(common::serve_command(data.path()).args([
+        "--no-verify",
+        "--upstream",
+        &url_b,
+        "--reset-upstream-cursor",
+        "--upstream-cursor",
+        "0",
+    ]));
+    assert_eq!(metric(&addr, "riptide_upstream_start_cursor"), 0.0);
+    let until = Instant::now() + PATIENCE;
+    while metric(&addr, "riptide_log_next_seq") <= stored + 1.0 {
+        assert!(Instant::now() < until, "nothing ingested from relay B");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(metric(&addr, "riptide_upstream_seq") < head);
+    assert_eq!(metric(&addr, "riptide_upstream_future_cursor_total"), 0.0);
+    assert_eq!(http(&addr, "/readyz").0, 200);
+}
+
+#[test]
+fn demo_with_a_reused_dir_runs_again() {
+    let dir = scratch();
+    for run in 0..2 {
+        let out = Command::new(BIN)
+            .args([
+                "demo",
+                "--accounts",
+                "10",
+                "--events",
+                "300",
+                "--seconds",
+                "3",
+            ])
+            .args(["--listen", "127.0.0.1:0", "--dir", s(dir.path())])
+            .output()
+            .unwrap();
+        let e = stderr(&out);
+        assert!(
+            out.status.success(),
+            "run {run}: {e}\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert_eq!(e.contains("reusing the store"), run == 1, "run {run}: {e}");
+    }
+}

@@ -262,6 +262,9 @@ fn dispatch(
     // Whatever is ready, up to a chunk, in one go: the channel's permits go back to the source
     // together (one wake-up of a waiting sender per chunk, not per frame).
     while rx.blocking_recv_many(&mut frames, CHUNK) > 0 {
+        // What is still waiting: ingest's backlog (`riptide_ingest_queue_frames`; subscribers
+        // step aside while it is high, see `server.rs`). Reaches 0 when the queue is drained.
+        metrics.ingest_queue.store(rx.len() as i64, Relaxed);
         for (seq, bytes) in frames.drain(..) {
             if bytes.is_empty() {
                 // `cursor_reset`: counted and logged by the source.

@@ -26,6 +26,12 @@
 //! for seconds only slows that subscriber: on a loaded host, replaying readers block often, and
 //! cutting them (as a 5 s write timeout did) dropped readers that were making progress.
 //!
+//! **Ingest comes first.** Readers and ingest share the cores. When ingest falls behind (more than
+//! [`INGEST_PRESSURE`] upstream frames queued, `riptide_ingest_queue_frames`), each subscriber
+//! pauses a few milliseconds after each batch it writes: fan-out does the same work in larger
+//! batches and leaves CPU to verification, so the verified stream is not held back by its readers
+//! (`riptide_upstream_event_age_seconds` shows how far behind the network it is).
+//!
 //! **Protocol violations** by a client (text that is not UTF-8, unmasked frames, reserved bits or
 //! opcodes, oversized pings, a close code that is not allowed) are answered with the close code
 //! RFC 6455 asks for (1007, 1002, 1009), counted in `riptide_client_errors_total`.
@@ -74,6 +80,13 @@ pub const WS_MAX_WRITE_BUFFER: usize = 64 << 20;
 /// Events kept in a subscriber's read buffer between batches when it is at the tip (replay
 /// grows it to [`ServerConfig::read`]; a live subscriber gives the memory back).
 const IDLE_BATCH_CAPACITY: usize = 16;
+
+/// Upstream frames waiting for ingest above which subscribers pause between batches
+/// ([`PRESSURE_PAUSE`]): a quarter of the upstream channel (`riptide serve` uses 4096).
+pub const INGEST_PRESSURE: i64 = 1024;
+
+/// How long a subscriber pauses after a batch while ingest is under pressure.
+const PRESSURE_PAUSE: Duration = Duration::from_millis(5);
 
 /// How often a blocked write stops to apply the slow-consumer rule.
 const SLOW_CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -624,6 +637,13 @@ async fn serve(
                 if let Err(o) = w.run(Op::Flush, next).await {
                     return o;
                 }
+            }
+            if sent && m.ingest_queue.load(Relaxed) > INGEST_PRESSURE {
+                // Ingest is behind (its queue is filling): fan-out steps aside for a moment, so
+                // that the verified stream does not fall behind because of readers. Each
+                // subscriber's next batch is the larger for it (fewer wake-ups and writes per
+                // event); nothing is skipped.
+                tokio::time::sleep(PRESSURE_PAUSE).await;
             }
             if let Err(o) = w.check_slow(next) {
                 return o;

@@ -322,9 +322,6 @@ async fn forward_direct(
             if tx.send(f).await.is_err() {
                 return;
             }
-            metrics
-                .ingest_queue
-                .store((tx.max_capacity() - tx.capacity()) as i64, Relaxed);
         }
     }
 }
@@ -352,7 +349,6 @@ async fn forward_resolving(
             ev = rx.recv(), if open && pending.len() < depth => {
                 let Some(ev) = ev else { open = false; continue };
                 let Some((reset, (seq, bytes))) = admit(ev, metrics, &mut seqs) else { continue };
-                metrics.ingest_queue.store((tx.max_capacity() - tx.capacity()) as i64, Relaxed);
                 if reset {
                     pending.push_back(std::future::ready(crate::ingest::cursor_reset(seq)).boxed());
                 }

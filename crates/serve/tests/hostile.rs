@@ -382,3 +382,33 @@ async fn frames_the_store_holds_are_still_skipped_after_a_reconnect() {
     assert_eq!(got, [(1, false), (2, false), (3, false)]);
     assert_eq!(metrics.upstream_seq_resets.load(Relaxed), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_seq_gauge_is_the_stores_from_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, mut resume) = Store::open(dir.path(), 0).unwrap();
+    resume.upstream_cursor = Some(77);
+    let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+    let metrics = Arc::new(Metrics::default());
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let h = ingest::spawn(
+        IngestConfig {
+            keys: None,
+            workers: 1,
+            max_batch: 1,
+            dictionary: None,
+        },
+        log,
+        metrics.clone(),
+        resume,
+        rx,
+    )
+    .unwrap();
+    // Before any frame: not 0, as it was until the first batch.
+    assert_eq!(metrics.upstream_seq.load(Relaxed), 77);
+    drop(tx);
+    tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap();
+}
