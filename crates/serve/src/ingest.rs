@@ -413,10 +413,11 @@ fn project(
         riptide_firehose::Body::Account(a) => Some(a.time),
         _ => None,
     };
+    // The latest, not the largest: one frame claiming a far-future time must not pin the gauge.
     if let Some(t) = time.and_then(|t| riptide_syntax::Datetime::parse(t).ok()) {
         metrics
             .upstream_event_time_us
-            .fetch_max(t.timestamp_micros(), Relaxed);
+            .store(t.timestamp_micros(), Relaxed);
     }
     let p = projector.project(frame);
     for &(op, why) in p.drops() {

@@ -181,7 +181,7 @@ pub struct Metrics {
     pub upstream_future_cursor: AtomicU64,
     /// Set while the last word from the relay was `FutureCursor` (cleared by the next frame).
     pub upstream_behind: std::sync::atomic::AtomicBool,
-    /// Unix microseconds of the `time` of the newest upstream event ingested (the relay's
+    /// Unix microseconds of the `time` of the latest upstream event ingested (the relay's
     /// clock; Jetstream's `last_seen_upstream_event_timestamp`).
     pub upstream_event_time_us: AtomicI64,
     /// Frames waiting between the upstream source and ingest (sampled by the source).

@@ -352,6 +352,12 @@ async fn a_relay_reset_mid_connection_is_followed_with_nothing_dropped() {
     assert_eq!(m.frames_duplicate.load(Relaxed), 0);
     // And the gauge says where the store is from the start of the next run.
     assert_eq!(m.upstream_seq.load(Relaxed), 3);
+    // Freshness: the relay's time of the latest event (every frame here says 14:38:07.517).
+    let text = m.render(&[]);
+    assert!(
+        text.contains("riptide_upstream_event_time_seconds 1783175887.517\n"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
