@@ -441,6 +441,7 @@ fn a_relay_behind_the_stored_cursor_is_an_error_that_says_what_to_do() {
 
 #[test]
 fn demo_with_a_reused_dir_runs_again() {
+    // A slow relay: a debug build verifying a fast one stores in large, late batches.
     let dir = scratch();
     for run in 0..2 {
         let out = Command::new(BIN)
@@ -450,8 +451,10 @@ fn demo_with_a_reused_dir_runs_again() {
                 "10",
                 "--events",
                 "300",
+                "--rate",
+                "200",
                 "--seconds",
-                "3",
+                "5",
             ])
             .args(["--listen", "127.0.0.1:0", "--dir", s(dir.path())])
             .output()
