@@ -107,6 +107,9 @@ pub struct FirehoseEvent {
     pub notice: Option<Notice>,
     /// Index in [`ClientConfig::hosts`] of the host it came from.
     pub host: usize,
+    /// Which connection of this client it came on (1 for the first; each reconnect adds one).
+    /// A relay's seqs increase within a connection; across connections they may repeat.
+    pub connection: u64,
 }
 
 impl FirehoseEvent {
@@ -128,8 +131,10 @@ pub struct FirehoseClient {
 impl FirehoseClient {
     /// A client for these hosts and settings. Loads the stored cursor (the resume point).
     pub fn new(config: ClientConfig) -> Result<FirehoseClient, ClientError> {
+        let mut session = Session::new(config, SUBSCRIBE_REPOS)?;
+        session.skip_oversized();
         Ok(FirehoseClient {
-            session: Session::new(config, SUBSCRIBE_REPOS)?,
+            session,
             arena: Arena::new(),
             notice_decoder: None,
         })
@@ -173,9 +178,15 @@ impl FirehoseClient {
             let bytes = match msg {
                 Message::Binary(b) => b,
                 other => {
-                    // Relays send binary frames only: count it and go on.
+                    // Relays send binary frames only: count it, say it, and go on.
                     self.session.stats().message(other.len());
-                    self.session.stats().decode_error();
+                    self.session.stats().text_message();
+                    tracing::warn!(
+                        host = self.session.host(),
+                        len = other.len(),
+                        after = ?self.session.cursor(),
+                        "text message on the firehose: skipped (relays send binary frames)"
+                    );
                     continue;
                 }
             };
@@ -231,6 +242,7 @@ impl FirehoseClient {
             bytes,
             notice,
             host: self.session.host_index(),
+            connection: self.session.stats().connects(),
         }
     }
 }

@@ -122,6 +122,8 @@ pub struct JetstreamClient {
     updates_tx: mpsc::Sender<JetstreamOptions>,
     updates: mpsc::Receiver<JetstreamOptions>,
     max_bytes: usize,
+    /// Messages in a row that did not decode, and the last one's reason.
+    undecodable: (u32, String),
 }
 
 impl std::fmt::Debug for JetstreamClient {
@@ -140,10 +142,11 @@ impl JetstreamClient {
         let max_bytes = config.client.max_message_bytes;
         let session = Session::new(config.client, SUBSCRIBE)?;
         let decompressor = match &config.dictionary {
-            Some(d) => Some(
+            Some(d) => Some({
+                dictionary_id(d)?;
                 zstd::bulk::Decompressor::with_dictionary(d)
-                    .map_err(|e| ClientError::Dictionary(e.to_string()))?,
-            ),
+                    .map_err(|e| ClientError::Dictionary(e.to_string()))?
+            }),
             None => None,
         };
         let (updates_tx, updates) = mpsc::channel(16);
@@ -155,6 +158,7 @@ impl JetstreamClient {
             updates_tx,
             updates,
             max_bytes,
+            undecodable: (0, String::new()),
         })
     }
 
@@ -192,9 +196,28 @@ impl JetstreamClient {
         self.session.send(Message::text(msg.to_string())).await;
     }
 
-    /// The next event. Waits through disconnects; never ends on its own.
+    /// The next event. Waits through disconnects; never ends on its own. Messages that do not
+    /// decode are counted and skipped (see [`JetstreamClient::next_checked`] to stop on them).
     pub async fn next(&mut self) -> JetstreamEvent {
         loop {
+            if let Ok(e) = self.next_checked(0).await {
+                return e;
+            }
+        }
+    }
+
+    /// The next event, or [`ClientError::Undecodable`] once `max_undecodable` messages in a row
+    /// did not decode (0: never) — a wrong zstd dictionary, or a server that is not Jetstream,
+    /// fails loudly instead of dropping every message. The count starts again after an error.
+    pub async fn next_checked(
+        &mut self,
+        max_undecodable: u32,
+    ) -> Result<JetstreamEvent, ClientError> {
+        loop {
+            if max_undecodable > 0 && self.undecodable.0 >= max_undecodable {
+                let (count, error) = std::mem::take(&mut self.undecodable);
+                return Err(ClientError::Undecodable { count, error });
+            }
             let step = {
                 // Built only when the session connects, from the latest filters.
                 let (options, compress) = (&self.options, self.decompressor.is_some());
@@ -228,9 +251,9 @@ impl JetstreamClient {
                 Message::Binary(b) => {
                     self.session.stats().message(b.len());
                     match self.decompress(&b) {
-                        Some(raw) => raw,
-                        None => {
-                            self.session.stats().decode_error();
+                        Ok(raw) => raw,
+                        Err(e) => {
+                            self.undecodable_message(e);
                             continue;
                         }
                     }
@@ -240,25 +263,48 @@ impl JetstreamClient {
             match serde_json::from_slice::<Event>(&raw) {
                 Ok(event) => {
                     self.session.seen(event.time_us);
-                    return JetstreamEvent { raw, event };
+                    self.undecodable.0 = 0;
+                    return Ok(JetstreamEvent { raw, event });
                 }
-                Err(e) => {
-                    tracing::debug!(error = %e, "undecodable jetstream event");
-                    self.session.stats().decode_error();
-                }
+                Err(e) => self.undecodable_message(format!("not a Jetstream event: {e}")),
             }
         }
     }
 
+    fn undecodable_message(&mut self, why: String) {
+        self.session.stats().decode_error();
+        if self.undecodable.0 == 0 {
+            // The first of a run is said; the rest are counted (stats, and the run's length).
+            tracing::warn!(host = self.session.host(), error = %why, "undecodable Jetstream message: skipped");
+        }
+        self.undecodable = (self.undecodable.0.saturating_add(1), why);
+    }
+
     /// One zstd frame → JSON bytes, bounded by the frame's declared size and the message limit.
-    fn decompress(&mut self, data: &[u8]) -> Option<Bytes> {
-        let d = self.decompressor.as_mut()?;
+    fn decompress(&mut self, data: &[u8]) -> Result<Bytes, String> {
+        let Some(d) = self.decompressor.as_mut() else {
+            return Err("a binary message, but no zstd dictionary was given".into());
+        };
         let cap = match zstd::zstd_safe::get_frame_content_size(data) {
             Ok(Some(n)) if (n as usize) <= self.max_bytes => n as usize,
-            Ok(Some(_)) => return None,
+            Ok(Some(n)) => return Err(format!("decompresses to {n} bytes, over the limit")),
             _ => self.max_bytes,
         };
-        d.decompress(data, cap).ok().map(Bytes::from)
+        d.decompress(data, cap)
+            .map(Bytes::from)
+            .map_err(|e| format!("zstd with the given dictionary: {e}"))
+    }
+}
+
+/// The id of a structured zstd dictionary (magic `37 A4 30 EC`, then the id), checked before
+/// it is used: zstd would take any bytes as a raw-content dictionary, and every message would
+/// then fail to decompress.
+pub fn dictionary_id(bytes: &[u8]) -> Result<u32, ClientError> {
+    match bytes {
+        [0x37, 0xA4, 0x30, 0xEC, a, b, c, d, ..] => Ok(u32::from_le_bytes([*a, *b, *c, *d])),
+        _ => Err(ClientError::Dictionary(
+            "not a zstd dictionary (no 37 A4 30 EC magic)".into(),
+        )),
     }
 }
 

@@ -71,6 +71,15 @@ pub enum ClientError {
     /// The zstd dictionary is unusable.
     #[error("zstd dictionary: {0}")]
     Dictionary(String),
+    /// Messages in a row did not decode (see
+    /// [`JetstreamClient::next_checked`](crate::JetstreamClient::next_checked)).
+    #[error("{count} messages in a row did not decode; the last: {error}")]
+    Undecodable {
+        /// How many in a row.
+        count: u32,
+        /// The last one's reason.
+        error: String,
+    },
     /// The client or pool this handle talks to is gone.
     #[error("closed")]
     Closed,

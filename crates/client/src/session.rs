@@ -119,6 +119,9 @@ pub(crate) struct Session {
     acked: Option<i64>,
     persisted: Option<i64>,
     persisted_at: Instant,
+    /// The cursor is a seq the server resumes *after* (the relay firehose): a message over the
+    /// size limit is skipped by resuming one seq further (see [`Session::next`]).
+    skip_oversized: bool,
 }
 
 impl Session {
@@ -148,7 +151,14 @@ impl Session {
             acked: stored,
             persisted: stored,
             persisted_at: Instant::now(),
+            skip_oversized: false,
         })
+    }
+
+    /// Skips messages over the size limit by resuming one seq past the last delivered (for
+    /// cursors that are exclusive seqs: the relay firehose).
+    pub(crate) fn skip_oversized(&mut self) {
+        self.skip_oversized = true;
     }
 
     pub(crate) fn stats(&self) -> &Arc<ClientStats> {
@@ -212,7 +222,11 @@ impl Session {
     pub(crate) fn disconnected(&mut self, why: &str) {
         if let Some(live) = self.live.take() {
             let healthy = live.since.elapsed() >= self.cfg.backoff.healthy_after;
-            tracing::debug!(host = %self.cfg.hosts[self.host], why, healthy, "disconnected");
+            let host = &self.cfg.hosts[self.host];
+            tracing::warn!(host = %host, why, healthy, "disconnected; reconnecting");
+            self.stats.set_connected(false);
+            self.stats
+                .set_error(Some(format!("{host}: disconnected: {why}")));
             if healthy {
                 self.failures = 0;
                 self.next_host = self.host;
@@ -241,12 +255,38 @@ impl Session {
                     }
                 }
                 Ok(Some(Err(e))) => {
-                    if let WsError::Capacity(CapacityError::MessageTooLong { .. }) = e {
-                        // Refused before its payload is read, so never delivered: counted.
-                        self.stats.decode_error();
+                    if let WsError::Capacity(CapacityError::MessageTooLong { size, max_size }) = e {
+                        // Refused before its payload is read, so never delivered: counted, and
+                        // skipped (a connection resuming at the same cursor would meet it again
+                        // forever). tungstenite cannot discard the rest of a message, so the
+                        // connection ends; with a seq cursor the next one resumes one seq
+                        // further on, which passes over exactly this message: the relay sends
+                        // seqs after the cursor, and this message is the first after the last
+                        // one delivered. (If the relay's seqs have a gap here, the same message
+                        // comes again and the cursor moves one more; no other message is lost.)
+                        self.stats.oversized();
+                        let host = &self.cfg.hosts[self.host];
+                        match self.seen.filter(|_| self.skip_oversized) {
+                            Some(c) => {
+                                let skipped = c.saturating_add(1);
+                                tracing::warn!(
+                                    host = %host, size, max_size, after_seq = c, seq = skipped,
+                                    "message over the size limit: skipped (resuming after seq {skipped})"
+                                );
+                                self.seen = Some(skipped);
+                            }
+                            None => tracing::warn!(
+                                host = %host, size, max_size, after = ?self.seen,
+                                "message over the size limit: skipped (reconnecting)"
+                            ),
+                        }
                     }
                     let why = e.to_string();
                     self.disconnected(&why);
+                    if self.skip_oversized {
+                        // Not the relay's fault: no backoff for this one.
+                        self.failures = self.failures.saturating_sub(1);
+                    }
                 }
                 Ok(None) => self.disconnected("end of stream"),
                 Err(_) => {
@@ -267,8 +307,8 @@ impl Session {
 
     /// Connects to the next host, retrying with backoff until a connection is up.
     async fn connect(&mut self, query: &(dyn Fn(Option<i64>) -> String + Sync)) {
+        let mut delay = self.cfg.backoff.delay(self.failures, &mut self.rng);
         loop {
-            let delay = self.cfg.backoff.delay(self.failures, &mut self.rng);
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
@@ -285,7 +325,7 @@ impl Session {
                 .max_frame_size(Some(self.cfg.max_message_bytes));
             let attempt =
                 tokio_tungstenite::connect_async_with_config(url.as_str(), Some(config), true);
-            match tokio::time::timeout(self.cfg.connect_timeout, attempt).await {
+            let why = match tokio::time::timeout(self.cfg.connect_timeout, attempt).await {
                 Ok(Ok((ws, _))) => {
                     let now = Instant::now();
                     self.live = Some(Live {
@@ -296,15 +336,31 @@ impl Session {
                     self.host = host;
                     self.next_host = host + 1;
                     self.stats.connected();
-                    tracing::debug!(%url, "connected");
+                    self.stats.set_connected(true);
+                    self.stats.set_error(None);
+                    if self.stats.connects() > 1 || self.failures > 0 {
+                        tracing::info!(%url, "connected");
+                    } else {
+                        tracing::debug!(%url, "connected");
+                    }
                     return;
                 }
-                Ok(Err(e)) => tracing::debug!(%url, error = %e, "connect failed"),
-                Err(_) => tracing::debug!(%url, "connect timed out"),
-            }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no connection within {:?}", self.cfg.connect_timeout),
+            };
+            // Every failed attempt is counted and said, with what comes next: a dead or wrong
+            // host must be visible at once, not after the backoff has grown.
             self.stats.connect_failure();
             self.failures = self.failures.saturating_add(1);
             self.next_host = host + 1;
+            delay = self.cfg.backoff.delay(self.failures, &mut self.rng);
+            let next = &self.cfg.hosts[self.next_host % self.cfg.hosts.len()];
+            tracing::warn!(
+                failures = self.failures,
+                "cannot connect to {url}: {why}; retrying {next} in {:.1}s",
+                delay.as_secs_f64()
+            );
+            self.stats.set_error(Some(format!("{url}: {why}")));
         }
     }
 }
@@ -326,11 +382,27 @@ pub(crate) fn endpoint_url(host: &str, path: &str) -> Result<String, ClientError
         return Err(ClientError::InvalidUrl(host.to_string()));
     }
     let tail = tail.trim_end_matches('/');
-    if tail.is_empty() {
-        Ok(format!("{scheme}://{authority}{path}"))
+    let url = if tail.is_empty() {
+        format!("{scheme}://{authority}{path}")
     } else {
-        Ok(format!("{scheme}://{authority}{tail}"))
+        format!("{scheme}://{authority}{tail}")
+    };
+    // What the connection will parse, checked now: a bad port or host fails at start, not on
+    // every attempt.
+    let bad = || ClientError::InvalidUrl(host.to_string());
+    let uri: tokio_tungstenite::tungstenite::http::Uri = url.parse().map_err(|_| bad())?;
+    let a = uri.authority().ok_or_else(bad)?;
+    if a.host().is_empty() || a.as_str().contains('@') {
+        return Err(bad());
     }
+    if let Some((_, port)) = a
+        .as_str()
+        .rsplit_once(':')
+        .filter(|_| !a.as_str().ends_with(']'))
+    {
+        port.parse::<u16>().map_err(|_| bad())?;
+    }
+    Ok(url)
 }
 
 #[cfg(test)]
@@ -358,5 +430,17 @@ mod tests {
         );
         assert!(endpoint_url("ftp://h", p).is_err());
         assert!(endpoint_url("ws://", p).is_err());
+        // Caught at start, not on every connection attempt.
+        for bad in [
+            "ws://h:99999",
+            "ws://h:port",
+            "h:",
+            "ws://[::1",
+            "ws://a b",
+            "ws://u@h",
+        ] {
+            assert!(endpoint_url(bad, p).is_err(), "{bad}");
+        }
+        assert!(endpoint_url("ws://[::1]:80", p).is_ok());
     }
 }

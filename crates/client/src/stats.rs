@@ -13,6 +13,10 @@ pub struct ClientStats {
     reconnects: AtomicU64,
     connect_failures: AtomicU64,
     decode_errors: AtomicU64,
+    oversized: AtomicU64,
+    text_messages: AtomicU64,
+    connected: AtomicU64,
+    last_error: std::sync::Mutex<Option<String>>,
     verdicts: [AtomicU64; Verdict::COUNT],
 }
 
@@ -31,6 +35,13 @@ pub struct StatsSnapshot {
     pub connect_failures: u64,
     /// Messages that did not decode (delivered as such or skipped, always counted here).
     pub decode_errors: u64,
+    /// Messages over [`ClientConfig::max_message_bytes`](crate::ClientConfig::max_message_bytes),
+    /// refused unread and skipped (also in `decode_errors`).
+    pub oversized: u64,
+    /// Text messages on a binary stream (the relay firehose), skipped (also in `decode_errors`).
+    pub text_messages: u64,
+    /// Whether a connection is up now.
+    pub connected: bool,
     /// Verdicts recorded by the caller with [`ClientStats::record_verdict`], in
     /// [`Verdict::ALL`] order.
     pub verdicts: [u64; Verdict::COUNT],
@@ -57,8 +68,42 @@ impl ClientStats {
             reconnects: self.reconnects.load(Relaxed),
             connect_failures: self.connect_failures.load(Relaxed),
             decode_errors: self.decode_errors.load(Relaxed),
+            oversized: self.oversized.load(Relaxed),
+            text_messages: self.text_messages.load(Relaxed),
+            connected: self.connected.load(Relaxed) > 0,
             verdicts,
         }
+    }
+
+    /// What went wrong last (a failed connect or a connection that ended), with its host; `None`
+    /// while the current connection has had no trouble.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().map(|e| e.clone()).unwrap_or(None)
+    }
+
+    pub(crate) fn set_error(&self, e: Option<String>) {
+        if let Ok(mut g) = self.last_error.lock() {
+            *g = e;
+        }
+    }
+
+    /// Connections made so far.
+    pub fn connects(&self) -> u64 {
+        self.connects.load(Relaxed)
+    }
+
+    pub(crate) fn set_connected(&self, up: bool) {
+        self.connected.store(up as u64, Relaxed);
+    }
+
+    pub(crate) fn oversized(&self) {
+        self.oversized.fetch_add(1, Relaxed);
+        self.decode_error();
+    }
+
+    pub(crate) fn text_message(&self) {
+        self.text_messages.fetch_add(1, Relaxed);
+        self.decode_error();
     }
 
     pub(crate) fn message(&self, len: usize) {

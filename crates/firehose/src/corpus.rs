@@ -54,56 +54,100 @@ pub fn split_frames(file: &[u8]) -> Result<Vec<CorpusFrame<'_>>, CorpusError> {
 /// file departs from the format (a truncated or over-long file), and returns that departure, if
 /// any. For tools that report what is readable and count what is not (`riptide decode`).
 pub fn split_frames_prefix(file: &[u8]) -> (Vec<CorpusFrame<'_>>, Option<CorpusError>) {
-    let Some(count) = be32(file, 0) else {
-        let e = CorpusError {
-            index: 0,
-            offset: 0,
-            what: "no frame count",
-        };
-        return (Vec::new(), Some(e));
+    let it = match frames(file) {
+        Ok(it) => it,
+        Err(e) => return (Vec::new(), Some(e)),
     };
     // Every frame needs at least its 4-byte length: bound the allocation by the file size.
-    let mut frames = Vec::with_capacity(count.min(file.len() / 4));
-    let mut pos = 4;
-    for index in 0..count {
-        let Some(len) = be32(file, pos) else {
-            let e = CorpusError {
-                index,
-                offset: pos,
-                what: "truncated length",
-            };
-            return (frames, Some(e));
-        };
-        let start = pos + 4;
-        let Some(bytes) = file.get(start..start.saturating_add(len)) else {
-            let e = CorpusError {
-                index,
-                offset: pos,
-                what: "frame runs past the end of the file",
-            };
-            return (frames, Some(e));
-        };
-        frames.push(CorpusFrame {
-            index,
-            offset: start,
-            bytes,
-        });
-        pos = start + len;
+    let mut out = Vec::with_capacity(it.count.min(file.len() / 4));
+    for f in it {
+        match f {
+            Ok(f) => out.push(f),
+            Err(e) => return (out, Some(e)),
+        }
     }
-    if pos != file.len() {
-        let e = CorpusError {
-            index: count,
-            offset: pos,
-            what: "bytes after the last frame",
-        };
-        return (frames, Some(e));
-    }
-    (frames, None)
+    (out, None)
 }
 
 /// The frame count a corpus file declares in its first four bytes, if it has them.
 pub fn declared_count(file: &[u8]) -> Option<usize> {
     be32(file, 0)
+}
+
+/// The frames of a corpus file one at a time, in constant memory (a list of millions of tiny
+/// frames costs several times the file). The count is read first; each frame is checked as it
+/// is reached, and after the last, that nothing follows it. Stops after the first error.
+pub fn frames(file: &[u8]) -> Result<CorpusFrames<'_>, CorpusError> {
+    let count = be32(file, 0).ok_or(CorpusError {
+        index: 0,
+        offset: 0,
+        what: "no frame count",
+    })?;
+    Ok(CorpusFrames {
+        file,
+        count,
+        index: 0,
+        pos: 4,
+        done: false,
+    })
+}
+
+/// Iterator of [`frames`].
+#[derive(Clone, Debug)]
+pub struct CorpusFrames<'a> {
+    file: &'a [u8],
+    /// The declared frame count.
+    pub count: usize,
+    index: usize,
+    pos: usize,
+    done: bool,
+}
+
+impl<'a> Iterator for CorpusFrames<'a> {
+    type Item = Result<CorpusFrame<'a>, CorpusError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let (index, pos, file) = (self.index, self.pos, self.file);
+        if index == self.count {
+            self.done = true;
+            return (pos != file.len()).then_some(Err(CorpusError {
+                index,
+                offset: pos,
+                what: "bytes after the last frame",
+            }));
+        }
+        let fail = |what| CorpusError {
+            index,
+            offset: pos,
+            what,
+        };
+        let r = be32(file, pos)
+            .ok_or_else(|| fail("truncated length"))
+            .and_then(|len| {
+                let start = pos + 4;
+                file.get(start..start.saturating_add(len))
+                    .map(|bytes| (start, bytes))
+                    .ok_or_else(|| fail("frame runs past the end of the file"))
+            });
+        match r {
+            Ok((start, bytes)) => {
+                self.index += 1;
+                self.pos = start + bytes.len();
+                Some(Ok(CorpusFrame {
+                    index,
+                    offset: start,
+                    bytes,
+                }))
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
 }
 
 /// Writes frames in the corpus format.

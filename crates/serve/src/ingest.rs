@@ -55,8 +55,16 @@ use crate::log::Log;
 use crate::metrics::Metrics;
 use crate::store::{Resume, StoreError};
 
-/// One upstream frame: the relay's seq (the cursor to resume from) and the message bytes.
+/// One upstream frame: the relay's seq (the cursor to resume from) and the message bytes. A frame
+/// with no bytes is not a frame but [`cursor_reset`].
 pub type UpstreamFrame = (u64, Bytes);
+
+/// The message that tells ingest the relay's numbering went backwards: the frames that follow,
+/// from `seq` on, are new even if the stored cursor is higher (see `upstream.rs`, "Seqs that go
+/// backwards"). The stored cursor then follows the relay. (No real frame is empty.)
+pub fn cursor_reset(seq: u64) -> UpstreamFrame {
+    (seq, Bytes::new())
+}
 
 /// How ingest runs.
 #[derive(Clone, Debug)]
@@ -246,6 +254,10 @@ pub fn spawn(
     }
     let m = metrics.clone();
     let start_cursor = resume.upstream_cursor;
+    // The gauge says where the store is from the start, not only after the first batch.
+    metrics
+        .upstream_seq
+        .store(start_cursor.unwrap_or(0), Relaxed);
     others.push(
         std::thread::Builder::new()
             .name("ingest-dispatch".into())
@@ -287,7 +299,15 @@ fn dispatch(
     // Whatever is ready, up to a chunk, in one go: the channel's permits go back to the source
     // together (one wake-up of a waiting sender per chunk, not per frame).
     while rx.blocking_recv_many(&mut frames, CHUNK) > 0 {
+        // What is still waiting: ingest's backlog (`riptide_ingest_queue_frames`; subscribers
+        // step aside while it is high, see `server.rs`). Reaches 0 when the queue is drained.
+        metrics.ingest_queue.store(rx.len() as i64, Relaxed);
         for (seq, bytes) in frames.drain(..) {
+            if bytes.is_empty() {
+                // `cursor_reset`: counted and logged by the source.
+                cursor = seq.checked_sub(1);
+                continue;
+            }
             let received_us = crate::now_us();
             metrics.frames_in.fetch_add(1, Relaxed);
             metrics.upstream_last_us.store(received_us, Relaxed);
@@ -439,6 +459,19 @@ fn project(
     metrics: &Metrics,
     out: &mut DoneChunk,
 ) {
+    let time = match *frame.body() {
+        riptide_firehose::Body::Commit(c) => Some(c.time),
+        riptide_firehose::Body::Sync(s) => Some(s.time),
+        riptide_firehose::Body::Identity(i) => Some(i.time),
+        riptide_firehose::Body::Account(a) => Some(a.time),
+        _ => None,
+    };
+    // The latest, not the largest: one frame claiming a far-future time must not pin the gauge.
+    if let Some(t) = time.and_then(|t| riptide_syntax::Datetime::parse(t).ok()) {
+        metrics
+            .upstream_event_time_us
+            .store(t.timestamp_micros(), Relaxed);
+    }
     let p = projector.project(frame);
     for &(op, why) in p.drops() {
         metrics.drop_op(why);
@@ -572,8 +605,7 @@ fn write(
         let t0 = Instant::now();
         state_list.clear();
         state_list.extend(states.drain());
-        log.store()
-            .append_with_accounts(&events, &state_list, &resume)?;
+        append_until_stored(&log, &metrics, &events, &state_list, &resume)?;
         metrics.store_append_seconds.observe(t0.elapsed());
         log.publish(&events);
         let now = crate::now_us();
@@ -598,4 +630,82 @@ fn write(
     }
     summary.resume = resume;
     Ok(summary)
+}
+
+/// How long ingest waits before retrying a store write that failed (doubling up to a minute).
+const STORE_RETRY_FIRST: Duration = Duration::from_millis(500);
+
+/// Appends one batch, retrying until it is stored: a full or read-only disk pauses ingest (the
+/// upstream channel fills and the source stops reading) while subscribers go on reading what is
+/// stored. The pause is loud — `riptide_ingest_paused` 1, `/readyz` 503, one error line, then one
+/// every ten failures — and ends by itself when a write succeeds again. Nothing is published
+/// until it is durable, so nothing is lost or duplicated across the pause.
+///
+/// fjall poisons its keyspace after a failed journal write: then no retry can succeed, and the
+/// store must be reopened. Ingest stays paused until a probe file can be written to the data
+/// directory again (space is back), and then ends with [`StoreError::NeedsReopen`]; `riptide
+/// serve` restarts itself on it (a restart reopens the store; what was durable is kept).
+fn append_until_stored(
+    log: &Log,
+    metrics: &Metrics,
+    events: &[Event],
+    accounts: &[(Box<str>, AccountState)],
+    resume: &Resume,
+) -> Result<(), StoreError> {
+    let mut wait = STORE_RETRY_FIRST;
+    let mut failures = 0u64;
+    let mut poisoned = false;
+    loop {
+        if poisoned {
+            if space_is_back(log.store().dir()) {
+                return Err(StoreError::NeedsReopen {
+                    path: log.store().dir().display().to_string(),
+                });
+            }
+            std::thread::sleep(wait);
+            wait = (wait * 2).min(Duration::from_secs(10));
+            continue;
+        }
+        let r = match crate::faults::store_write() {
+            Some(e) => Err(e),
+            None => log.store().append_with_accounts(events, accounts, resume),
+        };
+        match r {
+            Ok(()) => {
+                if failures > 0 {
+                    metrics.ingest_paused.store(false, Relaxed);
+                    tracing::warn!(failures, "store writable again: ingest resumed");
+                }
+                return Ok(());
+            }
+            Err(e) => {
+                poisoned |= e.is_poisoned();
+                metrics.store_write_failures.fetch_add(1, Relaxed);
+                metrics.ingest_paused.store(true, Relaxed);
+                if failures.is_multiple_of(10) {
+                    tracing::error!(
+                        error = %e, failures = failures + 1, retry_in = ?wait,
+                        "store write failed (disk full or read-only?): ingest paused, still serving reads"
+                    );
+                }
+                failures += 1;
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_secs(60));
+            }
+        }
+    }
+}
+
+/// Whether 4 MiB can be written and synced in `dir` again (then removed).
+fn space_is_back(dir: &std::path::Path) -> bool {
+    use std::io::Write;
+    let p = dir.join(".riptide-space-probe");
+    let ok = std::fs::File::create(&p)
+        .and_then(|mut f| {
+            f.write_all(&vec![0u8; 4 << 20])?;
+            f.sync_all()
+        })
+        .is_ok();
+    let _ = std::fs::remove_file(&p);
+    ok
 }

@@ -12,6 +12,8 @@
 //! - [`server`]: `/subscribe`, `/metrics`, `/healthz`, `/readyz`, with constant memory per
 //!   subscriber;
 //! - [`slow`]: when a subscriber far behind is dropped (Jetstream v2's rule);
+//! - [`limits`]: connection budget, per-IP limit and header deadline, so no client can exhaust
+//!   the descriptors the store needs;
 //! - [`options`]: subscriber options and client messages, validated as Jetstream does;
 //! - [`upstream`]: the relay source (riptide-client), warming DID lookups before verification
 //!   (the verifier's keys are then `riptide_resolver::ResolverKeys::resolving_on`).
@@ -19,8 +21,10 @@
 pub mod chain;
 pub mod compress;
 pub mod event;
+mod faults;
 pub mod ingest;
 pub mod keys;
+pub mod limits;
 pub mod log;
 pub mod metrics;
 pub mod options;
@@ -33,6 +37,7 @@ pub use compress::Dictionary;
 pub use event::Event;
 pub use ingest::{default_workers, IngestConfig, IngestHandle, IngestSummary, UpstreamFrame};
 pub use keys::Keys;
+pub use limits::{ConnLimits, LimitedListener};
 pub use log::{Log, ReadLimit, TailLimits};
 pub use metrics::Metrics;
 pub use server::{router, App, ServerConfig};

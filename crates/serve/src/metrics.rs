@@ -167,6 +167,35 @@ pub struct Metrics {
     pub upstream_errors: AtomicU64,
     /// Upstream frames without a seq (not ingested).
     pub upstream_unsequenced: AtomicU64,
+    /// The upstream client's own counters (connections, failures, oversized and text messages),
+    /// read live when `/metrics` is rendered: they move on every attempt, even while no frame
+    /// ever arrives.
+    pub upstream_client: std::sync::OnceLock<std::sync::Arc<riptide_client::ClientStats>>,
+    /// Unix microseconds when the upstream source started (idle time counts from it until the
+    /// first frame).
+    pub upstream_started_us: AtomicI64,
+    /// Times the relay's seqs went backwards within one connection (a relay reset, or a forged
+    /// seq before): the cursor followed the relay's numbering (see `upstream.rs`).
+    pub upstream_seq_resets: AtomicU64,
+    /// `FutureCursor` error frames: the relay is behind our stored cursor.
+    pub upstream_future_cursor: AtomicU64,
+    /// Set while the last word from the relay was `FutureCursor` (cleared by the next frame).
+    pub upstream_behind: std::sync::atomic::AtomicBool,
+    /// Unix microseconds of the `time` of the latest upstream event ingested (the relay's
+    /// clock; Jetstream's `last_seen_upstream_event_timestamp`).
+    pub upstream_event_time_us: AtomicI64,
+    /// Frames waiting between the upstream source and ingest (sampled by the source).
+    pub ingest_queue: AtomicI64,
+    /// Set while ingest is paused because the store cannot be written (full or read-only disk).
+    pub ingest_paused: std::sync::atomic::AtomicBool,
+    /// Store writes that failed (each pauses ingest until a retry succeeds).
+    pub store_write_failures: AtomicU64,
+    /// Connections refused before reaching HTTP, by reason (see `limits.rs`).
+    pub connections_refused: [AtomicU64; 2],
+    /// Open client connections (HTTP or WebSocket).
+    pub connections: AtomicI64,
+    /// Connections closed because their request headers did not arrive in time.
+    pub header_timeouts: AtomicU64,
     /// DID lookups retried after a transient failure.
     pub key_lookup_retries: AtomicU64,
     /// DID lookups given up (no document, unusable, or retries exhausted).
@@ -212,6 +241,8 @@ impl Metrics {
     /// Prometheus text exposition. `extra` gauges (name, help, value) are appended.
     pub fn render(&self, extra: &[(&str, &str, f64)]) -> String {
         let mut s = String::with_capacity(4096);
+        // Labelled families written while `one` holds `s`; appended after it.
+        let mut lab = String::new();
         let mut one = |name: &str, kind: &str, help: &str, v: String| {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
         };
@@ -234,9 +265,13 @@ impl Metrics {
             "Last upstream seq stored.",
             c(&self.upstream_seq),
         );
-        let last = self.upstream_last_us.load(Relaxed);
+        let now = crate::now_us();
+        let last = self
+            .upstream_last_us
+            .load(Relaxed)
+            .max(self.upstream_started_us.load(Relaxed));
         let lag = if last > 0 {
-            (crate::now_us() - last) as f64 / 1e6
+            (now - last) as f64 / 1e6
         } else {
             0.0
         };
@@ -245,6 +280,49 @@ impl Metrics {
             "gauge",
             "Seconds since the last upstream frame.",
             format!("{lag}"),
+        );
+        let t = self.upstream_event_time_us.load(Relaxed);
+        one(
+            "riptide_upstream_event_time_seconds",
+            "gauge",
+            "Unix time (the relay's `time` field) of the newest upstream event ingested; 0 before the first.",
+            format!("{}", t as f64 / 1e6),
+        );
+        one(
+            "riptide_upstream_event_age_seconds",
+            "gauge",
+            "Now minus the time of the newest upstream event ingested: how far behind the network the verified stream is (0 before the first).",
+            format!("{}", if t > 0 { (now - t).max(0) as f64 / 1e6 } else { 0.0 }),
+        );
+        one(
+            "riptide_ingest_queue_frames",
+            "gauge",
+            "Upstream frames received and waiting for ingest (the upstream backlog inside the server).",
+            self.ingest_queue.load(Relaxed).to_string(),
+        );
+        one(
+            "riptide_ingest_paused",
+            "gauge",
+            "1 while ingest is paused because the store cannot be written (full or read-only disk).",
+            (self.ingest_paused.load(Relaxed) as u8).to_string(),
+        );
+        one(
+            "riptide_store_write_failures_total",
+            "counter",
+            "Store writes that failed (ingest pauses and retries).",
+            c(&self.store_write_failures),
+        );
+        one(
+            "riptide_connections",
+            "gauge",
+            "Open client connections (HTTP and WebSocket).",
+            self.connections.load(Relaxed).to_string(),
+        );
+        one(
+            "riptide_header_timeouts_total",
+            "counter",
+            "Connections closed because the request headers were not complete in time.",
+            c(&self.header_timeouts),
         );
         one(
             "riptide_ingest_lag_seconds",
@@ -331,7 +409,49 @@ impl Metrics {
         ] {
             one(name, "gauge", help, c(v));
         }
+        let client = self.upstream_client.get().map(|c| c.snapshot());
+        if let Some(cs) = &client {
+            self.upstream_connects.store(cs.connects, Relaxed);
+            self.upstream_connect_failures
+                .store(cs.connect_failures, Relaxed);
+        }
+        one(
+            "riptide_upstream_connected",
+            "gauge",
+            "1 while a connection to the upstream relay is up.",
+            (client.is_some_and(|c| c.connected) as u8).to_string(),
+        );
+        let _ = writeln!(lab, "# HELP riptide_upstream_dropped_total Upstream messages dropped before ingest, by reason.\n# TYPE riptide_upstream_dropped_total counter");
+        for (reason, n) in [
+            ("oversized", client.map_or(0, |c| c.oversized)),
+            ("text", client.map_or(0, |c| c.text_messages)),
+        ] {
+            let _ = writeln!(
+                lab,
+                "riptide_upstream_dropped_total{{reason=\"{reason}\"}} {n}"
+            );
+        }
+        let _ = writeln!(lab, "# HELP riptide_connections_refused_total Client connections refused before HTTP, by reason.\n# TYPE riptide_connections_refused_total counter");
+        for (i, reason) in ["max-connections", "per-ip"].iter().enumerate() {
+            let _ = writeln!(
+                lab,
+                "riptide_connections_refused_total{{reason=\"{reason}\"}} {}",
+                self.connections_refused[i].load(Relaxed)
+            );
+        }
         for (name, kind, help, v) in [
+            (
+                "riptide_upstream_seq_resets_total",
+                "counter",
+                "Times the relay's seqs went backwards within a connection; the cursor followed the relay.",
+                &self.upstream_seq_resets,
+            ),
+            (
+                "riptide_upstream_future_cursor_total",
+                "counter",
+                "FutureCursor error frames: the relay is behind our stored upstream cursor.",
+                &self.upstream_future_cursor,
+            ),
             (
                 "riptide_upstream_start_cursor",
                 "gauge",
@@ -395,6 +515,7 @@ impl Metrics {
         ] {
             one(name, kind, help, c(v));
         }
+        s.push_str(&lab);
         let _ = writeln!(s, "# HELP riptide_verdicts_total Upstream frames by verification verdict.\n# TYPE riptide_verdicts_total counter");
         for (i, v) in Verdict::ALL.iter().enumerate() {
             let _ = writeln!(

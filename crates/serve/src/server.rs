@@ -21,8 +21,20 @@
 //! — to the in-memory tail, then to the store — and costs no more memory. It is dropped (TCP
 //! closed, no close frame, counted by reason) when it is more than 100,000 events behind and its
 //! cursor moved under 5 events/s for 60 s (Jetstream v2's rule, [`ServerConfig::slow`]), when a
-//! single write blocks for more than [`ServerConfig::write_timeout`], or when a ping goes
-//! unanswered for [`ServerConfig::pong_timeout`].
+//! single write makes no progress at all for [`ServerConfig::write_timeout`] (120 s: the peer is
+//! gone), or when a ping goes unanswered for [`ServerConfig::pong_timeout`]. A write that blocks
+//! for seconds only slows that subscriber: on a loaded host, replaying readers block often, and
+//! cutting them (as a 5 s write timeout did) dropped readers that were making progress.
+//!
+//! **Ingest comes first.** Readers and ingest share the cores. When ingest falls behind (more than
+//! [`INGEST_PRESSURE`] upstream frames queued, `riptide_ingest_queue_frames`), each subscriber
+//! pauses a few milliseconds after each batch it writes: fan-out does the same work in larger
+//! batches and leaves CPU to verification, so the verified stream is not held back by its readers
+//! (`riptide_upstream_event_age_seconds` shows how far behind the network it is).
+//!
+//! **Protocol violations** by a client (text that is not UTF-8, unmasked frames, reserved bits or
+//! opcodes, oversized pings, a close code that is not allowed) are answered with the close code
+//! RFC 6455 asks for (1007, 1002, 1009), counted in `riptide_client_errors_total`.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicI64};
@@ -69,6 +81,13 @@ pub const WS_MAX_WRITE_BUFFER: usize = 64 << 20;
 /// grows it to [`ServerConfig::read`]; a live subscriber gives the memory back).
 const IDLE_BATCH_CAPACITY: usize = 16;
 
+/// Upstream frames waiting for ingest above which subscribers pause between batches
+/// ([`PRESSURE_PAUSE`]): a quarter of the upstream channel (`riptide serve` uses 4096).
+pub const INGEST_PRESSURE: i64 = 1024;
+
+/// How long a subscriber pauses after a batch while ingest is under pressure.
+const PRESSURE_PAUSE: Duration = Duration::from_millis(5);
+
 /// How often a blocked write stops to apply the slow-consumer rule.
 const SLOW_CHECK_EVERY: Duration = Duration::from_secs(1);
 
@@ -81,7 +100,10 @@ pub struct ServerConfig {
     pub ping_interval: Duration,
     /// Drop a subscriber whose pong is this late.
     pub pong_timeout: Duration,
-    /// Drop a subscriber when one write blocks this long.
+    /// Drop a subscriber when one write makes no progress for this long (the connection is
+    /// dead, or the client stopped reading). Shorter stalls only slow the subscriber: while a
+    /// write is blocked the slow-consumer rule is applied, which drops a subscriber only when it
+    /// is far behind *and* slow for a sustained window.
     pub write_timeout: Duration,
     /// How much one read from the in-memory tail may return (events and bytes).
     pub read: ReadLimit,
@@ -93,6 +115,9 @@ pub struct ServerConfig {
     pub store_readers: usize,
     /// When a subscriber far behind the tip is dropped.
     pub slow: SlowPolicy,
+    /// `/readyz` fails when no upstream frame arrived for this long (`None`: never for
+    /// idleness). See [`readiness`].
+    pub ready_max_idle: Option<Duration>,
 }
 
 impl Default for ServerConfig {
@@ -101,7 +126,7 @@ impl Default for ServerConfig {
             compression: false,
             ping_interval: Duration::from_secs(30),
             pong_timeout: Duration::from_secs(5),
-            write_timeout: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(120),
             read: ReadLimit::default(),
             store_read: ReadLimit {
                 events: 512,
@@ -110,6 +135,7 @@ impl Default for ServerConfig {
             store_batches: 32,
             store_readers: 2,
             slow: SlowPolicy::default(),
+            ready_max_idle: Some(Duration::from_secs(120)),
         }
     }
 }
@@ -174,11 +200,59 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 async fn readyz(State(app): State<Arc<App>>) -> Response {
-    if app.ready.load(Relaxed) {
-        "ready".into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    match readiness(&app) {
+        Ok(()) => "ready".into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
     }
+}
+
+/// Whether the server is ready to serve a fresh, verified stream, and if not, why (the body of a
+/// 503 from `/readyz`). Not ready while: the store is not open; ingest is paused because the
+/// store cannot be written; an upstream source is configured and not connected (the reason is
+/// the client's last error, with its host); the relay said our cursor is in its future
+/// (`FutureCursor`); or no upstream frame arrived for [`ServerConfig::ready_max_idle`].
+/// Subscribers are still served while not ready: stored history stays readable.
+pub fn readiness(app: &App) -> Result<(), String> {
+    if !app.ready.load(Relaxed) {
+        return Err("starting".into());
+    }
+    let m = &app.metrics;
+    if m.ingest_paused.load(Relaxed) {
+        return Err("ingest paused: the store cannot be written (disk full or read-only?)".into());
+    }
+    let Some(client) = m.upstream_client.get() else {
+        return Ok(());
+    };
+    if !client.snapshot().connected {
+        return Err(format!(
+            "upstream not connected: {}",
+            client.last_error().unwrap_or_else(|| "connecting".into())
+        ));
+    }
+    if m.upstream_behind.load(Relaxed) {
+        return Err(
+            "the relay is behind our stored upstream cursor (FutureCursor): see the log".into(),
+        );
+    }
+    if let Some(max) = app.config.ready_max_idle {
+        let last = m
+            .upstream_last_us
+            .load(Relaxed)
+            .max(m.upstream_started_us.load(Relaxed));
+        let idle = (crate::now_us() - last).max(0) as u64;
+        if idle > max.as_micros() as u64 {
+            return Err(format!(
+                "no upstream frame for {:.0}s (limit {}s)",
+                idle as f64 / 1e6,
+                max.as_secs()
+            ));
+        }
+    }
+    Ok(())
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
@@ -270,6 +344,22 @@ fn resolve(log: &Log, c: Cursor) -> Result<Option<u64>, crate::store::StoreError
     })
 }
 
+/// The close frame (RFC 6455 §7.4.1) for a client's protocol violation, from tungstenite's error
+/// text (axum hands the error over as text): 1009 for a message over the limit, 1007 for text
+/// that is not UTF-8, 1002 for the rest (unmasked frames, reserved bits or opcodes, oversized or
+/// fragmented control frames). `None` for the peer simply going away.
+fn violation_close(error: &str) -> Option<(u16, &'static str)> {
+    if error.contains("Space limit") || error.contains("too long") {
+        Some((1009, "message too big"))
+    } else if error.contains("UTF-8") {
+        Some((1007, "invalid UTF-8 in a text message"))
+    } else if error.contains("protocol error") && !error.contains("reset without closing") {
+        Some((1002, "protocol error"))
+    } else {
+        None
+    }
+}
+
 enum Ctl {
     /// Close with a code and reason.
     Close(u16, String),
@@ -293,7 +383,12 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
         let mut closing = false;
         while let Some(msg) = stream.next().await {
             match msg {
-                Ok(Message::Close(_)) => break,
+                Ok(Message::Close(_)) => {
+                    // tungstenite has queued its reply (an echo, or 1002 for a code that is not
+                    // allowed, e.g. 999); one more read sends it before the socket goes.
+                    let _ = tokio::time::timeout(Duration::from_secs(1), stream.next()).await;
+                    break;
+                }
                 Ok(_) if closing => {}
                 Ok(Message::Text(t)) => match parse_client_message(t.as_bytes()) {
                     Ok(ClientMessage::Update(f)) => {
@@ -309,13 +404,12 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
                 Ok(Message::Pong(_)) => pong.store(crate::now_us(), Relaxed),
                 Ok(_) => {}
                 Err(e) => {
-                    let s = e.to_string();
-                    if !closing && (s.contains("too long") || s.contains("Space limit")) {
+                    if let Some((code, reason)) =
+                        violation_close(&e.to_string()).filter(|_| !closing)
+                    {
                         metrics.client_errors.fetch_add(1, Relaxed);
-                        let _ = ctl_tx
-                            .send(Ctl::Close(1009, "message too big".into()))
-                            .await;
-                        // The rest of the oversized message is unread: nothing more to wait for.
+                        let _ = ctl_tx.send(Ctl::Close(code, reason.into())).await;
+                        // What follows the violation cannot be read: nothing more to wait for.
                         return;
                     }
                     break;
@@ -343,7 +437,7 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
                 reason: Utf8Bytes::from(reason),
             };
             let _ = tokio::time::timeout(
-                app.config.write_timeout,
+                app.config.write_timeout.min(Duration::from_secs(5)),
                 sink.send(Message::Close(Some(frame))),
             )
             .await;
@@ -543,6 +637,13 @@ async fn serve(
                 if let Err(o) = w.run(Op::Flush, next).await {
                     return o;
                 }
+            }
+            if sent && m.ingest_queue.load(Relaxed) > INGEST_PRESSURE {
+                // Ingest is behind (its queue is filling): fan-out steps aside for a moment, so
+                // that the verified stream does not fall behind because of readers. Each
+                // subscriber's next batch is the larger for it (fewer wake-ups and writes per
+                // event); nothing is skipped.
+                tokio::time::sleep(PRESSURE_PAUSE).await;
             }
             if let Err(o) = w.check_slow(next) {
                 return o;

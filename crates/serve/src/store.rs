@@ -62,6 +62,11 @@ use riptide_firehose::chain::{decode_state, encode_state, AccountState, CorruptS
 use crate::event::{CorruptEvent, Event};
 use crate::log::ReadLimit;
 
+/// Most files the store keeps open (fjall's descriptor cache; its default is 900). Kept small
+/// and fixed so the connection budget can leave room for it (`limits.rs`): a store that cannot
+/// open its next journal file is poisoned.
+pub const STORE_MAX_OPEN_FILES: usize = 256;
+
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -73,6 +78,19 @@ pub enum StoreError {
         path: String,
         /// The cause.
         source: fjall::Error,
+    },
+    /// A fault injected by a test hook (`faults.rs`), standing for an I/O failure.
+    #[error("injected fault: {source}")]
+    Injected {
+        /// The failure it stands for.
+        source: std::io::Error,
+    },
+    /// The store was written while its disk was full and must be reopened (fjall poisons a
+    /// keyspace after a failed journal write). Raised by ingest once space is back.
+    #[error("the store at {path} failed a write and must be reopened (space is available again): restart the server")]
+    NeedsReopen {
+        /// The data directory.
+        path: String,
     },
     /// A stored value is corrupt.
     #[error(transparent)]
@@ -102,6 +120,20 @@ pub enum StoreError {
         /// The layout found (1 = before layouts were recorded).
         found: u64,
     },
+}
+
+impl StoreError {
+    /// Whether no write can succeed on this store handle again (fjall poisons its keyspace after
+    /// a failed journal write): only reopening the store recovers.
+    pub fn is_poisoned(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Fjall {
+                source: fjall::Error::Poisoned,
+                ..
+            }
+        )
+    }
 }
 
 /// Where the store stood when it was opened: what the next batch continues from.
@@ -208,6 +240,7 @@ impl Store {
         // (fjall flushes the largest memtables once the buffer is half full).
         let ks = Config::new(dir)
             .max_write_buffer_size(3 * u64::from(EVENTS_MEMTABLE))
+            .max_open_files(STORE_MAX_OPEN_FILES)
             .open()
             .map_err(fj)?;
         let existed = ks.partition_exists("events");
@@ -356,6 +389,23 @@ impl Store {
     pub(crate) fn put_raw_account_for_tests(&self, did: &str, value: &[u8]) {
         #[allow(clippy::expect_used)]
         self.accounts.insert(did, value).expect("insert");
+    }
+
+    /// The data directory.
+    pub fn dir(&self) -> &Path {
+        Path::new(&self.path)
+    }
+
+    /// Replaces the stored upstream cursor (`None`: forget it, so the next start follows the
+    /// relay from `--upstream-cursor` or live), durably. The operator's way out when the relay
+    /// this store followed was reset or replaced (`riptide serve --reset-upstream-cursor`).
+    pub fn set_upstream_cursor(&self, cursor: Option<u64>) -> Result<(), StoreError> {
+        let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        match cursor {
+            Some(c) => b.insert(&self.meta, UPSTREAM, c.to_be_bytes()),
+            None => b.remove(&self.meta, UPSTREAM),
+        }
+        b.commit().map_err(|e| self.err(e))
     }
 
     /// The retention floor: the oldest seq a read may return (0 before any retention pass).

@@ -20,6 +20,18 @@
 //!   counts it `unknown-key` (never passed unverified). `#identity` drops the DID's cached
 //!   document first, so the next lookup fetches the new one.
 //!
+//! **Seqs that go backwards.** Within one connection a relay's seqs increase. A seq at or below
+//! the previous one on the same connection means the relay's numbering restarted (a relay reset
+//! while we were connected, or the previous seq was forged — one frame with seq 2⁶³−1 would
+//! otherwise become the cursor and every later frame would be skipped as a duplicate). Policy:
+//! follow the relay. The event is counted (`riptide_upstream_seq_resets_total`), logged at error
+//! with both seqs, and ingest's cursor is reset ([`crate::ingest::cursor_reset`]) so the frame and
+//! those after it are ingested. Across connections, frames at or below the cursor are what the
+//! store already holds (a relay replaying from further back) and are skipped and counted as
+//! duplicates, with one warning per connection. A relay behind our cursor says `FutureCursor`:
+//! counted (`riptide_upstream_future_cursor_total`), `/readyz` says so, and the error log says
+//! what to do (`riptide serve --reset-upstream-cursor`, or a fresh `--data`).
+//!
 //! `#info` frames and error frames (`FutureCursor`, `ConsumerTooSlow`; the relay closes after
 //! them and the client reconnects) are logged and counted in [`Metrics`]; they carry no seq and
 //! are not ingested.
@@ -46,7 +58,7 @@ use riptide_cbor::Arena;
 use riptide_client::{
     Backoff, ClientConfig, ClientError, ClientStats, FirehoseClient, FirehoseEvent, FrameKind,
 };
-use riptide_firehose::verify::peek;
+use riptide_firehose::verify::{peek, Verdict};
 use riptide_resolver::Resolver;
 use tokio::sync::mpsc;
 
@@ -106,9 +118,11 @@ pub async fn run(
     metrics
         .upstream_start_cursor
         .store(start_cursor.unwrap_or(0), Relaxed);
+    let _ = metrics.upstream_client.set(client.stats());
+    metrics.upstream_started_us.store(crate::now_us(), Relaxed);
     let seqs = Seqs {
         last: start_cursor,
-        outdated: false,
+        ..Seqs::default()
     };
     let Some(res) = cfg.resolver.clone() else {
         // Nothing to wait for between socket and ingest: read and hand on in one task (a task
@@ -151,17 +165,27 @@ async fn next_event(
     ev
 }
 
-/// Upstream seqs seen, for spotting the gap an `OutdatedCursor` announces.
-#[derive(Debug)]
+/// Upstream seqs seen, for spotting the gap an `OutdatedCursor` announces and seqs that go
+/// backwards.
+#[derive(Debug, Default)]
 struct Seqs {
     /// The last upstream seq handed on (or the cursor we started from).
     last: Option<u64>,
     /// An `OutdatedCursor` arrived and the next frame has not yet shown where the relay resumed.
     outdated: bool,
+    /// The connection the last frame came on ([`FirehoseEvent::connection`]).
+    conn: u64,
+    /// The last seq received on that connection.
+    prev: Option<u64>,
 }
 
+/// What to hand ingest for one event.
+type Admitted = Option<(bool, UpstreamFrame)>;
+
 /// What to do with one event: ingest it as `(seq, bytes)`, or not (counted and logged here).
-fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Option<UpstreamFrame> {
+/// `true` with the frame: the relay's numbering went backwards within a connection, and the frame
+/// is to be preceded by [`crate::ingest::cursor_reset`] (module docs: "Seqs that go backwards").
+fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
     match ev.kind {
         FrameKind::Info | FrameKind::Error => {
             let (name, msg) = ev
@@ -183,6 +207,19 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Option<Upstre
                 } else {
                     tracing::warn!(name, message = msg, host = ev.host, "upstream #info");
                 }
+            } else if name == "FutureCursor" {
+                metrics.upstream_errors.fetch_add(1, Relaxed);
+                metrics.upstream_future_cursor.fetch_add(1, Relaxed);
+                metrics.upstream_behind.store(true, Relaxed);
+                tracing::error!(
+                    cursor = seqs.last,
+                    message = msg,
+                    host = ev.host,
+                    "the relay is behind our stored upstream cursor {} (FutureCursor): it was restarted from scratch, or it is not the relay this store followed. \
+                     Nothing is ingested until it catches up. To follow this relay from its own numbering, restart with \
+                     `--reset-upstream-cursor` (with `--upstream-cursor N` to pick a start, else live), or use a fresh --data directory",
+                    seqs.last.map_or_else(|| "?".to_string(), |c| c.to_string()),
+                );
             } else {
                 metrics.upstream_errors.fetch_add(1, Relaxed);
                 tracing::warn!(
@@ -194,8 +231,52 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Option<Upstre
             }
             None
         }
+        FrameKind::Invalid => {
+            // Not a frame (the client's peek could not read it): classified as the decoder
+            // would, so it shows in `riptide_verdicts_total{malformed|limits}` like any other
+            // frame that fails before verification.
+            let v = match riptide_firehose::FrameDecoder::new().decode(&ev.bytes) {
+                Err(e) => Verdict::of_frame_error(&e),
+                Ok(_) => Verdict::Malformed,
+            };
+            metrics.verdict(v);
+            tracing::warn!(
+                verdict = %v,
+                len = ev.bytes.len(),
+                after = seqs.last,
+                "upstream frame does not decode: not ingested"
+            );
+            None
+        }
         _ => match ev.seq.and_then(|s| u64::try_from(s).ok()) {
             Some(seq) => {
+                metrics.upstream_behind.store(false, Relaxed);
+                let mut reset = false;
+                if ev.connection != seqs.conn {
+                    seqs.conn = ev.connection;
+                    if seqs.last.is_some_and(|c| seq <= c) {
+                        // A relay honouring our cursor sends only seqs after it.
+                        tracing::warn!(
+                            seq,
+                            cursor = seqs.last,
+                            host = ev.host,
+                            "the relay sent seq {seq}, at or below our cursor: skipping what the store already holds \
+                             (riptide_upstream_frames_duplicate_total). If the relay was reset, see --reset-upstream-cursor"
+                        );
+                    }
+                } else if seqs.prev.is_some_and(|p| seq <= p) {
+                    reset = true;
+                    metrics.upstream_seq_resets.fetch_add(1, Relaxed);
+                    tracing::error!(
+                        seq,
+                        previous = seqs.prev,
+                        host = ev.host,
+                        "upstream seqs went backwards within one connection (the relay was reset, or the previous seq was forged): \
+                         following the relay's numbering from here (riptide_upstream_seq_resets_total)"
+                    );
+                    seqs.last = None;
+                }
+                seqs.prev = Some(seq);
                 if std::mem::take(&mut seqs.outdated) {
                     let skipped = seq.saturating_sub(seqs.last.map_or(1, |c| c + 1));
                     metrics.upstream_gap_seqs.fetch_add(skipped, Relaxed);
@@ -207,7 +288,7 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Option<Upstre
                     );
                 }
                 seqs.last = Some(seqs.last.map_or(seq, |l| l.max(seq)));
-                Some((seq, ev.bytes))
+                Some((reset, (seq, ev.bytes)))
             }
             None => {
                 // No seq: nothing to resume from and nothing a consumer could place.
@@ -234,7 +315,10 @@ async fn forward_direct(
     let stats = client.stats();
     loop {
         let ev = next_event(&mut client, &stats, metrics).await;
-        if let Some(f) = admit(ev, metrics, &mut seqs) {
+        if let Some((reset, f)) = admit(ev, metrics, &mut seqs) {
+            if reset && tx.send(crate::ingest::cursor_reset(f.0)).await.is_err() {
+                return;
+            }
             if tx.send(f).await.is_err() {
                 return;
             }
@@ -264,7 +348,10 @@ async fn forward_resolving(
             }
             ev = rx.recv(), if open && pending.len() < depth => {
                 let Some(ev) = ev else { open = false; continue };
-                let Some((seq, bytes)) = admit(ev, metrics, &mut seqs) else { continue };
+                let Some((reset, (seq, bytes))) = admit(ev, metrics, &mut seqs) else { continue };
+                if reset {
+                    pending.push_back(std::future::ready(crate::ingest::cursor_reset(seq)).boxed());
+                }
                 let p = peek(&mut arena, &bytes);
                 let did = p.did.map(str::to_owned);
                 if p.kind == "identity" {

@@ -12,6 +12,9 @@
 //! in the file (after its length prefix); the reason ends with `(frame byte N)`, the offset of the
 //! fault within the frame. So the fault is at file byte F + N, and both commands print the same
 //! F and N for the same corrupted byte.
+//!
+//! Only the first [`ERROR_LINES`] of each error class are printed (then a count); frames are
+//! read one at a time, so memory stays bounded by the file.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -19,10 +22,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use riptide_cbor::{write_json, write_json_int, write_json_string};
-use riptide_firehose::corpus::{declared_count, split_frames_prefix};
+use riptide_firehose::corpus::{self, declared_count};
 use riptide_firehose::{Action, Body, DecodeOptions, Frame, FrameDecoder};
 
 use crate::out;
+
+/// Error lines printed per error class (and for missing records); the rest are counted.
+const ERROR_LINES: u64 = 20;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -38,26 +44,13 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let file = super::read_file(&args.file)?;
-    let (frames, tail) = split_frames_prefix(&file);
+    // One frame at a time: memory stays bounded by the file, however many frames it holds.
+    let frames = match corpus::frames(&file) {
+        Ok(it) => it,
+        Err(e) => return Err(super::not_a_corpus(&args.file, &file, e)),
+    };
     // The frames a damaged file declares but does not hold, and its unreadable bytes.
-    let (mut tail_frames, mut tail_bytes) = (0u64, 0u64);
-    if let Some(e) = tail {
-        if frames.is_empty() && super::sniff(&file) != super::Sniffed::Corpus {
-            return Err(super::not_a_corpus(&args.file, &file, e));
-        }
-        let declared = declared_count(&file).unwrap_or(0);
-        tail_frames = declared.saturating_sub(frames.len()) as u64;
-        tail_bytes = (file.len() - e.offset) as u64;
-        eprintln!(
-            "{}: {e}: {} declared frame(s) missing, {tail_bytes} byte(s) unread",
-            super::name(&args.file),
-            tail_frames
-        );
-        // Bytes after the last declared frame are not a frame, but the file is still bad.
-        if tail_frames == 0 {
-            tail_frames = 1;
-        }
-    }
+    let (mut seen, mut tail_frames, mut tail_bytes) = (0u64, 0u64, 0u64);
     let opts = if args.no_verify {
         DecodeOptions::unverified()
     } else {
@@ -70,14 +63,53 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut errors: BTreeMap<&'static str, u64> = BTreeMap::new();
     let (mut blocks, mut bytes, mut failed, mut missing_records) = (0u64, 0u64, 0u64, 0u64);
     let mut line = Vec::with_capacity(1 << 16);
-    for f in &frames {
+    // Error lines are capped per class (a file of millions of broken frames printed one line
+    // each took minutes); the rest are counted, and said once at the end.
+    let mut stderr = std::io::BufWriter::new(std::io::stderr().lock());
+    for f in frames {
+        let f = match f {
+            Ok(f) => f,
+            Err(e) => {
+                // A file cut short (or with bytes after its last frame): what was read stands,
+                // the rest is counted.
+                if seen == 0 && super::sniff(&file) != super::Sniffed::Corpus {
+                    return Err(super::not_a_corpus(&args.file, &file, e));
+                }
+                let declared = declared_count(&file).unwrap_or(0) as u64;
+                tail_frames = declared.saturating_sub(seen);
+                tail_bytes = (file.len() - e.offset) as u64;
+                writeln!(
+                    stderr,
+                    "{}: {e}: {tail_frames} declared frame(s) missing, {tail_bytes} byte(s) unread",
+                    super::name(&args.file),
+                )?;
+                // Bytes after the last declared frame are not a frame, but the file is still bad.
+                tail_frames = tail_frames.max(1);
+                break;
+            }
+        };
+        seen += 1;
         bytes += f.bytes.len() as u64;
         let frame = match dec.decode(f.bytes) {
             Ok(frame) => frame,
             Err(e) => {
                 failed += 1;
-                *errors.entry(e.class()).or_default() += 1;
-                eprintln!("frame {} at byte {}: {e}", f.index, f.offset);
+                let n = errors.entry(e.class()).or_default();
+                *n += 1;
+                if *n <= ERROR_LINES {
+                    writeln!(
+                        stderr,
+                        "frame {} at byte {}: {e}",
+                        f.index, f.offset
+                    )?;
+                    if *n == ERROR_LINES {
+                        writeln!(
+                            stderr,
+                            "(further '{}' errors are counted, not printed)",
+                            e.class()
+                        )?;
+                    }
+                }
                 continue;
             }
         };
@@ -90,10 +122,13 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 // record cannot be shown (`"record": null` in --json). Counted, never silent.
                 if op.cid.is_some_and(|cid| frame.block_by_cid(cid).is_none()) {
                     missing_records += 1;
-                    eprintln!(
-                        "frame {} op {i} ({}): record block not in the CAR",
-                        f.index, op.path
-                    );
+                    if missing_records <= ERROR_LINES {
+                        writeln!(
+                            stderr,
+                            "frame {} op {i} ({}): record block not in the CAR",
+                            f.index, op.path
+                        )?;
+                    }
                 }
             }
         }
@@ -103,11 +138,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             out::line(&mut stdout, &line)?;
         }
     }
+    for (k, n) in errors.iter().filter(|(_, n)| **n > ERROR_LINES) {
+        writeln!(stderr, "{} more '{k}' errors not printed", n - ERROR_LINES)?;
+    }
+    if missing_records > ERROR_LINES {
+        writeln!(
+            stderr,
+            "{} more records missing from their CAR not printed",
+            missing_records - ERROR_LINES
+        )?;
+    }
+    stderr.flush()?;
     if !args.json {
         writeln!(
             stdout,
             "frames:  {} ({} bytes), {} failed",
-            frames.len() as u64 + tail_frames,
+            seen + tail_frames,
             bytes,
             failed + tail_frames
         )?;

@@ -187,9 +187,24 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
             .spawn(move || produce(frames, generator, service, rate, stop, unservable))?
     };
 
+    // The relay is new on every run and numbers its frames from 1: a store kept from an earlier
+    // run (`--dir`) holds a cursor in this relay's future, so it is reset (the stored events stay
+    // and the new ones follow them).
+    let reused = root.join("data").exists();
+    if reused {
+        eprintln!(
+            "reusing the store in {}: its upstream cursor is reset for this run's new relay",
+            root.join("data").display()
+        );
+    }
     let serve_args = super::serve::Args {
         upstream: vec![relay.url()],
         upstream_cursor: None,
+        reset_upstream_cursor: reused,
+        max_connections: 10_000,
+        max_connections_per_ip: 1_000,
+        header_timeout: Duration::from_secs(10),
+        ready_max_idle: Duration::from_secs(120),
         did_docs: None,
         plc_url: sim.base_url(),
         did_cache: 10_000,

@@ -26,8 +26,8 @@ use bytes::Bytes;
 use riptide_firehose::corpus::split_frames;
 use riptide_resolver::{Resolver, ResolverConfig, ResolverKeys};
 use riptide_serve::{
-    ingest, router, upstream, App, Dictionary, IngestConfig, Keys, Log, Metrics, ServerConfig,
-    Store, TailLimits, UpstreamConfig,
+    ingest, router, upstream, App, ConnLimits, Dictionary, IngestConfig, Keys, LimitedListener,
+    Log, Metrics, ServerConfig, Store, TailLimits, UpstreamConfig,
 };
 
 /// The public Bluesky relay.
@@ -39,9 +39,29 @@ pub struct Args {
     #[arg(long = "upstream", value_name = "URL")]
     pub upstream: Vec<String>,
     /// Upstream cursor to start from when the store holds none (default: live). After that,
-    /// the store's cursor always wins.
+    /// the store's cursor always wins (see --reset-upstream-cursor).
     #[arg(long, value_name = "SEQ")]
     pub upstream_cursor: Option<u64>,
+    /// Forget the store's upstream cursor before starting, and follow the relay from
+    /// --upstream-cursor (or live): for a relay that was reset or replaced (it answers
+    /// FutureCursor, or numbers its events differently). Stored events are kept.
+    #[arg(long)]
+    pub reset_upstream_cursor: bool,
+    /// Most client connections at once (also capped by the open-file limit minus what the store
+    /// needs); over it, new connections get 503 and are closed.
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    pub max_connections: usize,
+    /// Most client connections at once from one IP address.
+    #[arg(long, value_name = "N", default_value_t = 1_000)]
+    pub max_connections_per_ip: usize,
+    /// Time a new connection has to send its request headers (slow or idle connections are
+    /// closed after it).
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
+    pub header_timeout: Duration,
+    /// /readyz answers 503 when no upstream frame arrived for this long (0: never for
+    /// idleness; an unconnected upstream is always not ready).
+    #[arg(long, value_name = "DUR", default_value = "120s", value_parser = parse_duration)]
+    pub ready_max_idle: Duration,
     /// Static DID documents (DID → document JSON) for signature keys, instead of resolution.
     #[arg(long, value_name = "FILE")]
     pub did_docs: Option<PathBuf>,
@@ -123,8 +143,44 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let running = start(&args).await?;
     // The first stdout line is the URL, as `relay` and `sim` print theirs (scripts read it).
     println!("ws://{}/subscribe", running.addr);
-    running.run_until(shutdown_signal()).await?;
-    Ok(ExitCode::SUCCESS)
+    match running.run_until(shutdown_signal()).await {
+        Err(e) if needs_reopen(&e) => restart(e),
+        r => r.map(|()| ExitCode::SUCCESS),
+    }
+}
+
+/// Whether ingest stopped because the store must be reopened (it failed a write on a full disk,
+/// and space is back: see `riptide_serve::ingest`).
+fn needs_reopen(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<riptide_serve::ingest::IngestError>(),
+            Some(riptide_serve::ingest::IngestError::Store(
+                riptide_serve::StoreError::NeedsReopen { .. }
+            ))
+        ) || matches!(
+            c.downcast_ref::<riptide_serve::StoreError>(),
+            Some(riptide_serve::StoreError::NeedsReopen { .. })
+        )
+    })
+}
+
+/// Replaces this process with a fresh `riptide serve` with the same arguments (same pid, so a
+/// supervisor sees no exit): the store is reopened, and ingest resumes from its durable cursor.
+#[cfg(unix)]
+fn restart(why: anyhow::Error) -> anyhow::Result<ExitCode> {
+    use std::os::unix::process::CommandExt;
+    tracing::warn!(reason = %why, "disk space is back: restarting to reopen the store");
+    let exe = std::env::current_exe()?;
+    let e = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .exec();
+    Err(anyhow::Error::from(e).context("restarting riptide serve"))
+}
+
+#[cfg(not(unix))]
+fn restart(why: anyhow::Error) -> anyhow::Result<ExitCode> {
+    Err(why)
 }
 
 /// A started server: ingest running, `/subscribe` listening.
@@ -199,12 +255,29 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     };
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("creating {}", args.data.display()))?;
-    let (store, resume) = Store::open(&args.data, dict.as_ref().map_or(0, Dictionary::id))?;
+    let limits = ConnLimits {
+        max_connections: args.max_connections,
+        per_ip: args.max_connections_per_ip,
+        header_timeout: args.header_timeout,
+    }
+    .effective()?;
+    let (store, mut resume) = Store::open(&args.data, dict.as_ref().map_or(0, Dictionary::id))?;
+    if args.reset_upstream_cursor {
+        store.set_upstream_cursor(None)?;
+        tracing::warn!(
+            old = ?resume.upstream_cursor,
+            new = ?args.upstream_cursor,
+            "upstream cursor reset (--reset-upstream-cursor): following the relay from {}",
+            args.upstream_cursor.map_or_else(|| "its live position".to_string(), |c| format!("seq {c}"))
+        );
+        resume.upstream_cursor = None;
+    }
     tracing::info!(data = %args.data.display(), next_seq = resume.next_seq, upstream_cursor = ?resume.upstream_cursor, "store open");
     let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
     let metrics = Arc::new(Metrics::default());
     let config = ServerConfig {
         compression: dict.is_some(),
+        ready_max_idle: Some(args.ready_max_idle).filter(|d| !d.is_zero()),
         ..ServerConfig::default()
     };
     let app = App::new(log.clone(), metrics.clone(), config);
@@ -236,6 +309,12 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                     args.upstream.clone()
                 };
                 let start_cursor = resume.upstream_cursor.or(args.upstream_cursor);
+                if start_cursor.is_none() {
+                    tracing::warn!(
+                        "starting live (no stored cursor): only events from now on are ingested; \
+                         use --upstream-cursor 0 to replay what the relay holds"
+                    );
+                }
                 let mut ucfg = UpstreamConfig::new(hosts);
                 ucfg.resolver = resolver.clone();
                 let m = metrics.clone();
@@ -278,7 +357,12 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
-    tracing::info!("serving ws://{addr}/subscribe (metrics at http://{addr}/metrics)");
+    tracing::info!(
+        max_connections = limits.max_connections,
+        per_ip = limits.per_ip,
+        "serving ws://{addr}/subscribe (metrics at http://{addr}/metrics)"
+    );
+    let listener = LimitedListener::new(listener, limits, metrics.clone());
     let stop = Arc::new(tokio::sync::Notify::new());
     let shutdown_app = app.clone();
     let stopped = stop.clone();

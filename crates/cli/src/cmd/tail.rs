@@ -61,7 +61,19 @@ pub struct Args {
     zstd_dictionary: Option<PathBuf>,
 }
 
+/// Undecodable Jetstream messages in a row after which `tail` gives up (a wrong dictionary, or
+/// not a Jetstream server): loud at once rather than dropping everything until Ctrl-C.
+const MAX_UNDECODABLE: u32 = 5;
+
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+    // Connection trouble (refused, unreachable, wrong path) is a warning on stderr with the host,
+    // the error and the next retry: a tail that prints nothing says why.
+    super::serve::init_tracing_with("warn");
+    if args.cursor.is_none() {
+        eprintln!(
+            "starting live (no cursor): only new events are shown; use --cursor 0 to replay what the server holds"
+        );
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -331,11 +343,16 @@ fn render_frame(
 }
 
 async fn jetstream(args: Args) -> anyhow::Result<ExitCode> {
-    let dictionary = args
-        .zstd_dictionary
-        .as_deref()
-        .map(super::read_file)
-        .transpose()?;
+    let dictionary = match args.zstd_dictionary.as_deref() {
+        Some(p) => {
+            let d = super::read_file(p)?;
+            let id = riptide_client::jetstream::dictionary_id(&d)
+                .map_err(|e| anyhow::anyhow!("--zstd-dictionary {}: {e}", p.display()))?;
+            tracing::debug!(id, "zstd dictionary");
+            Some(d)
+        }
+        None => None,
+    };
     let cfg = JetstreamConfig {
         client: config(args.jetstream.clone(), args.cursor),
         options: JetstreamOptions {
@@ -354,7 +371,18 @@ async fn jetstream(args: Args) -> anyhow::Result<ExitCode> {
     tokio::pin!(ctrl_c);
     while printer.wants_more() {
         let JetstreamEvent { raw, event } = tokio::select! {
-            e = client.next() => e,
+            e = client.next_checked(MAX_UNDECODABLE) => match e {
+                Ok(e) => e,
+                Err(e) => {
+                    printer.finish()?;
+                    let hint = if args.zstd_dictionary.is_some() {
+                        " (is --zstd-dictionary the dictionary this server compresses with?)"
+                    } else {
+                        " (is this a Jetstream server?)"
+                    };
+                    anyhow::bail!("{e}{hint}");
+                }
+            },
             _ = &mut ctrl_c => break,
         };
         if args.json {

@@ -85,6 +85,11 @@ pub fn flip_in_last_block(frame: &mut [u8]) {
 pub struct KillOnDrop(Child);
 
 impl KillOnDrop {
+    /// Takes charge of a child already spawned.
+    pub fn from_child(child: Child) -> KillOnDrop {
+        KillOnDrop(child)
+    }
+
     /// SIGKILL now, and wait for the process to end.
     pub fn kill(mut self) {
         self.0.kill().expect("kill the server");

@@ -1,0 +1,470 @@
+//! Failures an operator meets, through the `riptide` binary: each is said at once (on stderr and
+//! on `/readyz` / `/metrics`), and none stops what can go on (issue 17 items 1, 3, 5, 9; issue 18,
+//! "Silent failures").
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{metric, riptide, s, scratch, stderr, wait_for, KillOnDrop, BIN, PATIENCE};
+
+/// A loopback port nothing listens on.
+fn dead_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Spawns `cmd` with stderr piped; its lines arrive on the channel.
+fn spawn_lines(cmd: &mut Command) -> (KillOnDrop, mpsc::Receiver<String>) {
+    cmd.stderr(Stdio::piped()).stdout(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                return;
+            }
+        }
+    });
+    (common::KillOnDrop::from_child(child), rx)
+}
+
+/// Waits (at most `within`) for a line satisfying `want`; every line seen so far.
+fn wait_line(
+    rx: &mpsc::Receiver<String>,
+    within: Duration,
+    want: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let until = Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) => {
+                let hit = want(&l);
+                seen.push(l);
+                if hit {
+                    return seen;
+                }
+            }
+            Err(_) => panic!("no such line within {within:?}; saw:\n{}", seen.join("\n")),
+        }
+    }
+}
+
+fn http(addr: &str, path: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut t = String::new();
+    s.read_to_string(&mut t).unwrap();
+    let code = t[9..12].parse().unwrap();
+    (
+        code,
+        t.split_once("\r\n\r\n")
+            .map(|x| x.1.to_owned())
+            .unwrap_or_default(),
+    )
+}
+
+#[test]
+fn serve_with_nothing_listening_warns_within_seconds_and_is_not_ready() {
+    let data = scratch();
+    let port = dead_port();
+    let (_server, rx) = spawn_lines(common::serve_command(data.path()).args([
+        "--upstream",
+        &format!("ws://127.0.0.1:{port}"),
+        "--no-verify",
+    ]));
+    let lines = wait_line(&rx, Duration::from_secs(60), |l| {
+        l.starts_with("riptide serve: ws://")
+    });
+    let addr = lines
+        .last()
+        .unwrap()
+        .strip_prefix("riptide serve: ws://")
+        .unwrap()
+        .trim_end_matches("/subscribe")
+        .to_owned();
+    assert!(
+        lines.iter().any(|l| l.contains("starting live")),
+        "no live notice: {lines:?}"
+    );
+    // A warning with the host, the error and the next retry, within seconds.
+    let lines = wait_line(&rx, Duration::from_secs(20), |l| {
+        l.contains("WARN") && l.contains(&format!("127.0.0.1:{port}")) && l.contains("retrying")
+    });
+    assert!(lines.last().unwrap().contains("refused"), "{lines:?}");
+    let (code, body) = http(&addr, "/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("upstream not connected"), "{body}");
+    assert!(metric(&addr, "riptide_upstream_connect_failures_total") >= 1.0);
+    assert_eq!(metric(&addr, "riptide_upstream_connected"), 0.0);
+    // /healthz still says the process is alive.
+    assert_eq!(http(&addr, "/healthz").0, 200);
+}
+
+#[test]
+fn serve_refuses_an_unusable_upstream_url_at_start() {
+    let data = scratch();
+    let out = Command::new(BIN)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "ws://127.0.0.1:99999",
+        ])
+        .arg("--data")
+        .arg(data.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let e = stderr(&out);
+    assert!(
+        e.contains("not a usable host URL: ws://127.0.0.1:99999"),
+        "{e}"
+    );
+}
+
+#[test]
+fn tail_with_nothing_listening_warns_within_seconds() {
+    let port = dead_port();
+    let (_tail, rx) = spawn_lines(Command::new(BIN).args([
+        "tail",
+        "--jetstream",
+        &format!("ws://127.0.0.1:{port}"),
+    ]));
+    let lines = wait_line(&rx, Duration::from_secs(20), |l| {
+        l.contains(&format!("127.0.0.1:{port}")) && l.contains("retrying")
+    });
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("starting live") && l.contains("--cursor 0")),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn tail_refuses_a_file_that_is_not_a_zstd_dictionary() {
+    let dir = scratch();
+    let not_dict = common::write(&dir, "README.md", b"# not a dictionary\n");
+    let out = riptide(&[
+        "tail",
+        "--jetstream",
+        &format!("ws://127.0.0.1:{}", dead_port()),
+        "--zstd-dictionary",
+        s(&not_dict),
+    ]);
+    assert!(!out.status.success());
+    let e = stderr(&out);
+    assert_eq!(e.matches("not a zstd dictionary").count(), 1, "{e}");
+    assert!(e.contains("README.md"), "{e}");
+}
+
+#[test]
+fn tail_with_the_wrong_dictionary_fails_loudly_after_a_few_messages() {
+    let Some(corpus) = riptide_testdata::corpus() else {
+        return;
+    };
+    let capture = corpus.join("jetstream-2026-07");
+    let dictionary = corpus.join("jetstream-dictionaries/legacy_subscribe.zdict");
+    // Another dictionary, structurally valid: trained here from other samples.
+    let dir = scratch();
+    let samples: Vec<Vec<u8>> = (0..2000)
+        .map(|i| {
+            format!(
+                "{{\"unrelated\":{i},\"text\":\"sample {} of nothing\"}}",
+                i * 7919
+            )
+            .into_bytes()
+        })
+        .collect();
+    let wrong = riptide_serve::compress::train(&samples, 4096).unwrap();
+    let wrong = common::write(&dir, "wrong.zdict", &wrong);
+    let data = scratch();
+    let (_server, addr) = common::spawn_serve(
+        common::serve_command(data.path())
+            .arg("--zstd-dictionary")
+            .arg(&dictionary)
+            .arg("--no-verify")
+            .arg("--ingest-file")
+            .arg(capture.join("firehose-frames.bin")),
+    );
+    wait_for(&addr, "riptide_ingest_finished", 1.0);
+    let start = Instant::now();
+    let out = riptide(&[
+        "tail",
+        "--jetstream",
+        &format!("ws://{addr}"),
+        "--cursor",
+        "0",
+        "--zstd-dictionary",
+        s(&wrong),
+    ]);
+    assert!(start.elapsed() < PATIENCE);
+    assert!(!out.status.success());
+    let e = stderr(&out);
+    assert!(e.contains("5 messages in a row did not decode"), "{e}");
+    assert!(e.contains("--zstd-dictionary"), "{e}");
+}
+
+#[test]
+fn a_full_disk_pauses_ingest_keeps_reads_and_resumes_exactly_once() {
+    // The fault hook stands in for a full disk (a tmpfs needs root; tests/faults/run does that
+    // for real where it can).
+    let Some(capture) = common::capture_dir() else {
+        return;
+    };
+    let data = scratch();
+    let flag = data.path().join("disk-full");
+    let repeat = 20u64;
+    let (_server, addr) = common::spawn_serve(
+        common::serve_command(&data.path().join("store"))
+            .env("RIPTIDE_FAULT_STORE_FULL", &flag)
+            .args([
+                "--no-verify",
+                "--ingest-rate",
+                "400",
+                "--ingest-repeat",
+                &repeat.to_string(),
+            ])
+            .arg("--ingest-file")
+            .arg(capture.join("firehose-frames.bin")),
+    );
+    wait_for(&addr, "riptide_events_stored_total", 100.0);
+    std::fs::write(&flag, b"").unwrap();
+    wait_for(&addr, "riptide_ingest_paused", 1.0);
+    let (code, body) = http(&addr, "/readyz");
+    assert_eq!(code, 503);
+    assert!(body.contains("ingest paused"), "{body}");
+    let stored = metric(&addr, "riptide_events_stored_total") as usize;
+    // Reads go on while ingest is paused.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let got = rt.block_on(common::events_from_start(&addr, stored));
+    assert_eq!(got.len(), stored);
+    assert!(metric(&addr, "riptide_store_write_failures_total") >= 1.0);
+    std::fs::remove_file(&flag).unwrap();
+    wait_for(&addr, "riptide_ingest_finished", 1.0);
+    assert_eq!(metric(&addr, "riptide_ingest_paused"), 0.0);
+    // Everything exactly once: the capture's events, `repeat` times, seqs 1..=n without a gap.
+    let total = metric(&addr, "riptide_events_stored_total") as usize;
+    assert_eq!(total as u64, 152 * repeat);
+    let all = rt.block_on(common::events_from_start(&addr, total));
+    let cursors: Vec<u64> = all.iter().map(|e| e["cursor"].as_u64().unwrap()).collect();
+    assert_eq!(cursors, (1..=total as u64).collect::<Vec<_>>());
+}
+
+#[test]
+fn decode_of_many_broken_frames_prints_a_bounded_number_of_lines() {
+    // 200,000 zero-length frames: each fails; before, one stderr line each.
+    let n = 200_000u32;
+    let mut file = n.to_be_bytes().to_vec();
+    file.resize(4 + 4 * n as usize, 0);
+    let dir = scratch();
+    let p = common::write(&dir, "zeros.bin", &file);
+    let out = riptide(&["decode", s(&p)]);
+    assert_eq!(out.status.code(), Some(1));
+    let e = stderr(&out);
+    assert!(e.lines().count() <= 30, "{} lines", e.lines().count());
+    assert!(e.contains(&format!("{} more", n - 20)), "{e}");
+    let o = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        o.contains(&format!("frames:  {n} (0 bytes), {n} failed")),
+        "{o}"
+    );
+}
+
+#[test]
+fn fd_exhaustion_under_prlimit_is_refused_at_the_door() {
+    // 300 connections against a server allowed 448 descriptors (the store and the process keep
+    // 384): connections past the budget get 503, the store never runs out, ingest goes on and
+    // the server answers when the crowd leaves.
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        eprintln!("prlimit not found: fd-exhaustion test not run");
+        return;
+    }
+    let Some(capture) = common::capture_dir() else {
+        return;
+    };
+    let data = scratch();
+    let mut cmd = Command::new("prlimit");
+    cmd.args([
+        "--nofile=448:448",
+        BIN,
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--no-verify",
+    ])
+    .args(["--ingest-rate", "300", "--ingest-repeat", "30"])
+    .arg("--data")
+    .arg(data.path())
+    .arg("--ingest-file")
+    .arg(capture.join("firehose-frames.bin"))
+    .env("RUST_LOG", "warn");
+    let (server, addr) = common::spawn_serve(&mut cmd);
+    let mut held = Vec::new();
+    let mut refused = 0;
+    for _ in 0..300 {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        // Half a request: a slowloris connection.
+        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\n");
+        held.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    for s in &mut held {
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+        let mut b = [0u8; 12];
+        if let Ok(12) = s.read(&mut b) {
+            if &b[9..12] == b"503" {
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused >= 300 - 64, "{refused} refused");
+    drop(held);
+    std::thread::sleep(Duration::from_millis(300));
+    wait_for(&addr, "riptide_ingest_finished", 1.0);
+    assert_eq!(
+        metric(&addr, "riptide_events_stored_total") as u64,
+        152 * 30
+    );
+    assert!(
+        metric(
+            &addr,
+            "riptide_connections_refused_total{reason=\"max-connections\"}"
+        ) >= 1.0
+    );
+    drop(server);
+}
+
+/// `riptide relay` serving the capture from seq 1, with its URL.
+fn relay(frames: &std::path::Path) -> (KillOnDrop, String) {
+    common::spawn_printing_url(
+        Command::new(BIN)
+            .args(["relay", "--replay", s(frames), "--listen", "127.0.0.1:0"])
+            .stderr(Stdio::null()),
+    )
+}
+
+#[test]
+fn a_relay_behind_the_stored_cursor_is_an_error_that_says_what_to_do() {
+    let Some(capture) = common::capture_dir() else {
+        return;
+    };
+    let frames = capture.join("firehose-frames.bin");
+    let data = scratch();
+    // Follow relay A to its end; its seqs reach the number of frames it serves.
+    let (relay_a, url_a) = relay(&frames);
+    let (server, addr) = common::spawn_serve(common::serve_command(data.path()).args([
+        "--no-verify",
+        "--upstream",
+        &url_a,
+        "--upstream-cursor",
+        "0",
+    ]));
+    let until = Instant::now() + PATIENCE;
+    while metric(&addr, "riptide_upstream_idle_seconds") < 2.0
+        || metric(&addr, "riptide_upstream_seq") < 100.0
+    {
+        assert!(Instant::now() < until);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let head = metric(&addr, "riptide_upstream_seq");
+    let stored = metric(&addr, "riptide_events_stored_total");
+    drop(server);
+    drop(relay_a);
+    // Relay B is new, numbering from 1 again, and holds less: our stored cursor is in its
+    // future.
+    let file = std::fs::read(&frames).unwrap();
+    let few: Vec<&[u8]> = riptide_firehose::corpus::split_frames(&file)
+        .unwrap()
+        .iter()
+        .take(60)
+        .map(|f| f.bytes)
+        .collect();
+    let dir = scratch();
+    let few = common::write(
+        &dir,
+        "few.bin",
+        &riptide_firehose::corpus::write_frames(few.into_iter()),
+    );
+    let (_relay_b, url_b) = relay(&few);
+    let (server, rx) =
+        spawn_lines(common::serve_command(data.path()).args(["--no-verify", "--upstream", &url_b]));
+    let lines = wait_line(&rx, PATIENCE, |l| l.contains("FutureCursor"));
+    let said = lines.last().unwrap();
+    assert!(said.contains("ERROR"), "{said}");
+    assert!(said.contains(&format!("{}", head as u64)), "{said}");
+    assert!(
+        said.contains("--reset-upstream-cursor") && said.contains("--data"),
+        "{said}"
+    );
+    drop(server);
+    // The operator's way out: forget the cursor and follow relay B from its start. The stored
+    // events stay; B's follow them.
+    let (_server, addr) = common::spawn_serve(common::serve_command(data.path()).args([
+        "--no-verify",
+        "--upstream",
+        &url_b,
+        "--reset-upstream-cursor",
+        "--upstream-cursor",
+        "0",
+    ]));
+    assert_eq!(metric(&addr, "riptide_upstream_start_cursor"), 0.0);
+    let until = Instant::now() + PATIENCE;
+    while metric(&addr, "riptide_log_next_seq") <= stored + 1.0 {
+        assert!(Instant::now() < until, "nothing ingested from relay B");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(metric(&addr, "riptide_upstream_seq") < head);
+    assert_eq!(metric(&addr, "riptide_upstream_future_cursor_total"), 0.0);
+    assert_eq!(http(&addr, "/readyz").0, 200);
+}
+
+#[test]
+fn demo_with_a_reused_dir_runs_again() {
+    // A slow relay: a debug build verifying a fast one stores in large, late batches.
+    let dir = scratch();
+    for run in 0..2 {
+        let out = Command::new(BIN)
+            .args([
+                "demo",
+                "--accounts",
+                "10",
+                "--events",
+                "300",
+                "--rate",
+                "200",
+                "--seconds",
+                "5",
+            ])
+            .args(["--listen", "127.0.0.1:0", "--dir", s(dir.path())])
+            .output()
+            .unwrap();
+        let e = stderr(&out);
+        assert!(
+            out.status.success(),
+            "run {run}: {e}\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert_eq!(e.contains("reusing the store"), run == 1, "run {run}: {e}");
+    }
+}

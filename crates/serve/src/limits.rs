@@ -1,0 +1,380 @@
+//! Connection limits: no client, however many or however slow, can exhaust the server's file
+//! descriptors or make anything inside fail.
+//!
+//! Why: every connection costs a descriptor, and the store needs descriptors of its own (journal
+//! and segment files; fjall cannot create its next journal without one, and a store that fails a
+//! write is poisoned). Left unbounded, 1,000 half-sent requests (slowloris) or a few hundred
+//! subscribers under a low `ulimit -n` took the process down. So, before HTTP sees a connection:
+//!
+//! - **A budget**: at most [`ConnLimits::max_connections`] connections at once, never more than
+//!   the descriptor limit minus [`RESERVED_FDS`] (kept for the store, whose open-file cache is
+//!   capped at [`crate::store::STORE_MAX_OPEN_FILES`], and for the process's own files);
+//! - **a per-IP limit** ([`ConnLimits::per_ip`]), so one host cannot take the whole budget;
+//! - **a header deadline** ([`ConnLimits::header_timeout`]): a connection whose first request
+//!   headers are not complete in time is closed — slowloris, and idle connections that never
+//!   send a request (or never finish a WebSocket handshake), cost a descriptor for that long only.
+//!
+//! Over a limit, the connection is answered `503` with `connection: close` (written without
+//! waiting: a client that does not read gets a plain close) and closed at once, and counted in
+//! `riptide_connections_refused_total{reason}`. Accept errors (`EMFILE` if the budget was still
+//! too generous) are logged once a second at most and retried after a pause, never fatal.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::metrics::Metrics;
+
+/// Descriptors kept out of the connection budget: the store's open-file cache
+/// ([`crate::store::STORE_MAX_OPEN_FILES`]) plus journals, the listener, the runtime's own
+/// (epoll, eventfd, pipes), the upstream connection, DID lookups and the binary's files.
+pub const RESERVED_FDS: u64 = crate::store::STORE_MAX_OPEN_FILES as u64 + 128;
+
+/// The limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// Most connections at once (further capped by the descriptor limit, see [`effective`]).
+    ///
+    /// [`effective`]: ConnLimits::effective
+    pub max_connections: usize,
+    /// Most connections at once from one IP address.
+    pub per_ip: usize,
+    /// Time from accept to the end of the first request's headers.
+    pub header_timeout: Duration,
+}
+
+impl Default for ConnLimits {
+    /// 10,000 connections, 1,000 per IP, 10 s for the request headers.
+    fn default() -> Self {
+        ConnLimits {
+            max_connections: 10_000,
+            per_ip: 1_000,
+            header_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The process's soft limit on open descriptors (`None` where it cannot be read).
+pub fn fd_limit() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = s.lines().find(|l| l.starts_with("Max open files"))?;
+    let soft = line.split_whitespace().nth(3)?;
+    if soft == "unlimited" {
+        return Some(u64::MAX);
+    }
+    soft.parse().ok()
+}
+
+/// Why the limits cannot be met.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LimitError {
+    /// The descriptor limit leaves no room for connections after the store's reserve.
+    #[error("the open-file limit ({limit}) leaves no room for connections: the store and the process keep {RESERVED_FDS}; raise it (ulimit -n, or LimitNOFILE= in systemd) to at least {}", RESERVED_FDS + 64)]
+    TooFewDescriptors {
+        /// The soft limit.
+        limit: u64,
+    },
+}
+
+impl ConnLimits {
+    /// The connection budget under the process's descriptor limit: `max_connections`, lowered
+    /// to the limit minus [`RESERVED_FDS`]. An error when fewer than 16 connections would fit.
+    pub fn effective(&self) -> Result<ConnLimits, LimitError> {
+        self.effective_under(fd_limit())
+    }
+
+    fn effective_under(&self, limit: Option<u64>) -> Result<ConnLimits, LimitError> {
+        let mut l = *self;
+        if let Some(limit) = limit {
+            let room = limit.saturating_sub(RESERVED_FDS);
+            if room < 16 {
+                return Err(LimitError::TooFewDescriptors { limit });
+            }
+            l.max_connections = l.max_connections.min(room as usize);
+        }
+        l.max_connections = l.max_connections.max(1);
+        l.per_ip = l.per_ip.clamp(1, l.max_connections);
+        Ok(l)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    total: usize,
+    per_ip: HashMap<IpAddr, usize>,
+}
+
+/// A listener that applies [`ConnLimits`] (an `axum::serve::Listener`).
+#[derive(Debug)]
+pub struct LimitedListener {
+    inner: TcpListener,
+    limits: ConnLimits,
+    counts: Arc<Mutex<Counts>>,
+    metrics: Arc<Metrics>,
+    last_error_log: Option<Instant>,
+}
+
+impl LimitedListener {
+    /// Wraps `inner`; `limits` as given (see [`ConnLimits::effective`]).
+    pub fn new(inner: TcpListener, limits: ConnLimits, metrics: Arc<Metrics>) -> LimitedListener {
+        LimitedListener {
+            inner,
+            limits,
+            counts: Arc::default(),
+            metrics,
+            last_error_log: None,
+        }
+    }
+
+    /// Takes a slot for `ip`, or says which limit refuses it (0: total, 1: per IP).
+    fn admit(&self, ip: IpAddr) -> Result<Slot, usize> {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if c.total >= self.limits.max_connections {
+            return Err(0);
+        }
+        let n = c.per_ip.entry(ip).or_insert(0);
+        if *n >= self.limits.per_ip {
+            return Err(1);
+        }
+        *n += 1;
+        c.total += 1;
+        self.metrics.connections.store(c.total as i64, Relaxed);
+        Ok(Slot {
+            ip,
+            counts: self.counts.clone(),
+            metrics: self.metrics.clone(),
+        })
+    }
+}
+
+/// One connection's place in the counts, given back on drop.
+#[derive(Debug)]
+struct Slot {
+    ip: IpAddr,
+    counts: Arc<Mutex<Counts>>,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        c.total = c.total.saturating_sub(1);
+        if let Some(n) = c.per_ip.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                c.per_ip.remove(&self.ip);
+            }
+        }
+        self.metrics.connections.store(c.total as i64, Relaxed);
+    }
+}
+
+const REFUSAL: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 17\r\n\r\ntoo many clients\n";
+
+impl axum::serve::Listener for LimitedListener {
+    type Io = Limited;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Limited, SocketAddr) {
+        loop {
+            let (stream, addr) = match self.inner.accept().await {
+                Ok(x) => x,
+                Err(e) => {
+                    // EMFILE and friends: not fatal; the budget should make them rare.
+                    let now = Instant::now();
+                    if self
+                        .last_error_log
+                        .is_none_or(|t| now - t >= Duration::from_secs(1))
+                    {
+                        self.last_error_log = Some(now);
+                        tracing::error!(error = %e, "accept failed; retrying");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            match self.admit(addr.ip()) {
+                Ok(slot) => {
+                    let _ = stream.set_nodelay(true);
+                    let deadline = Box::pin(tokio::time::sleep(self.limits.header_timeout));
+                    return (
+                        Limited {
+                            stream,
+                            _slot: slot,
+                            deadline: Some(deadline),
+                            tail: 0,
+                            metrics: self.metrics.clone(),
+                        },
+                        addr,
+                    );
+                }
+                Err(why) => {
+                    self.metrics.connections_refused[why].fetch_add(1, Relaxed);
+                    let _ = stream.try_write(REFUSAL);
+                    tracing::debug!(%addr, reason = why, "connection refused: over the limit");
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// An accepted connection under the limits: closed with `TimedOut` if the first request's
+/// headers (up to the first blank line) do not arrive before the deadline.
+#[derive(Debug)]
+pub struct Limited {
+    stream: TcpStream,
+    _slot: Slot,
+    /// Until the end of the first request's headers.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// How much of `\r\n\r\n` the bytes read so far end with.
+    tail: u8,
+    metrics: Arc<Metrics>,
+}
+
+impl Limited {
+    /// Scans newly read bytes for the end of the headers.
+    fn scan(&mut self, new: &[u8]) {
+        const END: &[u8; 4] = b"\r\n\r\n";
+        let mut t = self.tail as usize;
+        for &b in new {
+            t = if b == END[t] {
+                t + 1
+            } else if b == b'\r' {
+                1
+            } else {
+                0
+            };
+            if t == 4 {
+                self.deadline = None;
+                return;
+            }
+        }
+        self.tail = t as u8;
+    }
+}
+
+impl AsyncRead for Limited {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
+        if let Some(d) = this.deadline.as_mut() {
+            if d.as_mut().poll(cx).is_ready() {
+                this.metrics.header_timeouts.fetch_add(1, Relaxed);
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "request headers not complete in time",
+                )));
+            }
+        }
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if this.deadline.is_some() {
+            if let Poll::Ready(Ok(())) = &r {
+                let new = buf.filled()[before..].to_vec();
+                this.scan(&new);
+            }
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Limited {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_keeps_the_reserve() {
+        let l = ConnLimits::default();
+        let e = l.effective_under(Some(1024)).unwrap();
+        assert_eq!(e.max_connections as u64, 1024 - RESERVED_FDS);
+        assert!(e.per_ip <= e.max_connections);
+        assert_eq!(
+            l.effective_under(Some(1 << 20)).unwrap().max_connections,
+            10_000
+        );
+        assert!(l.effective_under(Some(RESERVED_FDS + 8)).is_err());
+        assert_eq!(l.effective_under(None).unwrap(), l);
+    }
+
+    #[test]
+    fn header_end_is_found_across_reads() {
+        let (a, _b) = std::net::TcpListener::bind("127.0.0.1:0")
+            .map(|l| {
+                let a = l.local_addr().unwrap();
+                (a, l)
+            })
+            .unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let s = TcpStream::connect(a).await.unwrap();
+            let m = Arc::new(Metrics::default());
+            let mut l = Limited {
+                stream: s,
+                _slot: Slot {
+                    ip: a.ip(),
+                    counts: Arc::default(),
+                    metrics: m.clone(),
+                },
+                deadline: Some(Box::pin(tokio::time::sleep(Duration::from_secs(9)))),
+                tail: 0,
+                metrics: m,
+            };
+            for part in [&b"GET / HTTP/1.1\r\nhost: x\r"[..], b"\n\r", b"\nbody"] {
+                assert!(l.deadline.is_some());
+                l.scan(part);
+            }
+            assert!(l.deadline.is_none());
+        });
+    }
+}
