@@ -67,7 +67,7 @@ pub const WS_MAX_WRITE_BUFFER: usize = 64 << 20;
 
 /// Events kept in a subscriber's read buffer between batches when it is at the tip (replay
 /// grows it to [`ServerConfig::read`]; a live subscriber gives the memory back).
-const IDLE_BATCH_CAPACITY: usize = 16;
+pub(crate) const IDLE_BATCH_CAPACITY: usize = 16;
 
 /// How often a blocked write stops to apply the slow-consumer rule.
 const SLOW_CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -93,6 +93,9 @@ pub struct ServerConfig {
     pub store_readers: usize,
     /// When a subscriber far behind the tip is dropped.
     pub slow: SlowPolicy,
+    /// The dictionary of `/xrpc/network.bsky.jetstream.subscribeEvents`'s compression
+    /// (`--zstd-dictionary-v2`); `None`: `zstdDictionary` is refused (see `v2.rs`).
+    pub v2_dictionary: Option<crate::compress::Dictionary>,
 }
 
 impl Default for ServerConfig {
@@ -110,6 +113,7 @@ impl Default for ServerConfig {
             store_batches: 32,
             store_readers: 2,
             slow: SlowPolicy::default(),
+            v2_dictionary: None,
         }
     }
 }
@@ -127,7 +131,9 @@ pub struct App {
     pub ready: AtomicBool,
     /// Set when ingest from a finite source has finished (a gauge, for tests and operators).
     pub ingest_finished: AtomicBool,
-    shutdown: watch::Sender<bool>,
+    /// The v2 endpoint's state (frame cache, compressors, its metrics).
+    pub v2: crate::v2::V2,
+    pub(crate) shutdown: watch::Sender<bool>,
     store_reads: Semaphore,
     store_batches: Semaphore,
 }
@@ -137,7 +143,9 @@ impl App {
     pub fn new(log: Arc<Log>, metrics: Arc<Metrics>, config: ServerConfig) -> Arc<App> {
         let store_reads = Semaphore::new(config.store_readers.max(1));
         let store_batches = Semaphore::new(config.store_batches.max(1));
+        let v2 = crate::v2::V2::new(config.v2_dictionary.clone());
         Arc::new(App {
+            v2,
             store_reads,
             store_batches,
             log,
@@ -163,10 +171,11 @@ impl App {
     }
 }
 
-/// The router: `/subscribe`, `/metrics`, `/healthz`, `/readyz`.
+/// The router: `/subscribe`, the v2 endpoints (`v2.rs`), `/metrics`, `/healthz`, `/readyz`.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/subscribe", get(subscribe))
+        .merge(crate::v2::routes())
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -184,7 +193,7 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     let (n, bytes) = app.log.tail_size();
     let next = app.log.next_seq();
-    let text = app.metrics.render(&[
+    let mut text = app.metrics.render(&[
         (
             "riptide_log_next_seq",
             "The next seq to be assigned.",
@@ -198,6 +207,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             app.ingest_finished.load(Relaxed) as u8 as f64,
         ),
     ]);
+    app.v2.render_metrics(&app.metrics, &mut text);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -270,7 +280,7 @@ fn resolve(log: &Log, c: Cursor) -> Result<Option<u64>, crate::store::StoreError
     })
 }
 
-enum Ctl {
+pub(crate) enum Ctl {
     /// Close with a code and reason.
     Close(u16, String),
     /// The peer went away (or the transport failed): just stop.
@@ -360,33 +370,33 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
     app.metrics.subscribers.fetch_sub(1, Relaxed);
 }
 
-enum Outcome {
+pub(crate) enum Outcome {
     Close(u16, String),
     Drop(SlowDrop),
     Gone,
 }
 
-type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
+pub(crate) type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
 
 /// One write to the socket.
-enum Op {
+pub(crate) enum Op {
     Feed(Message),
     Flush,
 }
 
 /// The sending half with its deadlines: every write is bounded by the write timeout, and while
 /// one is blocked the slow-consumer rule is applied once a second.
-struct Writer<'a> {
-    sink: &'a mut Sink,
-    app: &'a App,
-    slow: SlowWatch,
+pub(crate) struct Writer<'a> {
+    pub(crate) sink: &'a mut Sink,
+    pub(crate) app: &'a App,
+    pub(crate) slow: SlowWatch,
 }
 
 impl Writer<'_> {
     /// Does `op` for a subscriber whose next seq is `cursor`. Both operations may be dropped
     /// half-way and redone: a feed that has not completed has not queued its message (the
     /// message is a cheap clone), and a flush keeps what it has not written.
-    async fn run(&mut self, op: Op, cursor: u64) -> Result<(), Outcome> {
+    pub(crate) async fn run(&mut self, op: Op, cursor: u64) -> Result<(), Outcome> {
         let deadline = Instant::now() + self.app.config.write_timeout;
         loop {
             let wait = deadline
@@ -408,7 +418,7 @@ impl Writer<'_> {
     }
 
     /// The slow-consumer rule, now.
-    fn check_slow(&mut self, cursor: u64) -> Result<(), Outcome> {
+    pub(crate) fn check_slow(&mut self, cursor: u64) -> Result<(), Outcome> {
         if self
             .slow
             .too_slow(crate::now_us(), cursor, self.app.log.next_seq())
@@ -448,7 +458,6 @@ async fn serve(
     let mut last_ping = crate::now_us();
     let mut ping_out = false;
     let m = &app.metrics;
-    let limit = app.config.read;
     let mut w = Writer {
         sink,
         app,
@@ -459,43 +468,8 @@ async fn serve(
     loop {
         batch.clear();
         drop(store_batch.take());
-        let from = if app.log.in_tail(next) || next >= app.log.next_seq() {
-            app.log.read(next, limit, &mut batch)
-        } else {
-            // Behind the tail: a store read, on the blocking pool, rationed (module docs).
-            let (Ok(held), Ok(_reading)) = (
-                app.store_batches.acquire().await,
-                app.store_reads.acquire().await,
-            ) else {
-                return Outcome::Close(1001, "server shutting down".into());
-            };
-            store_batch = Some(held);
-            let log = app.log.clone();
-            let mut b = std::mem::take(&mut batch);
-            let limit = app.config.store_read;
-            match tokio::task::spawn_blocking(move || log.read(next, limit, &mut b).map(|r| (r, b)))
-                .await
-            {
-                Ok(Ok((r, b))) => {
-                    batch = b;
-                    Ok(r)
-                }
-                Ok(Err(e)) => Err(e),
-                Err(_) => return Outcome::Close(1011, "internal error".into()),
-            }
-        };
-        match from {
-            Err(e) => {
-                tracing::error!(error = %e, "store read failed");
-                return Outcome::Close(1011, "internal error".into());
-            }
-            Ok(ReadFrom::Store) => {
-                m.replay_reads.fetch_add(1, Relaxed);
-            }
-            Ok(ReadFrom::Tail) => {
-                m.tail_reads.fetch_add(1, Relaxed);
-            }
-            Ok(ReadFrom::Tip) => {}
+        if let Err(o) = read_batch(app, next, &mut batch, &mut store_batch).await {
+            return o;
         }
         if batch.is_empty() {
             batch.shrink_to(IDLE_BATCH_CAPACITY);
@@ -577,7 +551,58 @@ async fn serve(
     }
 }
 
-fn ctl_outcome(c: Option<Ctl>) -> Outcome {
+/// Reads the next batch for a subscriber whose next seq is `next` into `batch`: from the
+/// in-memory tail, or from the store on the blocking pool, rationed (module docs); a store batch
+/// holds a permit in `store_batch` until the caller has written it. Counts the read.
+pub(crate) async fn read_batch<'a>(
+    app: &'a App,
+    next: u64,
+    batch: &mut Vec<Event>,
+    store_batch: &mut Option<tokio::sync::SemaphorePermit<'a>>,
+) -> Result<(), Outcome> {
+    let m = &app.metrics;
+    let from = if app.log.in_tail(next) || next >= app.log.next_seq() {
+        app.log.read(next, app.config.read, batch)
+    } else {
+        // Behind the tail: a store read, on the blocking pool, rationed (module docs).
+        let (Ok(held), Ok(_reading)) = (
+            app.store_batches.acquire().await,
+            app.store_reads.acquire().await,
+        ) else {
+            return Err(Outcome::Close(1001, "server shutting down".into()));
+        };
+        *store_batch = Some(held);
+        let log = app.log.clone();
+        let mut b = std::mem::take(batch);
+        let limit = app.config.store_read;
+        match tokio::task::spawn_blocking(move || log.read(next, limit, &mut b).map(|r| (r, b)))
+            .await
+        {
+            Ok(Ok((r, b))) => {
+                *batch = b;
+                Ok(r)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => return Err(Outcome::Close(1011, "internal error".into())),
+        }
+    };
+    match from {
+        Err(e) => {
+            tracing::error!(error = %e, "store read failed");
+            return Err(Outcome::Close(1011, "internal error".into()));
+        }
+        Ok(ReadFrom::Store) => {
+            m.replay_reads.fetch_add(1, Relaxed);
+        }
+        Ok(ReadFrom::Tail) => {
+            m.tail_reads.fetch_add(1, Relaxed);
+        }
+        Ok(ReadFrom::Tip) => {}
+    }
+    Ok(())
+}
+
+pub(crate) fn ctl_outcome(c: Option<Ctl>) -> Outcome {
     match c {
         Some(Ctl::Close(code, reason)) => Outcome::Close(code, reason),
         Some(Ctl::Gone) | None => Outcome::Gone,
