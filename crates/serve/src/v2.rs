@@ -835,10 +835,6 @@ async fn subscribe_events(
             }),
         }
     }
-    let ws = match ws {
-        Ok(ws) => ws,
-        Err(r) => return r.into_response(),
-    };
     if !app.ready.load(Relaxed) {
         return XrpcError {
             status: 503,
@@ -860,6 +856,11 @@ async fn subscribe_events(
             }
             .into_response()
         }
+    };
+    // Last: every refusal above is an XRPC error, upgrade or not.
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(r) => return r.into_response(),
     };
     ws.protocols([SUBPROTOCOL])
         .max_message_size(MAX_CLIENT_MESSAGE)
@@ -948,15 +949,16 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: V2Options, start: V2Start) 
                 endpoint = "subscribeEvents",
                 "slow subscriber dropped"
             );
-            // Far behind but still reading: the terminal error frame, then the close. A socket
-            // that stopped taking writes gets neither (the attempt is bounded).
+            // Far behind but still reading: the terminal error frame, then the close, each
+            // bounded by the write timeout (the frame waits behind what the socket still holds).
+            // A socket that stopped taking writes (or pongs) gets neither.
             if why == SlowDrop::Behind {
                 let text = error_frame(
                     "ConsumerTooSlow",
                     "far behind the live tip and reading below the floor rate; reconnect with your last seq as the cursor",
                 );
                 if let Some(m) = app.v2.control(text, zstd) {
-                    let t = Duration::from_secs(1);
+                    let t = wt;
                     if let Ok(Ok(())) = tokio::time::timeout(t, sink.send(m)).await {
                         let _ = tokio::time::timeout(
                             t,
