@@ -460,3 +460,84 @@ fn subscribe_events_carries_what_subscribe_carries() {
     drop(server);
     rt.block_on(relay.shutdown());
 }
+
+/// `#sync`: stored with a seq of its own, sent on v2 (`kinds=sync` too), never on v1, whose
+/// other events keep the same seqs on both wires. On a generated network (the capture has none).
+#[test]
+fn sync_events_are_served_on_v2_only() {
+    const FRAMES: u64 = 1500;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = riptide_gen::Config::new(7, 10, FRAMES);
+    cfg.threads = 2;
+    riptide_gen::write_dir(&cfg, dir.path()).unwrap();
+    let file = std::fs::read(dir.path().join("firehose-frames.bin")).unwrap();
+    let mut dec = FrameDecoder::with_options(DecodeOptions {
+        decode_blocks: false,
+        ..DecodeOptions::unverified()
+    });
+    let syncs: Vec<(String, String)> = split_frames(&file)
+        .unwrap()
+        .iter()
+        .filter_map(|f| match dec.decode(f.bytes).unwrap().body() {
+            riptide_firehose::Body::Sync(s) => Some((s.did.to_owned(), s.rev.to_owned())),
+            _ => None,
+        })
+        .collect();
+    assert!(syncs.len() >= 2, "{} #sync frames", syncs.len());
+    let data = tempfile::tempdir().unwrap();
+    let (server, addr) = common::spawn_serve(
+        common::serve_command(data.path())
+            .arg("--did-docs")
+            .arg(dir.path().join("did_docs.json"))
+            .arg("--ingest-file")
+            .arg(dir.path().join("firehose-frames.bin")),
+    );
+    wait_for(&addr, "riptide_ingest_finished", 1.0);
+    assert_eq!(
+        metric(&addr, "riptide_verdicts_total{verdict=\"ok\"}"),
+        FRAMES as f64
+    );
+    let stored = metric(&addr, "riptide_events_stored_total") as usize;
+    let rt = rt();
+    let v1 = rt.block_on(common::events_from_start(&addr, stored - syncs.len()));
+    let all = rt.block_on(v2_frames(&addr, "cursor=0", stored, None));
+    let all = payloads(&all);
+    assert_eq!(
+        all.iter()
+            .map(|p| p["seq"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        (1..=stored as u64).collect::<Vec<_>>()
+    );
+    let (sync, other): (Vec<&Value>, Vec<&Value>) = all
+        .iter()
+        .partition(|p| p["$type"] == format!("{NSID}#sync"));
+    assert_eq!(other.into_iter().map(as_v1).collect::<Vec<_>>(), v1);
+    let got: Vec<(String, String)> = sync
+        .iter()
+        .map(|p| {
+            let s = &p["sync"];
+            assert_eq!(s["did"], p["did"]);
+            assert!(s["blocks"]["$bytes"].as_str().unwrap().len() > 100);
+            assert!(s["seq"].is_i64() && s["time"].is_string());
+            (
+                s["did"].as_str().unwrap().into(),
+                s["rev"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(got, syncs);
+    // v1's cursors skip exactly the #sync seqs.
+    let sync_seqs: Vec<u64> = sync.iter().map(|p| p["seq"].as_u64().unwrap()).collect();
+    let v1_seqs: Vec<u64> = v1.iter().map(|e| e["cursor"].as_u64().unwrap()).collect();
+    assert!(v1_seqs.iter().all(|s| !sync_seqs.contains(s)));
+    assert_eq!(v1_seqs.len() + sync_seqs.len(), stored);
+    let only = rt.block_on(v2_frames(&addr, "cursor=0&kinds=sync", syncs.len(), None));
+    assert_eq!(
+        payloads(&only)
+            .iter()
+            .map(|p| p["seq"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        sync_seqs
+    );
+    drop(server);
+}

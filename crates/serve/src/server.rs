@@ -485,6 +485,10 @@ async fn serve(
             let mut sent = false;
             for e in batch.drain(..) {
                 next = e.seq() + 1;
+                // `#sync` is stored for v2 and never sent on v1 (protocol §4.1).
+                if e.kind() == riptide_jetstream::EventKind::Sync {
+                    continue;
+                }
                 if !filter.wants(&e) {
                     m.events_filtered.fetch_add(1, Relaxed);
                     continue;

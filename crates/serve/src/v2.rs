@@ -40,9 +40,11 @@
 //!
 //! **Server-push only.** Any data frame from the client closes the connection with 1008.
 //!
-//! **`#sync`.** The store keeps no `#sync` events today (the projection drops them, protocol
-//! §4.1), so this endpoint sends none yet, and accepts `kinds=sync` (it matches nothing). See the
-//! README's v2 section for the plan.
+//! **`#sync`.** Ingest stores every verified `#sync` frame as an event of kind `sync` with a
+//! seq of its own (`Projector::with_sync`), as Jetstream v2 does: v2 sends it
+//! (`{"seq","did","time","sync":{"blocks":{"$bytes":…},"did","rev","seq","time"}}`), and v1's
+//! `/subscribe` skips it, so v1's cursors step over those seqs and every other event has the same
+//! number on both wires. v1's output is unchanged for a stream without `#sync` frames.
 //!
 //! **Metrics.** Subscribers, events, bytes, filtered, oversize and slow drops count in the
 //! server-wide totals, as v1's do, and per endpoint in `riptide_endpoint_*{endpoint=…}`.
@@ -158,6 +160,7 @@ impl Kind {
             EventKind::Commit => Kind::Commit,
             EventKind::Identity => Kind::Identity,
             EventKind::Account => Kind::Account,
+            EventKind::Sync => Kind::Sync,
         }
     }
 }
