@@ -25,6 +25,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::error::{CapacityError, Error as WsError};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
@@ -119,6 +120,13 @@ pub(crate) struct Session {
     acked: Option<i64>,
     persisted: Option<i64>,
     persisted_at: Instant,
+    /// The WebSocket subprotocol offered (`Sec-WebSocket-Protocol`), if any.
+    pub(crate) subprotocol: Option<&'static str>,
+    /// Stop retrying when the server refuses the upgrade with a 4xx (its answer is kept in
+    /// `refused`): for endpoints whose 400s mean the request itself is wrong.
+    pub(crate) stop_on_refusal: bool,
+    /// The last 4xx refusal, when `stop_on_refusal` is set: (status, body).
+    pub(crate) refused: Option<(u16, String)>,
 }
 
 impl Session {
@@ -148,6 +156,9 @@ impl Session {
             acked: stored,
             persisted: stored,
             persisted_at: Instant::now(),
+            subprotocol: None,
+            stop_on_refusal: false,
+            refused: None,
         })
     }
 
@@ -223,7 +234,9 @@ impl Session {
     }
 
     /// The next binary or text message, connecting and reconnecting as needed. `query` gives the
-    /// query string (without `?`) for a connection resuming at a cursor.
+    /// query string (without `?`) for a connection resuming at a cursor. With
+    /// `stop_on_refusal`, a 4xx refusal also ends in `Step::Connected`, with no connection and
+    /// the answer in `refused`.
     pub(crate) async fn next(&mut self, query: &(dyn Fn(Option<i64>) -> String + Sync)) -> Step {
         loop {
             let Some(live) = &mut self.live else {
@@ -283,8 +296,23 @@ impl Session {
             let config = WebSocketConfig::default()
                 .max_message_size(Some(self.cfg.max_message_bytes))
                 .max_frame_size(Some(self.cfg.max_message_bytes));
-            let attempt =
-                tokio_tungstenite::connect_async_with_config(url.as_str(), Some(config), true);
+            let mut request = match url.as_str().into_client_request() {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::debug!(%url, error = %e, "bad URL");
+                    self.stats.connect_failure();
+                    self.failures = self.failures.saturating_add(1);
+                    self.next_host = host + 1;
+                    continue;
+                }
+            };
+            if let Some(p) = self.subprotocol {
+                request.headers_mut().insert(
+                    "sec-websocket-protocol",
+                    tokio_tungstenite::tungstenite::http::HeaderValue::from_static(p),
+                );
+            }
+            let attempt = tokio_tungstenite::connect_async_with_config(request, Some(config), true);
             match tokio::time::timeout(self.cfg.connect_timeout, attempt).await {
                 Ok(Ok((ws, _))) => {
                     let now = Instant::now();
@@ -297,6 +325,19 @@ impl Session {
                     self.next_host = host + 1;
                     self.stats.connected();
                     tracing::debug!(%url, "connected");
+                    return;
+                }
+                Ok(Err(WsError::Http(resp)))
+                    if self.stop_on_refusal && resp.status().is_client_error() =>
+                {
+                    let body = resp
+                        .body()
+                        .as_ref()
+                        .map(|b| String::from_utf8_lossy(b).into_owned())
+                        .unwrap_or_default();
+                    tracing::debug!(%url, status = resp.status().as_u16(), "refused");
+                    self.stats.connect_failure();
+                    self.refused = Some((resp.status().as_u16(), body));
                     return;
                 }
                 Ok(Err(e)) => tracing::debug!(%url, error = %e, "connect failed"),
