@@ -22,9 +22,10 @@
 //!
 //! **Frame cache.** A frame (and its zstd form) is made once per event and kept in a small
 //! seq-indexed cache ([`CACHE_SLOTS`] slots, a mutex each), so a thousand live subscribers cost
-//! one rendering and one compression per event, as on v1, where the forms are made at ingest. A
-//! replaying subscriber misses the cache and renders its own frames; that costs a copy of the
-//! event and, compressed, one zstd call with a prepared dictionary.
+//! one rendering and one compression per event, as on v1, where the forms are made at ingest.
+//! Only events within half the cache of the tip use it: a subscriber replaying from further back
+//! renders its own frames without touching the cache (it would only evict what live
+//! subscribers need); that costs a copy of the event and, compressed, one zstd call.
 //!
 //! **Compression.** `?zstdDictionary=<id>` makes every frame (messages, `#info` and the error
 //! frame alike) a binary message holding one zstd frame of exactly the text frame, with
@@ -406,6 +407,13 @@ pub fn resolve(
 
 /// `time_us` as RFC 3339 UTC with exactly six fractional digits (`2026-05-25T14:23:29.950123Z`).
 pub fn rfc3339_micros(us: i64) -> String {
+    let mut b = Vec::with_capacity(27);
+    write_rfc3339_micros(&mut b, us);
+    String::from_utf8(b).unwrap_or_default()
+}
+
+/// Appends [`rfc3339_micros`] (ASCII digits only; years outside 0..=9999 are clamped).
+pub fn write_rfc3339_micros(out: &mut Vec<u8>, us: i64) {
     let secs = us.div_euclid(1_000_000);
     let micros = us.rem_euclid(1_000_000);
     let days = secs.div_euclid(86_400);
@@ -419,13 +427,26 @@ pub fn rfc3339_micros(us: i64) -> String {
     let mp = (5 * doy + 2) / 153;
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{micros:06}Z",
-        sod / 3600,
-        sod / 60 % 60,
-        sod % 60
-    )
+    let y = (yoe + era * 400 + i64::from(m <= 2)).clamp(0, 9999);
+    fn digits(out: &mut Vec<u8>, v: i64, n: u32) {
+        for i in (0..n).rev() {
+            out.push(b'0' + (v / 10i64.pow(i) % 10) as u8);
+        }
+    }
+    digits(out, y, 4);
+    out.push(b'-');
+    digits(out, m, 2);
+    out.push(b'-');
+    digits(out, d, 2);
+    out.push(b'T');
+    digits(out, sod / 3600, 2);
+    out.push(b':');
+    digits(out, sod / 60 % 60, 2);
+    out.push(b':');
+    digits(out, sod % 60, 2);
+    out.push(b'.');
+    digits(out, micros, 6);
+    out.push(b'Z');
 }
 
 /// The kind's object of a stored v1 event (`{"rev":…}` for a commit, the upstream object
@@ -434,23 +455,29 @@ pub fn rfc3339_micros(us: i64) -> String {
 pub fn kind_object(e: &Event) -> Option<Bytes> {
     let json = e.json();
     let kind = e.kind().as_str().as_bytes();
-    let mut p = Vec::with_capacity(64 + e.did().len());
-    p.extend_from_slice(b"{\"did\":\"");
-    p.extend_from_slice(e.did());
-    p.extend_from_slice(b"\",\"time_us\":");
-    riptide_cbor::write_json_int(&mut p, e.time_us());
-    p.extend_from_slice(b",\"cursor\":");
-    riptide_cbor::write_json_int(&mut p, e.seq() as i64);
-    p.extend_from_slice(b",\"kind\":\"");
-    p.extend_from_slice(kind);
-    p.extend_from_slice(b"\",\"");
-    p.extend_from_slice(kind);
-    p.extend_from_slice(b"\":");
-    let ok = json.len() > p.len() + 2
-        && json.starts_with(&p)
-        && json.ends_with(b"}")
-        && json[p.len()] == b'{';
-    ok.then(|| json.slice(p.len()..json.len() - 1))
+    let mut rest: &[u8] = &json;
+    let mut eat = |piece: &[u8]| match rest.strip_prefix(piece) {
+        Some(r) => {
+            rest = r;
+            true
+        }
+        None => false,
+    };
+    let mut n = itoa::Buffer::new();
+    let ok = eat(b"{\"did\":\"")
+        && eat(e.did())
+        && eat(b"\",\"time_us\":")
+        && eat(n.format(e.time_us()).as_bytes())
+        && eat(b",\"cursor\":")
+        && eat(n.format(e.seq()).as_bytes())
+        && eat(b",\"kind\":\"")
+        && eat(kind)
+        && eat(b"\",\"")
+        && eat(kind)
+        && eat(b"\":");
+    let start = json.len() - rest.len();
+    (ok && rest.len() >= 3 && rest[0] == b'{' && json.ends_with(b"}"))
+        .then(|| json.slice(start..json.len() - 1))
 }
 
 /// The v2 text frame of a stored event (module docs).
@@ -468,7 +495,7 @@ pub fn render(e: &Event) -> Option<String> {
     b.extend_from_slice(b",\"did\":");
     riptide_cbor::write_json_string(&mut b, did);
     b.extend_from_slice(b",\"time\":\"");
-    b.extend_from_slice(rfc3339_micros(e.time_us()).as_bytes());
+    write_rfc3339_micros(&mut b, e.time_us());
     b.extend_from_slice(b"\",");
     if e.kind() == EventKind::Commit {
         // The commit's fields, flat: `"rev":…}` closes the payload.
@@ -602,8 +629,18 @@ impl V2 {
         out
     }
 
-    /// The frame of `e`, text or (`zstd`) compressed, from the cache or made now.
-    fn frame(&self, e: &Event, zstd: bool) -> Option<Message> {
+    /// The frame of `e`, text or (`zstd`) compressed, from the cache or made now; with `cache`
+    /// false (an event far behind the tip, which other subscribers are unlikely to want soon)
+    /// made without touching the cache.
+    fn frame(&self, e: &Event, zstd: bool, cache: bool) -> Option<Message> {
+        if !cache {
+            let text = self.render_counted(e)?;
+            return Some(if zstd {
+                Message::Binary(self.compress(text.as_bytes())?)
+            } else {
+                Message::Text(Utf8Bytes::from(text))
+            });
+        }
         let slot = &self.cache[(e.seq() % CACHE_SLOTS as u64) as usize];
         let (text, z) = {
             let g = slot.lock().unwrap_or_else(|p| p.into_inner());
@@ -620,17 +657,7 @@ impl V2 {
         }
         let text = match text {
             Some(t) => t,
-            None => match render(e) {
-                Some(s) => Utf8Bytes::from(s),
-                None => {
-                    self.metrics.render_failures.fetch_add(1, Relaxed);
-                    tracing::error!(
-                        seq = e.seq(),
-                        "stored event has no v1 prefix; not sent on v2"
-                    );
-                    return None;
-                }
-            },
+            None => Utf8Bytes::from(self.render_counted(e)?),
         };
         let z = if zstd {
             Some(self.compress(text.as_bytes())?)
@@ -658,6 +685,19 @@ impl V2 {
             Some(z) => Message::Binary(z),
             None => Message::Text(text),
         })
+    }
+
+    /// [`render`], a failure counted and logged.
+    fn render_counted(&self, e: &Event) -> Option<String> {
+        let r = render(e);
+        if r.is_none() {
+            self.metrics.render_failures.fetch_add(1, Relaxed);
+            tracing::error!(
+                seq = e.seq(),
+                "stored event has no v1 prefix; not sent on v2"
+            );
+        }
+        r
     }
 
     /// A control frame (`#info`, error) as sent on a connection with or without compression.
@@ -1035,6 +1075,9 @@ async fn serve(
             }
         } else {
             let mut sent = false;
+            // Frames near the tip go through the cache (live fan-out); a replay far behind
+            // renders its own.
+            let near = app.log.next_seq().saturating_sub(CACHE_SLOTS as u64 / 2);
             for e in batch.drain(..) {
                 next = e.seq() + 1;
                 if !filter.wants(&e) {
@@ -1042,10 +1085,11 @@ async fn serve(
                     vm.events_filtered.fetch_add(1, Relaxed);
                     continue;
                 }
+                let cache = e.seq() >= near;
                 // The size cap is on the text frame, envelope included (lexicon), so the text
                 // frame is needed even for a compressed connection.
                 let msg = if filter.max_size > 0 {
-                    let Some(Message::Text(t)) = app.v2.frame(&e, false) else {
+                    let Some(Message::Text(t)) = app.v2.frame(&e, false, cache) else {
                         continue;
                     };
                     if t.len() > filter.max_size as usize {
@@ -1054,12 +1098,12 @@ async fn serve(
                         continue;
                     }
                     if zstd {
-                        app.v2.frame(&e, true)
+                        app.v2.frame(&e, true, cache)
                     } else {
                         Some(Message::Text(t))
                     }
                 } else {
-                    app.v2.frame(&e, zstd)
+                    app.v2.frame(&e, zstd, cache)
                 };
                 let Some(msg) = msg else { continue };
                 let len = match &msg {
