@@ -540,4 +540,40 @@ fn sync_events_are_served_on_v2_only() {
         sync_seqs
     );
     drop(server);
+
+    // `riptide dict train --wire v2` on that store: a dictionary the server then compresses
+    // with, and a client decodes every frame with.
+    let dict = data.path().join("v2.zdict");
+    let out = common::riptide(&[
+        "dict",
+        "train",
+        "--data",
+        common::s(data.path()),
+        "-o",
+        common::s(&dict),
+        "--wire",
+        "v2",
+        "--size",
+        "16384",
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let bytes = std::fs::read(&dict).unwrap();
+    assert_eq!(&bytes[..4], &[0x37, 0xA4, 0x30, 0xEC]);
+    let id = u32::from_le_bytes(bytes[4..8].try_into().unwrap());
+    let (server, addr) = common::spawn_serve(
+        common::serve_command(data.path())
+            .arg("--did-docs")
+            .arg(dir.path().join("did_docs.json"))
+            .arg("--zstd-dictionary-v2")
+            .arg(&dict),
+    );
+    let plain = rt.block_on(v2_frames(&addr, "cursor=0", stored, None));
+    let z = rt.block_on(v2_frames(
+        &addr,
+        &format!("cursor=0&zstdDictionary={id}"),
+        stored,
+        Some(&bytes),
+    ));
+    assert_eq!(z, plain);
+    drop(server);
 }
