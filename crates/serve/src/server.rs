@@ -1,4 +1,6 @@
-//! The HTTP side: `/subscribe` (Jetstream v1, protocol §1–2), `/metrics`, `/healthz`, `/readyz`.
+//! The HTTP side: `/subscribe` (Jetstream v1, protocol §1–2), `/metrics`, `/healthz`, `/readyz`;
+//! Jetstream v2's `subscribeEvents` (`v2.rs`) shares this module's read path (`read_batch`),
+//! writer deadlines and slow-consumer rule.
 //!
 //! Each subscriber is one task pulling from the shared [`Log`] at its own cursor (see `log.rs`),
 //! plus a reader task for client messages. Shutdown closes every subscriber with 1001
