@@ -62,7 +62,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
 use riptide_jetstream::EventKind;
 use tokio::sync::{mpsc, watch};
@@ -482,34 +482,61 @@ pub fn kind_object(e: &Event) -> Option<Bytes> {
 
 /// The v2 text frame of a stored event (module docs).
 pub fn render(e: &Event) -> Option<String> {
+    let mut b = BytesMut::with_capacity(e.json_len() + 160);
+    render_into(e, &mut b)?;
+    String::from_utf8(Vec::from(b)).ok()
+}
+
+/// Appends the v2 text frame of `e` to `out` (nothing when `e`'s JSON lacks the v1 prefix).
+/// Its bytes are valid UTF-8 if the stored JSON and DID are.
+pub fn render_into(e: &Event, out: &mut BytesMut) -> Option<()> {
     let obj = kind_object(e)?;
-    let kind = e.kind().as_str();
-    let did = std::str::from_utf8(e.did()).ok()?;
-    let mut b = Vec::with_capacity(obj.len() + 160 + did.len());
-    b.extend_from_slice(b"{\"$type\":\"message\",\"payload\":{\"$type\":\"");
-    b.extend_from_slice(NSID.as_bytes());
-    b.push(b'#');
-    b.extend_from_slice(kind.as_bytes());
-    b.extend_from_slice(b"\",\"seq\":");
-    riptide_cbor::write_json_int(&mut b, e.seq() as i64);
-    b.extend_from_slice(b",\"did\":");
-    riptide_cbor::write_json_string(&mut b, did);
-    b.extend_from_slice(b",\"time\":\"");
-    write_rfc3339_micros(&mut b, e.time_us());
-    b.extend_from_slice(b"\",");
+    let kind = e.kind().as_str().as_bytes();
+    let did = e.did();
+    let mut n = itoa::Buffer::new();
+    out.reserve(obj.len() + 160 + did.len());
+    out.extend_from_slice(b"{\"$type\":\"message\",\"payload\":{\"$type\":\"");
+    out.extend_from_slice(NSID.as_bytes());
+    out.extend_from_slice(b"#");
+    out.extend_from_slice(kind);
+    out.extend_from_slice(b"\",\"seq\":");
+    out.extend_from_slice(n.format(e.seq()).as_bytes());
+    out.extend_from_slice(b",\"did\":");
+    // A valid DID needs no escaping; anything else goes through the JSON string writer.
+    if did
+        .iter()
+        .all(|&c| c.is_ascii_graphic() && c != b'"' && c != b'\\')
+    {
+        out.extend_from_slice(b"\"");
+        out.extend_from_slice(did);
+        out.extend_from_slice(b"\"");
+    } else {
+        let mut v = Vec::new();
+        riptide_cbor::write_json_string(&mut v, std::str::from_utf8(did).ok()?);
+        out.extend_from_slice(&v);
+    }
+    out.extend_from_slice(b",\"time\":\"");
+    let mut t = Vec::with_capacity(27);
+    write_rfc3339_micros(&mut t, e.time_us());
+    out.extend_from_slice(&t);
+    out.extend_from_slice(b"\",");
     if e.kind() == EventKind::Commit {
         // The commit's fields, flat: `"rev":…}` closes the payload.
-        b.extend_from_slice(&obj[1..]);
+        out.extend_from_slice(&obj[1..]);
     } else {
-        b.push(b'"');
-        b.extend_from_slice(kind.as_bytes());
-        b.extend_from_slice(b"\":");
-        b.extend_from_slice(&obj);
-        b.push(b'}');
+        out.extend_from_slice(b"\"");
+        out.extend_from_slice(kind);
+        out.extend_from_slice(b"\":");
+        out.extend_from_slice(&obj);
+        out.extend_from_slice(b"}");
     }
-    b.push(b'}');
-    String::from_utf8(b).ok()
+    out.extend_from_slice(b"}");
+    Some(())
 }
+
+/// Bytes a subscriber's frame buffer grows by: frames rendered for one subscriber share
+/// allocations of this size (a replay allocates once per ~20 frames, not once per frame).
+const FRAME_CHUNK: usize = 16 << 10;
 
 /// An `#info` text frame.
 pub fn info_frame(name: &str, message: &str) -> String {
@@ -629,16 +656,16 @@ impl V2 {
         out
     }
 
-    /// The frame of `e`, text or (`zstd`) compressed, from the cache or made now; with `cache`
-    /// false (an event far behind the tip, which other subscribers are unlikely to want soon)
-    /// made without touching the cache.
-    fn frame(&self, e: &Event, zstd: bool, cache: bool) -> Option<Message> {
+    /// The frame of `e`, text or (`zstd`) compressed, from the cache or made now (into the
+    /// subscriber's `buf`); with `cache` false (an event far behind the tip, which other
+    /// subscribers are unlikely to want soon) made without touching the cache.
+    fn frame(&self, e: &Event, zstd: bool, cache: bool, buf: &mut BytesMut) -> Option<Message> {
         if !cache {
-            let text = self.render_counted(e)?;
+            let text = self.render_counted(e, buf)?;
             return Some(if zstd {
                 Message::Binary(self.compress(text.as_bytes())?)
             } else {
-                Message::Text(Utf8Bytes::from(text))
+                Message::Text(text)
             });
         }
         let slot = &self.cache[(e.seq() % CACHE_SLOTS as u64) as usize];
@@ -657,7 +684,7 @@ impl V2 {
         }
         let text = match text {
             Some(t) => t,
-            None => Utf8Bytes::from(self.render_counted(e)?),
+            None => self.render_counted(e, buf)?,
         };
         let z = if zstd {
             Some(self.compress(text.as_bytes())?)
@@ -687,9 +714,15 @@ impl V2 {
         })
     }
 
-    /// [`render`], a failure counted and logged.
-    fn render_counted(&self, e: &Event) -> Option<String> {
-        let r = render(e);
+    /// [`render_into`] `buf` (grown a chunk at a time), split off as the frame; a failure
+    /// counted and logged.
+    fn render_counted(&self, e: &Event, buf: &mut BytesMut) -> Option<Utf8Bytes> {
+        let need = e.json_len() + 256;
+        if buf.capacity() < need {
+            buf.reserve(need.max(FRAME_CHUNK));
+        }
+        let r = render_into(e, buf).and_then(|()| Utf8Bytes::try_from(buf.split().freeze()).ok());
+        buf.clear();
         if r.is_none() {
             self.metrics.render_failures.fetch_add(1, Relaxed);
             tracing::error!(
@@ -1059,6 +1092,8 @@ async fn serve(
         }
     }
     let mut store_batch: Option<tokio::sync::SemaphorePermit<'_>> = None;
+    // Frames rendered here (`V2::frame`); empty (no allocation) at the tip.
+    let mut buf = BytesMut::new();
     loop {
         batch.clear();
         drop(store_batch.take());
@@ -1067,6 +1102,8 @@ async fn serve(
         }
         if batch.is_empty() {
             batch.shrink_to(IDLE_BATCH_CAPACITY);
+            // Let go of the last chunk while idle.
+            buf = BytesMut::new();
             tokio::select! {
                 r = tip.changed() => if r.is_err() { return Outcome::Close(1001, "server shutting down".into()) },
                 c = ctl_rx.recv() => return ctl_outcome(c),
@@ -1089,7 +1126,7 @@ async fn serve(
                 // The size cap is on the text frame, envelope included (lexicon), so the text
                 // frame is needed even for a compressed connection.
                 let msg = if filter.max_size > 0 {
-                    let Some(Message::Text(t)) = app.v2.frame(&e, false, cache) else {
+                    let Some(Message::Text(t)) = app.v2.frame(&e, false, cache, &mut buf) else {
                         continue;
                     };
                     if t.len() > filter.max_size as usize {
@@ -1098,12 +1135,12 @@ async fn serve(
                         continue;
                     }
                     if zstd {
-                        app.v2.frame(&e, true, cache)
+                        app.v2.frame(&e, true, cache, &mut buf)
                     } else {
                         Some(Message::Text(t))
                     }
                 } else {
-                    app.v2.frame(&e, zstd, cache)
+                    app.v2.frame(&e, zstd, cache, &mut buf)
                 };
                 let Some(msg) = msg else { continue };
                 let len = match &msg {
