@@ -656,9 +656,9 @@ impl V2 {
         out
     }
 
-    /// The frame of `e`, text or (`zstd`) compressed, from the cache or made now (into the
-    /// subscriber's `buf`); with `cache` false (an event far behind the tip, which other
-    /// subscribers are unlikely to want soon) made without touching the cache.
+    /// The frame of `e`, text or (`zstd`) compressed, from the cache or made now; with `cache`
+    /// false (an event far behind the tip, which other subscribers are unlikely to want soon)
+    /// made into the subscriber's `buf` without touching the cache.
     fn frame(&self, e: &Event, zstd: bool, cache: bool, buf: &mut BytesMut) -> Option<Message> {
         if !cache {
             let text = self.render_counted(e, buf)?;
@@ -682,9 +682,11 @@ impl V2 {
         if let (Some(z), true) = (z, zstd) {
             return Some(Message::Binary(z));
         }
+        // A cached frame gets an allocation of its own: in a subscriber's chunk it would keep
+        // the whole chunk alive for as long as it stays in the cache.
         let text = match text {
             Some(t) => t,
-            None => self.render_counted(e, buf)?,
+            None => self.render_counted(e, &mut BytesMut::new())?,
         };
         let z = if zstd {
             Some(self.compress(text.as_bytes())?)
@@ -714,11 +716,13 @@ impl V2 {
         })
     }
 
-    /// [`render_into`] `buf` (grown a chunk at a time), split off as the frame; a failure
-    /// counted and logged.
+    /// [`render_into`] `buf` (grown a chunk at a time, unless it is a fresh empty buffer: then
+    /// exactly), split off as the frame; a failure counted and logged.
     fn render_counted(&self, e: &Event, buf: &mut BytesMut) -> Option<Utf8Bytes> {
         let need = e.json_len() + 256;
-        if buf.capacity() < need {
+        if buf.capacity() == 0 {
+            buf.reserve(need);
+        } else if buf.capacity() < need {
             buf.reserve(need.max(FRAME_CHUNK));
         }
         let r = render_into(e, buf).and_then(|()| Utf8Bytes::try_from(buf.split().freeze()).ok());
