@@ -27,6 +27,11 @@
 //! renders its own frames without touching the cache (it would only evict what live
 //! subscribers need); that costs a copy of the event and, compressed, one zstd call.
 //!
+//! **Memory.** Beside what a `/subscribe` subscriber costs (`server.rs`), a v2 subscriber
+//! replaying far behind the tip renders into one chunk of [`FRAME_CHUNK`] bytes at a time (let
+//! go at the tip); the frame cache is shared: [`CACHE_SLOTS`] frames, each allocated exactly
+//! (about 3 MB at the capture's ~630-byte frames, plus their zstd forms when asked for).
+//!
 //! **Compression.** `?zstdDictionary=<id>` makes every frame (messages, `#info` and the error
 //! frame alike) a binary message holding one zstd frame of exactly the text frame, with
 //! Jetstream's settings (`compress.rs`). The dictionary is `--zstd-dictionary-v2 PATH`; it is
@@ -536,7 +541,7 @@ pub fn render_into(e: &Event, out: &mut BytesMut) -> Option<()> {
 
 /// Bytes a subscriber's frame buffer grows by: frames rendered for one subscriber share
 /// allocations of this size (a replay allocates once per ~20 frames, not once per frame).
-const FRAME_CHUNK: usize = 16 << 10;
+pub const FRAME_CHUNK: usize = 16 << 10;
 
 /// An `#info` text frame.
 pub fn info_frame(name: &str, message: &str) -> String {
