@@ -69,7 +69,7 @@ pub struct Args {
     #[arg(long)]
     zstd_dictionary: Option<PathBuf>,
     /// Jetstream v2 only: this event kind (commit, identity, account, sync); repeatable.
-    #[arg(long = "kind")]
+    #[arg(long = "kind", conflicts_with = "relay")]
     kinds: Vec<String>,
 }
 
