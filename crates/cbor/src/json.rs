@@ -116,6 +116,16 @@ pub fn write_json_string(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
+/// Appends bytes as atproto JSON: `{"$bytes":"<standard base64, no padding>"}`.
+pub fn write_json_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(b"{\"$bytes\":\"");
+    let enc = &data_encoding::BASE64_NOPAD;
+    let start = out.len();
+    out.resize(start + enc.encode_len(b.len()), 0);
+    enc.encode_mut(b, &mut out[start..]);
+    out.extend_from_slice(b"\"}");
+}
+
 /// Appends an integer as JSON.
 #[inline]
 pub fn write_json_int(out: &mut Vec<u8>, v: i64) {
@@ -139,15 +149,7 @@ pub fn write_json(v: Value<'_>, out: &mut Vec<u8>) -> Result<(), JsonError> {
             None => return Err(JsonError::NotInDataModel("an integer beyond 64 bits")),
         },
         Kind::Text => write_json_string(out, v.as_str().unwrap_or_default()),
-        Kind::Bytes => {
-            let b = v.as_bytes().unwrap_or_default();
-            out.extend_from_slice(b"{\"$bytes\":\"");
-            let enc = &data_encoding::BASE64_NOPAD;
-            let start = out.len();
-            out.resize(start + enc.encode_len(b.len()), 0);
-            enc.encode_mut(b, &mut out[start..]);
-            out.extend_from_slice(b"\"}");
-        }
+        Kind::Bytes => write_json_bytes(out, v.as_bytes().unwrap_or_default()),
         Kind::Link => {
             out.extend_from_slice(b"{\"$link\":\"");
             if let Some(c) = v.as_link() {

@@ -36,7 +36,8 @@ pub use encode::{
 };
 pub use error::{Error, ErrorKind};
 pub use json::{
-    json_to_value, to_json_string, write_json, write_json_int, write_json_string, JsonError,
+    json_to_value, to_json_string, write_json, write_json_bytes, write_json_int, write_json_string,
+    JsonError,
 };
 pub use tape::{Arena, Doc, Item, Kind, Limits, Mode, Options, Tape};
 pub use value::{Items, Pairs, Value};

@@ -348,7 +348,7 @@ fn query(
 
 /// Percent-encodes a query value (NSIDs and DIDs need only `:` kept and `%`, `&`, `+`, `#`, ` `
 /// escaped; everything outside unreserved characters and `:` is escaped).
-fn encode(s: &str) -> String {
+pub(crate) fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~' | b':' | b'*') {

@@ -7,6 +7,8 @@
 //!   read; `#info` and error frames are events too.
 //! - [`JetstreamClient`]: v1 JSON events, typed ([`jetstream::Event`]) with the raw JSON; filters,
 //!   `options_update`, zstd with a dictionary.
+//! - [`JetstreamV2Client`]: Jetstream v2's `subscribeEvents` (`xrpc.v1.json` frames, `kinds`/
+//!   `dids`/`collections`, `zstdDictionary`, seq cursor delivered exactly once per process).
 //! - [`PerDid`]: one DID's events in order, different DIDs in parallel, bounded queues.
 //!
 //! Both streams share one reconnecting session ([`ClientConfig`]): round-robin host rotation,
@@ -41,6 +43,7 @@ mod backoff;
 mod cursor;
 mod firehose;
 pub mod jetstream;
+pub mod jetstream_v2;
 mod perdid;
 mod session;
 mod stats;
@@ -51,6 +54,7 @@ pub use firehose::{FirehoseClient, FirehoseEvent, FrameKind, Notice, SUBSCRIBE_R
 pub use jetstream::{
     JetstreamClient, JetstreamConfig, JetstreamEvent, JetstreamOptions, OptionsSender,
 };
+pub use jetstream_v2::{JetstreamV2Client, JetstreamV2Config, V2Filter, V2Message, V2Payload};
 pub use perdid::PerDid;
 pub use session::ClientConfig;
 pub use stats::{ClientStats, StatsSnapshot};
@@ -83,4 +87,15 @@ pub enum ClientError {
     /// The client or pool this handle talks to is gone.
     #[error("closed")]
     Closed,
+    /// The server refused the request itself (an HTTP 4xx before the WebSocket upgrade, e.g.
+    /// Jetstream v2's `InvalidRequest`, `CursorTooOld`, `UnknownZstdDictionary`): not retried.
+    #[error("refused with HTTP {status} {error}: {message}")]
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// The XRPC error name (empty when the body was not an XRPC envelope).
+        error: String,
+        /// The error message (or the body).
+        message: String,
+    },
 }

@@ -25,6 +25,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::error::{CapacityError, Error as WsError};
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
@@ -122,6 +123,13 @@ pub(crate) struct Session {
     /// The cursor is a seq the server resumes *after* (the relay firehose): a message over the
     /// size limit is skipped by resuming one seq further (see [`Session::next`]).
     skip_oversized: bool,
+    /// The WebSocket subprotocol offered (`Sec-WebSocket-Protocol`), if any.
+    pub(crate) subprotocol: Option<&'static str>,
+    /// Stop retrying when the server refuses the upgrade with a 4xx (its answer is kept in
+    /// `refused`): for endpoints whose 400s mean the request itself is wrong.
+    pub(crate) stop_on_refusal: bool,
+    /// The last 4xx refusal, when `stop_on_refusal` is set: (status, body).
+    pub(crate) refused: Option<(u16, String)>,
 }
 
 impl Session {
@@ -152,6 +160,9 @@ impl Session {
             persisted: stored,
             persisted_at: Instant::now(),
             skip_oversized: false,
+            subprotocol: None,
+            stop_on_refusal: false,
+            refused: None,
         })
     }
 
@@ -237,7 +248,9 @@ impl Session {
     }
 
     /// The next binary or text message, connecting and reconnecting as needed. `query` gives the
-    /// query string (without `?`) for a connection resuming at a cursor.
+    /// query string (without `?`) for a connection resuming at a cursor. With
+    /// `stop_on_refusal`, a 4xx refusal also ends in `Step::Connected`, with no connection and
+    /// the answer in `refused`.
     pub(crate) async fn next(&mut self, query: &(dyn Fn(Option<i64>) -> String + Sync)) -> Step {
         loop {
             let Some(live) = &mut self.live else {
@@ -323,8 +336,26 @@ impl Session {
             let config = WebSocketConfig::default()
                 .max_message_size(Some(self.cfg.max_message_bytes))
                 .max_frame_size(Some(self.cfg.max_message_bytes));
-            let attempt =
-                tokio_tungstenite::connect_async_with_config(url.as_str(), Some(config), true);
+            let mut request = match url.as_str().into_client_request() {
+                Ok(r) => r,
+                Err(e) => {
+                    // Validated in `new`; said anyway, never skipped silently.
+                    tracing::warn!(%url, error = %e, "bad URL");
+                    self.stats.connect_failure();
+                    self.stats.set_error(Some(format!("{url}: {e}")));
+                    self.failures = self.failures.saturating_add(1);
+                    self.next_host = host + 1;
+                    delay = self.cfg.backoff.delay(self.failures, &mut self.rng);
+                    continue;
+                }
+            };
+            if let Some(p) = self.subprotocol {
+                request.headers_mut().insert(
+                    "sec-websocket-protocol",
+                    tokio_tungstenite::tungstenite::http::HeaderValue::from_static(p),
+                );
+            }
+            let attempt = tokio_tungstenite::connect_async_with_config(request, Some(config), true);
             let why = match tokio::time::timeout(self.cfg.connect_timeout, attempt).await {
                 Ok(Ok((ws, _))) => {
                     let now = Instant::now();
@@ -343,6 +374,19 @@ impl Session {
                     } else {
                         tracing::debug!(%url, "connected");
                     }
+                    return;
+                }
+                Ok(Err(WsError::Http(resp)))
+                    if self.stop_on_refusal && resp.status().is_client_error() =>
+                {
+                    let body = resp
+                        .body()
+                        .as_ref()
+                        .map(|b| String::from_utf8_lossy(b).into_owned())
+                        .unwrap_or_default();
+                    tracing::warn!(%url, status = resp.status().as_u16(), %body, "refused by the server: not retrying");
+                    self.stats.connect_failure();
+                    self.refused = Some((resp.status().as_u16(), body));
                     return;
                 }
                 Ok(Err(e)) => e.to_string(),

@@ -15,7 +15,9 @@
 
 use std::ops::Range;
 
-use riptide_cbor::{write_json, write_json_int, write_json_string, Arena, Options};
+use riptide_cbor::{
+    write_json, write_json_bytes, write_json_int, write_json_string, Arena, Options,
+};
 use riptide_firehose::{Action, Body, Frame};
 use riptide_syntax::{is_valid_nsid, is_valid_record_key, is_valid_tid};
 
@@ -28,6 +30,9 @@ pub enum EventKind {
     Identity,
     /// An `#account` event.
     Account,
+    /// A `#sync` event: stored for Jetstream v2's `subscribeEvents`, never sent on v1 (only a
+    /// [`Projector::with_sync`] projects it).
+    Sync,
 }
 
 impl EventKind {
@@ -37,6 +42,7 @@ impl EventKind {
             EventKind::Commit => "commit",
             EventKind::Identity => "identity",
             EventKind::Account => "account",
+            EventKind::Sync => "sync",
         }
     }
 }
@@ -161,6 +167,7 @@ impl Projection {
 pub struct Projector {
     arena: Arena,
     out: Projection,
+    sync: bool,
 }
 
 impl Projector {
@@ -169,11 +176,22 @@ impl Projector {
         Projector::default()
     }
 
+    /// A projector that also projects `#sync` frames, to one event of kind [`EventKind::Sync`]
+    /// each: `"sync":{"blocks":{"$bytes":…},"did","rev","seq","time"}`, the upstream event
+    /// (keys sorted, as identity and account). For the server's store, which keeps them for
+    /// Jetstream v2's wire; v1 never sends them (protocol §4.1).
+    pub fn with_sync() -> Projector {
+        Projector {
+            sync: true,
+            ..Projector::default()
+        }
+    }
+
     /// Projects one decoded frame. Records are taken from the frame's decoded blocks when it has
     /// them, otherwise decoded here strictly, one at a time, so that one bad record drops one op
     /// and not the frame.
     pub fn project(&mut self, frame: &Frame<'_>) -> &Projection {
-        let Projector { arena, out } = self;
+        let Projector { arena, out, sync } = self;
         out.buf.clear();
         out.parts.clear();
         out.drops.clear();
@@ -282,6 +300,20 @@ impl Projector {
                     write_json_string(b, s);
                 }
                 out.end_part(EventKind::Account, did, start, a.time);
+            }
+            Body::Sync(s) if *sync => {
+                let did = push(&mut out.buf, s.did);
+                let start = out.buf.len();
+                let b = &mut out.buf;
+                b.extend_from_slice(b"\"sync\":{\"blocks\":");
+                write_json_bytes(b, s.blocks);
+                b.extend_from_slice(b",\"did\":");
+                write_json_string(b, s.did);
+                b.extend_from_slice(b",\"rev\":");
+                write_json_string(b, s.rev);
+                b.extend_from_slice(b",\"seq\":");
+                write_json_int(b, s.seq);
+                out.end_part(EventKind::Sync, did, start, s.time);
             }
             // Never emitted on v1 (§4.1, §7.8).
             Body::Sync(_) | Body::Info(_) | Body::Error(_) | Body::Unknown { .. } => {}

@@ -1,4 +1,5 @@
 //! One stored v1 event: its JSON and zstd forms, produced once at ingest, in one buffer.
+//! (Kind `sync` (3) is stored in the same shape for v2's `subscribeEvents` and never sent on v1.)
 //!
 //! Why one buffer: the same bytes are the store's value, the in-memory tail's entry and, sliced,
 //! the WebSocket message. Nothing is re-encoded between ingest and the socket; a clone is a
@@ -54,6 +55,7 @@ fn kind_byte(k: EventKind) -> u8 {
         EventKind::Commit => 0,
         EventKind::Identity => 1,
         EventKind::Account => 2,
+        EventKind::Sync => 3,
     }
 }
 
@@ -113,6 +115,7 @@ impl Event {
             0 => EventKind::Commit,
             1 => EventKind::Identity,
             2 => EventKind::Account,
+            3 => EventKind::Sync,
             _ => return Err(bad("kind")),
         };
         let time_us = i64::from_be_bytes(b[2..10].try_into().map_err(|_| bad("time"))?);

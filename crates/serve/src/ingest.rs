@@ -367,7 +367,8 @@ fn work(
     };
     opts.car.verify = verifier.is_none();
     let mut decoder = FrameDecoder::with_options(opts);
-    let mut projector = Projector::new();
+    // `#sync` too: stored for v2's subscribeEvents, skipped by v1's /subscribe (`v2.rs`).
+    let mut projector = Projector::with_sync();
     let mut capacity = 0;
     for chunk in jobs {
         let mut out = DoneChunk {

@@ -11,6 +11,8 @@
 //! - [`log`]: the shared log subscribers pull from at their own cursor (memory tail + store);
 //! - [`server`]: `/subscribe`, `/metrics`, `/healthz`, `/readyz`, with constant memory per
 //!   subscriber;
+//! - [`v2`]: Jetstream v2's `/xrpc/network.bsky.jetstream.subscribeEvents` and
+//!   `getZstdDictionary`, served from the same log with the same seqs;
 //! - [`slow`]: when a subscriber far behind is dropped (Jetstream v2's rule);
 //! - [`limits`]: connection budget, per-IP limit and header deadline, so no client can exhaust
 //!   the descriptors the store needs;
@@ -32,6 +34,7 @@ pub mod server;
 pub mod slow;
 pub mod store;
 pub mod upstream;
+pub mod v2;
 
 pub use compress::Dictionary;
 pub use event::Event;

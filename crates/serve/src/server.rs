@@ -1,4 +1,6 @@
-//! The HTTP side: `/subscribe` (Jetstream v1, protocol §1–2), `/metrics`, `/healthz`, `/readyz`.
+//! The HTTP side: `/subscribe` (Jetstream v1, protocol §1–2), `/metrics`, `/healthz`, `/readyz`;
+//! Jetstream v2's `subscribeEvents` (`v2.rs`) shares this module's read path (`read_batch`),
+//! writer deadlines and slow-consumer rule.
 //!
 //! Each subscriber is one task pulling from the shared [`Log`] at its own cursor (see `log.rs`),
 //! plus a reader task for client messages. Shutdown closes every subscriber with 1001
@@ -79,7 +81,7 @@ pub const WS_MAX_WRITE_BUFFER: usize = 64 << 20;
 
 /// Events kept in a subscriber's read buffer between batches when it is at the tip (replay
 /// grows it to [`ServerConfig::read`]; a live subscriber gives the memory back).
-const IDLE_BATCH_CAPACITY: usize = 16;
+pub(crate) const IDLE_BATCH_CAPACITY: usize = 16;
 
 /// Upstream frames waiting for ingest above which subscribers pause between batches
 /// ([`PRESSURE_PAUSE`]): a quarter of the upstream channel (`riptide serve` uses 4096).
@@ -118,6 +120,9 @@ pub struct ServerConfig {
     /// `/readyz` fails when no upstream frame arrived for this long (`None`: never for
     /// idleness). See [`readiness`].
     pub ready_max_idle: Option<Duration>,
+    /// The dictionary of `/xrpc/network.bsky.jetstream.subscribeEvents`'s compression
+    /// (`--zstd-dictionary-v2`); `None`: `zstdDictionary` is refused (see `v2.rs`).
+    pub v2_dictionary: Option<crate::compress::Dictionary>,
 }
 
 impl Default for ServerConfig {
@@ -136,6 +141,7 @@ impl Default for ServerConfig {
             store_readers: 2,
             slow: SlowPolicy::default(),
             ready_max_idle: Some(Duration::from_secs(120)),
+            v2_dictionary: None,
         }
     }
 }
@@ -153,7 +159,9 @@ pub struct App {
     pub ready: AtomicBool,
     /// Set when ingest from a finite source has finished (a gauge, for tests and operators).
     pub ingest_finished: AtomicBool,
-    shutdown: watch::Sender<bool>,
+    /// The v2 endpoint's state (frame cache, compressors, its metrics).
+    pub v2: crate::v2::V2,
+    pub(crate) shutdown: watch::Sender<bool>,
     store_reads: Semaphore,
     store_batches: Semaphore,
 }
@@ -163,7 +171,9 @@ impl App {
     pub fn new(log: Arc<Log>, metrics: Arc<Metrics>, config: ServerConfig) -> Arc<App> {
         let store_reads = Semaphore::new(config.store_readers.max(1));
         let store_batches = Semaphore::new(config.store_batches.max(1));
+        let v2 = crate::v2::V2::new(config.v2_dictionary.clone());
         Arc::new(App {
+            v2,
             store_reads,
             store_batches,
             log,
@@ -189,10 +199,11 @@ impl App {
     }
 }
 
-/// The router: `/subscribe`, `/metrics`, `/healthz`, `/readyz`.
+/// The router: `/subscribe`, the v2 endpoints (`v2.rs`), `/metrics`, `/healthz`, `/readyz`.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/subscribe", get(subscribe))
+        .merge(crate::v2::routes())
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
@@ -258,7 +269,7 @@ pub fn readiness(app: &App) -> Result<(), String> {
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     let (n, bytes) = app.log.tail_size();
     let next = app.log.next_seq();
-    let text = app.metrics.render(&[
+    let mut text = app.metrics.render(&[
         (
             "riptide_log_next_seq",
             "The next seq to be assigned.",
@@ -272,6 +283,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             app.ingest_finished.load(Relaxed) as u8 as f64,
         ),
     ]);
+    app.v2.render_metrics(&app.metrics, &mut text);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 
@@ -360,7 +372,7 @@ fn violation_close(error: &str) -> Option<(u16, &'static str)> {
     }
 }
 
-enum Ctl {
+pub(crate) enum Ctl {
     /// Close with a code and reason.
     Close(u16, String),
     /// The peer went away (or the transport failed): just stop.
@@ -454,33 +466,33 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
     app.metrics.subscribers.fetch_sub(1, Relaxed);
 }
 
-enum Outcome {
+pub(crate) enum Outcome {
     Close(u16, String),
     Drop(SlowDrop),
     Gone,
 }
 
-type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
+pub(crate) type Sink = futures_util::stream::SplitSink<WebSocket, Message>;
 
 /// One write to the socket.
-enum Op {
+pub(crate) enum Op {
     Feed(Message),
     Flush,
 }
 
 /// The sending half with its deadlines: every write is bounded by the write timeout, and while
 /// one is blocked the slow-consumer rule is applied once a second.
-struct Writer<'a> {
-    sink: &'a mut Sink,
-    app: &'a App,
-    slow: SlowWatch,
+pub(crate) struct Writer<'a> {
+    pub(crate) sink: &'a mut Sink,
+    pub(crate) app: &'a App,
+    pub(crate) slow: SlowWatch,
 }
 
 impl Writer<'_> {
     /// Does `op` for a subscriber whose next seq is `cursor`. Both operations may be dropped
     /// half-way and redone: a feed that has not completed has not queued its message (the
     /// message is a cheap clone), and a flush keeps what it has not written.
-    async fn run(&mut self, op: Op, cursor: u64) -> Result<(), Outcome> {
+    pub(crate) async fn run(&mut self, op: Op, cursor: u64) -> Result<(), Outcome> {
         let deadline = Instant::now() + self.app.config.write_timeout;
         loop {
             let wait = deadline
@@ -502,7 +514,7 @@ impl Writer<'_> {
     }
 
     /// The slow-consumer rule, now.
-    fn check_slow(&mut self, cursor: u64) -> Result<(), Outcome> {
+    pub(crate) fn check_slow(&mut self, cursor: u64) -> Result<(), Outcome> {
         if self
             .slow
             .too_slow(crate::now_us(), cursor, self.app.log.next_seq())
@@ -542,7 +554,6 @@ async fn serve(
     let mut last_ping = crate::now_us();
     let mut ping_out = false;
     let m = &app.metrics;
-    let limit = app.config.read;
     let mut w = Writer {
         sink,
         app,
@@ -553,43 +564,8 @@ async fn serve(
     loop {
         batch.clear();
         drop(store_batch.take());
-        let from = if app.log.in_tail(next) || next >= app.log.next_seq() {
-            app.log.read(next, limit, &mut batch)
-        } else {
-            // Behind the tail: a store read, on the blocking pool, rationed (module docs).
-            let (Ok(held), Ok(_reading)) = (
-                app.store_batches.acquire().await,
-                app.store_reads.acquire().await,
-            ) else {
-                return Outcome::Close(1001, "server shutting down".into());
-            };
-            store_batch = Some(held);
-            let log = app.log.clone();
-            let mut b = std::mem::take(&mut batch);
-            let limit = app.config.store_read;
-            match tokio::task::spawn_blocking(move || log.read(next, limit, &mut b).map(|r| (r, b)))
-                .await
-            {
-                Ok(Ok((r, b))) => {
-                    batch = b;
-                    Ok(r)
-                }
-                Ok(Err(e)) => Err(e),
-                Err(_) => return Outcome::Close(1011, "internal error".into()),
-            }
-        };
-        match from {
-            Err(e) => {
-                tracing::error!(error = %e, "store read failed");
-                return Outcome::Close(1011, "internal error".into());
-            }
-            Ok(ReadFrom::Store) => {
-                m.replay_reads.fetch_add(1, Relaxed);
-            }
-            Ok(ReadFrom::Tail) => {
-                m.tail_reads.fetch_add(1, Relaxed);
-            }
-            Ok(ReadFrom::Tip) => {}
+        if let Err(o) = read_batch(app, next, &mut batch, &mut store_batch).await {
+            return o;
         }
         if batch.is_empty() {
             batch.shrink_to(IDLE_BATCH_CAPACITY);
@@ -605,6 +581,10 @@ async fn serve(
             let mut sent = false;
             for e in batch.drain(..) {
                 next = e.seq() + 1;
+                // `#sync` is stored for v2 and never sent on v1 (protocol §4.1).
+                if e.kind() == riptide_jetstream::EventKind::Sync {
+                    continue;
+                }
                 if !filter.wants(&e) {
                     m.events_filtered.fetch_add(1, Relaxed);
                     continue;
@@ -678,7 +658,58 @@ async fn serve(
     }
 }
 
-fn ctl_outcome(c: Option<Ctl>) -> Outcome {
+/// Reads the next batch for a subscriber whose next seq is `next` into `batch`: from the
+/// in-memory tail, or from the store on the blocking pool, rationed (module docs); a store batch
+/// holds a permit in `store_batch` until the caller has written it. Counts the read.
+pub(crate) async fn read_batch<'a>(
+    app: &'a App,
+    next: u64,
+    batch: &mut Vec<Event>,
+    store_batch: &mut Option<tokio::sync::SemaphorePermit<'a>>,
+) -> Result<(), Outcome> {
+    let m = &app.metrics;
+    let from = if app.log.in_tail(next) || next >= app.log.next_seq() {
+        app.log.read(next, app.config.read, batch)
+    } else {
+        // Behind the tail: a store read, on the blocking pool, rationed (module docs).
+        let (Ok(held), Ok(_reading)) = (
+            app.store_batches.acquire().await,
+            app.store_reads.acquire().await,
+        ) else {
+            return Err(Outcome::Close(1001, "server shutting down".into()));
+        };
+        *store_batch = Some(held);
+        let log = app.log.clone();
+        let mut b = std::mem::take(batch);
+        let limit = app.config.store_read;
+        match tokio::task::spawn_blocking(move || log.read(next, limit, &mut b).map(|r| (r, b)))
+            .await
+        {
+            Ok(Ok((r, b))) => {
+                *batch = b;
+                Ok(r)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => return Err(Outcome::Close(1011, "internal error".into())),
+        }
+    };
+    match from {
+        Err(e) => {
+            tracing::error!(error = %e, "store read failed");
+            return Err(Outcome::Close(1011, "internal error".into()));
+        }
+        Ok(ReadFrom::Store) => {
+            m.replay_reads.fetch_add(1, Relaxed);
+        }
+        Ok(ReadFrom::Tail) => {
+            m.tail_reads.fetch_add(1, Relaxed);
+        }
+        Ok(ReadFrom::Tip) => {}
+    }
+    Ok(())
+}
+
+pub(crate) fn ctl_outcome(c: Option<Ctl>) -> Outcome {
     match c {
         Some(Ctl::Close(code, reason)) => Outcome::Close(code, reason),
         Some(Ctl::Gone) | None => Outcome::Gone,

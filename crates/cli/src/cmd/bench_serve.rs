@@ -21,6 +21,13 @@
 //!    server before and with the clients, per-subscriber memory, and events each client got. The
 //!    in-memory tail keeps filling during the run (it is bounded, not per subscriber); its growth,
 //!    read from `/metrics`, is subtracted from the per-subscriber figure.
+//!
+//! Jetstream v2 (`subscribeEvents`) beside v1: figure 2 is also measured on
+//! `/xrpc/network.bsky.jetstream.subscribeEvents?cursor=0` (memory and disk; also compressed
+//! when `--zstd-dictionary-v2` is given), and figure 3 is run a second time with v2 subscribers
+//! (`live_v2`), on a fresh server. v2's frames are made per event from the stored v1 JSON and
+//! cached by seq (`riptide_serve::v2`), so a replay renders every frame and live fan-out renders
+//! each once; these are the figures that show what that costs against v1.
 
 use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
@@ -67,6 +74,10 @@ pub struct ServeArgs {
     /// Verification off (`--no-verify`) for the ingest figure.
     #[arg(long)]
     no_verify: bool,
+    /// Jetstream v2's dictionary (subscribe_events_20260811.zdict): also measure compressed v2
+    /// replay.
+    #[arg(long, value_name = "PATH")]
+    zstd_dictionary_v2: Option<PathBuf>,
     /// Chain-state checks in the ingest figure: off, on, or both (each pass twice, the ratio
     /// reported). Default: both with --repeat 1, off otherwise (a repeated corpus is replays).
     #[arg(long, value_enum)]
@@ -79,6 +90,35 @@ enum ChainMode {
     Off,
     On,
     Both,
+}
+
+/// The two wires measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wire {
+    V1,
+    V2,
+}
+
+impl Wire {
+    /// The subscription URL path and query for a replay from the start (`cursor`) or live.
+    fn path(self, cursor: bool, zstd: Option<u32>) -> String {
+        let mut p = match self {
+            Wire::V1 => "/subscribe".to_string(),
+            Wire::V2 => riptide_serve::v2::SUBSCRIBE_EVENTS.to_string(),
+        };
+        let mut q = Vec::new();
+        if cursor {
+            q.push("cursor=0".to_string());
+        }
+        if let Some(id) = zstd {
+            q.push(format!("zstdDictionary={id}"));
+        }
+        if !q.is_empty() {
+            p.push('?');
+            p.push_str(&q.join("&"));
+        }
+        p
+    }
 }
 
 pub fn run(a: ServeArgs) -> anyhow::Result<ExitCode> {
@@ -97,6 +137,14 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         .collect();
     let keys = Keys::from_docs(super::load_did_docs(&a.did_docs)?);
     let dict = super::load_dictionary(&a.zstd_dictionary)?;
+    let dict_v2 = a
+        .zstd_dictionary_v2
+        .as_deref()
+        .map(super::load_dictionary)
+        .transpose()?;
+    let mut v2_rates = Vec::new();
+    let mut v2_disk_rates = Vec::new();
+    let mut v2_zstd_rates = Vec::new();
     let mut ingest_rates = Vec::new();
     let mut ingest_cpu = Vec::new();
     let mut replay_rates = Vec::new();
@@ -157,12 +205,33 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         );
 
         // Replay to one consumer from the store just written: the pass fits in the tail.
-        let rate = replay(log.clone(), metrics.clone(), s.events).await?;
+        let rate = replay(log.clone(), metrics.clone(), s.events, Wire::V1, None).await?;
         replay_rates.push(rate);
         eprintln!(
             "pass {pass}: replay {} events from memory: {rate:.0} events/s",
             s.events
         );
+        let rate = replay(log.clone(), metrics.clone(), s.events, Wire::V2, None).await?;
+        v2_rates.push(rate);
+        eprintln!(
+            "pass {pass}: v2 replay {} events from memory: {rate:.0} events/s",
+            s.events
+        );
+        if let Some(d) = &dict_v2 {
+            let rate = replay(
+                log.clone(),
+                metrics.clone(),
+                s.events,
+                Wire::V2,
+                Some(d.clone()),
+            )
+            .await?;
+            v2_zstd_rates.push(rate);
+            eprintln!(
+                "pass {pass}: v2 replay {} events from memory, zstd: {rate:.0} events/s",
+                s.events
+            );
+        }
         // The same from disk: a log over the same store with an empty tail.
         let disk = Arc::new(Log::new(
             log.store().clone(),
@@ -173,12 +242,18 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
             },
         ));
         let reads0 = metrics.replay_reads.load(Relaxed);
-        let rate = replay(disk, metrics.clone(), s.events).await?;
+        let rate = replay(disk.clone(), metrics.clone(), s.events, Wire::V1, None).await?;
         disk_rates.push(rate);
         eprintln!(
             "pass {pass}: replay {} events from disk: {rate:.0} events/s ({} store reads)",
             s.events,
             metrics.replay_reads.load(Relaxed) - reads0
+        );
+        let rate = replay(disk, metrics.clone(), s.events, Wire::V2, None).await?;
+        v2_disk_rates.push(rate);
+        eprintln!(
+            "pass {pass}: v2 replay {} events from disk: {rate:.0} events/s",
+            s.events
         );
     }
     let ingest = Stats::of(ingest_rates);
@@ -203,8 +278,14 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         // Per pass: CPU per event with chain state over CPU per event without.
         out["chain_cpu_ratio"] = Stats::of(chain_ratio).json();
     }
+    out["v2_replay_memory_events_per_s"] = Stats::of(v2_rates).json();
+    out["v2_replay_disk_events_per_s"] = Stats::of(v2_disk_rates).json();
+    if !v2_zstd_rates.is_empty() {
+        out["v2_replay_memory_zstd_events_per_s"] = Stats::of(v2_zstd_rates).json();
+    }
     if a.subscribers > 0 {
-        out["live"] = live(&a).await?;
+        out["live"] = live(&a, Wire::V1).await?;
+        out["live_v2"] = live(&a, Wire::V2).await?;
     }
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(ExitCode::SUCCESS)
@@ -277,14 +358,22 @@ fn cpu_secs() -> f64 {
     f.iter().sum::<u64>() as f64 / 100.0
 }
 
-/// Serves `log` on loopback and reads `events` events with one `?cursor=0` client: events/s
-/// from connect to the last event.
-async fn replay(log: Arc<Log>, metrics: Arc<Metrics>, events: u64) -> anyhow::Result<f64> {
+/// Serves `log` on loopback and reads `events` events with one `?cursor=0` client of `wire`
+/// (v2 compressed with `v2_dict`): events/s from connect to the last event.
+async fn replay(
+    log: Arc<Log>,
+    metrics: Arc<Metrics>,
+    events: u64,
+    wire: Wire,
+    v2_dict: Option<Dictionary>,
+) -> anyhow::Result<f64> {
+    let zstd = v2_dict.as_ref().map(Dictionary::id);
     let app = App::new(
         log,
         metrics,
         ServerConfig {
             compression: true,
+            v2_dictionary: v2_dict,
             ..ServerConfig::default()
         },
     );
@@ -292,12 +381,12 @@ async fn replay(log: Arc<Log>, metrics: Arc<Metrics>, events: u64) -> anyhow::Re
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move { axum::serve(listener, router(app)).await });
     let t0 = Instant::now();
-    let (mut ws, _) =
-        tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=0")).await?;
+    let url = format!("ws://{addr}{}", wire.path(true, zstd));
+    let (mut ws, _) = tokio_tungstenite::connect_async(url).await?;
     let mut got = 0u64;
     while got < events {
         match ws.next().await {
-            Some(Ok(m)) if m.is_text() => got += 1,
+            Some(Ok(m)) if m.is_text() || m.is_binary() => got += 1,
             Some(Ok(_)) => {}
             _ => anyhow::bail!("replay stream ended after {got} events"),
         }
@@ -335,7 +424,7 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-async fn live(a: &ServeArgs) -> anyhow::Result<serde_json::Value> {
+async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
     let dir = tempfile::tempdir()?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -386,7 +475,8 @@ async fn live(a: &ServeArgs) -> anyhow::Result<serde_json::Value> {
         .collect();
     let mut tasks = Vec::new();
     for c in &counts {
-        let (ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe")).await?;
+        let url = format!("ws://{addr}{}", wire.path(false, None));
+        let (ws, _) = tokio_tungstenite::connect_async(url).await?;
         let c = c.clone();
         tasks.push(tokio::spawn(async move {
             let mut ws = ws;
@@ -423,10 +513,11 @@ async fn live(a: &ServeArgs) -> anyhow::Result<serde_json::Value> {
     let per_sub_net =
         (rss_max.saturating_sub(rss_before + tail_growth_kib)) as f64 / a.subscribers as f64;
     eprintln!(
-        "live: {} subscribers, {secs:.1}s at {} frames/s: server RSS {} KiB before, {} KiB max with subscribers ({per_sub:.1} KiB each; {per_sub_net:.1} KiB each without the tail's growth of {tail_growth_kib} KiB); events per subscriber {min}..{max} ({:.0}/s each)",
+        "live ({wire:?}): {} subscribers, {secs:.1}s at {} frames/s: server RSS {} KiB before, {} KiB max with subscribers ({per_sub:.1} KiB each; {per_sub_net:.1} KiB each without the tail's growth of {tail_growth_kib} KiB); events per subscriber {min}..{max} ({:.0}/s each)",
         a.subscribers, a.rate, rss_before, rss_max, min as f64 / secs
     );
     Ok(serde_json::json!({
+        "wire": match wire { Wire::V1 => "subscribe", Wire::V2 => "subscribeEvents" },
         "subscribers": a.subscribers,
         "rate_frames_per_s": a.rate,
         "seconds": secs,

@@ -214,6 +214,7 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         retention: Duration::from_secs(3600),
         listen: args.listen,
         zstd_dictionary: None,
+        zstd_dictionary_v2: None,
         ingest_file: None,
         ingest_repeat: 1,
         ingest_rate: None,

@@ -90,6 +90,11 @@ pub struct Args {
     /// zstd dictionary for compress=true (Jetstream's legacy_subscribe.zdict).
     #[arg(long, value_name = "PATH")]
     pub zstd_dictionary: Option<PathBuf>,
+    /// zstd dictionary of /xrpc/network.bsky.jetstream.subscribeEvents (`zstdDictionary=<id>`,
+    /// served by getZstdDictionary; Jetstream v2's is subscribe_events_20260811.zdict). Not
+    /// stored: it may change across restarts.
+    #[arg(long = "zstd-dictionary-v2", value_name = "PATH")]
+    pub zstd_dictionary_v2: Option<PathBuf>,
     /// Verification threads (default: two per core, so that a busy account's share of the work
     /// does not leave a core idle; frames are assigned to threads by DID).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
@@ -275,9 +280,14 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     tracing::info!(data = %args.data.display(), next_seq = resume.next_seq, upstream_cursor = ?resume.upstream_cursor, "store open");
     let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
     let metrics = Arc::new(Metrics::default());
+    let v2_dictionary = match &args.zstd_dictionary_v2 {
+        Some(p) => Some(Dictionary::load(p)?),
+        None => None,
+    };
     let config = ServerConfig {
         compression: dict.is_some(),
         ready_max_idle: Some(args.ready_max_idle).filter(|d| !d.is_zero()),
+        v2_dictionary,
         ..ServerConfig::default()
     };
     let app = App::new(log.clone(), metrics.clone(), config);

@@ -1,0 +1,319 @@
+//! `subscribeEvents` where the store's state matters, in process on loopback: the retention
+//! floor (`CursorTooOld`, `#info OutdatedCursor` after a clamped timestamp, compressed or not),
+//! the terminal `ConsumerTooSlow` error frame, and shutdown. The wire against v1 on the real
+//! capture is `crates/cli/tests/serve_v2.rs`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use riptide_firehose::corpus::split_frames;
+use riptide_identity::DidDocs;
+use riptide_jetstream::EventKind;
+use riptide_serve::{
+    ingest, router, App, Dictionary, Event, IngestConfig, Keys, Log, Metrics, ServerConfig,
+    SlowPolicy, Store, TailLimits,
+};
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::Message;
+
+const T: Duration = Duration::from_secs(60);
+const V2: &str = "/xrpc/network.bsky.jetstream.subscribeEvents";
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+fn v2_dictionary() -> Dictionary {
+    let dir = riptide_testdata::corpus().unwrap();
+    Dictionary::load(&dir.join("jetstream-dictionaries/subscribe_events_20260811.zdict")).unwrap()
+}
+
+async fn serve(app: Arc<App>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let r = router(app);
+    tokio::spawn(async move { axum::serve(listener, r).await });
+    addr
+}
+
+/// The real capture ingested (verified) and served, with the v2 dictionary.
+async fn capture(dir: &std::path::Path) -> Option<(SocketAddr, Arc<App>)> {
+    let corpus = riptide_testdata::corpus()?;
+    let file = std::fs::read(corpus.join("jetstream-2026-07/firehose-frames.bin")).unwrap();
+    let frames: Vec<Bytes> = split_frames(&file)
+        .unwrap()
+        .iter()
+        .map(|f| Bytes::copy_from_slice(f.bytes))
+        .collect();
+    let keys =
+        Keys::from_docs(DidDocs::load(&corpus.join("jetstream-2026-07/did_docs.json")).unwrap());
+    let (store, resume) = Store::open(dir, 0).unwrap();
+    let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+    let metrics = Arc::new(Metrics::default());
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let h = ingest::spawn(
+        IngestConfig::verifying(keys),
+        log.clone(),
+        metrics.clone(),
+        resume,
+        rx,
+    )
+    .unwrap();
+    for (i, f) in frames.into_iter().enumerate() {
+        tx.send((i as u64 + 1, f)).await.unwrap();
+    }
+    drop(tx);
+    let summary = tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(summary.events, 152);
+    let config = ServerConfig {
+        v2_dictionary: Some(v2_dictionary()),
+        ..ServerConfig::default()
+    };
+    let app = App::new(log, metrics, config);
+    Some((serve(app.clone()).await, app))
+}
+
+async fn http_get(addr: SocketAddr, path: &str) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (
+        head[9..12].parse().unwrap(),
+        serde_json::from_str(body).unwrap(),
+    )
+}
+
+async fn connect(addr: SocketAddr, query: &str) -> Ws {
+    tokio_tungstenite::connect_async(format!("ws://{addr}{V2}?{query}"))
+        .await
+        .unwrap()
+        .0
+}
+
+/// The next `n` frames as JSON (decompressed with the v2 dictionary when `zstd`).
+async fn frames(ws: &mut Ws, n: usize, zstd: bool) -> Vec<Value> {
+    let dict = v2_dictionary();
+    let mut d = zstd::bulk::Decompressor::with_dictionary(dict.bytes()).unwrap();
+    let mut out = Vec::new();
+    while out.len() < n {
+        let m = tokio::time::timeout(T, ws.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let text = match (m, zstd) {
+            (Message::Text(t), false) => t.as_bytes().to_vec(),
+            (Message::Binary(b), true) => d.decompress(&b, 1 << 24).unwrap(),
+            (Message::Ping(_), _) => continue,
+            (m, _) => panic!("unexpected {m:?}"),
+        };
+        out.push(serde_json::from_slice(&text).unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retention_floor_refuses_seqs_and_clamps_timestamps_with_an_info_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((addr, app)) = capture(dir.path()).await else {
+        return;
+    };
+    // Expire the first 50 events: the floor is seq 51.
+    let mut first = Vec::new();
+    let all = riptide_serve::ReadLimit {
+        events: 1000,
+        bytes: 1 << 30,
+    };
+    app.log.read(1, all, &mut first).unwrap();
+    assert_eq!(first.len(), 152);
+    let t51 = first[50].time_us();
+    let t1 = first[0].time_us();
+    assert!(t1 < first[49].time_us() && first[49].time_us() < t51);
+    let x = app
+        .log
+        .store()
+        .expire(t51, Duration::from_secs(3600))
+        .unwrap();
+    assert_eq!(x.floor, 51);
+
+    // A seq below the floor: 400 CursorTooOld carrying the floor, before any upgrade.
+    for c in [0, 1, 50] {
+        let (status, e) = http_get(addr, &format!("{V2}?cursor={c}")).await;
+        assert_eq!(status, 400, "cursor {c}");
+        assert_eq!(e["error"], "CursorTooOld");
+        assert!(e["message"].as_str().unwrap().contains("51"), "{e}");
+    }
+    // At the floor: served from it, no #info.
+    let mut ws = connect(addr, "cursor=51").await;
+    let f = frames(&mut ws, 1, false).await;
+    assert_eq!(f[0]["payload"]["seq"], 51);
+
+    // A timestamp below the floor: #info OutdatedCursor first (no seq), then the floor onwards;
+    // compressed, the info frame is a zstd frame too.
+    for zstd in [false, true] {
+        let q = if zstd {
+            format!("cursor={t1}&zstdDictionary=20260811")
+        } else {
+            format!("cursor={t1}")
+        };
+        let mut ws = connect(addr, &q).await;
+        let f = frames(&mut ws, 103, zstd).await;
+        let info = &f[0]["payload"];
+        assert_eq!(f[0]["$type"], "message");
+        assert_eq!(info["$type"], "network.bsky.jetstream.subscribeEvents#info");
+        assert_eq!(info["name"], "OutdatedCursor");
+        assert!(info["message"].as_str().unwrap().contains("seq 51"));
+        assert!(info.get("seq").is_none());
+        let seqs: Vec<u64> = f[1..]
+            .iter()
+            .map(|m| m["payload"]["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, (51..=152).collect::<Vec<_>>());
+    }
+    // A timestamp inside the window: no #info.
+    let mut ws = connect(addr, &format!("cursor={}", first[60].time_us())).await;
+    let f = frames(&mut ws, 1, false).await;
+    assert_eq!(f[0]["payload"]["seq"], 61);
+    assert!(
+        app.v2
+            .metrics
+            .info_frames
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 2
+    );
+}
+
+/// A v1-shaped commit of ~16 KiB.
+fn big_commit(i: u64) -> Event {
+    let pad = "x".repeat(16 << 10);
+    let json = format!(
+        r#"{{"did":"did:plc:a","time_us":{i},"cursor":{i},"kind":"commit","commit":{{"rev":"3l3qo2vutsw2b","operation":"create","collection":"a.b.c","rkey":"k{i}","record":{{"pad":"{pad}"}},"cid":"bafyreid"}}}}"#
+    );
+    Event::encode(
+        i,
+        i as i64,
+        EventKind::Commit,
+        "did:plc:a",
+        "a.b.c",
+        json.as_bytes(),
+        b"",
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_v2_subscriber_gets_consumer_too_slow() {
+    // The slow-consumer rule scaled down (as in serve.rs's v1 test); the write timeout is long,
+    // so only the rule drops, and a client that reads again soon gets the terminal frame.
+    let n = 2000;
+    let dir = tempfile::tempdir().unwrap();
+    let (store, resume) = Store::open(dir.path(), 0).unwrap();
+    let log = Arc::new(Log::new(
+        store,
+        resume.next_seq,
+        TailLimits {
+            max_events: 1 << 20,
+            max_bytes: 1 << 30,
+        },
+    ));
+    log.publish(&(1..=n).map(big_commit).collect::<Vec<_>>());
+    let config = ServerConfig {
+        write_timeout: Duration::from_secs(30),
+        slow: SlowPolicy {
+            max_behind: 100,
+            min_rate: 5.0,
+            window: Duration::from_secs(1),
+        },
+        ..ServerConfig::default()
+    };
+    let app = App::new(log, Arc::new(Metrics::default()), config);
+    let addr = serve(app.clone()).await;
+    let mut stalled = connect(addr, "cursor=1").await;
+    let until = tokio::time::Instant::now() + T;
+    while app
+        .v2
+        .metrics
+        .slow_drop_count(riptide_serve::metrics::SlowDrop::Behind)
+        < 1
+    {
+        assert!(tokio::time::Instant::now() < until, "not dropped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // What was buffered arrives in order, then the error frame, then the close.
+    let mut seqs = Vec::new();
+    let error = loop {
+        let m = tokio::time::timeout(T, stalled.next()).await.unwrap();
+        let Some(Ok(Message::Text(t))) = m else {
+            panic!("{m:?}")
+        };
+        let v: Value = serde_json::from_str(t.as_str()).unwrap();
+        if v["$type"] == "error" {
+            break v;
+        }
+        seqs.push(v["payload"]["seq"].as_u64().unwrap());
+    };
+    assert_eq!(error["error"], "ConsumerTooSlow");
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    assert!(seqs.len() < n as usize - 100);
+    match tokio::time::timeout(T, stalled.next()).await.unwrap() {
+        Some(Ok(Message::Close(Some(f)))) => assert_eq!(u16::from(f.code), 1008),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        app.metrics
+            .slow_drop_count(riptide_serve::metrics::SlowDrop::Behind),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_v2_subscribers_with_1001() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, resume) = Store::open(dir.path(), 0).unwrap();
+    let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+    let app = App::new(log, Arc::new(Metrics::default()), ServerConfig::default());
+    let addr = serve(app.clone()).await;
+    let mut ws = connect(addr, "").await;
+    // Without a dictionary, compression is refused, clearly.
+    let (status, e) = http_get(addr, &format!("{V2}?zstdDictionary=20260811")).await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (400, Some("UnknownZstdDictionary"))
+    );
+    assert!(e["message"]
+        .as_str()
+        .unwrap()
+        .contains("--zstd-dictionary-v2"));
+    let (status, e) = http_get(addr, "/xrpc/network.bsky.jetstream.getZstdDictionary").await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (404, Some("DictionaryNotFound"))
+    );
+    let until = tokio::time::Instant::now() + T;
+    while app
+        .v2
+        .metrics
+        .subscribers
+        .load(std::sync::atomic::Ordering::Relaxed)
+        < 1
+    {
+        assert!(tokio::time::Instant::now() < until);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    app.shutdown();
+    match tokio::time::timeout(T, ws.next()).await.unwrap() {
+        Some(Ok(Message::Close(Some(f)))) => assert_eq!(u16::from(f.code), 1001),
+        other => panic!("{other:?}"),
+    }
+}
