@@ -282,6 +282,7 @@ async fn ingest_from(script: Vec<(u64, Out)>, n: u64) -> (riptide_serve::Resume,
         workers: 2,
         max_batch: 16,
         dictionary: None,
+        stateful: false,
     };
     let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx).unwrap();
     let source = tokio::spawn(upstream::run(
@@ -403,6 +404,7 @@ async fn the_upstream_seq_gauge_is_the_stores_from_the_start() {
             workers: 1,
             max_batch: 1,
             dictionary: None,
+            stateful: false,
         },
         log,
         metrics.clone(),
