@@ -365,9 +365,9 @@ async fn replay(
     metrics: Arc<Metrics>,
     events: u64,
     wire: Wire,
-    v2_dict: Option<Dictionary>,
+    v2_dict: Option<riptide_serve::Dictionary>,
 ) -> anyhow::Result<f64> {
-    let zstd = v2_dict.as_ref().map(Dictionary::id);
+    let zstd = v2_dict.as_ref().map(riptide_serve::Dictionary::id);
     let app = App::new(
         log,
         metrics,

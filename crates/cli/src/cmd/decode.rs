@@ -97,11 +97,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 let n = errors.entry(e.class()).or_default();
                 *n += 1;
                 if *n <= ERROR_LINES {
-                    writeln!(
-                        stderr,
-                        "frame {} at byte {}: {e}",
-                        f.index, f.offset
-                    )?;
+                    writeln!(stderr, "frame {} at byte {}: {e}", f.index, f.offset)?;
                     if *n == ERROR_LINES {
                         writeln!(
                             stderr,
