@@ -146,8 +146,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     let running = start(&args).await?;
-    // The first stdout line is the URL, as `relay` and `sim` print theirs (scripts read it).
+    // The first stdout line is the URL, as `relay` and `sim` print theirs (scripts read it); the
+    // same on stderr, beside the log, for a person reading the terminal or a log file.
     println!("ws://{}/subscribe", running.addr);
+    eprintln!("riptide serve: ws://{}/subscribe", running.addr);
     match running.run_until(shutdown_signal()).await {
         Err(e) if needs_reopen(&e) => restart(e),
         r => r.map(|()| ExitCode::SUCCESS),
