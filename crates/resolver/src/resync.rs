@@ -31,7 +31,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use riptide_cbor::CidBuf;
-use riptide_repo::RepoError;
 use tokio::sync::Semaphore;
 
 use crate::error::ResolveError;
@@ -240,7 +239,7 @@ impl Resyncer {
                         }),
                         Ok(Err(e)) => attempts.push(Attempt {
                             url,
-                            why: format!("does not verify: {}", repo_why(&e)),
+                            why: format!("does not verify: {e}"),
                         }),
                         Err(e) => attempts.push(Attempt {
                             url,
@@ -366,10 +365,6 @@ enum Fail {
 }
 
 const MINUTE: Duration = Duration::from_secs(60);
-
-fn repo_why(e: &RepoError) -> String {
-    e.to_string()
-}
 
 #[cfg(test)]
 mod tests {

@@ -480,6 +480,22 @@ pub(crate) enum Op {
     Flush,
 }
 
+/// When the last ping went out and whether its pong is awaited.
+#[derive(Debug)]
+pub(crate) struct Keepalive {
+    last: i64,
+    out: bool,
+}
+
+impl Keepalive {
+    pub(crate) fn new() -> Keepalive {
+        Keepalive {
+            last: crate::now_us(),
+            out: false,
+        }
+    }
+}
+
 /// The sending half with its deadlines: every write is bounded by the write timeout, and while
 /// one is blocked the slow-consumer rule is applied once a second.
 pub(crate) struct Writer<'a> {
@@ -511,6 +527,58 @@ impl Writer<'_> {
                 Err(_) => self.check_slow(cursor)?,
             }
         }
+    }
+
+    /// The end of a batch, the same on both wires: flush what was fed; step aside while ingest
+    /// is behind (module docs, "Ingest comes first"); the slow-consumer rule; then control
+    /// messages and shutdown, without waiting.
+    pub(crate) async fn end_batch(
+        &mut self,
+        sent: bool,
+        cursor: u64,
+        ctl_rx: &mut mpsc::Receiver<Ctl>,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Result<(), Outcome> {
+        if sent {
+            self.run(Op::Flush, cursor).await?;
+            if self.app.metrics.ingest_queue.load(Relaxed) > INGEST_PRESSURE {
+                // Each subscriber's next batch is the larger for it (fewer wake-ups and writes
+                // per event); nothing is skipped.
+                tokio::time::sleep(PRESSURE_PAUSE).await;
+            }
+        }
+        self.check_slow(cursor)?;
+        if let Ok(c) = ctl_rx.try_recv() {
+            return Err(ctl_outcome(Some(c)));
+        }
+        if *shutdown.borrow() {
+            return Err(Outcome::Close(1001, "server shutting down".into()));
+        }
+        Ok(())
+    }
+
+    /// Keepalive, the same on both wires: a ping every `ping_interval`, and the subscriber
+    /// dropped when a ping goes unanswered for `pong_timeout`.
+    pub(crate) async fn keepalive(
+        &mut self,
+        ping: &mut Keepalive,
+        last_pong: &AtomicI64,
+        cursor: u64,
+    ) -> Result<(), Outcome> {
+        let now = crate::now_us();
+        let config = &self.app.config;
+        if ping.out && last_pong.load(Relaxed) < ping.last {
+            if now - ping.last > config.pong_timeout.as_micros() as i64 {
+                return Err(Outcome::Drop(SlowDrop::PongTimeout));
+            }
+        } else if now - ping.last > config.ping_interval.as_micros() as i64 {
+            ping.last = now;
+            ping.out = true;
+            self.run(Op::Feed(Message::Ping(bytes::Bytes::new())), cursor)
+                .await?;
+            self.run(Op::Flush, cursor).await?;
+        }
+        Ok(())
     }
 
     /// The slow-consumer rule, now.
@@ -551,8 +619,7 @@ async fn serve(
     let mut tip = app.log.watch();
     let mut batch: Vec<Event> = Vec::with_capacity(IDLE_BATCH_CAPACITY);
     let mut tick = tokio::time::interval(app.config.ping_interval.min(app.config.pong_timeout));
-    let mut last_ping = crate::now_us();
-    let mut ping_out = false;
+    let mut ping = Keepalive::new();
     let m = &app.metrics;
     let mut w = Writer {
         sink,
@@ -613,47 +680,12 @@ async fn serve(
                 m.events_out.fetch_add(1, Relaxed);
                 m.bytes_out.fetch_add(len as u64, Relaxed);
             }
-            if sent {
-                if let Err(o) = w.run(Op::Flush, next).await {
-                    return o;
-                }
-            }
-            if sent && m.ingest_queue.load(Relaxed) > INGEST_PRESSURE {
-                // Ingest is behind (its queue is filling): fan-out steps aside for a moment, so
-                // that the verified stream does not fall behind because of readers. Each
-                // subscriber's next batch is the larger for it (fewer wake-ups and writes per
-                // event); nothing is skipped.
-                tokio::time::sleep(PRESSURE_PAUSE).await;
-            }
-            if let Err(o) = w.check_slow(next) {
+            if let Err(o) = w.end_batch(sent, next, ctl_rx, shutdown).await {
                 return o;
-            }
-            // Between batches, look at control messages and shutdown without waiting.
-            if let Ok(c) = ctl_rx.try_recv() {
-                return ctl_outcome(Some(c));
-            }
-            if *shutdown.borrow() {
-                return Outcome::Close(1001, "server shutting down".into());
             }
         }
-        // Keepalive.
-        let now = crate::now_us();
-        if ping_out && last_pong.load(Relaxed) < last_ping {
-            if now - last_ping > app.config.pong_timeout.as_micros() as i64 {
-                return Outcome::Drop(SlowDrop::PongTimeout);
-            }
-        } else if now - last_ping > app.config.ping_interval.as_micros() as i64 {
-            last_ping = now;
-            ping_out = true;
-            if let Err(o) = w
-                .run(Op::Feed(Message::Ping(bytes::Bytes::new())), next)
-                .await
-            {
-                return o;
-            }
-            if let Err(o) = w.run(Op::Flush, next).await {
-                return o;
-            }
+        if let Err(o) = w.keepalive(&mut ping, last_pong, next).await {
+            return o;
         }
     }
 }

@@ -1082,8 +1082,7 @@ async fn serve(
     let mut tip = app.log.watch();
     let mut batch: Vec<Event> = Vec::with_capacity(IDLE_BATCH_CAPACITY);
     let mut tick = tokio::time::interval(app.config.ping_interval.min(app.config.pong_timeout));
-    let mut last_ping = crate::now_us();
-    let mut ping_out = false;
+    let mut ping = crate::server::Keepalive::new();
     let mut w = Writer {
         sink,
         app,
@@ -1167,39 +1166,13 @@ async fn serve(
                 vm.events_out.fetch_add(1, Relaxed);
                 vm.bytes_out.fetch_add(len as u64, Relaxed);
             }
-            if sent {
-                if let Err(o) = w.run(Op::Flush, next).await {
-                    return o;
-                }
-            }
-            if let Err(o) = w.check_slow(next) {
+            // As on `/subscribe` (flush, step aside while ingest is behind, slow rule, control).
+            if let Err(o) = w.end_batch(sent, next, ctl_rx, shutdown).await {
                 return o;
-            }
-            if let Ok(c) = ctl_rx.try_recv() {
-                return ctl_outcome(Some(c));
-            }
-            if *shutdown.borrow() {
-                return Outcome::Close(1001, "server shutting down".into());
             }
         }
-        // Keepalive (as on `/subscribe`).
-        let now = crate::now_us();
-        if ping_out && last_pong.load(Relaxed) < last_ping {
-            if now - last_ping > app.config.pong_timeout.as_micros() as i64 {
-                return Outcome::Drop(SlowDrop::PongTimeout);
-            }
-        } else if now - last_ping > app.config.ping_interval.as_micros() as i64 {
-            last_ping = now;
-            ping_out = true;
-            if let Err(o) = w
-                .run(Op::Feed(Message::Ping(bytes::Bytes::new())), next)
-                .await
-            {
-                return o;
-            }
-            if let Err(o) = w.run(Op::Flush, next).await {
-                return o;
-            }
+        if let Err(o) = w.keepalive(&mut ping, last_pong, next).await {
+            return o;
         }
     }
 }
