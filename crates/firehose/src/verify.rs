@@ -96,11 +96,19 @@ pub enum Verdict {
     ChainBreak,
     /// Chain state: a commit for an account that is not active.
     AccountInactive,
+    /// Resync (`riptide serve`): the frame arrived while its account was being resynced and the
+    /// account's buffer was full; it was dropped (its account will break its chain again and be
+    /// resynced again).
+    ResyncOverflow,
+    /// Resync (`riptide serve`): one attempt to fetch and verify a desynchronized account's
+    /// repository failed (counted per attempt; it is retried with backoff, and the account's
+    /// buffered frames wait, never served unverified).
+    ResyncFailed,
 }
 
 impl Verdict {
     /// How many verdicts there are.
-    pub const COUNT: usize = 12;
+    pub const COUNT: usize = 14;
 
     /// Every verdict, in counting order.
     pub const ALL: [Verdict; Verdict::COUNT] = [
@@ -116,11 +124,13 @@ impl Verdict {
         Verdict::FutureRev,
         Verdict::ChainBreak,
         Verdict::AccountInactive,
+        Verdict::ResyncOverflow,
+        Verdict::ResyncFailed,
     ];
 
     /// `ok`, `bad-signature`, `bad-block-cid`, `missing-block`, `inversion-mismatch`, `malformed`,
     /// `limits`, `unknown-key`; from chain state, `rev-regression`, `future-rev`, `chain-break`,
-    /// `account-inactive`.
+    /// `account-inactive`; from `riptide serve`'s resync, `resync-overflow`, `resync-failed`.
     pub fn as_str(self) -> &'static str {
         match self {
             Verdict::Ok => "ok",
@@ -135,6 +145,8 @@ impl Verdict {
             Verdict::FutureRev => "future-rev",
             Verdict::ChainBreak => "chain-break",
             Verdict::AccountInactive => "account-inactive",
+            Verdict::ResyncOverflow => "resync-overflow",
+            Verdict::ResyncFailed => "resync-failed",
         }
     }
 
@@ -884,7 +896,9 @@ mod tests {
                 "rev-regression",
                 "future-rev",
                 "chain-break",
-                "account-inactive"
+                "account-inactive",
+                "resync-overflow",
+                "resync-failed"
             ]
         );
         for (i, v) in Verdict::ALL.iter().enumerate() {
