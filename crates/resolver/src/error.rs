@@ -85,6 +85,14 @@ pub enum ResolveError {
         /// The status code.
         status: u16,
     },
+    /// A local file could not be written (a repository spooled to disk by resync).
+    #[error("spooling to {path}: {error}")]
+    Io {
+        /// The directory.
+        path: String,
+        /// The error.
+        error: String,
+    },
     /// A response body exceeded its limit (bounded reads of untrusted input).
     #[error("{url}: response larger than {limit} bytes")]
     TooLarge {
@@ -99,7 +107,7 @@ impl ResolveError {
     /// A failure that may go away on retry (network, 5xx, 429). Never cached.
     pub fn is_transient(&self) -> bool {
         match self {
-            ResolveError::Network { .. } => true,
+            ResolveError::Network { .. } | ResolveError::Io { .. } => true,
             ResolveError::Status { status, .. } => *status >= 500 || *status == 429,
             _ => false,
         }

@@ -22,9 +22,14 @@
 //! before then; each fetch has a timeout and a size bound; verification runs on a blocking
 //! thread, never on the async threads that carry live events.
 //!
-//! Memory: the repository is held whole while it is verified (the CAR reader needs every block
-//! to walk the tree), bounded by [`ResyncConfig::max_repo_bytes`]. Verifying a repository larger
-//! than memory, streaming, is not done yet.
+//! Memory: a repository is verified from one contiguous byte slice (the CAR reader indexes its
+//! blocks and the MST walk reads them in tree order, not CAR order). Up to
+//! [`ResyncConfig::spool_above`] it is read into memory; a larger one is streamed to an unnamed
+//! temporary file in [`ResyncConfig::spool_dir`] as it arrives and verified through a read-only
+//! memory map of that file, so its bytes live in the page cache, which the kernel can drop and
+//! re-read, not in the process's own memory: what stays resident is the CAR reader's index (a few
+//! dozen bytes per block) and the tree walk. Either way the size is bounded by
+//! [`ResyncConfig::max_repo_bytes`], checked as bytes arrive.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -47,6 +52,12 @@ pub struct ResyncConfig {
     pub per_account_per_minute: usize,
     /// Fetches from one host at once (default 4).
     pub per_host: usize,
+    /// Repositories larger than this are spooled to a file and memory-mapped rather than read
+    /// into memory (default 32 MiB).
+    pub spool_above: usize,
+    /// Where spooled repositories go (default: the system's temporary directory). The files
+    /// are unnamed: nothing is left behind, even after a crash.
+    pub spool_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for ResyncConfig {
@@ -56,6 +67,8 @@ impl Default for ResyncConfig {
             max_repo_bytes: 512 << 20,
             per_account_per_minute: 5,
             per_host: 4,
+            spool_above: 32 << 20,
+            spool_dir: None,
         }
     }
 }
@@ -71,6 +84,8 @@ pub struct Resynced {
     pub commit: CidBuf,
     /// The MST root.
     pub data: CidBuf,
+    /// The signed commit block itself (what a `#sync` frame carries).
+    pub commit_block: Vec<u8>,
     /// Records in the repository.
     pub records: usize,
     /// Bytes fetched.
@@ -218,24 +233,32 @@ impl Resyncer {
                     let bytes = car.len() as u64;
                     let k = key.clone();
                     let verified = tokio::task::spawn_blocking(move || {
-                        riptide_repo::verify_repo(&car, Some(&k))
+                        riptide_repo::verify_repo(&car, Some(&k)).map(|r| {
+                            let block = commit_block(&car, &r.commit);
+                            (r, block)
+                        })
                     })
                     .await;
                     match verified {
-                        Ok(Ok(r)) if r.did == did => {
+                        Ok(Ok((r, Some(commit_block)))) if r.did == did => {
                             return Ok(Resynced {
                                 did: did.to_owned(),
                                 rev: r.rev,
                                 commit: r.commit,
                                 data: r.data,
+                                commit_block,
                                 records: r.records,
                                 bytes,
                                 source: url,
                             })
                         }
-                        Ok(Ok(r)) => attempts.push(Attempt {
+                        Ok(Ok((r, Some(_)))) => attempts.push(Attempt {
                             url,
                             why: format!("the repository is {}'s", r.did),
+                        }),
+                        Ok(Ok((_, None))) => attempts.push(Attempt {
+                            url,
+                            why: "the commit block is not in the CAR".to_owned(),
                         }),
                         Ok(Err(e)) => attempts.push(Attempt {
                             url,
@@ -284,8 +307,76 @@ impl Resyncer {
         Ok(())
     }
 
+    /// A response body within [`ResyncConfig::max_repo_bytes`]: in memory, or spooled to a file
+    /// past [`ResyncConfig::spool_above`] (module docs).
+    async fn read_body(
+        &self,
+        url: &str,
+        mut resp: reqwest::Response,
+    ) -> Result<Body, ResolveError> {
+        let limit = self.cfg.max_repo_bytes;
+        let too_large = || ResolveError::TooLarge {
+            url: url.to_owned(),
+            limit,
+        };
+        let total = resp.content_length();
+        if total.is_some_and(|n| n > limit as u64) {
+            return Err(too_large());
+        }
+        if total.is_some_and(|n| n <= self.cfg.spool_above as u64) {
+            let mut nothing = |_: u64, _: Option<u64>| {};
+            return read_limited(url, resp, limit, &mut nothing)
+                .await
+                .map(Body::Memory);
+        }
+        let io = |e: std::io::Error| ResolveError::Io {
+            path: self
+                .cfg
+                .spool_dir
+                .clone()
+                .unwrap_or_else(std::env::temp_dir)
+                .display()
+                .to_string(),
+            error: e.to_string(),
+        };
+        let mut head = Vec::new();
+        let mut file: Option<std::fs::File> = None;
+        let mut len = 0usize;
+        while let Some(chunk) = resp.chunk().await.map_err(|e| net(url, e))? {
+            len += chunk.len();
+            if len > limit {
+                return Err(too_large());
+            }
+            match file.as_mut() {
+                Some(f) => write_all(f, &chunk).map_err(io)?,
+                None if head.len() + chunk.len() <= self.cfg.spool_above => {
+                    head.extend_from_slice(&chunk);
+                }
+                None => {
+                    let dir = self
+                        .cfg
+                        .spool_dir
+                        .clone()
+                        .unwrap_or_else(std::env::temp_dir);
+                    let mut f = tempfile::tempfile_in(dir).map_err(io)?;
+                    write_all(&mut f, &head).map_err(io)?;
+                    write_all(&mut f, &chunk).map_err(io)?;
+                    head = Vec::new();
+                    file = Some(f);
+                }
+            }
+        }
+        if total.is_some_and(|n| n != len as u64) {
+            return Err(net(url, "connection closed early"));
+        }
+        match file {
+            None => Ok(Body::Memory(head)),
+            Some(f) => map_file(f).map_err(io),
+        }
+    }
+
     /// One `getRepo`, within the host's limits, the timeout and the size bound.
-    async fn fetch(&self, url: &str) -> Result<Vec<u8>, String> {
+    async fn fetch(&self, url: &str) -> Result<Body, String> {
         let host = host_of(url);
         let slots = {
             let mut hosts = self
@@ -315,6 +406,9 @@ impl Resyncer {
                 .resolver
                 .http()
                 .get(url)
+                // The client's own timeout is for DID documents; a repository gets ours (a
+                // second later, so that the bound below is the one that reports it).
+                .timeout(self.cfg.timeout + Duration::from_secs(1))
                 .send()
                 .await
                 .map_err(|e| Fail::Other(net(url, e)))?;
@@ -334,10 +428,7 @@ impl Resyncer {
                     status,
                 }));
             }
-            let mut nothing = |_: u64, _: Option<u64>| {};
-            read_limited(url, resp, self.cfg.max_repo_bytes, &mut nothing)
-                .await
-                .map_err(Fail::Other)
+            self.read_body(url, resp).await.map_err(Fail::Other)
         };
         match tokio::time::timeout(self.cfg.timeout, get).await {
             Err(_) => Err(format!("timed out after {:?}", self.cfg.timeout)),
@@ -354,6 +445,53 @@ impl Resyncer {
             }
         }
     }
+}
+
+/// A fetched repository's bytes (module docs: memory).
+enum Body {
+    /// Read into memory.
+    Memory(Vec<u8>),
+    /// Spooled to an unnamed temporary file, mapped read-only.
+    Mapped(memmap2::Mmap),
+}
+
+impl std::ops::Deref for Body {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Body::Memory(v) => v,
+            Body::Mapped(m) => m,
+        }
+    }
+}
+
+/// Appends to the spool file. Plain blocking writes: they land in the page cache, a few
+/// microseconds per network chunk.
+fn write_all(f: &mut std::fs::File, b: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    f.write_all(b)
+}
+
+/// Maps a finished spool file read-only.
+#[allow(unsafe_code)]
+fn map_file(f: std::fs::File) -> std::io::Result<Body> {
+    // SAFETY: a mapped file must not change while mapped. This one is an unnamed temporary file
+    // this process created (`tempfile::tempfile_in`: O_TMPFILE, or created and unlinked at
+    // once), so no other process can open it, and nothing here writes or truncates it after
+    // this point; the map owns the only use of it from now on.
+    let map = unsafe { memmap2::Mmap::map(&f) }?;
+    Ok(Body::Mapped(map))
+}
+
+/// The bytes of block `cid` in a CAR that already verified (so it reads; `None` otherwise).
+fn commit_block(car: &[u8], cid: &CidBuf) -> Option<Vec<u8>> {
+    let mut reader = riptide_car::CarReader::new();
+    let opts = riptide_car::CarOptions {
+        verify: false,
+        ..riptide_car::CarOptions::repository()
+    };
+    let c = reader.read(car, &opts).ok()?;
+    c.get(cid.as_cid()).map(<[u8]>::to_vec)
 }
 
 /// Why one fetch failed.

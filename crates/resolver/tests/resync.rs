@@ -184,3 +184,45 @@ async fn a_slow_host_times_out_and_an_account_is_resynced_at_most_five_times_a_m
     // Another account is not limited by alice's count.
     assert!(rs.resync(&w.mallory.did, &[relay(&w)]).await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_repository_is_spooled_to_disk_and_verified_the_same() {
+    let w = world().await;
+    let want = riptide_repo::verify_repo(&w.alice.car, Some(&w.alice.key.public_key())).unwrap();
+    let spool = tempfile::tempdir().unwrap();
+    let small = ResyncConfig {
+        spool_above: 1024,
+        spool_dir: Some(spool.path().to_owned()),
+        ..ResyncConfig::default()
+    };
+    assert!(w.alice.car.len() > 4 * 1024, "large enough to spool");
+    let got = resyncer(&w, small.clone())
+        .resync(&w.alice.did, &[relay(&w)])
+        .await
+        .unwrap();
+    assert_eq!(
+        (&got.rev, got.commit, got.data, got.records),
+        (&want.rev, want.commit, want.data, 60)
+    );
+    assert_eq!(got.bytes, w.alice.car.len() as u64);
+    // Spooled, a forged repository is refused as in memory; the spool files are unnamed.
+    let e = resyncer(&w, small)
+        .resync(&w.mallory.did, &[relay(&w)])
+        .await
+        .unwrap_err();
+    assert!(attempts(&e)[0].contains("does not verify"), "{e}");
+    assert_eq!(std::fs::read_dir(spool.path()).unwrap().count(), 0);
+    // A spool directory that cannot be written is a typed failure, not a crash.
+    let e = resyncer(
+        &w,
+        ResyncConfig {
+            spool_above: 1024,
+            spool_dir: Some("/nonexistent/riptide-spool".into()),
+            ..ResyncConfig::default()
+        },
+    )
+    .resync(&w.alice.did, &[relay(&w)])
+    .await
+    .unwrap_err();
+    assert!(attempts(&e)[0].contains("spooling"), "{e}");
+}
