@@ -32,6 +32,7 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::ops::Range;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
@@ -45,7 +46,7 @@ use riptide_firehose::{DecodeOptions, FrameDecoder};
 use riptide_jetstream::{EventKind, Projector};
 use tokio::sync::mpsc;
 
-use riptide_firehose::chain::AccountState;
+use riptide_firehose::chain::{AccountState, ChainStore, SyncStatus, Tip};
 
 use crate::chain::{max_in_flight, ServeChain};
 use crate::compress::{DictError, Dictionary};
@@ -53,6 +54,8 @@ use crate::event::Event;
 use crate::keys::Keys;
 use crate::log::Log;
 use crate::metrics::Metrics;
+use crate::resync::{Held, Holds, Landing, ResyncWiring};
+use crate::store::PendingChange;
 use crate::store::{Resume, StoreError};
 
 /// One upstream frame: the relay's seq (the cursor to resume from) and the message bytes. A frame
@@ -187,9 +190,12 @@ impl IngestHandle {
 pub const CHUNK: usize = 64;
 
 struct Job {
+    /// The upstream seq (for a landing: the cursor when it was dispatched).
     seq: u64,
     bytes: Bytes,
     received_us: i64,
+    /// A verified repository for a resyncing account (`crate::resync`), instead of a frame.
+    landing: Option<Box<Landing>>,
 }
 
 struct Part {
@@ -207,6 +213,12 @@ struct Done {
     received_us: i64,
     parts: Range<usize>,
     states: Range<usize>,
+    /// Changes to the resync partition, in order.
+    pending: Range<usize>,
+    /// Accounts to hand the resync service once this is durable.
+    queued: Range<usize>,
+    /// Whether `seq` is an upstream frame's (the cursor moves to it); not for a landing.
+    moves_cursor: bool,
 }
 
 /// A worker's answer to one chunk of jobs, in job order; all the events' bytes in one buffer.
@@ -216,25 +228,80 @@ struct DoneChunk {
     parts: Vec<Part>,
     buf: Vec<u8>,
     states: Vec<(Box<str>, AccountState)>,
+    pending: Vec<PendingChange>,
+    queued: Vec<Box<str>>,
 }
 
 /// Chunks a worker's answer channel holds.
 const ANSWER_CHUNKS: usize = 32;
 
 /// Starts the pipeline on `rx`, continuing from `resume` (what [`crate::Store::open`] returned).
+/// Chain breaks are not repaired: the breaking commit re-establishes the chain
+/// (`riptide_firehose::chain`); [`spawn_with_resync`] repairs them.
 pub fn spawn(
     cfg: IngestConfig,
     log: Arc<Log>,
     metrics: Arc<Metrics>,
     resume: Resume,
+    rx: mpsc::Receiver<UpstreamFrame>,
+) -> Result<IngestHandle, IngestError> {
+    spawn_with_resync(cfg, log, metrics, resume, rx, None)
+}
+
+/// The worker that owns `did`'s frames (and its chain state), of `workers`.
+fn owner(did: &str, workers: usize) -> usize {
+    if workers <= 1 {
+        return 0;
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    did.hash(&mut h);
+    (h.finish() % workers as u64) as usize
+}
+
+/// [`spawn`], resyncing accounts whose chain breaks through `resync` (`crate::resync`; needs
+/// verification and chain state: with `--no-verify` or `--stateless` it is not used). Accounts
+/// the store says await resync are queued again, and their held frames reloaded, first.
+pub fn spawn_with_resync(
+    cfg: IngestConfig,
+    log: Arc<Log>,
+    metrics: Arc<Metrics>,
+    resume: Resume,
     mut rx: mpsc::Receiver<UpstreamFrame>,
+    resync: Option<ResyncWiring>,
 ) -> Result<IngestHandle, IngestError> {
     let workers = cfg.workers.clamp(1, 255);
+    let resync = resync.filter(|_| cfg.stateful && cfg.keys.is_some());
+    let (mut holds, queue, landings) = match resync {
+        Some(w) => {
+            let (holds, again) = crate::resync::load_pending(
+                log.store(),
+                &w.limits,
+                workers,
+                |d| owner(d, workers),
+                &metrics,
+            )?;
+            if !again.is_empty() {
+                tracing::info!(
+                    accounts = again.len(),
+                    "accounts awaiting resync at start: queued again"
+                );
+            }
+            for did in again {
+                let _ = w.queue.send(did);
+            }
+            (
+                holds.into_iter().map(Some).collect(),
+                Some(w.queue),
+                Some((w.landings, w.stopped)),
+            )
+        }
+        None => ((0..workers).map(|_| None).collect::<Vec<_>>(), None, None),
+    };
     let (order_tx, order_rx) = sync_channel::<Vec<u8>>(64);
     let mut job_txs = Vec::new();
     let mut done_rxs = Vec::new();
     let mut others = Vec::new();
-    for w in 0..workers {
+    for (w, h) in holds.iter_mut().enumerate() {
         let (job_tx, job_rx) = sync_channel::<Vec<Job>>(32);
         let (done_tx, done_rx) = sync_channel::<DoneChunk>(ANSWER_CHUNKS);
         job_txs.push(job_tx);
@@ -245,10 +312,11 @@ pub fn spawn(
         let generation =
             (2 * max_in_flight(cfg.max_batch.max(1), ANSWER_CHUNKS, CHUNK)).max(1 << 14);
         let chain = ServeChain::new(log.store().clone(), cfg.stateful, generation);
+        let h = h.take();
         others.push(
             std::thread::Builder::new()
                 .name(format!("ingest-verify-{w}"))
-                .spawn(move || work(keys, chain, m, job_rx, done_tx))
+                .spawn(move || Worker::new(keys, chain, h, m).run(job_rx, done_tx))
                 .map_err(|_| IngestError::Panicked)?,
         );
     }
@@ -262,7 +330,7 @@ pub fn spawn(
         std::thread::Builder::new()
             .name("ingest-dispatch".into())
             .spawn(move || {
-                dispatch(&mut rx, start_cursor, &m, &job_txs, &order_tx);
+                dispatch(&mut rx, landings, start_cursor, &m, &job_txs, &order_tx);
                 Ok(())
             })
             .map_err(|_| IngestError::Panicked)?,
@@ -276,179 +344,499 @@ pub fn spawn(
         .name("ingest-write".into())
         .spawn(move || {
             write(
-                log, metrics, resume, compressor, max_batch, order_rx, done_rxs,
+                log, metrics, resume, compressor, max_batch, order_rx, done_rxs, queue,
             )
         })
         .map_err(|_| IngestError::Panicked)?;
     Ok(IngestHandle { writer, others })
 }
 
-/// Routes frames to workers by DID, in chunks; sends the writer, per chunk, which worker has
-/// each frame (worker ids fit a byte: [`IngestConfig::workers`] is capped at 255).
+/// Routes frames to workers by DID, in chunks, and each landed resync to its account's worker
+/// between them; sends the writer, per chunk, which worker has each job (worker ids fit a byte:
+/// [`IngestConfig::workers`] is capped at 255). Ends when the upstream channel closes.
 fn dispatch(
     rx: &mut mpsc::Receiver<UpstreamFrame>,
-    mut cursor: Option<u64>,
+    landings: Option<(mpsc::UnboundedReceiver<Landing>, Arc<AtomicBool>)>,
+    cursor: Option<u64>,
     metrics: &Metrics,
     jobs: &[SyncSender<Vec<Job>>],
     order: &SyncSender<Vec<u8>>,
 ) {
-    let mut arena = Arena::new();
-    let mut pending: Vec<Vec<Job>> = jobs.iter().map(|_| Vec::new()).collect();
-    let mut ids: Vec<u8> = Vec::with_capacity(CHUNK);
-    let mut frames: Vec<UpstreamFrame> = Vec::with_capacity(CHUNK);
-    // Whatever is ready, up to a chunk, in one go: the channel's permits go back to the source
-    // together (one wake-up of a waiting sender per chunk, not per frame).
-    while rx.blocking_recv_many(&mut frames, CHUNK) > 0 {
-        // What is still waiting: ingest's backlog (`riptide_ingest_queue_frames`; subscribers
-        // step aside while it is high, see `server.rs`). Reaches 0 when the queue is drained.
-        metrics.ingest_queue.store(rx.len() as i64, Relaxed);
-        for (seq, bytes) in frames.drain(..) {
-            if bytes.is_empty() {
-                // `cursor_reset`: counted and logged by the source.
-                cursor = seq.checked_sub(1);
-                continue;
-            }
-            let received_us = crate::now_us();
-            metrics.frames_in.fetch_add(1, Relaxed);
-            metrics.upstream_last_us.store(received_us, Relaxed);
-            if cursor.is_some_and(|c| seq <= c) {
-                metrics.frames_duplicate.fetch_add(1, Relaxed);
-                continue;
-            }
-            cursor = Some(seq);
-            let w = match peek(&mut arena, &bytes).did {
-                Some(did) if jobs.len() > 1 => {
-                    let mut h = std::collections::hash_map::DefaultHasher::new();
-                    did.hash(&mut h);
-                    (h.finish() % jobs.len() as u64) as usize
-                }
-                _ => 0,
-            };
-            pending[w].push(Job {
-                seq,
-                bytes,
-                received_us,
-            });
-            ids.push(w as u8);
-        }
-        if ids.is_empty() {
-            continue;
-        }
-        // Jobs before the order that names them: the writer waits only for sent work.
-        for (w, p) in pending.iter_mut().enumerate() {
-            if !p.is_empty() && jobs[w].send(std::mem::take(p)).is_err() {
+    let Some((mut landings, stopped)) = landings else {
+        let mut d = Dispatch::new(cursor, metrics, jobs, order);
+        let mut frames: Vec<UpstreamFrame> = Vec::with_capacity(CHUNK);
+        // Whatever is ready, up to a chunk, in one go: the channel's permits go back to the
+        // source together (one wake-up of a waiting sender per chunk, not per frame).
+        while rx.blocking_recv_many(&mut frames, CHUNK) > 0 {
+            // What is still waiting: ingest's backlog (`riptide_ingest_queue_frames`;
+            // subscribers step aside while it is high, see `server.rs`).
+            metrics.ingest_queue.store(rx.len() as i64, Relaxed);
+            if !d.frames(&mut frames) {
                 return;
             }
         }
-        if order
-            .send(std::mem::replace(&mut ids, Vec::with_capacity(CHUNK)))
-            .is_err()
-        {
-            return;
+        return;
+    };
+    // Two sources: a small runtime of this thread's own waits on whichever is ready.
+    let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+    else {
+        tracing::error!("ingest dispatcher: no runtime for resync landings");
+        return;
+    };
+    rt.block_on(async {
+        let mut d = Dispatch::new(cursor, metrics, jobs, order);
+        let mut frames: Vec<UpstreamFrame> = Vec::with_capacity(CHUNK);
+        let mut open = true;
+        loop {
+            tokio::select! {
+                n = rx.recv_many(&mut frames, CHUNK) => {
+                    if n == 0 {
+                        d.finish_resyncs(&mut landings, &stopped).await;
+                        return;
+                    }
+                    metrics.ingest_queue.store(rx.len() as i64, Relaxed);
+                    if !d.frames(&mut frames) {
+                        return;
+                    }
+                }
+                l = landings.recv(), if open => match l {
+                    Some(l) => {
+                        if !d.landing(l) {
+                            return;
+                        }
+                    }
+                    None => open = false,
+                },
+            }
         }
+    });
+}
+
+/// The dispatcher's state: the cursor, and jobs not yet sent.
+struct Dispatch<'a> {
+    cursor: Option<u64>,
+    metrics: &'a Metrics,
+    jobs: &'a [SyncSender<Vec<Job>>],
+    order: &'a SyncSender<Vec<u8>>,
+    arena: Arena,
+    pending: Vec<Vec<Job>>,
+    ids: Vec<u8>,
+}
+
+impl<'a> Dispatch<'a> {
+    fn new(
+        cursor: Option<u64>,
+        metrics: &'a Metrics,
+        jobs: &'a [SyncSender<Vec<Job>>],
+        order: &'a SyncSender<Vec<u8>>,
+    ) -> Self {
+        Dispatch {
+            cursor,
+            metrics,
+            jobs,
+            order,
+            arena: Arena::new(),
+            pending: jobs.iter().map(|_| Vec::new()).collect(),
+            ids: Vec::with_capacity(CHUNK),
+        }
+    }
+
+    /// Routes a chunk of frames; `false` once the pipeline is gone.
+    fn frames(&mut self, frames: &mut Vec<UpstreamFrame>) -> bool {
+        for (seq, bytes) in frames.drain(..) {
+            if bytes.is_empty() {
+                // `cursor_reset`: counted and logged by the source.
+                self.cursor = seq.checked_sub(1);
+                continue;
+            }
+            let received_us = crate::now_us();
+            self.metrics.frames_in.fetch_add(1, Relaxed);
+            self.metrics.upstream_last_us.store(received_us, Relaxed);
+            if self.cursor.is_some_and(|c| seq <= c) {
+                self.metrics.frames_duplicate.fetch_add(1, Relaxed);
+                continue;
+            }
+            self.cursor = Some(seq);
+            let w = match peek(&mut self.arena, &bytes).did {
+                Some(did) => owner(did, self.jobs.len()),
+                None => 0,
+            };
+            self.pending[w].push(Job {
+                seq,
+                bytes,
+                received_us,
+                landing: None,
+            });
+            self.ids.push(w as u8);
+        }
+        self.flush()
+    }
+
+    /// The source has ended (a file): before ingest ends, the resyncs it caused land. Waits
+    /// until everything dispatched is durable (so every chain break has been queued) and no
+    /// account awaits resync, routing landings meanwhile. A resync that keeps failing keeps
+    /// ingest from ending: said once, with the count.
+    async fn finish_resyncs(
+        &mut self,
+        landings: &mut mpsc::UnboundedReceiver<Landing>,
+        stopped: &AtomicBool,
+    ) {
+        let mut said = false;
+        while !stopped.load(Relaxed) {
+            let durable = self.metrics.upstream_seq.load(Relaxed) == self.cursor.unwrap_or(0);
+            let waiting = self.metrics.resync_accounts.load(Relaxed);
+            if durable && waiting == 0 {
+                return;
+            }
+            if durable && !said {
+                said = true;
+                tracing::info!(
+                    accounts = waiting,
+                    "the source has ended; ingest ends once the resyncs it caused have landed"
+                );
+            }
+            match tokio::time::timeout(Duration::from_millis(50), landings.recv()).await {
+                Ok(Some(l)) => {
+                    if !self.landing(l) {
+                        return;
+                    }
+                }
+                Ok(None) => return,
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Routes a landed resync to its account's worker, after the frames dispatched before it.
+    fn landing(&mut self, l: Landing) -> bool {
+        let w = owner(&l.resynced.did, self.jobs.len());
+        self.pending[w].push(Job {
+            seq: self.cursor.unwrap_or(0),
+            bytes: Bytes::new(),
+            received_us: crate::now_us(),
+            landing: Some(Box::new(l)),
+        });
+        self.ids.push(w as u8);
+        self.flush()
+    }
+
+    fn flush(&mut self) -> bool {
+        if self.ids.is_empty() {
+            return true;
+        }
+        // Jobs before the order that names them: the writer waits only for sent work.
+        for (w, p) in self.pending.iter_mut().enumerate() {
+            if !p.is_empty() && self.jobs[w].send(std::mem::take(p)).is_err() {
+                return false;
+            }
+        }
+        self.order
+            .send(std::mem::replace(&mut self.ids, Vec::with_capacity(CHUNK)))
+            .is_ok()
     }
 }
 
-fn work(
-    keys: Option<Keys>,
-    chain: ServeChain,
+/// A frame's verdict, kind and DID, as the verifier reported them.
+type Checked<'b> = (Verdict, &'static str, Option<&'b str>);
+
+/// One verification thread: its verifier (with the chain state of its accounts), and the
+/// frames it holds for accounts awaiting resync.
+struct Worker {
+    verifier: Option<Verifier<Keys, ServeChain>>,
+    decoder: FrameDecoder,
+    projector: Projector,
     metrics: Arc<Metrics>,
-    jobs: Receiver<Vec<Job>>,
-    done: SyncSender<DoneChunk>,
-) -> Result<(), IngestError> {
-    let mut verifier = keys.map(|k| Verifier::with_chain(k, chain));
-    // Without a verifier (`--no-verify`) the frame is decoded here, block CIDs checked. With
-    // one, the verifier's own decoding is reused (`check_then`): each frame is decoded once.
-    // Records are decoded one by one by the projector (one bad record drops one op).
-    // (With a verifier this decoder only reads the rev of a frame that failed, for the log.)
-    let mut opts = DecodeOptions {
-        decode_blocks: false,
-        ..DecodeOptions::default()
-    };
-    opts.car.verify = verifier.is_none();
-    let mut decoder = FrameDecoder::with_options(opts);
-    // `#sync` too: stored for v2's subscribeEvents, skipped by v1's /subscribe (`v2.rs`).
-    let mut projector = Projector::with_sync();
-    let mut capacity = 0;
-    for chunk in jobs {
-        let mut out = DoneChunk {
-            frames: Vec::with_capacity(chunk.len()),
-            parts: Vec::with_capacity(chunk.len() * 2),
-            buf: Vec::with_capacity(capacity),
-            states: Vec::new(),
+    /// `Some` when chain breaks are repaired by resync.
+    holds: Option<Holds>,
+    arena: Arena,
+}
+
+impl Worker {
+    fn new(
+        keys: Option<Keys>,
+        chain: ServeChain,
+        holds: Option<Holds>,
+        metrics: Arc<Metrics>,
+    ) -> Worker {
+        let verifier = keys.map(|k| Verifier::with_chain(k, chain));
+        // Without a verifier (`--no-verify`) the frame is decoded here, block CIDs checked.
+        // With one, the verifier's own decoding is reused (`check_then`): each frame is decoded
+        // once. Records are decoded one by one by the projector (one bad record drops one op).
+        // (With a verifier this decoder only reads the rev of a frame that failed, for the log,
+        // and the `#sync` frames of landed resyncs.)
+        let mut opts = DecodeOptions {
+            decode_blocks: false,
+            ..DecodeOptions::default()
         };
-        for job in &chunk {
-            let first = out.parts.len();
-            let first_state = out.states.len();
-            let t0 = Instant::now();
-            match verifier.as_mut() {
-                Some(v) => {
-                    let (report, verified) = v.check_then(&job.bytes, |frame| {
-                        metrics.verify_seconds.observe(t0.elapsed());
-                        project(&mut projector, frame, job.seq, &metrics, &mut out);
-                    });
-                    metrics.verdict(report.verdict);
-                    if verified.is_none() {
-                        metrics.verify_seconds.observe(t0.elapsed());
-                        if report.verdict == Verdict::UnknownKey {
-                            // Not remembered: the account's next frame looks its key up again.
-                            if let Some(did) = report.did {
-                                v.forget_key(did);
-                            }
-                        }
-                        let rev = decoder
-                            .decode(&job.bytes)
-                            .ok()
-                            .and_then(|f| match f.body() {
-                                riptide_firehose::Body::Commit(c) => Some(c.rev.to_string()),
-                                _ => None,
-                            });
-                        tracing::warn!(
-                            did = report.did.unwrap_or("?"),
-                            seq = report.seq.unwrap_or(-1),
-                            rev = rev.as_deref().unwrap_or("?"),
-                            kind = report.kind,
-                            verdict = %report.verdict,
-                            reason = %report.failure.as_ref().map(ToString::to_string).unwrap_or_default(),
-                            "frame failed verification: not served"
-                        );
-                    }
-                }
-                None => match decoder.decode(&job.bytes) {
-                    Err(e) => {
-                        let v = Verdict::of_frame_error(&e);
-                        metrics.verdict(v);
-                        tracing::warn!(seq = job.seq, verdict = %v, error = %e, "frame does not decode: not served");
-                    }
-                    Ok(frame) => project(&mut projector, &frame, job.seq, &metrics, &mut out),
-                },
-            }
-            if let Some(v) = verifier.as_mut() {
-                let chain = v.chain_mut();
-                if let Some(e) = chain.take_error() {
+        opts.car.verify = verifier.is_none();
+        Worker {
+            holds: holds.filter(|_| verifier.is_some()),
+            verifier,
+            decoder: FrameDecoder::with_options(opts),
+            // `#sync` too: stored for v2's subscribeEvents, skipped by v1's /subscribe (`v2.rs`).
+            projector: Projector::with_sync(),
+            metrics,
+            arena: Arena::new(),
+        }
+    }
+
+    fn run(
+        mut self,
+        jobs: Receiver<Vec<Job>>,
+        done: SyncSender<DoneChunk>,
+    ) -> Result<(), IngestError> {
+        let mut capacity = 0;
+        for chunk in jobs {
+            let mut out = DoneChunk {
+                frames: Vec::with_capacity(chunk.len()),
+                parts: Vec::with_capacity(chunk.len() * 2),
+                buf: Vec::with_capacity(capacity),
+                ..DoneChunk::default()
+            };
+            for job in chunk {
+                let first = out.parts.len();
+                let first_state = out.states.len();
+                let first_pending = out.pending.len();
+                let first_queued = out.queued.len();
+                let moves_cursor = job.landing.is_none();
+                let r = match job.landing {
+                    Some(l) => self.land(&l.resynced, job.seq, &mut out),
+                    None => self.frame(job.seq, &job.bytes, &mut out),
+                };
+                if let Err(e) = r {
                     // This frame was checked against no state: it and what follows are not
                     // stored (module docs of crate::chain). What came before is.
                     out.parts.truncate(first);
+                    out.pending.truncate(first_pending);
+                    out.queued.truncate(first_queued);
                     let _ = done.send(out);
-                    return Err(IngestError::ChainState(e));
+                    return Err(e);
                 }
-                chain.drain_into(&mut out.states);
+                out.frames.push(Done {
+                    seq: job.seq,
+                    received_us: job.received_us,
+                    parts: first..out.parts.len(),
+                    states: first_state..out.states.len(),
+                    pending: first_pending..out.pending.len(),
+                    queued: first_queued..out.queued.len(),
+                    moves_cursor,
+                });
             }
-            out.frames.push(Done {
-                seq: job.seq,
-                received_us: job.received_us,
-                parts: first..out.parts.len(),
-                states: first_state..out.states.len(),
-            });
+            // The next chunk's buffer starts as large as the largest so far, up to 1 MiB (one
+            // huge frame should not make every later chunk reserve megabytes).
+            capacity = capacity.max(out.buf.len()).min(1 << 20);
+            if done.send(out).is_err() {
+                return Ok(());
+            }
         }
-        // The next chunk's buffer starts as large as the largest so far, up to 1 MiB (one huge
-        // frame should not make every later chunk reserve megabytes).
-        capacity = capacity.max(out.buf.len()).min(1 << 20);
-        if done.send(out).is_err() {
+        Ok(())
+    }
+
+    /// An upstream frame (or a held one being released): held if its account awaits resync,
+    /// otherwise verified, checked against its chain, and projected.
+    fn frame(&mut self, seq: u64, bytes: &Bytes, out: &mut DoneChunk) -> Result<(), IngestError> {
+        if let Some(holds) = self.holds.as_mut().filter(|h| h.any()) {
+            let p = peek(&mut self.arena, bytes);
+            if let Some(did) = p.did.filter(|d| p.kind != "sync" && holds.is_resyncing(d)) {
+                let held = Held {
+                    seq,
+                    frame: bytes.clone(),
+                };
+                if holds.hold(did, held, &self.metrics) {
+                    out.pending.push(PendingChange::Hold {
+                        did: did.into(),
+                        seq,
+                        frame: bytes.clone(),
+                    });
+                }
+                return Ok(());
+            }
+        }
+        let checked = self.check(seq, bytes, out)?;
+        if let (Some((verdict, kind, Some(did))), true) = (checked, self.holds.is_some()) {
+            if verdict == Verdict::ChainBreak {
+                self.start_resync(did, out);
+            } else if verdict == Verdict::Ok
+                && kind == "sync"
+                && self.holds.as_ref().is_some_and(|h| h.is_resyncing(did))
+            {
+                // The upstream's own `#sync` resynchronized the account (`crate::resync`, step 5).
+                self.release(did, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Verifies and projects one frame; its verdict, kind and DID (`None` without a verifier).
+    fn check<'b>(
+        &mut self,
+        seq: u64,
+        bytes: &'b Bytes,
+        out: &mut DoneChunk,
+    ) -> Result<Option<Checked<'b>>, IngestError> {
+        let metrics = &*self.metrics;
+        let projector = &mut self.projector;
+        let t0 = Instant::now();
+        let Some(v) = self.verifier.as_mut() else {
+            match self.decoder.decode(bytes) {
+                Err(e) => {
+                    let v = Verdict::of_frame_error(&e);
+                    metrics.verdict(v);
+                    tracing::warn!(seq, verdict = %v, error = %e, "frame does not decode: not served");
+                }
+                Ok(frame) => project(projector, &frame, seq, metrics, out),
+            }
+            return Ok(None);
+        };
+        let (report, verified) = v.check_then(bytes, |frame| {
+            metrics.verify_seconds.observe(t0.elapsed());
+            project(projector, frame, seq, metrics, out);
+        });
+        metrics.verdict(report.verdict);
+        if verified.is_none() {
+            metrics.verify_seconds.observe(t0.elapsed());
+            if report.verdict == Verdict::UnknownKey {
+                // Not remembered: the account's next frame looks its key up again.
+                if let Some(did) = report.did {
+                    v.forget_key(did);
+                }
+            }
+            let rev = self
+                .decoder
+                .decode(bytes)
+                .ok()
+                .and_then(|f| match f.body() {
+                    riptide_firehose::Body::Commit(c) => Some(c.rev.to_string()),
+                    _ => None,
+                });
+            tracing::warn!(
+                did = report.did.unwrap_or("?"),
+                seq = report.seq.unwrap_or(-1),
+                rev = rev.as_deref().unwrap_or("?"),
+                kind = report.kind,
+                verdict = %report.verdict,
+                reason = %report.failure.as_ref().map(ToString::to_string).unwrap_or_default(),
+                "frame failed verification: not served"
+            );
+        }
+        self.drain_chain(out)?;
+        Ok(Some((report.verdict, report.kind, report.did)))
+    }
+
+    /// Moves the chain state changes made so far into `out`; a store read that failed ends the
+    /// worker (module docs of `crate::chain`).
+    fn drain_chain(&mut self, out: &mut DoneChunk) -> Result<(), IngestError> {
+        if let Some(v) = self.verifier.as_mut() {
+            let chain = v.chain_mut();
+            if let Some(e) = chain.take_error() {
+                return Err(IngestError::ChainState(e));
+            }
+            chain.drain_into(&mut out.states);
+        }
+        Ok(())
+    }
+
+    /// `did`'s chain broke: it awaits resync from now on (`crate::resync`, step 1).
+    fn start_resync(&mut self, did: &str, out: &mut DoneChunk) {
+        let (Some(v), Some(holds)) = (self.verifier.as_mut(), self.holds.as_mut()) else {
+            return;
+        };
+        let chain = v.chain_mut();
+        let state = chain.get(did).unwrap_or_default();
+        chain.put(
+            did,
+            AccountState {
+                sync: SyncStatus::Resyncing,
+                ..state
+            },
+        );
+        chain.drain_into(&mut out.states);
+        holds.start(did, &self.metrics);
+        out.pending.push(crate::resync::mark(did));
+        out.queued.push(did.into());
+    }
+
+    /// A verified repository for `r.did` landed (`crate::resync`, step 4).
+    fn land(
+        &mut self,
+        r: &riptide_resolver::Resynced,
+        upstream_seq: u64,
+        out: &mut DoneChunk,
+    ) -> Result<(), IngestError> {
+        let did = r.did.as_str();
+        let (Some(v), Some(holds)) = (self.verifier.as_mut(), self.holds.as_ref()) else {
+            return Ok(());
+        };
+        if !holds.is_resyncing(did) {
+            self.metrics.resync_stale.fetch_add(1, Relaxed);
+            tracing::info!(did, rev = %r.rev, "resync landed after the account was resynchronized: ignored");
             return Ok(());
         }
+        let chain = v.chain_mut();
+        let state = chain.get(did).unwrap_or_default();
+        let rev = riptide_syntax::tid_value(&r.rev);
+        let stale = match (rev, state.tip) {
+            (None, _) => true,
+            (Some(rev), Some(tip)) => rev < tip.rev,
+            (Some(_), None) => false,
+        };
+        let Some(rev) = rev.filter(|_| !stale) else {
+            self.metrics.resync_stale.fetch_add(1, Relaxed);
+            tracing::warn!(
+                did, rev = %r.rev, stored = ?state.tip.map(|t| t.rev_string()),
+                "resynced repository is older than a commit already seen: queued again"
+            );
+            out.queued.push(did.into());
+            return self.drain_chain(out);
+        };
+        chain.put(
+            did,
+            AccountState {
+                tip: Some(Tip {
+                    rev,
+                    commit: r.commit,
+                    data: r.data,
+                }),
+                hosting: state.hosting,
+                sync: SyncStatus::Synchronized,
+            },
+        );
+        self.drain_chain(out)?;
+        self.metrics.resync_landed.fetch_add(1, Relaxed);
+        let now = crate::now_us();
+        let frame = crate::resync::sync_frame(r, upstream_seq, &crate::v2::rfc3339_micros(now));
+        match self.decoder.decode(&frame) {
+            Ok(f) => project(&mut self.projector, &f, upstream_seq, &self.metrics, out),
+            Err(e) => {
+                tracing::error!(did, error = %e, "the #sync frame of a resync does not decode: not served")
+            }
+        }
+        tracing::info!(did, rev = %r.rev, "resync landed: the account is synchronized");
+        self.release(did, out)
     }
-    Ok(())
+
+    /// Ends `did`'s resync: its held frames are checked, in order, against its new state.
+    fn release(&mut self, did: &str, out: &mut DoneChunk) -> Result<(), IngestError> {
+        let Some(holds) = self.holds.as_mut() else {
+            return Ok(());
+        };
+        let held = holds.finish(did, &self.metrics);
+        out.pending.push(PendingChange::Release {
+            did: did.into(),
+            seq: 0,
+        });
+        for h in held {
+            out.pending.push(PendingChange::Release {
+                did: did.into(),
+                seq: h.seq,
+            });
+            // Held again if an earlier one broke the chain anew (then Hold follows Release).
+            self.frame(h.seq, &h.frame, out)?;
+        }
+        Ok(())
+    }
 }
 
 /// Projects a decoded frame into `out`: each event's DID, collection and JSON, the JSON in two
@@ -532,6 +920,7 @@ fn write(
     max_batch: usize,
     order: Receiver<Vec<u8>>,
     done: Vec<Receiver<DoneChunk>>,
+    queue: Option<mpsc::UnboundedSender<String>>,
 ) -> Result<IngestSummary, IngestError> {
     let mut summary = IngestSummary {
         resume,
@@ -545,6 +934,12 @@ fn write(
     // The batch's account states, the last per DID (a batch holds one write per key).
     let mut states: HashMap<Box<str>, AccountState> = HashMap::new();
     let mut state_list: Vec<(Box<str>, AccountState)> = Vec::new();
+    // The batch's changes to the resync partition, the last per key (in batch order), and the
+    // accounts to queue once it is durable.
+    let mut pending: std::collections::BTreeMap<(Box<str>, u64), Option<Bytes>> =
+        std::collections::BTreeMap::new();
+    let mut pending_list: Vec<PendingChange> = Vec::new();
+    let mut queued: Vec<Box<str>> = Vec::new();
     let mut received: Vec<i64> = Vec::with_capacity(max_batch);
     let mut json = Vec::with_capacity(1 << 14);
     let mut zbuf = Vec::new();
@@ -571,6 +966,17 @@ fn write(
                         }
                     }
                 }
+                for p in &d.pending[frame.pending.clone()] {
+                    match p {
+                        PendingChange::Hold { did, seq, frame } => {
+                            pending.insert((did.clone(), *seq), Some(frame.clone()))
+                        }
+                        PendingChange::Release { did, seq } => {
+                            pending.insert((did.clone(), *seq), None)
+                        }
+                    };
+                }
+                queued.extend_from_slice(&d.queued[frame.queued.clone()]);
                 for p in &d.parts[frame.parts.clone()] {
                     let seq = resume.next_seq;
                     let time_us = crate::now_us().max(resume.last_time_us + 1);
@@ -597,7 +1003,9 @@ fn write(
                     resume.next_seq += 1;
                     resume.last_time_us = time_us;
                 }
-                resume.upstream_cursor = Some(frame.seq);
+                if frame.moves_cursor {
+                    resume.upstream_cursor = Some(frame.seq);
+                }
             }
             if received.len() < max_batch {
                 ids = order.try_recv().ok();
@@ -606,7 +1014,28 @@ fn write(
         let t0 = Instant::now();
         state_list.clear();
         state_list.extend(states.drain());
-        append_until_stored(&log, &metrics, &events, &state_list, &resume)?;
+        pending_list.clear();
+        pending_list.extend(pending.iter().map(|((did, seq), f)| match f {
+            Some(frame) => PendingChange::Hold {
+                did: did.clone(),
+                seq: *seq,
+                frame: frame.clone(),
+            },
+            None => PendingChange::Release {
+                did: did.clone(),
+                seq: *seq,
+            },
+        }));
+        pending.clear();
+        append_until_stored(&log, &metrics, &events, &state_list, &pending_list, &resume)?;
+        if let Some(q) = &queue {
+            for did in queued.drain(..) {
+                metrics.resync_queued.fetch_add(1, Relaxed);
+                tracing::warn!(did = %did, "chain break: account queued for resync; its frames are held until it lands");
+                let _ = q.send(did.into());
+            }
+        }
+        queued.clear();
         metrics.store_append_seconds.observe(t0.elapsed());
         log.publish(&events);
         let now = crate::now_us();
@@ -651,6 +1080,7 @@ fn append_until_stored(
     metrics: &Metrics,
     events: &[Event],
     accounts: &[(Box<str>, AccountState)],
+    pending: &[PendingChange],
     resume: &Resume,
 ) -> Result<(), StoreError> {
     let mut wait = STORE_RETRY_FIRST;
@@ -669,7 +1099,9 @@ fn append_until_stored(
         }
         let r = match crate::faults::store_write() {
             Some(e) => Err(e),
-            None => log.store().append_with_accounts(events, accounts, resume),
+            None => log
+                .store()
+                .append_with_pending(events, accounts, pending, resume),
         };
         match r {
             Ok(()) => {

@@ -6,6 +6,7 @@
 //! - [`ingest`]: `(upstream seq, frame bytes)` in, verified and projected v1 events out, each
 //!   rendered (JSON and zstd) once;
 //! - [`chain`]: each verifier's account chain state, cached over the store's `accounts`;
+//! - [`resync`]: a broken account's repository fetched and verified, its frames held meanwhile;
 //! - [`store`]: the fjall event store, with the upstream cursor committed atomically with the
 //!   events it covers (the durability point is documented there);
 //! - [`log`]: the shared log subscribers pull from at their own cursor (memory tail + store);
@@ -30,6 +31,7 @@ pub mod limits;
 pub mod log;
 pub mod metrics;
 pub mod options;
+pub mod resync;
 pub mod server;
 pub mod slow;
 pub mod store;

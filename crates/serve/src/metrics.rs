@@ -200,6 +200,23 @@ pub struct Metrics {
     pub key_lookup_retries: AtomicU64,
     /// DID lookups given up (no document, unusable, or retries exhausted).
     pub key_lookup_failures: AtomicU64,
+    /// Accounts queued for resync after a chain break (`crate::resync`).
+    pub resync_queued: AtomicU64,
+    /// Resyncs that landed: a verified repository became the account's state.
+    pub resync_landed: AtomicU64,
+    /// Resyncs that landed too late to matter (a `#sync` had resynchronized the account) or
+    /// whose repository was older than a commit already seen (then queued again).
+    pub resync_stale: AtomicU64,
+    /// Resyncs being fetched or verified now.
+    pub resync_in_flight: AtomicU64,
+    /// Frames held for accounts awaiting resync, now.
+    pub resync_held: AtomicU64,
+    /// Accounts awaiting resync, now.
+    pub resync_accounts: AtomicU64,
+    /// Bytes of repositories fetched and verified by resyncs.
+    pub resync_bytes: AtomicU64,
+    /// Records in repositories fetched and verified by resyncs.
+    pub resync_records: AtomicU64,
     /// Per frame: verifying it (a worker's time from starting the check to its verdict).
     pub verify_seconds: Histogram,
     /// Per frame: from receiving it to its events being durable and published to subscribers
@@ -499,6 +516,54 @@ impl Metrics {
                 "counter",
                 "Upstream frames without a seq, not ingested.",
                 &self.upstream_unsequenced,
+            ),
+            (
+                "riptide_resync_queued_total",
+                "counter",
+                "Accounts queued for resync after a chain break.",
+                &self.resync_queued,
+            ),
+            (
+                "riptide_resync_landed_total",
+                "counter",
+                "Resyncs whose verified repository became the account's state.",
+                &self.resync_landed,
+            ),
+            (
+                "riptide_resync_stale_total",
+                "counter",
+                "Resyncs that landed after a #sync had resynchronized the account, or with a repository older than a commit already seen.",
+                &self.resync_stale,
+            ),
+            (
+                "riptide_resync_in_flight",
+                "gauge",
+                "Resyncs being fetched or verified now.",
+                &self.resync_in_flight,
+            ),
+            (
+                "riptide_resync_held_frames",
+                "gauge",
+                "Frames held (durably) for accounts awaiting resync.",
+                &self.resync_held,
+            ),
+            (
+                "riptide_resync_accounts",
+                "gauge",
+                "Accounts awaiting resync (their frames held).",
+                &self.resync_accounts,
+            ),
+            (
+                "riptide_resync_bytes_total",
+                "counter",
+                "Bytes of repositories fetched and verified by resyncs.",
+                &self.resync_bytes,
+            ),
+            (
+                "riptide_resync_records_total",
+                "counter",
+                "Records in repositories fetched and verified by resyncs.",
+                &self.resync_records,
             ),
             (
                 "riptide_key_lookup_retries_total",

@@ -6,7 +6,10 @@
 //! version). `accounts` is an ordinary LSM tree (leveled compaction, bloom filters): it is
 //! rewritten in place and read by point lookups, one per account the verifiers do not hold in
 //! memory. A data directory from before chain state simply has no `accounts` yet: each account's
-//! first commit after the upgrade establishes its state.
+//! first commit after the upgrade establishes its state. `pending` (`did 0x00 seq` → frame) holds
+//! what `crate::resync` needs to survive a crash: the accounts queued for resync (seq 0, empty)
+//! and the frames held for them until their resync lands; it is small (bounded by the resync
+//! buffers) and written in the same batches as everything else.
 //!
 //! **Why FIFO compaction.** `events` and `times` are append-only logs under monotonic keys: no
 //! key is ever written twice, so an LSM tree's merging has nothing to merge. Leveled compaction
@@ -103,6 +106,12 @@ pub enum StoreError {
         /// What is wrong.
         source: CorruptState,
     },
+    /// A key of the resync partition is not `did 0x00 seq`: our own corruption.
+    #[error("corrupt resync entry {key:?}")]
+    CorruptPending {
+        /// The key, lossily as text.
+        key: String,
+    },
     /// The data directory was written with another zstd dictionary.
     #[error("the data directory holds events compressed with zstd dictionary {stored}, but the server was started with {given} (0 = none); use the same --zstd-dictionary or a new --data directory")]
     DictionaryMismatch {
@@ -155,6 +164,8 @@ pub struct Store {
     events: PartitionHandle,
     times: PartitionHandle,
     accounts: PartitionHandle,
+    /// Accounts awaiting resync and the frames held for them (`crate::resync`).
+    pending: PartitionHandle,
     meta: PartitionHandle,
     /// The retention floor: no read returns a seq below it.
     floor: Arc<AtomicU64>,
@@ -204,6 +215,37 @@ pub struct DiskUsage {
     pub bytes: u64,
     /// Segment files of the log partitions.
     pub segments: usize,
+}
+
+/// A change to the resync partition, written with an ingest batch ([`Store::append_with_pending`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PendingChange {
+    /// Hold `frame` (upstream `seq`) for `did` until its resync lands; seq 0 with an empty frame
+    /// marks the account as queued for resync.
+    Hold {
+        /// The account.
+        did: Box<str>,
+        /// The frame's upstream seq (0: the queue mark).
+        seq: u64,
+        /// The frame.
+        frame: Bytes,
+    },
+    /// Forget what [`PendingChange::Hold`] held under (`did`, `seq`).
+    Release {
+        /// The account.
+        did: Box<str>,
+        /// The upstream seq (0: the queue mark).
+        seq: u64,
+    },
+}
+
+/// `did 0x00 seq(be64)`: an account's entries together, in upstream order (a DID has no NUL).
+fn pending_key(did: &str, seq: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(did.len() + 9);
+    k.extend_from_slice(did.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&seq.to_be_bytes());
+    k
 }
 
 fn be64(v: &[u8]) -> u64 {
@@ -268,6 +310,9 @@ impl Store {
         let accounts = ks
             .open_partition("accounts", PartitionCreateOptions::default())
             .map_err(fj)?;
+        let pending = ks
+            .open_partition("pending", PartitionCreateOptions::default())
+            .map_err(fj)?;
         let floor = meta.get(FLOOR).map_err(fj)?.map_or(0, |v| be64(&v));
         let store = Store {
             path,
@@ -275,6 +320,7 @@ impl Store {
             events,
             times,
             accounts,
+            pending,
             meta,
             floor: Arc::new(AtomicU64::new(floor)),
         };
@@ -322,6 +368,48 @@ impl Store {
         self.append_with_accounts(events, &[], resume)
     }
 
+    /// [`Store::append_with_accounts`], with changes to the resync partition (`pending`) in the
+    /// same atomic, durable write: accounts queued for resync, the frames held for them, and
+    /// those released or dropped.
+    pub fn append_with_pending(
+        &self,
+        events: &[Event],
+        accounts: &[(Box<str>, AccountState)],
+        pending: &[PendingChange],
+        resume: &Resume,
+    ) -> Result<(), StoreError> {
+        let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        for p in pending {
+            match p {
+                PendingChange::Hold { did, seq, frame } => {
+                    b.insert(&self.pending, pending_key(did, *seq), frame.clone())
+                }
+                PendingChange::Release { did, seq } => {
+                    b.remove(&self.pending, pending_key(did, *seq))
+                }
+            }
+        }
+        self.fill_batch(&mut b, events, accounts, resume);
+        b.commit().map_err(|e| self.err(e))
+    }
+
+    /// Everything in the resync partition, in DID order and, per DID, upstream order: `(did,
+    /// seq, frame)`, where seq 0 with an empty frame is the mark of an account queued for resync.
+    pub fn pending(&self) -> Result<Vec<(String, u64, Bytes)>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.pending.iter() {
+            let (k, v) = kv.map_err(|e| self.err(e))?;
+            let Some(at) = k.len().checked_sub(9).filter(|&i| k[i] == 0) else {
+                return Err(StoreError::CorruptPending {
+                    key: String::from_utf8_lossy(&k).into_owned(),
+                });
+            };
+            let did = String::from_utf8_lossy(&k[..at]).into_owned();
+            out.push((did, be64(&k[at + 1..]), Bytes::from(v)));
+        }
+        Ok(out)
+    }
+
     /// [`Store::append`], with the chain state of the accounts the batch's frames changed, in
     /// the same atomic, durable write (at most one state per DID: the last).
     pub fn append_with_accounts(
@@ -331,6 +419,17 @@ impl Store {
         resume: &Resume,
     ) -> Result<(), StoreError> {
         let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        self.fill_batch(&mut b, events, accounts, resume);
+        b.commit().map_err(|e| self.err(e))
+    }
+
+    fn fill_batch(
+        &self,
+        b: &mut fjall::Batch,
+        events: &[Event],
+        accounts: &[(Box<str>, AccountState)],
+        resume: &Resume,
+    ) {
         let mut buf = Vec::with_capacity(96);
         for (did, state) in accounts {
             buf.clear();
@@ -354,7 +453,6 @@ impl Store {
         if let Some(c) = resume.upstream_cursor {
             b.insert(&self.meta, UPSTREAM, c.to_be_bytes());
         }
-        b.commit().map_err(|e| self.err(e))
     }
 
     /// The stored chain state of `did`, if any.

@@ -1,0 +1,404 @@
+//! Resync in `riptide serve`: a desynchronized account's repository fetched and verified, its
+//! frames held meanwhile, and its chain carried on from the verified state.
+//!
+//! Why: a chain break (`riptide_firehose::chain`) means commits of the account are missing
+//! between its stored state and the frame that arrived. `riptide verify` can only note it; a
+//! server can repair it, as the sync spec asks: fetch the account's current repository, verify it
+//! whole, and take its commit as the new state. [`riptide_resolver::Resyncer`] does the fetch and
+//! the verification under the peers' limits; this module decides when, and what happens to the
+//! account's frames around it.
+//!
+//! **The life of a resync.**
+//! 1. A worker meets a chain break (`ingest.rs`). The breaking commit is refused as always, the
+//!    account's state becomes `resyncing`, and a queue mark is written to the store's `pending`
+//!    partition in the same batch as the state (so a crash cannot lose the queue entry).
+//! 2. Once that batch is durable, the writer hands the DID to the [`ResyncService`], which
+//!    fetches and verifies the repository (at most [`ResyncLimits::concurrency`] at once, never
+//!    on ingest's threads: a huge repository stalls no one else). A failed attempt is a
+//!    `resync-failed` verdict (counted, logged at warn with every source's reason) and is retried
+//!    with backoff, doubling from [`ResyncLimits::first_retry`] to [`ResyncLimits::max_retry`],
+//!    for as long as the account still needs it; the per-account rate limit (5 a minute) is
+//!    waited out, not counted as a failure.
+//! 3. Meanwhile every frame of the account except `#sync` (commits, `#identity`, `#account`, in
+//!    upstream order) is **held**: in the worker's memory and, in the same batch as the upstream
+//!    cursor that passes it, in the `pending` partition. Nothing of the account is served. The
+//!    hold is bounded per account ([`ResyncLimits::per_account_frames`]) and in bytes across all
+//!    accounts ([`ResyncLimits::total_bytes`]); a frame over either bound is dropped with the
+//!    verdict `resync-overflow` (its account's chain will break again after the resync, and be
+//!    resynced again: bounded memory, nothing silent).
+//! 4. The verified repository lands: it goes to the account's worker through the dispatcher, in
+//!    upstream order with the frames. Its commit becomes the account's state (`synchronized`),
+//!    unless it is older than the commit that broke the chain (a stale mirror: counted in
+//!    `riptide_resync_stale_total`, and the account is queued again). The held frames are then
+//!    verified against the new state in their order — those the repository already covers are
+//!    `rev-regression`, those that continue it are `ok` and served — and released from the store,
+//!    in one batch with the events they produce.
+//! 5. A `#sync` frame from upstream for the account ends the resync the same way (its commit
+//!    becomes the state, the held frames are checked against it); a repository that lands after
+//!    it is stale.
+//!
+//! **What subscribers see.** A resync that lands is stored as an event of kind `sync` carrying
+//! the verified commit (a `#sync` frame riptide builds: the commit block in a CAR, the account's
+//! DID and rev, the upstream seq at which the new state took effect, the time it landed), exactly
+//! as an upstream `#sync` is. Jetstream v2's `subscribeEvents` sends it as `#sync`, which its
+//! lexicon defines as "broken commit chain; consumers should resync the repo": a consumer that
+//! keeps a copy of the account refetches it, which is the only way to learn the changes in the
+//! gap (riptide keeps no repositories, so it cannot list them as creates and deletes). The frozen
+//! v1 `/subscribe` never sends `#sync` (Jetstream's rule): a v1 consumer sees the account's
+//! events stop at the break and resume after the resync, with the missing commits absent.
+//!
+//! **Crashes.** Everything above that matters is in the store and written atomically with the
+//! upstream cursor: the `resyncing` state, the queue mark, every held frame, and their release
+//! with the events they produced. After `kill -9` the next start reloads the held frames into
+//! the workers that own their accounts and queues every marked account again
+//! ([`load_pending`]); frames after the cursor are verified again as always. A resync in flight
+//! at the crash is simply done again.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use riptide_cbor::{write_bytes, write_int, write_map_header, write_text};
+use riptide_firehose::chain::SyncStatus;
+use riptide_firehose::verify::Verdict;
+use riptide_resolver::{ResyncError, Resynced, Resyncer};
+use tokio::sync::{mpsc, Semaphore};
+
+use crate::metrics::Metrics;
+use crate::store::{PendingChange, Store, StoreError};
+
+/// Resync bounds.
+#[derive(Clone, Debug)]
+pub struct ResyncLimits {
+    /// Frames held for one account awaiting resync (default 1,000).
+    pub per_account_frames: usize,
+    /// Bytes of frames held across all accounts (default 256 MiB), shared evenly by the
+    /// verification workers.
+    pub total_bytes: usize,
+    /// Resyncs fetched and verified at once (default 8; per host the resolver's limit holds).
+    pub concurrency: usize,
+    /// Wait before retrying a failed resync (default 30 s), doubling each time...
+    pub first_retry: Duration,
+    /// ...up to this (default 10 min).
+    pub max_retry: Duration,
+}
+
+impl Default for ResyncLimits {
+    fn default() -> ResyncLimits {
+        ResyncLimits {
+            per_account_frames: 1000,
+            total_bytes: 256 << 20,
+            concurrency: 8,
+            first_retry: Duration::from_secs(30),
+            max_retry: Duration::from_secs(600),
+        }
+    }
+}
+
+/// A verified repository on its way to the account's worker.
+#[derive(Debug)]
+pub struct Landing {
+    /// What the resolver fetched and verified.
+    pub resynced: Resynced,
+}
+
+/// How ingest reaches the resync service and hears back from it ([`ResyncService::start`]).
+#[derive(Debug)]
+pub struct ResyncWiring {
+    /// DIDs to resync (sent by ingest's writer once the queue mark is durable).
+    pub queue: mpsc::UnboundedSender<String>,
+    /// Verified repositories, for the dispatcher.
+    pub landings: mpsc::UnboundedReceiver<Landing>,
+    /// The bounds of held frames.
+    pub limits: ResyncLimits,
+    /// Set by [`ResyncStop::stop`].
+    pub(crate) stopped: Arc<AtomicBool>,
+}
+
+impl ResyncWiring {
+    /// A handle that stops the service and lets ingest end without waiting for the resyncs a
+    /// finite source caused (they resume from the store at the next start).
+    pub fn stopper(&self) -> ResyncStop {
+        ResyncStop(self.stopped.clone())
+    }
+}
+
+/// Stops a [`ResyncService`] ([`ResyncWiring::stopper`]).
+#[derive(Clone, Debug)]
+pub struct ResyncStop(Arc<AtomicBool>);
+
+impl ResyncStop {
+    /// No more resyncs; ingest no longer waits for them.
+    pub fn stop(&self) {
+        self.0.store(true, Relaxed);
+    }
+}
+
+/// The resync service: a task that resyncs the accounts ingest queues.
+#[derive(Debug)]
+pub struct ResyncService;
+
+impl ResyncService {
+    /// Starts the service on the current tokio runtime: accounts are fetched from `relays`
+    /// (their `subscribeRepos` URLs) and then their PDS, verified by `resyncer`. A retry asks
+    /// `store` first whether the account still awaits resync.
+    pub fn start(
+        resyncer: Resyncer,
+        relays: Vec<String>,
+        limits: ResyncLimits,
+        store: Store,
+        metrics: Arc<Metrics>,
+    ) -> ResyncWiring {
+        let (queue, mut dids) = mpsc::unbounded_channel::<String>();
+        let (landed, landings) = mpsc::unbounded_channel();
+        let slots = Arc::new(Semaphore::new(limits.concurrency.max(1)));
+        let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let cfg = limits.clone();
+        let stopped = Arc::new(AtomicBool::new(false));
+        let stop = stopped.clone();
+        tokio::spawn(async move {
+            while let Some(did) = dids.recv().await {
+                if !lock(&in_flight).insert(did.clone()) {
+                    continue; // already being resynced
+                }
+                let job = Job {
+                    resyncer: resyncer.clone(),
+                    relays: relays.clone(),
+                    limits: cfg.clone(),
+                    store: store.clone(),
+                    metrics: metrics.clone(),
+                    landed: landed.clone(),
+                    slots: slots.clone(),
+                    in_flight: in_flight.clone(),
+                    stopped: stop.clone(),
+                };
+                tokio::spawn(job.run(did));
+            }
+        });
+        ResyncWiring {
+            queue,
+            landings,
+            limits,
+            stopped,
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+struct Job {
+    resyncer: Resyncer,
+    relays: Vec<String>,
+    limits: ResyncLimits,
+    store: Store,
+    metrics: Arc<Metrics>,
+    landed: mpsc::UnboundedSender<Landing>,
+    slots: Arc<Semaphore>,
+    in_flight: Arc<Mutex<HashSet<String>>>,
+    stopped: Arc<AtomicBool>,
+}
+
+impl Job {
+    async fn run(self, did: String) {
+        let mut wait = self.limits.first_retry;
+        while !self.stopped.load(Relaxed) {
+            let outcome = {
+                let Ok(_slot) = self.slots.acquire().await else {
+                    break;
+                };
+                self.metrics.resync_in_flight.fetch_add(1, Relaxed);
+                let r = self.resyncer.resync(&did, &self.relays).await;
+                self.metrics.resync_in_flight.fetch_sub(1, Relaxed);
+                r
+            };
+            match outcome {
+                Ok(resynced) => {
+                    self.metrics.resync_bytes.fetch_add(resynced.bytes, Relaxed);
+                    self.metrics
+                        .resync_records
+                        .fetch_add(resynced.records as u64, Relaxed);
+                    tracing::info!(
+                        did, rev = %resynced.rev, records = resynced.records, bytes = resynced.bytes,
+                        source = %resynced.source, "resync verified"
+                    );
+                    // Out of the in-flight set first: a stale landing queues the account again.
+                    lock(&self.in_flight).remove(&did);
+                    let _ = self.landed.send(Landing { resynced });
+                    return;
+                }
+                Err(ResyncError::RateLimited { retry_in, .. }) => {
+                    tokio::time::sleep(retry_in).await;
+                }
+                Err(e) => {
+                    self.metrics.verdict(Verdict::ResyncFailed);
+                    tracing::warn!(
+                        did, error = %e, retry_in = ?wait,
+                        "resync failed: the account's frames stay held, none served"
+                    );
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(self.limits.max_retry);
+                }
+            }
+            // Still needed? A `#sync` may have resynchronized the account meanwhile.
+            let store = self.store.clone();
+            let d = did.clone();
+            let still = tokio::task::spawn_blocking(move || store.account(&d)).await;
+            if !matches!(still, Ok(Ok(Some(s))) if s.sync == SyncStatus::Resyncing) {
+                break;
+            }
+        }
+        lock(&self.in_flight).remove(&did);
+    }
+}
+
+/// A frame held for an account awaiting resync.
+#[derive(Clone, Debug)]
+pub(crate) struct Held {
+    pub seq: u64,
+    pub frame: Bytes,
+}
+
+/// One worker's held frames and the accounts it is resyncing (module docs, step 3).
+#[derive(Debug, Default)]
+pub(crate) struct Holds {
+    resyncing: HashSet<Box<str>>,
+    held: HashMap<Box<str>, VecDeque<Held>>,
+    bytes: usize,
+    max_bytes: usize,
+    per_account: usize,
+    /// Accounts whose overflow was already logged in this resync (said once).
+    overflowed: HashSet<Box<str>>,
+}
+
+impl Holds {
+    /// Holds within `limits`, this worker's share of the bytes being `1/workers`.
+    pub fn new(limits: &ResyncLimits, workers: usize) -> Holds {
+        Holds {
+            max_bytes: limits.total_bytes / workers.max(1),
+            per_account: limits.per_account_frames,
+            ..Holds::default()
+        }
+    }
+
+    /// Whether any account of this worker awaits resync (if not, no frame needs looking at).
+    pub fn any(&self) -> bool {
+        !self.resyncing.is_empty()
+    }
+
+    /// Whether `did` awaits resync.
+    pub fn is_resyncing(&self, did: &str) -> bool {
+        self.resyncing.contains(did)
+    }
+
+    /// `did` awaits resync from now on.
+    pub fn start(&mut self, did: &str, metrics: &Metrics) {
+        if self.resyncing.insert(did.into()) {
+            metrics.resync_accounts.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Holds a frame of `did`; `false` if a bound is reached (`resync-overflow`, logged once per
+    /// resync of the account).
+    pub fn hold(&mut self, did: &str, h: Held, metrics: &Metrics) -> bool {
+        let q = self.held.entry(did.into()).or_default();
+        if q.len() >= self.per_account || self.bytes + h.frame.len() > self.max_bytes {
+            metrics.verdict(Verdict::ResyncOverflow);
+            if self.overflowed.insert(did.into()) {
+                tracing::warn!(
+                    did, seq = h.seq, held = q.len(), held_bytes = self.bytes,
+                    "resync buffer full: frame dropped (resync-overflow); the account will be resynced again"
+                );
+            }
+            return false;
+        }
+        self.bytes += h.frame.len();
+        metrics.resync_held.fetch_add(1, Relaxed);
+        q.push_back(h);
+        true
+    }
+
+    /// Ends `did`'s resync: its held frames, in upstream order.
+    pub fn finish(&mut self, did: &str, metrics: &Metrics) -> VecDeque<Held> {
+        if self.resyncing.remove(did) {
+            metrics.resync_accounts.fetch_sub(1, Relaxed);
+        }
+        self.overflowed.remove(did);
+        let q = self.held.remove(did).unwrap_or_default();
+        self.bytes -= q.iter().map(|h| h.frame.len()).sum::<usize>();
+        metrics.resync_held.fetch_sub(q.len() as u64, Relaxed);
+        q
+    }
+}
+
+/// What the store's `pending` partition held at start, split by worker: each worker's
+/// [`Holds`], and the accounts to queue again.
+pub(crate) fn load_pending(
+    store: &Store,
+    limits: &ResyncLimits,
+    workers: usize,
+    owner: impl Fn(&str) -> usize,
+    metrics: &Metrics,
+) -> Result<(Vec<Holds>, Vec<String>), StoreError> {
+    let mut holds: Vec<Holds> = (0..workers).map(|_| Holds::new(limits, workers)).collect();
+    let mut queue = Vec::new();
+    for (did, seq, frame) in store.pending()? {
+        let h = &mut holds[owner(&did).min(workers - 1)];
+        if seq == 0 {
+            h.start(&did, metrics);
+            queue.push(did);
+        } else {
+            // Held before the crash, so within the bounds then; kept whatever the bounds now.
+            h.bytes += frame.len();
+            metrics.resync_held.fetch_add(1, Relaxed);
+            h.held
+                .entry(did.as_str().into())
+                .or_default()
+                .push_back(Held { seq, frame });
+        }
+    }
+    Ok((holds, queue))
+}
+
+/// The queue mark of `did` (module docs, step 1).
+pub(crate) fn mark(did: &str) -> PendingChange {
+    PendingChange::Hold {
+        did: did.into(),
+        seq: 0,
+        frame: Bytes::new(),
+    }
+}
+
+/// A `#sync` frame for a verified repository: header `{t: "#sync", op: 1}`, body `{did, rev,
+/// seq, time, blocks}` with `blocks` a CAR of the signed commit block alone, its CID the root
+/// (the lexicon's `com.atproto.sync.subscribeRepos#sync`). Ingest stores it as an upstream
+/// `#sync` would be (module docs: what subscribers see).
+pub(crate) fn sync_frame(r: &Resynced, upstream_seq: u64, time: &str) -> Vec<u8> {
+    let car = riptide_car::write_car(
+        std::slice::from_ref(&r.commit),
+        [(r.commit.as_cid(), r.commit_block.as_slice())],
+    );
+    let mut out = Vec::with_capacity(car.len() + 200);
+    // DAG-CBOR map keys in canonical order: shorter first, then bytewise.
+    write_map_header(&mut out, 2);
+    write_text(&mut out, "t");
+    write_text(&mut out, "#sync");
+    write_text(&mut out, "op");
+    write_int(&mut out, 1);
+    write_map_header(&mut out, 5);
+    write_text(&mut out, "did");
+    write_text(&mut out, &r.did);
+    write_text(&mut out, "rev");
+    write_text(&mut out, &r.rev);
+    write_text(&mut out, "seq");
+    write_int(&mut out, upstream_seq.min(i64::MAX as u64) as i64);
+    write_text(&mut out, "time");
+    write_text(&mut out, time);
+    write_text(&mut out, "blocks");
+    write_bytes(&mut out, &car);
+    out
+}

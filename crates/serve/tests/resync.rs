@@ -1,0 +1,471 @@
+//! Resync in the server's ingest, against `riptide-sim` on loopback (PLC and PDS): a generated
+//! stream with one account's commit dropped breaks that account's chain; the account's
+//! repository is fetched from the sim and verified, its frames held meanwhile are released in
+//! order against the new state, and what is stored is the uninterrupted run's events plus one
+//! `#sync` — per account in the same order. A forged repository is refused again and again
+//! (`resync-failed`), nothing of the account is served, the held frames are durable, and a
+//! restart against an honest host finishes the resync from the store alone.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use riptide_firehose::chain::SyncStatus;
+use riptide_firehose::verify::{peek, Verdict};
+use riptide_gen::network::did_docs;
+use riptide_gen::{Config, Network};
+use riptide_identity::DidDocs;
+use riptide_resolver::{Resolver, ResolverConfig, ResyncConfig, Resyncer};
+use riptide_serve::resync::{ResyncLimits, ResyncService};
+use riptide_serve::{
+    ingest, IngestConfig, Keys, Log, Metrics, ReadLimit, Resume, Store, TailLimits,
+};
+use riptide_sim::{fixture, Faults, Sim, SimHandle};
+
+const LOOPBACK: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
+
+/// A stream in two phases, the repositories as they are between them, and the account whose
+/// second-to-last commit of phase one is dropped (so its last one breaks the chain).
+struct World {
+    /// Phase one without the dropped commit, then phase two.
+    frames: Vec<Vec<u8>>,
+    /// The same without the drop (what an uninterrupted run sees).
+    whole: Vec<Vec<u8>>,
+    docs: BTreeMap<String, serde_json::Value>,
+    repos: Vec<(String, Bytes)>,
+    victim: String,
+    /// The victim's frames after the breaking commit.
+    victim_after: usize,
+    /// Where, among them, the first upstream `#sync` of the victim is.
+    victim_sync: Option<usize>,
+}
+
+/// A world whose victim has an upstream `#sync` after its break (`with_sync`) or none.
+fn world(seed: u64, with_sync: bool) -> World {
+    (seed..seed + 50)
+        .filter_map(|s| world_of(s).filter(|w| w.victim_sync.is_some() == with_sync))
+        .next()
+        .expect("a seed that gives the world asked for")
+}
+
+fn world_of(seed: u64) -> Option<World> {
+    let mut cfg = Config::new(seed, 5, 300);
+    cfg.keep_records = true;
+    cfg.threads = 1;
+    let mut net = Network::new(cfg).unwrap();
+    let mut one = Vec::new();
+    net.run(|f: &[u8]| -> Result<(), riptide_gen::GenError> {
+        one.push(f.to_vec());
+        Ok(())
+    })
+    .unwrap();
+    let repos: Vec<(String, Bytes)> = net
+        .export_repos()
+        .map(|r| r.map(|(d, c)| (d.to_owned(), Bytes::from(c))).unwrap())
+        .collect();
+    net.extend(200);
+    let mut two = Vec::new();
+    net.run(|f: &[u8]| -> Result<(), riptide_gen::GenError> {
+        two.push(f.to_vec());
+        Ok(())
+    })
+    .unwrap();
+    // The account with most commits in phase one, whose last event of phase one is a commit.
+    let mut arena = riptide_cbor::Arena::new();
+    let mut commits: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let mut last: BTreeMap<String, &'static str> = BTreeMap::new();
+    for (i, f) in one.iter().enumerate() {
+        let p = peek(&mut arena, f);
+        let did = p.did.unwrap().to_owned();
+        last.insert(did.clone(), p.kind);
+        if p.kind == "commit" {
+            commits.entry(did).or_default().push(i);
+        }
+    }
+    let (victim, idx) = commits
+        .iter()
+        .filter(|(d, c)| c.len() >= 3 && last[*d] == "commit")
+        .max_by_key(|(_, c)| c.len())
+        .map(|(d, c)| (d.clone(), c.clone()))?;
+    let dropped = idx[idx.len() - 2];
+    let after: Vec<&'static str> = two
+        .iter()
+        .map(|f| peek(&mut arena, f))
+        .filter(|p| p.did == Some(victim.as_str()))
+        .map(|p| p.kind)
+        .collect();
+    if after.is_empty() {
+        return None;
+    }
+    let victim_after = after.len();
+    let victim_sync = after.iter().position(|k| *k == "sync");
+    let whole: Vec<Vec<u8>> = one.iter().chain(&two).cloned().collect();
+    let frames = one
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != dropped)
+        .map(|(_, f)| f.clone())
+        .chain(two.iter().cloned())
+        .collect();
+    Some(World {
+        frames,
+        whole,
+        docs: did_docs(net.accounts()),
+        repos,
+        victim,
+        victim_after,
+        victim_sync,
+    })
+}
+
+fn keys(w: &World) -> Keys {
+    Keys::from_docs(DidDocs::from_slice(&serde_json::to_vec(&w.docs).unwrap()).unwrap())
+}
+
+async fn sim(w: &World, forged: bool, faults: Faults) -> SimHandle {
+    let repos = w.repos.iter().map(|(d, c)| {
+        let c = if forged && *d == w.victim {
+            Bytes::from(fixture::tamper_last_block(c))
+        } else {
+            c.clone()
+        };
+        (d.clone(), c)
+    });
+    let net = riptide_sim::Network::new(w.docs.values().cloned(), repos).unwrap();
+    Sim::spawn(net, LOOPBACK, faults).await.unwrap()
+}
+
+fn limits() -> ResyncLimits {
+    ResyncLimits {
+        first_retry: Duration::from_millis(200),
+        max_retry: Duration::from_millis(400),
+        ..ResyncLimits::default()
+    }
+}
+
+struct Running {
+    stop: Option<riptide_serve::resync::ResyncStop>,
+    tx: tokio::sync::mpsc::Sender<riptide_serve::UpstreamFrame>,
+    handle: riptide_serve::IngestHandle,
+    metrics: Arc<Metrics>,
+    store: Store,
+}
+
+/// Ingest into `dir` with resync through `sim`'s PLC and PDS.
+fn start(dir: &std::path::Path, w: &World, sim: &SimHandle, resync: bool) -> Running {
+    let (store, resume) = Store::open(dir, 0).unwrap();
+    let log = Arc::new(Log::new(
+        store.clone(),
+        resume.next_seq,
+        TailLimits::default(),
+    ));
+    let metrics = Arc::new(Metrics::default());
+    let mut cfg = IngestConfig::verifying(keys(w));
+    cfg.workers = 3;
+    cfg.max_batch = 40;
+    let wiring = resync.then(|| {
+        let resolver = Resolver::new(ResolverConfig {
+            plc_url: sim.base_url(),
+            timeout: Duration::from_secs(30),
+            ..ResolverConfig::default()
+        })
+        .unwrap();
+        ResyncService::start(
+            Resyncer::new(resolver, ResyncConfig::default()),
+            Vec::new(),
+            limits(),
+            store.clone(),
+            metrics.clone(),
+        )
+    });
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    let stop = wiring.as_ref().map(|w| w.stopper());
+    let handle = ingest::spawn_with_resync(cfg, log, metrics.clone(), resume, rx, wiring).unwrap();
+    Running {
+        stop,
+        tx,
+        handle,
+        metrics,
+        store,
+    }
+}
+
+async fn feed(r: &Running, frames: &[Vec<u8>], first: u64) {
+    for (i, f) in frames.iter().enumerate() {
+        r.tx.send((first + i as u64, Bytes::copy_from_slice(f)))
+            .await
+            .unwrap();
+    }
+}
+
+/// Ends the source and waits for ingest (which waits for the resyncs it caused).
+async fn stop(r: Running) -> (Arc<Metrics>, Store, Resume) {
+    drop(r.tx);
+    let h = r.handle;
+    let s = tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap();
+    (r.metrics, r.store, s.resume)
+}
+
+async fn wait_for(what: &str, mut ok: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !ok() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(90),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Stored events per DID: (kind, the JSON without its time_us and cursor).
+fn per_did(store: &Store) -> BTreeMap<String, Vec<(String, String)>> {
+    let mut out: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    let mut from = 0;
+    loop {
+        let mut evs = Vec::new();
+        store
+            .read_from(
+                from,
+                ReadLimit {
+                    events: 1000,
+                    bytes: usize::MAX,
+                },
+                &mut evs,
+            )
+            .unwrap();
+        let Some(last) = evs.last() else { break };
+        from = last.seq() + 1;
+        for e in &evs {
+            let mut v: serde_json::Value = serde_json::from_slice(&e.json()).unwrap();
+            let m = v.as_object_mut().unwrap();
+            m.remove("time_us");
+            m.remove("cursor");
+            let did = String::from_utf8(e.did().to_vec()).unwrap();
+            out.entry(did)
+                .or_default()
+                .push((format!("{:?}", e.kind()), v.to_string()));
+        }
+    }
+    out
+}
+
+fn count(m: &Metrics, v: Verdict) -> u64 {
+    m.verdict_count(v)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_chain_is_resynced_and_held_frames_are_released_in_order() {
+    let w = world(31, false);
+    // The reference: the uninterrupted stream, no resync needed.
+    let rdir = tempfile::tempdir().unwrap();
+    let quiet = sim(&w, false, Faults::default()).await;
+    let r = start(rdir.path(), &w, &quiet, false);
+    feed(&r, &w.whole, 1).await;
+    let (rm, rstore, _) = stop(r).await;
+    assert_eq!(count(&rm, Verdict::Ok), w.whole.len() as u64);
+    let reference = per_did(&rstore);
+
+    // The sim answers slowly, so the victim's phase-two frames arrive while it is resyncing.
+    let slow = sim(
+        &w,
+        false,
+        Faults {
+            delay_ms: 3000,
+            ..Faults::default()
+        },
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let r = start(dir.path(), &w, &slow, true);
+    feed(&r, &w.frames, 1).await;
+    let m = r.metrics.clone();
+    let all = w.victim_after as u64;
+    wait_for("the victim's later frames held", || {
+        m.resync_held.load(Relaxed) == all
+    })
+    .await;
+    assert_eq!(m.resync_landed.load(Relaxed), 0);
+    wait_for("the resync to land", || {
+        m.resync_landed.load(Relaxed) == 1 && m.resync_held.load(Relaxed) == 0
+    })
+    .await;
+    let (m, store, resume) = stop(r).await;
+    assert_eq!(resume.upstream_cursor, Some(w.frames.len() as u64));
+    assert_eq!(count(&m, Verdict::ChainBreak), 1, "the dropped commit");
+    assert_eq!(count(&m, Verdict::ResyncFailed), 0);
+    assert_eq!(count(&m, Verdict::ResyncOverflow), 0);
+    assert_eq!(count(&m, Verdict::RevRegression), 0);
+    // Every frame but the breaking one verified, the held ones included.
+    assert_eq!(count(&m, Verdict::Ok), w.frames.len() as u64 - 1);
+    assert_eq!(m.resync_queued.load(Relaxed), 1);
+    assert!(
+        slow.sim.counters().get_repo.load(Relaxed) >= 1,
+        "fetched from the sim"
+    );
+
+    let got = per_did(&store);
+    assert_eq!(got.len(), reference.len());
+    for (did, want) in &reference {
+        let have = &got[did];
+        if *did != w.victim {
+            assert_eq!(
+                have, want,
+                "{did}: untouched accounts are served as without the break"
+            );
+            continue;
+        }
+        // The victim: its events up to the dropped commit, then (the dropped and the breaking
+        // commits' events missing) one #sync, then everything after, in order.
+        let sync_at = have
+            .iter()
+            .position(|(k, _)| k == "Sync")
+            .expect("a #sync for the resynced account");
+        assert_eq!(
+            have.iter().filter(|(k, _)| k == "Sync").count(),
+            1,
+            "one #sync"
+        );
+        let before = &have[..sync_at];
+        let after = &have[sync_at + 1..];
+        assert!(want.starts_with(before), "the prefix is the reference's");
+        assert!(want.ends_with(after), "the rest is the reference's tail");
+        assert!(
+            after.len() >= w.victim_after,
+            "phase two's events of the victim were released: {} < {}",
+            after.len(),
+            w.victim_after
+        );
+        assert!(
+            before.len() + after.len() < want.len(),
+            "the gap is not served"
+        );
+        let sync: serde_json::Value = serde_json::from_str(&have[sync_at].1).unwrap();
+        assert_eq!(sync["did"], serde_json::json!(w.victim));
+    }
+    // Nothing held, the account synchronized at its last commit.
+    assert!(store.pending().unwrap().is_empty());
+    let state = store.account(&w.victim).unwrap().unwrap();
+    assert_eq!(state.sync, SyncStatus::Synchronized);
+    let rstate = rstore.account(&w.victim).unwrap().unwrap();
+    assert_eq!(
+        state.tip, rstate.tip,
+        "the same chain tip as the uninterrupted run"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_repository_serves_nothing_and_a_restart_finishes_the_resync() {
+    let w = world(32, false);
+    let forged = sim(&w, true, Faults::default()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let r = start(dir.path(), &w, &forged, true);
+    feed(&r, &w.frames, 1).await;
+    let m = r.metrics.clone();
+    let held = w.victim_after as u64;
+    wait_for("two failed resyncs and every later frame held", || {
+        m.verdict_count(Verdict::ResyncFailed) >= 2 && m.resync_held.load(Relaxed) == held
+    })
+    .await;
+    // Stopped with the resync unfinished (as a crash would leave it; its state is durable).
+    r.stop.as_ref().unwrap().stop();
+    let (m, store, _) = stop(r).await;
+    assert_eq!(m.resync_landed.load(Relaxed), 0);
+    assert_eq!(count(&m, Verdict::ChainBreak), 1);
+    // Nothing of the victim after the break is stored; its frames are, held.
+    let got = per_did(&store);
+    assert!(!got[&w.victim].iter().any(|(k, _)| k == "Sync"));
+    let pending = store.pending().unwrap();
+    assert_eq!(
+        pending
+            .iter()
+            .filter(|(d, s, _)| *d == w.victim && *s == 0)
+            .count(),
+        1,
+        "the queue mark"
+    );
+    assert_eq!(
+        pending.len() as u64,
+        held + 1,
+        "every held frame is durable"
+    );
+    assert_eq!(
+        store.account(&w.victim).unwrap().unwrap().sync,
+        SyncStatus::Resyncing
+    );
+    let before = got[&w.victim].len();
+    drop(store);
+
+    // A restart with nothing new from upstream, against an honest host: the resync is queued
+    // again from the store, lands, and the held frames are served.
+    let honest = sim(&w, false, Faults::default()).await;
+    let r = start(dir.path(), &w, &honest, true);
+    assert_eq!(r.metrics.resync_held.load(Relaxed), held, "reloaded");
+    let m = r.metrics.clone();
+    wait_for("the resync to land after the restart", || {
+        m.resync_landed.load(Relaxed) == 1
+    })
+    .await;
+    let (m, store, _) = stop(r).await;
+    assert_eq!(m.resync_held.load(Relaxed), 0);
+    assert_eq!(count(&m, Verdict::Ok), held);
+    assert!(store.pending().unwrap().is_empty());
+    let got = per_did(&store);
+    let victim = &got[&w.victim];
+    assert_eq!(victim[before].0, "Sync");
+    assert!(victim.len() as u64 > before as u64 + held / 2);
+    assert_eq!(
+        store.account(&w.victim).unwrap().unwrap().sync,
+        SyncStatus::Synchronized
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_sync_ends_the_resync_and_covers_the_held_commits() {
+    let w = world(40, true);
+    let at = w.victim_sync.unwrap();
+    // The host is too slow for the resync to land before the #sync is ingested.
+    let slow = sim(
+        &w,
+        false,
+        Faults {
+            delay_ms: 4000,
+            ..Faults::default()
+        },
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let r = start(dir.path(), &w, &slow, true);
+    feed(&r, &w.frames, 1).await;
+    let m = r.metrics.clone();
+    wait_for("the late resync to be found stale", || {
+        m.resync_stale.load(Relaxed) == 1
+    })
+    .await;
+    let (m, store, _) = stop(r).await;
+    assert_eq!(m.resync_landed.load(Relaxed), 0, "the #sync came first");
+    assert_eq!(m.resync_held.load(Relaxed), 0);
+    assert_eq!(count(&m, Verdict::ChainBreak), 1);
+    // The victim's frames held before its #sync are older than it: covered, not served. (A
+    // commit's rev is below the #sync's; an #identity or #account is served when released.)
+    assert!(count(&m, Verdict::RevRegression) <= at as u64);
+    assert_eq!(
+        count(&m, Verdict::Ok) + count(&m, Verdict::RevRegression),
+        w.frames.len() as u64 - 1
+    );
+    assert!(store.pending().unwrap().is_empty());
+    let state = store.account(&w.victim).unwrap().unwrap();
+    assert_eq!(state.sync, SyncStatus::Synchronized);
+    let got = per_did(&store);
+    assert!(
+        got[&w.victim].iter().any(|(k, _)| k == "Sync"),
+        "the upstream #sync is served"
+    );
+}
