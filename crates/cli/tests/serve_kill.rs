@@ -85,11 +85,13 @@ fn kill_9_mid_ingest_then_restart() {
     }
 }
 
-/// `riptide serve` ingesting a generated stream at `rate` frames/s into `data`.
+/// `riptide serve` ingesting a generated stream at `rate` frames/s into `data`, without resync
+/// (a chain break re-establishes the chain, as `riptide verify` does).
 fn spawn_gen(data: &Path, net: &Path, rate: u32) -> (KillOnDrop, String) {
     common::spawn_serve(
         common::serve_command(data)
             .args(["--ingest-rate", &rate.to_string(), "--workers", "3"])
+            .arg("--no-resync")
             .arg("--did-docs")
             .arg(net.join("did_docs.json"))
             .arg("--ingest-file")
@@ -173,4 +175,115 @@ fn kill_9_with_chain_state_resumes_the_same_chain() {
     );
     server.kill();
     assert_eq!(store_accounts(&data), verified);
+}
+
+/// `riptide serve` ingesting a generated stream at `rate` frames/s into `data`, resyncing broken
+/// accounts from the sim at `sim` (its PLC directory and PDS).
+fn spawn_resyncing(data: &Path, net: &Path, sim: &str, rate: u32) -> (KillOnDrop, String) {
+    common::spawn_serve(
+        common::serve_command(data)
+            .args(["--ingest-rate", &rate.to_string(), "--workers", "3"])
+            .args(["--plc-url", sim])
+            .arg("--did-docs")
+            .arg(net.join("did_docs.json"))
+            .arg("--ingest-file")
+            .arg(net.join("firehose-frames.bin")),
+    )
+}
+
+/// Waits until ingest is done and no account awaits resync.
+fn wait_settled(addr: &str) {
+    wait_for(addr, "riptide_ingest_finished", 1.0);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while metric(addr, "riptide_resync_accounts") > 0.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "resyncs never finished"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn kill_9_during_resync_then_restart() {
+    let tmp = common::scratch();
+    let net = tmp.path().join("net");
+    let out = common::riptide(&[
+        "gen",
+        "--seed",
+        "11",
+        "--accounts",
+        "30",
+        "--events",
+        "3000",
+        "--adversarial",
+        "0.01",
+        "--repos",
+        "--out",
+        common::s(&net),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    // A slow host: each resync takes seconds, so the kills land during one.
+    let (_sim, sim) = common::spawn_printing_url(
+        std::process::Command::new(env!("CARGO_BIN_EXE_riptide"))
+            .args(["sim", "--from", common::s(&net), "--listen", "127.0.0.1:0"])
+            .args(["--fault-delay-ms", "700"])
+            .stderr(std::process::Stdio::inherit()),
+    );
+
+    let clean = tmp.path().join("clean");
+    let (server, addr) = spawn_resyncing(&clean, &net, &sim, 100_000);
+    wait_settled(&addr);
+    let breaks = metric(&addr, "riptide_verdicts_total{verdict=\"chain-break\"}");
+    assert!(breaks > 0.0, "the stream has chain breaks");
+    assert!(
+        metric(&addr, "riptide_resync_landed_total") + metric(&addr, "riptide_resync_stale_total")
+            > 0.0
+    );
+    assert_eq!(
+        metric(&addr, "riptide_verdicts_total{verdict=\"resync-failed\"}"),
+        0.0
+    );
+    server.kill();
+    let want = store_accounts(&clean);
+    assert!(want.len() >= 30);
+    assert!(want
+        .iter()
+        .all(|(_, s)| s.sync == riptide_firehose::chain::SyncStatus::Synchronized));
+
+    // Killed three times while accounts await resync, restarted each time.
+    let data = tmp.path().join("killed");
+    let mut during = 0;
+    for _ in 0..3 {
+        let (server, addr) = spawn_resyncing(&data, &net, &sim, 1000);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while metric(&addr, "riptide_resync_accounts") < 1.0
+            && metric(&addr, "riptide_ingest_finished") < 1.0
+        {
+            assert!(std::time::Instant::now() < deadline, "no resync began");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        if metric(&addr, "riptide_resync_accounts") >= 1.0 {
+            during += 1;
+        }
+        server.kill(); // SIGKILL
+    }
+    assert!(
+        during >= 2,
+        "the kills landed during a resync ({during} of 3)"
+    );
+    let (server, addr) = spawn_resyncing(&data, &net, &sim, 100_000);
+    wait_settled(&addr);
+    assert_eq!(
+        metric(&addr, "riptide_upstream_frames_duplicate_total"),
+        0.0
+    );
+    server.kill();
+    assert_eq!(
+        store_accounts(&data),
+        want,
+        "the same chains as without the crashes"
+    );
+    let (store, _) = riptide_serve::Store::open_any(&data).unwrap();
+    assert!(store.pending().unwrap().is_empty(), "nothing left held");
 }

@@ -323,6 +323,8 @@ fn adversarial_frames_from_upstream_are_counted_not_served() {
             &relay.url(),
             "--did-docs",
             docs.to_str().unwrap(),
+            // Chain breaks re-establish the chain (nothing to resync from here).
+            "--no-resync",
         ],
     );
     wait_for(&addr, "riptide_upstream_seq", n as f64);

@@ -48,6 +48,8 @@ pub enum Bench {
     /// `riptide serve`: verified ingest events/s, replay to one consumer events/s, and resident
     /// memory with many live subscribers.
     Serve(super::bench_serve::ServeArgs),
+    /// Resync throughput against `riptide sim`: repositories/s and MB/s fetched and verified.
+    Resync(super::bench_resync::ResyncArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -103,6 +105,7 @@ pub fn run(b: Bench) -> anyhow::Result<ExitCode> {
         Bench::Sigs(a) => sigs(a),
         Bench::Repo(a) => repo(a),
         Bench::Serve(a) => super::bench_serve::run(a),
+        Bench::Resync(a) => super::bench_resync::run(a),
     }
 }
 

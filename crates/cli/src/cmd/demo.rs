@@ -210,6 +210,10 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         did_cache: 10_000,
         no_verify: false,
         stateless: false,
+        // The sim serves the accounts' repositories as generated before the stream went live,
+        // so a resync would always find them older than the break: the demo shows the chain
+        // checks, and resync is tested against the sim in crates/serve/tests/resync.rs.
+        no_resync: true,
         data: root.join("data"),
         retention: Duration::from_secs(3600),
         listen: args.listen,

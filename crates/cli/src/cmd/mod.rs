@@ -1,6 +1,7 @@
 //! Subcommands, one module each.
 
 pub mod bench;
+pub mod bench_resync;
 pub mod bench_serve;
 pub mod config;
 pub mod corpus;

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bytes::Bytes;
 use riptide_firehose::corpus::split_frames;
-use riptide_resolver::{Resolver, ResolverConfig, ResolverKeys};
+use riptide_resolver::{Resolver, ResolverConfig, ResolverKeys, ResyncConfig, Resyncer};
+use riptide_serve::resync::{ResyncLimits, ResyncService};
 use riptide_serve::{
     ingest, router, upstream, App, ConnLimits, Dictionary, IngestConfig, Keys, LimitedListener,
     Log, Metrics, ServerConfig, Store, TailLimits, UpstreamConfig,
@@ -78,6 +79,12 @@ pub struct Args {
     /// status), so a replayed or out-of-order commit that is validly signed is served.
     #[arg(long)]
     pub stateless: bool,
+    /// Do not resync accounts whose chain breaks: the breaking commit re-establishes the chain
+    /// (as `riptide verify` does) and the account's later commits are served. By default a
+    /// broken account's repository is fetched (relay, then PDS) and verified, and its frames are
+    /// held until it lands (`riptide_serve::resync`).
+    #[arg(long)]
+    pub no_resync: bool,
     /// Data directory (the event store).
     #[arg(long, value_name = "DIR", default_value = "riptide-data")]
     pub data: PathBuf,
@@ -303,8 +310,38 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         dictionary: dict,
         stateful: !args.stateless,
     };
+    let resync = if args.no_resync || args.stateless || args.no_verify {
+        None
+    } else {
+        // Resync needs DID documents for the PDS and key: the resolver's, or one made for it
+        // (with --did-docs, frames are verified with the file's keys but a repository is
+        // fetched as any consumer would, through PLC / did:web).
+        let r = match &resolver {
+            Some(r) => r.clone(),
+            None => Resolver::new(ResolverConfig {
+                plc_url: args.plc_url.trim_end_matches('/').to_owned(),
+                cache_capacity: args.did_cache,
+                timeout: Duration::from_secs(10),
+                ..ResolverConfig::default()
+            })?,
+        };
+        let relays = if args.ingest_file.is_some() {
+            Vec::new()
+        } else if args.upstream.is_empty() {
+            vec![DEFAULT_UPSTREAM.to_owned()]
+        } else {
+            args.upstream.clone()
+        };
+        Some(ResyncService::start(
+            Resyncer::new(r, ResyncConfig::default()),
+            relays,
+            ResyncLimits::default(),
+            log.store().clone(),
+            metrics.clone(),
+        ))
+    };
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
-    let handle = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx)?;
+    let handle = ingest::spawn_with_resync(cfg, log.clone(), metrics.clone(), resume, rx, resync)?;
     let source: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>> =
         match &args.ingest_file {
             Some(f) => Box::pin(feed_file(
