@@ -514,6 +514,9 @@ const K: [u32; 64] = [
 #[cfg(target_arch = "x86_64")]
 mod x16;
 
+mod batch;
+pub use batch::Kernel;
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! The two-lane SHA-NI compression. The intrinsics are safe to call inside functions that
@@ -616,6 +619,104 @@ mod x86 {
             }
         }
         (store_state(sa), store_state(sb))
+    }
+
+    /// One message's blocks, walked one at a time by a lane of [`stream`].
+    struct Cursor<'a> {
+        msg: &'a [u8],
+        n_full: usize,
+        tail: [u8; 128],
+        total: usize,
+        next: usize,
+    }
+
+    impl<'a> Cursor<'a> {
+        #[inline(always)]
+        fn new(m: &'a [u8]) -> Cursor<'a> {
+            let n_full = m.len() / 64;
+            let mut tail = [0u8; 128];
+            let tail_blocks = super::pad_tail(&m[n_full * 64..], m.len() as u64, &mut tail);
+            Cursor {
+                msg: m,
+                n_full,
+                tail,
+                total: n_full + tail_blocks,
+                next: 0,
+            }
+        }
+
+        /// Block `k` (< `total`): from the message, or its padded tail.
+        #[inline(always)]
+        fn block(&self, k: usize) -> &[u8] {
+            if k < self.n_full {
+                &self.msg[k * 64..k * 64 + 64]
+            } else {
+                let t = (k - self.n_full) * 64;
+                &self.tail[t..t + 64]
+            }
+        }
+    }
+
+    /// A busy lane of [`stream`]: which message, its blocks, its state.
+    struct Lane<'a> {
+        index: usize,
+        cursor: Cursor<'a>,
+        state: State,
+    }
+
+    /// `out[i]` = SHA-256 of `msgs[i]` (`out` at least as long as `msgs`), two SHA-NI lanes
+    /// refilled as messages end, so lengths that differ keep both busy.
+    pub(super) fn stream(msgs: &[&[u8]], out: &mut [Digest]) {
+        // SAFETY: as in `pair`: called only after `available()`.
+        unsafe { stream_sha_ni(msgs, out) }
+    }
+
+    #[target_feature(enable = "sha,sse2,ssse3,sse4.1")]
+    fn stream_sha_ni(msgs: &[&[u8]], out: &mut [Digest]) {
+        let init = load_state(&H0);
+        let mut queued = 0;
+        let mut load = || {
+            let lane = msgs.get(queued).map(|m| Lane {
+                index: queued,
+                cursor: Cursor::new(m),
+                state: init,
+            });
+            queued += 1;
+            lane
+        };
+        let mut a = load();
+        let mut b = load();
+        loop {
+            match (&mut a, &mut b) {
+                (Some(x), Some(y)) => {
+                    let (kx, ky) = (x.cursor.next, y.cursor.next);
+                    compress2(
+                        &mut x.state,
+                        &mut y.state,
+                        x.cursor.block(kx),
+                        y.cursor.block(ky),
+                    );
+                    x.cursor.next += 1;
+                    y.cursor.next += 1;
+                }
+                (Some(x), None) | (None, Some(x)) => {
+                    let k = x.cursor.next;
+                    compress1(&mut x.state, x.cursor.block(k));
+                    x.cursor.next += 1;
+                }
+                (None, None) => break,
+            }
+            for lane in [&mut a, &mut b] {
+                if let Some(l) = lane {
+                    if l.cursor.next == l.cursor.total {
+                        if let Some(o) = out.get_mut(l.index) {
+                            *o = store_state(l.state);
+                        }
+                        *lane = load();
+                    }
+                }
+            }
+        }
     }
 
     /// The state as SHA-NI keeps it: (ABEF, CDGH).
