@@ -1,0 +1,127 @@
+//! Decoding rates on a frame corpus, in one process, passes interleaved so that ratios hold on
+//! a busy machine (on-CPU time of this thread, so other processes' work is not counted): SHA-256 bound (`sha2` over every block), verified `decode_batch`, verified
+//! `decode`, unverified `decode`. What `riptide bench decode` measures, without building the CLI.
+//! `cargo run --release -p riptide-firehose --example decode_rate -- FRAMES [REPEAT] [ROUNDS]`
+use std::hint::black_box;
+use std::time::Instant;
+
+
+use riptide_firehose::corpus::split_frames;
+use riptide_firehose::{DecodeOptions, FrameDecoder, Kernel};
+use sha2::{Digest, Sha256};
+
+/// A clock that only runs while this thread is on a CPU (`/proc/thread-self/schedstat`, ns), so
+/// other work on a shared machine does not count; wall time where that file is missing.
+struct Clock(Option<u64>, Instant);
+
+impl Clock {
+    fn cpu_ns() -> Option<u64> {
+        let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+        s.split_whitespace().next()?.parse().ok()
+    }
+    fn start() -> Clock {
+        Clock(Clock::cpu_ns(), Instant::now())
+    }
+    fn elapsed(&self) -> f64 {
+        match (self.0, Clock::cpu_ns()) {
+            (Some(a), Some(b)) => (b - a) as f64 / 1e9,
+            _ => self.1.elapsed().as_secs_f64(),
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let file = std::fs::read(&args[1]).expect("corpus file");
+    let repeat: usize = args.get(2).map_or(20, |s| s.parse().unwrap());
+    let rounds: usize = args.get(3).map_or(7, |s| s.parse().unwrap());
+    let one = split_frames(&file).expect("frames");
+    // Copies, as `bench decode --repeat` makes them.
+    let owned: Vec<Vec<u8>> = (0..repeat)
+        .flat_map(|_| one.iter().map(|f| f.bytes.to_vec()))
+        .collect();
+    let frames: Vec<&[u8]> = owned.iter().map(|f| &f[..]).collect();
+    let mut blocks: Vec<(usize, usize, usize)> = Vec::new();
+    let mut dec = FrameDecoder::new();
+    for (i, f) in frames.iter().enumerate() {
+        let fr = dec.decode(f).expect("decodes");
+        if let Some(car) = fr.car() {
+            let base = f.as_ptr() as usize;
+            blocks.extend(car.blocks().map(|b| (i, b.data.as_ptr() as usize - base, b.data.len())));
+        }
+    }
+    let blocks: Vec<&[u8]> = blocks.iter().map(|&(i, s, n)| &frames[i][s..s + n]).collect();
+    let bytes: usize = frames.iter().map(|f| f.len()).sum();
+    println!("{} frames, {} blocks, {:.1} MB; kernels {:?}", frames.len(), blocks.len(), bytes as f64 / 1e6, Kernel::supported());
+
+    let mut names: Vec<String> = vec!["sha2 bound".into(), "verified batch".into()];
+    let mut kernels: Vec<Option<Kernel>> = vec![None];
+    for k in Kernel::supported() {
+        names.push(format!("verified batch {k:?}"));
+        kernels.push(Some(k));
+    }
+    names.push("verified decode".into());
+    names.push("unverified decode".into());
+    let mut times: Vec<Vec<f64>> = vec![Vec::new(); names.len()];
+    let mut batch_decs: Vec<FrameDecoder> = kernels
+        .iter()
+        .map(|&k| {
+            let mut d = FrameDecoder::new();
+            d.set_batch_kernel(k);
+            d
+        })
+        .collect();
+    let mut unv = FrameDecoder::with_options(DecodeOptions::unverified());
+    for round in 0..rounds + 1 {
+        let mut t = Vec::new();
+        let s = Clock::start();
+        let mut x = 0u8;
+        for b in &blocks {
+            x ^= Sha256::digest(b)[0];
+        }
+        black_box(x);
+        t.push(s.elapsed());
+        for d in batch_decs.iter_mut() {
+            let s = Clock::start();
+            let mut n = 0usize;
+            d.decode_batch(&frames, |_, r| {
+                if let Ok(f) = r {
+                    n += f.block_count();
+                }
+            });
+            assert_eq!(n, blocks.len());
+            t.push(s.elapsed());
+        }
+        for d in [&mut dec, &mut unv] {
+            let s = Clock::start();
+            let mut n = 0usize;
+            for f in &frames {
+                if let Ok(f) = d.decode(f) {
+                    n += f.block_count();
+                }
+            }
+            assert_eq!(n, blocks.len());
+            t.push(s.elapsed());
+        }
+        if round > 0 {
+            for (all, v) in times.iter_mut().zip(t) {
+                all.push(v);
+            }
+        }
+    }
+    let med = |v: &Vec<f64>| {
+        let mut v = v.clone();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let bound = frames.len() as f64 / med(&times[0]);
+    for (name, t) in names.iter().zip(&times) {
+        let fps = frames.len() as f64 / med(t);
+        println!(
+            "{name:>28}: {:>8.0} frames/s {:>6.0} MB/s  ratio to bound {:.2}",
+            fps,
+            bytes as f64 / med(t) / 1e6,
+            fps / bound
+        );
+    }
+}
