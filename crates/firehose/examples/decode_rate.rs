@@ -35,6 +35,31 @@ fn main() {
     let file = std::fs::read(&args[1]).expect("corpus file");
     let repeat: usize = args.get(2).map_or(20, |s| s.parse().unwrap());
     let rounds: usize = args.get(3).map_or(7, |s| s.parse().unwrap());
+    // `unverified`: only unverified passes (for `perf stat`), with the node count.
+    if args.get(4).map(String::as_str) == Some("unverified") {
+        let one = split_frames(&file).expect("frames");
+        let mut dec = FrameDecoder::with_options(DecodeOptions::unverified());
+        let mut nodes = 0usize;
+        for f in &one {
+            let fr = dec.decode(f.bytes).expect("decodes");
+            nodes += fr.header().node_count() + fr.payload().node_count();
+            nodes += (0..fr.block_count())
+                .filter_map(|i| fr.block_value(i))
+                .map(|v| v.node_count())
+                .sum::<usize>();
+        }
+        println!("{} frames, {nodes} nodes", one.len());
+        let s = Clock::start();
+        for _ in 0..repeat * rounds {
+            for f in &one {
+                black_box(dec.decode(f.bytes).is_ok());
+            }
+        }
+        let t = s.elapsed();
+        let n = (repeat * rounds * one.len()) as f64;
+        println!("unverified: {:.0} frames/s, {:.2} ns/node", n / t, t * 1e9 / (n / one.len() as f64) / nodes as f64);
+        return;
+    }
     let one = split_frames(&file).expect("frames");
     // Copies, as `bench decode --repeat` makes them.
     let owned: Vec<Vec<u8>> = (0..repeat)
