@@ -414,8 +414,31 @@ fn decode_loop(
 
         // Map key position: a text string in canonical order (strict).
         let key_pos = open && cur.is_map && cur.remaining.is_multiple_of(2);
-        if key_pos && strict && major != 3 {
-            return Err(err(ErrorKind::NonTextKey, at));
+        if key_pos && strict {
+            if major != 3 {
+                return Err(err(ErrorKind::NonTextKey, at));
+            }
+            if info < 24 {
+                // A short key (nearly every key): the checks of the text case below in the same
+                // order, without the general dispatch. A key never completes its map (a value
+                // follows), so no container closes here.
+                let len = usize::from(info);
+                if len > end - pos {
+                    return Err(err(ErrorKind::Truncated, at));
+                }
+                if !is_utf8(&input[pos..pos + len]) {
+                    return Err(err(ErrorKind::InvalidUtf8, at));
+                }
+                check_key_order(input, &mut cur, pos, len, at)?;
+                nodes.push(Node {
+                    kind: Kind::Text,
+                    a: len as u32,
+                    b: pos as u64,
+                });
+                pos += len;
+                cur.remaining -= 1;
+                continue;
+            }
         }
 
         let arg = if info < 24 {
@@ -463,27 +486,7 @@ fn decode_loop(
                         return Err(err(ErrorKind::InvalidUtf8, at));
                     }
                     if key_pos && strict {
-                        // Canonical order: shorter keys first, then bytewise; no duplicates.
-                        let level = &mut cur;
-                        let (poff, plen) = level.prev_key;
-                        if plen != u32::MAX {
-                            let plen = plen as usize;
-                            if len < plen {
-                                return Err(err(ErrorKind::KeyOrder, at));
-                            }
-                            if len == plen {
-                                match key_cmp(input, poff as usize, pos, len) {
-                                    std::cmp::Ordering::Less => {}
-                                    std::cmp::Ordering::Equal => {
-                                        return Err(err(ErrorKind::DuplicateKey, at))
-                                    }
-                                    std::cmp::Ordering::Greater => {
-                                        return Err(err(ErrorKind::KeyOrder, at))
-                                    }
-                                }
-                            }
-                        }
-                        level.prev_key = (pos as u32, len as u32);
+                        check_key_order(input, &mut cur, pos, len, at)?;
                     }
                 }
                 let kind = if major == 2 { Kind::Bytes } else { Kind::Text };
@@ -660,6 +663,34 @@ fn decode_loop(
             return Ok(pos);
         }
     }
+}
+
+/// Canonical key order (strict): shorter keys first, then bytewise; no duplicates. The key is
+/// `input[pos..pos + len]`, at item offset `at`; it becomes the map's previous key.
+#[inline(always)]
+fn check_key_order(
+    input: &[u8],
+    level: &mut Level,
+    pos: usize,
+    len: usize,
+    at: usize,
+) -> Result<(), Error> {
+    let (poff, plen) = level.prev_key;
+    if plen != u32::MAX {
+        let plen = plen as usize;
+        if len < plen {
+            return Err(err(ErrorKind::KeyOrder, at));
+        }
+        if len == plen {
+            match key_cmp(input, poff as usize, pos, len) {
+                std::cmp::Ordering::Less => {}
+                std::cmp::Ordering::Equal => return Err(err(ErrorKind::DuplicateKey, at)),
+                std::cmp::Ordering::Greater => return Err(err(ErrorKind::KeyOrder, at)),
+            }
+        }
+    }
+    level.prev_key = (pos as u32, len as u32);
+    Ok(())
 }
 
 /// Records that one item finished: closes every container it completes. Returns true when the
