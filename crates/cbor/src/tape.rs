@@ -441,6 +441,28 @@ fn decode_loop(
             }
         }
 
+        // A link as atproto writes every one: tag 42, a 37-byte byte string, 0x00, a CIDv1 with a
+        // one-byte codec and a 32-byte SHA-256 (MST nodes and records are full of them). The
+        // node the general path below makes, without its two argument reads and CID parse.
+        if ib == 0xd8 && !key_pos && pos + 40 <= end {
+            if let Some(&[0x2a, 0x58, 0x25, 0x00, 0x01, codec, 0x12, 0x20]) =
+                input.get(pos..pos + 8)
+            {
+                if codec < 0x80 {
+                    nodes.push(Node {
+                        kind: Kind::Link,
+                        a: 36,
+                        b: pos as u64 + 4,
+                    });
+                    pos += 40;
+                    if complete(nodes, stack, &mut cur, &mut open) {
+                        return Ok(pos);
+                    }
+                    continue;
+                }
+            }
+        }
+
         let arg = if info < 24 {
             u64::from(info)
         } else if major == 7 {
