@@ -775,6 +775,41 @@ mod tests {
     }
 
     #[test]
+    fn atproto_links_fast_or_not_decode_the_same() {
+        // [link, 1] and {"a": link}: the link as atproto writes it (fast path), at the end of the
+        // input and not, truncated anywhere, and with its codec byte a varint continuation
+        // (general path: not a valid CID then).
+        for codec in [0x71u8, 0x55, 0x7f] {
+            let mut cid = vec![0x01, codec, 0x12, 0x20];
+            cid.extend((0..32u8).map(|i| i.wrapping_mul(37)));
+            let mut link = vec![0xd8, 0x2a, 0x58, 0x25, 0x00];
+            link.extend(&cid);
+            for doc in [
+                [&[0x82][..], &link, &[0x01]].concat(),
+                [&[0xa1, 0x61, b'a'][..], &link].concat(),
+                [&[0x81][..], &link].concat(),
+            ] {
+                let mut arena = Arena::new();
+                let mut tape = arena.tape(&doc);
+                let item = tape.decode(0..doc.len(), &Options::strict()).unwrap();
+                let v = tape.value(item);
+                let l = match v.kind() {
+                    Kind::Map => v.get("a").unwrap(),
+                    _ => v.array().unwrap().next().unwrap(),
+                };
+                assert_eq!(l.kind(), Kind::Link);
+                assert_eq!(l.as_link().unwrap().as_bytes(), &cid[..]);
+                for cut in 1..doc.len() {
+                    assert_eq!(kind(&doc[..cut]), ErrorKind::Truncated, "{cut}");
+                }
+            }
+        }
+        let mut bad = vec![0x81, 0xd8, 0x2a, 0x58, 0x25, 0x00, 0x01, 0x80, 0x12, 0x20];
+        bad.extend([0u8; 32]);
+        assert_eq!(kind(&bad), ErrorKind::InvalidLink);
+    }
+
+    #[test]
     fn strict_rejections() {
         assert_eq!(kind(&[0x18, 0x05]), ErrorKind::NonMinimal);
         assert_eq!(kind(&[0x19, 0x00, 0x10]), ErrorKind::NonMinimal);
