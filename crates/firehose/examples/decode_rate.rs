@@ -79,6 +79,41 @@ fn main() {
     let bytes: usize = frames.iter().map(|f| f.len()).sum();
     println!("{} frames, {} blocks, {:.1} MB; kernels {:?}", frames.len(), blocks.len(), bytes as f64 / 1e6, Kernel::supported());
 
+    // `kernels`: only hashing, every block, in the batches decode_batch makes (16 frames).
+    if args.get(4).map(String::as_str) == Some("kernels") {
+        let mut per_batch: Vec<Vec<&[u8]>> = Vec::new();
+        let mut dec = FrameDecoder::new();
+        for chunk in frames.chunks(riptide_firehose::BATCH_FRAMES) {
+            let mut v = Vec::new();
+            for f in chunk {
+                let fr = dec.decode(f).expect("decodes");
+                if let Some(car) = fr.car() {
+                    let base = f.as_ptr() as usize;
+                    for b in car.blocks() {
+                        let s = b.data.as_ptr() as usize - base;
+                        v.push(&f[s..s + b.data.len()]);
+                    }
+                }
+            }
+            per_batch.push(v);
+        }
+        let mut out = Vec::new();
+        for round in 0..rounds {
+            let mut line = format!("round {round}:");
+            for k in Kernel::supported() {
+                let s = Clock::start();
+                for b in &per_batch {
+                    k.digests(b, &mut out);
+                    black_box(&out);
+                }
+                let t = s.elapsed();
+                line += &format!(" {k:?} {:.0} frames/s;", frames.len() as f64 / t);
+            }
+            println!("{line}");
+        }
+        return;
+    }
+
     let mut names: Vec<String> = vec!["sha2 bound".into(), "verified batch".into()];
     let mut kernels: Vec<Option<Kernel>> = vec![None];
     for k in Kernel::supported() {

@@ -4,7 +4,7 @@
 //! per block → every block as DAG-CBOR), 2 warm-up and 5 measured passes by default, and reports
 //! median, min and max. In verified mode it also runs, in the same process and the same way, the
 //! *SHA-256 bound*: passes that only hash every block's bytes — the floor under verified decoding —
-//! and reports the ratio of the two medians. Frames go through `FrameDecoder::decode_batch` (CAR
+//! alternating with the decode passes round by round, and reports the ratio of the two medians. Frames go through `FrameDecoder::decode_batch` (CAR
 //! blocks of up to sixteen frames hashed together, the fastest verified path); `--per-frame`
 //! measures `FrameDecoder::decode` one frame at a time instead. Each thread keeps its decoder
 //! across passes.
@@ -93,6 +93,14 @@ impl Passes {
     fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.passes > 0, "--passes must be at least 1");
         Ok(())
+    }
+
+    /// [`Passes::time`] for a round of two passes whose times are compared.
+    fn time_pairs(&self, mut round: impl FnMut() -> (f64, f64)) -> Vec<(f64, f64)> {
+        for _ in 0..self.warmup {
+            round();
+        }
+        (0..self.passes).map(|_| round()).collect()
     }
 
     /// Runs `pass` `warmup` times, then `passes` times; what the measured passes returned.
@@ -322,17 +330,19 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     };
 
     let load_before = load_avg();
-    let times = a.runs.time(decode_pass);
+    // Verified: a decode pass and a bound pass alternate, round by round, so that load from
+    // other work on the machine falls on both and their ratio holds.
+    let (times, sha_times) = if a.no_verify {
+        (a.runs.time(decode_pass), None)
+    } else {
+        let (mut decode_pass, sha_pass) = (decode_pass, sha_pass);
+        let pairs = a.runs.time_pairs(|| (decode_pass(), sha_pass()));
+        let (d, s): (Vec<f64>, Vec<f64>) = pairs.into_iter().unzip();
+        (d, Some(s))
+    };
     let fps = Stats::of(times.iter().map(|t| frames.len() as f64 / t).collect());
     let mbps = Stats::of(times.iter().map(|t| bytes as f64 / t / 1e6).collect());
-    let sha = if a.no_verify {
-        None
-    } else {
-        let t = a.runs.time(sha_pass);
-        Some(Stats::of(
-            t.iter().map(|t| frames.len() as f64 / t).collect(),
-        ))
-    };
+    let sha = sha_times.map(|t| Stats::of(t.iter().map(|t| frames.len() as f64 / t).collect()));
 
     let load = (load_before, load_avg());
     let warning = spread_warning(&fps, load);
