@@ -55,11 +55,16 @@ impl Kernel {
     }
 
     /// The fastest kernel for a batch of about `bytes` bytes: sixteen AVX-512 lanes for a large
-    /// batch where the CPU has them, else SHA-NI pairs, else `sha2`.
+    /// batch where the CPU has them and they beat SHA-NI pairs ([`wide_beats_sha_ni`]), else
+    /// SHA-NI pairs, else `sha2`.
     pub fn best_for(bytes: usize) -> Kernel {
-        if bytes >= WIDE_MIN_BYTES && Kernel::Avx512x16.is_supported() {
+        let ni = Kernel::ShaNi2.is_supported();
+        if bytes >= WIDE_MIN_BYTES
+            && Kernel::Avx512x16.is_supported()
+            && (!ni || wide_beats_sha_ni())
+        {
             Kernel::Avx512x16
-        } else if Kernel::ShaNi2.is_supported() {
+        } else if ni {
             Kernel::ShaNi2
         } else {
             Kernel::Sha2
@@ -94,6 +99,38 @@ impl Kernel {
             }
         }
     }
+}
+
+/// Whether sixteen AVX-512 lanes hash faster than two SHA-NI lanes on this CPU. On Intel cores
+/// they do (the development Sapphire Rapids VM: SHA-NI ~100 cycles a block, two lanes no faster
+/// than one; sixteen lanes 1.5×, `examples/lanes.rs`). On AMD Zen, `sha256rnds2` has latency to
+/// spare, so two interleaved lanes do nearly twice one's work, while 512-bit vectors run as two
+/// 256-bit halves: on the real capture's blocks in 16-frame batches two SHA-NI lanes were ~1.6×
+/// the sixteen AVX-512 lanes on an AMD EPYC with both (`riptide-firehose` example `decode_rate
+/// … kernels`, 2026-11-24, loaded machine). Decided by vendor: deterministic and free.
+pub fn wide_beats_sha_ni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        !is_amd()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether the CPU vendor is AMD (`AuthenticAMD`).
+#[cfg(target_arch = "x86_64")]
+fn is_amd() -> bool {
+    static AMD: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AMD.get_or_init(|| {
+        // SAFETY: CPUID leaf 0 exists on every x86-64 CPU and only reads identification
+        // registers (the intrinsic is safe in recent Rust; `unsafe` for older compilers).
+        #[allow(unused_unsafe)]
+        let r = unsafe { std::arch::x86_64::__cpuid(0) };
+        // "Auth" "enti" "cAMD" in EBX, EDX, ECX.
+        (r.ebx, r.edx, r.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163)
+    })
 }
 
 /// Sixteen AVX-512 lanes over the batch; each lane takes the next message when its own ends.
@@ -157,7 +194,9 @@ mod tests {
     fn the_fallback_is_always_supported_and_dispatch_follows_the_cpu() {
         assert!(Kernel::Sha2.is_supported());
         assert!(Kernel::supported().contains(&Kernel::best()));
-        assert!(Kernel::best_for(0) != Kernel::Avx512x16);
+        if Kernel::ShaNi2.is_supported() {
+            assert_eq!(Kernel::best_for(0), Kernel::ShaNi2);
+        }
         #[cfg(target_arch = "x86_64")]
         {
             let ni = std::arch::is_x86_feature_detected!("sha")
@@ -167,6 +206,14 @@ mod tests {
                 && std::arch::is_x86_feature_detected!("avx512bw");
             assert_eq!(Kernel::ShaNi2.is_supported(), ni);
             assert_eq!(Kernel::Avx512x16.is_supported(), wide);
+            // A large batch: the widest kernel, unless SHA-NI pairs are faster on this vendor.
+            let want = match (wide, ni) {
+                (true, false) => Kernel::Avx512x16,
+                (true, true) if wide_beats_sha_ni() => Kernel::Avx512x16,
+                (_, true) => Kernel::ShaNi2,
+                (false, false) => Kernel::Sha2,
+            };
+            assert_eq!(Kernel::best_for(1 << 20), want);
             eprintln!("kernels on this CPU: {:?}", Kernel::supported());
         }
     }

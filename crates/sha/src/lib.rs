@@ -515,7 +515,7 @@ const K: [u32; 64] = [
 mod x16;
 
 mod batch;
-pub use batch::Kernel;
+pub use batch::{wide_beats_sha_ni, Kernel};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
