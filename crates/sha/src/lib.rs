@@ -39,7 +39,8 @@ pub fn sha256_pair(a: &[u8], b: &[u8]) -> (Digest, Digest) {
     #[cfg(target_arch = "x86_64")]
     {
         if x86::available() {
-            return match (a.len() <= SHORT, b.len() <= SHORT) {
+            let short = short_limit();
+            return match (a.len() <= short, b.len() <= short) {
                 (true, true) => x86::pair(a, b),
                 (true, false) => (x86::one(a), sha256(b)),
                 (false, true) => (sha256(a), x86::one(b)),
@@ -56,13 +57,25 @@ pub fn sha256_pair(a: &[u8], b: &[u8]) -> (Digest, Digest) {
 /// 0.9× at 1,000).
 pub const SHORT: usize = 512;
 
+/// Longest message [`sha256_pair`] and [`sha256_short`] hash with SHA-NI on this CPU: [`SHORT`],
+/// or any length where two SHA-NI lanes beat `sha2` at every length (AMD Zen, where SHA-NI has
+/// latency to spare: see [`wide_beats_sha_ni`]).
+#[inline]
+pub fn short_limit() -> usize {
+    if wide_beats_sha_ni() {
+        SHORT
+    } else {
+        usize::MAX
+    }
+}
+
 /// SHA-256 of one message through the same lean path as [`sha256_pair`] when it is at most
-/// [`SHORT`] bytes (`sha2` otherwise).
+/// [`short_limit`] bytes (`sha2` otherwise).
 #[inline]
 pub fn sha256_short(a: &[u8]) -> Digest {
     #[cfg(target_arch = "x86_64")]
     {
-        if a.len() <= SHORT && x86::available() {
+        if a.len() <= short_limit() && x86::available() {
             return x86::one(a);
         }
     }
@@ -152,8 +165,12 @@ pub enum Checker<'a, T> {
 }
 
 impl<'a, T> Checker<'a, T> {
-    /// The widest checker this CPU supports.
+    /// The fastest checker this CPU supports: sixteen AVX-512 lanes, unless two SHA-NI lanes are
+    /// faster here ([`wide_beats_sha_ni`]).
     pub fn new() -> Self {
+        if lanes_available() && !wide_beats_sha_ni() {
+            return Checker::Pairs(Pairs::new());
+        }
         match Lanes::new() {
             Some(l) => Checker::Lanes(Box::new(l)),
             None => Checker::Pairs(Pairs::new()),
@@ -983,9 +1000,12 @@ mod tests {
             for &i in bad {
                 wrong[i][31] ^= 1;
             }
+            // Sixteen lanes where the CPU has them, whichever `new` prefers here.
+            let lanes = Lanes::new().map(|l| check_all(Checker::Lanes(Box::new(l)), &msgs, &wrong));
             (
                 check_all(Checker::new(), &msgs, &wrong),
                 check_all(Checker::Pairs(Pairs::new()), &msgs, &wrong),
+                lanes,
             )
         };
         for bad in [
@@ -997,10 +1017,13 @@ mod tests {
             &[98, 97],
             &[16, 1],
         ] {
-            let (lanes, pairs) = run(bad);
+            let (new, pairs, lanes) = run(bad);
             let expect = bad.iter().min().map_or(Ok(()), |&i| Err(i));
-            assert_eq!(lanes, expect, "{bad:?}");
+            assert_eq!(new, expect, "{bad:?}");
             assert_eq!(pairs, expect, "{bad:?}");
+            if let Some(lanes) = lanes {
+                assert_eq!(lanes, expect, "{bad:?}");
+            }
         }
     }
 
@@ -1011,6 +1034,7 @@ mod tests {
             matches!(Checker::<()>::new(), Checker::Lanes(_)),
             std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
+                && (wide_beats_sha_ni() || !lanes_available())
         );
     }
 
@@ -1052,6 +1076,10 @@ mod tests {
             }
             let expect = bad.map_or(Ok(()), Err);
             prop_assert_eq!(check_all(Checker::new(), &msgs, &digests), expect);
+            prop_assert_eq!(check_all(Checker::Pairs(Pairs::new()), &msgs, &digests), expect);
+            if let Some(l) = Lanes::new() {
+                prop_assert_eq!(check_all(Checker::Lanes(Box::new(l)), &msgs, &digests), expect);
+            }
         }
     }
 
