@@ -181,7 +181,7 @@ fn apply(n: usize, t: &Tamper) -> Vec<u8> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(24))]
     #[test]
     fn batches_of_tampered_real_frames_equal_frame_by_frame(
         picks in proptest::collection::vec(tamper(), 0..3 * BATCH_FRAMES + 3)
