@@ -5,7 +5,6 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-
 use riptide_firehose::corpus::split_frames;
 use riptide_firehose::{DecodeOptions, FrameDecoder, Kernel};
 use sha2::{Digest, Sha256};
@@ -57,7 +56,11 @@ fn main() {
         }
         let t = s.elapsed();
         let n = (repeat * rounds * one.len()) as f64;
-        println!("unverified: {:.0} frames/s, {:.2} ns/node", n / t, t * 1e9 / (n / one.len() as f64) / nodes as f64);
+        println!(
+            "unverified: {:.0} frames/s, {:.2} ns/node",
+            n / t,
+            t * 1e9 / (n / one.len() as f64) / nodes as f64
+        );
         return;
     }
     let one = split_frames(&file).expect("frames");
@@ -72,12 +75,24 @@ fn main() {
         let fr = dec.decode(f).expect("decodes");
         if let Some(car) = fr.car() {
             let base = f.as_ptr() as usize;
-            blocks.extend(car.blocks().map(|b| (i, b.data.as_ptr() as usize - base, b.data.len())));
+            blocks.extend(
+                car.blocks()
+                    .map(|b| (i, b.data.as_ptr() as usize - base, b.data.len())),
+            );
         }
     }
-    let blocks: Vec<&[u8]> = blocks.iter().map(|&(i, s, n)| &frames[i][s..s + n]).collect();
+    let blocks: Vec<&[u8]> = blocks
+        .iter()
+        .map(|&(i, s, n)| &frames[i][s..s + n])
+        .collect();
     let bytes: usize = frames.iter().map(|f| f.len()).sum();
-    println!("{} frames, {} blocks, {:.1} MB; kernels {:?}", frames.len(), blocks.len(), bytes as f64 / 1e6, Kernel::supported());
+    println!(
+        "{} frames, {} blocks, {:.1} MB; kernels {:?}",
+        frames.len(),
+        blocks.len(),
+        bytes as f64 / 1e6,
+        Kernel::supported()
+    );
 
     // `kernels`: only hashing, every block, in the batches decode_batch makes (16 frames).
     if args.get(4).map(String::as_str) == Some("kernels") {
