@@ -7,7 +7,8 @@
 //!
 //! [`FrameDecoder`] owns all reusable storage — two tapes (header and payload; CAR blocks) and a CAR
 //! reader — so a warm decoder allocates nothing per frame. Everything in a [`Frame`] borrows the
-//! frame bytes.
+//! frame bytes. [`FrameDecoder::decode_batch`] decodes several frames at once so that their CAR
+//! blocks are SHA-256-hashed together (lanes across frames), with exactly `decode`'s results.
 //!
 //! What this module does not do: check signatures or MST proofs (see `verify`), or turn frames into
 //! Jetstream events (crate `riptide-jetstream`). An unknown `t` is not an error: it decodes to
