@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a measuring tool: bad arguments may panic
 //! Decoding rates on a frame corpus, in one process, passes interleaved so that ratios hold on
 //! a busy machine (on-CPU time of this thread, so other processes' work is not counted): SHA-256 bound (`sha2` over every block), verified `decode_batch`, verified
 //! `decode`, unverified `decode`. What `riptide bench decode` measures, without building the CLI.
