@@ -1,8 +1,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a measuring tool: bad arguments may panic
-//! Decoding rates on a frame corpus, in one process, passes interleaved so that ratios hold on
-//! a busy machine (on-CPU time of this thread, so other processes' work is not counted): SHA-256 bound (`sha2` over every block), verified `decode_batch`, verified
-//! `decode`, unverified `decode`. What `riptide bench decode` measures, without building the CLI.
-//! `cargo run --release -p riptide-firehose --example decode_rate -- FRAMES [REPEAT] [ROUNDS]`
+//! Decoding rates on a frame corpus, in one process: SHA-256 bound (`sha2` over every block),
+//! verified `decode_batch` (automatic and each kernel), verified `decode`, unverified `decode`.
+//! What `riptide bench decode` measures, without building the CLI, and robust to a busy machine:
+//! passes alternate round by round and are timed with this thread's on-CPU time.
+//! `cargo run --release -p riptide-firehose --example decode_rate -- FRAMES [REPEAT] [ROUNDS]
+//! [unverified|kernels]` (`unverified`: only unverified passes over the distinct frames, in
+//! ns/node; `kernels`: only hashing, every block in 16-frame batches, per kernel).
 use std::hint::black_box;
 use std::time::Instant;
 
