@@ -9,7 +9,7 @@ if [ ! -f "$src/README.md" ]; then
     echo "shared corpus not found at $src (pass its path or set RIPTIDE_CORPUS)" >&2
     exit 1
 fi
-mkdir -p "$here/corpus/cbor_decode" "$here/corpus/car_read" "$here/corpus/frame_decode" "$here/corpus/json_to_cbor" "$here/corpus/repo_verify"
+mkdir -p "$here/corpus/cbor_decode" "$here/corpus/car_read" "$here/corpus/frame_decode" "$here/corpus/json_to_cbor" "$here/corpus/repo_verify" "$here/corpus/frame_batch"
 python3 - "$src" "$here/corpus" <<'PY'
 import base64, json, os, sys
 
@@ -76,7 +76,8 @@ def blocks_field(frame):
         i = skip(frame, i)
     return None
 
-counts = {"cbor_decode": 0, "car_read": 0, "frame_decode": 0, "json_to_cbor": 0, "repo_verify": 0}
+counts = {"cbor_decode": 0, "car_read": 0, "frame_decode": 0, "frame_batch": 0, "json_to_cbor": 0, "repo_verify": 0}
+all_frames = []
 frames = open(os.path.join(src, "jetstream-2026-07/firehose-frames.bin"), "rb").read()
 count = int.from_bytes(frames[:4], "big")
 pos = 4
@@ -85,11 +86,17 @@ for n in range(count):
     frame = frames[pos + 4:pos + 4 + flen]
     pos += 4 + flen
     put("frame_decode", f"frame-{n:03}", frame); counts["frame_decode"] += 1
+    all_frames.append(frame)
     car = blocks_field(frame)
     if car:
         put("car_read", f"frame-{n:03}.car", car); counts["car_read"] += 1
         for k, block in enumerate(car_blocks(car)):
             put("cbor_decode", f"frame-{n:03}-block-{k:02}", block); counts["cbor_decode"] += 1
+
+# frame_batch: runs of consecutive frames (batches of 1 to 40), separated by ff fe.
+for n, size in enumerate((1, 2, 5, 16, 17, 33, 40)):
+    put("frame_batch", f"frames-{size:02}", b"\xff\xfe".join(all_frames[n * 7:n * 7 + size]))
+    counts["frame_batch"] += 1
 
 repo = open(os.path.join(src, "jetstream-2026-07/repo.car"), "rb").read()
 put("car_read", "repo.car", repo); counts["car_read"] += 1

@@ -421,13 +421,44 @@ impl CarReader {
         })
     }
 
-    /// The header and every section; SHA-256 checks go to `pending`, which reports a mismatch
-    /// once the lane holding it is hashed (a few blocks later at most).
-    fn read_sections<'a>(
+    /// [`CarReader::read`] with verification, except that the SHA-256 checks are left to the
+    /// caller: every block `read` would hash is appended to `unhashed` (file order), and nothing
+    /// is hashed here. Errors are `read`'s structural ones (including an unsupported hash kind).
+    ///
+    /// Why: a firehose commit's ten blocks are too few to keep SHA-256 lanes busy; a caller that
+    /// reads several frames' CARs first can hash all their blocks together
+    /// ([`riptide_sha::Kernel::digests`]). The verdict is then exactly `read`'s when the caller
+    /// applies this rule: if a block in `unhashed` does not match its CID, the first such block's
+    /// [`Unhashed::mismatch`] is the error (even when this call returned a structural error, which
+    /// only ever comes after the blocks it left); otherwise this call's result is.
+    ///
+    /// With `opts.verify` off this is `read` and nothing is appended.
+    pub fn read_deferred<'a, 'b: 'a>(
+        &'a mut self,
+        bytes: &'b [u8],
+        opts: &CarOptions,
+        unhashed: &mut Vec<Unhashed<'b>>,
+    ) -> Result<Car<'a>, CarError> {
+        self.entries.clear();
+        self.roots.clear();
+        if bytes.len() > opts.max_bytes || bytes.len() > u32::MAX as usize {
+            return Err(CarError::new(CarErrorKind::TooLarge, 0, None));
+        }
+        self.read_sections(bytes, opts, unhashed)?;
+        self.build_index(bytes);
+        Ok(Car {
+            bytes,
+            reader: self,
+        })
+    }
+
+    /// The header and every section; SHA-256 checks go to `pending` (a [`riptide_sha::Checker`]
+    /// reports a mismatch once the lane holding it is hashed, a few blocks later at most).
+    fn read_sections<'a, S: HashSink<'a>>(
         &mut self,
         bytes: &'a [u8],
         opts: &CarOptions,
-        pending: &mut riptide_sha::Checker<'a, (usize, usize, Cid<'a>)>,
+        pending: &mut S,
     ) -> Result<(), CarError> {
         let mut pos = self.read_header(bytes)?;
         // How far ahead of the parse the bytes are requested. The hardware streams a sequential
@@ -472,9 +503,12 @@ impl CarReader {
             if opts.verify {
                 check_hash_kind(cid)
                     .map_err(|kind| CarError::new(kind, section_at, Some(block_no)))?;
-                pending
-                    .push(data, cid.digest(), (section_at, block_no, cid))
-                    .map_err(mismatch)?;
+                pending.push(Unhashed {
+                    data,
+                    cid,
+                    section_at,
+                    block_no,
+                })?;
             }
             self.entries.push(Entry::new(cid, pos, data.len()));
             pos += len as usize;
@@ -568,6 +602,61 @@ fn check_hash_kind(cid: Cid<'_>) -> Result<(), CarErrorKind> {
         return Err(CarErrorKind::UnsupportedHash(cid.hash_code()));
     }
     Ok(())
+}
+
+/// A block whose SHA-256 is still to be checked against its CID: see
+/// [`CarReader::read_deferred`].
+#[derive(Clone, Copy, Debug)]
+pub struct Unhashed<'a> {
+    /// The block's bytes (what is hashed).
+    pub data: &'a [u8],
+    /// Its CID (SHA-256, 32-byte digest: checked before the block was left unhashed).
+    pub cid: Cid<'a>,
+    /// Offset of its section in the CAR.
+    pub section_at: usize,
+    /// Its index among the CAR's blocks.
+    pub block_no: usize,
+}
+
+impl<'a> Unhashed<'a> {
+    /// The digest the block must hash to.
+    #[inline]
+    pub fn expected(&self) -> &'a [u8] {
+        self.cid.digest()
+    }
+
+    /// The error [`CarReader::read`] gives for this block when its hash does not match.
+    #[cold]
+    pub fn mismatch(&self) -> CarError {
+        mismatch((self.section_at, self.block_no, self.cid))
+    }
+}
+
+/// Where the reader sends each block to be hashed: a checker that hashes as it goes, or a list
+/// the caller hashes later.
+trait HashSink<'a> {
+    fn push(&mut self, block: Unhashed<'a>) -> Result<(), CarError>;
+}
+
+impl<'a> HashSink<'a> for riptide_sha::Checker<'a, (usize, usize, Cid<'a>)> {
+    #[inline]
+    fn push(&mut self, b: Unhashed<'a>) -> Result<(), CarError> {
+        riptide_sha::Checker::push(
+            self,
+            b.data,
+            b.cid.digest(),
+            (b.section_at, b.block_no, b.cid),
+        )
+        .map_err(mismatch)
+    }
+}
+
+impl<'a> HashSink<'a> for Vec<Unhashed<'a>> {
+    #[inline]
+    fn push(&mut self, b: Unhashed<'a>) -> Result<(), CarError> {
+        Vec::push(self, b);
+        Ok(())
+    }
 }
 
 /// The error for a block whose SHA-256 is not its CID's digest.
@@ -881,6 +970,71 @@ mod tests {
         let e = r.read(&bad, &CarOptions::default()).unwrap_err();
         assert_eq!(e.block(), Some(290));
         assert!(e.is_hash_mismatch(), "{e:?}");
+    }
+
+    /// `read_deferred`, then the caller's rule: the first unhashed block that does not match
+    /// wins; the block count or the error.
+    fn deferred_verdict(
+        r: &mut CarReader,
+        car: &[u8],
+        opts: &CarOptions,
+    ) -> Result<usize, CarError> {
+        let mut unhashed = Vec::new();
+        let res = r.read_deferred(car, opts, &mut unhashed).map(|c| c.len());
+        let msgs: Vec<&[u8]> = unhashed.iter().map(|u| u.data).collect();
+        let mut digests = Vec::new();
+        riptide_sha::Kernel::Sha2.digests(&msgs, &mut digests);
+        if let Some((u, _)) = unhashed
+            .iter()
+            .zip(&digests)
+            .find(|(u, d)| d[..] != *u.expected())
+        {
+            return Err(u.mismatch());
+        }
+        if !opts.verify {
+            assert!(unhashed.is_empty());
+        }
+        res
+    }
+
+    #[test]
+    fn deferred_hashing_gives_the_verdict_of_read() {
+        // Every single-byte flip, every truncation and every flip of a truncated CAR, with and
+        // without verification: `read` and `read_deferred` + the caller's rule agree.
+        let (car, _) = sample();
+        let mut r = CarReader::new();
+        let mut cases: Vec<Vec<u8>> = vec![car.clone()];
+        for i in 0..car.len() {
+            for bit in [1u8, 0x80] {
+                let mut bad = car.clone();
+                bad[i] ^= bit;
+                cases.push(bad.clone());
+                bad.truncate(car.len() - 3);
+                cases.push(bad);
+            }
+            cases.push(car[..i].to_vec());
+        }
+        let (mut mismatches, mut structural) = (0, 0);
+        for c in &cases {
+            for verify in [true, false] {
+                let opts = CarOptions {
+                    verify,
+                    ..CarOptions::default()
+                };
+                let want = r.read(c, &opts).map(|c| c.len());
+                let got = deferred_verdict(&mut r, c, &opts);
+                assert_eq!(got, want, "{c:?}");
+                match want {
+                    Err(e) if e.is_hash_mismatch() => mismatches += 1,
+                    Err(_) => structural += 1,
+                    Ok(_) => {}
+                }
+            }
+        }
+        assert!(
+            mismatches > 50 && structural > 50,
+            "{mismatches} {structural}"
+        );
     }
 
     #[test]

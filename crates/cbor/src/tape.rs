@@ -414,8 +414,53 @@ fn decode_loop(
 
         // Map key position: a text string in canonical order (strict).
         let key_pos = open && cur.is_map && cur.remaining.is_multiple_of(2);
-        if key_pos && strict && major != 3 {
-            return Err(err(ErrorKind::NonTextKey, at));
+        if key_pos && strict {
+            if major != 3 {
+                return Err(err(ErrorKind::NonTextKey, at));
+            }
+            if info < 24 {
+                // A short key (nearly every key): the checks of the text case below in the same
+                // order, without the general dispatch. A key never completes its map (a value
+                // follows), so no container closes here.
+                let len = usize::from(info);
+                if len > end - pos {
+                    return Err(err(ErrorKind::Truncated, at));
+                }
+                if !is_utf8(&input[pos..pos + len]) {
+                    return Err(err(ErrorKind::InvalidUtf8, at));
+                }
+                check_key_order(input, &mut cur, pos, len, at)?;
+                nodes.push(Node {
+                    kind: Kind::Text,
+                    a: len as u32,
+                    b: pos as u64,
+                });
+                pos += len;
+                cur.remaining -= 1;
+                continue;
+            }
+        }
+
+        // A link as atproto writes every one: tag 42, a 37-byte byte string, 0x00, a CIDv1 with a
+        // one-byte codec and a 32-byte SHA-256 (MST nodes and records are full of them). The
+        // node the general path below makes, without its two argument reads and CID parse.
+        if ib == 0xd8 && !key_pos && pos + 40 <= end {
+            if let Some(&[0x2a, 0x58, 0x25, 0x00, 0x01, codec, 0x12, 0x20]) =
+                input.get(pos..pos + 8)
+            {
+                if codec < 0x80 {
+                    nodes.push(Node {
+                        kind: Kind::Link,
+                        a: 36,
+                        b: pos as u64 + 4,
+                    });
+                    pos += 40;
+                    if complete(nodes, stack, &mut cur, &mut open) {
+                        return Ok(pos);
+                    }
+                    continue;
+                }
+            }
         }
 
         let arg = if info < 24 {
@@ -463,27 +508,7 @@ fn decode_loop(
                         return Err(err(ErrorKind::InvalidUtf8, at));
                     }
                     if key_pos && strict {
-                        // Canonical order: shorter keys first, then bytewise; no duplicates.
-                        let level = &mut cur;
-                        let (poff, plen) = level.prev_key;
-                        if plen != u32::MAX {
-                            let plen = plen as usize;
-                            if len < plen {
-                                return Err(err(ErrorKind::KeyOrder, at));
-                            }
-                            if len == plen {
-                                match key_cmp(input, poff as usize, pos, len) {
-                                    std::cmp::Ordering::Less => {}
-                                    std::cmp::Ordering::Equal => {
-                                        return Err(err(ErrorKind::DuplicateKey, at))
-                                    }
-                                    std::cmp::Ordering::Greater => {
-                                        return Err(err(ErrorKind::KeyOrder, at))
-                                    }
-                                }
-                            }
-                        }
-                        level.prev_key = (pos as u32, len as u32);
+                        check_key_order(input, &mut cur, pos, len, at)?;
                     }
                 }
                 let kind = if major == 2 { Kind::Bytes } else { Kind::Text };
@@ -662,6 +687,34 @@ fn decode_loop(
     }
 }
 
+/// Canonical key order (strict): shorter keys first, then bytewise; no duplicates. The key is
+/// `input[pos..pos + len]`, at item offset `at`; it becomes the map's previous key.
+#[inline(always)]
+fn check_key_order(
+    input: &[u8],
+    level: &mut Level,
+    pos: usize,
+    len: usize,
+    at: usize,
+) -> Result<(), Error> {
+    let (poff, plen) = level.prev_key;
+    if plen != u32::MAX {
+        let plen = plen as usize;
+        if len < plen {
+            return Err(err(ErrorKind::KeyOrder, at));
+        }
+        if len == plen {
+            match key_cmp(input, poff as usize, pos, len) {
+                std::cmp::Ordering::Less => {}
+                std::cmp::Ordering::Equal => return Err(err(ErrorKind::DuplicateKey, at)),
+                std::cmp::Ordering::Greater => return Err(err(ErrorKind::KeyOrder, at)),
+            }
+        }
+    }
+    level.prev_key = (pos as u32, len as u32);
+    Ok(())
+}
+
 /// Records that one item finished: closes every container it completes. Returns true when the
 /// top-level item is complete.
 #[inline(always)]
@@ -719,6 +772,41 @@ mod tests {
             .filter_map(|v| v.as_i64())
             .collect();
         assert_eq!(b, vec![2, 3]);
+    }
+
+    #[test]
+    fn atproto_links_fast_or_not_decode_the_same() {
+        // [link, 1] and {"a": link}: the link as atproto writes it (fast path), at the end of the
+        // input and not, truncated anywhere, and with its codec byte a varint continuation
+        // (general path: not a valid CID then).
+        for codec in [0x71u8, 0x55, 0x7f] {
+            let mut cid = vec![0x01, codec, 0x12, 0x20];
+            cid.extend((0..32u8).map(|i| i.wrapping_mul(37)));
+            let mut link = vec![0xd8, 0x2a, 0x58, 0x25, 0x00];
+            link.extend(&cid);
+            for doc in [
+                [&[0x82][..], &link, &[0x01]].concat(),
+                [&[0xa1, 0x61, b'a'][..], &link].concat(),
+                [&[0x81][..], &link].concat(),
+            ] {
+                let mut arena = Arena::new();
+                let mut tape = arena.tape(&doc);
+                let item = tape.decode(0..doc.len(), &Options::strict()).unwrap();
+                let v = tape.value(item);
+                let l = match v.kind() {
+                    Kind::Map => v.get("a").unwrap(),
+                    _ => v.array().unwrap().next().unwrap(),
+                };
+                assert_eq!(l.kind(), Kind::Link);
+                assert_eq!(l.as_link().unwrap().as_bytes(), &cid[..]);
+                for cut in 1..doc.len() {
+                    assert_eq!(kind(&doc[..cut]), ErrorKind::Truncated, "{cut}");
+                }
+            }
+        }
+        let mut bad = vec![0x81, 0xd8, 0x2a, 0x58, 0x25, 0x00, 0x01, 0x80, 0x12, 0x20];
+        bad.extend([0u8; 32]);
+        assert_eq!(kind(&bad), ErrorKind::InvalidLink);
     }
 
     #[test]

@@ -22,5 +22,6 @@ pub mod verify;
 pub use error::{FrameError, FrameErrorKind};
 pub use frame::{
     Account, Action, Body, Commit, DecodeOptions, ErrorFrame, Frame, FrameDecoder, Identity, Info,
-    RepoOp, SyncEvent,
+    RepoOp, SyncEvent, BATCH_FRAMES,
 };
+pub use riptide_sha::Kernel;

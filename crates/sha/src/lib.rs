@@ -39,7 +39,8 @@ pub fn sha256_pair(a: &[u8], b: &[u8]) -> (Digest, Digest) {
     #[cfg(target_arch = "x86_64")]
     {
         if x86::available() {
-            return match (a.len() <= SHORT, b.len() <= SHORT) {
+            let short = short_limit();
+            return match (a.len() <= short, b.len() <= short) {
                 (true, true) => x86::pair(a, b),
                 (true, false) => (x86::one(a), sha256(b)),
                 (false, true) => (sha256(a), x86::one(b)),
@@ -56,13 +57,25 @@ pub fn sha256_pair(a: &[u8], b: &[u8]) -> (Digest, Digest) {
 /// 0.9× at 1,000).
 pub const SHORT: usize = 512;
 
+/// Longest message [`sha256_pair`] and [`sha256_short`] hash with SHA-NI on this CPU: [`SHORT`],
+/// or any length where two SHA-NI lanes beat `sha2` at every length (AMD Zen, where SHA-NI has
+/// latency to spare: see [`wide_beats_sha_ni`]).
+#[inline]
+pub fn short_limit() -> usize {
+    if wide_beats_sha_ni() {
+        SHORT
+    } else {
+        usize::MAX
+    }
+}
+
 /// SHA-256 of one message through the same lean path as [`sha256_pair`] when it is at most
-/// [`SHORT`] bytes (`sha2` otherwise).
+/// [`short_limit`] bytes (`sha2` otherwise).
 #[inline]
 pub fn sha256_short(a: &[u8]) -> Digest {
     #[cfg(target_arch = "x86_64")]
     {
-        if a.len() <= SHORT && x86::available() {
+        if a.len() <= short_limit() && x86::available() {
             return x86::one(a);
         }
     }
@@ -152,8 +165,12 @@ pub enum Checker<'a, T> {
 }
 
 impl<'a, T> Checker<'a, T> {
-    /// The widest checker this CPU supports.
+    /// The fastest checker this CPU supports: sixteen AVX-512 lanes, unless two SHA-NI lanes are
+    /// faster here ([`wide_beats_sha_ni`]).
     pub fn new() -> Self {
+        if lanes_available() && !wide_beats_sha_ni() {
+            return Checker::Pairs(Pairs::new());
+        }
         match Lanes::new() {
             Some(l) => Checker::Lanes(Box::new(l)),
             None => Checker::Pairs(Pairs::new()),
@@ -514,6 +531,9 @@ const K: [u32; 64] = [
 #[cfg(target_arch = "x86_64")]
 mod x16;
 
+mod batch;
+pub use batch::{wide_beats_sha_ni, Kernel};
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     //! The two-lane SHA-NI compression. The intrinsics are safe to call inside functions that
@@ -616,6 +636,104 @@ mod x86 {
             }
         }
         (store_state(sa), store_state(sb))
+    }
+
+    /// One message's blocks, walked one at a time by a lane of [`stream`].
+    struct Cursor<'a> {
+        msg: &'a [u8],
+        n_full: usize,
+        tail: [u8; 128],
+        total: usize,
+        next: usize,
+    }
+
+    impl<'a> Cursor<'a> {
+        #[inline(always)]
+        fn new(m: &'a [u8]) -> Cursor<'a> {
+            let n_full = m.len() / 64;
+            let mut tail = [0u8; 128];
+            let tail_blocks = super::pad_tail(&m[n_full * 64..], m.len() as u64, &mut tail);
+            Cursor {
+                msg: m,
+                n_full,
+                tail,
+                total: n_full + tail_blocks,
+                next: 0,
+            }
+        }
+
+        /// Block `k` (< `total`): from the message, or its padded tail.
+        #[inline(always)]
+        fn block(&self, k: usize) -> &[u8] {
+            if k < self.n_full {
+                &self.msg[k * 64..k * 64 + 64]
+            } else {
+                let t = (k - self.n_full) * 64;
+                &self.tail[t..t + 64]
+            }
+        }
+    }
+
+    /// A busy lane of [`stream`]: which message, its blocks, its state.
+    struct Lane<'a> {
+        index: usize,
+        cursor: Cursor<'a>,
+        state: State,
+    }
+
+    /// `out[i]` = SHA-256 of `msgs[i]` (`out` at least as long as `msgs`), two SHA-NI lanes
+    /// refilled as messages end, so lengths that differ keep both busy.
+    pub(super) fn stream(msgs: &[&[u8]], out: &mut [Digest]) {
+        // SAFETY: as in `pair`: called only after `available()`.
+        unsafe { stream_sha_ni(msgs, out) }
+    }
+
+    #[target_feature(enable = "sha,sse2,ssse3,sse4.1")]
+    fn stream_sha_ni(msgs: &[&[u8]], out: &mut [Digest]) {
+        let init = load_state(&H0);
+        let mut queued = 0;
+        let mut load = || {
+            let lane = msgs.get(queued).map(|m| Lane {
+                index: queued,
+                cursor: Cursor::new(m),
+                state: init,
+            });
+            queued += 1;
+            lane
+        };
+        let mut a = load();
+        let mut b = load();
+        loop {
+            match (&mut a, &mut b) {
+                (Some(x), Some(y)) => {
+                    let (kx, ky) = (x.cursor.next, y.cursor.next);
+                    compress2(
+                        &mut x.state,
+                        &mut y.state,
+                        x.cursor.block(kx),
+                        y.cursor.block(ky),
+                    );
+                    x.cursor.next += 1;
+                    y.cursor.next += 1;
+                }
+                (Some(x), None) | (None, Some(x)) => {
+                    let k = x.cursor.next;
+                    compress1(&mut x.state, x.cursor.block(k));
+                    x.cursor.next += 1;
+                }
+                (None, None) => break,
+            }
+            for lane in [&mut a, &mut b] {
+                if let Some(l) = lane {
+                    if l.cursor.next == l.cursor.total {
+                        if let Some(o) = out.get_mut(l.index) {
+                            *o = store_state(l.state);
+                        }
+                        *lane = load();
+                    }
+                }
+            }
+        }
     }
 
     /// The state as SHA-NI keeps it: (ABEF, CDGH).
@@ -882,9 +1000,12 @@ mod tests {
             for &i in bad {
                 wrong[i][31] ^= 1;
             }
+            // Sixteen lanes where the CPU has them, whichever `new` prefers here.
+            let lanes = Lanes::new().map(|l| check_all(Checker::Lanes(Box::new(l)), &msgs, &wrong));
             (
                 check_all(Checker::new(), &msgs, &wrong),
                 check_all(Checker::Pairs(Pairs::new()), &msgs, &wrong),
+                lanes,
             )
         };
         for bad in [
@@ -896,10 +1017,13 @@ mod tests {
             &[98, 97],
             &[16, 1],
         ] {
-            let (lanes, pairs) = run(bad);
+            let (new, pairs, lanes) = run(bad);
             let expect = bad.iter().min().map_or(Ok(()), |&i| Err(i));
-            assert_eq!(lanes, expect, "{bad:?}");
+            assert_eq!(new, expect, "{bad:?}");
             assert_eq!(pairs, expect, "{bad:?}");
+            if let Some(lanes) = lanes {
+                assert_eq!(lanes, expect, "{bad:?}");
+            }
         }
     }
 
@@ -910,6 +1034,7 @@ mod tests {
             matches!(Checker::<()>::new(), Checker::Lanes(_)),
             std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
+                && (wide_beats_sha_ni() || !lanes_available())
         );
     }
 
@@ -951,6 +1076,10 @@ mod tests {
             }
             let expect = bad.map_or(Ok(()), Err);
             prop_assert_eq!(check_all(Checker::new(), &msgs, &digests), expect);
+            prop_assert_eq!(check_all(Checker::Pairs(Pairs::new()), &msgs, &digests), expect);
+            if let Some(l) = Lanes::new() {
+                prop_assert_eq!(check_all(Checker::Lanes(Box::new(l)), &msgs, &digests), expect);
+            }
         }
     }
 

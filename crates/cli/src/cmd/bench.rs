@@ -4,7 +4,10 @@
 //! per block → every block as DAG-CBOR), 2 warm-up and 5 measured passes by default, and reports
 //! median, min and max. In verified mode it also runs, in the same process and the same way, the
 //! *SHA-256 bound*: passes that only hash every block's bytes — the floor under verified decoding —
-//! and reports the ratio of the two medians.
+//! alternating with the decode passes round by round, and reports the ratio of the two medians. Frames go through `FrameDecoder::decode_batch` (CAR
+//! blocks of up to sixteen frames hashed together, the fastest verified path); `--per-frame`
+//! measures `FrameDecoder::decode` one frame at a time instead. Each thread keeps its decoder
+//! across passes.
 //!
 //! `bench sigs` times signature verification over a signature corpus (`*.sigs`) in the three tiers
 //! of atproto-bench, each a pass over every entry: `full` (decode the signed commit, strip `sig`,
@@ -64,6 +67,10 @@ pub struct DecodeArgs {
     /// Worker threads; frames are split into contiguous chunks, one decoder per thread.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Decode frame by frame (`FrameDecoder::decode`) instead of in batches
+    /// (`FrameDecoder::decode_batch`, which hashes several frames' blocks together).
+    #[arg(long)]
+    per_frame: bool,
     /// Repeat the corpus this many times in memory (copies, so caches see real sizes).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
@@ -88,6 +95,14 @@ impl Passes {
     fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.passes > 0, "--passes must be at least 1");
         Ok(())
+    }
+
+    /// [`Passes::time`] for a round of two passes whose times are compared.
+    fn time_pairs(&self, mut round: impl FnMut() -> (f64, f64)) -> Vec<(f64, f64)> {
+        for _ in 0..self.warmup {
+            round();
+        }
+        (0..self.passes).map(|_| round()).collect()
     }
 
     /// Runs `pass` `warmup` times, then `passes` times; what the measured passes returned.
@@ -201,6 +216,34 @@ fn par_chunks<T: Sync, R: Send>(items: &[T], n: usize, f: impl Fn(&[T]) -> R + S
     })
 }
 
+/// [`par_chunks`] with one piece of per-thread state each (`states.len()` threads, inline when
+/// there is one): state that outlives the threads, such as a warm decoder.
+fn par_chunks_with<T: Sync, S: Send, R: Send>(
+    items: &[T],
+    states: &mut [S],
+    f: impl Fn(&mut S, &[T]) -> R + Sync,
+) -> Vec<R> {
+    let n = states.len().max(1);
+    let chunk = items.len().div_ceil(n).max(1);
+    if let [state] = states {
+        return vec![f(state, items)];
+    }
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items
+            .chunks(chunk)
+            .zip(states.iter_mut())
+            .map(|(c, st)| {
+                let f = &f;
+                s.spawn(move || f(st, c))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    })
+}
+
 fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     a.runs.check()?;
     anyhow::ensure!(a.threads > 0, "--threads must be at least 1");
@@ -248,15 +291,28 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         .map(|&(i, s, n)| &frames[i][s..s + n])
         .collect();
 
+    // One decoder per thread, kept across passes: a pass measures decoding, not the warm-up of
+    // a decoder's storage (nor the allocator's locks when several threads warm up at once).
+    let per_frame = a.per_frame;
+    let mut decoders: Vec<FrameDecoder> = (0..a.threads)
+        .map(|_| FrameDecoder::with_options(opts))
+        .collect();
     let decode_pass = || -> f64 {
         let start = Instant::now();
-        let counts = par_chunks(&frames, a.threads, |chunk| {
-            let mut dec = FrameDecoder::with_options(opts);
+        let counts = par_chunks_with(&frames, &mut decoders, |dec, chunk| {
             let mut n = 0usize;
-            for f in chunk {
-                if let Ok(frame) = dec.decode(f) {
-                    n += frame.block_count();
+            if per_frame {
+                for f in chunk {
+                    if let Ok(frame) = dec.decode(f) {
+                        n += frame.block_count();
+                    }
                 }
+            } else {
+                dec.decode_batch(chunk, |_, r| {
+                    if let Ok(frame) = r {
+                        n += frame.block_count();
+                    }
+                });
             }
             n
         });
@@ -277,17 +333,19 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     };
 
     let load_before = load_avg();
-    let times = a.runs.time(decode_pass);
+    // Verified: a decode pass and a bound pass alternate, round by round, so that load from
+    // other work on the machine falls on both and their ratio holds.
+    let (times, sha_times) = if a.no_verify {
+        (a.runs.time(decode_pass), None)
+    } else {
+        let (mut decode_pass, sha_pass) = (decode_pass, sha_pass);
+        let pairs = a.runs.time_pairs(|| (decode_pass(), sha_pass()));
+        let (d, s): (Vec<f64>, Vec<f64>) = pairs.into_iter().unzip();
+        (d, Some(s))
+    };
     let fps = Stats::of(times.iter().map(|t| frames.len() as f64 / t).collect());
     let mbps = Stats::of(times.iter().map(|t| bytes as f64 / t / 1e6).collect());
-    let sha = if a.no_verify {
-        None
-    } else {
-        let t = a.runs.time(sha_pass);
-        Some(Stats::of(
-            t.iter().map(|t| frames.len() as f64 / t).collect(),
-        ))
-    };
+    let sha = sha_times.map(|t| Stats::of(t.iter().map(|t| frames.len() as f64 / t).collect()));
 
     let load = (load_before, load_avg());
     let warning = spread_warning(&fps, load);
@@ -305,6 +363,7 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         "errors": errors,
         "verified": !a.no_verify,
         "threads": a.threads,
+        "api": if a.per_frame { "per-frame" } else { "batch" },
         "warmup": a.runs.warmup,
         "passes": a.runs.passes,
         "fps": fps.json(),
@@ -320,10 +379,15 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     print_report(a.json, &report, errors, |stdout| {
         writeln!(
             stdout,
-            "frames {} ({:.1} MB), blocks {blocks}, errors {errors}, {} thread(s), {} passes",
+            "frames {} ({:.1} MB), blocks {blocks}, errors {errors}, {} thread(s), {}, {} passes",
             frames.len(),
             bytes as f64 / 1e6,
             a.threads,
+            if a.per_frame {
+                "frame by frame"
+            } else {
+                "in batches"
+            },
             a.runs.passes
         )?;
         writeln!(
