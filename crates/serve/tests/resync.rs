@@ -347,8 +347,29 @@ async fn a_broken_chain_is_resynced_and_held_frames_are_released_in_order() {
             before.len() + after.len() < want.len(),
             "the gap is not served"
         );
+        // The #sync carries the verified commit: a CAR whose root is the commit block, signed
+        // by the account (it verifies as an upstream #sync would).
         let sync: serde_json::Value = serde_json::from_str(&have[sync_at].1).unwrap();
         assert_eq!(sync["did"], serde_json::json!(w.victim));
+        assert_eq!(sync["sync"]["did"], serde_json::json!(w.victim));
+        let wrapped = serde_json::json!({ "b": sync["sync"]["blocks"] });
+        let Ok(riptide_cbor::OwnedValue::Map(m)) = riptide_cbor::json_to_value(&wrapped) else {
+            panic!("blocks is not $bytes");
+        };
+        let Some(riptide_cbor::OwnedValue::Bytes(bytes)) = m.get("b") else {
+            panic!("blocks is not $bytes");
+        };
+        let mut reader = riptide_car::CarReader::new();
+        let c = reader
+            .read(bytes, &riptide_car::CarOptions::default())
+            .unwrap();
+        assert_eq!(c.len(), 1, "the commit block alone");
+        let commit = riptide_repo::Commit::decode(c.block(0).unwrap().data).unwrap();
+        assert_eq!(
+            serde_json::json!(commit.rev()),
+            sync["sync"]["rev"],
+            "the rev of the commit it carries"
+        );
     }
     // Nothing held, the account synchronized at its last commit.
     assert!(store.pending().unwrap().is_empty());
