@@ -90,6 +90,21 @@ pub const INGEST_PRESSURE: i64 = 1024;
 /// How long a subscriber pauses after a batch while ingest is under pressure.
 const PRESSURE_PAUSE: Duration = Duration::from_millis(5);
 
+/// Environment variable overriding [`PRESSURE_PAUSE`], in milliseconds (0: no pause). For
+/// benchmarks (`riptide bench serve --pressure-pause-ms`); not a contract of `riptide serve`.
+pub const PRESSURE_PAUSE_ENV: &str = "RIPTIDE_BENCH_PRESSURE_PAUSE_MS";
+
+/// [`PRESSURE_PAUSE`], or what [`PRESSURE_PAUSE_ENV`] says (read once).
+fn pressure_pause() -> Duration {
+    static PAUSE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *PAUSE.get_or_init(|| {
+        std::env::var(PRESSURE_PAUSE_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(PRESSURE_PAUSE, Duration::from_millis)
+    })
+}
+
 /// How often a blocked write stops to apply the slow-consumer rule.
 const SLOW_CHECK_EVERY: Duration = Duration::from_secs(1);
 
@@ -541,10 +556,11 @@ impl Writer<'_> {
     ) -> Result<(), Outcome> {
         if sent {
             self.run(Op::Flush, cursor).await?;
-            if self.app.metrics.ingest_queue.load(Relaxed) > INGEST_PRESSURE {
+            let pause = pressure_pause();
+            if self.app.metrics.ingest_queue.load(Relaxed) > INGEST_PRESSURE && !pause.is_zero() {
                 // Each subscriber's next batch is the larger for it (fewer wake-ups and writes
                 // per event); nothing is skipped.
-                tokio::time::sleep(PRESSURE_PAUSE).await;
+                tokio::time::sleep(pause).await;
             }
         }
         self.check_slow(cursor)?;
