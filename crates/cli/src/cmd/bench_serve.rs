@@ -462,7 +462,11 @@ impl Sample {
             return Sample::default();
         };
         let m = |n: &str| metric(&b, n).unwrap_or(0.0);
-        let drop = |r: &str| m(&format!("riptide_slow_consumer_drops_total{{reason=\"{r}\"}}"));
+        let drop = |r: &str| {
+            m(&format!(
+                "riptide_slow_consumer_drops_total{{reason=\"{r}\"}}"
+            ))
+        };
         Sample {
             at: Some(Instant::now()),
             upstream_seq: m("riptide_upstream_seq"),
@@ -638,6 +642,7 @@ async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
     let (frames_s, events_s) = start.rates(&end);
     let (connect_frames_s, _) = warm.rates(&start);
     let lag_end = end.lag_behind(&warm, a.rate);
+    let lag_max = lag_max.max(lag_end);
     let drops: Vec<f64> = (0..3).map(|i| end.drops[i] - start.drops[i]).collect();
     let wire_name = match wire {
         Wire::V1 => "subscribe",
