@@ -89,6 +89,13 @@ pub struct ServeArgs {
     /// none); default: serve's own (not a serve contract: see `riptide_serve::server`).
     #[arg(long, value_name = "MS")]
     pressure_pause_ms: Option<u64>,
+    /// Readers replaying from cursor 0 at once (issue 17 item 10), on each live wire, after
+    /// `--replay-history` seconds of ingest at `--rate` (0 skips the run).
+    #[arg(long, default_value_t = 0)]
+    replayers: usize,
+    /// Seconds of ingest stored before the replayers connect.
+    #[arg(long, default_value_t = 20)]
+    replay_history: u64,
 }
 
 /// The wires of the live run.
@@ -306,6 +313,14 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
             out["live_v2"] = live(&a, Wire::V2).await?;
         }
     }
+    if a.replayers > 0 {
+        if a.live_wire != LiveWire::V2 {
+            out["replayers"] = replayers(&a, Wire::V1).await?;
+        }
+        if a.live_wire != LiveWire::V1 {
+            out["replayers_v2"] = replayers(&a, Wire::V2).await?;
+        }
+    }
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(ExitCode::SUCCESS)
 }
@@ -521,8 +536,14 @@ fn rss_kib(pid: u32) -> u64 {
 /// the connect phase took minutes).
 const CONNECT_AT_ONCE: usize = 32;
 
-async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
-    let dir = tempfile::tempdir()?;
+/// A child `riptide serve` ingesting the corpus at `--rate` from a fresh store in `dir`, with
+/// room for `clients` connections from this address; its address once it accepts connections.
+async fn child_server(
+    a: &ServeArgs,
+    dir: &std::path::Path,
+    clients: usize,
+    seconds: f64,
+) -> anyhow::Result<(tokio::process::Child, String)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
@@ -530,7 +551,7 @@ async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
     // Frames for far longer than the run can take: the source must not run dry before or during
     // the measured window (a saturated server can take minutes to accept every subscriber, and a
     // source that had run dry made every subscriber receive nothing in the window).
-    let repeat = ((a.rate * (a.seconds as f64 + 600.0)) / 150.0).ceil() as u64 + 1;
+    let repeat = ((a.rate * (seconds + 600.0)) / 150.0).ceil() as u64 + 1;
     let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
     cmd.args([
         "serve",
@@ -544,12 +565,12 @@ async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
         "--stateless",
         // Every subscriber comes from this address, and /metrics must still be answered.
         "--max-connections-per-ip",
-        &(a.subscribers + 64).to_string(),
+        &(clients + 64).to_string(),
         "--max-connections",
-        &(a.subscribers + 256).max(10_000).to_string(),
+        &(clients + 256).max(10_000).to_string(),
     ])
     .arg("--data")
-    .arg(dir.path())
+    .arg(dir)
     .arg("--did-docs")
     .arg(&a.did_docs)
     .arg("--zstd-dictionary")
@@ -564,8 +585,7 @@ async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
     if let Some(ms) = a.pressure_pause_ms {
         cmd.env(riptide_serve::server::PRESSURE_PAUSE_ENV, ms.to_string());
     }
-    let mut child = cmd.spawn()?;
-    let pid = child.id().unwrap_or(0);
+    let child = cmd.spawn()?;
     let t0 = Instant::now();
     while tokio::net::TcpStream::connect(&addr).await.is_err() {
         anyhow::ensure!(
@@ -574,6 +594,13 @@ async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    Ok((child, addr))
+}
+
+async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
+    let dir = tempfile::tempdir()?;
+    let (mut child, addr) = child_server(a, dir.path(), a.subscribers, a.seconds as f64).await?;
+    let pid = child.id().unwrap_or(0);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let rss_before = rss_kib(pid);
     let warm = Sample::read(&addr).await;
@@ -684,6 +711,119 @@ async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
         "ingest_queue_frames_max": queue_max,
         "source_ran_dry": end.ingest_finished,
         "subscribers_closed_during_run": closed_during,
+        "slow_consumer_drops": {
+            "write-timeout": drops[0], "pong-timeout": drops[1], "behind": drops[2],
+        },
+    }))
+}
+
+/// The seq of a text event: v1's `"cursor":N`, v2's `"seq":N` (the first of them in the frame:
+/// the envelope's, before the record).
+fn event_seq(text: &str, wire: Wire) -> Option<u64> {
+    let key = match wire {
+        Wire::V1 => "\"cursor\":",
+        Wire::V2 => "\"seq\":",
+    };
+    let rest = &text[text.find(key)? + key.len()..];
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// Most time a replayer is given to reach the tip it connected at.
+const REPLAY_LIMIT: Duration = Duration::from_secs(600);
+
+/// Issue 17 item 10: `--replayers` readers connect at once with cursor 0 to a child server that
+/// stored `--replay-history` seconds of ingest and goes on ingesting at `--rate`; each reads until
+/// it has the event that was the newest when it connected. How many finished, how many streams
+/// ended first (and the server's slow drops by reason), their times, and whether ingest kept up
+/// meanwhile.
+async fn replayers(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
+    let dir = tempfile::tempdir()?;
+    let limit = REPLAY_LIMIT.as_secs_f64();
+    let (mut child, addr) =
+        child_server(a, dir.path(), a.replayers, a.replay_history as f64 + limit).await?;
+    tokio::time::sleep(Duration::from_secs(a.replay_history)).await;
+    let start = Sample::read(&addr).await;
+    let body = scrape(&addr).await.unwrap_or_default();
+    let target = metric(&body, "riptide_log_next_seq").unwrap_or(1.0) as u64 - 1;
+    let path = match wire {
+        Wire::V1 => "/subscribe?cursor=0".to_string(),
+        Wire::V2 => format!("{}?cursor=0", riptide_serve::v2::SUBSCRIBE_EVENTS),
+    };
+    let t0 = Instant::now();
+    let clients = (0..a.replayers).map(|_| {
+        let url = format!("ws://{addr}{path}");
+        async move {
+            let (mut ws, _) = tokio_tungstenite::connect_async(url).await?;
+            let until = tokio::time::Instant::now() + REPLAY_LIMIT;
+            let mut got = 0u64;
+            loop {
+                match tokio::time::timeout_at(until, ws.next()).await {
+                    Ok(Some(Ok(m))) if m.is_text() => {
+                        got += 1;
+                        let text = m.to_text().unwrap_or_default();
+                        if event_seq(text, wire).is_some_and(|s| s >= target) {
+                            return Ok::<_, anyhow::Error>((Some(t0.elapsed()), got));
+                        }
+                    }
+                    Ok(Some(Ok(_))) => {}
+                    // The stream ended (dropped, closed) or the time is up.
+                    Ok(_) | Err(_) => return Ok((None, got)),
+                }
+            }
+        }
+    });
+    let results: Vec<(Option<Duration>, u64)> = futures_util::future::join_all(clients)
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<_>>()?;
+    let end = Sample::read(&addr).await;
+    let _ = child.kill().await;
+    let mut times: Vec<f64> = results
+        .iter()
+        .filter_map(|(t, _)| t.map(|t| t.as_secs_f64()))
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let finished = times.len();
+    let stopped: Vec<u64> = results
+        .iter()
+        .filter(|(t, _)| t.is_none())
+        .map(|(_, n)| *n)
+        .collect();
+    let drops: Vec<f64> = (0..3).map(|i| end.drops[i] - start.drops[i]).collect();
+    let (frames_s, _) = start.rates(&end);
+    let pick = |q: f64| {
+        times
+            .get(((times.len() as f64 - 1.0) * q) as usize)
+            .copied()
+    };
+    eprintln!(
+        "replayers ({wire:?}): {} from cursor 0 to seq {target}: {finished} finished (seconds min/median/max {:.1}/{:.1}/{:.1}), {} did not (events they had: {:?}); slow drops write-timeout/pong-timeout/behind {}/{}/{}; ingest meanwhile {frames_s:.0} frames/s of {} offered",
+        a.replayers,
+        pick(0.0).unwrap_or(0.0),
+        pick(0.5).unwrap_or(0.0),
+        pick(1.0).unwrap_or(0.0),
+        stopped.len(),
+        stopped.iter().take(10).collect::<Vec<_>>(),
+        drops[0],
+        drops[1],
+        drops[2],
+        a.rate,
+    );
+    Ok(serde_json::json!({
+        "wire": match wire { Wire::V1 => "subscribe", Wire::V2 => "subscribeEvents" },
+        "replayers": a.replayers,
+        "history_seconds": a.replay_history,
+        "target_seq": target,
+        "rate_frames_per_s": a.rate,
+        "finished": finished,
+        "not_finished": stopped.len(),
+        "seconds_to_finish_min": pick(0.0),
+        "seconds_to_finish_median": pick(0.5),
+        "seconds_to_finish_max": pick(1.0),
+        "ingest_frames_per_s": frames_s,
         "slow_consumer_drops": {
             "write-timeout": drops[0], "pong-timeout": drops[1], "behind": drops[2],
         },
