@@ -20,7 +20,13 @@
 //!    `--subscribers` live clients while the server ingests at `--rate` frames/s; VmRSS of the
 //!    server before and with the clients, per-subscriber memory, and events each client got. The
 //!    in-memory tail keeps filling during the run (it is bounded, not per subscriber); its growth,
-//!    read from `/metrics`, is subtracted from the per-subscriber figure.
+//!    read from `/metrics`, is subtracted from the per-subscriber figure. Beside it, whether
+//!    verified ingest kept up (issue 17 item 8): frames and events ingested per second during the
+//!    window against the offered rate, how many seconds the stored stream is behind the offered
+//!    one (taking the end of the warm-up, before any subscriber, as on schedule), the ingest
+//!    queue's maximum, subscriber streams that ended and slow drops by reason.
+//! 4. **Replaying readers** (`--replayers`, issue 17 item 10): N readers from cursor 0 at once
+//!    on a child server that keeps ingesting; how many reach the tip they connected at.
 //!
 //! Jetstream v2 (`subscribeEvents`) beside v1: figure 2 is also measured on
 //! `/xrpc/network.bsky.jetstream.subscribeEvents?cursor=0` (memory and disk; also compressed
