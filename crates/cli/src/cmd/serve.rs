@@ -367,6 +367,11 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                     args.upstream.clone()
                 };
                 let start_cursor = resume.upstream_cursor.or(args.upstream_cursor);
+                // Said now, not when the source's thread first runs it: `/metrics` answers
+                // as soon as the listener is up.
+                metrics
+                    .upstream_start_cursor
+                    .store(start_cursor.unwrap_or(0), Relaxed);
                 if start_cursor.is_none() {
                     tracing::warn!(
                         "starting live (no stored cursor): only events from now on are ingested; \
