@@ -24,8 +24,10 @@
 //! closed, no close frame, counted by reason) when it is more than 100,000 events behind and its
 //! cursor moved under 5 events/s for 60 s (Jetstream v2's rule, [`ServerConfig::slow`]), when a
 //! single write makes no progress at all for [`ServerConfig::write_timeout`] (120 s: the peer is
-//! gone), or when a ping goes unanswered for [`ServerConfig::pong_timeout`]. A write that blocks
-//! for seconds only slows that subscriber: on a loaded host, replaying readers block often, and
+//! gone), or when a ping goes unanswered for [`ServerConfig::pong_timeout`] on a connection that
+//! sent no events for the write timeout (a ping waits behind what the socket holds, so on a busy
+//! one the pong may take up to the write timeout: `Writer::keepalive`). A write that blocks for
+//! seconds only slows that subscriber: on a loaded host, replaying readers block often, and
 //! cutting them (as a 5 s write timeout did) dropped readers that were making progress.
 //!
 //! **Ingest comes first.** Readers and ingest share the cores. When ingest falls behind (more than
@@ -89,6 +91,21 @@ pub const INGEST_PRESSURE: i64 = 1024;
 
 /// How long a subscriber pauses after a batch while ingest is under pressure.
 const PRESSURE_PAUSE: Duration = Duration::from_millis(5);
+
+/// Environment variable overriding [`PRESSURE_PAUSE`], in milliseconds (0: no pause). For
+/// benchmarks (`riptide bench serve --pressure-pause-ms`); not a contract of `riptide serve`.
+pub const PRESSURE_PAUSE_ENV: &str = "RIPTIDE_BENCH_PRESSURE_PAUSE_MS";
+
+/// [`PRESSURE_PAUSE`], or what [`PRESSURE_PAUSE_ENV`] says (read once).
+fn pressure_pause() -> Duration {
+    static PAUSE: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *PAUSE.get_or_init(|| {
+        std::env::var(PRESSURE_PAUSE_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(PRESSURE_PAUSE, Duration::from_millis)
+    })
+}
 
 /// How often a blocked write stops to apply the slow-consumer rule.
 const SLOW_CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -502,9 +519,22 @@ pub(crate) struct Writer<'a> {
     pub(crate) sink: &'a mut Sink,
     pub(crate) app: &'a App,
     pub(crate) slow: SlowWatch,
+    /// When the socket last took a batch of events (unix µs; 0: never): see
+    /// [`Writer::keepalive`].
+    events_flushed_us: i64,
 }
 
-impl Writer<'_> {
+impl<'a> Writer<'a> {
+    /// A writer for a subscriber on `sink`.
+    pub(crate) fn new(sink: &'a mut Sink, app: &'a App) -> Writer<'a> {
+        Writer {
+            sink,
+            app,
+            slow: SlowWatch::new(app.config.slow),
+            events_flushed_us: 0,
+        }
+    }
+
     /// Does `op` for a subscriber whose next seq is `cursor`. Both operations may be dropped
     /// half-way and redone: a feed that has not completed has not queued its message (the
     /// message is a cheap clone), and a flush keeps what it has not written.
@@ -541,10 +571,12 @@ impl Writer<'_> {
     ) -> Result<(), Outcome> {
         if sent {
             self.run(Op::Flush, cursor).await?;
-            if self.app.metrics.ingest_queue.load(Relaxed) > INGEST_PRESSURE {
+            self.events_flushed_us = crate::now_us();
+            let pause = pressure_pause();
+            if self.app.metrics.ingest_queue.load(Relaxed) > INGEST_PRESSURE && !pause.is_zero() {
                 // Each subscriber's next batch is the larger for it (fewer wake-ups and writes
                 // per event); nothing is skipped.
-                tokio::time::sleep(PRESSURE_PAUSE).await;
+                tokio::time::sleep(pause).await;
             }
         }
         self.check_slow(cursor)?;
@@ -558,7 +590,17 @@ impl Writer<'_> {
     }
 
     /// Keepalive, the same on both wires: a ping every `ping_interval`, and the subscriber
-    /// dropped when a ping goes unanswered for `pong_timeout`.
+    /// dropped when a ping goes unanswered for `pong_timeout` — if the connection was idle.
+    ///
+    /// A ping waits behind whatever the socket's buffers still hold (megabytes, on a busy
+    /// connection), so a reader working through a backlog answers it only once it has read all
+    /// that: seconds late, while making progress. Under saturation that dropped readers that were
+    /// reading (`pong-timeout`; on `subscribeEvents`, where frames are larger and readers further
+    /// behind, nearly every one of 1,000 live subscribers). The server cannot see how much the
+    /// socket still holds, so when events went out within `write_timeout` before the ping (or
+    /// after it), the pong may take up to `write_timeout`, the time a connection that takes no
+    /// data at all is given. A dead peer is still found: in `pong_timeout` on a connection with
+    /// no events for that long, in `write_timeout` otherwise.
     pub(crate) async fn keepalive(
         &mut self,
         ping: &mut Keepalive,
@@ -568,7 +610,15 @@ impl Writer<'_> {
         let now = crate::now_us();
         let config = &self.app.config;
         if ping.out && last_pong.load(Relaxed) < ping.last {
-            if now - ping.last > config.pong_timeout.as_micros() as i64 {
+            let write_timeout = config.write_timeout.as_micros() as i64;
+            let busy = self.events_flushed_us > 0
+                && self.events_flushed_us >= ping.last.saturating_sub(write_timeout);
+            let limit = if busy {
+                write_timeout
+            } else {
+                config.pong_timeout.as_micros() as i64
+            };
+            if now - ping.last > limit {
                 return Err(Outcome::Drop(SlowDrop::PongTimeout));
             }
         } else if now - ping.last > config.ping_interval.as_micros() as i64 {
@@ -621,11 +671,7 @@ async fn serve(
     let mut tick = tokio::time::interval(app.config.ping_interval.min(app.config.pong_timeout));
     let mut ping = Keepalive::new();
     let m = &app.metrics;
-    let mut w = Writer {
-        sink,
-        app,
-        slow: SlowWatch::new(app.config.slow),
-    };
+    let mut w = Writer::new(sink, app);
     // Held while this subscriber holds a store batch.
     let mut store_batch: Option<tokio::sync::SemaphorePermit<'_>> = None;
     loop {

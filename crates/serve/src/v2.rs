@@ -81,7 +81,6 @@ use crate::server::{
     ctl_outcome, read_batch, App, Ctl, Op, Outcome, Writer, IDLE_BATCH_CAPACITY,
     MAX_CLIENT_MESSAGE, WS_MAX_WRITE_BUFFER, WS_READ_BUFFER, WS_WRITE_BUFFER,
 };
-use crate::slow::SlowWatch;
 
 /// The subscription's path.
 pub const SUBSCRIBE_EVENTS: &str = "/xrpc/network.bsky.jetstream.subscribeEvents";
@@ -1083,11 +1082,7 @@ async fn serve(
     let mut batch: Vec<Event> = Vec::with_capacity(IDLE_BATCH_CAPACITY);
     let mut tick = tokio::time::interval(app.config.ping_interval.min(app.config.pong_timeout));
     let mut ping = crate::server::Keepalive::new();
-    let mut w = Writer {
-        sink,
-        app,
-        slow: SlowWatch::new(app.config.slow),
-    };
+    let mut w = Writer::new(sink, app);
     if let Some(msg) = start.outdated {
         if let Some(f) = app.v2.control(info_frame("OutdatedCursor", &msg), zstd) {
             if let Err(o) = w.run(Op::Feed(f), next).await {

@@ -899,3 +899,105 @@ async fn any_number_of_workers_stores_the_same_events_in_order() {
         assert_eq!(got, want, "{workers} workers");
     }
 }
+
+/// Serves `n` events of about 16 KiB each in the stored v1 shape (so both `/subscribe` and
+/// `subscribeEvents` can send them), published straight into the in-memory tail.
+async fn big_v1_events(n: u64, config: ServerConfig) -> (SocketAddr, Arc<App>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, resume) = Store::open(dir.path(), 0).unwrap();
+    let log = Arc::new(Log::new(
+        store,
+        resume.next_seq,
+        TailLimits {
+            max_events: 1 << 20,
+            max_bytes: 1 << 30,
+        },
+    ));
+    let pad = "x".repeat(16 << 10);
+    let events: Vec<Event> = (1..=n)
+        .map(|i| {
+            let json = format!(
+                r#"{{"did":"did:plc:a","time_us":{i},"cursor":{i},"kind":"commit","commit":{{"rev":"3l3qo2vutsw2b","operation":"create","collection":"a.b.c","rkey":"k{i}","record":{{"pad":"{pad}"}},"cid":"bafyreib"}}}}"#
+            );
+            Event::encode(
+                i,
+                i as i64,
+                EventKind::Commit,
+                "did:plc:a",
+                "a.b.c",
+                json.as_bytes(),
+                b"",
+            )
+        })
+        .collect();
+    log.publish(&events);
+    let app = App::new(log, Arc::new(Metrics::default()), config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let r = router(app.clone());
+    tokio::spawn(async move { axum::serve(listener, r).await });
+    (addr, app, dir)
+}
+
+/// Issue 22's saturation finding: 1,000 live `subscribeEvents` subscribers each received nothing
+/// in the measured window. Under saturation every reader has megabytes queued in its socket, and
+/// the server's ping waits behind them: a reader that is reading, only behind, answered it after
+/// the pong timeout and was dropped (`pong-timeout`). Here a reader paced at ~500 events/s works
+/// through a 30 MB replay with pings every 50 ms and a 100 ms pong timeout: it must get every
+/// event, on both wires. A client that answers nothing on an idle connection is still dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_behind_its_socket_backlog_answers_pings_late_and_is_kept() {
+    let n = 2000u64;
+    let config = ServerConfig {
+        ping_interval: Duration::from_millis(50),
+        pong_timeout: Duration::from_millis(100),
+        write_timeout: Duration::from_secs(60),
+        ..ServerConfig::default()
+    };
+    let (addr, app, _dir) = big_v1_events(n, config).await;
+    let pong = "riptide_slow_consumer_drops_total{reason=\"pong-timeout\"}";
+    for (path, seq) in [
+        ("/subscribe?cursor=1", "/cursor"),
+        (
+            "/xrpc/network.bsky.jetstream.subscribeEvents?cursor=1",
+            "/payload/seq",
+        ),
+    ] {
+        let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}{path}"))
+            .await
+            .unwrap();
+        let mut i = 0;
+        while i < n {
+            let msg = tokio::time::timeout(T, ws.next()).await.expect("timed out");
+            let t = match msg {
+                Some(Ok(Message::Text(t))) => t,
+                // Pings (answered by the client as it reads on).
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                other => panic!(
+                    "{path}: after {i} of {n} events: {other:?} (pong-timeout drops: {})",
+                    metric(addr, pong).await
+                ),
+            };
+            i += 1;
+            let v: Value = serde_json::from_str(t.as_str()).unwrap();
+            assert_eq!(v.pointer(seq).and_then(Value::as_u64), Some(i), "{path}");
+            if i % 2 == 0 {
+                tokio::time::sleep(Duration::from_millis(4)).await;
+            }
+        }
+        assert_eq!(metric(addr, pong).await, 0.0, "{path}");
+    }
+    // Idle (at the tip, no event ever sent) and never answering: dropped once the pong is late.
+    let (_silent, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe"))
+        .await
+        .unwrap();
+    let until = tokio::time::Instant::now() + T;
+    while metric(addr, pong).await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "a silent idle peer was never dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = app;
+}

@@ -20,7 +20,13 @@
 //!    `--subscribers` live clients while the server ingests at `--rate` frames/s; VmRSS of the
 //!    server before and with the clients, per-subscriber memory, and events each client got. The
 //!    in-memory tail keeps filling during the run (it is bounded, not per subscriber); its growth,
-//!    read from `/metrics`, is subtracted from the per-subscriber figure.
+//!    read from `/metrics`, is subtracted from the per-subscriber figure. Beside it, whether
+//!    verified ingest kept up (issue 17 item 8): frames and events ingested per second during the
+//!    window against the offered rate, how many seconds the stored stream is behind the offered
+//!    one (taking the end of the warm-up, before any subscriber, as on schedule), the ingest
+//!    queue's maximum, subscriber streams that ended and slow drops by reason.
+//! 4. **Replaying readers** (`--replayers`, issue 17 item 10): N readers from cursor 0 at once
+//!    on a child server that keeps ingesting; how many reach the tip they connected at.
 //!
 //! Jetstream v2 (`subscribeEvents`) beside v1: figure 2 is also measured on
 //! `/xrpc/network.bsky.jetstream.subscribeEvents?cursor=0` (memory and disk; also compressed
@@ -82,6 +88,28 @@ pub struct ServeArgs {
     /// reported). Default: both with --repeat 1, off otherwise (a repeated corpus is replays).
     #[arg(long, value_enum)]
     chain: Option<ChainMode>,
+    /// Which wires the live run measures, each on a fresh server.
+    #[arg(long, value_enum, default_value_t = LiveWire::Both)]
+    live_wire: LiveWire,
+    /// The live server's pause after each subscriber batch while ingest is behind, in ms (0:
+    /// none); default: serve's own (not a serve contract: see `riptide_serve::server`).
+    #[arg(long, value_name = "MS")]
+    pressure_pause_ms: Option<u64>,
+    /// Readers replaying from cursor 0 at once (issue 17 item 10), on each live wire, after
+    /// `--replay-history` seconds of ingest at `--rate` (0 skips the run).
+    #[arg(long, default_value_t = 0)]
+    replayers: usize,
+    /// Seconds of ingest stored before the replayers connect.
+    #[arg(long, default_value_t = 20)]
+    replay_history: u64,
+}
+
+/// The wires of the live run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LiveWire {
+    Both,
+    V1,
+    V2,
 }
 
 /// Whether ingest checks chain state.
@@ -284,8 +312,20 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         out["v2_replay_memory_zstd_events_per_s"] = Stats::of(v2_zstd_rates).json();
     }
     if a.subscribers > 0 {
-        out["live"] = live(&a, Wire::V1).await?;
-        out["live_v2"] = live(&a, Wire::V2).await?;
+        if a.live_wire != LiveWire::V2 {
+            out["live"] = live(&a, Wire::V1).await?;
+        }
+        if a.live_wire != LiveWire::V1 {
+            out["live_v2"] = live(&a, Wire::V2).await?;
+        }
+    }
+    if a.replayers > 0 {
+        if a.live_wire != LiveWire::V2 {
+            out["replayers"] = replayers(&a, Wire::V1).await?;
+        }
+        if a.live_wire != LiveWire::V1 {
+            out["replayers_v2"] = replayers(&a, Wire::V2).await?;
+        }
     }
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(ExitCode::SUCCESS)
@@ -396,21 +436,95 @@ async fn replay(
     Ok(got as f64 / secs)
 }
 
-/// `riptide_tail_bytes` from the server's `/metrics` (0 if unavailable).
-async fn tail_bytes(addr: &str) -> u64 {
+/// The child server's `/metrics` text (`None` if it did not answer within 5 s).
+async fn scrape(addr: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
-        return 0;
+    let get = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let req = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).await.ok()?;
+        Some(body)
     };
-    let req = format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n");
-    let mut body = String::new();
-    if s.write_all(req.as_bytes()).await.is_err() || s.read_to_string(&mut body).await.is_err() {
-        return 0;
-    }
+    tokio::time::timeout(Duration::from_secs(5), get)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The value of the sample `name` (with its labels, if any: `x{reason="y"}`) in a `/metrics`
+/// text.
+fn metric(body: &str, name: &str) -> Option<f64> {
     body.lines()
-        .find_map(|l| l.strip_prefix("riptide_tail_bytes "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// What the live run reads from the child's `/metrics` at one moment.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sample {
+    /// When it was read.
+    at: Option<Instant>,
+    /// The last upstream seq stored: the file source's seqs are frame positions, so this is the
+    /// frames ingested.
+    upstream_seq: f64,
+    events_stored: f64,
+    ingest_queue: f64,
+    tail_bytes: f64,
+    ingest_finished: bool,
+    /// Subscribers dropped as too slow, by reason (`SlowDrop::ALL` order).
+    drops: [f64; 3],
+}
+
+impl Sample {
+    async fn read(addr: &str) -> Sample {
+        let Some(b) = scrape(addr).await else {
+            return Sample::default();
+        };
+        let m = |n: &str| metric(&b, n).unwrap_or(0.0);
+        let drop = |r: &str| {
+            m(&format!(
+                "riptide_slow_consumer_drops_total{{reason=\"{r}\"}}"
+            ))
+        };
+        Sample {
+            at: Some(Instant::now()),
+            upstream_seq: m("riptide_upstream_seq"),
+            events_stored: m("riptide_events_stored_total"),
+            ingest_queue: m("riptide_ingest_queue_frames"),
+            tail_bytes: m("riptide_tail_bytes"),
+            ingest_finished: m("riptide_ingest_finished") > 0.0,
+            drops: [drop("write-timeout"), drop("pong-timeout"), drop("behind")],
+        }
+    }
+
+    /// Frames and events ingested per second from `self` to `later` (0 if either is missing).
+    fn rates(&self, later: &Sample) -> (f64, f64) {
+        match (self.at, later.at) {
+            (Some(a), Some(b)) if b > a => {
+                let secs = (b - a).as_secs_f64();
+                (
+                    (later.upstream_seq - self.upstream_seq) / secs,
+                    (later.events_stored - self.events_stored) / secs,
+                )
+            }
+            _ => (0.0, 0.0),
+        }
+    }
+
+    /// Seconds the ingested stream is behind the offered one: the frames the source offered
+    /// since `base` (at `rate` per second) and ingest has not stored yet, over the rate. Assumes
+    /// ingest was on schedule at `base` (the end of the warm-up, before any subscriber).
+    fn lag_behind(&self, base: &Sample, rate: f64) -> f64 {
+        match (base.at, self.at) {
+            (Some(a), Some(b)) => {
+                let offered = base.upstream_seq + rate * (b - a).as_secs_f64();
+                ((offered - self.upstream_seq) / rate).max(0.0)
+            }
+            _ => 0.0,
+        }
+    }
 }
 
 fn rss_kib(pid: u32) -> u64 {
@@ -424,41 +538,60 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
-    let dir = tempfile::tempdir()?;
+/// Subscribers connecting at once (the handshakes of a saturated server are slow; one at a time
+/// the connect phase took minutes).
+const CONNECT_AT_ONCE: usize = 32;
+
+/// A child `riptide serve` ingesting the corpus at `--rate` from a fresh store in `dir`, with
+/// room for `clients` connections from this address; its address once it accepts connections.
+async fn child_server(
+    a: &ServeArgs,
+    dir: &std::path::Path,
+    clients: usize,
+    seconds: f64,
+) -> anyhow::Result<(tokio::process::Child, String)> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
     let addr = format!("127.0.0.1:{port}");
-    // Enough frames for the whole run at the given rate.
-    let repeat = ((a.rate * (a.seconds as f64 + 30.0)) / 150.0).ceil() as u64 + 1;
-    let mut child = tokio::process::Command::new(std::env::current_exe()?)
-        .args([
-            "serve",
-            "--listen",
-            &addr,
-            "--ingest-repeat",
-            &repeat.to_string(),
-            "--ingest-rate",
-            &a.rate.to_string(),
-            // The file repeated is replays to chain state; this run measures fan-out.
-            "--stateless",
-        ])
-        .arg("--data")
-        .arg(dir.path())
-        .arg("--did-docs")
-        .arg(&a.did_docs)
-        .arg("--zstd-dictionary")
-        .arg(&a.zstd_dictionary)
-        .arg("--ingest-file")
-        .arg(&a.file)
-        .env("RUST_LOG", "warn")
-        // Its URL line (stdout) would land in this command's report.
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()?;
-    let pid = child.id().unwrap_or(0);
+    // Frames for far longer than the run can take: the source must not run dry before or during
+    // the measured window (a saturated server can take minutes to accept every subscriber, and a
+    // source that had run dry made every subscriber receive nothing in the window).
+    let repeat = ((a.rate * (seconds + 600.0)) / 150.0).ceil() as u64 + 1;
+    let mut cmd = tokio::process::Command::new(std::env::current_exe()?);
+    cmd.args([
+        "serve",
+        "--listen",
+        &addr,
+        "--ingest-repeat",
+        &repeat.to_string(),
+        "--ingest-rate",
+        &a.rate.to_string(),
+        // The file repeated is replays to chain state; this run measures fan-out.
+        "--stateless",
+        // Every subscriber comes from this address, and /metrics must still be answered.
+        "--max-connections-per-ip",
+        &(clients + 64).to_string(),
+        "--max-connections",
+        &(clients + 256).max(10_000).to_string(),
+    ])
+    .arg("--data")
+    .arg(dir)
+    .arg("--did-docs")
+    .arg(&a.did_docs)
+    .arg("--zstd-dictionary")
+    .arg(&a.zstd_dictionary)
+    .arg("--ingest-file")
+    .arg(&a.file)
+    .env("RUST_LOG", "warn")
+    // Its URL line (stdout) would land in this command's report.
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .kill_on_drop(true);
+    if let Some(ms) = a.pressure_pause_ms {
+        cmd.env(riptide_serve::server::PRESSURE_PAUSE_ENV, ms.to_string());
+    }
+    let child = cmd.spawn()?;
     let t0 = Instant::now();
     while tokio::net::TcpStream::connect(&addr).await.is_err() {
         anyhow::ensure!(
@@ -467,59 +600,105 @@ async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    Ok((child, addr))
+}
+
+async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
+    let dir = tempfile::tempdir()?;
+    let (mut child, addr) = child_server(a, dir.path(), a.subscribers, a.seconds as f64).await?;
+    let pid = child.id().unwrap_or(0);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let rss_before = rss_kib(pid);
-    let tail_before = tail_bytes(&addr).await;
+    let warm = Sample::read(&addr).await;
     let counts: Vec<Arc<AtomicU64>> = (0..a.subscribers)
         .map(|_| Arc::new(AtomicU64::new(0)))
         .collect();
-    let mut tasks = Vec::new();
-    for c in &counts {
-        let url = format!("ws://{addr}{}", wire.path(false, None));
-        let (ws, _) = tokio_tungstenite::connect_async(url).await?;
-        let c = c.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut ws = ws;
-            while let Some(Ok(m)) = ws.next().await {
-                if m.is_text() {
-                    c.fetch_add(1, Relaxed);
+    // Streams that ended (closed by the server, or failed) before the end of the run.
+    let closed = Arc::new(AtomicU64::new(0));
+    let url = format!("ws://{addr}{}", wire.path(false, None));
+    let connects = futures_util::stream::iter(counts.iter().cloned().map(|c| {
+        let (url, closed) = (url.clone(), closed.clone());
+        async move {
+            let (mut ws, _) = tokio_tungstenite::connect_async(url).await?;
+            Ok::<_, anyhow::Error>(tokio::spawn(async move {
+                while let Some(Ok(m)) = ws.next().await {
+                    if m.is_text() || m.is_binary() {
+                        c.fetch_add(1, Relaxed);
+                    }
                 }
-            }
-        }));
-    }
+                closed.fetch_add(1, Relaxed);
+            }))
+        }
+    }))
+    .buffer_unordered(CONNECT_AT_ONCE)
+    .collect::<Vec<_>>()
+    .await;
+    let tasks = connects.into_iter().collect::<Result<Vec<_>, _>>()?;
     let connected = Instant::now();
+    let start = Sample::read(&addr).await;
+    let closed_before = closed.load(Relaxed);
     let mut rss_max = 0;
+    let mut queue_max = start.ingest_queue;
+    let mut lag_max = start.lag_behind(&warm, a.rate);
     let start_counts: Vec<u64> = counts.iter().map(|c| c.load(Relaxed)).collect();
     while connected.elapsed() < Duration::from_secs(a.seconds) {
         tokio::time::sleep(Duration::from_millis(500)).await;
         rss_max = rss_max.max(rss_kib(pid));
+        let s = Sample::read(&addr).await;
+        if s.at.is_some() {
+            queue_max = queue_max.max(s.ingest_queue);
+            lag_max = lag_max.max(s.lag_behind(&warm, a.rate));
+        }
     }
     let secs = connected.elapsed().as_secs_f64();
-    let tail_growth_kib = tail_bytes(&addr).await.saturating_sub(tail_before) / 1024;
-    let got: Vec<u64> = counts
+    let end = Sample::read(&addr).await;
+    let closed_during = closed.load(Relaxed) - closed_before;
+    let mut got: Vec<u64> = counts
         .iter()
         .zip(&start_counts)
         .map(|(c, s)| c.load(Relaxed) - s)
         .collect();
+    got.sort_unstable();
     let (min, max) = (
-        got.iter().min().copied().unwrap_or(0),
-        got.iter().max().copied().unwrap_or(0),
+        got.first().copied().unwrap_or(0),
+        got.last().copied().unwrap_or(0),
     );
+    let median = got.get(got.len() / 2).copied().unwrap_or(0);
     let _ = child.kill().await;
     for t in tasks {
         t.abort();
     }
+    let tail_growth_kib = (end.tail_bytes - warm.tail_bytes).max(0.0) as u64 / 1024;
     let per_sub = (rss_max.saturating_sub(rss_before)) as f64 / a.subscribers as f64;
     let per_sub_net =
         (rss_max.saturating_sub(rss_before + tail_growth_kib)) as f64 / a.subscribers as f64;
+    let (frames_s, events_s) = start.rates(&end);
+    let (connect_frames_s, _) = warm.rates(&start);
+    let lag_end = end.lag_behind(&warm, a.rate);
+    let lag_max = lag_max.max(lag_end);
+    let drops: Vec<f64> = (0..3).map(|i| end.drops[i] - start.drops[i]).collect();
+    let wire_name = match wire {
+        Wire::V1 => "subscribe",
+        Wire::V2 => "subscribeEvents",
+    };
     eprintln!(
-        "live ({wire:?}): {} subscribers, {secs:.1}s at {} frames/s: server RSS {} KiB before, {} KiB max with subscribers ({per_sub:.1} KiB each; {per_sub_net:.1} KiB each without the tail's growth of {tail_growth_kib} KiB); events per subscriber {min}..{max} ({:.0}/s each)",
-        a.subscribers, a.rate, rss_before, rss_max, min as f64 / secs
+        "live ({wire:?}): {} subscribers, {secs:.1}s at {} frames/s: server RSS {} KiB before, {} KiB max with subscribers ({per_sub:.1} KiB each; {per_sub_net:.1} KiB each without the tail's growth of {tail_growth_kib} KiB); events per subscriber {min}..{max}, median {median} ({:.0}/s each)",
+        a.subscribers, a.rate, rss_before, rss_max, median as f64 / secs
+    );
+    eprintln!(
+        "live ({wire:?}): ingest {frames_s:.0} frames/s ({events_s:.0} events/s) of {} offered ({:.0}%; {connect_frames_s:.0} frames/s while subscribers connected), behind the offered stream {lag_end:.1}s at the end (max {lag_max:.1}s), ingest queue max {queue_max:.0} frames; subscribers closed {closed_during} (slow drops write-timeout/pong-timeout/behind {}/{}/{}){}",
+        a.rate,
+        100.0 * frames_s / a.rate,
+        drops[0],
+        drops[1],
+        drops[2],
+        if end.ingest_finished { "; THE SOURCE RAN DRY: figures invalid" } else { "" },
     );
     Ok(serde_json::json!({
-        "wire": match wire { Wire::V1 => "subscribe", Wire::V2 => "subscribeEvents" },
+        "wire": wire_name,
         "subscribers": a.subscribers,
         "rate_frames_per_s": a.rate,
+        "pressure_pause_ms": a.pressure_pause_ms,
         "seconds": secs,
         "rss_kib_before": rss_before,
         "rss_kib_max": rss_max,
@@ -527,6 +706,132 @@ async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
         "tail_growth_kib": tail_growth_kib,
         "per_subscriber_kib_without_tail_growth": per_sub_net,
         "events_per_subscriber_min": min,
+        "events_per_subscriber_median": median,
         "events_per_subscriber_max": max,
+        "ingest_frames_per_s": frames_s,
+        "ingest_events_per_s": events_s,
+        "ingest_ratio_to_offered": frames_s / a.rate,
+        "ingest_frames_per_s_while_connecting": connect_frames_s,
+        "ingest_behind_seconds_end": lag_end,
+        "ingest_behind_seconds_max": lag_max,
+        "ingest_queue_frames_max": queue_max,
+        "source_ran_dry": end.ingest_finished,
+        "subscribers_closed_during_run": closed_during,
+        "slow_consumer_drops": {
+            "write-timeout": drops[0], "pong-timeout": drops[1], "behind": drops[2],
+        },
+    }))
+}
+
+/// The seq of a text event: v1's `"cursor":N`, v2's `"seq":N` (the first of them in the frame:
+/// the envelope's, before the record).
+fn event_seq(text: &str, wire: Wire) -> Option<u64> {
+    let key = match wire {
+        Wire::V1 => "\"cursor\":",
+        Wire::V2 => "\"seq\":",
+    };
+    let rest = &text[text.find(key)? + key.len()..];
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// Most time a replayer is given to reach the tip it connected at.
+const REPLAY_LIMIT: Duration = Duration::from_secs(600);
+
+/// Issue 17 item 10: `--replayers` readers connect at once with cursor 0 to a child server that
+/// stored `--replay-history` seconds of ingest and goes on ingesting at `--rate`; each reads until
+/// it has the event that was the newest when it connected. How many finished, how many streams
+/// ended first (and the server's slow drops by reason), their times, and whether ingest kept up
+/// meanwhile.
+async fn replayers(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
+    let dir = tempfile::tempdir()?;
+    let limit = REPLAY_LIMIT.as_secs_f64();
+    let (mut child, addr) =
+        child_server(a, dir.path(), a.replayers, a.replay_history as f64 + limit).await?;
+    tokio::time::sleep(Duration::from_secs(a.replay_history)).await;
+    let start = Sample::read(&addr).await;
+    let body = scrape(&addr).await.unwrap_or_default();
+    let target = metric(&body, "riptide_log_next_seq").unwrap_or(1.0) as u64 - 1;
+    let path = match wire {
+        Wire::V1 => "/subscribe?cursor=0".to_string(),
+        Wire::V2 => format!("{}?cursor=0", riptide_serve::v2::SUBSCRIBE_EVENTS),
+    };
+    let t0 = Instant::now();
+    let clients = (0..a.replayers).map(|_| {
+        let url = format!("ws://{addr}{path}");
+        async move {
+            let (mut ws, _) = tokio_tungstenite::connect_async(url).await?;
+            let until = tokio::time::Instant::now() + REPLAY_LIMIT;
+            let mut got = 0u64;
+            loop {
+                match tokio::time::timeout_at(until, ws.next()).await {
+                    Ok(Some(Ok(m))) if m.is_text() => {
+                        got += 1;
+                        let text = m.to_text().unwrap_or_default();
+                        if event_seq(text, wire).is_some_and(|s| s >= target) {
+                            return Ok::<_, anyhow::Error>((Some(t0.elapsed()), got));
+                        }
+                    }
+                    Ok(Some(Ok(_))) => {}
+                    // The stream ended (dropped, closed) or the time is up.
+                    Ok(_) | Err(_) => return Ok((None, got)),
+                }
+            }
+        }
+    });
+    let results: Vec<(Option<Duration>, u64)> = futures_util::future::join_all(clients)
+        .await
+        .into_iter()
+        .collect::<anyhow::Result<_>>()?;
+    let end = Sample::read(&addr).await;
+    let _ = child.kill().await;
+    let mut times: Vec<f64> = results
+        .iter()
+        .filter_map(|(t, _)| t.map(|t| t.as_secs_f64()))
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let finished = times.len();
+    let stopped: Vec<u64> = results
+        .iter()
+        .filter(|(t, _)| t.is_none())
+        .map(|(_, n)| *n)
+        .collect();
+    let drops: Vec<f64> = (0..3).map(|i| end.drops[i] - start.drops[i]).collect();
+    let (frames_s, _) = start.rates(&end);
+    let pick = |q: f64| {
+        times
+            .get(((times.len() as f64 - 1.0) * q) as usize)
+            .copied()
+    };
+    eprintln!(
+        "replayers ({wire:?}): {} from cursor 0 to seq {target}: {finished} finished (seconds min/median/max {:.1}/{:.1}/{:.1}), {} did not (events they had: {:?}); slow drops write-timeout/pong-timeout/behind {}/{}/{}; ingest meanwhile {frames_s:.0} frames/s of {} offered",
+        a.replayers,
+        pick(0.0).unwrap_or(0.0),
+        pick(0.5).unwrap_or(0.0),
+        pick(1.0).unwrap_or(0.0),
+        stopped.len(),
+        stopped.iter().take(10).collect::<Vec<_>>(),
+        drops[0],
+        drops[1],
+        drops[2],
+        a.rate,
+    );
+    Ok(serde_json::json!({
+        "wire": match wire { Wire::V1 => "subscribe", Wire::V2 => "subscribeEvents" },
+        "replayers": a.replayers,
+        "history_seconds": a.replay_history,
+        "target_seq": target,
+        "rate_frames_per_s": a.rate,
+        "finished": finished,
+        "not_finished": stopped.len(),
+        "seconds_to_finish_min": pick(0.0),
+        "seconds_to_finish_median": pick(0.5),
+        "seconds_to_finish_max": pick(1.0),
+        "ingest_frames_per_s": frames_s,
+        "slow_consumer_drops": {
+            "write-timeout": drops[0], "pong-timeout": drops[1], "behind": drops[2],
+        },
     }))
 }

@@ -208,6 +208,50 @@ pub struct Running {
     stop: Arc<tokio::sync::Notify>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     ingest_done: tokio::task::JoinHandle<anyhow::Result<()>>,
+    /// Where the ingest source runs (kept for as long as the server).
+    source: SourceRuntime,
+}
+
+/// The runtime of the ingest source (the relay client, or the file feeder) and of the key
+/// lookups verification waits on: one thread of its own, beside the runtime that serves
+/// subscribers.
+///
+/// Why: on the serving runtime the source is one task among a thousand subscribers' tasks,
+/// polled about as often as each of them. With 1,000 unfiltered subscribers saturating two
+/// cores it read upstream at a fraction of the offered rate (the file source once at ~100
+/// frames/s of 5,000), and since it was the source that starved, nothing queued in front of
+/// ingest: `riptide_ingest_queue_frames` read 0 and the subscribers' step-aside never came into
+/// play. On a thread of its own the operating system gives the source its share of the CPU
+/// whatever the fan-out does, so upstream frames reach ingest as they arrive, and a backlog, if
+/// verification cannot keep up, is in the ingest queue where `/metrics` shows it and
+/// subscribers step aside for it (`riptide_serve::server`, "Ingest comes first").
+struct SourceRuntime(Option<tokio::runtime::Runtime>);
+
+impl SourceRuntime {
+    fn new() -> std::io::Result<SourceRuntime> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("ingest-source")
+            .enable_all()
+            .build()?;
+        Ok(SourceRuntime(Some(rt)))
+    }
+
+    fn handle(&self) -> tokio::runtime::Handle {
+        match &self.0 {
+            Some(rt) => rt.handle().clone(),
+            None => tokio::runtime::Handle::current(),
+        }
+    }
+}
+
+impl Drop for SourceRuntime {
+    fn drop(&mut self) {
+        // Dropped on the serving runtime: a runtime may not block there while it stops.
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl Running {
@@ -220,6 +264,7 @@ impl Running {
             stop,
             mut server,
             mut ingest_done,
+            source: _source,
             ..
         } = self;
         let stopper = stop.clone();
@@ -247,6 +292,7 @@ impl Running {
 
 /// Opens the store, starts ingest from the configured source and serves `/subscribe`.
 pub async fn start(args: &Args) -> anyhow::Result<Running> {
+    let source_rt = SourceRuntime::new()?;
     let mut resolver = None;
     let keys = match (&args.did_docs, args.no_verify) {
         (_, true) => None,
@@ -259,7 +305,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                 ..ResolverConfig::default()
             })?;
             resolver = Some(r.clone());
-            let keys = ResolverKeys::new(r).resolving_on(tokio::runtime::Handle::current());
+            let keys = ResolverKeys::new(r).resolving_on(source_rt.handle());
             Some(Keys(Arc::new(keys)))
         }
     };
@@ -358,6 +404,11 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                     args.upstream.clone()
                 };
                 let start_cursor = resume.upstream_cursor.or(args.upstream_cursor);
+                // Said now, not when the source's thread first runs it: `/metrics` answers
+                // as soon as the listener is up.
+                metrics
+                    .upstream_start_cursor
+                    .store(start_cursor.unwrap_or(0), Relaxed);
                 if start_cursor.is_none() {
                     tracing::warn!(
                         "starting live (no stored cursor): only events from now on are ingested; \
@@ -375,8 +426,12 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         };
     let ingest_done = {
         let app = app.clone();
+        // The source on its own thread (`SourceRuntime`).
+        let source = source_rt.handle().spawn(source);
         tokio::spawn(async move {
-            let fed = source.await;
+            let fed = source
+                .await
+                .unwrap_or_else(|e| Err(anyhow::Error::from(e).context("ingest source task")));
             let joined = tokio::task::spawn_blocking(move || handle.join()).await;
             app.ingest_finished.store(true, Relaxed);
             match (fed, joined) {
@@ -429,6 +484,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         stop,
         server,
         ingest_done,
+        source: source_rt,
     })
 }
 
