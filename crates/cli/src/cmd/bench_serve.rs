@@ -150,6 +150,11 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut replay_rates = Vec::new();
     let mut disk_rates = Vec::new();
     let mut events_per_pass = 0;
+    let mut events_v1 = 0;
+    let mut store_bytes = Vec::new();
+    let mut v1_zstd_rates = Vec::new();
+    let mut v1_disk_zstd_rates = Vec::new();
+    let mut v2_disk_zstd_rates = Vec::new();
     let workers = a
         .workers
         .map_or_else(riptide_serve::default_workers, usize::from);
@@ -204,33 +209,42 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
             s.events as f64 / secs
         );
 
-        // Replay to one consumer from the store just written: the pass fits in the tail.
-        let rate = replay(log.clone(), metrics.clone(), s.events, Wire::V1, None).await?;
+        // What the store keeps on disk, its memtables flushed (journals aside).
+        log.store().flush()?;
+        let disk_bytes = log.store().disk_usage().bytes;
+        store_bytes.push(disk_bytes as f64 / s.events.max(1) as f64);
+        eprintln!(
+            "pass {pass}: store {disk_bytes} bytes on disk: {:.1} bytes/event",
+            disk_bytes as f64 / s.events.max(1) as f64
+        );
+        // Each wire's share of the events (v1 skips `#sync`): what a full replay delivers.
+        let counts = wire_counts(&log)?;
+        events_v1 = counts.v1;
+        // Replay to one consumer from the store just written, from the in-memory tail (the
+        // events older than it, if the pass does not fit, from the store).
+        let (tail_events, _) = log.tail_size();
+        let from_tail = (tail_events as u64).min(s.events);
+        let d1 = &dict;
+        let one = |log: Arc<Log>, wire, c| replay(log, metrics.clone(), counts, wire, c, d1);
+        let rate = one(log.clone(), Wire::V1, Compress::None).await?;
         replay_rates.push(rate);
         eprintln!(
-            "pass {pass}: replay {} events from memory: {rate:.0} events/s",
-            s.events
+            "pass {pass}: replay {} events ({from_tail} in the tail) from memory: {rate:.0} events/s",
+            counts.v1
         );
-        let rate = replay(log.clone(), metrics.clone(), s.events, Wire::V2, None).await?;
+        let rate = one(log.clone(), Wire::V2, Compress::None).await?;
         v2_rates.push(rate);
         eprintln!(
             "pass {pass}: v2 replay {} events from memory: {rate:.0} events/s",
-            s.events
+            counts.v2
         );
+        let rate = one(log.clone(), Wire::V1, Compress::V1).await?;
+        v1_zstd_rates.push(rate);
+        eprintln!("pass {pass}: replay from memory, compress=true: {rate:.0} events/s");
         if let Some(d) = &dict_v2 {
-            let rate = replay(
-                log.clone(),
-                metrics.clone(),
-                s.events,
-                Wire::V2,
-                Some(d.clone()),
-            )
-            .await?;
+            let rate = one(log.clone(), Wire::V2, Compress::V2(d.clone())).await?;
             v2_zstd_rates.push(rate);
-            eprintln!(
-                "pass {pass}: v2 replay {} events from memory, zstd: {rate:.0} events/s",
-                s.events
-            );
+            eprintln!("pass {pass}: v2 replay from memory, zstd: {rate:.0} events/s");
         }
         // The same from disk: a log over the same store with an empty tail.
         let disk = Arc::new(Log::new(
@@ -242,19 +256,27 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
             },
         ));
         let reads0 = metrics.replay_reads.load(Relaxed);
-        let rate = replay(disk.clone(), metrics.clone(), s.events, Wire::V1, None).await?;
+        let rate = one(disk.clone(), Wire::V1, Compress::None).await?;
         disk_rates.push(rate);
         eprintln!(
             "pass {pass}: replay {} events from disk: {rate:.0} events/s ({} store reads)",
-            s.events,
+            counts.v1,
             metrics.replay_reads.load(Relaxed) - reads0
         );
-        let rate = replay(disk, metrics.clone(), s.events, Wire::V2, None).await?;
+        let rate = one(disk.clone(), Wire::V2, Compress::None).await?;
         v2_disk_rates.push(rate);
         eprintln!(
             "pass {pass}: v2 replay {} events from disk: {rate:.0} events/s",
-            s.events
+            counts.v2
         );
+        let rate = one(disk.clone(), Wire::V1, Compress::V1).await?;
+        v1_disk_zstd_rates.push(rate);
+        eprintln!("pass {pass}: replay from disk, compress=true: {rate:.0} events/s");
+        if let Some(d) = &dict_v2 {
+            let rate = one(disk, Wire::V2, Compress::V2(d.clone())).await?;
+            v2_disk_zstd_rates.push(rate);
+            eprintln!("pass {pass}: v2 replay from disk, zstd: {rate:.0} events/s");
+        }
     }
     let ingest = Stats::of(ingest_rates);
     let cpu = Stats::of(ingest_cpu);
@@ -270,6 +292,11 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         "ingest_events_per_s_two_idle_cores": Stats::of(vec![2e6 / cpu.max, 2e6 / cpu.median, 2e6 / cpu.min]).json(),
         "replay_memory_events_per_s": Stats::of(replay_rates).json(),
         "replay_disk_events_per_s": Stats::of(disk_rates).json(),
+        "replay_memory_compressed_events_per_s": Stats::of(v1_zstd_rates).json(),
+        "replay_disk_compressed_events_per_s": Stats::of(v1_disk_zstd_rates).json(),
+        "events_per_pass_v1": events_v1,
+        "store_bytes_per_event": Stats::of(store_bytes).json(),
+        "store_layout": riptide_serve::store::LAYOUT_VERSION,
         "chain": format!("{chain:?}").to_lowercase(),
     });
     if chain == ChainMode::Both {
@@ -282,6 +309,7 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
     out["v2_replay_disk_events_per_s"] = Stats::of(v2_disk_rates).json();
     if !v2_zstd_rates.is_empty() {
         out["v2_replay_memory_zstd_events_per_s"] = Stats::of(v2_zstd_rates).json();
+        out["v2_replay_disk_zstd_events_per_s"] = Stats::of(v2_disk_zstd_rates).json();
     }
     if a.subscribers > 0 {
         out["live"] = live(&a, Wire::V1).await?;
@@ -358,21 +386,72 @@ fn cpu_secs() -> f64 {
     f.iter().sum::<u64>() as f64 / 100.0
 }
 
-/// Serves `log` on loopback and reads `events` events with one `?cursor=0` client of `wire`
-/// (v2 compressed with `v2_dict`): events/s from connect to the last event.
+/// How many events each wire sends of a store: v1 never sends `#sync` events (protocol §4.1),
+/// v2 sends them all. Counted by reading the store (the in-memory tail holds the same events).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WireCounts {
+    v1: u64,
+    v2: u64,
+}
+
+fn wire_counts(log: &Log) -> anyhow::Result<WireCounts> {
+    let (mut from, mut n) = (0, WireCounts { v1: 0, v2: 0 });
+    let mut batch = Vec::new();
+    let limit = riptide_serve::ReadLimit {
+        events: 4096,
+        bytes: 4 << 20,
+    };
+    loop {
+        batch.clear();
+        log.store().read_from(from, limit, &mut batch)?;
+        let Some(last) = batch.last() else {
+            return Ok(n);
+        };
+        from = last.seq() + 1;
+        n.v2 += batch.len() as u64;
+        n.v1 += batch
+            .iter()
+            .filter(|e| e.kind() != riptide_jetstream::EventKind::Sync)
+            .count() as u64;
+    }
+}
+
+/// Longest wait for the next message of a replay: a replay that stops short (the server sent
+/// fewer events than expected) is an error, not a hang.
+const REPLAY_IDLE: Duration = Duration::from_secs(30);
+
+/// Replay compression: none, v1's `compress=true`, or v2 with its dictionary.
+#[derive(Clone, Debug)]
+enum Compress {
+    None,
+    V1,
+    V2(riptide_serve::Dictionary),
+}
+
+/// Serves `log` on loopback and reads every event of `counts` with one `?cursor=0` client of
+/// `wire`: events/s from connect to the last event.
 async fn replay(
     log: Arc<Log>,
     metrics: Arc<Metrics>,
-    events: u64,
+    counts: WireCounts,
     wire: Wire,
-    v2_dict: Option<riptide_serve::Dictionary>,
+    compress: Compress,
+    v1_dict: &riptide_serve::Dictionary,
 ) -> anyhow::Result<f64> {
-    let zstd = v2_dict.as_ref().map(riptide_serve::Dictionary::id);
+    let events = match wire {
+        Wire::V1 => counts.v1,
+        Wire::V2 => counts.v2,
+    };
+    let (zstd, v2_dict) = match &compress {
+        Compress::V2(d) => (Some(d.id()), Some(d.clone())),
+        _ => (None, None),
+    };
     let app = App::new(
         log,
         metrics,
         ServerConfig {
             compression: true,
+            v1_dictionary: Some(v1_dict.clone()),
             v2_dictionary: v2_dict,
             ..ServerConfig::default()
         },
@@ -381,14 +460,21 @@ async fn replay(
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move { axum::serve(listener, router(app)).await });
     let t0 = Instant::now();
-    let url = format!("ws://{addr}{}", wire.path(true, zstd));
+    let mut url = format!("ws://{addr}{}", wire.path(true, zstd));
+    if matches!(compress, Compress::V1) {
+        url.push_str("&compress=true");
+    }
     let (mut ws, _) = tokio_tungstenite::connect_async(url).await?;
     let mut got = 0u64;
     while got < events {
-        match ws.next().await {
-            Some(Ok(m)) if m.is_text() || m.is_binary() => got += 1,
-            Some(Ok(_)) => {}
-            _ => anyhow::bail!("replay stream ended after {got} events"),
+        match tokio::time::timeout(REPLAY_IDLE, ws.next()).await {
+            Ok(Some(Ok(m))) if m.is_text() || m.is_binary() => got += 1,
+            Ok(Some(Ok(_))) => {}
+            Ok(_) => anyhow::bail!("replay stream ended after {got} of {events} events"),
+            Err(_) => anyhow::bail!(
+                "replay stalled: nothing for {}s after {got} of {events} events",
+                REPLAY_IDLE.as_secs()
+            ),
         }
     }
     let secs = t0.elapsed().as_secs_f64();
