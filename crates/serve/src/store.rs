@@ -311,6 +311,11 @@ pub struct DiskUsage {
     pub bytes: u64,
     /// Segment files of the log partitions.
     pub segments: usize,
+    /// Bytes of segment files alone (journals excluded: a journal file is preallocated, 32 MiB
+    /// however little it holds, and is deleted once what it holds is flushed).
+    pub segment_bytes: u64,
+    /// Bytes of the `blocks` partition's segment files (what the event log itself costs).
+    pub block_bytes: u64,
 }
 
 /// What [`Store::migrate`] did.
@@ -419,6 +424,38 @@ fn open_block(key: u64, v: &[u8]) -> Result<Block, StoreError> {
         data: values,
         ends,
     })
+}
+
+/// What the previous layout (2: one value per event, both forms, in a FIFO partition with
+/// fjall's lz4 blocks, plus the time index) keeps on disk for `events` (with their zstd forms),
+/// written into a fresh keyspace at `dir` and flushed: bytes of segment files. For
+/// `riptide bench serve`'s before/after figure in one run.
+pub fn layout2_bytes(dir: &Path, events: &[Event]) -> Result<u64, StoreError> {
+    let fj = |source| StoreError::Fjall {
+        path: dir.display().to_string(),
+        source,
+    };
+    let ks = Store::keyspace(dir)?;
+    let old = ks
+        .open_partition("events", log_partition().max_memtable_size(BLOCKS_MEMTABLE))
+        .map_err(fj)?;
+    let times = ks.open_partition("times", log_partition()).map_err(fj)?;
+    for chunk in events.chunks(4096) {
+        let mut b = ks.batch();
+        for e in chunk {
+            b.insert(&old, e.seq().to_be_bytes(), e.raw().clone());
+            b.insert(
+                &times,
+                (e.time_us() as u64).to_be_bytes(),
+                e.seq().to_be_bytes(),
+            );
+        }
+        b.commit().map_err(fj)?;
+    }
+    for p in [&old, &times] {
+        p.rotate_memtable_and_wait().map_err(fj)?;
+    }
+    Ok(old.disk_space() + times.disk_space())
 }
 
 impl Store {
@@ -980,9 +1017,18 @@ impl Store {
 
     /// The store's size on disk: bytes of segment files and journals, and the log's segments.
     pub fn disk_usage(&self) -> DiskUsage {
+        let parts = [
+            &self.blocks,
+            &self.recent,
+            &self.times,
+            &self.accounts,
+            &self.meta,
+        ];
         DiskUsage {
             bytes: self.ks.disk_space(),
             segments: self.blocks.segment_count() + self.times.segment_count(),
+            segment_bytes: parts.iter().map(|p| p.disk_space()).sum(),
+            block_bytes: self.blocks.disk_space(),
         }
     }
 

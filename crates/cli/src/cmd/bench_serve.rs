@@ -152,6 +152,10 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut events_per_pass = 0;
     let mut events_v1 = 0;
     let mut store_bytes = Vec::new();
+    let mut store_block_bytes = Vec::new();
+    let mut store_bytes_layout2 = Vec::new();
+    // CPU-µs per event of each replay, by variant.
+    let mut replay_cpu: std::collections::BTreeMap<&'static str, Vec<f64>> = Default::default();
     let mut v1_zstd_rates = Vec::new();
     let mut v1_disk_zstd_rates = Vec::new();
     let mut v2_disk_zstd_rates = Vec::new();
@@ -211,11 +215,27 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
 
         // What the store keeps on disk, its memtables flushed (journals aside).
         log.store().flush()?;
-        let disk_bytes = log.store().disk_usage().bytes;
-        store_bytes.push(disk_bytes as f64 / s.events.max(1) as f64);
+        let disk = log.store().disk_usage();
+        let per = |b: u64| b as f64 / s.events.max(1) as f64;
+        store_bytes.push(per(disk.segment_bytes));
+        store_block_bytes.push(per(disk.block_bytes));
         eprintln!(
-            "pass {pass}: store {disk_bytes} bytes on disk: {:.1} bytes/event",
-            disk_bytes as f64 / s.events.max(1) as f64
+            "pass {pass}: store on disk: {} bytes of segments, {:.1} bytes/event ({:.1} of them the event blocks); {} bytes with the journals",
+            disk.segment_bytes,
+            per(disk.segment_bytes),
+            per(disk.block_bytes),
+            disk.bytes
+        );
+        // The same events as the previous layout kept them (both forms each), for the ratio.
+        let all = all_events(&log, &dict)?;
+        let old_dir = tempfile::tempdir()?;
+        let old = riptide_serve::store::layout2_bytes(old_dir.path(), &all)?;
+        drop((all, old_dir));
+        store_bytes_layout2.push(per(old));
+        eprintln!(
+            "pass {pass}: the same events in the previous layout (2): {old} bytes, {:.1} bytes/event; ratio {:.3}",
+            per(old),
+            disk.segment_bytes as f64 / old.max(1) as f64
         );
         // Each wire's share of the events (v1 skips `#sync`): what a full replay delivers.
         let counts = wire_counts(&log)?;
@@ -226,23 +246,39 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         let from_tail = (tail_events as u64).min(s.events);
         let d1 = &dict;
         let one = |log: Arc<Log>, wire, c| replay(log, metrics.clone(), counts, wire, c, d1);
-        let rate = one(log.clone(), Wire::V1, Compress::None).await?;
+        let rate = rec(
+            &mut replay_cpu,
+            "memory_v1",
+            one(log.clone(), Wire::V1, Compress::None).await?,
+        );
         replay_rates.push(rate);
         eprintln!(
             "pass {pass}: replay {} events ({from_tail} in the tail) from memory: {rate:.0} events/s",
             counts.v1
         );
-        let rate = one(log.clone(), Wire::V2, Compress::None).await?;
+        let rate = rec(
+            &mut replay_cpu,
+            "memory_v2",
+            one(log.clone(), Wire::V2, Compress::None).await?,
+        );
         v2_rates.push(rate);
         eprintln!(
             "pass {pass}: v2 replay {} events from memory: {rate:.0} events/s",
             counts.v2
         );
-        let rate = one(log.clone(), Wire::V1, Compress::V1).await?;
+        let rate = rec(
+            &mut replay_cpu,
+            "memory_v1_compressed",
+            one(log.clone(), Wire::V1, Compress::V1).await?,
+        );
         v1_zstd_rates.push(rate);
         eprintln!("pass {pass}: replay from memory, compress=true: {rate:.0} events/s");
         if let Some(d) = &dict_v2 {
-            let rate = one(log.clone(), Wire::V2, Compress::V2(d.clone())).await?;
+            let rate = rec(
+                &mut replay_cpu,
+                "memory_v2_zstd",
+                one(log.clone(), Wire::V2, Compress::V2(d.clone())).await?,
+            );
             v2_zstd_rates.push(rate);
             eprintln!("pass {pass}: v2 replay from memory, zstd: {rate:.0} events/s");
         }
@@ -256,24 +292,40 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
             },
         ));
         let reads0 = metrics.replay_reads.load(Relaxed);
-        let rate = one(disk.clone(), Wire::V1, Compress::None).await?;
+        let rate = rec(
+            &mut replay_cpu,
+            "disk_v1",
+            one(disk.clone(), Wire::V1, Compress::None).await?,
+        );
         disk_rates.push(rate);
         eprintln!(
             "pass {pass}: replay {} events from disk: {rate:.0} events/s ({} store reads)",
             counts.v1,
             metrics.replay_reads.load(Relaxed) - reads0
         );
-        let rate = one(disk.clone(), Wire::V2, Compress::None).await?;
+        let rate = rec(
+            &mut replay_cpu,
+            "disk_v2",
+            one(disk.clone(), Wire::V2, Compress::None).await?,
+        );
         v2_disk_rates.push(rate);
         eprintln!(
             "pass {pass}: v2 replay {} events from disk: {rate:.0} events/s",
             counts.v2
         );
-        let rate = one(disk.clone(), Wire::V1, Compress::V1).await?;
+        let rate = rec(
+            &mut replay_cpu,
+            "disk_v1_compressed",
+            one(disk.clone(), Wire::V1, Compress::V1).await?,
+        );
         v1_disk_zstd_rates.push(rate);
         eprintln!("pass {pass}: replay from disk, compress=true: {rate:.0} events/s");
         if let Some(d) = &dict_v2 {
-            let rate = one(disk, Wire::V2, Compress::V2(d.clone())).await?;
+            let rate = rec(
+                &mut replay_cpu,
+                "disk_v2_zstd",
+                one(disk, Wire::V2, Compress::V2(d.clone())).await?,
+            );
             v2_disk_zstd_rates.push(rate);
             eprintln!("pass {pass}: v2 replay from disk, zstd: {rate:.0} events/s");
         }
@@ -296,6 +348,12 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         "replay_disk_compressed_events_per_s": Stats::of(v1_disk_zstd_rates).json(),
         "events_per_pass_v1": events_v1,
         "store_bytes_per_event": Stats::of(store_bytes).json(),
+        "replay_cpu_us_per_event": replay_cpu
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Stats::of(v).json()))
+            .collect::<serde_json::Map<_, _>>(),
+        "store_block_bytes_per_event": Stats::of(store_block_bytes).json(),
+        "store_bytes_per_event_layout2": Stats::of(store_bytes_layout2).json(),
         "store_layout": riptide_serve::store::LAYOUT_VERSION,
         "chain": format!("{chain:?}").to_lowercase(),
     });
@@ -394,6 +452,45 @@ struct WireCounts {
     v2: u64,
 }
 
+/// Every stored event with its zstd form (made again for those read from sealed blocks, as a
+/// `compress=true` subscriber gets it), oldest first.
+fn all_events(
+    log: &Log,
+    dict: &riptide_serve::Dictionary,
+) -> anyhow::Result<Vec<riptide_serve::Event>> {
+    let mut c = dict.compressor()?;
+    let (mut from, mut out) = (0, Vec::new());
+    let limit = riptide_serve::ReadLimit {
+        events: 4096,
+        bytes: 4 << 20,
+    };
+    loop {
+        let n = out.len();
+        log.read(from, limit, &mut out)?;
+        let Some(last) = out.last().filter(|_| out.len() > n) else {
+            break;
+        };
+        from = last.seq() + 1;
+    }
+    for e in &mut out {
+        if e.zstd_len() == 0 {
+            let z = c.compress(&e.json())?;
+            let coll = e.collection().to_vec();
+            let did = String::from_utf8_lossy(e.did()).into_owned();
+            *e = riptide_serve::Event::encode(
+                e.seq(),
+                e.time_us(),
+                e.kind(),
+                &did,
+                &String::from_utf8_lossy(&coll),
+                &e.json(),
+                &z,
+            );
+        }
+    }
+    Ok(out)
+}
+
 fn wire_counts(log: &Log) -> anyhow::Result<WireCounts> {
     let (mut from, mut n) = (0, WireCounts { v1: 0, v2: 0 });
     let mut batch = Vec::new();
@@ -437,7 +534,7 @@ async fn replay(
     wire: Wire,
     compress: Compress,
     v1_dict: &riptide_serve::Dictionary,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Replay> {
     let events = match wire {
         Wire::V1 => counts.v1,
         Wire::V2 => counts.v2,
@@ -464,6 +561,7 @@ async fn replay(
     if matches!(compress, Compress::V1) {
         url.push_str("&compress=true");
     }
+    let cpu0 = cpu_secs();
     let (mut ws, _) = tokio_tungstenite::connect_async(url).await?;
     let mut got = 0u64;
     while got < events {
@@ -478,8 +576,31 @@ async fn replay(
         }
     }
     let secs = t0.elapsed().as_secs_f64();
+    let cpu_us = (cpu_secs() - cpu0) * 1e6 / got.max(1) as f64;
     server.abort();
-    Ok(got as f64 / secs)
+    Ok(Replay {
+        rate: got as f64 / secs,
+        cpu_us,
+    })
+}
+
+/// Keeps `r`'s CPU per event under `name` (and says it); its rate.
+fn rec(
+    cpu: &mut std::collections::BTreeMap<&'static str, Vec<f64>>,
+    name: &'static str,
+    r: Replay,
+) -> f64 {
+    eprintln!("  replay {name}: {:.2} CPU-µs/event", r.cpu_us);
+    cpu.entry(name).or_default().push(r.cpu_us);
+    r.rate
+}
+
+/// One replay's figures: events/s, and the process's CPU-µs per event (server and client
+/// together; on a shared machine the rate follows the CPU share, this does not).
+#[derive(Clone, Copy, Debug)]
+struct Replay {
+    rate: f64,
+    cpu_us: f64,
 }
 
 /// `riptide_tail_bytes` from the server's `/metrics` (0 if unavailable).
