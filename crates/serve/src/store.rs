@@ -889,8 +889,8 @@ impl Store {
     }
 
     /// Events with seq ≥ `from` (and ≥ the floor) within `limit`, in order (fewer, or none, at
-    /// the end of the store). Each value returned from a block is a copy out of it: the byte cap
-    /// bounds the memory a read costs. Sealed events come without their zstd form
+    /// the end of the store). The values a read returns from a block share one copy out of it
+    /// (no more than the read returns): the byte cap bounds the memory a read costs. Sealed events come without their zstd form
     /// ([`Event::zstd`] is empty: the module docs).
     pub fn read_from(
         &self,
@@ -911,14 +911,36 @@ impl Store {
                     from = sealed_end;
                     break;
                 };
-                let skip = from.saturating_sub(block.first);
-                for i in skip..block.count() {
-                    if limit.full(out, start, bytes) {
-                        return Ok(());
+                // The events that fit, copied out in one piece (their values are back to back
+                // in the block), each a slice of it: one allocation per read, not per event.
+                let skip = from.saturating_sub(block.first) as usize;
+                let mut end = skip;
+                while end < block.ends.len() {
+                    let n = out.len() - start + (end - skip);
+                    if n >= limit.events.max(1) || (n > 0 && bytes >= limit.bytes) {
+                        break;
                     }
-                    let v = block.value(i as usize);
-                    bytes += v.len();
-                    out.push(Event::decode(block.first + i, Bytes::copy_from_slice(v))?);
+                    bytes += block.value(end).len();
+                    end += 1;
+                }
+                if end > skip {
+                    let base = if skip == 0 {
+                        0
+                    } else {
+                        block.ends[skip - 1] as usize
+                    };
+                    let copy =
+                        Bytes::copy_from_slice(&block.data[base..block.ends[end - 1] as usize]);
+                    let mut at = 0;
+                    for i in skip..end {
+                        let len = block.value(i).len();
+                        let raw = copy.slice(at..at + len);
+                        at += len;
+                        out.push(Event::decode(block.first + i as u64, raw)?);
+                    }
+                }
+                if end < block.ends.len() {
+                    return Ok(());
                 }
                 from = block.first + block.count();
             }

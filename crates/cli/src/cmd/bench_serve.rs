@@ -13,14 +13,24 @@
 //!    stateless then stateful, into fresh stores, and reports the CPU ratio of the two per pass.
 //! 2. **Replay to one consumer** (in process, loopback): a tokio-tungstenite client with
 //!    `?cursor=0` reads every stored event; events/s from connect to last event. The stored JSON
-//!    goes to the socket as is (no re-encoding). Twice: from the in-memory tail (the pass fits in
-//!    it) and from disk (a log over the same store with an empty tail, as for a cursor older
-//!    than the tail).
+//!    goes to the socket as is (no re-encoding). Twice: from the in-memory tail (what does not
+//!    fit in it, from the store) and from disk (a log over the same store with an empty tail, as
+//!    for a cursor older than the tail); each plain and with `compress=true` (from disk, the
+//!    zstd frames of events in sealed blocks are made at send time: `riptide_serve::store`).
 //! 3. **Live subscribers** (a child `riptide serve` process, so its memory is measured alone):
 //!    `--subscribers` live clients while the server ingests at `--rate` frames/s; VmRSS of the
 //!    server before and with the clients, per-subscriber memory, and events each client got. The
 //!    in-memory tail keeps filling during the run (it is bounded, not per subscriber); its growth,
 //!    read from `/metrics`, is subtracted from the per-subscriber figure.
+//!
+//! **The store** (issue 20): after each ingest pass the memtables are flushed and the segment
+//! files' bytes per event reported (`store_bytes_per_event`; journals aside: a journal file is
+//! preallocated, 32 MiB however little it holds), beside what the previous layout (2: one value
+//! per event with both forms) keeps for the very same events (`store_bytes_per_event_layout2`),
+//! so the ratio comes from one run. Replays also report the process's CPU-µs per event
+//! (`replay_cpu_us_per_event`, by variant), which a loaded machine does not skew as it does the
+//! rates. Replays count each wire's events (v1 never sends `#sync`, which generated streams
+//! have), and one that stops short fails after 30 s without a message instead of waiting.
 //!
 //! Jetstream v2 (`subscribeEvents`) beside v1: figure 2 is also measured on
 //! `/xrpc/network.bsky.jetstream.subscribeEvents?cursor=0` (memory and disk; also compressed
