@@ -207,23 +207,38 @@ impl Default for StoreOptions {
     }
 }
 
-/// One decompressed block: the events' stored values (without zstd forms), back to back.
+/// One decompressed block: `[u32 len][value]…`, the events' stored values (without zstd forms).
 #[derive(Debug)]
 struct Block {
     first: u64,
     data: Vec<u8>,
-    /// Where each event's value starts in `data` (and, next entry, ends).
-    ends: Vec<u32>,
+    /// Where each event's value starts in `data` (its length prefix is the 4 bytes before).
+    starts: Vec<u32>,
 }
 
 impl Block {
     fn count(&self) -> u64 {
-        self.ends.len() as u64
+        self.starts.len() as u64
     }
 
+    /// The value of the block's `i`th event.
     fn value(&self, i: usize) -> &[u8] {
-        let start = if i == 0 { 0 } else { self.ends[i - 1] as usize };
-        &self.data[start..self.ends[i] as usize]
+        let start = self.starts[i] as usize;
+        let end = match self.starts.get(i + 1) {
+            Some(&next) => next as usize - 4,
+            None => self.data.len(),
+        };
+        &self.data[start..end]
+    }
+
+    /// The bytes from the `i`th event's value to the end of the `j - 1`th's (the length
+    /// prefixes between them included).
+    fn span(&self, i: usize, j: usize) -> std::ops::Range<usize> {
+        let end = match self.starts.get(j) {
+            Some(&next) => next as usize - 4,
+            None => self.data.len(),
+        };
+        self.starts[i] as usize..end
     }
 }
 
@@ -252,6 +267,8 @@ pub struct Store {
     /// Held by a writer for the whole of an append (one writer at a time).
     writing: Arc<Mutex<()>>,
     cache: Arc<Mutex<VecDeque<Arc<Block>>>>,
+    /// The buffer of the block last evicted from `cache`, for the next one.
+    spare: Arc<Mutex<Vec<u8>>>,
     options: StoreOptions,
 }
 
@@ -394,35 +411,40 @@ fn block_header(key: u64, v: &[u8]) -> Result<(u64, u64, i64, usize), StoreError
     Ok((count, first, last_time, raw_len))
 }
 
-/// Decompresses and indexes a block value.
-fn open_block(key: u64, v: &[u8]) -> Result<Block, StoreError> {
+/// Decompresses and indexes a block value, into `buf` (the buffer of an evicted block, reused:
+/// a fresh multi-megabyte allocation per block is fresh pages the kernel must zero).
+fn open_block(key: u64, v: &[u8], mut buf: Vec<u8>) -> Result<Block, StoreError> {
     let bad = |what| StoreError::CorruptBlock { first: key, what };
     let (count, first, _, raw_len) = block_header(key, v)?;
-    let data =
-        zstd::bulk::decompress(&v[BLOCK_HEADER..], raw_len).map_err(|_| bad("zstd frame"))?;
-    if data.len() != raw_len {
+    buf.clear();
+    buf.reserve(raw_len);
+    let n = zstd::bulk::Decompressor::new()
+        .and_then(|mut d| d.decompress_to_buffer(&v[BLOCK_HEADER..], &mut buf))
+        .map_err(|_| bad("zstd frame"))?;
+    if n != raw_len || buf.len() != raw_len {
         return Err(bad("length"));
     }
-    let mut ends = Vec::with_capacity(count as usize);
-    let mut values = Vec::with_capacity(raw_len);
+    let data = buf;
+    let mut starts = Vec::with_capacity(count as usize);
     let mut pos = 0;
     while pos < data.len() {
         let len = data
             .get(pos..pos + 4)
             .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
             .ok_or(bad("value length"))?;
-        let v = data.get(pos + 4..pos + 4 + len).ok_or(bad("value"))?;
-        values.extend_from_slice(v);
-        ends.push(values.len() as u32);
+        if pos + 4 + len > data.len() {
+            return Err(bad("value"));
+        }
+        starts.push((pos + 4) as u32);
         pos += 4 + len;
     }
-    if ends.len() as u64 != count {
+    if starts.len() as u64 != count {
         return Err(bad("count"));
     }
     Ok(Block {
         first,
-        data: values,
-        ends,
+        data,
+        starts,
     })
 }
 
@@ -555,6 +577,7 @@ impl Store {
             pending: Arc::default(),
             writing: Arc::default(),
             cache: Arc::default(),
+            spare: Arc::default(),
             options,
         };
         let get = |k: &[u8]| store.meta.get(k).map_err(|e| store.err(e));
@@ -879,10 +902,14 @@ impl Store {
                 None => return Ok(None),
             },
         };
-        let block = Arc::new(open_block(be64(&k), &v)?);
+        let spare = std::mem::take(&mut *lock(&self.spare));
+        let block = Arc::new(open_block(be64(&k), &v, spare)?);
         let mut c = lock(&self.cache);
         if c.len() >= BLOCK_CACHE {
-            c.pop_front();
+            // Its buffer serves the next block, unless a reader still holds it.
+            if let Some(Ok(old)) = c.pop_front().map(Arc::try_unwrap) {
+                *lock(&self.spare) = old.data;
+            }
         }
         c.push_back(block.clone());
         Ok(Some(block))
@@ -915,7 +942,7 @@ impl Store {
                 // in the block), each a slice of it: one allocation per read, not per event.
                 let skip = from.saturating_sub(block.first) as usize;
                 let mut end = skip;
-                while end < block.ends.len() {
+                while end < block.starts.len() {
                     let n = out.len() - start + (end - skip);
                     if n >= limit.events.max(1) || (n > 0 && bytes >= limit.bytes) {
                         break;
@@ -924,22 +951,16 @@ impl Store {
                     end += 1;
                 }
                 if end > skip {
-                    let base = if skip == 0 {
-                        0
-                    } else {
-                        block.ends[skip - 1] as usize
-                    };
-                    let copy =
-                        Bytes::copy_from_slice(&block.data[base..block.ends[end - 1] as usize]);
-                    let mut at = 0;
+                    let span = block.span(skip, end);
+                    let base = span.start;
+                    let copy = Bytes::copy_from_slice(&block.data[span]);
                     for i in skip..end {
-                        let len = block.value(i).len();
-                        let raw = copy.slice(at..at + len);
-                        at += len;
+                        let at = block.starts[i] as usize - base;
+                        let raw = copy.slice(at..at + block.value(i).len());
                         out.push(Event::decode(block.first + i as u64, raw)?);
                     }
                 }
-                if end < block.ends.len() {
+                if end < block.starts.len() {
                     return Ok(());
                 }
                 from = block.first + block.count();
