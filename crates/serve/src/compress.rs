@@ -85,3 +85,51 @@ impl Dictionary {
 pub fn train(samples: &[impl AsRef<[u8]>], size: usize) -> Result<Vec<u8>, DictError> {
     zstd::dict::from_samples(samples, size).map_err(DictError::Zstd)
 }
+
+/// Compressors with a dictionary's settings, shared by the tasks that compress at send time (a
+/// zstd context costs ~1 MB: a few are kept, not one per subscriber).
+pub struct CompressorPool {
+    dictionary: Dictionary,
+    pool: std::sync::Mutex<Vec<Compressor<'static>>>,
+}
+
+impl std::fmt::Debug for CompressorPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompressorPool")
+            .field("dictionary", &self.dictionary.id())
+            .finish()
+    }
+}
+
+impl CompressorPool {
+    /// Most idle compressors kept.
+    const KEEP: usize = 8;
+
+    /// A pool for `dictionary`.
+    pub fn new(dictionary: Dictionary) -> CompressorPool {
+        CompressorPool {
+            dictionary,
+            pool: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The dictionary.
+    pub fn dictionary(&self) -> &Dictionary {
+        &self.dictionary
+    }
+
+    /// One complete zstd frame of `data`, with Jetstream's settings.
+    pub fn compress(&self, data: &[u8]) -> Result<Vec<u8>, DictError> {
+        let pooled = self.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut c = match pooled {
+            Some(c) => c,
+            None => self.dictionary.compressor()?,
+        };
+        let out = c.compress(data).map_err(DictError::Zstd);
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.len() < Self::KEEP {
+            pool.push(c);
+        }
+        out
+    }
+}

@@ -189,6 +189,12 @@ impl Event {
         self.raw.slice(self.json.end..)
     }
 
+    /// Length of the zstd frame (0 when it is not held: no dictionary, or read from a sealed
+    /// block of the store, which keeps only the JSON).
+    pub fn zstd_len(&self) -> usize {
+        self.raw.len() - self.json.end
+    }
+
     /// The stored value.
     pub fn raw(&self) -> &Bytes {
         &self.raw

@@ -47,7 +47,7 @@ pub use log::{Log, ReadLimit, TailLimits};
 pub use metrics::Metrics;
 pub use server::{router, App, ServerConfig};
 pub use slow::SlowPolicy;
-pub use store::{Resume, Store, StoreError};
+pub use store::{Resume, Store, StoreError, StoreOptions};
 pub use upstream::UpstreamConfig;
 
 /// Wall-clock unix microseconds.

@@ -21,7 +21,7 @@
 //!    waited out, not counted as a failure.
 //! 3. Meanwhile every frame of the account except `#sync` (commits, `#identity`, `#account`, in
 //!    upstream order) is **held**: in the worker's memory and, in the same batch as the upstream
-//!    cursor that passes it, in the `pending` partition. Nothing of the account is served. The
+//!    cursor that passes it, in the `resync` partition. Nothing of the account is served. The
 //!    hold is bounded per account ([`ResyncLimits::per_account_frames`]) and in bytes across all
 //!    accounts ([`ResyncLimits::total_bytes`]); a frame over either bound is dropped with the
 //!    verdict `resync-overflow` (its account's chain will break again after the resync, and be
@@ -335,7 +335,7 @@ impl Holds {
     }
 }
 
-/// What the store's `pending` partition held at start, split by worker: each worker's
+/// What the store's `resync` partition held at start, split by worker: each worker's
 /// [`Holds`], and the accounts to queue again.
 pub(crate) fn load_pending(
     store: &Store,
@@ -346,7 +346,7 @@ pub(crate) fn load_pending(
 ) -> Result<(Vec<Holds>, Vec<String>), StoreError> {
     let mut holds: Vec<Holds> = (0..workers).map(|_| Holds::new(limits, workers)).collect();
     let mut queue = Vec::new();
-    for (did, seq, frame) in store.pending()? {
+    for (did, seq, frame) in store.held()? {
         let h = &mut holds[owner(&did).min(workers - 1)];
         if seq == 0 {
             h.start(&did, metrics);

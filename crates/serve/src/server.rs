@@ -137,6 +137,11 @@ pub struct ServerConfig {
     /// `/readyz` fails when no upstream frame arrived for this long (`None`: never for
     /// idleness). See [`readiness`].
     pub ready_max_idle: Option<Duration>,
+    /// The v1 dictionary (`--zstd-dictionary`), for events read from the store's sealed blocks,
+    /// which keep no zstd form: a `compress=true` subscriber's frame of such an event is made
+    /// when it is sent (`store.rs`). `None` with `compression`: such an event closes the
+    /// subscriber with 1011 (logged), as a server misconfigured this way cannot serve it.
+    pub v1_dictionary: Option<crate::compress::Dictionary>,
     /// The dictionary of `/xrpc/network.bsky.jetstream.subscribeEvents`'s compression
     /// (`--zstd-dictionary-v2`); `None`: `zstdDictionary` is refused (see `v2.rs`).
     pub v2_dictionary: Option<crate::compress::Dictionary>,
@@ -158,6 +163,7 @@ impl Default for ServerConfig {
             store_readers: 2,
             slow: SlowPolicy::default(),
             ready_max_idle: Some(Duration::from_secs(120)),
+            v1_dictionary: None,
             v2_dictionary: None,
         }
     }
@@ -181,6 +187,8 @@ pub struct App {
     pub(crate) shutdown: watch::Sender<bool>,
     store_reads: Semaphore,
     store_batches: Semaphore,
+    /// Compressors of `config.v1_dictionary` (see there).
+    v1_compressors: Option<crate::compress::CompressorPool>,
 }
 
 impl App {
@@ -189,7 +197,12 @@ impl App {
         let store_reads = Semaphore::new(config.store_readers.max(1));
         let store_batches = Semaphore::new(config.store_batches.max(1));
         let v2 = crate::v2::V2::new(config.v2_dictionary.clone());
+        let v1_compressors = config
+            .v1_dictionary
+            .clone()
+            .map(crate::compress::CompressorPool::new);
         Arc::new(App {
+            v1_compressors,
             v2,
             store_reads,
             store_batches,
@@ -707,7 +720,10 @@ async fn serve(
                     continue;
                 }
                 let (msg, len) = if opts.compress {
-                    let z = e.zstd();
+                    let z = match v1_zstd(app, &e) {
+                        Ok(z) => z,
+                        Err(o) => return o,
+                    };
                     let len = z.len();
                     (Message::Binary(z), len)
                 } else {
@@ -734,6 +750,23 @@ async fn serve(
             return o;
         }
     }
+}
+
+/// The v1 zstd frame of `e`: the one made at ingest, or (an event read from a sealed block,
+/// which keeps only the JSON: `store.rs`) one made now with `--zstd-dictionary`, byte for byte
+/// what ingest makes (the same compressor settings).
+fn v1_zstd(app: &App, e: &Event) -> Result<bytes::Bytes, Outcome> {
+    if e.zstd_len() > 0 {
+        return Ok(e.zstd());
+    }
+    let made = match &app.v1_compressors {
+        Some(pool) => pool.compress(&e.json()).map_err(|e| e.to_string()),
+        None => Err("no --zstd-dictionary to compress a stored event with".into()),
+    };
+    made.map(bytes::Bytes::from).map_err(|why| {
+        tracing::error!(seq = e.seq(), error = %why, "cannot compress a stored event");
+        Outcome::Close(1011, "internal error".into())
+    })
 }
 
 /// Reads the next batch for a subscriber whose next seq is `next` into `batch`: from the

@@ -1,33 +1,57 @@
 //! The event store: fjall partitions under `--data DIR`.
 //!
-//! Partitions: `events` (seq, big-endian u64 → [`Event`] value), `times` (time_us, big-endian →
-//! seq), `accounts` (DID → the account's chain state, `riptide_firehose::chain::encode_state`)
-//! and `meta` (next seq, last time_us, upstream cursor, dictionary id, retention floor, layout
-//! version). `accounts` is an ordinary LSM tree (leveled compaction, bloom filters): it is
-//! rewritten in place and read by point lookups, one per account the verifiers do not hold in
-//! memory. A data directory from before chain state simply has no `accounts` yet: each account's
-//! first commit after the upgrade establishes its state. `pending` (`did 0x00 seq` → frame) holds
-//! what `crate::resync` needs to survive a crash: the accounts queued for resync (seq 0, empty)
-//! and the frames held for them until their resync lands; it is small (bounded by the resync
+//! Partitions: `blocks` (first seq, big-endian u64 → a sealed [block](#blocks) of events),
+//! `recent` (seq → one [`Event`] value, both forms, for the events not yet sealed), `times`
+//! (time_us, big-endian → seq), `accounts` (DID → the account's chain state,
+//! `riptide_firehose::chain::encode_state`) and `meta` (next seq, last time_us, upstream cursor,
+//! dictionary id, retention floor, layout version). `accounts` is an ordinary LSM tree (leveled
+//! compaction, bloom filters): it is rewritten in place and read by point lookups, one per
+//! account the verifiers do not hold in memory. A data directory from before chain state simply
+//! has no `accounts` yet: each account's first commit after the upgrade establishes its state. `resync` (`did 0x00 seq` → frame) holds what
+//! `crate::resync` needs to survive a crash: the accounts queued for resync (seq 0, empty) and
+//! the frames held for them until their resync lands; it is small (bounded by the resync
 //! buffers) and written in the same batches as everything else.
 //!
-//! **Why FIFO compaction.** `events` and `times` are append-only logs under monotonic keys: no
+//! <a id="blocks"></a>**Blocks** (layout 3). Every event used to be stored with both of its
+//! forms (v1 JSON and its own zstd frame): ~900 bytes an event on a generated stream, where
+//! Jetstream v2 keeps ~250 in columnar blocks of 4,096 events. Now events are sealed in blocks of
+//! [`StoreOptions::block_events`] (4,096) events, at most [`StoreOptions::block_bytes`] (4 MiB)
+//! before compression: one zstd frame (level 3, no dictionary: a block is large enough to be
+//! its own) of the events' stored values *without* their zstd form. Only the JSON is kept; the
+//! zstd form is derived again when a `compress=true` subscriber reads a sealed event from disk
+//! (`server.rs`), and Jetstream v2's frames are derived from the JSON anyway (`v2.rs`). Reading a
+//! block decompresses it whole (~1 GB/s); the last few are cached decompressed
+//! ([`BLOCK_CACHE`]), so a replay reading 512 events at a time decompresses each block once.
+//! Events leave a cached block as copies, as they left fjall's blocks before: the byte cap of a
+//! read still bounds what a subscriber's batch holds.
+//!
+//! Events are durable before they are sealed: an ingest batch's events go to `recent` (with both
+//! forms, so nothing changes for them), and the batch that brings the unsealed events to a block's
+//! worth also writes the block and removes them from `recent` — all in the same atomic batch, so
+//! an event is at every instant in exactly one of the two. The unsealed events are also kept in
+//! memory (at most one block's worth), which is where reads of them are served from; `recent` is
+//! only read at open. `recent` is a small leveled tree: its values are mostly removed before its
+//! memtable is flushed, so flushes write little more than tombstones, and compaction drops them.
+//!
+//! **Durability point.** [`Store::append_with_accounts`] writes a whole ingest batch — its
+//! events, their time index entries, the chain state of every account the batch's frames changed,
+//! the next seq, the last time_us and the upstream cursor that covers them, and any block sealed —
+//! as ONE fjall batch committed with `PersistMode::SyncAll` (journal written and fsynced) before
+//! it returns. Events are published to subscribers only after that. So after `kill -9` (or power
+//! loss, given honest disks) the store holds exactly the batches whose `append` returned: every
+//! event a subscriber could have seen survives; the upstream cursor matches the events and the
+//! account states, so resuming from it neither loses nor duplicates a frame, and re-verifies the
+//! frames after it against exactly the state they were first verified against; and the next seq /
+//! time_us restart above everything stored, so no seq or time_us is reused.
+//!
+//! **Why FIFO compaction.** `blocks` and `times` are append-only logs under monotonic keys: no
 //! key is ever written twice, so an LSM tree's merging has nothing to merge. Leveled compaction
 //! (fjall's default) still rewrote every byte on its way down the levels: its compactor took
 //! 9–12% of the server's CPU once ingest reached steady state. With FIFO the flushed segments stay
 //! as they are (their key ranges are disjoint, so a range read opens only the segments it needs)
 //! and retention drops whole segment files. Nothing reads these partitions by point lookup, so
-//! they have no bloom filters either.
-//!
-//! **Durability point.** [`Store::append_with_accounts`] writes a whole ingest batch — its
-//! events, their time index entries, the chain state of every account the batch's frames changed,
-//! the next seq, the last time_us and the upstream cursor that covers them — as ONE fjall batch committed with `PersistMode::SyncAll` (journal written and fsynced) before it
-//! returns. Events are published to subscribers only after that. So after `kill -9` (or power
-//! loss, given honest disks) the store holds exactly the batches whose `append` returned: every
-//! event a subscriber could have seen survives; the upstream cursor matches the events and the
-//! account states, so resuming from it neither loses nor duplicates a frame, and re-verifies the
-//! frames after it against exactly the state they were first verified against; and the next seq / time_us restart
-//! above everything stored, so no seq or time_us is reused.
+//! they have no bloom filters either; `blocks` is not compressed again by fjall (its values are
+//! zstd frames already).
 //!
 //! **Retention** has two halves. [`Store::expire`] moves the *floor*: the first seq whose
 //! `time_us` is inside the window. Reads never go below it, so retention is exact to the event
@@ -35,30 +59,37 @@
 //! window (fjall's FIFO time-to-live, run with the window given now, so a restart with another
 //! `--retention` takes effect): every event in such a file was written before the file, so it is
 //! below the floor already. Disk space thus comes back one segment (a flushed memtable, 64 MiB of
-//! events) at a time, a little after the window has passed. The floor is stored without fsync: a
-//! floor lost in a crash is recomputed by the next pass. No tombstones are written, so the
-//! segments stay disjoint and nothing is ever merged.
+//! blocks) at a time, a little after the window has passed. The floor is stored without fsync: a
+//! floor lost in a crash is recomputed by the next pass. No tombstones are written to the logs, so
+//! their segments stay disjoint and nothing is ever merged.
 //!
-//! **The cost of never merging**: one segment file per flushed `events` memtable, so their
-//! number grows with the window. fjall 2 checks a level's files for overlap pairwise (lsm-tree's
+//! **The cost of never merging**: one segment file per flushed memtable, so their number grows
+//! with the window. fjall 2 checks a level's files for overlap pairwise (lsm-tree's
 //! `KeyRange::is_disjoint`) whenever the level changes and at start, so both grow with the square
 //! of the count: measured on the development VM, a flush took ~14 ms longer with 3,000 files and
 //! reopening 4,000 took 7 s; each file also holds ~2.4 KB of memory. Hence 64 MiB memtables
-//! (fjall's default is 16 MiB): a day of today's network (~1,500 events/s of ~2 KB) is ~4,000
-//! files, not 16,000 (`bench/results/2026-11-22-vm/serve-5.md`). A much longer window or a much
-//! faster network would need segments merged once (not yet done).
+//! (fjall's default is 16 MiB); with blocks a 64 MiB segment holds ~20 times more events than it
+//! did (`bench/results/2026-11-22-vm/serve-5.md` for the old figures). A much longer window or a
+//! much faster network would need segments merged once (not yet done).
 //!
-//! A data directory written by the previous layout (leveled partitions, deletes by tombstone) is
-//! refused with [`StoreError::OldLayout`] rather than served with a retention that would leak.
+//! **Older layouts.** A data directory written by layout 1 (leveled partitions, deletes by
+//! tombstone) or layout 2 (one `events` value per event, both forms) is refused with
+//! [`StoreError::OldLayout`], which says what to do: `riptide serve --migrate-store` rewrites a
+//! layout-2 directory into blocks in place ([`Store::migrate`]); layout 1 needs a new `--data`
+//! directory.
 
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
 use fjall::compaction::{Fifo, Strategy};
-use fjall::{AbstractTree, Config, Keyspace, PartitionCreateOptions, PartitionHandle, PersistMode};
+use fjall::{
+    AbstractTree, CompressionType, Config, Keyspace, PartitionCreateOptions, PartitionHandle,
+    PersistMode,
+};
 
 use riptide_firehose::chain::{decode_state, encode_state, AccountState, CorruptState};
 
@@ -69,6 +100,9 @@ use crate::log::ReadLimit;
 /// and fixed so the connection budget can leave room for it (`limits.rs`): a store that cannot
 /// open its next journal file is poisoned.
 pub const STORE_MAX_OPEN_FILES: usize = 256;
+
+/// Decompressed blocks kept for reads (module docs): a replay reads each block in several reads.
+pub const BLOCK_CACHE: usize = 4;
 
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +132,14 @@ pub enum StoreError {
     /// A stored value is corrupt.
     #[error(transparent)]
     Corrupt(#[from] CorruptEvent),
+    /// A stored block is corrupt.
+    #[error("stored block at seq {first}: corrupt ({what})")]
+    CorruptBlock {
+        /// The block's first seq.
+        first: u64,
+        /// What is wrong.
+        what: &'static str,
+    },
     /// A stored account state is corrupt.
     #[error("account {did}: {source}")]
     CorruptAccount {
@@ -121,12 +163,12 @@ pub enum StoreError {
         given: u32,
     },
     /// The data directory was written by an older riptide whose store layout this one does not
-    /// read.
-    #[error("the data directory {path} was written by an older riptide (store layout {found}, this one writes {LAYOUT_VERSION}); start with a new --data directory")]
+    /// read as it is.
+    #[error("the data directory {path} was written by an older riptide (store layout {found}, this one writes {LAYOUT_VERSION}); {}", if *found == 2 { "convert it once with `riptide serve --migrate-store` (same --data; rewrites its events into compressed blocks) or start with a new --data directory" } else { "start with a new --data directory" })]
     OldLayout {
         /// The data directory.
         path: String,
-        /// The layout found (1 = before layouts were recorded).
+        /// The layout found (1 = before layouts were recorded; 2 = one value per event).
         found: u64,
     },
 }
@@ -156,19 +198,89 @@ pub struct Resume {
     pub upstream_cursor: Option<u64>,
 }
 
+/// How events are sealed into blocks (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Events per block (a block is sealed once this many are unsealed).
+    pub block_events: usize,
+    /// Most bytes of stored values (without their zstd forms) in one block before compression.
+    pub block_bytes: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            block_events: 4096,
+            block_bytes: 4 << 20,
+        }
+    }
+}
+
+/// One decompressed block: `[u32 len][value]…`, the events' stored values (without zstd forms).
+#[derive(Debug)]
+struct Block {
+    first: u64,
+    data: Vec<u8>,
+    /// Where each event's value starts in `data` (its length prefix is the 4 bytes before).
+    starts: Vec<u32>,
+}
+
+impl Block {
+    fn count(&self) -> u64 {
+        self.starts.len() as u64
+    }
+
+    /// The value of the block's `i`th event.
+    fn value(&self, i: usize) -> &[u8] {
+        let start = self.starts[i] as usize;
+        let end = match self.starts.get(i + 1) {
+            Some(&next) => next as usize - 4,
+            None => self.data.len(),
+        };
+        &self.data[start..end]
+    }
+
+    /// The bytes from the `i`th event's value to the end of the `j - 1`th's (the length
+    /// prefixes between them included).
+    fn span(&self, i: usize, j: usize) -> std::ops::Range<usize> {
+        let end = match self.starts.get(j) {
+            Some(&next) => next as usize - 4,
+            None => self.data.len(),
+        };
+        self.starts[i] as usize..end
+    }
+}
+
+/// The unsealed events, in seq order (module docs), and their bytes without zstd forms.
+#[derive(Debug, Default)]
+struct Pending {
+    events: Vec<Event>,
+    bytes: usize,
+}
+
 /// The event store. Cheap to share (`Arc`); all methods take `&self`.
 #[derive(Clone)]
 pub struct Store {
     path: String,
     ks: Keyspace,
-    events: PartitionHandle,
+    blocks: PartitionHandle,
+    recent: PartitionHandle,
     times: PartitionHandle,
     accounts: PartitionHandle,
     /// Accounts awaiting resync and the frames held for them (`crate::resync`).
-    pending: PartitionHandle,
+    resync: PartitionHandle,
     meta: PartitionHandle,
     /// The retention floor: no read returns a seq below it.
     floor: Arc<AtomicU64>,
+    /// One past the last sealed seq (1 when nothing is sealed).
+    sealed_end: Arc<AtomicU64>,
+    pending: Arc<Mutex<Pending>>,
+    /// Held by a writer for the whole of an append (one writer at a time).
+    writing: Arc<Mutex<()>>,
+    cache: Arc<Mutex<VecDeque<Arc<Block>>>>,
+    /// The buffer of the block last evicted from `cache`, for the next one.
+    spare: Arc<Mutex<Vec<u8>>>,
+    options: StoreOptions,
 }
 
 impl std::fmt::Debug for Store {
@@ -184,15 +296,27 @@ const DICT_ID: &[u8] = b"dict_id";
 const FLOOR: &[u8] = b"retention_floor";
 const LAYOUT: &[u8] = b"layout";
 
-/// The store layout this code writes: 2 = FIFO log partitions with a retention floor.
-pub const LAYOUT_VERSION: u64 = 2;
+/// The store layout this code writes: 3 = events sealed in compressed blocks (module docs).
+/// (2 = FIFO log partitions with a retention floor, one value per event.)
+pub const LAYOUT_VERSION: u64 = 3;
 
-/// Memtable size of `events`, hence the size of its segment files (see the module docs on the
-/// cost of never merging). The memory is mostly not extra: the memtable holds the same
-/// reference-counted event buffers as the in-memory tail (64 MB by default).
-const EVENTS_MEMTABLE: u32 = 64 << 20;
+/// Memtable size of `blocks`, hence the size of its segment files (see the module docs on the
+/// cost of never merging).
+const BLOCKS_MEMTABLE: u32 = 64 << 20;
 
-/// Options of the two log partitions (`events`, `times`); see the module docs.
+/// Memtable size of `recent`: room for several blocks' worth of unsealed values, so most are
+/// removed before they are flushed.
+const RECENT_MEMTABLE: u32 = 32 << 20;
+
+/// The block value's format byte and header: format, event count, first seq, last time_us,
+/// length of the values before compression; then one zstd frame of `[u32 len][value]…`.
+const BLOCK_FORMAT: u8 = 1;
+const BLOCK_HEADER: usize = 1 + 4 + 8 + 8 + 4;
+
+/// zstd level of blocks.
+const BLOCK_LEVEL: i32 = 3;
+
+/// Options of the two log partitions (`blocks`, `times`); see the module docs.
 fn log_partition() -> PartitionCreateOptions {
     PartitionCreateOptions::default()
         .compaction_strategy(Strategy::Fifo(Fifo::new(u64::MAX, None)))
@@ -215,6 +339,22 @@ pub struct DiskUsage {
     pub bytes: u64,
     /// Segment files of the log partitions.
     pub segments: usize,
+    /// Bytes of segment files alone (journals excluded: a journal file is preallocated, 32 MiB
+    /// however little it holds, and is deleted once what it holds is flushed).
+    pub segment_bytes: u64,
+    /// Bytes of the `blocks` partition's segment files (what the event log itself costs).
+    pub block_bytes: u64,
+}
+
+/// What [`Store::migrate`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Migrated {
+    /// The layout found.
+    pub from: u64,
+    /// Events rewritten into blocks.
+    pub events: u64,
+    /// Blocks written.
+    pub blocks: u64,
 }
 
 /// A change to the resync partition, written with an ingest batch ([`Store::append_with_pending`]).
@@ -252,6 +392,136 @@ fn be64(v: &[u8]) -> u64 {
     v.try_into().map(u64::from_be_bytes).unwrap_or(0)
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An event's stored value without its zstd form (what a block keeps).
+fn sealed_value(e: &Event) -> &[u8] {
+    &e.raw()[..e.raw().len() - e.zstd_len()]
+}
+
+/// Seals `events` (consecutive seqs) into blocks of at most `opts`' size: (first seq, value).
+fn seal(events: &[Event], opts: StoreOptions) -> Vec<(u64, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut rest = events;
+    while let Some(first) = rest.first() {
+        let (mut n, mut bytes) = (0, 0);
+        while n < rest.len() && n < opts.block_events.max(1) {
+            let len = sealed_value(&rest[n]).len();
+            if n > 0 && bytes + len > opts.block_bytes {
+                break;
+            }
+            bytes += len + 4;
+            n += 1;
+        }
+        let (these, tail) = rest.split_at(n);
+        rest = tail;
+        let mut raw = Vec::with_capacity(bytes);
+        for e in these {
+            let v = sealed_value(e);
+            raw.extend_from_slice(&(v.len() as u32).to_be_bytes());
+            raw.extend_from_slice(v);
+        }
+        let last_time = these.last().map_or(0, Event::time_us);
+        let z = zstd::bulk::compress(&raw, BLOCK_LEVEL).unwrap_or_default();
+        let mut v = Vec::with_capacity(BLOCK_HEADER + z.len());
+        v.push(BLOCK_FORMAT);
+        v.extend_from_slice(&(these.len() as u32).to_be_bytes());
+        v.extend_from_slice(&first.seq().to_be_bytes());
+        v.extend_from_slice(&last_time.to_be_bytes());
+        v.extend_from_slice(&(raw.len() as u32).to_be_bytes());
+        v.extend_from_slice(&z);
+        out.push((first.seq(), v));
+    }
+    out
+}
+
+/// A block value's header: (count, first seq, last time_us, raw length).
+fn block_header(key: u64, v: &[u8]) -> Result<(u64, u64, i64, usize), StoreError> {
+    let bad = |what| StoreError::CorruptBlock { first: key, what };
+    if v.len() < BLOCK_HEADER || v[0] != BLOCK_FORMAT {
+        return Err(bad("header"));
+    }
+    let count = u32::from_be_bytes([v[1], v[2], v[3], v[4]]) as u64;
+    let first = be64(&v[5..13]);
+    let last_time = be64(&v[13..21]) as i64;
+    let raw_len = u32::from_be_bytes([v[21], v[22], v[23], v[24]]) as usize;
+    if first != key || count == 0 {
+        return Err(bad("header"));
+    }
+    Ok((count, first, last_time, raw_len))
+}
+
+/// Decompresses and indexes a block value, into `buf` (the buffer of an evicted block, reused:
+/// a fresh multi-megabyte allocation per block is fresh pages the kernel must zero).
+fn open_block(key: u64, v: &[u8], mut buf: Vec<u8>) -> Result<Block, StoreError> {
+    let bad = |what| StoreError::CorruptBlock { first: key, what };
+    let (count, first, _, raw_len) = block_header(key, v)?;
+    buf.clear();
+    buf.reserve(raw_len);
+    let n = zstd::bulk::Decompressor::new()
+        .and_then(|mut d| d.decompress_to_buffer(&v[BLOCK_HEADER..], &mut buf))
+        .map_err(|_| bad("zstd frame"))?;
+    if n != raw_len || buf.len() != raw_len {
+        return Err(bad("length"));
+    }
+    let data = buf;
+    let mut starts = Vec::with_capacity(count as usize);
+    let mut pos = 0;
+    while pos < data.len() {
+        let len = data
+            .get(pos..pos + 4)
+            .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .ok_or(bad("value length"))?;
+        if pos + 4 + len > data.len() {
+            return Err(bad("value"));
+        }
+        starts.push((pos + 4) as u32);
+        pos += 4 + len;
+    }
+    if starts.len() as u64 != count {
+        return Err(bad("count"));
+    }
+    Ok(Block {
+        first,
+        data,
+        starts,
+    })
+}
+
+/// What the previous layout (2: one value per event, both forms, in a FIFO partition with
+/// fjall's lz4 blocks, plus the time index) keeps on disk for `events` (with their zstd forms),
+/// written into a fresh keyspace at `dir` and flushed: bytes of segment files. For
+/// `riptide bench serve`'s before/after figure in one run.
+pub fn layout2_bytes(dir: &Path, events: &[Event]) -> Result<u64, StoreError> {
+    let fj = |source| StoreError::Fjall {
+        path: dir.display().to_string(),
+        source,
+    };
+    let ks = Store::keyspace(dir)?;
+    let old = ks
+        .open_partition("events", log_partition().max_memtable_size(BLOCKS_MEMTABLE))
+        .map_err(fj)?;
+    let times = ks.open_partition("times", log_partition()).map_err(fj)?;
+    for chunk in events.chunks(4096) {
+        let mut b = ks.batch();
+        for e in chunk {
+            b.insert(&old, e.seq().to_be_bytes(), e.raw().clone());
+            b.insert(
+                &times,
+                (e.time_us() as u64).to_be_bytes(),
+                e.seq().to_be_bytes(),
+            );
+        }
+        b.commit().map_err(fj)?;
+    }
+    for p in [&old, &times] {
+        p.rotate_memtable_and_wait().map_err(fj)?;
+    }
+    Ok(old.disk_space() + times.disk_space())
+}
+
 impl Store {
     fn err(&self, source: fjall::Error) -> StoreError {
         StoreError::Fjall {
@@ -263,66 +533,98 @@ impl Store {
     /// Opens (or creates) the store under `dir`. `dict_id` is the zstd dictionary id events are
     /// compressed with (0 = none); a store written with another is refused.
     pub fn open(dir: &Path, dict_id: u32) -> Result<(Store, Resume), StoreError> {
-        Store::open_inner(dir, Some(dict_id))
+        Store::open_inner(dir, Some(dict_id), StoreOptions::default())
+    }
+
+    /// [`Store::open`] with other block sizes (tests seal small blocks).
+    pub fn open_with(
+        dir: &Path,
+        dict_id: u32,
+        options: StoreOptions,
+    ) -> Result<(Store, Resume), StoreError> {
+        Store::open_inner(dir, Some(dict_id), options)
     }
 
     /// Opens an existing store whatever its dictionary (for reading: `riptide dict train`).
     pub fn open_any(dir: &Path) -> Result<(Store, Resume), StoreError> {
-        Store::open_inner(dir, None)
+        Store::open_inner(dir, None, StoreOptions::default())
     }
 
-    fn open_inner(dir: &Path, dict_id: Option<u32>) -> Result<(Store, Resume), StoreError> {
+    fn keyspace(dir: &Path) -> Result<Keyspace, StoreError> {
+        // Durability is chosen per batch (`append`); no background fsync timer is needed. The
+        // write buffer has room for a `blocks` memtable filling while the last one flushes
+        // (fjall flushes the largest memtables once the buffer is half full).
+        Config::new(dir)
+            .max_write_buffer_size(3 * u64::from(BLOCKS_MEMTABLE))
+            .max_open_files(STORE_MAX_OPEN_FILES)
+            .open()
+            .map_err(|source| StoreError::Fjall {
+                path: dir.display().to_string(),
+                source,
+            })
+    }
+
+    /// The layout of the directory `ks` holds: `None` for a new one.
+    fn layout(ks: &Keyspace, meta: &PartitionHandle) -> Result<Option<u64>, fjall::Error> {
+        let existed = ks.partition_exists("events") || ks.partition_exists("blocks");
+        let layout = meta.get(LAYOUT)?.map_or(1, |v| be64(&v));
+        Ok(existed.then_some(layout))
+    }
+
+    fn open_inner(
+        dir: &Path,
+        dict_id: Option<u32>,
+        options: StoreOptions,
+    ) -> Result<(Store, Resume), StoreError> {
         let path = dir.display().to_string();
         let fj = |source| StoreError::Fjall {
             path: path.clone(),
             source,
         };
-        // Durability is chosen per batch (`append`); no background fsync timer is needed. The
-        // write buffer has room for an `events` memtable filling while the last one flushes
-        // (fjall flushes the largest memtables once the buffer is half full).
-        let ks = Config::new(dir)
-            .max_write_buffer_size(3 * u64::from(EVENTS_MEMTABLE))
-            .max_open_files(STORE_MAX_OPEN_FILES)
-            .open()
-            .map_err(fj)?;
-        let existed = ks.partition_exists("events");
+        let ks = Store::keyspace(dir)?;
         let meta = ks
             .open_partition("meta", PartitionCreateOptions::default())
             .map_err(fj)?;
-        // A partition keeps the options it was created with: an old directory would stay leveled.
-        let layout = meta.get(LAYOUT).map_err(fj)?.map_or(1, |v| be64(&v));
-        if existed && layout != LAYOUT_VERSION {
-            return Err(StoreError::OldLayout {
-                path,
-                found: layout,
-            });
+        // A partition keeps the options it was created with: an old directory would stay as it
+        // was.
+        match Store::layout(&ks, &meta).map_err(fj)? {
+            Some(LAYOUT_VERSION) => {}
+            Some(found) => return Err(StoreError::OldLayout { path, found }),
+            None => {
+                // Before the partitions exist: a crash in between leaves a directory that opens.
+                meta.insert(LAYOUT, LAYOUT_VERSION.to_be_bytes())
+                    .map_err(fj)?;
+                ks.persist(PersistMode::SyncAll).map_err(fj)?;
+            }
         }
-        if !existed {
-            // Before the partitions exist: a crash in between leaves a directory that opens.
-            meta.insert(LAYOUT, LAYOUT_VERSION.to_be_bytes())
+        // A migration that stopped after recording the new layout leaves the old partition.
+        if ks.partition_exists("events") {
+            let old = ks
+                .open_partition("events", PartitionCreateOptions::default())
                 .map_err(fj)?;
-            ks.persist(PersistMode::SyncAll).map_err(fj)?;
+            ks.delete_partition(old).map_err(fj)?;
         }
-        let events = ks
-            .open_partition("events", log_partition().max_memtable_size(EVENTS_MEMTABLE))
-            .map_err(fj)?;
-        let times = ks.open_partition("times", log_partition()).map_err(fj)?;
-        let accounts = ks
-            .open_partition("accounts", PartitionCreateOptions::default())
-            .map_err(fj)?;
-        let pending = ks
-            .open_partition("pending", PartitionCreateOptions::default())
+        let (blocks, recent, times, accounts) = Store::partitions(&ks).map_err(fj)?;
+        let resync = ks
+            .open_partition("resync", PartitionCreateOptions::default())
             .map_err(fj)?;
         let floor = meta.get(FLOOR).map_err(fj)?.map_or(0, |v| be64(&v));
         let store = Store {
             path,
             ks,
-            events,
+            blocks,
+            recent,
             times,
             accounts,
-            pending,
+            resync,
             meta,
             floor: Arc::new(AtomicU64::new(floor)),
+            sealed_end: Arc::new(AtomicU64::new(1)),
+            pending: Arc::default(),
+            writing: Arc::default(),
+            cache: Arc::default(),
+            spare: Arc::default(),
+            options,
         };
         let get = |k: &[u8]| store.meta.get(k).map_err(|e| store.err(e));
         match (get(DICT_ID)?, dict_id) {
@@ -352,14 +654,134 @@ impl Store {
             last_time_us: get(LAST_TIME)?.map_or(0, |v| be64(&v) as i64),
             upstream_cursor: get(UPSTREAM)?.map(|v| be64(&v)),
         };
-        // Belt and braces: never restart below an event that is on disk.
-        if let Some((k, v)) = store.events.last_key_value().map_err(|e| store.err(e))? {
-            let seq = be64(&k);
-            let e = Event::decode(seq, Bytes::from(v))?;
-            resume.next_seq = resume.next_seq.max(seq + 1);
-            resume.last_time_us = resume.last_time_us.max(e.time_us());
+        // Where the blocks end, and the unsealed events (module docs).
+        if let Some((k, v)) = store.blocks.last_key_value().map_err(|e| store.err(e))? {
+            let (count, first, last_time, _) = block_header(be64(&k), &v)?;
+            store.sealed_end.store(first + count, Relaxed);
+            // Belt and braces: never restart below an event that is on disk.
+            resume.next_seq = resume.next_seq.max(first + count);
+            resume.last_time_us = resume.last_time_us.max(last_time);
+        }
+        {
+            let sealed_end = store.sealed_end.load(Relaxed);
+            let mut p = lock(&store.pending);
+            for kv in store.recent.iter() {
+                let (k, v) = kv.map_err(|e| store.err(e))?;
+                let e = Event::decode(be64(&k), Bytes::from(v))?;
+                if e.seq() < sealed_end {
+                    continue;
+                }
+                resume.next_seq = resume.next_seq.max(e.seq() + 1);
+                resume.last_time_us = resume.last_time_us.max(e.time_us());
+                p.bytes += sealed_value(&e).len();
+                p.events.push(e);
+            }
         }
         Ok((store, resume))
+    }
+
+    /// Opens (creating as needed) the partitions of this layout.
+    #[allow(clippy::type_complexity)]
+    fn partitions(
+        ks: &Keyspace,
+    ) -> Result<
+        (
+            PartitionHandle,
+            PartitionHandle,
+            PartitionHandle,
+            PartitionHandle,
+        ),
+        fjall::Error,
+    > {
+        let blocks = ks.open_partition(
+            "blocks",
+            log_partition()
+                .max_memtable_size(BLOCKS_MEMTABLE)
+                .compression(CompressionType::None),
+        )?;
+        let recent = ks.open_partition(
+            "recent",
+            PartitionCreateOptions::default().max_memtable_size(RECENT_MEMTABLE),
+        )?;
+        let times = ks.open_partition("times", log_partition())?;
+        let accounts = ks.open_partition("accounts", PartitionCreateOptions::default())?;
+        Ok((blocks, recent, times, accounts))
+    }
+
+    /// Rewrites a layout-2 data directory (one `events` value per event, both forms) into this
+    /// layout: its events sealed into blocks, in order; `times`, `accounts` and `meta` kept. A
+    /// directory already in this layout is left alone (`from` = [`LAYOUT_VERSION`], nothing
+    /// written). Interrupted, it can be run again: the new layout is recorded only once every
+    /// block is durable, and the old partition is dropped after that.
+    pub fn migrate(dir: &Path) -> Result<Migrated, StoreError> {
+        let path = dir.display().to_string();
+        let fj = |source| StoreError::Fjall {
+            path: path.clone(),
+            source,
+        };
+        let ks = Store::keyspace(dir)?;
+        let meta = ks
+            .open_partition("meta", PartitionCreateOptions::default())
+            .map_err(fj)?;
+        let from = match Store::layout(&ks, &meta).map_err(fj)? {
+            None | Some(LAYOUT_VERSION) => {
+                return Ok(Migrated {
+                    from: LAYOUT_VERSION,
+                    ..Migrated::default()
+                })
+            }
+            Some(2) => 2,
+            Some(found) => return Err(StoreError::OldLayout { path, found }),
+        };
+        // What a run that stopped half-way wrote is written again from the start.
+        for name in ["blocks", "recent"] {
+            if ks.partition_exists(name) {
+                let p = ks
+                    .open_partition(name, PartitionCreateOptions::default())
+                    .map_err(fj)?;
+                ks.delete_partition(p).map_err(fj)?;
+            }
+        }
+        let events = ks.open_partition("events", log_partition()).map_err(fj)?;
+        let (blocks, _, _, _) = Store::partitions(&ks).map_err(fj)?;
+        let opts = StoreOptions::default();
+        let mut done = Migrated {
+            from,
+            ..Migrated::default()
+        };
+        let mut chunk: Vec<Event> = Vec::with_capacity(opts.block_events);
+        let mut bytes = 0;
+        let flush = |chunk: &mut Vec<Event>, done: &mut Migrated| -> Result<(), StoreError> {
+            for (first, v) in seal(chunk, opts) {
+                blocks.insert(first.to_be_bytes(), v).map_err(fj)?;
+                done.blocks += 1;
+            }
+            done.events += chunk.len() as u64;
+            chunk.clear();
+            Ok(())
+        };
+        for kv in events.iter() {
+            let (k, v) = kv.map_err(fj)?;
+            let e = Event::decode(be64(&k), Bytes::from(v))?;
+            if chunk.last().is_some_and(|l| l.seq() + 1 != e.seq()) {
+                // Blocks hold consecutive seqs; a gap (never written) starts a new one.
+                flush(&mut chunk, &mut done)?;
+                bytes = 0;
+            }
+            bytes += sealed_value(&e).len();
+            chunk.push(e);
+            if chunk.len() >= opts.block_events || bytes >= opts.block_bytes {
+                flush(&mut chunk, &mut done)?;
+                bytes = 0;
+            }
+        }
+        flush(&mut chunk, &mut done)?;
+        ks.persist(PersistMode::SyncAll).map_err(fj)?;
+        meta.insert(LAYOUT, LAYOUT_VERSION.to_be_bytes())
+            .map_err(fj)?;
+        ks.persist(PersistMode::SyncAll).map_err(fj)?;
+        ks.delete_partition(events).map_err(fj)?;
+        Ok(done)
     }
 
     /// Writes one ingest batch atomically and durably (see the module docs). `events` are in seq
@@ -368,36 +790,24 @@ impl Store {
         self.append_with_accounts(events, &[], resume)
     }
 
-    /// [`Store::append_with_accounts`], with changes to the resync partition (`pending`) in the
-    /// same atomic, durable write: accounts queued for resync, the frames held for them, and
-    /// those released or dropped.
+    /// [`Store::append_with_accounts`], with changes to the resync partition in the same
+    /// atomic, durable write: accounts queued for resync, the frames held for them, and those
+    /// released.
     pub fn append_with_pending(
         &self,
         events: &[Event],
         accounts: &[(Box<str>, AccountState)],
-        pending: &[PendingChange],
+        resync: &[PendingChange],
         resume: &Resume,
     ) -> Result<(), StoreError> {
-        let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
-        for p in pending {
-            match p {
-                PendingChange::Hold { did, seq, frame } => {
-                    b.insert(&self.pending, pending_key(did, *seq), frame.clone())
-                }
-                PendingChange::Release { did, seq } => {
-                    b.remove(&self.pending, pending_key(did, *seq))
-                }
-            }
-        }
-        self.fill_batch(&mut b, events, accounts, resume);
-        b.commit().map_err(|e| self.err(e))
+        self.append_batch(events, accounts, resync, resume)
     }
 
     /// Everything in the resync partition, in DID order and, per DID, upstream order: `(did,
     /// seq, frame)`, where seq 0 with an empty frame is the mark of an account queued for resync.
-    pub fn pending(&self) -> Result<Vec<(String, u64, Bytes)>, StoreError> {
+    pub fn held(&self) -> Result<Vec<(String, u64, Bytes)>, StoreError> {
         let mut out = Vec::new();
-        for kv in self.pending.iter() {
+        for kv in self.resync.iter() {
             let (k, v) = kv.map_err(|e| self.err(e))?;
             let Some(at) = k.len().checked_sub(9).filter(|&i| k[i] == 0) else {
                 return Err(StoreError::CorruptPending {
@@ -418,26 +828,60 @@ impl Store {
         accounts: &[(Box<str>, AccountState)],
         resume: &Resume,
     ) -> Result<(), StoreError> {
-        let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
-        self.fill_batch(&mut b, events, accounts, resume);
-        b.commit().map_err(|e| self.err(e))
+        self.append_batch(events, accounts, &[], resume)
     }
 
-    fn fill_batch(
+    fn append_batch(
         &self,
-        b: &mut fjall::Batch,
         events: &[Event],
         accounts: &[(Box<str>, AccountState)],
+        resync: &[PendingChange],
         resume: &Resume,
-    ) {
+    ) -> Result<(), StoreError> {
+        let _writing = lock(&self.writing);
+        let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        for p in resync {
+            match p {
+                PendingChange::Hold { did, seq, frame } => {
+                    b.insert(&self.resync, pending_key(did, *seq), frame.clone())
+                }
+                PendingChange::Release { did, seq } => {
+                    b.remove(&self.resync, pending_key(did, *seq))
+                }
+            }
+        }
         let mut buf = Vec::with_capacity(96);
         for (did, state) in accounts {
             buf.clear();
             encode_state(state, &mut buf);
             b.insert(&self.accounts, did.as_bytes(), buf.as_slice());
         }
+        // Whether this batch seals (module docs): then the unsealed events and this batch's go
+        // into blocks, and the unsealed ones leave `recent`.
+        let added: usize = events.iter().map(|e| sealed_value(e).len()).sum();
+        let unsealed = {
+            let p = lock(&self.pending);
+            let sealing = p.events.len() + events.len() >= self.options.block_events.max(1)
+                || p.bytes + added >= self.options.block_bytes;
+            // Only this writer changes `pending`: the copy is what it holds until the commit.
+            sealing.then(|| p.events.clone())
+        };
+        let mut sealed_end = None;
+        if let Some(unsealed) = unsealed {
+            let all: Vec<Event> = unsealed.iter().chain(events).cloned().collect();
+            for (first, v) in seal(&all, self.options) {
+                b.insert(&self.blocks, first.to_be_bytes(), v);
+            }
+            for e in &unsealed {
+                b.remove(&self.recent, e.seq().to_be_bytes());
+            }
+            sealed_end = all.last().map(|e| e.seq() + 1);
+        } else {
+            for e in events {
+                b.insert(&self.recent, e.seq().to_be_bytes(), e.raw().clone());
+            }
+        }
         for e in events {
-            b.insert(&self.events, e.seq().to_be_bytes(), e.raw().clone());
             b.insert(
                 &self.times,
                 (e.time_us() as u64).to_be_bytes(),
@@ -453,6 +897,22 @@ impl Store {
         if let Some(c) = resume.upstream_cursor {
             b.insert(&self.meta, UPSTREAM, c.to_be_bytes());
         }
+        b.commit().map_err(|e| self.err(e))?;
+        // Durable: now the in-memory view follows.
+        let mut p = lock(&self.pending);
+        match sealed_end {
+            Some(end) => {
+                // Readers of the sealed seqs find them in blocks from here on.
+                self.sealed_end.store(end, Relaxed);
+                p.events.clear();
+                p.bytes = 0;
+            }
+            None => {
+                p.events.extend(events.iter().cloned());
+                p.bytes += added;
+            }
+        }
+        Ok(())
     }
 
     /// The stored chain state of `did`, if any.
@@ -511,9 +971,50 @@ impl Store {
         self.floor.load(Relaxed)
     }
 
+    /// The sealed block holding `seq`, or the first one after it; `None` past the last block.
+    fn block_at(&self, seq: u64) -> Result<Option<Arc<Block>>, StoreError> {
+        {
+            let c = lock(&self.cache);
+            if let Some(b) = c
+                .iter()
+                .find(|b| b.first <= seq && seq < b.first + b.count())
+            {
+                return Ok(Some(b.clone()));
+            }
+        }
+        let key = seq.to_be_bytes();
+        let found = match self.blocks.range(..=key).next_back() {
+            Some(kv) => {
+                let (k, v) = kv.map_err(|e| self.err(e))?;
+                let (count, first, _, _) = block_header(be64(&k), &v)?;
+                (seq < first + count).then_some((k, v))
+            }
+            None => None,
+        };
+        let (k, v) = match found {
+            Some(kv) => kv,
+            None => match self.blocks.range(key..).next() {
+                Some(kv) => kv.map_err(|e| self.err(e))?,
+                None => return Ok(None),
+            },
+        };
+        let spare = std::mem::take(&mut *lock(&self.spare));
+        let block = Arc::new(open_block(be64(&k), &v, spare)?);
+        let mut c = lock(&self.cache);
+        if c.len() >= BLOCK_CACHE {
+            // Its buffer serves the next block, unless a reader still holds it.
+            if let Some(Ok(old)) = c.pop_front().map(Arc::try_unwrap) {
+                *lock(&self.spare) = old.data;
+            }
+        }
+        c.push_back(block.clone());
+        Ok(Some(block))
+    }
+
     /// Events with seq ≥ `from` (and ≥ the floor) within `limit`, in order (fewer, or none, at
-    /// the end of the store). Each value returned is a copy out of the store's blocks: the byte
-    /// cap bounds the memory a read costs.
+    /// the end of the store). The values a read returns from a block share one copy out of it
+    /// (no more than the read returns): the byte cap bounds the memory a read costs. Sealed events come without their zstd form
+    /// ([`Event::zstd`] is empty: the module docs).
     pub fn read_from(
         &self,
         from: u64,
@@ -521,16 +1022,63 @@ impl Store {
         out: &mut Vec<Event>,
     ) -> Result<(), StoreError> {
         let (start, mut bytes) = (out.len(), 0);
-        let from = from.max(self.floor());
-        for kv in self.events.range(from.to_be_bytes()..) {
-            if limit.full(out, start, bytes) {
-                break;
+        let mut from = from.max(self.floor());
+        loop {
+            loop {
+                let sealed_end = self.sealed_end.load(Relaxed);
+                if from >= sealed_end {
+                    break;
+                }
+                let Some(block) = self.block_at(from)? else {
+                    // No block at or after `from` (retention dropped them): nothing sealed left.
+                    from = sealed_end;
+                    break;
+                };
+                // The events that fit, copied out in one piece (their values are back to back
+                // in the block), each a slice of it: one allocation per read, not per event.
+                let skip = from.saturating_sub(block.first) as usize;
+                let mut end = skip;
+                while end < block.starts.len() {
+                    let n = out.len() - start + (end - skip);
+                    if n >= limit.events.max(1) || (n > 0 && bytes >= limit.bytes) {
+                        break;
+                    }
+                    bytes += block.value(end).len();
+                    end += 1;
+                }
+                if end > skip {
+                    let span = block.span(skip, end);
+                    let base = span.start;
+                    let copy = Bytes::copy_from_slice(&block.data[span]);
+                    for i in skip..end {
+                        let at = block.starts[i] as usize - base;
+                        let raw = copy.slice(at..at + block.value(i).len());
+                        out.push(Event::decode(block.first + i as u64, raw)?);
+                    }
+                }
+                if end < block.starts.len() {
+                    return Ok(());
+                }
+                from = block.first + block.count();
             }
-            let (k, v) = kv.map_err(|e| self.err(e))?;
-            bytes += v.len();
-            out.push(Event::decode(be64(&k), Bytes::from(v))?);
+            let p = lock(&self.pending);
+            // Sealed meanwhile (the writer moves `sealed_end` under this lock): read the blocks.
+            if from < self.sealed_end.load(Relaxed) {
+                continue;
+            }
+            let Some(first) = p.events.first().map(Event::seq) else {
+                return Ok(());
+            };
+            let skip = from.saturating_sub(first) as usize;
+            for e in p.events.iter().skip(skip) {
+                if limit.full(out, start, bytes) {
+                    break;
+                }
+                bytes += e.raw().len();
+                out.push(e.clone());
+            }
+            return Ok(());
         }
-        Ok(())
     }
 
     /// The seq of the first retained event with `time_us` ≥ `t`, if any.
@@ -552,9 +1100,22 @@ impl Store {
 
     /// The oldest retained event's seq, if any.
     pub fn first_seq(&self) -> Result<Option<u64>, StoreError> {
-        match self.events.range(self.floor().to_be_bytes()..).next() {
-            Some(kv) => Ok(Some(be64(&kv.map_err(|e| self.err(e))?.0))),
-            None => Ok(None),
+        let floor = self.floor();
+        if floor < self.sealed_end.load(Relaxed) {
+            if let Some(b) = self.block_at(floor)? {
+                return Ok(Some(floor.max(b.first)));
+            }
+        }
+        let p = lock(&self.pending);
+        Ok(p.events.iter().map(Event::seq).find(|&s| s >= floor))
+    }
+
+    /// One past the newest stored event's seq (`None`: nothing stored).
+    fn end(&self) -> Option<u64> {
+        let p = lock(&self.pending);
+        match p.events.last() {
+            Some(e) => Some(e.seq() + 1),
+            None => Some(self.sealed_end.load(Relaxed)).filter(|&s| s > 1),
         }
     }
 
@@ -565,10 +1126,7 @@ impl Store {
         let old = self.floor();
         let next = match self.time_index(cutoff_us)? {
             Some(seq) => seq,
-            None => match self.events.last_key_value().map_err(|e| self.err(e))? {
-                Some((k, _)) => be64(&k) + 1,
-                None => old,
-            },
+            None => self.end().unwrap_or(old),
         };
         let floor = next.max(old);
         if floor > old {
@@ -580,13 +1138,15 @@ impl Store {
         // FIFO's time-to-live counts whole seconds and is off at 0: round up, at least 1 s.
         let ttl = window.as_secs() + u64::from(window.subsec_nanos() > 0);
         let drop_old = Arc::new(Fifo::new(u64::MAX, Some(ttl.max(1))));
-        for p in [&self.events, &self.times] {
+        for p in [&self.blocks, &self.times] {
             // Threshold 0: the strategy only drops whole files; should it merge (segments that
             // overlap, which this layout never makes) it keeps every version.
             p.tree
                 .compact(drop_old.clone(), 0)
                 .map_err(|e| self.err(e.into()))?;
         }
+        // Blocks the files took with them must not be served from the cache.
+        lock(&self.cache).clear();
         Ok(Expired {
             // Seqs are consecutive, so the floor's rise is the number of events it passed.
             events: floor.saturating_sub(old.max(1)),
@@ -596,26 +1156,61 @@ impl Store {
 
     /// The store's size on disk: bytes of segment files and journals, and the log's segments.
     pub fn disk_usage(&self) -> DiskUsage {
+        let parts = [
+            &self.blocks,
+            &self.recent,
+            &self.times,
+            &self.accounts,
+            &self.meta,
+        ];
         DiskUsage {
             bytes: self.ks.disk_space(),
-            segments: self.events.segment_count() + self.times.segment_count(),
+            segments: self.blocks.segment_count() + self.times.segment_count(),
+            segment_bytes: parts.iter().map(|p| p.disk_space()).sum(),
+            block_bytes: self.blocks.disk_space(),
         }
+    }
+
+    /// Flushes every memtable to its segment files and waits (so [`Store::disk_usage`] counts
+    /// what the store keeps, not what its journals hold until the next flush: `bench serve`).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        for p in [
+            &self.blocks,
+            &self.recent,
+            &self.times,
+            &self.accounts,
+            &self.meta,
+        ] {
+            p.rotate_memtable_and_wait().map_err(|e| self.err(e))?;
+        }
+        Ok(())
     }
 
     /// Every stored event's JSON, oldest first, up to `max_bytes` in total (dictionary training).
     pub fn sample_json(&self, max_bytes: usize) -> Result<Vec<Bytes>, StoreError> {
         let mut out = Vec::new();
         let mut total = 0;
-        for kv in self.events.range(self.floor().to_be_bytes()..) {
-            let (k, v) = kv.map_err(|e| self.err(e))?;
-            let e = Event::decode(be64(&k), Bytes::from(v))?;
-            total += e.json_len();
-            if total > max_bytes {
-                break;
+        let mut from = self.floor();
+        let mut batch = Vec::new();
+        loop {
+            batch.clear();
+            let limit = ReadLimit {
+                events: 4096,
+                bytes: 4 << 20,
+            };
+            self.read_from(from, limit, &mut batch)?;
+            let Some(last) = batch.last() else {
+                return Ok(out);
+            };
+            from = last.seq() + 1;
+            for e in &batch {
+                total += e.json_len();
+                if total > max_bytes {
+                    return Ok(out);
+                }
+                out.push(e.json());
             }
-            out.push(e.json());
         }
-        Ok(out)
     }
 }
 
@@ -734,10 +1329,15 @@ mod tests {
     #[test]
     fn expire_drops_old_segment_files() {
         let dir = tempfile::tempdir().unwrap();
-        let (s, _) = Store::open(dir.path(), 0).unwrap();
+        // Blocks of 10 events: the 100 are all sealed.
+        let small = StoreOptions {
+            block_events: 10,
+            block_bytes: 1 << 20,
+        };
+        let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
         let evs: Vec<_> = (1..=100).map(|i| ev(i, 1000 + i as i64)).collect();
         s.append(&evs, &resume(101, 1100, 100)).unwrap();
-        s.events.rotate_memtable_and_wait().unwrap();
+        s.blocks.rotate_memtable_and_wait().unwrap();
         s.times.rotate_memtable_and_wait().unwrap();
         let before = s.disk_usage();
         assert_eq!(before.segments, 2);
@@ -781,6 +1381,210 @@ mod tests {
         match Store::open(dir.path(), 0) {
             Err(StoreError::OldLayout { found: 1, .. }) => {}
             other => panic!("{other:?}"),
+        }
+    }
+
+    /// An event with a JSON body of `seq` and a zstd form, as ingest makes them.
+    fn ev_z(seq: u64) -> Event {
+        let json = format!(
+            "{{\"did\":\"did:plc:a\",\"cursor\":{seq},\"pad\":\"{}\"}}",
+            "x".repeat(seq as usize % 7)
+        );
+        Event::encode(
+            seq,
+            1000 + seq as i64,
+            EventKind::Commit,
+            "did:plc:a",
+            "app.bsky.feed.post",
+            json.as_bytes(),
+            b"zstd-form",
+        )
+    }
+
+    /// Every read from every `from`, under several limits, returns the right events in order.
+    fn check_reads(s: &Store, n: u64, sealed_below: u64) {
+        for from in 0..=n + 2 {
+            for limit in [1, 3, 7, 100] {
+                let mut out = Vec::new();
+                let l = ReadLimit {
+                    events: limit,
+                    bytes: 1 << 20,
+                };
+                s.read_from(from, l, &mut out).unwrap();
+                let want: Vec<u64> = (from.max(1)..=n).take(limit).collect();
+                assert_eq!(
+                    out.iter().map(Event::seq).collect::<Vec<_>>(),
+                    want,
+                    "from {from}, limit {limit}"
+                );
+                for e in &out {
+                    let want = ev_z(e.seq());
+                    assert_eq!(e.json(), want.json());
+                    assert_eq!((e.did(), e.collection()), (want.did(), want.collection()));
+                    assert_eq!((e.time_us(), e.kind()), (want.time_us(), want.kind()));
+                    // Sealed events keep no zstd form; unsealed ones keep theirs.
+                    let z: &[u8] = if e.seq() < sealed_below {
+                        b""
+                    } else {
+                        b"zstd-form"
+                    };
+                    assert_eq!(&e.zstd()[..], z, "seq {}", e.seq());
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn events_are_sealed_in_blocks_and_read_back_across_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = StoreOptions {
+            block_events: 4,
+            block_bytes: 1 << 20,
+        };
+        let mut next = 1;
+        {
+            let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
+            // Batches of 1, 2, 5 (seals all 8), 1, 1, 1, 9 (seals 12), 2 (left unsealed).
+            for size in [1, 2, 5, 1, 1, 1, 9, 2] {
+                let evs: Vec<_> = (next..next + size).map(ev_z).collect();
+                next += size;
+                s.append(&evs, &resume(next, 1000 + next as i64 - 1, next - 1))
+                    .unwrap();
+            }
+            // 22 events: 8 + 12 sealed (1..=20), 21 and 22 unsealed.
+            assert_eq!(s.sealed_end.load(Relaxed), 21);
+            // Blocks of at most 4: 8 = 4 + 4, then 12 = 4 + 4 + 4.
+            assert_eq!(s.blocks.len().unwrap(), 5);
+        }
+        let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
+        assert_eq!(r.next_seq, 23);
+        check_reads(&s, 22, 21);
+        assert_eq!(s.seq_at_time(1005).unwrap(), Some(5));
+        assert_eq!(s.first_seq().unwrap(), Some(1));
+        // A floor inside a block: reads start exactly there.
+        s.expire(1006, Duration::from_secs(3600)).unwrap();
+        assert_eq!(s.first_seq().unwrap(), Some(6));
+        assert_eq!(seqs(&s, 0)[..2], [6, 7]);
+        assert_eq!(s.sample_json(1 << 20).unwrap().len(), 17);
+    }
+
+    #[test]
+    fn a_block_is_cut_at_its_byte_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let one = ev_z(1).raw().len();
+        let small = StoreOptions {
+            block_events: 100,
+            block_bytes: one * 3,
+        };
+        let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
+        let evs: Vec<_> = (1..=10).map(ev_z).collect();
+        s.append(&evs, &resume(11, 1010, 10)).unwrap();
+        assert_eq!(s.sealed_end.load(Relaxed), 11);
+        assert!(s.blocks.len().unwrap() >= 4, "{}", s.blocks.len().unwrap());
+        check_reads(&s, 10, 11);
+    }
+
+    #[test]
+    fn a_corrupt_block_is_a_typed_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = StoreOptions {
+            block_events: 2,
+            block_bytes: 1 << 20,
+        };
+        let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
+        let evs: Vec<_> = (1..=4).map(ev_z).collect();
+        s.append(&evs, &resume(5, 1004, 4)).unwrap();
+        let (k, mut v) = s
+            .blocks
+            .first_key_value()
+            .unwrap()
+            .map(|(k, v)| (k, v.to_vec()))
+            .unwrap();
+        let last = v.len() - 1;
+        v[last] ^= 0xff;
+        s.blocks.insert(k, v).unwrap();
+        lock(&s.cache).clear();
+        let mut out = Vec::new();
+        let l = ReadLimit {
+            events: 10,
+            bytes: 1 << 20,
+        };
+        match s.read_from(1, l, &mut out) {
+            Err(StoreError::CorruptBlock { first: 1, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_layout_2_directory_is_refused_then_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let evs: Vec<_> = (1..=5000).map(ev_z).collect();
+        {
+            // What layout 2 wrote: one `events` value per event (both forms), FIFO logs.
+            let ks = Config::new(dir.path()).open().unwrap();
+            let meta = ks
+                .open_partition("meta", PartitionCreateOptions::default())
+                .unwrap();
+            meta.insert(LAYOUT, 2u64.to_be_bytes()).unwrap();
+            meta.insert(NEXT_SEQ, 5001u64.to_be_bytes()).unwrap();
+            meta.insert(LAST_TIME, 6000u64.to_be_bytes()).unwrap();
+            meta.insert(UPSTREAM, 5000u64.to_be_bytes()).unwrap();
+            let events = ks.open_partition("events", log_partition()).unwrap();
+            let times = ks.open_partition("times", log_partition()).unwrap();
+            for e in &evs {
+                events
+                    .insert(e.seq().to_be_bytes(), e.raw().clone())
+                    .unwrap();
+                times
+                    .insert((e.time_us() as u64).to_be_bytes(), e.seq().to_be_bytes())
+                    .unwrap();
+            }
+            ks.persist(PersistMode::SyncAll).unwrap();
+        }
+        match Store::open(dir.path(), 0) {
+            Err(e @ StoreError::OldLayout { found: 2, .. }) => {
+                assert!(e.to_string().contains("--migrate-store"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let m = Store::migrate(dir.path()).unwrap();
+        assert_eq!(
+            m,
+            Migrated {
+                from: 2,
+                events: 5000,
+                blocks: 2
+            }
+        );
+        {
+            let (s, r) = Store::open(dir.path(), 0).unwrap();
+            assert_eq!(r, resume(5001, 6000, 5000));
+            assert!(!s.ks.partition_exists("events"));
+            check_reads_sample(&s, &evs);
+            assert_eq!(s.seq_at_time(1100).unwrap(), Some(100));
+        }
+        // Once is enough: a second run finds the new layout and writes nothing.
+        assert_eq!(Store::migrate(dir.path()).unwrap().events, 0);
+    }
+
+    fn check_reads_sample(s: &Store, evs: &[Event]) {
+        let mut out = Vec::new();
+        let mut from = 0;
+        loop {
+            let l = ReadLimit {
+                events: 512,
+                bytes: 1 << 20,
+            };
+            let n = out.len();
+            s.read_from(from, l, &mut out).unwrap();
+            match out.last() {
+                Some(e) if out.len() > n => from = e.seq() + 1,
+                _ => break,
+            }
+        }
+        assert_eq!(out.len(), evs.len());
+        for (a, b) in out.iter().zip(evs) {
+            assert_eq!((a.seq(), a.json()), (b.seq(), b.json()));
         }
     }
 }

@@ -418,6 +418,11 @@ pub fn rfc3339_micros(us: i64) -> String {
 
 /// Appends [`rfc3339_micros`] (ASCII digits only; years outside 0..=9999 are clamped).
 pub fn write_rfc3339_micros(out: &mut Vec<u8>, us: i64) {
+    out.extend_from_slice(&rfc3339_micros_bytes(us));
+}
+
+/// [`rfc3339_micros`] as its 27 bytes, with no allocation (every v2 frame has one).
+pub fn rfc3339_micros_bytes(us: i64) -> [u8; 27] {
     let secs = us.div_euclid(1_000_000);
     let micros = us.rem_euclid(1_000_000);
     let days = secs.div_euclid(86_400);
@@ -432,25 +437,22 @@ pub fn write_rfc3339_micros(out: &mut Vec<u8>, us: i64) {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = (yoe + era * 400 + i64::from(m <= 2)).clamp(0, 9999);
-    fn digits(out: &mut Vec<u8>, v: i64, n: u32) {
-        for i in (0..n).rev() {
-            out.push(b'0' + (v / 10i64.pow(i) % 10) as u8);
+    let mut b = *b"0000-00-00T00:00:00.000000Z";
+    // `v` (non-negative, below 10^width) as the `width` digits ending before `end`.
+    let mut digits = |end: usize, width: usize, mut v: i64| {
+        for i in (end - width..end).rev() {
+            b[i] = b'0' + (v % 10) as u8;
+            v /= 10;
         }
-    }
-    digits(out, y, 4);
-    out.push(b'-');
-    digits(out, m, 2);
-    out.push(b'-');
-    digits(out, d, 2);
-    out.push(b'T');
-    digits(out, sod / 3600, 2);
-    out.push(b':');
-    digits(out, sod / 60 % 60, 2);
-    out.push(b':');
-    digits(out, sod % 60, 2);
-    out.push(b'.');
-    digits(out, micros, 6);
-    out.push(b'Z');
+    };
+    digits(4, 4, y);
+    digits(7, 2, m);
+    digits(10, 2, d);
+    digits(13, 2, sod / 3600);
+    digits(16, 2, sod / 60 % 60);
+    digits(19, 2, sod % 60);
+    digits(26, 6, micros);
+    b
 }
 
 /// The kind's object of a stored v1 event (`{"rev":…}` for a commit, the upstream object
@@ -520,9 +522,7 @@ pub fn render_into(e: &Event, out: &mut BytesMut) -> Option<()> {
         out.extend_from_slice(&v);
     }
     out.extend_from_slice(b",\"time\":\"");
-    let mut t = Vec::with_capacity(27);
-    write_rfc3339_micros(&mut t, e.time_us());
-    out.extend_from_slice(&t);
+    out.extend_from_slice(&rfc3339_micros_bytes(e.time_us()));
     out.extend_from_slice(b"\",");
     if e.kind() == EventKind::Commit {
         // The commit's fields, flat: `"rev":…}` closes the payload.

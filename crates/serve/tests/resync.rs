@@ -372,7 +372,7 @@ async fn a_broken_chain_is_resynced_and_held_frames_are_released_in_order() {
         );
     }
     // Nothing held, the account synchronized at its last commit.
-    assert!(store.pending().unwrap().is_empty());
+    assert!(store.held().unwrap().is_empty());
     let state = store.account(&w.victim).unwrap().unwrap();
     assert_eq!(state.sync, SyncStatus::Synchronized);
     let rstate = rstore.account(&w.victim).unwrap().unwrap();
@@ -403,7 +403,7 @@ async fn a_forged_repository_serves_nothing_and_a_restart_finishes_the_resync() 
     // Nothing of the victim after the break is stored; its frames are, held.
     let got = per_did(&store);
     assert!(!got[&w.victim].iter().any(|(k, _)| k == "Sync"));
-    let pending = store.pending().unwrap();
+    let pending = store.held().unwrap();
     assert_eq!(
         pending
             .iter()
@@ -437,7 +437,7 @@ async fn a_forged_repository_serves_nothing_and_a_restart_finishes_the_resync() 
     let (m, store, _) = stop(r).await;
     assert_eq!(m.resync_held.load(Relaxed), 0);
     assert_eq!(count(&m, Verdict::Ok), held);
-    assert!(store.pending().unwrap().is_empty());
+    assert!(store.held().unwrap().is_empty());
     let got = per_did(&store);
     let victim = &got[&w.victim];
     assert_eq!(victim[before].0, "Sync");
@@ -481,7 +481,7 @@ async fn an_upstream_sync_ends_the_resync_and_covers_the_held_commits() {
         count(&m, Verdict::Ok) + count(&m, Verdict::RevRegression),
         w.frames.len() as u64 - 1
     );
-    assert!(store.pending().unwrap().is_empty());
+    assert!(store.held().unwrap().is_empty());
     let state = store.account(&w.victim).unwrap().unwrap();
     assert_eq!(state.sync, SyncStatus::Synchronized);
     let got = per_did(&store);

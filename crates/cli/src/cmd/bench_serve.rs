@@ -13,9 +13,10 @@
 //!    stateless then stateful, into fresh stores, and reports the CPU ratio of the two per pass.
 //! 2. **Replay to one consumer** (in process, loopback): a tokio-tungstenite client with
 //!    `?cursor=0` reads every stored event; events/s from connect to last event. The stored JSON
-//!    goes to the socket as is (no re-encoding). Twice: from the in-memory tail (the pass fits in
-//!    it) and from disk (a log over the same store with an empty tail, as for a cursor older
-//!    than the tail).
+//!    goes to the socket as is (no re-encoding). Twice: from the in-memory tail (what does not
+//!    fit in it, from the store) and from disk (a log over the same store with an empty tail, as
+//!    for a cursor older than the tail); each plain and with `compress=true` (from disk, the
+//!    zstd frames of events in sealed blocks are made at send time: `riptide_serve::store`).
 //! 3. **Live subscribers** (a child `riptide serve` process, so its memory is measured alone):
 //!    `--subscribers` live clients while the server ingests at `--rate` frames/s; VmRSS of the
 //!    server before and with the clients, per-subscriber memory, and events each client got. The
@@ -27,6 +28,15 @@
 //!    queue's maximum, subscriber streams that ended and slow drops by reason.
 //! 4. **Replaying readers** (`--replayers`, issue 17 item 10): N readers from cursor 0 at once
 //!    on a child server that keeps ingesting; how many reach the tip they connected at.
+//!
+//! **The store** (issue 20): after each ingest pass the memtables are flushed and the segment
+//! files' bytes per event reported (`store_bytes_per_event`; journals aside: a journal file is
+//! preallocated, 32 MiB however little it holds), beside what the previous layout (2: one value
+//! per event with both forms) keeps for the very same events (`store_bytes_per_event_layout2`),
+//! so the ratio comes from one run. Replays also report the process's CPU-µs per event
+//! (`replay_cpu_us_per_event`, by variant), which a loaded machine does not skew as it does the
+//! rates. Replays count each wire's events (v1 never sends `#sync`, which generated streams
+//! have), and one that stops short fails after 30 s without a message instead of waiting.
 //!
 //! Jetstream v2 (`subscribeEvents`) beside v1: figure 2 is also measured on
 //! `/xrpc/network.bsky.jetstream.subscribeEvents?cursor=0` (memory and disk; also compressed
@@ -178,6 +188,15 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut replay_rates = Vec::new();
     let mut disk_rates = Vec::new();
     let mut events_per_pass = 0;
+    let mut events_v1 = 0;
+    let mut store_bytes = Vec::new();
+    let mut store_block_bytes = Vec::new();
+    let mut store_bytes_layout2 = Vec::new();
+    // CPU-µs per event of each replay, by variant.
+    let mut replay_cpu: std::collections::BTreeMap<&'static str, Vec<f64>> = Default::default();
+    let mut v1_zstd_rates = Vec::new();
+    let mut v1_disk_zstd_rates = Vec::new();
+    let mut v2_disk_zstd_rates = Vec::new();
     let workers = a
         .workers
         .map_or_else(riptide_serve::default_workers, usize::from);
@@ -232,33 +251,74 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
             s.events as f64 / secs
         );
 
-        // Replay to one consumer from the store just written: the pass fits in the tail.
-        let rate = replay(log.clone(), metrics.clone(), s.events, Wire::V1, None).await?;
+        // What the store keeps on disk, its memtables flushed (journals aside).
+        log.store().flush()?;
+        let disk = log.store().disk_usage();
+        let per = |b: u64| b as f64 / s.events.max(1) as f64;
+        store_bytes.push(per(disk.segment_bytes));
+        store_block_bytes.push(per(disk.block_bytes));
+        eprintln!(
+            "pass {pass}: store on disk: {} bytes of segments, {:.1} bytes/event ({:.1} of them the event blocks); {} bytes with the journals",
+            disk.segment_bytes,
+            per(disk.segment_bytes),
+            per(disk.block_bytes),
+            disk.bytes
+        );
+        // The same events as the previous layout kept them (both forms each), for the ratio.
+        let all = all_events(&log, &dict)?;
+        let old_dir = tempfile::tempdir()?;
+        let old = riptide_serve::store::layout2_bytes(old_dir.path(), &all)?;
+        drop((all, old_dir));
+        store_bytes_layout2.push(per(old));
+        eprintln!(
+            "pass {pass}: the same events in the previous layout (2): {old} bytes, {:.1} bytes/event; ratio {:.3}",
+            per(old),
+            disk.segment_bytes as f64 / old.max(1) as f64
+        );
+        // Each wire's share of the events (v1 skips `#sync`): what a full replay delivers.
+        let counts = wire_counts(&log)?;
+        events_v1 = counts.v1;
+        // Replay to one consumer from the store just written, from the in-memory tail (the
+        // events older than it, if the pass does not fit, from the store).
+        let (tail_events, _) = log.tail_size();
+        let from_tail = (tail_events as u64).min(s.events);
+        let d1 = &dict;
+        let one = |log: Arc<Log>, wire, c| replay(log, metrics.clone(), counts, wire, c, d1);
+        let rate = rec(
+            &mut replay_cpu,
+            "memory_v1",
+            one(log.clone(), Wire::V1, Compress::None).await?,
+        );
         replay_rates.push(rate);
         eprintln!(
-            "pass {pass}: replay {} events from memory: {rate:.0} events/s",
-            s.events
+            "pass {pass}: replay {} events ({from_tail} in the tail) from memory: {rate:.0} events/s",
+            counts.v1
         );
-        let rate = replay(log.clone(), metrics.clone(), s.events, Wire::V2, None).await?;
+        let rate = rec(
+            &mut replay_cpu,
+            "memory_v2",
+            one(log.clone(), Wire::V2, Compress::None).await?,
+        );
         v2_rates.push(rate);
         eprintln!(
             "pass {pass}: v2 replay {} events from memory: {rate:.0} events/s",
-            s.events
+            counts.v2
         );
+        let rate = rec(
+            &mut replay_cpu,
+            "memory_v1_compressed",
+            one(log.clone(), Wire::V1, Compress::V1).await?,
+        );
+        v1_zstd_rates.push(rate);
+        eprintln!("pass {pass}: replay from memory, compress=true: {rate:.0} events/s");
         if let Some(d) = &dict_v2 {
-            let rate = replay(
-                log.clone(),
-                metrics.clone(),
-                s.events,
-                Wire::V2,
-                Some(d.clone()),
-            )
-            .await?;
-            v2_zstd_rates.push(rate);
-            eprintln!(
-                "pass {pass}: v2 replay {} events from memory, zstd: {rate:.0} events/s",
-                s.events
+            let rate = rec(
+                &mut replay_cpu,
+                "memory_v2_zstd",
+                one(log.clone(), Wire::V2, Compress::V2(d.clone())).await?,
             );
+            v2_zstd_rates.push(rate);
+            eprintln!("pass {pass}: v2 replay from memory, zstd: {rate:.0} events/s");
         }
         // The same from disk: a log over the same store with an empty tail.
         let disk = Arc::new(Log::new(
@@ -270,19 +330,43 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
             },
         ));
         let reads0 = metrics.replay_reads.load(Relaxed);
-        let rate = replay(disk.clone(), metrics.clone(), s.events, Wire::V1, None).await?;
+        let rate = rec(
+            &mut replay_cpu,
+            "disk_v1",
+            one(disk.clone(), Wire::V1, Compress::None).await?,
+        );
         disk_rates.push(rate);
         eprintln!(
             "pass {pass}: replay {} events from disk: {rate:.0} events/s ({} store reads)",
-            s.events,
+            counts.v1,
             metrics.replay_reads.load(Relaxed) - reads0
         );
-        let rate = replay(disk, metrics.clone(), s.events, Wire::V2, None).await?;
+        let rate = rec(
+            &mut replay_cpu,
+            "disk_v2",
+            one(disk.clone(), Wire::V2, Compress::None).await?,
+        );
         v2_disk_rates.push(rate);
         eprintln!(
             "pass {pass}: v2 replay {} events from disk: {rate:.0} events/s",
-            s.events
+            counts.v2
         );
+        let rate = rec(
+            &mut replay_cpu,
+            "disk_v1_compressed",
+            one(disk.clone(), Wire::V1, Compress::V1).await?,
+        );
+        v1_disk_zstd_rates.push(rate);
+        eprintln!("pass {pass}: replay from disk, compress=true: {rate:.0} events/s");
+        if let Some(d) = &dict_v2 {
+            let rate = rec(
+                &mut replay_cpu,
+                "disk_v2_zstd",
+                one(disk, Wire::V2, Compress::V2(d.clone())).await?,
+            );
+            v2_disk_zstd_rates.push(rate);
+            eprintln!("pass {pass}: v2 replay from disk, zstd: {rate:.0} events/s");
+        }
     }
     let ingest = Stats::of(ingest_rates);
     let cpu = Stats::of(ingest_cpu);
@@ -298,6 +382,17 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         "ingest_events_per_s_two_idle_cores": Stats::of(vec![2e6 / cpu.max, 2e6 / cpu.median, 2e6 / cpu.min]).json(),
         "replay_memory_events_per_s": Stats::of(replay_rates).json(),
         "replay_disk_events_per_s": Stats::of(disk_rates).json(),
+        "replay_memory_compressed_events_per_s": Stats::of(v1_zstd_rates).json(),
+        "replay_disk_compressed_events_per_s": Stats::of(v1_disk_zstd_rates).json(),
+        "events_per_pass_v1": events_v1,
+        "store_bytes_per_event": Stats::of(store_bytes).json(),
+        "replay_cpu_us_per_event": replay_cpu
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Stats::of(v).json()))
+            .collect::<serde_json::Map<_, _>>(),
+        "store_block_bytes_per_event": Stats::of(store_block_bytes).json(),
+        "store_bytes_per_event_layout2": Stats::of(store_bytes_layout2).json(),
+        "store_layout": riptide_serve::store::LAYOUT_VERSION,
         "chain": format!("{chain:?}").to_lowercase(),
     });
     if chain == ChainMode::Both {
@@ -310,6 +405,7 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
     out["v2_replay_disk_events_per_s"] = Stats::of(v2_disk_rates).json();
     if !v2_zstd_rates.is_empty() {
         out["v2_replay_memory_zstd_events_per_s"] = Stats::of(v2_zstd_rates).json();
+        out["v2_replay_disk_zstd_events_per_s"] = Stats::of(v2_disk_zstd_rates).json();
     }
     if a.subscribers > 0 {
         if a.live_wire != LiveWire::V2 {
@@ -398,21 +494,111 @@ fn cpu_secs() -> f64 {
     f.iter().sum::<u64>() as f64 / 100.0
 }
 
-/// Serves `log` on loopback and reads `events` events with one `?cursor=0` client of `wire`
-/// (v2 compressed with `v2_dict`): events/s from connect to the last event.
+/// How many events each wire sends of a store: v1 never sends `#sync` events (protocol §4.1),
+/// v2 sends them all. Counted by reading the store (the in-memory tail holds the same events).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WireCounts {
+    v1: u64,
+    v2: u64,
+}
+
+/// Every stored event with its zstd form (made again for those read from sealed blocks, as a
+/// `compress=true` subscriber gets it), oldest first.
+fn all_events(
+    log: &Log,
+    dict: &riptide_serve::Dictionary,
+) -> anyhow::Result<Vec<riptide_serve::Event>> {
+    let mut c = dict.compressor()?;
+    let (mut from, mut out) = (0, Vec::new());
+    let limit = riptide_serve::ReadLimit {
+        events: 4096,
+        bytes: 4 << 20,
+    };
+    loop {
+        let n = out.len();
+        log.read(from, limit, &mut out)?;
+        let Some(last) = out.last().filter(|_| out.len() > n) else {
+            break;
+        };
+        from = last.seq() + 1;
+    }
+    for e in &mut out {
+        if e.zstd_len() == 0 {
+            let z = c.compress(&e.json())?;
+            let coll = e.collection().to_vec();
+            let did = String::from_utf8_lossy(e.did()).into_owned();
+            *e = riptide_serve::Event::encode(
+                e.seq(),
+                e.time_us(),
+                e.kind(),
+                &did,
+                &String::from_utf8_lossy(&coll),
+                &e.json(),
+                &z,
+            );
+        }
+    }
+    Ok(out)
+}
+
+fn wire_counts(log: &Log) -> anyhow::Result<WireCounts> {
+    let (mut from, mut n) = (0, WireCounts { v1: 0, v2: 0 });
+    let mut batch = Vec::new();
+    let limit = riptide_serve::ReadLimit {
+        events: 4096,
+        bytes: 4 << 20,
+    };
+    loop {
+        batch.clear();
+        log.store().read_from(from, limit, &mut batch)?;
+        let Some(last) = batch.last() else {
+            return Ok(n);
+        };
+        from = last.seq() + 1;
+        n.v2 += batch.len() as u64;
+        n.v1 += batch
+            .iter()
+            .filter(|e| e.kind() != riptide_jetstream::EventKind::Sync)
+            .count() as u64;
+    }
+}
+
+/// Longest wait for the next message of a replay: a replay that stops short (the server sent
+/// fewer events than expected) is an error, not a hang.
+const REPLAY_IDLE: Duration = Duration::from_secs(30);
+
+/// Replay compression: none, v1's `compress=true`, or v2 with its dictionary.
+#[derive(Clone, Debug)]
+enum Compress {
+    None,
+    V1,
+    V2(riptide_serve::Dictionary),
+}
+
+/// Serves `log` on loopback and reads every event of `counts` with one `?cursor=0` client of
+/// `wire`: events/s from connect to the last event.
 async fn replay(
     log: Arc<Log>,
     metrics: Arc<Metrics>,
-    events: u64,
+    counts: WireCounts,
     wire: Wire,
-    v2_dict: Option<riptide_serve::Dictionary>,
-) -> anyhow::Result<f64> {
-    let zstd = v2_dict.as_ref().map(riptide_serve::Dictionary::id);
+    compress: Compress,
+    v1_dict: &riptide_serve::Dictionary,
+) -> anyhow::Result<Replay> {
+    let events = match wire {
+        Wire::V1 => counts.v1,
+        Wire::V2 => counts.v2,
+    };
+    let (zstd, v2_dict) = match &compress {
+        Compress::V2(d) => (Some(d.id()), Some(d.clone())),
+        _ => (None, None),
+    };
     let app = App::new(
         log,
         metrics,
         ServerConfig {
             compression: true,
+            v1_dictionary: Some(v1_dict.clone()),
             v2_dictionary: v2_dict,
             ..ServerConfig::default()
         },
@@ -421,19 +607,50 @@ async fn replay(
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move { axum::serve(listener, router(app)).await });
     let t0 = Instant::now();
-    let url = format!("ws://{addr}{}", wire.path(true, zstd));
+    let mut url = format!("ws://{addr}{}", wire.path(true, zstd));
+    if matches!(compress, Compress::V1) {
+        url.push_str("&compress=true");
+    }
+    let cpu0 = cpu_secs();
     let (mut ws, _) = tokio_tungstenite::connect_async(url).await?;
     let mut got = 0u64;
     while got < events {
-        match ws.next().await {
-            Some(Ok(m)) if m.is_text() || m.is_binary() => got += 1,
-            Some(Ok(_)) => {}
-            _ => anyhow::bail!("replay stream ended after {got} events"),
+        match tokio::time::timeout(REPLAY_IDLE, ws.next()).await {
+            Ok(Some(Ok(m))) if m.is_text() || m.is_binary() => got += 1,
+            Ok(Some(Ok(_))) => {}
+            Ok(_) => anyhow::bail!("replay stream ended after {got} of {events} events"),
+            Err(_) => anyhow::bail!(
+                "replay stalled: nothing for {}s after {got} of {events} events",
+                REPLAY_IDLE.as_secs()
+            ),
         }
     }
     let secs = t0.elapsed().as_secs_f64();
+    let cpu_us = (cpu_secs() - cpu0) * 1e6 / got.max(1) as f64;
     server.abort();
-    Ok(got as f64 / secs)
+    Ok(Replay {
+        rate: got as f64 / secs,
+        cpu_us,
+    })
+}
+
+/// Keeps `r`'s CPU per event under `name` (and says it); its rate.
+fn rec(
+    cpu: &mut std::collections::BTreeMap<&'static str, Vec<f64>>,
+    name: &'static str,
+    r: Replay,
+) -> f64 {
+    eprintln!("  replay {name}: {:.2} CPU-µs/event", r.cpu_us);
+    cpu.entry(name).or_default().push(r.cpu_us);
+    r.rate
+}
+
+/// One replay's figures: events/s, and the process's CPU-µs per event (server and client
+/// together; on a shared machine the rate follows the CPU share, this does not).
+#[derive(Clone, Copy, Debug)]
+struct Replay {
+    rate: f64,
+    cpu_us: f64,
 }
 
 /// The child server's `/metrics` text (`None` if it did not answer within 5 s).

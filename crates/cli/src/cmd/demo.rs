@@ -201,6 +201,7 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         upstream: vec![relay.url()],
         upstream_cursor: None,
         reset_upstream_cursor: reused,
+        migrate_store: reused,
         max_connections: 10_000,
         max_connections_per_ip: 1_000,
         header_timeout: Duration::from_secs(10),

@@ -48,6 +48,11 @@ pub struct Args {
     /// FutureCursor, or numbers its events differently). Stored events are kept.
     #[arg(long)]
     pub reset_upstream_cursor: bool,
+    /// Convert a data directory written by an older riptide (store layout 2: one value per
+    /// event) into compressed blocks (layout 3) before starting; a directory already converted
+    /// is left alone. Without it such a directory is refused with a message naming this flag.
+    #[arg(long)]
+    pub migrate_store: bool,
     /// Most client connections at once (also capped by the open-file limit minus what the store
     /// needs); over it, new connections get 503 and are closed.
     #[arg(long, value_name = "N", default_value_t = 10_000)]
@@ -321,6 +326,16 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         header_timeout: args.header_timeout,
     }
     .effective()?;
+    if args.migrate_store {
+        let m = Store::migrate(&args.data)?;
+        tracing::warn!(
+            data = %args.data.display(),
+            from_layout = m.from,
+            events = m.events,
+            blocks = m.blocks,
+            "store migrated (--migrate-store)"
+        );
+    }
     let (store, mut resume) = Store::open(&args.data, dict.as_ref().map_or(0, Dictionary::id))?;
     if args.reset_upstream_cursor {
         store.set_upstream_cursor(None)?;
@@ -341,6 +356,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     };
     let config = ServerConfig {
         compression: dict.is_some(),
+        v1_dictionary: dict.clone(),
         ready_max_idle: Some(args.ready_max_idle).filter(|d| !d.is_zero()),
         v2_dictionary,
         ..ServerConfig::default()

@@ -1,0 +1,91 @@
+//! `riptide bench serve` runs to the end and reports its contract fields, on a generated stream
+//! (which, unlike the capture, has `#sync` frames: stored for v2, never sent on v1).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{riptide, s, scratch, stderr, BIN};
+
+/// Longer than the bench needs on a loaded machine; a bench that hangs fails here.
+const LIMIT: Duration = Duration::from_secs(600);
+
+#[test]
+fn bench_serve_replays_a_stream_with_sync_events() {
+    let Some(corpus) = riptide_testdata::corpus() else {
+        return;
+    };
+    let dict = corpus.join("jetstream-dictionaries/legacy_subscribe.zdict");
+    let dict_v2 = corpus.join("jetstream-dictionaries/subscribe_events_20260811.zdict");
+    let dir = scratch();
+    let out = riptide(&[
+        "gen",
+        "--seed",
+        "1",
+        "--accounts",
+        "30",
+        "--events",
+        "1500",
+        "--out",
+        s(dir.path()),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut child = Command::new(BIN)
+        .args(["bench", "serve"])
+        .arg(dir.path().join("firehose-frames.bin"))
+        .arg("--did-docs")
+        .arg(dir.path().join("did_docs.json"))
+        .arg("--zstd-dictionary")
+        .arg(&dict)
+        .arg("--zstd-dictionary-v2")
+        .arg(&dict_v2)
+        .args([
+            "--repeat",
+            "1",
+            "--passes",
+            "1",
+            "--subscribers",
+            "0",
+            "--chain",
+            "off",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > LIMIT {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "bench serve still running after {LIMIT:?} (replay hung?): {}",
+                stderr(&out)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let all = v["events_per_pass"].as_u64().unwrap();
+    let v1 = v["events_per_pass_v1"].as_u64().unwrap();
+    // The stream has `#sync` events (what the replay used to wait for on v1, for ever).
+    assert!(all > v1 && v1 > 1000, "{all} events, {v1} on v1");
+    for k in [
+        "replay_memory_events_per_s",
+        "replay_disk_events_per_s",
+        "replay_memory_compressed_events_per_s",
+        "replay_disk_compressed_events_per_s",
+        "v2_replay_memory_events_per_s",
+        "v2_replay_disk_events_per_s",
+        "v2_replay_memory_zstd_events_per_s",
+        "v2_replay_disk_zstd_events_per_s",
+        "store_bytes_per_event",
+        "ingest_cpu_us_per_event",
+    ] {
+        assert!(v[k]["median"].as_f64().unwrap() > 0.0, "{k}: {}", v[k]);
+    }
+}

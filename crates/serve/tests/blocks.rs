@@ -1,0 +1,173 @@
+//! The store's compressed blocks (`store.rs`, layout 3) on the wire: the real capture ingested
+//! into a store that seals small blocks, replayed from disk (sealed blocks and unsealed events)
+//! and from memory, on both wires, plain and compressed: byte for byte the same messages, and
+//! v1's zstd frames made at send time identical to the ones ingest made.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use riptide_firehose::corpus::split_frames;
+use riptide_identity::DidDocs;
+use riptide_serve::{
+    ingest, router, App, Dictionary, Event, IngestConfig, Keys, Log, Metrics, ReadLimit,
+    ServerConfig, Store, StoreOptions, TailLimits,
+};
+use tokio_tungstenite::tungstenite::Message;
+
+const T: Duration = Duration::from_secs(120);
+
+/// Blocks of 16 events (the capture has 152).
+const SMALL: StoreOptions = StoreOptions {
+    block_events: 16,
+    block_bytes: 1 << 20,
+};
+
+fn dictionary(name: &str) -> Dictionary {
+    let dir = riptide_testdata::corpus().unwrap();
+    Dictionary::load(&dir.join("jetstream-dictionaries").join(name)).unwrap()
+}
+
+/// Ingests the capture into a store at `dir` sealing [`SMALL`] blocks; the log (every event in
+/// its tail) and the number of events.
+async fn ingest_capture(dir: &Path) -> Option<(Arc<Log>, u64)> {
+    let file = riptide_testdata::read("jetstream-2026-07/firehose-frames.bin")?;
+    let corpus = riptide_testdata::corpus().unwrap();
+    let keys =
+        Keys::from_docs(DidDocs::load(&corpus.join("jetstream-2026-07/did_docs.json")).unwrap());
+    let dict = dictionary("legacy_subscribe.zdict");
+    let (store, resume) = Store::open_with(dir, dict.id(), SMALL).unwrap();
+    let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+    let frames = split_frames(&file).unwrap();
+    // Two runs: the second's few events stay unsealed (one batch seals all that are unsealed).
+    let (mut resume, mut events) = (resume, 0);
+    for (from, to) in [(0, 140), (140, frames.len())] {
+        let mut cfg = IngestConfig::verifying(keys.clone());
+        cfg.dictionary = Some(dict.clone());
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let h = ingest::spawn(cfg, log.clone(), Arc::new(Metrics::default()), resume, rx).unwrap();
+        for (i, f) in frames.iter().enumerate().take(to).skip(from) {
+            tx.send((i as u64 + 1, Bytes::copy_from_slice(f.bytes)))
+                .await
+                .unwrap();
+        }
+        drop(tx);
+        let s = tokio::task::spawn_blocking(move || h.join())
+            .await
+            .unwrap()
+            .unwrap();
+        resume = s.resume;
+        events += s.events;
+    }
+    Some((log, events))
+}
+
+async fn serve(log: Arc<Log>) -> SocketAddr {
+    let app = App::new(
+        log,
+        Arc::new(Metrics::default()),
+        ServerConfig {
+            compression: true,
+            v1_dictionary: Some(dictionary("legacy_subscribe.zdict")),
+            v2_dictionary: Some(dictionary("subscribe_events_20260811.zdict")),
+            ..ServerConfig::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router(app)).await });
+    addr
+}
+
+/// The payloads of the first `n` messages of `path` (a `?cursor=…` subscription).
+async fn messages(addr: SocketAddr, path: &str, n: usize) -> Vec<Vec<u8>> {
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}{path}"))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    while out.len() < n {
+        match tokio::time::timeout(T, ws.next()).await.unwrap() {
+            Some(Ok(Message::Text(t))) => out.push(t.as_bytes().to_vec()),
+            Some(Ok(Message::Binary(b))) => out.push(b.to_vec()),
+            Some(Ok(_)) => {}
+            other => panic!("after {} messages: {other:?}", out.len()),
+        }
+    }
+    out
+}
+
+/// A log over the same store with an empty tail: every read goes to the store.
+fn disk_only(log: &Log, next_seq: u64) -> Arc<Log> {
+    Arc::new(Log::new(
+        log.store().clone(),
+        next_seq,
+        TailLimits {
+            max_events: 0,
+            max_bytes: 0,
+        },
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealed_blocks_replay_byte_for_byte_on_both_wires() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((log, n)) = ingest_capture(dir.path()).await else {
+        return;
+    };
+    assert_eq!(n, 152);
+    let next = log.next_seq();
+    // What ingest made: every event in the tail, with the zstd form made at ingest.
+    let mut tail: Vec<Event> = Vec::new();
+    let all = ReadLimit {
+        events: 1000,
+        bytes: 1 << 30,
+    };
+    log.read(1, all, &mut tail).unwrap();
+    assert_eq!(tail.len(), 152);
+    // The store: the sealed events have no zstd form, the last 8 theirs.
+    let mut stored = Vec::new();
+    log.store().read_from(1, all, &mut stored).unwrap();
+    let unsealed = stored.iter().filter(|e| !e.zstd().is_empty()).count();
+    assert!((1..16).contains(&unsealed), "{unsealed} unsealed");
+    let v1_text: Vec<Vec<u8>> = tail.iter().map(|e| e.json().to_vec()).collect();
+    let v1_zstd: Vec<Vec<u8>> = tail.iter().map(|e| e.zstd().to_vec()).collect();
+    assert!(v1_zstd.iter().all(|z| !z.is_empty()));
+
+    let mem = serve(log.clone()).await;
+    let disk = serve(disk_only(&log, next)).await;
+    let v2 = "/xrpc/network.bsky.jetstream.subscribeEvents?cursor=0";
+    let v2z = "/xrpc/network.bsky.jetstream.subscribeEvents?cursor=0&zstdDictionary=20260811";
+    for addr in [mem, disk] {
+        assert_eq!(messages(addr, "/subscribe?cursor=0", 152).await, v1_text);
+        // Sealed events' frames are made at send time: exactly the ones ingest made.
+        assert_eq!(
+            messages(addr, "/subscribe?cursor=0&compress=true", 152).await,
+            v1_zstd
+        );
+    }
+    assert_eq!(messages(mem, v2, 152).await, messages(disk, v2, 152).await);
+    assert_eq!(
+        messages(mem, v2z, 152).await,
+        messages(disk, v2z, 152).await
+    );
+
+    // Reopened: the unsealed events come back from `recent`, the rest from the blocks.
+    let store = log.store().clone();
+    drop(log);
+    let dir_path = store.dir().to_path_buf();
+    drop(store);
+    let dict = dictionary("legacy_subscribe.zdict");
+    let (store, resume) = Store::open_with(&dir_path, dict.id(), SMALL).unwrap();
+    assert_eq!(resume.next_seq, next);
+    let reopened = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+    let again = serve(disk_only(&reopened, next)).await;
+    assert_eq!(messages(again, "/subscribe?cursor=0", 152).await, v1_text);
+    assert_eq!(
+        messages(again, "/subscribe?cursor=0&compress=true", 152).await,
+        v1_zstd
+    );
+}
