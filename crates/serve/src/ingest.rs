@@ -135,6 +135,9 @@ pub enum IngestError {
     /// last durable batch was stored).
     #[error("reading account chain state: {0}")]
     ChainState(StoreError),
+    /// The publish hook ([`spawn_publishing`]) failed for good: the batch was not stored.
+    #[error(transparent)]
+    Publish(#[from] crate::publish::PublishError),
 }
 
 /// What an ingest run did.
@@ -227,7 +230,20 @@ pub fn spawn(
     log: Arc<Log>,
     metrics: Arc<Metrics>,
     resume: Resume,
+    rx: mpsc::Receiver<UpstreamFrame>,
+) -> Result<IngestHandle, IngestError> {
+    spawn_publishing(cfg, log, metrics, resume, rx, None)
+}
+
+/// [`spawn`], with every batch handed to `publisher` before it is stored
+/// ([`crate::publish`]: the scale-out ingest node).
+pub fn spawn_publishing(
+    cfg: IngestConfig,
+    log: Arc<Log>,
+    metrics: Arc<Metrics>,
+    resume: Resume,
     mut rx: mpsc::Receiver<UpstreamFrame>,
+    publisher: Option<Box<dyn crate::publish::Publish>>,
 ) -> Result<IngestHandle, IngestError> {
     let workers = cfg.workers.clamp(1, 255);
     let (order_tx, order_rx) = sync_channel::<Vec<u8>>(64);
@@ -276,7 +292,7 @@ pub fn spawn(
         .name("ingest-write".into())
         .spawn(move || {
             write(
-                log, metrics, resume, compressor, max_batch, order_rx, done_rxs,
+                log, metrics, resume, compressor, max_batch, order_rx, done_rxs, publisher,
             )
         })
         .map_err(|_| IngestError::Panicked)?;
@@ -532,6 +548,7 @@ fn write(
     max_batch: usize,
     order: Receiver<Vec<u8>>,
     done: Vec<Receiver<DoneChunk>>,
+    mut publisher: Option<Box<dyn crate::publish::Publish>>,
 ) -> Result<IngestSummary, IngestError> {
     let mut summary = IngestSummary {
         resume,
@@ -606,6 +623,10 @@ fn write(
         let t0 = Instant::now();
         state_list.clear();
         state_list.extend(states.drain());
+        if let Some(p) = publisher.as_mut() {
+            // Before the store: the external log is never behind it (crate::publish).
+            p.publish(&events, &state_list, &resume)?;
+        }
         append_until_stored(&log, &metrics, &events, &state_list, &resume)?;
         metrics.store_append_seconds.observe(t0.elapsed());
         log.publish(&events);
