@@ -39,6 +39,8 @@ use rdkafka::types::RDKafkaErrorCode;
 pub use follow::{catch_up, Follower};
 pub use lease::Lease;
 pub use publish::KafkaPublisher;
+/// The client library, for tests and tools that read the topics directly.
+pub use rdkafka;
 
 /// The clients' context: librdkafka's errors as warnings (a broker that goes away is survived
 /// and said once per event), the end of a partition (expected by a follower) not at all.
@@ -47,7 +49,9 @@ pub struct Quiet;
 
 impl ClientContext for Quiet {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        if !matches!(error, rdkafka::error::KafkaError::PartitionEOF(_)) {
+        let eof = matches!(error, rdkafka::error::KafkaError::PartitionEOF(_))
+            || error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF);
+        if !eof {
             tracing::warn!(error = %error, reason, "librdkafka");
         }
     }

@@ -70,10 +70,21 @@ mod imp {
     ) -> anyhow::Result<Edge> {
         let url = KafkaUrl::parse(url)?;
         let compressor = dict.map(Dictionary::compressor).transpose()?;
-        let s = riptide_kafka::follow::stop_flag();
-        let done = tokio::task::spawn_blocking(move || {
-            riptide_kafka::follow::run_edge(&url, &log, &metrics, resume, compressor, &s)
-                .context("following the Kafka topic")
+        // A thread, not a blocking task: the runtime's shutdown must not wait for the follower.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("kafka-edge".into())
+            .spawn(move || {
+                let never = std::sync::atomic::AtomicBool::new(false);
+                let r = riptide_kafka::follow::run_edge(
+                    &url, &log, &metrics, resume, compressor, &never,
+                )
+                .context("following the Kafka topic");
+                let _ = tx.send(r);
+            })?;
+        let done = tokio::spawn(async move {
+            rx.await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the Kafka follower thread panicked")))
         });
         Ok(Edge { done })
     }
