@@ -396,7 +396,8 @@ fn check_topic(bootstrap: &str, topic: &str) -> usize {
             }
             continue;
         };
-        let m = m.unwrap();
+        // A dead broker is reported here too (transport errors); the consumer goes on.
+        let Ok(m) = m else { continue };
         if m.offset() + 1 >= ends[&m.partition()] {
             done.insert(m.partition(), true);
         }
