@@ -470,9 +470,13 @@ pub fn run_edge(
         metrics
             .events_stored
             .fetch_add(events.len() as u64, Relaxed);
-        metrics
-            .publish_seconds
-            .observe(Duration::from_micros((now - got[0].time_us).max(0) as u64));
+        // On an edge, `riptide_ingest_publish_seconds` is end to end: from the ingest node's
+        // stamp (`time_us`, before its Kafka commit) to this store.
+        for e in &got {
+            metrics
+                .publish_seconds
+                .observe(Duration::from_micros((now - e.time_us).max(0) as u64));
+        }
         if follower.gap_seqs > 0 {
             metrics.upstream_gap_seqs.store(follower.gap_seqs, Relaxed);
         }
