@@ -362,18 +362,32 @@ fn check_topic(bootstrap: &str, topic: &str) -> usize {
         .set("auto.offset.reset", "earliest")
         .create()
         .unwrap();
-    let md = c
-        .fetch_metadata(Some(topic), Duration::from_secs(30))
-        .unwrap();
+    let md = (0..20)
+        .find_map(|_| {
+            let r = c.fetch_metadata(Some(topic), Duration::from_secs(30));
+            if r.is_err() {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            r.ok()
+        })
+        .expect("the topic's metadata");
     let parts = md.topics()[0].partitions().len() as i32;
     let mut tpl = riptide_kafka::rdkafka::TopicPartitionList::new();
     let mut ends = HashMap::new();
     for p in 0..parts {
         tpl.add_partition_offset(topic, p, riptide_kafka::rdkafka::Offset::Beginning)
             .unwrap();
-        let (_, high) = c
-            .fetch_watermarks(topic, p, Duration::from_secs(30))
-            .unwrap();
+        // With a broker dead, a request can fail on its way to another: try again.
+        let high = (0..20)
+            .find_map(|_| {
+                let r = c.fetch_watermarks(topic, p, Duration::from_secs(30));
+                if r.is_err() {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                r.ok()
+            })
+            .expect("the partition's end offset")
+            .1;
         ends.insert(p, high);
     }
     c.assign(&tpl).unwrap();

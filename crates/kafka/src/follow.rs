@@ -350,7 +350,17 @@ pub fn catch_up(
     let start = if empty {
         0
     } else {
-        match batches.iter().rposition(|b| b.resume == local) {
+        // The batch that left the store where it is; a store whose upstream cursor was
+        // forgotten (--reset-upstream-cursor) is matched by seq and time alone.
+        let at = batches.iter().rposition(|b| b.resume == local).or_else(|| {
+            local.upstream_cursor.is_none().then(|| {
+                batches.iter().rposition(|b| {
+                    b.resume.next_seq == local.next_seq
+                        && b.resume.last_time_us == local.last_time_us
+                })
+            })?
+        });
+        match at {
             Some(i) => i + 1,
             None => {
                 let last = batches.last().map(|b| b.resume);

@@ -62,6 +62,9 @@ impl ConsumerContext for Quiet {}
 /// A consumer with the [`Quiet`] context.
 pub type Reader = BaseConsumer<Quiet>;
 
+/// The largest record the topics take (and the producer sends), bytes.
+pub const MAX_RECORD_BYTES: &str = "16777216";
+
 /// Partitions of a new events topic unless the URL says otherwise (`?partitions=N`).
 pub const DEFAULT_PARTITIONS: i32 = 8;
 
@@ -224,9 +227,13 @@ impl KafkaUrl {
             .create()
             .map_err(self.client_err("creating an admin client"))?;
         let batch = self.batch_topic();
+        // Records up to 16 MiB (an event's JSON can pass the default 1 MB; a record the topic
+        // refused would stall ingest in retries).
         let topics = [
-            NewTopic::new(&self.topic, self.partitions, TopicReplication::Fixed(rf)),
-            NewTopic::new(&batch, 1, TopicReplication::Fixed(rf)),
+            NewTopic::new(&self.topic, self.partitions, TopicReplication::Fixed(rf))
+                .set("max.message.bytes", MAX_RECORD_BYTES),
+            NewTopic::new(&batch, 1, TopicReplication::Fixed(rf))
+                .set("max.message.bytes", MAX_RECORD_BYTES),
         ];
         let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
         let results = admin

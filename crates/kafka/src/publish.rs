@@ -63,7 +63,7 @@ impl KafkaPublisher {
             .set("message.timeout.ms", "55000")
             .set("linger.ms", "5")
             .set("compression.type", "lz4")
-            .set("message.max.bytes", "16777216")
+            .set("message.max.bytes", crate::MAX_RECORD_BYTES)
             .set("queue.buffering.max.messages", "200000")
             .create()
             .map_err(url.client_err("creating the transactional producer"))?;

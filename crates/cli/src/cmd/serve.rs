@@ -300,6 +300,10 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                 super::serve_kafka::publishing(url, &store, resume, dict.as_ref(), keys.is_some())
                     .await?;
             resume = p.resume;
+            if args.reset_upstream_cursor {
+                // The topic's cursor is forgotten too: the next batch records the new one.
+                resume.upstream_cursor = None;
+            }
             Some(p)
         }
         None => None,
