@@ -138,6 +138,9 @@ pub enum IngestError {
     /// last durable batch was stored).
     #[error("reading account chain state: {0}")]
     ChainState(StoreError),
+    /// The publish hook ([`spawn_publishing`]) failed for good: the batch was not stored.
+    #[error(transparent)]
+    Publish(#[from] crate::publish::PublishError),
 }
 
 /// What an ingest run did.
@@ -245,7 +248,7 @@ pub fn spawn(
     resume: Resume,
     rx: mpsc::Receiver<UpstreamFrame>,
 ) -> Result<IngestHandle, IngestError> {
-    spawn_with_resync(cfg, log, metrics, resume, rx, None)
+    spawn_with(cfg, log, metrics, resume, rx, None, None)
 }
 
 /// The worker that owns `did`'s frames (and its chain state), of `workers`.
@@ -258,6 +261,19 @@ fn owner(did: &str, workers: usize) -> usize {
     (h.finish() % workers as u64) as usize
 }
 
+/// [`spawn`], with every batch handed to `publisher` before it is stored
+/// ([`crate::publish`]: the scale-out ingest node).
+pub fn spawn_publishing(
+    cfg: IngestConfig,
+    log: Arc<Log>,
+    metrics: Arc<Metrics>,
+    resume: Resume,
+    rx: mpsc::Receiver<UpstreamFrame>,
+    publisher: Option<Box<dyn crate::publish::Publish>>,
+) -> Result<IngestHandle, IngestError> {
+    spawn_with(cfg, log, metrics, resume, rx, None, publisher)
+}
+
 /// [`spawn`], resyncing accounts whose chain breaks through `resync` (`crate::resync`; needs
 /// verification and chain state: with `--no-verify` or `--stateless` it is not used). Accounts
 /// the store says await resync are queued again, and their held frames reloaded, first.
@@ -266,8 +282,22 @@ pub fn spawn_with_resync(
     log: Arc<Log>,
     metrics: Arc<Metrics>,
     resume: Resume,
+    rx: mpsc::Receiver<UpstreamFrame>,
+    resync: Option<ResyncWiring>,
+) -> Result<IngestHandle, IngestError> {
+    spawn_with(cfg, log, metrics, resume, rx, resync, None)
+}
+
+/// [`spawn`] with resync ([`spawn_with_resync`]) and a publisher ([`spawn_publishing`]), each
+/// optional.
+pub fn spawn_with(
+    cfg: IngestConfig,
+    log: Arc<Log>,
+    metrics: Arc<Metrics>,
+    resume: Resume,
     mut rx: mpsc::Receiver<UpstreamFrame>,
     resync: Option<ResyncWiring>,
+    publisher: Option<Box<dyn crate::publish::Publish>>,
 ) -> Result<IngestHandle, IngestError> {
     let workers = cfg.workers.clamp(1, 255);
     let resync = resync.filter(|_| cfg.stateful && cfg.keys.is_some());
@@ -344,7 +374,7 @@ pub fn spawn_with_resync(
         .name("ingest-write".into())
         .spawn(move || {
             write(
-                log, metrics, resume, compressor, max_batch, order_rx, done_rxs, queue,
+                log, metrics, resume, compressor, max_batch, order_rx, done_rxs, queue, publisher,
             )
         })
         .map_err(|_| IngestError::Panicked)?;
@@ -921,6 +951,7 @@ fn write(
     order: Receiver<Vec<u8>>,
     done: Vec<Receiver<DoneChunk>>,
     queue: Option<mpsc::UnboundedSender<String>>,
+    mut publisher: Option<Box<dyn crate::publish::Publish>>,
 ) -> Result<IngestSummary, IngestError> {
     let mut summary = IngestSummary {
         resume,
@@ -1027,6 +1058,10 @@ fn write(
             },
         }));
         pending.clear();
+        if let Some(p) = publisher.as_mut() {
+            // Before the store: the external log is never behind it (crate::publish).
+            p.publish(&events, &state_list, &resume)?;
+        }
         append_until_stored(&log, &metrics, &events, &state_list, &pending_list, &resume)?;
         if let Some(q) = &queue {
             for did in queued.drain(..) {

@@ -17,6 +17,8 @@
 //! - [`slow`]: when a subscriber far behind is dropped (Jetstream v2's rule);
 //! - [`limits`]: connection budget, per-IP limit and header deadline, so no client can exhaust
 //!   the descriptors the store needs;
+//! - [`publish`]: the hook a scale-out ingest node publishes each batch through before it is
+//!   stored (riptide-kafka implements it);
 //! - [`options`]: subscriber options and client messages, validated as Jetstream does;
 //! - [`upstream`]: the relay source (riptide-client), warming DID lookups before verification
 //!   (the verifier's keys are then `riptide_resolver::ResolverKeys::resolving_on`).
@@ -31,6 +33,7 @@ pub mod limits;
 pub mod log;
 pub mod metrics;
 pub mod options;
+pub mod publish;
 pub mod resync;
 pub mod server;
 pub mod slow;
@@ -45,6 +48,7 @@ pub use keys::Keys;
 pub use limits::{ConnLimits, LimitedListener};
 pub use log::{Log, ReadLimit, TailLimits};
 pub use metrics::Metrics;
+pub use publish::{Publish, PublishError};
 pub use server::{router, App, ServerConfig};
 pub use slow::SlowPolicy;
 pub use store::{Resume, Store, StoreError, StoreOptions};

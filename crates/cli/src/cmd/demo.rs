@@ -198,6 +198,8 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         );
     }
     let serve_args = super::serve::Args {
+        publish: None,
+        from: None,
         upstream: vec![relay.url()],
         upstream_cursor: None,
         reset_upstream_cursor: reused,

@@ -14,6 +14,7 @@ pub mod jetstream;
 pub mod relay;
 pub mod repo;
 pub mod serve;
+pub mod serve_kafka;
 pub mod sim;
 pub mod tail;
 pub mod verify;

@@ -36,6 +36,17 @@ pub const DEFAULT_UPSTREAM: &str = "wss://bsky.network";
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    /// Scale-out ingest node: publish every verified batch to this Kafka topic
+    /// (kafka://HOST:PORT[,HOST:PORT…]/TOPIC), its events and the upstream cursor in one
+    /// transaction, before the local store. Of several nodes with the same topic one publishes,
+    /// the others wait as standbys and take over when it dies (docs/kafka.md).
+    #[arg(long, value_name = "kafka://BROKERS/TOPIC", conflicts_with = "from")]
+    pub publish: Option<String>,
+    /// Edge node: serve the events of this Kafka topic (written by a --publish node), stored in
+    /// the local --data, instead of ingesting from a relay. Cursors are the ingest node's seqs,
+    /// the same on every edge.
+    #[arg(long, value_name = "kafka://BROKERS/TOPIC", conflicts_with_all = ["upstream", "ingest_file"])]
+    pub from: Option<String>,
     /// Upstream relay (repeatable; rotated on failure). Default: wss://bsky.network.
     #[arg(long = "upstream", value_name = "URL")]
     pub upstream: Vec<String>,
@@ -299,7 +310,8 @@ impl Running {
 pub async fn start(args: &Args) -> anyhow::Result<Running> {
     let source_rt = SourceRuntime::new()?;
     let mut resolver = None;
-    let keys = match (&args.did_docs, args.no_verify) {
+    // An edge (--from) verifies nothing itself: the ingest node did.
+    let keys = match (&args.did_docs, args.no_verify || args.from.is_some()) {
         (_, true) => None,
         (Some(p), false) => Some(Keys::from_docs(super::load_did_docs(p)?)),
         (None, false) => {
@@ -348,6 +360,22 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         resume.upstream_cursor = None;
     }
     tracing::info!(data = %args.data.display(), next_seq = resume.next_seq, upstream_cursor = ?resume.upstream_cursor, "store open");
+    // Scale-out ingest node: hold the lease, fence earlier publishers, catch the store up with
+    // the topic; ingest then resumes from the topic's committed upstream cursor.
+    let publishing = match &args.publish {
+        Some(url) => {
+            let p =
+                super::serve_kafka::publishing(url, &store, resume, dict.as_ref(), keys.is_some())
+                    .await?;
+            resume = p.resume;
+            if args.reset_upstream_cursor {
+                // The topic's cursor is forgotten too: the next batch records the new one.
+                resume.upstream_cursor = None;
+            }
+            Some(p)
+        }
+        None => None,
+    };
     let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
     let metrics = Arc::new(Metrics::default());
     let v2_dictionary = match &args.zstd_dictionary_v2 {
@@ -363,49 +391,73 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     };
     let app = App::new(log.clone(), metrics.clone(), config);
 
-    let cfg = IngestConfig {
-        keys,
-        workers: args
-            .workers
-            .map_or_else(riptide_serve::default_workers, usize::from),
-        max_batch: 4096,
-        dictionary: dict,
-        stateful: !args.stateless,
-    };
-    let resync = if args.no_resync || args.stateless || args.no_verify {
-        None
+    let ingest_done = if let Some(url) = &args.from {
+        // Edge: the topic is the source; the store and both wires are as on a single node.
+        let edge =
+            super::serve_kafka::edge(url, log.clone(), metrics.clone(), resume, dict.as_ref())?;
+        let app = app.clone();
+        tokio::spawn(async move {
+            let r = edge.done.await;
+            app.ingest_finished.store(true, Relaxed);
+            r?
+        })
     } else {
-        // Resync needs DID documents for the PDS and key: the resolver's, or one made for it
-        // (with --did-docs, frames are verified with the file's keys but a repository is
-        // fetched as any consumer would, through PLC / did:web).
-        let r = match &resolver {
-            Some(r) => r.clone(),
-            None => Resolver::new(ResolverConfig {
-                plc_url: args.plc_url.trim_end_matches('/').to_owned(),
-                cache_capacity: args.did_cache,
-                timeout: Duration::from_secs(10),
-                ..ResolverConfig::default()
-            })?,
+        let cfg = IngestConfig {
+            keys,
+            workers: args
+                .workers
+                .map_or_else(riptide_serve::default_workers, usize::from),
+            max_batch: 4096,
+            dictionary: dict,
+            stateful: !args.stateless,
         };
-        let relays = if args.ingest_file.is_some() {
-            Vec::new()
-        } else if args.upstream.is_empty() {
-            vec![DEFAULT_UPSTREAM.to_owned()]
+        let resync = if args.no_resync || args.stateless || args.no_verify {
+            None
         } else {
-            args.upstream.clone()
+            // Resync needs DID documents for the PDS and key: the resolver's, or one made for it
+            // (with --did-docs, frames are verified with the file's keys but a repository is
+            // fetched as any consumer would, through PLC / did:web).
+            let r = match &resolver {
+                Some(r) => r.clone(),
+                None => Resolver::new(ResolverConfig {
+                    plc_url: args.plc_url.trim_end_matches('/').to_owned(),
+                    cache_capacity: args.did_cache,
+                    timeout: Duration::from_secs(10),
+                    ..ResolverConfig::default()
+                })?,
+            };
+            let relays = if args.ingest_file.is_some() {
+                Vec::new()
+            } else if args.upstream.is_empty() {
+                vec![DEFAULT_UPSTREAM.to_owned()]
+            } else {
+                args.upstream.clone()
+            };
+            Some(ResyncService::start(
+                Resyncer::new(r, ResyncConfig::default()),
+                relays,
+                ResyncLimits::default(),
+                log.store().clone(),
+                metrics.clone(),
+            ))
         };
-        Some(ResyncService::start(
-            Resyncer::new(r, ResyncConfig::default()),
-            relays,
-            ResyncLimits::default(),
-            log.store().clone(),
+        let (tx, rx) = tokio::sync::mpsc::channel(4096);
+        let (publisher, lease) = match publishing {
+            Some(p) => (Some(p.publisher), Some(p.lease)),
+            None => (None, None),
+        };
+        let handle = ingest::spawn_with(
+            cfg,
+            log.clone(),
             metrics.clone(),
-        ))
-    };
-    let (tx, rx) = tokio::sync::mpsc::channel(4096);
-    let handle = ingest::spawn_with_resync(cfg, log.clone(), metrics.clone(), resume, rx, resync)?;
-    let source: std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>> =
-        match &args.ingest_file {
+            resume,
+            rx,
+            resync,
+            publisher,
+        )?;
+        let source: std::pin::Pin<
+            Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>,
+        > = match &args.ingest_file {
             Some(f) => Box::pin(feed_file(
                 f.clone(),
                 args.ingest_repeat,
@@ -428,7 +480,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                 if start_cursor.is_none() {
                     tracing::warn!(
                         "starting live (no stored cursor): only events from now on are ingested; \
-                         use --upstream-cursor 0 to replay what the relay holds"
+                             use --upstream-cursor 0 to replay what the relay holds"
                     );
                 }
                 let mut ucfg = UpstreamConfig::new(hosts);
@@ -440,31 +492,35 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                 })
             }
         };
-    let ingest_done = {
-        let app = app.clone();
-        // The source on its own thread (`SourceRuntime`).
-        let source = source_rt.handle().spawn(source);
-        tokio::spawn(async move {
-            let fed = source
-                .await
-                .unwrap_or_else(|e| Err(anyhow::Error::from(e).context("ingest source task")));
-            let joined = tokio::task::spawn_blocking(move || handle.join()).await;
-            app.ingest_finished.store(true, Relaxed);
-            match (fed, joined) {
-                (Err(e), _) => Err(e),
-                (_, Ok(Ok(s))) => {
-                    tracing::info!(
-                        frames = s.frames,
-                        events = s.events,
-                        next_seq = s.resume.next_seq,
-                        "ingest finished"
-                    );
-                    Ok(())
+        let ingest_done = {
+            let app = app.clone();
+            // The source on its own thread (`SourceRuntime`).
+            let source = source_rt.handle().spawn(source);
+            tokio::spawn(async move {
+                // The ingest lease (--publish) is held for as long as ingest runs.
+                let _lease = lease;
+                let fed = source
+                    .await
+                    .unwrap_or_else(|e| Err(anyhow::Error::from(e).context("ingest source task")));
+                let joined = tokio::task::spawn_blocking(move || handle.join()).await;
+                app.ingest_finished.store(true, Relaxed);
+                match (fed, joined) {
+                    (Err(e), _) => Err(e),
+                    (_, Ok(Ok(s))) => {
+                        tracing::info!(
+                            frames = s.frames,
+                            events = s.events,
+                            next_seq = s.resume.next_seq,
+                            "ingest finished"
+                        );
+                        Ok(())
+                    }
+                    (_, Ok(Err(e))) => Err(anyhow::Error::from(e)),
+                    (_, Err(e)) => Err(anyhow::Error::from(e)),
                 }
-                (_, Ok(Err(e))) => Err(anyhow::Error::from(e)),
-                (_, Err(e)) => Err(anyhow::Error::from(e)),
-            }
-        })
+            })
+        };
+        ingest_done
     };
     tokio::spawn(riptide_serve::retention_loop(
         log.clone(),

@@ -1,0 +1,120 @@
+//! `riptide serve --publish kafka://…` (ingest node) and `--from kafka://…` (edge node): the
+//! scale-out modes on Apache Kafka (crate riptide-kafka, `docs/kafka.md`).
+//!
+//! Why a module: it is the one place the CLI touches Kafka, so the cargo feature `kafka` (on by
+//! default) can leave it out; without the feature both flags are refused with one clear error.
+
+use std::sync::Arc;
+
+use riptide_serve::{Dictionary, Log, Metrics, Publish, Resume, Store};
+
+/// What an ingest node needs to publish: the publisher, the position to ingest from (the
+/// store caught up with the topic), and the lease, held for as long as it lives.
+pub struct Publishing {
+    pub publisher: Box<dyn Publish>,
+    pub resume: Resume,
+    pub lease: Box<dyn std::any::Any + Send>,
+}
+
+/// A running edge follower (it runs until the process ends); `done` says how it ended.
+pub struct Edge {
+    pub done: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+#[cfg(feature = "kafka")]
+mod imp {
+    use super::*;
+    use anyhow::Context;
+    use riptide_kafka::{KafkaPublisher, KafkaUrl, Lease};
+
+    /// Creates the topics if needed, waits for the ingest lease (a standby waits here), takes
+    /// over the transactional id and catches the store up with the topic.
+    pub async fn publishing(
+        url: &str,
+        store: &Store,
+        resume: Resume,
+        dict: Option<&Dictionary>,
+        verified: bool,
+    ) -> anyhow::Result<Publishing> {
+        let url = KafkaUrl::parse(url)?;
+        let parts = url
+            .ensure_topics()
+            .await
+            .context("preparing the Kafka topics")?;
+        tracing::info!(topic = %url.topic, partitions = parts, "Kafka topics ready");
+        let u = url.clone();
+        let lease = tokio::task::spawn_blocking(move || Lease::acquire(&u)).await??;
+        let u = url.clone();
+        let publisher =
+            tokio::task::spawn_blocking(move || KafkaPublisher::connect(&u, verified)).await??;
+        let compressor = dict.map(Dictionary::compressor).transpose()?;
+        let (u, s) = (url.clone(), store.clone());
+        let resume = tokio::task::spawn_blocking(move || {
+            riptide_kafka::catch_up(&u, &s, resume, compressor)
+        })
+        .await??;
+        Ok(Publishing {
+            publisher: Box::new(publisher),
+            resume,
+            lease: Box::new(lease),
+        })
+    }
+
+    /// Starts following the topic into `log`'s store.
+    pub fn edge(
+        url: &str,
+        log: Arc<Log>,
+        metrics: Arc<Metrics>,
+        resume: Resume,
+        dict: Option<&Dictionary>,
+    ) -> anyhow::Result<Edge> {
+        let url = KafkaUrl::parse(url)?;
+        let compressor = dict.map(Dictionary::compressor).transpose()?;
+        // A thread, not a blocking task: the runtime's shutdown must not wait for the follower.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("kafka-edge".into())
+            .spawn(move || {
+                let never = std::sync::atomic::AtomicBool::new(false);
+                let r = riptide_kafka::follow::run_edge(
+                    &url, &log, &metrics, resume, compressor, &never,
+                )
+                .context("following the Kafka topic");
+                let _ = tx.send(r);
+            })?;
+        let done = tokio::spawn(async move {
+            rx.await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("the Kafka follower thread panicked")))
+        });
+        Ok(Edge { done })
+    }
+}
+
+#[cfg(not(feature = "kafka"))]
+mod imp {
+    use super::*;
+
+    const NO: &str = "this riptide was built without Kafka support (cargo feature `kafka`)";
+
+    pub async fn publishing(
+        _: &str,
+        _: &Store,
+        _: Resume,
+        _: Option<&Dictionary>,
+        _: bool,
+    ) -> anyhow::Result<Publishing> {
+        anyhow::bail!(NO)
+    }
+
+    pub fn edge(
+        _: &str,
+        _: Arc<Log>,
+        _: Arc<Metrics>,
+        _: Resume,
+        _: Option<&Dictionary>,
+    ) -> anyhow::Result<Edge> {
+        anyhow::bail!(NO)
+    }
+}
+
+pub use imp::{edge, publishing};

@@ -1,0 +1,552 @@
+//! Scale-out on Apache Kafka, with real components on loopback: Apache Kafka started by
+//! `deploy/kafka/start` (KRaft, jars from Maven Central), `riptide relay` replaying a stream,
+//! `riptide serve --publish` ingest nodes and `riptide serve --from` edges as child processes,
+//! WebSocket clients on both wires.
+//!
+//! - The real capture through relay → ingest → Kafka → two edges: every client gets what the
+//!   single-node server sends (same JSON but `time_us`, which each ingesting server stamps; the
+//!   same cursors), edges byte for byte what the ingest node serves, on v1 and v2; an edge
+//!   killed mid-stream, its client reconnects to the other edge with its cursor.
+//! - Two ingest nodes on one topic, the publishing one killed with SIGKILL again and again: the
+//!   standby takes over, and the topic holds every event exactly once, per-DID order kept, the
+//!   same events a single node serves.
+//! - Three brokers (replication 3, min.insync.replicas 2), one killed with SIGKILL: ingest and
+//!   serving go on.
+//!
+//! Kafka needs java, mvn and python3. Where they are not available, set `RIPTIDE_NO_KAFKA=1` to
+//! skip these tests (loudly); under `CI` they always run. `RIPTIDE_KAFKA_BOOTSTRAP=host:port`
+//! runs the one-broker tests against an already running cluster (`.ci/run` starts one).
+#![cfg(feature = "kafka")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{metric, s, KillOnDrop, PATIENCE};
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+fn script(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../../deploy/kafka/{name}"))
+}
+
+/// Whether to run: false only when `RIPTIDE_NO_KAFKA` is set outside CI (said loudly).
+fn enabled() -> bool {
+    if std::env::var_os("RIPTIDE_NO_KAFKA").is_some() && std::env::var_os("CI").is_none() {
+        let _ = writeln!(
+            std::io::stderr(),
+            "WARNING: RIPTIDE_NO_KAFKA is set: the Kafka scale-out tests are SKIPPED and check \
+             nothing (CI runs them)"
+        );
+        return false;
+    }
+    true
+}
+
+/// A Kafka cluster from `deploy/kafka/start`, stopped by `deploy/kafka/stop` when dropped.
+struct Cluster {
+    dir: Option<tempfile::TempDir>,
+    bootstrap: String,
+}
+
+impl Cluster {
+    fn start(brokers: u32) -> Cluster {
+        let dir = tempfile::Builder::new()
+            .prefix("riptide-kafka-")
+            .tempdir()
+            .unwrap();
+        let out = Command::new(script("start"))
+            .arg(dir.path())
+            .args(["--brokers", &brokers.to_string()])
+            .output()
+            .expect("run deploy/kafka/start");
+        assert!(
+            out.status.success(),
+            "deploy/kafka/start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bootstrap = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap()
+            .to_owned();
+        assert_eq!(
+            bootstrap.split(',').count(),
+            brokers as usize,
+            "{bootstrap}"
+        );
+        Cluster {
+            dir: Some(dir),
+            bootstrap,
+        }
+    }
+
+    /// `RIPTIDE_KAFKA_BOOTSTRAP`'s cluster, else a new one-broker cluster.
+    fn one_broker() -> Cluster {
+        match std::env::var("RIPTIDE_KAFKA_BOOTSTRAP") {
+            Ok(b) if !b.is_empty() => Cluster {
+                dir: None,
+                bootstrap: b,
+            },
+            _ => Cluster::start(1),
+        }
+    }
+
+    fn url(&self, topic: &str) -> String {
+        format!("kafka://{}/{topic}", self.bootstrap)
+    }
+
+    /// SIGKILL to node `i` (1-based).
+    fn kill_node(&self, i: u32) {
+        let dir = self.dir.as_ref().unwrap().path();
+        let pid = std::fs::read_to_string(dir.join(format!("node-{i}/pid"))).unwrap();
+        let st = Command::new("kill")
+            .args(["-9", pid.trim()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(d) = &self.dir {
+            let _ = Command::new(script("stop")).arg(d.path()).status();
+        }
+    }
+}
+
+/// A topic name no other test (or earlier run against the same cluster) uses.
+fn topic(name: &str) -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis();
+    format!("riptide-test-{name}-{}-{t}", std::process::id())
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// `n` v1 events from cursor `from` (inclusive).
+async fn v1_from(addr: &str, from: u64, n: usize) -> Vec<Value> {
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor={from}"))
+            .await
+            .unwrap();
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let m = tokio::time::timeout(PATIENCE, ws.next())
+            .await
+            .unwrap_or_else(|_| panic!("{addr}: {} of {n} events", out.len()))
+            .unwrap()
+            .unwrap();
+        if let Message::Text(t) = m {
+            out.push(serde_json::from_str(&t).unwrap());
+        }
+    }
+    out
+}
+
+/// v2 frames (JSON text) until `n` event frames and then a quiet moment.
+async fn v2_texts(addr: &str, n: usize) -> Vec<String> {
+    let mut req = format!("ws://{addr}/xrpc/network.bsky.jetstream.subscribeEvents?cursor=0")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("sec-websocket-protocol", "xrpc.v1.json".parse().unwrap());
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    let mut out = Vec::new();
+    let mut events = 0;
+    loop {
+        let wait = if events < n {
+            PATIENCE
+        } else {
+            Duration::from_millis(1500)
+        };
+        let m = match tokio::time::timeout(wait, ws.next()).await {
+            Err(_) if events >= n => break,
+            Err(_) => panic!("{addr}: v2: {events} of {n} events"),
+            Ok(m) => m.unwrap().unwrap(),
+        };
+        let Message::Text(t) = m else { continue };
+        let v: Value = serde_json::from_str(&t).unwrap();
+        if v["payload"]["seq"].is_u64() {
+            events += 1;
+        }
+        out.push(t.to_string());
+    }
+    out
+}
+
+/// Asserts two event lists are equal, naming the first difference (not dumping both).
+fn assert_same(got: &[Value], want: &[Value], what: &str) {
+    if let Some(i) = (0..got.len().min(want.len())).find(|&i| got[i] != want[i]) {
+        panic!(
+            "{what}: event {i} differs:\n got  {}\n want {}",
+            got[i], want[i]
+        );
+    }
+    assert_eq!(got.len(), want.len(), "{what}: event counts differ");
+}
+
+/// The event without `time_us` (each ingesting server stamps its own clock).
+fn untimed(v: &Value) -> Value {
+    let mut v = v.clone();
+    v.as_object_mut().unwrap().remove("time_us");
+    v
+}
+
+fn relay(file: &Path, rate: Option<u32>) -> (KillOnDrop, String) {
+    let mut cmd = Command::new(common::BIN);
+    cmd.args(["relay", "--listen", "127.0.0.1:0", "--replay", s(file)])
+        .env("RUST_LOG", "warn");
+    if let Some(r) = rate {
+        cmd.args(["--rate", &r.to_string()]);
+    }
+    common::spawn_printing_url(&mut cmd)
+}
+
+fn ingest_node(data: &Path, relay: &str, docs: &Path, url: &str) -> Command {
+    let mut cmd = common::serve_command(data);
+    cmd.args(["--upstream", relay, "--upstream-cursor", "0"])
+        .args(["--did-docs", s(docs), "--publish", url])
+        .env("RUST_LOG", "warn,riptide_kafka=info");
+    cmd
+}
+
+fn edge(data: &Path, url: &str) -> (KillOnDrop, String) {
+    common::spawn_serve(common::serve_command(data).args(["--from", url]))
+}
+
+#[test]
+fn the_capture_through_kafka_reaches_two_edges_as_a_single_node_serves_it() {
+    if !enabled() {
+        return;
+    }
+    let Some(capture) = common::capture_dir() else {
+        return;
+    };
+    let frames = capture.join("firehose-frames.bin");
+    let docs = capture.join("did_docs.json");
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(capture.join("manifest.json")).unwrap()).unwrap();
+    let n = manifest["v1_events"].as_u64().unwrap() as usize;
+    assert_eq!(n, 152);
+    let kafka = Cluster::one_broker();
+    let url = format!("{}?partitions=4", kafka.url(&topic("capture")));
+    let tmp = common::scratch();
+    let (_relay, relay_url) = relay(&frames, None);
+
+    let mut single = common::serve_command(&tmp.path().join("single"));
+    single.args([
+        "--upstream",
+        &relay_url,
+        "--upstream-cursor",
+        "0",
+        "--did-docs",
+        s(&docs),
+    ]);
+    let (_single, single_addr) = common::spawn_serve(&mut single);
+    let (_ingest, ingest_addr) = common::spawn_serve(&mut ingest_node(
+        &tmp.path().join("ingest"),
+        &relay_url,
+        &docs,
+        &url,
+    ));
+    let (e1, e1_addr) = edge(&tmp.path().join("e1"), &url);
+    let (_e2, e2_addr) = edge(&tmp.path().join("e2"), &url);
+
+    let rt = rt();
+    let want = rt.block_on(v1_from(&single_addr, 0, n));
+    let ingest = rt.block_on(v1_from(&ingest_addr, 0, n));
+    let one = rt.block_on(v1_from(&e1_addr, 0, n));
+    let two = rt.block_on(v1_from(&e2_addr, 0, n));
+    for (i, w) in want.iter().enumerate() {
+        assert_eq!(w["cursor"].as_u64(), Some(i as u64 + 1));
+        assert_eq!(untimed(&one[i]), untimed(w), "edge 1, event {i}");
+    }
+    // Edges serve the ingest node's events byte for byte: JSON, time_us and cursor.
+    assert_same(&one, &ingest, "edge 1");
+    assert_same(&two, &ingest, "edge 2");
+    // And Jetstream v2 from both edges: the same frames as the ingest node's.
+    let v2_ingest = rt.block_on(v2_texts(&ingest_addr, n));
+    assert!(v2_ingest.len() >= n);
+    assert_eq!(rt.block_on(v2_texts(&e1_addr, n)), v2_ingest);
+    assert_eq!(rt.block_on(v2_texts(&e2_addr, n)), v2_ingest);
+
+    // An edge dies under its client: the client goes to the other edge with its cursor (the
+    // next seq it wants; cursors are inclusive) and misses nothing.
+    let first = rt.block_on(v1_from(&e1_addr, 0, 100));
+    e1.kill();
+    let next = first.last().unwrap()["cursor"].as_u64().unwrap() + 1;
+    let rest = rt.block_on(v1_from(&e2_addr, next, n - 100));
+    let joined: Vec<Value> = first.into_iter().chain(rest).collect();
+    assert_same(&joined, &ingest, "a client moved from edge 1 to edge 2");
+}
+
+/// Events a single node serves on v1 for the `count` frames of `frames` through a relay of its
+/// own (the expected stream: the relay renumbers seqs, which `#identity` events carry), without
+/// `time_us`, and how many events it stored (#sync included).
+fn single_node_events(frames: &Path, count: u32, docs: &Path, tmp: &Path) -> (Vec<Value>, f64) {
+    let (_relay, relay_url) = relay(frames, None);
+    let mut cmd = common::serve_command(&tmp.join("single"));
+    cmd.args([
+        "--did-docs",
+        s(docs),
+        "--upstream",
+        &relay_url,
+        "--upstream-cursor",
+        "0",
+    ]);
+    let (_single, addr) = common::spawn_serve(&mut cmd);
+    common::wait_for(&addr, "riptide_upstream_seq", f64::from(count));
+    let stored = metric(&addr, "riptide_log_next_seq") as usize - 1;
+    assert!(
+        stored > 1000,
+        "the generated stream gave only {stored} events"
+    );
+    // v1 steps over #sync events: read what it sends, to the last stored seq.
+    let got = rt().block_on(v1_all(&addr));
+    assert!(got.len() > 1000 && got.len() <= stored);
+    (got.iter().map(untimed).collect(), stored as f64)
+}
+
+/// Every v1 event a server with a finished ingest sends from the start: until nothing more
+/// comes for a while.
+async fn v1_all(addr: &str) -> Vec<Value> {
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=0"))
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    loop {
+        let wait = if out.is_empty() {
+            PATIENCE
+        } else {
+            Duration::from_secs(5)
+        };
+        match tokio::time::timeout(wait, ws.next()).await {
+            Err(_) => return out,
+            Ok(m) => {
+                if let Message::Text(t) = m.unwrap().unwrap() {
+                    out.push(serde_json::from_str(&t).unwrap());
+                }
+            }
+        }
+    }
+}
+
+/// Reads every committed record of `topic`: asserts each seq appears once, the seqs are
+/// 1..=n, and each DID's seqs increase within its partition; returns the count.
+fn check_topic(bootstrap: &str, topic: &str) -> usize {
+    use riptide_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+    use riptide_kafka::rdkafka::message::{Headers, Message};
+    use riptide_kafka::rdkafka::ClientConfig;
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "riptide-test-check")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    let md = (0..20)
+        .find_map(|_| {
+            let r = c.fetch_metadata(Some(topic), Duration::from_secs(30));
+            if r.is_err() {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            r.ok()
+        })
+        .expect("the topic's metadata");
+    let parts = md.topics()[0].partitions().len() as i32;
+    let mut tpl = riptide_kafka::rdkafka::TopicPartitionList::new();
+    let mut ends = HashMap::new();
+    for p in 0..parts {
+        tpl.add_partition_offset(topic, p, riptide_kafka::rdkafka::Offset::Beginning)
+            .unwrap();
+        // With a broker dead, a request can fail on its way to another: try again.
+        let high = (0..20)
+            .find_map(|_| {
+                let r = c.fetch_watermarks(topic, p, Duration::from_secs(30));
+                if r.is_err() {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                r.ok()
+            })
+            .expect("the partition's end offset")
+            .1;
+        ends.insert(p, high);
+    }
+    c.assign(&tpl).unwrap();
+    let mut seqs: BTreeMap<u64, usize> = BTreeMap::new();
+    let mut last: HashMap<(i32, Vec<u8>), u64> = HashMap::new();
+    let mut done: HashMap<i32, bool> = ends.iter().map(|(&p, &h)| (p, h == 0)).collect();
+    let deadline = Instant::now() + PATIENCE;
+    while done.values().any(|d| !d) {
+        assert!(Instant::now() < deadline, "reading {topic} timed out");
+        let Some(m) = c.poll(Duration::from_millis(500)) else {
+            // Transaction markers take the last offsets: the position tells.
+            if let Ok(pos) = c.position() {
+                for e in pos.elements() {
+                    if let riptide_kafka::rdkafka::Offset::Offset(o) = e.offset() {
+                        if o >= ends[&e.partition()] {
+                            done.insert(e.partition(), true);
+                        }
+                    }
+                }
+            }
+            continue;
+        };
+        // A dead broker is reported here too (transport errors); the consumer goes on.
+        let Ok(m) = m else { continue };
+        if m.offset() + 1 >= ends[&m.partition()] {
+            done.insert(m.partition(), true);
+        }
+        let seq: u64 = m
+            .headers()
+            .unwrap()
+            .iter()
+            .find(|h| h.key == "riptide-seq")
+            .map(|h| {
+                std::str::from_utf8(h.value.unwrap())
+                    .unwrap()
+                    .parse()
+                    .unwrap()
+            })
+            .unwrap();
+        *seqs.entry(seq).or_default() += 1;
+        let key = (m.partition(), m.key().unwrap().to_vec());
+        if let Some(prev) = last.insert(key, seq) {
+            assert!(seq > prev, "per-DID order broken at seq {seq}");
+        }
+    }
+    let dups: Vec<_> = seqs.iter().filter(|(_, &n)| n > 1).collect();
+    assert!(dups.is_empty(), "duplicated in the topic: {dups:?}");
+    let n = seqs.len();
+    assert_eq!(seqs.keys().next(), Some(&1));
+    assert_eq!(
+        seqs.keys().last(),
+        Some(&(n as u64)),
+        "seqs are not 1..={n}: a gap"
+    );
+    n
+}
+
+/// Generated network (chain-consistent, so every event passes chain state after takeovers).
+fn generated(tmp: &Path, frames: u32) -> (PathBuf, PathBuf) {
+    let net = tmp.join("net");
+    let out = common::riptide(&[
+        "gen",
+        "--seed",
+        "19",
+        "--accounts",
+        "40",
+        "--events",
+        &frames.to_string(),
+        "--out",
+        s(&net),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    (net.join("firehose-frames.bin"), net.join("did_docs.json"))
+}
+
+/// Starts `cmd` on a thread: a standby prints its URL only once it holds the lease.
+fn standby(mut cmd: Command) -> std::thread::JoinHandle<(KillOnDrop, String)> {
+    std::thread::spawn(move || common::spawn_serve(&mut cmd))
+}
+
+#[test]
+fn ingest_nodes_killed_again_and_again_lose_and_duplicate_nothing() {
+    if !enabled() {
+        return;
+    }
+    let tmp = common::scratch();
+    let (frames, docs) = generated(tmp.path(), 2500);
+    let (want, total_stored) = single_node_events(&frames, 2500, &docs, tmp.path());
+    let kafka = Cluster::one_broker();
+    let name = topic("failover");
+    let url = format!("{}?partitions=3", kafka.url(&name));
+    let (_relay, relay_url) = relay(&frames, Some(250));
+    let data = [tmp.path().join("a"), tmp.path().join("b")];
+    let (mut leader, mut addr) =
+        common::spawn_serve(&mut ingest_node(&data[0], &relay_url, &docs, &url));
+    let mut leader_ix = 0;
+    let mut waiting = standby(ingest_node(&data[1], &relay_url, &docs, &url));
+    // Give the standby time to join the group before the first kill.
+    std::thread::sleep(Duration::from_secs(3));
+    let total = total_stored;
+    for (round, share) in [0.15, 0.4, 0.65].into_iter().enumerate() {
+        common::wait_for(&addr, "riptide_log_next_seq", (total * share).floor());
+        leader.kill(); // SIGKILL
+        let t0 = Instant::now();
+        let (l, a) = waiting.join().unwrap();
+        let took = t0.elapsed();
+        assert!(
+            took < Duration::from_secs(60),
+            "round {round}: the standby took {took:?} to take over"
+        );
+        eprintln!("round {round}: standby took over in {took:?}");
+        (leader, addr) = (l, a);
+        // The killed node comes back as the standby, with its (now stale) store.
+        waiting = standby(ingest_node(&data[leader_ix], &relay_url, &docs, &url));
+        leader_ix = 1 - leader_ix;
+    }
+    common::wait_for(&addr, "riptide_log_next_seq", total + 1.0);
+    // The topic: every seq exactly once, per-DID order kept.
+    assert_eq!(check_topic(&kafka.bootstrap, &name) as f64, total_stored);
+    // An edge serves the single node's stream.
+    let (_edge, edge_addr) = edge(&tmp.path().join("edge"), &url);
+    let got: Vec<Value> = rt()
+        .block_on(v1_from(&edge_addr, 0, want.len()))
+        .iter()
+        .map(untimed)
+        .collect();
+    assert_same(&got, &want, "edge after failovers");
+    // The standby still waiting is killed on drop.
+    drop(leader);
+    drop(waiting);
+}
+
+#[test]
+fn one_broker_of_three_killed_ingest_and_serving_go_on() {
+    if !enabled() {
+        return;
+    }
+    let tmp = common::scratch();
+    let (frames, docs) = generated(tmp.path(), 2000);
+    let (want, total) = single_node_events(&frames, 2000, &docs, tmp.path());
+    let kafka = Cluster::start(3);
+    let name = topic("brokers");
+    let url = format!("{}?partitions=3", kafka.url(&name));
+    let (_relay, relay_url) = relay(&frames, Some(250));
+    let (_ingest, addr) = common::spawn_serve(&mut ingest_node(
+        &tmp.path().join("ingest"),
+        &relay_url,
+        &docs,
+        &url,
+    ));
+    let (_edge, edge_addr) = edge(&tmp.path().join("edge"), &url);
+    common::wait_for(&edge_addr, "riptide_log_next_seq", (total * 0.2).floor());
+    kafka.kill_node(2);
+    common::wait_for(&addr, "riptide_log_next_seq", total + 1.0);
+    let got: Vec<Value> = rt()
+        .block_on(v1_from(&edge_addr, 0, want.len()))
+        .iter()
+        .map(untimed)
+        .collect();
+    assert_same(&got, &want, "edge after a broker died");
+    assert_eq!(check_topic(&kafka.bootstrap, &name) as f64, total);
+}

@@ -1,0 +1,500 @@
+//! Reading the topic back: edges follow it into their own store, and an ingest node catches its
+//! store up to it before it publishes.
+//!
+//! Why one module: both read committed events in seq order across partitions and store them
+//! with the seq and JSON the ingest node gave them, which is what makes every edge's cursors
+//! the same. Partitions are merged by the `riptide-seq` header: seqs are contiguous (every
+//! stored event is published), so the follower hands out `next_seq`, then `next_seq + 1`, …,
+//! holding records that arrive early. Where to start: after the local store's last event (each
+//! partition is positioned by timestamp, `time_us / 1000` of that event, and what is already
+//! stored is skipped), or, for an empty store, at the first seq the batch topic records.
+//!
+//! A seq that never comes (the topic's retention removed it while the edge was down) is a gap:
+//! when every partition is read to its end and the next seq is still missing for
+//! [`GAP_AFTER`], the gap is logged at error with its size and the follower goes on from the
+//! lowest seq it holds.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::message::{Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+use riptide_serve::{Event, Log, Metrics, Resume, Store};
+
+use crate::record::{self, BadRecord, Batch, TopicEvent};
+use crate::{KafkaError, KafkaUrl, Reader};
+
+/// How long a missing seq is waited for, every partition read to its end, before it is a gap.
+pub const GAP_AFTER: Duration = Duration::from_secs(30);
+
+/// Reads the events topic in seq order (see the module docs).
+pub struct Follower {
+    url: KafkaUrl,
+    consumer: Reader,
+    partitions: i32,
+    next_seq: u64,
+    pending: BTreeMap<u64, TopicEvent>,
+    at_end: HashSet<i32>,
+    missing_since: Option<Instant>,
+    /// Seqs skipped as gaps (retention), for `/metrics`.
+    pub gap_seqs: u64,
+}
+
+impl std::fmt::Debug for Follower {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Follower")
+            .field("url", &self.url)
+            .field("next_seq", &self.next_seq)
+            .field("pending", &self.pending.len())
+            .finish()
+    }
+}
+
+/// Waits (up to `limit`) for the events topic to exist; its partition count.
+fn wait_for_topic(url: &KafkaUrl, c: &Reader, limit: Duration) -> Result<i32, KafkaError> {
+    let t0 = Instant::now();
+    let mut said = false;
+    loop {
+        let n = url.partitions_of_topic(c)?;
+        if n > 0 {
+            return Ok(n);
+        }
+        if t0.elapsed() > limit {
+            return Err(KafkaError::Timeout {
+                brokers: url.brokers.clone(),
+                what: "waiting for the events topic to be created by an ingest node",
+            });
+        }
+        if !said {
+            tracing::warn!(topic = %url.topic, "the events topic does not exist yet: waiting for an ingest node");
+            said = true;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Positions every partition of `topic` at the first record with a timestamp at or after
+/// `ts_ms` (or its end), or at its beginning when `ts_ms` is `None`.
+fn assign_from(
+    url: &KafkaUrl,
+    c: &Reader,
+    topic: &str,
+    partitions: i32,
+    ts_ms: Option<i64>,
+) -> Result<(), KafkaError> {
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        let o = match ts_ms {
+            Some(t) => Offset::Offset(t.max(0)),
+            None => Offset::Beginning,
+        };
+        tpl.add_partition_offset(topic, p, o)
+            .map_err(url.client_err("building a partition list"))?;
+    }
+    let tpl = match ts_ms {
+        Some(_) => c
+            .offsets_for_times(tpl, Duration::from_secs(30))
+            .map_err(url.client_err("looking up offsets by time"))?,
+        None => tpl,
+    };
+    c.assign(&tpl)
+        .map_err(url.client_err("assigning partitions"))
+}
+
+fn header<'a>(m: &'a rdkafka::message::BorrowedMessage<'_>, key: &str) -> Option<&'a [u8]> {
+    let h = m.headers()?;
+    h.iter().find(|h| h.key == key).and_then(|h| h.value)
+}
+
+/// The event a record of the events topic carries.
+fn parse(m: &rdkafka::message::BorrowedMessage<'_>) -> Result<TopicEvent, BadRecord> {
+    let bad = |what| BadRecord {
+        topic: m.topic().to_owned(),
+        partition: m.partition(),
+        offset: m.offset(),
+        what,
+    };
+    let seq = header(m, record::H_SEQ)
+        .and_then(record::parse_u64)
+        .ok_or_else(|| bad("no riptide-seq header"))?;
+    let time_us = header(m, record::H_TIME_US)
+        .and_then(record::parse_i64)
+        .ok_or_else(|| bad("no riptide-time-us header"))?;
+    let kind = header(m, record::H_KIND)
+        .and_then(record::kind_from_str)
+        .ok_or_else(|| bad("no or unknown riptide-kind header"))?;
+    let collection = header(m, record::H_COLLECTION)
+        .map(|c| String::from_utf8_lossy(c).into_owned())
+        .unwrap_or_default();
+    let did = m
+        .key()
+        .and_then(|k| std::str::from_utf8(k).ok())
+        .ok_or_else(|| bad("no DID key"))?
+        .to_owned();
+    let json = bytes::Bytes::copy_from_slice(m.payload().ok_or_else(|| bad("no value"))?);
+    Ok(TopicEvent {
+        seq,
+        time_us,
+        kind,
+        did,
+        collection,
+        json,
+    })
+}
+
+/// The batch records of the batch topic from timestamp `ts_ms` (or its beginning) to its end.
+pub fn read_batches(url: &KafkaUrl, ts_ms: Option<i64>) -> Result<Vec<Batch>, KafkaError> {
+    let c = url.reader()?;
+    let topic = url.batch_topic();
+    let t0 = Instant::now();
+    // The batch topic is created with the events topic.
+    loop {
+        let md = c
+            .fetch_metadata(Some(&topic), Duration::from_secs(30))
+            .map_err(url.client_err("reading the batch topic's metadata"))?;
+        if md
+            .topics()
+            .first()
+            .is_some_and(|t| t.error().is_none() && !t.partitions().is_empty())
+        {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(120) {
+            return Err(KafkaError::Timeout {
+                brokers: url.brokers.clone(),
+                what: "waiting for the batch topic",
+            });
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let (_, high) = c
+        .fetch_watermarks(&topic, 0, Duration::from_secs(30))
+        .map_err(url.client_err("reading the batch topic's end"))?;
+    assign_from(url, &c, &topic, 1, ts_ms)?;
+    let mut out = Vec::new();
+    if high == 0 {
+        return Ok(out);
+    }
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        match c.poll(Duration::from_millis(500)) {
+            Some(Ok(m)) => {
+                if let Some(v) = m.payload() {
+                    out.push(Batch::decode(v)?);
+                }
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => break,
+            Some(Err(e)) => tracing::warn!(error = %e, "reading the batch topic"),
+            None => {}
+        }
+        if Instant::now() > deadline {
+            return Err(KafkaError::Timeout {
+                brokers: url.brokers.clone(),
+                what: "reading the batch topic to its end",
+            });
+        }
+    }
+    Ok(out)
+}
+
+impl Follower {
+    /// Follows the events topic from after `resume` (the local store's position); an empty
+    /// store starts at the first seq the batch topic records.
+    pub fn open(url: &KafkaUrl, resume: &Resume) -> Result<Follower, KafkaError> {
+        let consumer = url.reader()?;
+        let partitions = wait_for_topic(url, &consumer, Duration::from_secs(600))?;
+        let empty = resume.next_seq <= 1 && resume.last_time_us == 0;
+        let next_seq = if empty {
+            read_batches(url, None)?
+                .into_iter()
+                .find(|b| b.first_seq < b.resume.next_seq)
+                .map_or(1, |b| b.first_seq)
+        } else {
+            resume.next_seq
+        };
+        let ts = (!empty).then_some(resume.last_time_us / 1000);
+        assign_from(url, &consumer, &url.topic, partitions, ts)?;
+        tracing::info!(topic = %url.topic, partitions, next_seq, "following the Kafka topic");
+        Ok(Follower {
+            url: url.clone(),
+            consumer,
+            partitions,
+            next_seq,
+            pending: BTreeMap::new(),
+            at_end: HashSet::new(),
+            missing_since: None,
+            gap_seqs: 0,
+        })
+    }
+
+    /// The next seq this follower hands out.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Up to `max` events in seq order, waiting at most `wait` for the first one.
+    pub fn poll_batch(
+        &mut self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<TopicEvent>, KafkaError> {
+        let deadline = Instant::now() + wait;
+        let mut out = Vec::new();
+        loop {
+            while out.len() < max {
+                match self.pending.remove(&self.next_seq) {
+                    Some(e) => {
+                        self.next_seq += 1;
+                        self.missing_since = None;
+                        out.push(e);
+                    }
+                    None => break,
+                }
+            }
+            if out.len() >= max {
+                return Ok(out);
+            }
+            self.check_gap();
+            let timeout = if out.is_empty() {
+                deadline.saturating_duration_since(Instant::now())
+            } else {
+                Duration::ZERO
+            };
+            match self.consumer.poll(timeout) {
+                None => {
+                    if !out.is_empty() || Instant::now() >= deadline {
+                        return Ok(out);
+                    }
+                }
+                Some(Ok(m)) => {
+                    self.at_end.remove(&m.partition());
+                    let e = parse(&m)?;
+                    if e.seq >= self.next_seq {
+                        self.pending.insert(e.seq, e);
+                    }
+                }
+                Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                    self.at_end.insert(p);
+                }
+                Some(Err(e)) => {
+                    tracing::warn!(error = %e, topic = %self.url.topic, "Kafka consumer");
+                    if Instant::now() >= deadline {
+                        return Ok(out);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A missing seq with every partition read to its end for [`GAP_AFTER`] is a gap.
+    fn check_gap(&mut self) {
+        let Some((&lowest, _)) = self.pending.first_key_value() else {
+            self.missing_since = None;
+            return;
+        };
+        if lowest <= self.next_seq || (self.at_end.len() as i32) < self.partitions {
+            self.missing_since = None;
+            return;
+        }
+        let since = *self.missing_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= GAP_AFTER {
+            let gap = lowest - self.next_seq;
+            tracing::error!(
+                from = self.next_seq,
+                to = lowest - 1,
+                seqs = gap,
+                "seqs missing from the Kafka topic (removed by its retention?): gap, going on"
+            );
+            self.gap_seqs += gap;
+            self.next_seq = lowest;
+            self.missing_since = None;
+        }
+    }
+}
+
+/// Compresses an event's JSON with the local dictionary, if any.
+fn to_event(
+    e: &TopicEvent,
+    compressor: &mut Option<zstd::bulk::Compressor<'static>>,
+    zbuf: &mut Vec<u8>,
+) -> Result<Event, KafkaError> {
+    let z: &[u8] = match compressor.as_mut() {
+        Some(c) => {
+            zbuf.clear();
+            zbuf.reserve(zstd::zstd_safe::compress_bound(e.json.len()));
+            c.compress_to_buffer(&e.json[..], zbuf)
+                .map_err(|_| KafkaError::Inconsistent("zstd could not compress an event".into()))?;
+            zbuf
+        }
+        None => &[],
+    };
+    Ok(e.to_event(z))
+}
+
+/// Brings `store` (at `local`) up to what the topic holds: every batch committed after the
+/// store's position is written with its events and account states, one store batch each (so a
+/// crash here resumes here). Returns the position to ingest from. An ingest node calls it after
+/// it took the lease and fenced earlier producers, so the topic does not move meanwhile.
+pub fn catch_up(
+    url: &KafkaUrl,
+    store: &Store,
+    local: Resume,
+    mut compressor: Option<zstd::bulk::Compressor<'static>>,
+) -> Result<Resume, KafkaError> {
+    let empty = local.next_seq <= 1 && local.last_time_us == 0 && local.upstream_cursor.is_none();
+    let batches = read_batches(url, (!empty).then_some(local.last_time_us / 1000 - 1))?;
+    // Batches after the one that left the store where it is.
+    let start = if empty {
+        0
+    } else {
+        // The batch that left the store where it is; a store whose upstream cursor was
+        // forgotten (--reset-upstream-cursor) is matched by seq and time alone.
+        let at = batches.iter().rposition(|b| b.resume == local).or_else(|| {
+            local.upstream_cursor.is_none().then(|| {
+                batches.iter().rposition(|b| {
+                    b.resume.next_seq == local.next_seq
+                        && b.resume.last_time_us == local.last_time_us
+                })
+            })?
+        });
+        match at {
+            Some(i) => i + 1,
+            None => {
+                let last = batches.last().map(|b| b.resume);
+                match last {
+                    // The topic is empty or older than the store: the store goes on, and the
+                    // topic continues from it.
+                    None => {
+                        tracing::warn!(next_seq = local.next_seq,
+                            "the Kafka topic has no batch: publishing from the local store's position");
+                        return Ok(local);
+                    }
+                    Some(l) if l.next_seq <= local.next_seq => {
+                        return Err(KafkaError::Inconsistent(format!(
+                            "the local store (next seq {}, upstream cursor {:?}) is ahead of or \
+                             beside the Kafka topic (next seq {}, upstream cursor {:?}): this \
+                             store was not written by the topic's ingest nodes; start with an \
+                             empty --data",
+                            local.next_seq, local.upstream_cursor, l.next_seq, l.upstream_cursor
+                        )))
+                    }
+                    Some(_) => {
+                        return Err(KafkaError::Inconsistent(format!(
+                            "the local store's position (next seq {}) is not in the Kafka \
+                             topic's batch records (removed by retention?): start with an \
+                             empty --data",
+                            local.next_seq
+                        )))
+                    }
+                }
+            }
+        }
+    };
+    let todo = &batches[start..];
+    if todo.is_empty() {
+        return Ok(local);
+    }
+    let mut follower = Follower::open(url, &local)?;
+    if follower.next_seq() != todo[0].first_seq {
+        return Err(KafkaError::Inconsistent(format!(
+            "catching up: the store continues at seq {} but the next batch starts at {}",
+            follower.next_seq(),
+            todo[0].first_seq
+        )));
+    }
+    let mut zbuf = Vec::new();
+    let mut events = Vec::new();
+    let mut applied = local;
+    for b in todo {
+        events.clear();
+        while follower.next_seq() < b.resume.next_seq {
+            let want = (b.resume.next_seq - follower.next_seq()) as usize;
+            let got = follower.poll_batch(want, Duration::from_secs(60))?;
+            if got.is_empty() {
+                return Err(KafkaError::Timeout {
+                    brokers: url.brokers.clone(),
+                    what: "reading a committed batch's events while catching up",
+                });
+            }
+            for e in &got {
+                events.push(to_event(e, &mut compressor, &mut zbuf)?);
+            }
+        }
+        store.append_with_accounts(&events, &b.accounts, &b.resume)?;
+        applied = b.resume;
+    }
+    tracing::info!(
+        batches = todo.len(),
+        from = local.next_seq,
+        next_seq = applied.next_seq,
+        upstream_cursor = ?applied.upstream_cursor,
+        "local store caught up with the Kafka topic"
+    );
+    Ok(applied)
+}
+
+/// An edge: follows the topic into the local store and publishes to subscribers, until `stop`
+/// is set or a local failure. Events are stored in batches of whatever is ready (up to 4,096).
+pub fn run_edge(
+    url: &KafkaUrl,
+    log: &Log,
+    metrics: &Metrics,
+    mut resume: Resume,
+    mut compressor: Option<zstd::bulk::Compressor<'static>>,
+    stop: &AtomicBool,
+) -> Result<(), KafkaError> {
+    let mut follower = Follower::open(url, &resume)?;
+    if resume.next_seq != follower.next_seq() {
+        // An empty store starting after seq 1: the log's next seq moves there.
+        tracing::info!(
+            first_seq = follower.next_seq(),
+            "empty store: starting at the topic's first seq"
+        );
+    }
+    let mut zbuf = Vec::new();
+    let mut events = Vec::with_capacity(4096);
+    metrics
+        .upstream_started_us
+        .store(riptide_serve::now_us(), Relaxed);
+    while !stop.load(Relaxed) {
+        let got = follower.poll_batch(4096, Duration::from_millis(500))?;
+        if got.is_empty() {
+            continue;
+        }
+        let now = riptide_serve::now_us();
+        events.clear();
+        for e in &got {
+            events.push(to_event(e, &mut compressor, &mut zbuf)?);
+        }
+        let last = &got[got.len() - 1];
+        resume.next_seq = last.seq + 1;
+        resume.last_time_us = last.time_us;
+        log.store().append(&events, &resume)?;
+        log.publish(&events);
+        metrics.frames_in.fetch_add(got.len() as u64, Relaxed);
+        metrics.upstream_last_us.store(now, Relaxed);
+        metrics.upstream_seq.store(last.seq, Relaxed);
+        metrics
+            .events_stored
+            .fetch_add(events.len() as u64, Relaxed);
+        // On an edge, `riptide_ingest_publish_seconds` is end to end: from the ingest node's
+        // stamp (`time_us`, before its Kafka commit) to this store.
+        for e in &got {
+            metrics
+                .publish_seconds
+                .observe(Duration::from_micros((now - e.time_us).max(0) as u64));
+        }
+        if follower.gap_seqs > 0 {
+            metrics.upstream_gap_seqs.store(follower.gap_seqs, Relaxed);
+        }
+    }
+    Ok(())
+}
+
+/// A shared stop flag for [`run_edge`].
+pub fn stop_flag() -> Arc<AtomicBool> {
+    Arc::new(AtomicBool::new(false))
+}

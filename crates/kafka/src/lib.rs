@@ -1,0 +1,337 @@
+//! riptide's scale-out on Apache Kafka: verify once on an ingest node, serve from many edges.
+//!
+//! Why a crate: Kafka support links librdkafka (C, built from source by rdkafka-sys), which the
+//! single-machine server must not need; the CLI turns it on with its `kafka` feature (on by
+//! default, so `--no-default-features` builds without a C toolchain for it). It depends on
+//! riptide-serve, never the other way: ingest only knows the [`riptide_serve::Publish`] hook.
+//!
+//! - Ingest node (`riptide serve --publish kafka://BROKERS/TOPIC`): [`lease`] makes one node of
+//!   several the publisher (a consumer-group lease; the others are standbys); [`publish`]
+//!   publishes every batch in one Kafka transaction — its events on `TOPIC` keyed by DID, and a
+//!   batch record (seq range, upstream cursor, changed chain states) on `TOPIC.cursor` — before
+//!   the local store writes it; transactional-id fencing stops a node that lost the lease. On
+//!   start, [`follow::catch_up`] brings the local store up to what the topic holds (after a crash
+//!   between the Kafka commit and the store write, or on a standby taking over), so ingest
+//!   resumes exactly at the committed upstream cursor.
+//! - Edge node (`riptide serve --from kafka://BROKERS/TOPIC`): [`follow::Follower`] reads the
+//!   committed events (read_committed), in seq order across partitions, into the edge's own
+//!   store, from which both Jetstream wires are served as on a single node. Every edge stores
+//!   the ingest node's seq and JSON, so cursors are the same on every edge.
+//! - [`record`]: the record format (`docs/kafka.md`).
+//!
+//! Why rdkafka: librdkafka is the reference non-JVM client (idempotent and transactional
+//! producer, read_committed consumer, consumer groups), maintained by Confluent and used by
+//! most non-Java clients; the pure-Rust clients lack transactions.
+
+pub mod follow;
+pub mod lease;
+pub mod publish;
+pub mod record;
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::{ClientContext, DefaultClientContext};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::types::RDKafkaErrorCode;
+
+pub use follow::{catch_up, Follower};
+pub use lease::Lease;
+pub use publish::KafkaPublisher;
+/// The client library, for tests and tools that read the topics directly.
+pub use rdkafka;
+
+/// The clients' context: librdkafka's errors as warnings (a broker that goes away is survived
+/// and said once per event), the end of a partition (expected by a follower) not at all.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Quiet;
+
+impl ClientContext for Quiet {
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        let eof = matches!(error, rdkafka::error::KafkaError::PartitionEOF(_))
+            || error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF);
+        if !eof {
+            tracing::warn!(error = %error, reason, "librdkafka");
+        }
+    }
+}
+
+impl ConsumerContext for Quiet {}
+
+/// A consumer with the [`Quiet`] context.
+pub type Reader = BaseConsumer<Quiet>;
+
+/// The largest record the topics take (and the producer sends), bytes.
+pub const MAX_RECORD_BYTES: &str = "16777216";
+
+/// Partitions of a new events topic unless the URL says otherwise (`?partitions=N`).
+pub const DEFAULT_PARTITIONS: i32 = 8;
+
+/// A `kafka://BROKERS/TOPIC[?partitions=N]` address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KafkaUrl {
+    /// Bootstrap servers, `host:port,…`.
+    pub brokers: String,
+    /// The events topic (the batch topic is `TOPIC.cursor`).
+    pub topic: String,
+    /// Partitions of the events topic when it is created here.
+    pub partitions: i32,
+}
+
+/// Everything that can go wrong with Kafka here.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KafkaError {
+    /// The `kafka://` address is malformed.
+    #[error("bad Kafka address {url:?}: {why} (expected kafka://HOST:PORT[,HOST:PORT…]/TOPIC)")]
+    BadUrl {
+        /// The address.
+        url: String,
+        /// What is wrong.
+        why: &'static str,
+    },
+    /// librdkafka reported an error.
+    #[error("Kafka ({brokers}): {what}: {source}")]
+    Client {
+        /// Bootstrap servers.
+        brokers: String,
+        /// What was being done.
+        what: &'static str,
+        /// The client's error.
+        source: rdkafka::error::KafkaError,
+    },
+    /// A record is damaged or not ours.
+    #[error(transparent)]
+    BadRecord(#[from] record::BadRecord),
+    /// A batch record is damaged.
+    #[error(transparent)]
+    BadBatch(#[from] record::BadBatch),
+    /// The local store failed.
+    #[error(transparent)]
+    Store(#[from] riptide_serve::StoreError),
+    /// The topic and the local store disagree in a way that cannot be repaired here.
+    #[error("{0}")]
+    Inconsistent(String),
+    /// A wait on the cluster ran out of time.
+    #[error("Kafka ({brokers}): timed out {what}")]
+    Timeout {
+        /// Bootstrap servers.
+        brokers: String,
+        /// What was being waited for.
+        what: &'static str,
+    },
+}
+
+impl KafkaUrl {
+    /// Parses `kafka://BROKERS/TOPIC[?partitions=N]`.
+    pub fn parse(url: &str) -> Result<KafkaUrl, KafkaError> {
+        let bad = |why| KafkaError::BadUrl {
+            url: url.to_owned(),
+            why,
+        };
+        let rest = url
+            .strip_prefix("kafka://")
+            .ok_or_else(|| bad("not a kafka:// address"))?;
+        let (brokers, path) = rest
+            .split_once('/')
+            .ok_or_else(|| bad("no /TOPIC after the brokers"))?;
+        let (topic, query) = match path.split_once('?') {
+            Some((t, q)) => (t, Some(q)),
+            None => (path, None),
+        };
+        if brokers.is_empty() || brokers.split(',').any(|b| !b.contains(':')) {
+            return Err(bad("each broker must be HOST:PORT"));
+        }
+        let topic_ok = !topic.is_empty()
+            && topic.len() <= 200
+            && topic
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+        if !topic_ok {
+            return Err(bad("the topic must be 1-200 of [A-Za-z0-9._-]"));
+        }
+        let mut partitions = DEFAULT_PARTITIONS;
+        for kv in query.into_iter().flat_map(|q| q.split('&')) {
+            match kv.split_once('=') {
+                Some(("partitions", n)) => {
+                    partitions = n
+                        .parse()
+                        .ok()
+                        .filter(|&n| (1..=10_000).contains(&n))
+                        .ok_or_else(|| bad("partitions must be 1 to 10000"))?;
+                }
+                _ => return Err(bad("unknown query parameter (only partitions=N)")),
+            }
+        }
+        Ok(KafkaUrl {
+            brokers: brokers.to_owned(),
+            topic: topic.to_owned(),
+            partitions,
+        })
+    }
+
+    /// The batch topic (`TOPIC.cursor`).
+    pub fn batch_topic(&self) -> String {
+        record::batch_topic(&self.topic)
+    }
+
+    pub(crate) fn client_err(
+        &self,
+        what: &'static str,
+    ) -> impl FnOnce(rdkafka::error::KafkaError) -> KafkaError + '_ {
+        move |source| KafkaError::Client {
+            brokers: self.brokers.clone(),
+            what,
+            source,
+        }
+    }
+
+    /// A client configuration with the bootstrap servers and quiet logging.
+    pub(crate) fn config(&self) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers)
+            .set("client.id", "riptide")
+            .set("socket.keepalive.enable", "true");
+        c
+    }
+
+    /// A read_committed consumer with no group (partitions are assigned by hand).
+    pub(crate) fn reader(&self) -> Result<Reader, KafkaError> {
+        self.config()
+            .set("group.id", "riptide-reader")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            .set("enable.partition.eof", "true")
+            .set("auto.offset.reset", "earliest")
+            .set("fetch.wait.max.ms", "50")
+            .create_with_context(Quiet)
+            .map_err(self.client_err("creating a consumer"))
+    }
+
+    /// Creates the events topic (`partitions`) and the batch topic (1 partition) if they do not
+    /// exist, with replication factor min(3, brokers in the cluster); returns the events topic's
+    /// partition count as it is.
+    pub async fn ensure_topics(&self) -> Result<i32, KafkaError> {
+        let probe = self.reader()?;
+        let brokers = {
+            let md = probe
+                .fetch_metadata(None, Duration::from_secs(30))
+                .map_err(self.client_err("reading cluster metadata"))?;
+            md.brokers().len().max(1)
+        };
+        let rf = brokers.min(3) as i32;
+        let admin: AdminClient<DefaultClientContext> = self
+            .config()
+            .create()
+            .map_err(self.client_err("creating an admin client"))?;
+        let batch = self.batch_topic();
+        // Records up to 16 MiB (an event's JSON can pass the default 1 MB; a record the topic
+        // refused would stall ingest in retries).
+        let topics = [
+            NewTopic::new(&self.topic, self.partitions, TopicReplication::Fixed(rf))
+                .set("max.message.bytes", MAX_RECORD_BYTES),
+            NewTopic::new(&batch, 1, TopicReplication::Fixed(rf))
+                .set("max.message.bytes", MAX_RECORD_BYTES),
+        ];
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        let results = admin
+            .create_topics(&topics, &opts)
+            .await
+            .map_err(self.client_err("creating topics"))?;
+        for r in results {
+            match r {
+                Ok(t) => tracing::info!(topic = %t, replication = rf, "created Kafka topic"),
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((t, code)) => {
+                    return Err(KafkaError::Client {
+                        brokers: self.brokers.clone(),
+                        what: "creating a topic",
+                        source: rdkafka::error::KafkaError::AdminOp(code),
+                    })
+                    .inspect_err(|_| tracing::error!(topic = %t, "topic creation failed"));
+                }
+            }
+        }
+        // Wait until both topics' leaders are known (creation is asynchronous).
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let md = probe
+                .fetch_metadata(Some(&self.topic), Duration::from_secs(10))
+                .map_err(self.client_err("reading topic metadata"))?;
+            let parts = md
+                .topics()
+                .first()
+                .filter(|t| t.error().is_none())
+                .map(|t| {
+                    (
+                        t.partitions().len() as i32,
+                        t.partitions().iter().all(|p| p.leader() >= 0),
+                    )
+                });
+            let batch_ok = probe
+                .fetch_metadata(Some(&batch), Duration::from_secs(10))
+                .ok()
+                .and_then(|m| {
+                    m.topics()
+                        .first()
+                        .filter(|t| t.error().is_none())
+                        .map(|t| t.partitions().iter().all(|p| p.leader() >= 0))
+                })
+                .unwrap_or(false);
+            if let Some((n, true)) = parts {
+                if n > 0 && batch_ok {
+                    return Ok(n);
+                }
+            }
+            if std::time::Instant::now() > deadline {
+                return Err(KafkaError::Timeout {
+                    brokers: self.brokers.clone(),
+                    what: "waiting for the topics' leaders",
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The events topic's partition count (0 if it does not exist).
+    pub fn partitions_of_topic(&self, c: &Reader) -> Result<i32, KafkaError> {
+        let md = c
+            .fetch_metadata(Some(&self.topic), Duration::from_secs(30))
+            .map_err(self.client_err("reading topic metadata"))?;
+        Ok(md
+            .topics()
+            .first()
+            .filter(|t| t.error().is_none())
+            .map_or(0, |t| t.partitions().len() as i32))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_parse_and_bad_ones_say_why() {
+        let u = KafkaUrl::parse("kafka://127.0.0.1:9092,127.0.0.1:9093/riptide").unwrap();
+        assert_eq!(u.brokers, "127.0.0.1:9092,127.0.0.1:9093");
+        assert_eq!(u.topic, "riptide");
+        assert_eq!(u.partitions, DEFAULT_PARTITIONS);
+        assert_eq!(u.batch_topic(), "riptide.cursor");
+        let u = KafkaUrl::parse("kafka://h:1/t?partitions=3").unwrap();
+        assert_eq!(u.partitions, 3);
+        for bad in [
+            "http://h:1/t",
+            "kafka://h:1",
+            "kafka://h/t",
+            "kafka://h:1/",
+            "kafka://h:1/a b",
+            "kafka://h:1/t?partitions=0",
+            "kafka://h:1/t?x=1",
+        ] {
+            let e = KafkaUrl::parse(bad).unwrap_err().to_string();
+            assert!(e.contains("bad Kafka address"), "{bad}: {e}");
+        }
+    }
+}

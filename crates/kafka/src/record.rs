@@ -1,0 +1,243 @@
+//! The record format on the topics (documented for other consumers in `docs/kafka.md`).
+//!
+//! Why a module: the ingest node writes it, edges and the catch-up read it, and Kafka Streams /
+//! Flink users depend on it; one place defines both directions and is tested as a round trip.
+//!
+//! - Events topic `TOPIC`: one record per stored event, key = the DID, value = the Jetstream v1
+//!   JSON exactly as `/subscribe` sends it (`cursor` = seq, `time_us` stamped by the ingest
+//!   node), timestamp = `time_us / 1000` (CreateTime), headers [`H_SEQ`], [`H_TIME_US`],
+//!   [`H_KIND`], [`H_COLLECTION`] (commits), [`H_REV`] (commits), [`H_VERDICT`].
+//! - Batch topic `TOPIC.cursor` (one partition): one record per ingest batch, in the same
+//!   transaction as the batch's events: key `cursor`, value [`Batch::encode`] (the seq range,
+//!   the upstream cursor, the chain state of the accounts the batch changed).
+
+use bytes::Bytes;
+use riptide_firehose::chain::{decode_state, encode_state, AccountState};
+use riptide_jetstream::EventKind;
+use riptide_serve::{Event, Resume};
+
+/// Header: the event's seq (the v1 `cursor`, the v2 `seq`), decimal ASCII.
+pub const H_SEQ: &str = "riptide-seq";
+/// Header: the event's `time_us`, decimal ASCII.
+pub const H_TIME_US: &str = "riptide-time-us";
+/// Header: `commit`, `identity`, `account` or `sync`.
+pub const H_KIND: &str = "riptide-kind";
+/// Header: the record's collection (commits only).
+pub const H_COLLECTION: &str = "riptide-collection";
+/// Header: the commit's rev (commits only).
+pub const H_REV: &str = "riptide-rev";
+/// Header: `ok` (signature, proof and chain state verified) or `unverified` (`--no-verify`).
+pub const H_VERDICT: &str = "riptide-verdict";
+
+/// The key of every record on the batch topic.
+pub const BATCH_KEY: &[u8] = b"cursor";
+
+/// The batch topic of events topic `topic`.
+pub fn batch_topic(topic: &str) -> String {
+    format!("{topic}.cursor")
+}
+
+/// A record of the events topic that is not one of ours, or damaged.
+#[derive(Debug, thiserror::Error)]
+#[error("record at {topic}/{partition}@{offset}: {what}")]
+pub struct BadRecord {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset.
+    pub offset: i64,
+    /// What is wrong.
+    pub what: &'static str,
+}
+
+/// The kind named by a [`H_KIND`] header.
+pub fn kind_from_str(s: &[u8]) -> Option<EventKind> {
+    Some(match s {
+        b"commit" => EventKind::Commit,
+        b"identity" => EventKind::Identity,
+        b"account" => EventKind::Account,
+        b"sync" => EventKind::Sync,
+        _ => return None,
+    })
+}
+
+/// The commit's rev from its v1 JSON (`"commit":{"rev":"…"` comes first in Jetstream's field
+/// order), if it is a commit.
+pub fn rev_of(json: &[u8]) -> Option<&[u8]> {
+    const PAT: &[u8] = b"\"commit\":{\"rev\":\"";
+    let at = json.windows(PAT.len()).position(|w| w == PAT)? + PAT.len();
+    let len = json[at..].iter().position(|&b| b == b'"')?;
+    Some(&json[at..at + len])
+}
+
+/// Parses a decimal header value.
+pub fn parse_u64(v: &[u8]) -> Option<u64> {
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+/// Parses a signed decimal header value.
+pub fn parse_i64(v: &[u8]) -> Option<i64> {
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+/// One event read back from the events topic: what an edge stores.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicEvent {
+    /// Seq (from [`H_SEQ`]).
+    pub seq: u64,
+    /// `time_us` (from [`H_TIME_US`]).
+    pub time_us: i64,
+    /// Kind (from [`H_KIND`]).
+    pub kind: EventKind,
+    /// The DID (the key).
+    pub did: String,
+    /// The collection (from [`H_COLLECTION`], empty if none).
+    pub collection: String,
+    /// The v1 JSON (the value).
+    pub json: Bytes,
+}
+
+impl TopicEvent {
+    /// The stored form, its zstd frame made with `compress` (an edge's own dictionary) if any.
+    pub fn to_event(&self, zstd: &[u8]) -> Event {
+        Event::encode(
+            self.seq,
+            self.time_us,
+            self.kind,
+            &self.did,
+            &self.collection,
+            &self.json,
+            zstd,
+        )
+    }
+}
+
+/// One ingest batch as recorded on the batch topic: the seqs `[first_seq, resume.next_seq)` of
+/// the events topic, the position after them and the chain states they changed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// The first seq of the batch (= `resume.next_seq` when it has no events).
+    pub first_seq: u64,
+    /// The position after the batch.
+    pub resume: Resume,
+    /// The chain states the batch's frames changed (the last per DID).
+    pub accounts: Vec<(Box<str>, AccountState)>,
+}
+
+const BATCH_MAGIC: &[u8; 6] = b"RPTKB1";
+
+/// A batch record that does not decode.
+#[derive(Debug, thiserror::Error)]
+#[error("batch record: {0}")]
+pub struct BadBatch(pub &'static str);
+
+impl Batch {
+    /// `RPTKB1`, then big-endian: first_seq u64, next_seq u64, last_time_us i64, a byte 0/1 and
+    /// the upstream cursor u64, the number of accounts u32, and per account: DID length u16, the
+    /// DID, state length u8, the state (`riptide_firehose::chain::encode_state`).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(48 + self.accounts.len() * 120);
+        v.extend_from_slice(BATCH_MAGIC);
+        v.extend_from_slice(&self.first_seq.to_be_bytes());
+        v.extend_from_slice(&self.resume.next_seq.to_be_bytes());
+        v.extend_from_slice(&self.resume.last_time_us.to_be_bytes());
+        v.push(u8::from(self.resume.upstream_cursor.is_some()));
+        v.extend_from_slice(&self.resume.upstream_cursor.unwrap_or(0).to_be_bytes());
+        v.extend_from_slice(&(self.accounts.len() as u32).to_be_bytes());
+        let mut s = Vec::with_capacity(96);
+        for (did, st) in &self.accounts {
+            let d = did.as_bytes();
+            let len = d.len().min(u16::MAX as usize);
+            v.extend_from_slice(&(len as u16).to_be_bytes());
+            v.extend_from_slice(&d[..len]);
+            s.clear();
+            encode_state(st, &mut s);
+            v.push(s.len() as u8);
+            v.extend_from_slice(&s);
+        }
+        v
+    }
+
+    /// The inverse of [`Batch::encode`].
+    pub fn decode(b: &[u8]) -> Result<Batch, BadBatch> {
+        let mut r = b.strip_prefix(BATCH_MAGIC).ok_or(BadBatch("bad magic"))?;
+        let mut take = |n: usize| -> Result<&[u8], BadBatch> {
+            if r.len() < n {
+                return Err(BadBatch("truncated"));
+            }
+            let (a, rest) = r.split_at(n);
+            r = rest;
+            Ok(a)
+        };
+        let u64_ = |b: &[u8]| u64::from_be_bytes(b.try_into().unwrap_or([0; 8]));
+        let first_seq = u64_(take(8)?);
+        let next_seq = u64_(take(8)?);
+        let last_time_us = u64_(take(8)?) as i64;
+        let has = take(1)?[0] == 1;
+        let cursor = u64_(take(8)?);
+        let n = u32::from_be_bytes(take(4)?.try_into().unwrap_or([0; 4])) as usize;
+        // Each account takes at least 3 bytes: a count beyond that is damage, not a size.
+        let mut accounts = Vec::with_capacity(n.min(b.len() / 3));
+        for _ in 0..n {
+            let len = u16::from_be_bytes(take(2)?.try_into().unwrap_or([0; 2])) as usize;
+            let did = std::str::from_utf8(take(len)?).map_err(|_| BadBatch("DID not UTF-8"))?;
+            let slen = take(1)?[0] as usize;
+            let st = decode_state(take(slen)?).map_err(|_| BadBatch("bad account state"))?;
+            accounts.push((Box::from(did), st));
+        }
+        if first_seq > next_seq {
+            return Err(BadBatch("first seq after next seq"));
+        }
+        Ok(Batch {
+            first_seq,
+            resume: Resume {
+                next_seq,
+                last_time_us,
+                upstream_cursor: has.then_some(cursor),
+            },
+            accounts,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_round_trips_and_damage_is_an_error() {
+        let b = Batch {
+            first_seq: 10,
+            resume: Resume {
+                next_seq: 14,
+                last_time_us: 1_700_000_000_000_000,
+                upstream_cursor: Some(99),
+            },
+            accounts: vec![("did:plc:a".into(), AccountState::default())],
+        };
+        let e = b.encode();
+        assert_eq!(Batch::decode(&e).unwrap(), b);
+        for cut in [0, 5, 20, e.len() - 1] {
+            assert!(Batch::decode(&e[..cut]).is_err(), "cut at {cut}");
+        }
+        let none = Batch {
+            first_seq: 3,
+            resume: Resume {
+                next_seq: 3,
+                last_time_us: 0,
+                upstream_cursor: None,
+            },
+            accounts: vec![],
+        };
+        assert_eq!(Batch::decode(&none.encode()).unwrap(), none);
+    }
+
+    #[test]
+    fn the_rev_is_found_in_a_commit_and_not_elsewhere() {
+        let c = br#"{"did":"did:plc:a","time_us":1,"kind":"commit","commit":{"rev":"3lxyz","operation":"create"}}"#;
+        assert_eq!(rev_of(c), Some(&b"3lxyz"[..]));
+        let i = br#"{"did":"did:plc:a","time_us":1,"kind":"identity","identity":{"seq":1}}"#;
+        assert_eq!(rev_of(i), None);
+    }
+}

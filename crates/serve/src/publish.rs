@@ -1,0 +1,40 @@
+//! The publish hook: where a batch goes before the local store, when the server is the ingest
+//! node of a scale-out deployment (`riptide serve --publish kafka://…`, crate riptide-kafka).
+//!
+//! Why a trait here: ingest must not know Kafka (dependencies point one way: riptide-kafka
+//! depends on this crate), yet the batch's events, the account states its frames changed and the
+//! upstream cursor must reach the external log together, exactly once. The writer calls
+//! [`Publish::publish`] with the whole batch *before* the store append: once it returns, the
+//! batch is committed in the external log, and the local store follows. A crash between the two
+//! leaves the external log ahead of the store, never behind, so a restart (or a standby taking
+//! over) has one way to recover — catch the store up from the log — and nothing is published
+//! twice or lost.
+
+use riptide_firehose::chain::AccountState;
+
+use crate::event::Event;
+use crate::store::Resume;
+
+/// Where verified batches are published before they are stored.
+pub trait Publish: Send + std::fmt::Debug {
+    /// Publishes one batch atomically: `events` (in seq order), the chain states of the accounts
+    /// its frames changed, and `resume`, the position after it. Retries transient failures
+    /// itself; an error is final (e.g. another ingest node took over) and stops ingest before
+    /// the batch is stored.
+    fn publish(
+        &mut self,
+        events: &[Event],
+        accounts: &[(Box<str>, AccountState)],
+        resume: &Resume,
+    ) -> Result<(), PublishError>;
+}
+
+/// A batch could not be published and never will be by this process.
+#[derive(Debug, thiserror::Error)]
+#[error("publishing to {target}: {reason}")]
+pub struct PublishError {
+    /// Where to (e.g. the Kafka topic).
+    pub target: String,
+    /// Why, for the operator.
+    pub reason: String,
+}
