@@ -70,6 +70,8 @@ fn every_metric_the_dashboard_queries_is_exported() {
         "riptide_subscribers",
         "riptide_store_bytes",
         "riptide_upstream_idle_seconds",
+        "riptide_resync_accounts",
+        "riptide_resync_held_frames",
     ] {
         assert!(queried.contains(m), "the dashboard lacks {m}");
     }
