@@ -32,6 +32,7 @@
 //! [`ResyncConfig::max_repo_bytes`], checked as bytes arrive.
 
 use std::collections::{HashMap, VecDeque};
+use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -348,7 +349,8 @@ impl Resyncer {
                 return Err(too_large());
             }
             match file.as_mut() {
-                Some(f) => write_all(f, &chunk).map_err(io)?,
+                // Blocking writes: they land in the page cache, microseconds per chunk.
+                Some(f) => f.write_all(&chunk).map_err(io)?,
                 None if head.len() + chunk.len() <= self.cfg.spool_above => {
                     head.extend_from_slice(&chunk);
                 }
@@ -359,8 +361,8 @@ impl Resyncer {
                         .clone()
                         .unwrap_or_else(std::env::temp_dir);
                     let mut f = tempfile::tempfile_in(dir).map_err(io)?;
-                    write_all(&mut f, &head).map_err(io)?;
-                    write_all(&mut f, &chunk).map_err(io)?;
+                    f.write_all(&head).map_err(io)?;
+                    f.write_all(&chunk).map_err(io)?;
                     head = Vec::new();
                     file = Some(f);
                 }
@@ -463,13 +465,6 @@ impl std::ops::Deref for Body {
             Body::Mapped(m) => m,
         }
     }
-}
-
-/// Appends to the spool file. Plain blocking writes: they land in the page cache, a few
-/// microseconds per network chunk.
-fn write_all(f: &mut std::fs::File, b: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    f.write_all(b)
 }
 
 /// Maps a finished spool file read-only.

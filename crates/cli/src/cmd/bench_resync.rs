@@ -20,6 +20,7 @@ use anyhow::Context;
 use riptide_resolver::{Resolver, ResolverConfig, ResyncConfig, Resyncer};
 
 use super::bench::{peak_rss_bytes, Stats};
+use super::bench_serve::cpu_secs;
 
 #[derive(clap::Args, Debug)]
 pub struct ResyncArgs {
@@ -45,19 +46,6 @@ fn rss_anon_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("RssAnon:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
-}
-
-/// This process's CPU time so far (user + system, every thread), in seconds.
-fn cpu_secs() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = after
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    f.iter().sum::<u64>() as f64 / 100.0
 }
 
 struct Pass {

@@ -481,7 +481,7 @@ async fn ingest_pass(
 }
 
 /// This process's CPU time so far (user + system, every thread), in seconds.
-fn cpu_secs() -> f64 {
+pub(crate) fn cpu_secs() -> f64 {
     // Fields 14 and 15 of /proc/self/stat, in clock ticks (100 per second on Linux).
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     let after = stat.rsplit_once(')').map_or("", |(_, r)| r);

@@ -310,17 +310,27 @@ impl Running {
 pub async fn start(args: &Args) -> anyhow::Result<Running> {
     let source_rt = SourceRuntime::new()?;
     let mut resolver = None;
+    // Keys (and, for resync, repositories) through PLC / did:web, as --plc-url says.
+    let new_resolver = || {
+        Resolver::new(ResolverConfig {
+            plc_url: args.plc_url.trim_end_matches('/').to_owned(),
+            cache_capacity: args.did_cache,
+            timeout: Duration::from_secs(10),
+            ..ResolverConfig::default()
+        })
+    };
+    // The relays ingest follows (and resync asks `getRepo` first).
+    let hosts = if args.upstream.is_empty() {
+        vec![DEFAULT_UPSTREAM.to_owned()]
+    } else {
+        args.upstream.clone()
+    };
     // An edge (--from) verifies nothing itself: the ingest node did.
     let keys = match (&args.did_docs, args.no_verify || args.from.is_some()) {
         (_, true) => None,
         (Some(p), false) => Some(Keys::from_docs(super::load_did_docs(p)?)),
         (None, false) => {
-            let r = Resolver::new(ResolverConfig {
-                plc_url: args.plc_url.trim_end_matches('/').to_owned(),
-                cache_capacity: args.did_cache,
-                timeout: Duration::from_secs(10),
-                ..ResolverConfig::default()
-            })?;
+            let r = new_resolver()?;
             resolver = Some(r.clone());
             let keys = ResolverKeys::new(r).resolving_on(source_rt.handle());
             Some(Keys(Arc::new(keys)))
@@ -419,19 +429,12 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
             // fetched as any consumer would, through PLC / did:web).
             let r = match &resolver {
                 Some(r) => r.clone(),
-                None => Resolver::new(ResolverConfig {
-                    plc_url: args.plc_url.trim_end_matches('/').to_owned(),
-                    cache_capacity: args.did_cache,
-                    timeout: Duration::from_secs(10),
-                    ..ResolverConfig::default()
-                })?,
+                None => new_resolver()?,
             };
             let relays = if args.ingest_file.is_some() {
                 Vec::new()
-            } else if args.upstream.is_empty() {
-                vec![DEFAULT_UPSTREAM.to_owned()]
             } else {
-                args.upstream.clone()
+                hosts.clone()
             };
             Some(ResyncService::start(
                 Resyncer::new(r, ResyncConfig::default()),
@@ -466,11 +469,6 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                 tx,
             )),
             None => {
-                let hosts = if args.upstream.is_empty() {
-                    vec![DEFAULT_UPSTREAM.to_owned()]
-                } else {
-                    args.upstream.clone()
-                };
                 let start_cursor = resume.upstream_cursor.or(args.upstream_cursor);
                 // Said now, not when the source's thread first runs it: `/metrics` answers
                 // as soon as the listener is up.
