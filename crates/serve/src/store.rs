@@ -173,6 +173,14 @@ pub enum StoreError {
     },
 }
 
+/// Wraps a fjall error with the store's directory.
+fn fjall_at(dir: &Path) -> impl Fn(fjall::Error) -> StoreError + Copy + '_ {
+    move |source| StoreError::Fjall {
+        path: dir.display().to_string(),
+        source,
+    }
+}
+
 impl StoreError {
     /// Whether no write can succeed on this store handle again (fjall poisons its keyspace after
     /// a failed journal write): only reopening the store recovers.
@@ -256,6 +264,15 @@ impl Block {
 struct Pending {
     events: Vec<Event>,
     bytes: usize,
+}
+
+/// The partitions of this layout (module docs).
+struct Partitions {
+    blocks: PartitionHandle,
+    recent: PartitionHandle,
+    times: PartitionHandle,
+    accounts: PartitionHandle,
+    resync: PartitionHandle,
 }
 
 /// The event store. Cheap to share (`Arc`); all methods take `&self`.
@@ -495,10 +512,7 @@ fn open_block(key: u64, v: &[u8], mut buf: Vec<u8>) -> Result<Block, StoreError>
 /// written into a fresh keyspace at `dir` and flushed: bytes of segment files. For
 /// `riptide bench serve`'s before/after figure in one run.
 pub fn layout2_bytes(dir: &Path, events: &[Event]) -> Result<u64, StoreError> {
-    let fj = |source| StoreError::Fjall {
-        path: dir.display().to_string(),
-        source,
-    };
+    let fj = fjall_at(dir);
     let ks = Store::keyspace(dir)?;
     let old = ks
         .open_partition("events", log_partition().max_memtable_size(BLOCKS_MEMTABLE))
@@ -558,17 +572,21 @@ impl Store {
             .max_write_buffer_size(3 * u64::from(BLOCKS_MEMTABLE))
             .max_open_files(STORE_MAX_OPEN_FILES)
             .open()
-            .map_err(|source| StoreError::Fjall {
-                path: dir.display().to_string(),
-                source,
-            })
+            .map_err(fjall_at(dir))
     }
 
-    /// The layout of the directory `ks` holds: `None` for a new one.
-    fn layout(ks: &Keyspace, meta: &PartitionHandle) -> Result<Option<u64>, fjall::Error> {
+    /// Opens the keyspace under `dir` and its `meta` partition, and reads which layout the
+    /// directory holds (`None` for a new one).
+    #[allow(clippy::type_complexity)]
+    fn open_dir(dir: &Path) -> Result<(Keyspace, PartitionHandle, Option<u64>), StoreError> {
+        let fj = fjall_at(dir);
+        let ks = Store::keyspace(dir)?;
+        let meta = ks
+            .open_partition("meta", PartitionCreateOptions::default())
+            .map_err(fj)?;
         let existed = ks.partition_exists("events") || ks.partition_exists("blocks");
-        let layout = meta.get(LAYOUT)?.map_or(1, |v| be64(&v));
-        Ok(existed.then_some(layout))
+        let layout = meta.get(LAYOUT).map_err(fj)?.map_or(1, |v| be64(&v));
+        Ok((ks, meta, existed.then_some(layout)))
     }
 
     fn open_inner(
@@ -577,17 +595,11 @@ impl Store {
         options: StoreOptions,
     ) -> Result<(Store, Resume), StoreError> {
         let path = dir.display().to_string();
-        let fj = |source| StoreError::Fjall {
-            path: path.clone(),
-            source,
-        };
-        let ks = Store::keyspace(dir)?;
-        let meta = ks
-            .open_partition("meta", PartitionCreateOptions::default())
-            .map_err(fj)?;
+        let fj = fjall_at(dir);
+        let (ks, meta, layout) = Store::open_dir(dir)?;
         // A partition keeps the options it was created with: an old directory would stay as it
         // was.
-        match Store::layout(&ks, &meta).map_err(fj)? {
+        match layout {
             Some(LAYOUT_VERSION) => {}
             Some(found) => return Err(StoreError::OldLayout { path, found }),
             None => {
@@ -604,10 +616,13 @@ impl Store {
                 .map_err(fj)?;
             ks.delete_partition(old).map_err(fj)?;
         }
-        let (blocks, recent, times, accounts) = Store::partitions(&ks).map_err(fj)?;
-        let resync = ks
-            .open_partition("resync", PartitionCreateOptions::default())
-            .map_err(fj)?;
+        let Partitions {
+            blocks,
+            recent,
+            times,
+            accounts,
+            resync,
+        } = Store::partitions(&ks).map_err(fj)?;
         let floor = meta.get(FLOOR).map_err(fj)?.map_or(0, |v| be64(&v));
         let store = Store {
             path,
@@ -680,32 +695,24 @@ impl Store {
         Ok((store, resume))
     }
 
-    /// Opens (creating as needed) the partitions of this layout.
-    #[allow(clippy::type_complexity)]
-    fn partitions(
-        ks: &Keyspace,
-    ) -> Result<
-        (
-            PartitionHandle,
-            PartitionHandle,
-            PartitionHandle,
-            PartitionHandle,
-        ),
-        fjall::Error,
-    > {
-        let blocks = ks.open_partition(
-            "blocks",
-            log_partition()
-                .max_memtable_size(BLOCKS_MEMTABLE)
-                .compression(CompressionType::None),
-        )?;
-        let recent = ks.open_partition(
-            "recent",
-            PartitionCreateOptions::default().max_memtable_size(RECENT_MEMTABLE),
-        )?;
-        let times = ks.open_partition("times", log_partition())?;
-        let accounts = ks.open_partition("accounts", PartitionCreateOptions::default())?;
-        Ok((blocks, recent, times, accounts))
+    /// Opens (creating as needed) the partitions of this layout, all of them: `open` and
+    /// `migrate` see the same set.
+    fn partitions(ks: &Keyspace) -> Result<Partitions, fjall::Error> {
+        Ok(Partitions {
+            blocks: ks.open_partition(
+                "blocks",
+                log_partition()
+                    .max_memtable_size(BLOCKS_MEMTABLE)
+                    .compression(CompressionType::None),
+            )?,
+            recent: ks.open_partition(
+                "recent",
+                PartitionCreateOptions::default().max_memtable_size(RECENT_MEMTABLE),
+            )?,
+            times: ks.open_partition("times", log_partition())?,
+            accounts: ks.open_partition("accounts", PartitionCreateOptions::default())?,
+            resync: ks.open_partition("resync", PartitionCreateOptions::default())?,
+        })
     }
 
     /// Rewrites a layout-2 data directory (one `events` value per event, both forms) into this
@@ -715,15 +722,9 @@ impl Store {
     /// block is durable, and the old partition is dropped after that.
     pub fn migrate(dir: &Path) -> Result<Migrated, StoreError> {
         let path = dir.display().to_string();
-        let fj = |source| StoreError::Fjall {
-            path: path.clone(),
-            source,
-        };
-        let ks = Store::keyspace(dir)?;
-        let meta = ks
-            .open_partition("meta", PartitionCreateOptions::default())
-            .map_err(fj)?;
-        let from = match Store::layout(&ks, &meta).map_err(fj)? {
+        let fj = fjall_at(dir);
+        let (ks, meta, layout) = Store::open_dir(dir)?;
+        let from = match layout {
             None | Some(LAYOUT_VERSION) => {
                 return Ok(Migrated {
                     from: LAYOUT_VERSION,
@@ -743,7 +744,7 @@ impl Store {
             }
         }
         let events = ks.open_partition("events", log_partition()).map_err(fj)?;
-        let (blocks, _, _, _) = Store::partitions(&ks).map_err(fj)?;
+        let blocks = Store::partitions(&ks).map_err(fj)?.blocks;
         let opts = StoreOptions::default();
         let mut done = Migrated {
             from,
