@@ -197,8 +197,39 @@ struct Job {
     seq: u64,
     bytes: Bytes,
     received_us: i64,
+    /// Where the frame's DID is in `bytes`, and whether it is a `#sync`, as the dispatcher's
+    /// peek read them: a worker holding frames for a resyncing account needs both, and need not
+    /// read the frame again.
+    route: Route,
     /// A verified repository for a resyncing account (`crate::resync`), instead of a frame.
     landing: Option<Box<Landing>>,
+}
+
+/// What the dispatcher's peek found: the DID's byte range in the frame (`None`: unreadable)
+/// and whether the frame is a `#sync`.
+#[derive(Clone, Default)]
+struct Route {
+    did: Option<Range<usize>>,
+    sync: bool,
+}
+
+impl Route {
+    fn of(p: &riptide_firehose::verify::Peek<'_>, bytes: &[u8]) -> Route {
+        let base = bytes.as_ptr() as usize;
+        Route {
+            // `peek` returns the DID as a slice of `bytes`: its offset is its range.
+            did: p.did.and_then(|d| {
+                let start = (d.as_ptr() as usize).checked_sub(base)?;
+                Some(start..start + d.len())
+            }),
+            sync: p.kind == "sync",
+        }
+    }
+
+    fn did<'b>(&self, bytes: &'b [u8]) -> Option<&'b str> {
+        let r = self.did.clone()?;
+        std::str::from_utf8(bytes.get(r)?).ok()
+    }
 }
 
 struct Part {
@@ -489,14 +520,14 @@ impl<'a> Dispatch<'a> {
                 continue;
             }
             self.cursor = Some(seq);
-            let w = match peek(&mut self.arena, &bytes).did {
-                Some(did) => owner(did, self.jobs.len()),
-                None => 0,
-            };
+            let p = peek(&mut self.arena, &bytes);
+            let w = p.did.map_or(0, |did| owner(did, self.jobs.len()));
+            let route = Route::of(&p, &bytes);
             self.pending[w].push(Job {
                 seq,
                 bytes,
                 received_us,
+                route,
                 landing: None,
             });
             self.ids.push(w as u8);
@@ -546,6 +577,7 @@ impl<'a> Dispatch<'a> {
             seq: self.cursor.unwrap_or(0),
             bytes: Bytes::new(),
             received_us: crate::now_us(),
+            route: Route::default(),
             landing: Some(Box::new(l)),
         });
         self.ids.push(w as u8);
@@ -633,7 +665,7 @@ impl Worker {
                 let moves_cursor = job.landing.is_none();
                 let r = match job.landing {
                     Some(l) => self.land(&l.resynced, job.seq, &mut out),
-                    None => self.frame(job.seq, &job.bytes, &mut out),
+                    None => self.frame(job.seq, &job.bytes, Some(&job.route), &mut out),
                 };
                 if let Err(e) = r {
                     // This frame was checked against no state: it and what follows are not
@@ -665,11 +697,24 @@ impl Worker {
     }
 
     /// An upstream frame (or a held one being released): held if its account awaits resync,
-    /// otherwise verified, checked against its chain, and projected.
-    fn frame(&mut self, seq: u64, bytes: &Bytes, out: &mut DoneChunk) -> Result<(), IngestError> {
+    /// otherwise verified, checked against its chain, and projected. `route` is the
+    /// dispatcher's reading of the frame (a released frame has none and is read again).
+    fn frame(
+        &mut self,
+        seq: u64,
+        bytes: &Bytes,
+        route: Option<&Route>,
+        out: &mut DoneChunk,
+    ) -> Result<(), IngestError> {
         if let Some(holds) = self.holds.as_mut().filter(|h| h.any()) {
-            let p = peek(&mut self.arena, bytes);
-            if let Some(did) = p.did.filter(|d| p.kind != "sync" && holds.is_resyncing(d)) {
+            let (did, sync) = match route {
+                Some(r) => (r.did(bytes), r.sync),
+                None => {
+                    let p = peek(&mut self.arena, bytes);
+                    (p.did, p.kind == "sync")
+                }
+            };
+            if let Some(did) = did.filter(|d| !sync && holds.is_resyncing(d)) {
                 let held = Held {
                     seq,
                     frame: bytes.clone(),
@@ -863,7 +908,7 @@ impl Worker {
                 seq: h.seq,
             });
             // Held again if an earlier one broke the chain anew (then Hold follows Release).
-            self.frame(h.seq, &h.frame, out)?;
+            self.frame(h.seq, &h.frame, None, out)?;
         }
         Ok(())
     }
@@ -1176,4 +1221,35 @@ fn space_is_back(dir: &std::path::Path) -> bool {
         .is_ok();
     let _ = std::fs::remove_file(&p);
     ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use riptide_firehose::corpus::split_frames;
+
+    /// A worker reads a frame's DID and kind from its `Route` instead of peeking again: on every
+    /// frame of the real capture, and on a frame that does not decode, the two agree.
+    #[test]
+    fn route_reads_what_peek_reads() {
+        let Some(data) = riptide_testdata::read("jetstream-2026-07/firehose-frames.bin") else {
+            return;
+        };
+        let frames = split_frames(&data).expect("the capture splits");
+        assert_eq!(frames.len(), 150);
+        let mut arena = Arena::new();
+        let mut with_did = 0;
+        for f in frames.iter().map(|f| f.bytes) {
+            let p = peek(&mut arena, f);
+            let route = Route::of(&p, f);
+            assert_eq!(route.did(f), p.did);
+            assert_eq!(route.sync, p.kind == "sync");
+            with_did += usize::from(p.did.is_some());
+        }
+        assert!(with_did >= 148, "only {with_did} frames had a DID");
+        let garbage = [0xffu8; 8];
+        let p = peek(&mut arena, &garbage);
+        let route = Route::of(&p, &garbage);
+        assert_eq!((route.did(&garbage), route.sync), (None, false));
+    }
 }
