@@ -423,46 +423,48 @@ fn dispatch(
     jobs: &[SyncSender<Vec<Job>>],
     order: &SyncSender<Vec<u8>>,
 ) {
-    let Some((mut landings, stopped)) = landings else {
-        let mut d = Dispatch::new(cursor, metrics, jobs, order);
-        let mut frames: Vec<UpstreamFrame> = Vec::with_capacity(CHUNK);
-        // Whatever is ready, up to a chunk, in one go: the channel's permits go back to the
-        // source together (one wake-up of a waiting sender per chunk, not per frame).
-        while rx.blocking_recv_many(&mut frames, CHUNK) > 0 {
-            // What is still waiting: ingest's backlog (`riptide_ingest_queue_frames`;
-            // subscribers step aside while it is high, see `server.rs`).
-            metrics.ingest_queue.store(rx.len() as i64, Relaxed);
-            if !d.frames(&mut frames) {
-                return;
-            }
-        }
-        return;
-    };
-    // Two sources: a small runtime of this thread's own waits on whichever is ready.
+    // Two sources (frames, and landed resyncs when resync is on): a small runtime of this
+    // thread's own waits on whichever is ready. (Without resync this costs what a blocking
+    // receive does: tokio's `blocking_recv_many` is the same future run the same way.)
     let Ok(rt) = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
     else {
-        tracing::error!("ingest dispatcher: no runtime for resync landings");
+        tracing::error!("ingest dispatcher: no runtime");
         return;
+    };
+    let (mut landings, stopped) = match landings {
+        Some((l, s)) => (Some(l), s),
+        None => (None, Arc::default()),
     };
     rt.block_on(async {
         let mut d = Dispatch::new(cursor, metrics, jobs, order);
         let mut frames: Vec<UpstreamFrame> = Vec::with_capacity(CHUNK);
-        let mut open = true;
+        let mut open = landings.is_some();
         loop {
             tokio::select! {
+                // Whatever is ready, up to a chunk, in one go: the channel's permits go back to
+                // the source together (one wake-up of a waiting sender per chunk, not per frame).
                 n = rx.recv_many(&mut frames, CHUNK) => {
                     if n == 0 {
-                        d.finish_resyncs(&mut landings, &stopped).await;
+                        if let Some(l) = landings.as_mut() {
+                            d.finish_resyncs(l, &stopped).await;
+                        }
                         return;
                     }
+                    // What is still waiting: ingest's backlog (`riptide_ingest_queue_frames`;
+                    // subscribers step aside while it is high, see `server.rs`).
                     metrics.ingest_queue.store(rx.len() as i64, Relaxed);
                     if !d.frames(&mut frames) {
                         return;
                     }
                 }
-                l = landings.recv(), if open => match l {
+                l = async {
+                    match landings.as_mut() {
+                        Some(l) => l.recv().await,
+                        None => std::future::pending().await,
+                    }
+                }, if open => match l {
                     Some(l) => {
                         if !d.landing(l) {
                             return;
