@@ -15,6 +15,7 @@ use std::cell::RefCell;
 
 use bytes::Bytes;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyList};
 use riptide_cbor::{Arena, CidBuf, Options};
 use riptide_firehose::corpus::split_frames;
@@ -38,18 +39,19 @@ pub struct OpData {
 }
 
 /// The bytes of a frame: the socket's buffer (a client's frames) or the caller's `bytes` object
-/// (`decode_frame`: kept, not copied).
+/// (`decode_frame`, `decode_frames`: kept, not copied; readable without the GIL, so a decoding
+/// thread reads it in place).
 #[derive(Debug)]
 pub enum Buf {
     Rust(Bytes),
-    Py(Py<PyBytes>),
+    Py(PyBackedBytes),
 }
 
 impl Buf {
-    fn slice<'a>(&'a self, py: Python<'a>) -> &'a [u8] {
+    fn slice(&self) -> &[u8] {
         match self {
             Buf::Rust(b) => b,
-            Buf::Py(b) => b.as_bytes(py),
+            Buf::Py(b) => b,
         }
     }
 
@@ -58,6 +60,11 @@ impl Buf {
             Buf::Rust(b) => Buf::Rust(b.clone()),
             Buf::Py(b) => Buf::Py(b.clone_ref(py)),
         }
+    }
+
+    /// A stand-in until the real buffer is attached ([`FrameData::of`]); allocates nothing.
+    pub fn none() -> Buf {
+        Buf::Rust(Bytes::new())
     }
 }
 
@@ -89,9 +96,18 @@ pub struct FrameData {
 impl FrameData {
     /// The owned summary of a decoded frame, holding `buf`, the frame's bytes.
     pub fn new(buf: Buf, frame: &RsFrame<'_>) -> FrameData {
+        let mut d = FrameData::of(frame);
+        d.bytes = buf;
+        d
+    }
+
+    /// The owned summary of a decoded frame, its buffer still to be attached (`bytes`, a
+    /// stand-in until then): for frames decoded in a batch, whose buffers are borrowed until the
+    /// batch ends.
+    pub fn of(frame: &RsFrame<'_>) -> FrameData {
         let base = frame.bytes().as_ptr() as usize;
         let owned = |s: &str| Some(s.to_owned());
-        let mut d = FrameData::empty(buf, frame.body().kind());
+        let mut d = FrameData::empty(Buf::none(), frame.body().kind());
         d.seq = frame.body().seq();
         d.did = frame.body().did().map(str::to_owned);
         d.blocks = frame.block_count();
@@ -145,15 +161,28 @@ impl FrameData {
         d
     }
 
-    /// A frame that does not decode: its kind, seq and DID as far as they can be read.
+    /// A frame that does not decode: kind `invalid`, its seq and DID as far as they can be read.
     pub fn invalid(bytes: Bytes, arena: &mut Arena, e: &FrameError) -> FrameData {
-        let p = peek(arena, &bytes);
-        let (kind, seq, did) = (p.kind, p.seq, p.did.map(str::to_owned));
-        let mut d = FrameData::empty(Buf::Rust(bytes), kind);
+        let mut d = FrameData::invalid_of(&bytes, arena, e);
+        d.bytes = Buf::Rust(bytes);
+        d
+    }
+
+    /// [`FrameData::invalid`], its buffer still to be attached (as [`FrameData::of`]).
+    pub fn invalid_of(bytes: &[u8], arena: &mut Arena, e: &FrameError) -> FrameData {
+        // Kind `invalid` (as documented), with the seq and DID as far as they can be read.
+        let p = peek(arena, bytes);
+        let (seq, did) = (p.seq, p.did.map(str::to_owned));
+        let mut d = FrameData::empty(Buf::none(), "invalid");
         d.seq = seq;
         d.did = did;
         d.error = Some((e.class(), e.to_string(), e.offset()));
         d
+    }
+
+    /// Why the frame does not decode: (class, message, offset).
+    pub fn error(&self) -> Option<&(&'static str, String, usize)> {
+        self.error.as_ref()
     }
 
     fn empty(bytes: Buf, kind: &'static str) -> FrameData {
@@ -185,12 +214,19 @@ impl FrameData {
 #[derive(Debug)]
 pub struct Frame {
     data: FrameData,
+    /// `.ops`, once built (the ops then move out of `data`).
     ops: Option<Py<PyList>>,
+    n_ops: usize,
 }
 
 impl Frame {
     pub fn new(data: FrameData) -> Frame {
-        Frame { data, ops: None }
+        let n_ops = data.ops.len();
+        Frame {
+            data,
+            ops: None,
+            n_ops,
+        }
     }
 }
 
@@ -281,7 +317,7 @@ impl Frame {
     #[getter]
     fn bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         match &self.data.bytes {
-            Buf::Py(b) => b.clone_ref(py).into_bound(py),
+            Buf::Py(b) => b.into_pyobject(py).unwrap_or_else(|e| match e {}),
             Buf::Rust(b) => PyBytes::new(py, b),
         }
     }
@@ -292,10 +328,10 @@ impl Frame {
             return Ok(ops.clone_ref(py));
         }
         let list = PyList::empty(py);
-        for op in &self.data.ops {
+        for op in std::mem::take(&mut self.data.ops) {
             list.append(RepoOp {
                 bytes: self.data.bytes.clone_ref(py),
-                op: op.clone(),
+                op,
                 record: None,
             })?;
         }
@@ -312,7 +348,7 @@ impl Frame {
                 .did
                 .as_deref()
                 .map_or("None".into(), |d| format!("{d:?}")),
-            self.data.ops.len()
+            self.n_ops
         )
     }
 }
@@ -372,7 +408,7 @@ impl RepoOp {
         let Some((start, len)) = self.op.record else {
             return Ok(py.None());
         };
-        let obj = record_to_py(py, self.bytes.slice(py), start..start + len)?.unbind();
+        let obj = record_to_py(py, self.bytes.slice(), start..start + len)?.unbind();
         self.record = Some(obj.clone_ref(py));
         Ok(obj)
     }
@@ -418,18 +454,20 @@ fn record_to_py<'py>(
     })
 }
 
-/// Decodes `bytes` on this thread's decoder: the owned summary (holding `buf`, which must hold
-/// these bytes), or the frame error.
-fn decode_owned(buf: Buf, bytes: &[u8], verify_cids: bool) -> Result<FrameData, FrameError> {
+/// Decodes the frame in `buf` on this thread's decoder: the owned summary (holding `buf`), or the
+/// frame error.
+fn decode_owned(buf: Buf, verify_cids: bool) -> Result<FrameData, FrameError> {
     let run = |dec: &RefCell<FrameDecoder>| {
         let mut dec = dec.borrow_mut();
-        dec.decode(bytes).map(|f| FrameData::new(buf, &f))
+        dec.decode(buf.slice()).map(|f| FrameData::of(&f))
     };
-    if verify_cids {
+    let mut d = if verify_cids {
         DECODER.with(run)
     } else {
         DECODER_UNVERIFIED.with(run)
-    }
+    }?;
+    d.bytes = buf;
+    Ok(d)
 }
 
 /// decode_frame(data, verify_cids=True) -> Frame
@@ -441,9 +479,8 @@ fn decode_owned(buf: Buf, bytes: &[u8], verify_cids: bool) -> Result<FrameData, 
 #[pyo3(signature = (data, verify_cids = true))]
 fn decode_frame(py: Python<'_>, data: &Bound<'_, PyBytes>, verify_cids: bool) -> PyResult<Frame> {
     // The frame keeps the caller's (immutable) bytes object alive instead of copying it.
-    let buf = Buf::Py(data.clone().unbind());
-    let bytes = data.as_bytes();
-    let result = py.detach(move || decode_owned(buf, bytes, verify_cids));
+    let buf = PyBackedBytes::from(data.clone());
+    let result = py.detach(move || decode_owned(Buf::Py(buf), verify_cids));
     match result {
         Ok(d) => Ok(Frame::new(d)),
         Err(e) => Err(errors::frame_error(py, &e)),
