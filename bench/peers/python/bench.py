@@ -18,13 +18,15 @@ of each way, then pass 2 of each, ...) so that load from other work hits them al
 Every way must turn the same number of records into dicts (checked before timing).
 
 python-firehose (issue 21): a local relay (`riptide relay`) replays N frames; each pass a new client
-from cursor 0 receives all N and touches every op (action, path, record). `riptide`: riptide.Firehose,
-every frame verified (signature, Sync 1.1 proof) on its Rust threads with DID_DOCS. `atproto`:
+from cursor 0 receives all N and touches every op (action, path, record); the ways run in one
+process, passes interleaved. `riptide`: riptide.Firehose, every frame verified (signature, Sync 1.1
+proof) with DID_DOCS on its Rust threads (default: one verifying thread per CPU); `riptide-1`: the
+same on one verifying thread (like for like with `riptide tail --verify`). `atproto`:
 FirehoseSubscribeReposClient, parse_subscribe_repos_message and CAR.from_bytes per commit (nothing
 verified).
 
 usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE | python-decode WAY[,WAY...] FILE LABEL
-       | python-firehose {atproto,riptide} URL N DID_DOCS LABEL
+       | python-firehose WAY[,WAY...] URL N DID_DOCS LABEL
 """
 
 import json
@@ -235,13 +237,13 @@ def python_decode(opts, ways, file, label):
                           "blocks_per_frame": work[w][1] / len(fs), "errors": work[w][2]}))
 
 
-def firehose_riptide(url, n, did_docs):
+def firehose_riptide(url, n, did_docs, threads=None):
     """Seconds to receive, verify and walk n frames from the relay (from its start)."""
     import riptide
 
     t = time.perf_counter()
     seen = ops = 0
-    with riptide.Firehose(url, cursor=0, verify=True, did_docs=did_docs) as fh:
+    with riptide.Firehose(url, cursor=0, verify=True, did_docs=did_docs, threads=threads) as fh:
         for frame in fh:
             if not frame.verdict.ok:
                 raise RuntimeError(f"frame {frame.seq}: {frame.verdict}")
@@ -278,17 +280,33 @@ def firehose_atproto(url, n, _did_docs):
     return time.perf_counter() - t, state["ops"]
 
 
-def python_firehose(opts, sdk, url, n, did_docs_path, label):
+FIREHOSE_WAYS = {
+    # way: (sdk column of the table, run)
+    "riptide": ("riptide-python", firehose_riptide),
+    "riptide-1": ("riptide-python, 1 thread", lambda url, n, docs: firehose_riptide(url, n, docs, threads=1)),
+    "atproto": ("python-atproto", firehose_atproto),
+}
+
+
+def python_firehose(opts, ways, url, n, did_docs_path, label):
+    """The ways in one process, their passes interleaved; every way must walk the same ops."""
     did_docs = json.load(open(did_docs_path))
-    run = {"atproto": firehose_atproto, "riptide": firehose_riptide}[sdk]
-    _, ops = run(url, n, did_docs)
+    ops = {w: FIREHOSE_WAYS[w][1](url, n, did_docs)[1] for w in ways}
+    print(f"ops per pass: {ops}", file=sys.stderr)
+    if len(set(ops.values())) != 1:
+        sys.exit(f"python-firehose: the ways walk different numbers of ops: {ops}")
     for _ in range(opts["warmup"]):
-        run(url, n, did_docs)
-    rates = [n / run(url, n, did_docs)[0] for _ in range(opts["passes"])]
-    print(json.dumps({"benchmark": "python-firehose", "sdk": "riptide-python" if sdk == "riptide" else "python-atproto",
-                      "variant": label, "unit": "frames/s", "median": statistics.median(rates), "min": min(rates),
-                      "max": max(rates), "blocks_per_frame": None, "errors": 0}))
-    print(f"{sdk}: {ops} ops per pass", file=sys.stderr)
+        for w in ways:
+            FIREHOSE_WAYS[w][1](url, n, did_docs)
+    rates = {w: [] for w in ways}
+    for _ in range(opts["passes"]):
+        for w in ways:
+            rates[w].append(n / FIREHOSE_WAYS[w][1](url, n, did_docs)[0])
+    for w in ways:
+        r = rates[w]
+        print(json.dumps({"benchmark": "python-firehose", "sdk": FIREHOSE_WAYS[w][0], "variant": label,
+                          "unit": "frames/s", "median": statistics.median(r), "min": min(r), "max": max(r),
+                          "blocks_per_frame": None, "errors": 0}))
 
 
 def main():
@@ -305,11 +323,12 @@ def main():
     elif (args[:1] == ["python-decode"] and len(args) == 4
           and all(w in PYTHON_DECODE_WAYS for w in args[1].split(","))):
         python_decode(opts, args[1].split(","), args[2], args[3])
-    elif args[:1] == ["python-firehose"] and len(args) == 6 and args[1] in ("atproto", "riptide"):
-        python_firehose(opts, args[1], args[2], int(args[3]), args[4], args[5])
+    elif (args[:1] == ["python-firehose"] and len(args) == 6
+          and all(w in FIREHOSE_WAYS for w in args[1].split(","))):
+        python_firehose(opts, args[1].split(","), args[2], int(args[3]), args[4], args[5])
     else:
         sys.exit("usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE | "
-                 "python-decode WAY[,WAY...] FILE LABEL (ways: " + ",".join(PYTHON_DECODE_WAYS) + ") | python-firehose {atproto,riptide} URL N DID_DOCS LABEL")
+                 "python-decode WAY[,WAY...] FILE LABEL (ways: " + ",".join(PYTHON_DECODE_WAYS) + ") | python-firehose WAY[,WAY...] URL N DID_DOCS LABEL (ways: " + ",".join(FIREHOSE_WAYS) + ")")
 
 
 main()
