@@ -326,6 +326,7 @@ fn process_frames(
             .collect();
     }
     let total = events.len();
+
     let mut parts: Vec<Vec<(usize, Bytes)>> = (0..n).map(|_| Vec::new()).collect();
     for (i, ev) in events.into_iter().enumerate() {
         let k = shard_of(peek_arena, &ev.bytes);
