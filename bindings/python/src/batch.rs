@@ -45,7 +45,7 @@ const CHUNK: usize = 64;
 /// Chunks in flight per worker.
 const DEPTH: usize = 4;
 
-/// The frames of a chunk (read without the GIL) and what they decode to.
+/// The frames of a chunk, readable without the GIL.
 type Chunk = Vec<PyBackedBytes>;
 
 /// Decodes a chunk with `dec` (batched hashing): one `FrameData` per frame, in order, each

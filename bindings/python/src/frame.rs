@@ -233,7 +233,8 @@ impl Frame {
 #[pymethods]
 impl Frame {
     /// `commit`, `sync`, `identity`, `account`, `info`, `error`, `unknown`; `invalid` for a
-    /// frame a client received that does not decode (see `error`).
+    /// frame that does not decode, from a client or `decode_frames(on_error="yield")` (see
+    /// `error`).
     #[getter]
     fn kind(&self) -> &'static str {
         self.data.kind

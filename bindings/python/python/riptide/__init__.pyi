@@ -78,8 +78,8 @@ class Frame:
 
     @property
     def kind(self) -> str:
-        """`commit`, `sync`, `identity`, `account`, `info`, `error`, `unknown`; `invalid` (clients
-        only) for a frame that does not decode."""
+        """`commit`, `sync`, `identity`, `account`, `info`, `error`, `unknown`; `invalid` (clients,
+        and decode_frames with on_error="yield") for a frame that does not decode."""
     @property
     def seq(self) -> Optional[int]: ...
     @property
