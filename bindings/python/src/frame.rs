@@ -30,12 +30,48 @@ use crate::verify::Verdict;
 #[derive(Clone, Debug)]
 pub struct OpData {
     action: &'static str,
-    path: String,
+    path: Text,
     // CIDs are kept binary (inline, no heap) and rendered as text only when Python asks.
     cid: Option<CidBuf>,
     prev: Option<CidBuf>,
     /// The record block's byte range in the frame (create, update), if it is in the CAR.
     record: Option<(usize, usize)>,
+}
+
+/// A text field of a frame, kept as where it is in the frame's bytes: the decoder borrows every
+/// string from them, so a frame's DID, revision, time and op paths cost no allocation on the
+/// decoding thread and no free on Python's. A string found elsewhere (none is, today) is owned.
+#[derive(Clone, Debug)]
+pub enum Text {
+    At(u32, u32),
+    Owned(Box<str>),
+}
+
+impl Text {
+    /// `s`, which the decoder of `bytes` returned.
+    fn of(bytes: &[u8], s: &str) -> Text {
+        let start = (s.as_ptr() as usize).wrapping_sub(bytes.as_ptr() as usize);
+        match (u32::try_from(start), u32::try_from(s.len())) {
+            (Ok(at), Ok(len)) if start <= bytes.len() && s.len() <= bytes.len() - start => {
+                Text::At(at, len)
+            }
+            _ => Text::Owned(s.into()),
+        }
+    }
+
+    /// The text, from the frame's bytes (checked UTF-8: it was text when decoded).
+    fn get<'a>(&'a self, bytes: &'a [u8]) -> &'a str {
+        match self {
+            Text::At(at, len) => {
+                let (at, len) = (*at as usize, *len as usize);
+                bytes
+                    .get(at..at + len)
+                    .and_then(|b| std::str::from_utf8(b).ok())
+                    .unwrap_or_default()
+            }
+            Text::Owned(s) => s,
+        }
+    }
 }
 
 /// The bytes of a frame: the socket's buffer (a client's frames) or the caller's `bytes` object
@@ -74,18 +110,19 @@ pub struct FrameData {
     pub bytes: Buf,
     pub kind: &'static str,
     pub seq: Option<i64>,
-    pub did: Option<String>,
-    rev: Option<String>,
-    since: Option<String>,
-    time: Option<String>,
+    // Text fields are where they are in `bytes` (no allocation per field): see [`Text`].
+    did: Option<Text>,
+    rev: Option<Text>,
+    since: Option<Text>,
+    time: Option<Text>,
     commit: Option<CidBuf>,
     prev_data: Option<CidBuf>,
     blocks: usize,
-    handle: Option<String>,
+    handle: Option<Text>,
     active: Option<bool>,
-    status: Option<String>,
-    name: Option<String>,
-    message: Option<String>,
+    status: Option<Text>,
+    name: Option<Text>,
+    message: Option<Text>,
     ops: Vec<OpData>,
     /// The frame error, for a frame a client received that does not decode.
     error: Option<(&'static str, String, usize)>,
@@ -105,24 +142,26 @@ impl FrameData {
     /// stand-in until then): for frames decoded in a batch, whose buffers are borrowed until the
     /// batch ends.
     pub fn of(frame: &RsFrame<'_>) -> FrameData {
-        let base = frame.bytes().as_ptr() as usize;
-        let owned = |s: &str| Some(s.to_owned());
+        let bytes = frame.bytes();
+        let base = bytes.as_ptr() as usize;
+        let text = |s: &str| Text::of(bytes, s);
+        let some = |s: &str| Some(Text::of(bytes, s));
         let mut d = FrameData::empty(Buf::none(), frame.body().kind());
         d.seq = frame.body().seq();
-        d.did = frame.body().did().map(str::to_owned);
+        d.did = frame.body().did().map(text);
         d.blocks = frame.block_count();
         match frame.body() {
             Body::Commit(c) => {
-                d.rev = owned(c.rev);
-                d.since = c.since.map(str::to_owned);
-                d.time = owned(c.time);
+                d.rev = some(c.rev);
+                d.since = c.since.map(text);
+                d.time = some(c.time);
                 d.commit = Some(c.commit.to_buf());
                 d.prev_data = c.prev_data.map(|c| c.to_buf());
                 d.ops = c
                     .ops()
                     .map(|op| OpData {
                         action: op.action.as_str(),
-                        path: op.path.to_owned(),
+                        path: Text::of(bytes, op.path),
                         cid: op.cid.map(|c| c.to_buf()),
                         prev: op.prev.map(|c| c.to_buf()),
                         record: match op.action {
@@ -136,25 +175,25 @@ impl FrameData {
                     .collect();
             }
             Body::Sync(s) => {
-                d.rev = owned(s.rev);
-                d.time = owned(s.time);
+                d.rev = some(s.rev);
+                d.time = some(s.time);
             }
             Body::Identity(i) => {
-                d.time = owned(i.time);
-                d.handle = i.handle.map(str::to_owned);
+                d.time = some(i.time);
+                d.handle = i.handle.map(text);
             }
             Body::Account(a) => {
-                d.time = owned(a.time);
+                d.time = some(a.time);
                 d.active = Some(a.active);
-                d.status = a.status.map(str::to_owned);
+                d.status = a.status.map(text);
             }
             Body::Info(i) => {
-                d.name = owned(i.name);
-                d.message = i.message.map(str::to_owned);
+                d.name = some(i.name);
+                d.message = i.message.map(text);
             }
             Body::Error(e) => {
-                d.name = owned(e.error);
-                d.message = e.message.map(str::to_owned);
+                d.name = some(e.error);
+                d.message = e.message.map(text);
             }
             Body::Unknown { .. } => {}
         }
@@ -172,12 +211,17 @@ impl FrameData {
     pub fn invalid_of(bytes: &[u8], arena: &mut Arena, e: &FrameError) -> FrameData {
         // Kind `invalid` (as documented), with the seq and DID as far as they can be read.
         let p = peek(arena, bytes);
-        let (seq, did) = (p.seq, p.did.map(str::to_owned));
+        let (seq, did) = (p.seq, p.did.map(|d| Text::of(bytes, d)));
         let mut d = FrameData::empty(Buf::none(), "invalid");
         d.seq = seq;
         d.did = did;
         d.error = Some((e.class(), e.to_string(), e.offset()));
         d
+    }
+
+    /// A text field's text.
+    fn text<'a>(&'a self, field: &'a Option<Text>) -> Option<&'a str> {
+        field.as_ref().map(|t| t.get(self.bytes.slice()))
     }
 
     /// Why the frame does not decode: (class, message, offset).
@@ -247,22 +291,22 @@ impl Frame {
     /// The account DID (`repo` of a commit).
     #[getter]
     fn did(&self) -> Option<&str> {
-        self.data.did.as_deref()
+        self.data.text(&self.data.did)
     }
     /// The commit's revision (commit, sync).
     #[getter]
     fn rev(&self) -> Option<&str> {
-        self.data.rev.as_deref()
+        self.data.text(&self.data.rev)
     }
     /// The revision a commit follows.
     #[getter]
     fn since(&self) -> Option<&str> {
-        self.data.since.as_deref()
+        self.data.text(&self.data.since)
     }
     /// When the relay saw the event (RFC 3339).
     #[getter]
     fn time(&self) -> Option<&str> {
-        self.data.time.as_deref()
+        self.data.text(&self.data.time)
     }
     /// The signed commit's CID (commit).
     #[getter]
@@ -282,7 +326,7 @@ impl Frame {
     /// The handle of an `#identity` event, if it carries one.
     #[getter]
     fn handle(&self) -> Option<&str> {
-        self.data.handle.as_deref()
+        self.data.text(&self.data.handle)
     }
     /// Whether the account is active (`#account`).
     #[getter]
@@ -292,17 +336,17 @@ impl Frame {
     /// Why not (`#account`), when given.
     #[getter]
     fn status(&self) -> Option<&str> {
-        self.data.status.as_deref()
+        self.data.text(&self.data.status)
     }
     /// The name of an `#info` message or error frame (`OutdatedCursor`, `FutureCursor`, …).
     #[getter]
     fn name(&self) -> Option<&str> {
-        self.data.name.as_deref()
+        self.data.text(&self.data.name)
     }
     /// The message of an `#info` or error frame.
     #[getter]
     fn message(&self) -> Option<&str> {
-        self.data.message.as_deref()
+        self.data.text(&self.data.message)
     }
     /// Why the frame does not decode (kind `invalid`), as `riptide decode` says it.
     #[getter]
@@ -346,8 +390,7 @@ impl Frame {
             self.data.kind,
             self.data.seq.map_or("None".into(), |s| s.to_string()),
             self.data
-                .did
-                .as_deref()
+                .text(&self.data.did)
                 .map_or("None".into(), |d| format!("{d:?}")),
             self.n_ops
         )
@@ -373,20 +416,18 @@ impl RepoOp {
     /// `collection/rkey`.
     #[getter]
     fn path(&self) -> &str {
-        &self.op.path
+        self.op.path.get(self.bytes.slice())
     }
     /// The collection NSID.
     #[getter]
     fn collection(&self) -> &str {
-        self.op
-            .path
-            .split_once('/')
-            .map_or(&self.op.path, |(c, _)| c)
+        let path = self.path();
+        path.split_once('/').map_or(path, |(c, _)| c)
     }
     /// The record key.
     #[getter]
     fn rkey(&self) -> &str {
-        self.op.path.split_once('/').map_or("", |(_, r)| r)
+        self.path().split_once('/').map_or("", |(_, r)| r)
     }
     /// The new record's CID (create, update); None for delete.
     #[getter]
@@ -417,7 +458,7 @@ impl RepoOp {
         format!(
             "RepoOp(action={:?}, path={:?}, cid={})",
             self.op.action,
-            self.op.path,
+            self.path(),
             self.op
                 .cid
                 .map_or("None".into(), |c| format!("{:?}", c.to_string()))
