@@ -6,20 +6,27 @@ hash check, so no verified row). sigs: the commit decoded and re-encoded without
 atproto_crypto.verify_signature with the did:key built from the key's bytes.
 
 python-decode (issue 21: Python consumers): every frame decoded from Python and every record of
-every commit turned into a dict, by two SDKs in the same process type. `atproto`: the firehose path
-of its documentation (Frame.from_bytes, parse_subscribe_repos_message, CAR.from_bytes, the record
-of each op from `car.blocks`; no CID is checked). `riptide`: the binding of this repository
-(`riptide.decode_frame` with every block's CID checked, `op.record` for each op, in atproto JSON
-form).
+every commit turned into a dict, by several ways in ONE process, their passes interleaved (pass 1
+of each way, then pass 2 of each, ...) so that load from other work hits them alike. Ways:
+- `atproto`: the firehose path of its documentation (Frame.from_bytes, parse_subscribe_repos_message,
+  CAR.from_bytes, the record of each op from `car.blocks`; no CID is checked);
+- `riptide`: the binding of this repository, `riptide.decode_frames(frames)` (default threads: one
+  Rust decoding thread per CPU while the Python thread builds the objects), every block's CID
+  checked, `op.record` (a dict in atproto JSON form) for each op;
+- `riptide-1`: the same with `threads=0`: everything on the calling thread (single-threaded);
+- `riptide-frame`: `riptide.decode_frame` per frame in a Python loop (single-threaded).
+Every way must turn the same number of records into dicts (checked before timing).
 
 python-firehose (issue 21): a local relay (`riptide relay`) replays N frames; each pass a new client
-from cursor 0 receives all N and touches every op (action, path, record). `riptide`: riptide.Firehose,
-every frame verified (signature, Sync 1.1 proof) on its Rust threads with DID_DOCS. `atproto`:
+from cursor 0 receives all N and touches every op (action, path, record); the ways run in one
+process, passes interleaved. `riptide`: riptide.Firehose, every frame verified (signature, Sync 1.1
+proof) with DID_DOCS on its Rust threads (default: one verifying thread per CPU); `riptide-1`: the
+same on one verifying thread (like for like with `riptide tail --verify`). `atproto`:
 FirehoseSubscribeReposClient, parse_subscribe_repos_message and CAR.from_bytes per commit (nothing
 verified).
 
-usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE | python-decode {atproto,riptide} FILE LABEL
-       | python-firehose {atproto,riptide} URL N DID_DOCS LABEL
+usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE | python-decode WAY[,WAY...] FILE LABEL
+       | python-firehose WAY[,WAY...] URL N DID_DOCS LABEL
 """
 
 import json
@@ -156,41 +163,87 @@ def records_riptide(f):
     return n, frame.blocks
 
 
-def python_decode(opts, sdk, file, label):
-    fs = frames(open(file, "rb").read())
-    one = {"atproto": records_atproto, "riptide": records_riptide}[sdk]
-    if sdk == "riptide":
-        import riptide  # noqa: F401  (imported before timing)
-    records = blocks = errors = 0
-    for f in fs:
-        try:
-            r, b = one(f)
-            records += r
-            blocks += b
-        except Exception:
-            errors += 1
-
-    def one_pass():
+def pass_per_frame(one):
+    """A pass of a per-frame way: (records, blocks, errors)."""
+    def run(fs):
+        records = blocks = errors = 0
         for f in fs:
             try:
-                one(f)
+                r, b = one(f)
+                records += r
+                blocks += b
             except Exception:
-                pass
-
-    r = measure(opts["warmup"], opts["passes"], len(fs), one_pass)
-    print(json.dumps({"benchmark": "python-decode", "sdk": "riptide-python" if sdk == "riptide" else "python-atproto",
-                      "variant": label, "unit": "frames/s", "median": r[0], "min": r[1], "max": r[2],
-                      "blocks_per_frame": blocks / len(fs), "errors": errors}))
-    print(f"{sdk}: {records} records as dicts per pass", file=sys.stderr)
+                errors += 1
+        return records, blocks, errors
+    return run
 
 
-def firehose_riptide(url, n, did_docs):
+def pass_decode_frames(threads):
+    """A pass of `riptide.decode_frames` (all frames of the pass through one iterator)."""
+    import riptide
+
+    def run(fs):
+        records = blocks = errors = 0
+        it = riptide.decode_frames(fs, threads=threads)
+        while True:
+            try:
+                frame = next(it)
+            except StopIteration:
+                break
+            except riptide.DecodeError:
+                errors += 1
+                continue
+            blocks += frame.blocks
+            for op in frame.ops:
+                rec = op.record
+                if rec is not None:
+                    assert isinstance(rec, dict)
+                    records += 1
+        return records, blocks, errors
+    return run
+
+
+PYTHON_DECODE_WAYS = {
+    # way: (sdk column of the table, pass function)
+    "atproto": ("python-atproto", lambda: pass_per_frame(records_atproto)),
+    "riptide": ("riptide-python", lambda: pass_decode_frames(None)),
+    "riptide-1": ("riptide-python, 1 thread", lambda: pass_decode_frames(0)),
+    "riptide-frame": ("riptide-python, decode_frame", lambda: pass_per_frame(records_riptide)),
+}
+
+
+def python_decode(opts, ways, file, label):
+    fs = frames(open(file, "rb").read())
+    runs = {w: PYTHON_DECODE_WAYS[w][1]() for w in ways}
+    work = {w: run(fs) for w, run in runs.items()}  # also imports and warms everything
+    for w, (records, blocks, errors) in work.items():
+        print(f"{w}: {records} records as dicts, {blocks} blocks, {errors} errors per pass", file=sys.stderr)
+    records = {r for r, _, _ in work.values()}
+    if len(records) != 1:
+        sys.exit(f"python-decode: the ways turn different numbers of records into dicts: {work}")
+    for _ in range(opts["warmup"]):
+        for run in runs.values():
+            run(fs)
+    rates = {w: [] for w in ways}
+    for _ in range(opts["passes"]):
+        for w, run in runs.items():
+            t = time.perf_counter()
+            run(fs)
+            rates[w].append(len(fs) / (time.perf_counter() - t))
+    for w in ways:
+        r = rates[w]
+        print(json.dumps({"benchmark": "python-decode", "sdk": PYTHON_DECODE_WAYS[w][0], "variant": label,
+                          "unit": "frames/s", "median": statistics.median(r), "min": min(r), "max": max(r),
+                          "blocks_per_frame": work[w][1] / len(fs), "errors": work[w][2]}))
+
+
+def firehose_riptide(url, n, did_docs, threads=None):
     """Seconds to receive, verify and walk n frames from the relay (from its start)."""
     import riptide
 
     t = time.perf_counter()
     seen = ops = 0
-    with riptide.Firehose(url, cursor=0, verify=True, did_docs=did_docs) as fh:
+    with riptide.Firehose(url, cursor=0, verify=True, did_docs=did_docs, threads=threads) as fh:
         for frame in fh:
             if not frame.verdict.ok:
                 raise RuntimeError(f"frame {frame.seq}: {frame.verdict}")
@@ -227,17 +280,33 @@ def firehose_atproto(url, n, _did_docs):
     return time.perf_counter() - t, state["ops"]
 
 
-def python_firehose(opts, sdk, url, n, did_docs_path, label):
+FIREHOSE_WAYS = {
+    # way: (sdk column of the table, run)
+    "riptide": ("riptide-python", firehose_riptide),
+    "riptide-1": ("riptide-python, 1 thread", lambda url, n, docs: firehose_riptide(url, n, docs, threads=1)),
+    "atproto": ("python-atproto", firehose_atproto),
+}
+
+
+def python_firehose(opts, ways, url, n, did_docs_path, label):
+    """The ways in one process, their passes interleaved; every way must walk the same ops."""
     did_docs = json.load(open(did_docs_path))
-    run = {"atproto": firehose_atproto, "riptide": firehose_riptide}[sdk]
-    _, ops = run(url, n, did_docs)
+    ops = {w: FIREHOSE_WAYS[w][1](url, n, did_docs)[1] for w in ways}
+    print(f"ops per pass: {ops}", file=sys.stderr)
+    if len(set(ops.values())) != 1:
+        sys.exit(f"python-firehose: the ways walk different numbers of ops: {ops}")
     for _ in range(opts["warmup"]):
-        run(url, n, did_docs)
-    rates = [n / run(url, n, did_docs)[0] for _ in range(opts["passes"])]
-    print(json.dumps({"benchmark": "python-firehose", "sdk": "riptide-python" if sdk == "riptide" else "python-atproto",
-                      "variant": label, "unit": "frames/s", "median": statistics.median(rates), "min": min(rates),
-                      "max": max(rates), "blocks_per_frame": None, "errors": 0}))
-    print(f"{sdk}: {ops} ops per pass", file=sys.stderr)
+        for w in ways:
+            FIREHOSE_WAYS[w][1](url, n, did_docs)
+    rates = {w: [] for w in ways}
+    for _ in range(opts["passes"]):
+        for w in ways:
+            rates[w].append(n / FIREHOSE_WAYS[w][1](url, n, did_docs)[0])
+    for w in ways:
+        r = rates[w]
+        print(json.dumps({"benchmark": "python-firehose", "sdk": FIREHOSE_WAYS[w][0], "variant": label,
+                          "unit": "frames/s", "median": statistics.median(r), "min": min(r), "max": max(r),
+                          "blocks_per_frame": None, "errors": 0}))
 
 
 def main():
@@ -251,13 +320,15 @@ def main():
         decode(opts, args[1], args[2])
     elif args[:1] == ["sigs"] and len(args) == 2:
         sigs(opts, args[1])
-    elif args[:1] == ["python-decode"] and len(args) == 4 and args[1] in ("atproto", "riptide"):
-        python_decode(opts, args[1], args[2], args[3])
-    elif args[:1] == ["python-firehose"] and len(args) == 6 and args[1] in ("atproto", "riptide"):
-        python_firehose(opts, args[1], args[2], int(args[3]), args[4], args[5])
+    elif (args[:1] == ["python-decode"] and len(args) == 4
+          and all(w in PYTHON_DECODE_WAYS for w in args[1].split(","))):
+        python_decode(opts, args[1].split(","), args[2], args[3])
+    elif (args[:1] == ["python-firehose"] and len(args) == 6
+          and all(w in FIREHOSE_WAYS for w in args[1].split(","))):
+        python_firehose(opts, args[1].split(","), args[2], int(args[3]), args[4], args[5])
     else:
         sys.exit("usage: bench.py [--warmup N --passes N] decode FILE LABEL | sigs FILE | "
-                 "python-decode {atproto,riptide} FILE LABEL | python-firehose {atproto,riptide} URL N DID_DOCS LABEL")
+                 "python-decode WAY[,WAY...] FILE LABEL (ways: " + ",".join(PYTHON_DECODE_WAYS) + ") | python-firehose WAY[,WAY...] URL N DID_DOCS LABEL (ways: " + ",".join(FIREHOSE_WAYS) + ")")
 
 
 main()

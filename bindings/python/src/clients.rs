@@ -5,10 +5,13 @@
 //! - the socket thread runs the client (`FirehoseClient` / `JetstreamClient`: reconnection with
 //!   backoff and host rotation, resuming after the last event received) on a current-thread tokio
 //!   runtime and passes every event to
-//! - the worker thread, which decodes (and, for a verifying `Firehose`, verifies: one
-//!   `riptide_firehose::verify::Verifier`, so every account's frames are verified in order by the
-//!   same verifier) or parses (Jetstream JSON) whatever events have arrived, up to [`BATCH`] at a
-//!   time, and queues the batch for Python.
+//! - the worker thread, which decodes (and, for a verifying `Firehose`, verifies) or parses
+//!   (Jetstream JSON) whatever events have arrived, up to [`BATCH`] at a time, and queues the
+//!   batch for Python. Verification (a signature check per commit: the bottleneck) is split by
+//!   account over `threads` shards, one `riptide_firehose::verify::Verifier` each: an account's
+//!   frames always go to the shard its DID hashes to, so each account's frames are verified in
+//!   order by the same verifier, as the verifier's per-account state needs. A batch of at least
+//!   [`PARALLEL_MIN`] frames runs its shards on scoped threads; the batch keeps stream order.
 //!
 //! Python takes a batch with the GIL released while it waits (`take`), and only then builds the
 //! Python objects. Both queues are bounded ([`RAW_QUEUE`] events, [`OUT_QUEUE`] batches): a slow
@@ -23,10 +26,12 @@
 //! `invalid` with its `error`, a frame that does not verify with its `verdict`, and the client's
 //! counters (`stats()`) count messages, reconnects, decode errors and verdicts.
 
+use std::hash::{Hash, Hasher};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -35,7 +40,10 @@ use riptide_client::{
     ClientConfig, ClientError, ClientStats, FirehoseClient, FirehoseEvent, JetstreamClient,
     JetstreamConfig, JetstreamEvent, JetstreamOptions,
 };
-use riptide_firehose::verify::{Verdict as RsVerdict, Verifier as RsVerifier};
+use riptide_crypto::PublicKey;
+use riptide_firehose::verify::{
+    peek, KeyLookup, KeyUnavailable, Verdict as RsVerdict, Verifier as RsVerifier,
+};
 use riptide_firehose::FrameDecoder;
 use tokio::sync::oneshot;
 
@@ -69,7 +77,7 @@ struct Pipeline {
 
 impl Pipeline {
     /// Starts the socket thread (`next` gives the stream's events) and the worker (`process`
-    /// turns an event into an item).
+    /// turns the events that have arrived, up to [`BATCH`], into items, in order).
     fn start<C, E, N, P>(
         client: C,
         stats: Arc<ClientStats>,
@@ -80,7 +88,7 @@ impl Pipeline {
         C: Send + 'static,
         E: Send + 'static,
         N: for<'c> AsyncNext<'c, C, E> + Send + 'static,
-        P: FnMut(E) -> Item + Send + 'static,
+        P: FnMut(Vec<E>) -> Vec<Item> + Send + 'static,
     {
         let (raw_tx, raw_rx) = sync_channel::<E>(RAW_QUEUE);
         let (out_tx, out_rx) = sync_channel::<Vec<Item>>(OUT_QUEUE);
@@ -97,15 +105,15 @@ impl Pipeline {
             .name("riptide-worker".into())
             .spawn(move || {
                 while let Ok(first) = raw_rx.recv() {
-                    let mut batch = Vec::with_capacity(64);
-                    batch.push(process(first));
-                    while batch.len() < BATCH {
+                    let mut raw = Vec::with_capacity(64);
+                    raw.push(first);
+                    while raw.len() < BATCH {
                         match raw_rx.try_recv() {
-                            Ok(e) => batch.push(process(e)),
+                            Ok(e) => raw.push(e),
                             Err(_) => break,
                         }
                     }
-                    if out_tx.send(batch).is_err() {
+                    if out_tx.send(process(raw)).is_err() {
                         break;
                     }
                 }
@@ -236,6 +244,127 @@ fn config(url: String, cursor: Option<i64>) -> ClientConfig {
     cfg
 }
 
+/// The keys, shared by the verifiers of a client's shards (one resolver and its cache of DID
+/// documents, not one per thread).
+#[derive(Clone, Debug)]
+struct SharedKeys(Arc<Keys>);
+
+impl KeyLookup for SharedKeys {
+    fn key(&self, did: &str) -> Result<PublicKey, KeyUnavailable> {
+        self.0.key(did)
+    }
+}
+
+/// One verifying thread's state: its accounts' verifier (per-account state: chain, key cache)
+/// and a decoder for frames that fail.
+struct Shard {
+    verifier: Option<RsVerifier<SharedKeys>>,
+    decoder: FrameDecoder,
+    arena: Arena,
+}
+
+impl Shard {
+    fn process(&mut self, counts: &ClientStats, bytes: Bytes) -> FrameData {
+        let Shard {
+            verifier,
+            decoder,
+            arena,
+        } = self;
+        let decoded = |decoder: &mut FrameDecoder, arena: &mut Arena| match decoder.decode(&bytes) {
+            Ok(f) => FrameData::new(Buf::Rust(bytes.clone()), &f),
+            Err(e) => FrameData::invalid(bytes.clone(), arena, &e),
+        };
+        match verifier {
+            Some(v) => {
+                let (report, data) =
+                    v.check_then(&bytes, |f| FrameData::new(Buf::Rust(bytes.clone()), f));
+                counts.record_verdict(report.verdict);
+                // A frame that failed is still shown, decoded as far as it goes.
+                let mut data = data.unwrap_or_else(|| decoded(decoder, arena));
+                data.verdict = Some(Verdict::of_report(&report));
+                data
+            }
+            None => decoded(decoder, arena),
+        }
+    }
+}
+
+/// Fewest frames in a batch worth verifying on several threads (below: one thread, no spawn).
+const PARALLEL_MIN: usize = 32;
+
+/// Decodes (and verifies) a batch of frames, in order. With several shards, each account's
+/// frames go to the shard its DID hashes to, always the same one (the verifier's state is per
+/// account and needs the account's frames in order); the shards of a large batch run on scoped
+/// threads, and the results are put back in stream order.
+fn process_frames(
+    shards: &mut [Shard],
+    peek_arena: &mut Arena,
+    counts: &ClientStats,
+    events: Vec<FirehoseEvent>,
+) -> Vec<Item> {
+    let n = shards.len();
+    let shard_of = |arena: &mut Arena, bytes: &[u8]| -> usize {
+        if n == 1 {
+            return 0;
+        }
+        match peek(arena, bytes).did {
+            Some(did) => {
+                let mut h = std::hash::DefaultHasher::new();
+                did.hash(&mut h);
+                (h.finish() % n as u64) as usize
+            }
+            None => 0,
+        }
+    };
+    if n == 1 || events.len() < PARALLEL_MIN {
+        return events
+            .into_iter()
+            .map(|ev| {
+                let k = shard_of(peek_arena, &ev.bytes);
+                Item::Frame(Box::new(shards[k].process(counts, ev.bytes)))
+            })
+            .collect();
+    }
+    let total = events.len();
+
+    let mut parts: Vec<Vec<(usize, Bytes)>> = (0..n).map(|_| Vec::new()).collect();
+    for (i, ev) in events.into_iter().enumerate() {
+        let k = shard_of(peek_arena, &ev.bytes);
+        parts[k].push((i, ev.bytes));
+    }
+    let mut done: Vec<Vec<(usize, FrameData)>> = Vec::with_capacity(n);
+    std::thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(n);
+        let mut jobs = shards.iter_mut().zip(parts);
+        // The first shard runs on this thread, the others on scoped threads.
+        let first = jobs.next();
+        for (shard, part) in jobs {
+            handles.push(scope.spawn(move || {
+                part.into_iter()
+                    .map(|(i, b)| (i, shard.process(counts, b)))
+                    .collect::<Vec<_>>()
+            }));
+        }
+        if let Some((shard, part)) = first {
+            done.push(
+                part.into_iter()
+                    .map(|(i, b)| (i, shard.process(counts, b)))
+                    .collect(),
+            );
+        }
+        for h in handles {
+            // A panic in a verifier is a bug; re-raised here, PyO3 turns it into an exception
+            // on the consumer's side (the worker's queue closes).
+            done.push(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+        }
+    });
+    let mut out: Vec<Option<Item>> = (0..total).map(|_| None).collect();
+    for (i, d) in done.into_iter().flatten() {
+        out[i] = Some(Item::Frame(Box::new(d)));
+    }
+    out.into_iter().flatten().collect()
+}
+
 /// The native half of `riptide.Firehose`.
 #[pyclass(module = "riptide", name = "_FirehoseCore")]
 pub struct FirehoseCore {
@@ -251,44 +380,42 @@ impl std::fmt::Debug for FirehoseCore {
 #[pymethods]
 impl FirehoseCore {
     #[new]
-    #[pyo3(signature = (url, cursor = None, verify = true, did_docs_json = None, plc_url = None))]
+    #[pyo3(signature = (url, cursor = None, verify = true, did_docs_json = None, plc_url = None, threads = None))]
     fn new(
         url: String,
         cursor: Option<i64>,
         verify: bool,
         did_docs_json: Option<&[u8]>,
         plc_url: Option<String>,
+        threads: Option<usize>,
     ) -> PyResult<FirehoseCore> {
         let client = FirehoseClient::new(config(url, cursor)).map_err(client_error)?;
         let stats = client.stats();
-        let mut verifier = if verify {
-            Some(RsVerifier::new(Keys::new(did_docs_json, plc_url)?))
+        let threads = match threads {
+            Some(0) | Some(257..) => {
+                return Err(PyValueError::new_err(
+                    "threads must be between 1 and 256 (None: one per CPU)",
+                ))
+            }
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get().min(8)),
+        };
+        let keys = if verify {
+            Some(SharedKeys(Arc::new(Keys::new(did_docs_json, plc_url)?)))
         } else {
             None
         };
-        let mut decoder = FrameDecoder::new();
-        let mut arena = Arena::new();
+        let mut shards: Vec<Shard> = (0..if verify { threads } else { 1 })
+            .map(|_| Shard {
+                verifier: keys.clone().map(RsVerifier::new),
+                decoder: FrameDecoder::new(),
+                arena: Arena::new(),
+            })
+            .collect();
         let counts = stats.clone();
-        let process = move |ev: FirehoseEvent| -> Item {
-            let bytes = ev.bytes;
-            let decoded =
-                |decoder: &mut FrameDecoder, arena: &mut Arena| match decoder.decode(&bytes) {
-                    Ok(f) => FrameData::new(Buf::Rust(bytes.clone()), &f),
-                    Err(e) => FrameData::invalid(bytes.clone(), arena, &e),
-                };
-            let data = match &mut verifier {
-                Some(v) => {
-                    let (report, data) =
-                        v.check_then(&bytes, |f| FrameData::new(Buf::Rust(bytes.clone()), f));
-                    counts.record_verdict(report.verdict);
-                    // A frame that failed is still shown, decoded as far as it goes.
-                    let mut data = data.unwrap_or_else(|| decoded(&mut decoder, &mut arena));
-                    data.verdict = Some(Verdict::of_report(&report));
-                    data
-                }
-                None => decoded(&mut decoder, &mut arena),
-            };
-            Item::Frame(Box::new(data))
+        let mut peek_arena = Arena::new();
+        let process = move |events: Vec<FirehoseEvent>| -> Vec<Item> {
+            process_frames(&mut shards, &mut peek_arena, &counts, events)
         };
         Ok(FirehoseCore {
             pipeline: Pipeline::start(client, stats, FirehoseNext, process)?,
@@ -346,9 +473,14 @@ impl JetstreamCore {
         };
         let client = JetstreamClient::new(cfg).map_err(client_error)?;
         let stats = client.stats();
-        let process = |ev: JetstreamEvent| match serde_json::from_slice(&ev.raw) {
-            Ok(v) => Item::Event(v),
-            Err(e) => Item::BadEvent(format!("not JSON: {e}")),
+        let process = |events: Vec<JetstreamEvent>| {
+            events
+                .into_iter()
+                .map(|ev| match serde_json::from_slice(&ev.raw) {
+                    Ok(v) => Item::Event(v),
+                    Err(e) => Item::BadEvent(format!("not JSON: {e}")),
+                })
+                .collect()
         };
         Ok(JetstreamCore {
             pipeline: Pipeline::start(client, stats, JetstreamNext, process)?,

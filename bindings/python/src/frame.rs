@@ -15,6 +15,7 @@ use std::cell::RefCell;
 
 use bytes::Bytes;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyList};
 use riptide_cbor::{Arena, CidBuf, Options};
 use riptide_firehose::corpus::split_frames;
@@ -29,7 +30,7 @@ use crate::verify::Verdict;
 #[derive(Clone, Debug)]
 pub struct OpData {
     action: &'static str,
-    path: String,
+    path: Text,
     // CIDs are kept binary (inline, no heap) and rendered as text only when Python asks.
     cid: Option<CidBuf>,
     prev: Option<CidBuf>,
@@ -37,19 +38,56 @@ pub struct OpData {
     record: Option<(usize, usize)>,
 }
 
+/// A text field of a frame, kept as where it is in the frame's bytes: the decoder borrows every
+/// string from them, so a frame's DID, revision, time and op paths cost no allocation on the
+/// decoding thread and no free on Python's. A string found elsewhere (none is, today) is owned.
+#[derive(Clone, Debug)]
+pub enum Text {
+    At(u32, u32),
+    Owned(Box<str>),
+}
+
+impl Text {
+    /// `s`, which the decoder of `bytes` returned.
+    fn of(bytes: &[u8], s: &str) -> Text {
+        let start = (s.as_ptr() as usize).wrapping_sub(bytes.as_ptr() as usize);
+        match (u32::try_from(start), u32::try_from(s.len())) {
+            (Ok(at), Ok(len)) if start <= bytes.len() && s.len() <= bytes.len() - start => {
+                Text::At(at, len)
+            }
+            _ => Text::Owned(s.into()),
+        }
+    }
+
+    /// The text, from the frame's bytes (checked UTF-8: it was text when decoded).
+    fn get<'a>(&'a self, bytes: &'a [u8]) -> &'a str {
+        match self {
+            Text::At(at, len) => {
+                let (at, len) = (*at as usize, *len as usize);
+                bytes
+                    .get(at..at + len)
+                    .and_then(|b| std::str::from_utf8(b).ok())
+                    .unwrap_or_default()
+            }
+            Text::Owned(s) => s,
+        }
+    }
+}
+
 /// The bytes of a frame: the socket's buffer (a client's frames) or the caller's `bytes` object
-/// (`decode_frame`: kept, not copied).
+/// (`decode_frame`, `decode_frames`: kept, not copied; readable without the GIL, so a decoding
+/// thread reads it in place).
 #[derive(Debug)]
 pub enum Buf {
     Rust(Bytes),
-    Py(Py<PyBytes>),
+    Py(PyBackedBytes),
 }
 
 impl Buf {
-    fn slice<'a>(&'a self, py: Python<'a>) -> &'a [u8] {
+    fn slice(&self) -> &[u8] {
         match self {
             Buf::Rust(b) => b,
-            Buf::Py(b) => b.as_bytes(py),
+            Buf::Py(b) => b,
         }
     }
 
@@ -59,6 +97,11 @@ impl Buf {
             Buf::Py(b) => Buf::Py(b.clone_ref(py)),
         }
     }
+
+    /// A stand-in until the real buffer is attached ([`FrameData::of`]); allocates nothing.
+    pub fn none() -> Buf {
+        Buf::Rust(Bytes::new())
+    }
 }
 
 /// A decoded frame, owned: what crosses from a Rust thread to Python.
@@ -67,18 +110,19 @@ pub struct FrameData {
     pub bytes: Buf,
     pub kind: &'static str,
     pub seq: Option<i64>,
-    pub did: Option<String>,
-    rev: Option<String>,
-    since: Option<String>,
-    time: Option<String>,
+    // Text fields are where they are in `bytes` (no allocation per field): see [`Text`].
+    did: Option<Text>,
+    rev: Option<Text>,
+    since: Option<Text>,
+    time: Option<Text>,
     commit: Option<CidBuf>,
     prev_data: Option<CidBuf>,
     blocks: usize,
-    handle: Option<String>,
+    handle: Option<Text>,
     active: Option<bool>,
-    status: Option<String>,
-    name: Option<String>,
-    message: Option<String>,
+    status: Option<Text>,
+    name: Option<Text>,
+    message: Option<Text>,
     ops: Vec<OpData>,
     /// The frame error, for a frame a client received that does not decode.
     error: Option<(&'static str, String, usize)>,
@@ -89,24 +133,35 @@ pub struct FrameData {
 impl FrameData {
     /// The owned summary of a decoded frame, holding `buf`, the frame's bytes.
     pub fn new(buf: Buf, frame: &RsFrame<'_>) -> FrameData {
-        let base = frame.bytes().as_ptr() as usize;
-        let owned = |s: &str| Some(s.to_owned());
-        let mut d = FrameData::empty(buf, frame.body().kind());
+        let mut d = FrameData::of(frame);
+        d.bytes = buf;
+        d
+    }
+
+    /// The owned summary of a decoded frame, its buffer still to be attached (`bytes`, a
+    /// stand-in until then): for frames decoded in a batch, whose buffers are borrowed until the
+    /// batch ends.
+    pub fn of(frame: &RsFrame<'_>) -> FrameData {
+        let bytes = frame.bytes();
+        let base = bytes.as_ptr() as usize;
+        let text = |s: &str| Text::of(bytes, s);
+        let some = |s: &str| Some(Text::of(bytes, s));
+        let mut d = FrameData::empty(Buf::none(), frame.body().kind());
         d.seq = frame.body().seq();
-        d.did = frame.body().did().map(str::to_owned);
+        d.did = frame.body().did().map(text);
         d.blocks = frame.block_count();
         match frame.body() {
             Body::Commit(c) => {
-                d.rev = owned(c.rev);
-                d.since = c.since.map(str::to_owned);
-                d.time = owned(c.time);
+                d.rev = some(c.rev);
+                d.since = c.since.map(text);
+                d.time = some(c.time);
                 d.commit = Some(c.commit.to_buf());
                 d.prev_data = c.prev_data.map(|c| c.to_buf());
                 d.ops = c
                     .ops()
                     .map(|op| OpData {
                         action: op.action.as_str(),
-                        path: op.path.to_owned(),
+                        path: Text::of(bytes, op.path),
                         cid: op.cid.map(|c| c.to_buf()),
                         prev: op.prev.map(|c| c.to_buf()),
                         record: match op.action {
@@ -120,40 +175,58 @@ impl FrameData {
                     .collect();
             }
             Body::Sync(s) => {
-                d.rev = owned(s.rev);
-                d.time = owned(s.time);
+                d.rev = some(s.rev);
+                d.time = some(s.time);
             }
             Body::Identity(i) => {
-                d.time = owned(i.time);
-                d.handle = i.handle.map(str::to_owned);
+                d.time = some(i.time);
+                d.handle = i.handle.map(text);
             }
             Body::Account(a) => {
-                d.time = owned(a.time);
+                d.time = some(a.time);
                 d.active = Some(a.active);
-                d.status = a.status.map(str::to_owned);
+                d.status = a.status.map(text);
             }
             Body::Info(i) => {
-                d.name = owned(i.name);
-                d.message = i.message.map(str::to_owned);
+                d.name = some(i.name);
+                d.message = i.message.map(text);
             }
             Body::Error(e) => {
-                d.name = owned(e.error);
-                d.message = e.message.map(str::to_owned);
+                d.name = some(e.error);
+                d.message = e.message.map(text);
             }
             Body::Unknown { .. } => {}
         }
         d
     }
 
-    /// A frame that does not decode: its kind, seq and DID as far as they can be read.
+    /// A frame that does not decode: kind `invalid`, its seq and DID as far as they can be read.
     pub fn invalid(bytes: Bytes, arena: &mut Arena, e: &FrameError) -> FrameData {
-        let p = peek(arena, &bytes);
-        let (kind, seq, did) = (p.kind, p.seq, p.did.map(str::to_owned));
-        let mut d = FrameData::empty(Buf::Rust(bytes), kind);
+        let mut d = FrameData::invalid_of(&bytes, arena, e);
+        d.bytes = Buf::Rust(bytes);
+        d
+    }
+
+    /// [`FrameData::invalid`], its buffer still to be attached (as [`FrameData::of`]).
+    pub fn invalid_of(bytes: &[u8], arena: &mut Arena, e: &FrameError) -> FrameData {
+        // Kind `invalid` (as documented), with the seq and DID as far as they can be read.
+        let p = peek(arena, bytes);
+        let (seq, did) = (p.seq, p.did.map(|d| Text::of(bytes, d)));
+        let mut d = FrameData::empty(Buf::none(), "invalid");
         d.seq = seq;
         d.did = did;
         d.error = Some((e.class(), e.to_string(), e.offset()));
         d
+    }
+
+    /// A text field's text.
+    fn text<'a>(&'a self, field: &'a Option<Text>) -> Option<&'a str> {
+        field.as_ref().map(|t| t.get(self.bytes.slice()))
+    }
+
+    /// Why the frame does not decode: (class, message, offset).
+    pub fn error(&self) -> Option<&(&'static str, String, usize)> {
+        self.error.as_ref()
     }
 
     fn empty(bytes: Buf, kind: &'static str) -> FrameData {
@@ -185,19 +258,27 @@ impl FrameData {
 #[derive(Debug)]
 pub struct Frame {
     data: FrameData,
+    /// `.ops`, once built (the ops then move out of `data`).
     ops: Option<Py<PyList>>,
+    n_ops: usize,
 }
 
 impl Frame {
     pub fn new(data: FrameData) -> Frame {
-        Frame { data, ops: None }
+        let n_ops = data.ops.len();
+        Frame {
+            data,
+            ops: None,
+            n_ops,
+        }
     }
 }
 
 #[pymethods]
 impl Frame {
     /// `commit`, `sync`, `identity`, `account`, `info`, `error`, `unknown`; `invalid` for a
-    /// frame a client received that does not decode (see `error`).
+    /// frame that does not decode, from a client or `decode_frames(on_error="yield")` (see
+    /// `error`).
     #[getter]
     fn kind(&self) -> &'static str {
         self.data.kind
@@ -210,22 +291,22 @@ impl Frame {
     /// The account DID (`repo` of a commit).
     #[getter]
     fn did(&self) -> Option<&str> {
-        self.data.did.as_deref()
+        self.data.text(&self.data.did)
     }
     /// The commit's revision (commit, sync).
     #[getter]
     fn rev(&self) -> Option<&str> {
-        self.data.rev.as_deref()
+        self.data.text(&self.data.rev)
     }
     /// The revision a commit follows.
     #[getter]
     fn since(&self) -> Option<&str> {
-        self.data.since.as_deref()
+        self.data.text(&self.data.since)
     }
     /// When the relay saw the event (RFC 3339).
     #[getter]
     fn time(&self) -> Option<&str> {
-        self.data.time.as_deref()
+        self.data.text(&self.data.time)
     }
     /// The signed commit's CID (commit).
     #[getter]
@@ -245,7 +326,7 @@ impl Frame {
     /// The handle of an `#identity` event, if it carries one.
     #[getter]
     fn handle(&self) -> Option<&str> {
-        self.data.handle.as_deref()
+        self.data.text(&self.data.handle)
     }
     /// Whether the account is active (`#account`).
     #[getter]
@@ -255,17 +336,17 @@ impl Frame {
     /// Why not (`#account`), when given.
     #[getter]
     fn status(&self) -> Option<&str> {
-        self.data.status.as_deref()
+        self.data.text(&self.data.status)
     }
     /// The name of an `#info` message or error frame (`OutdatedCursor`, `FutureCursor`, …).
     #[getter]
     fn name(&self) -> Option<&str> {
-        self.data.name.as_deref()
+        self.data.text(&self.data.name)
     }
     /// The message of an `#info` or error frame.
     #[getter]
     fn message(&self) -> Option<&str> {
-        self.data.message.as_deref()
+        self.data.text(&self.data.message)
     }
     /// Why the frame does not decode (kind `invalid`), as `riptide decode` says it.
     #[getter]
@@ -281,7 +362,7 @@ impl Frame {
     #[getter]
     fn bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         match &self.data.bytes {
-            Buf::Py(b) => b.clone_ref(py).into_bound(py),
+            Buf::Py(b) => b.into_pyobject(py).unwrap_or_else(|e| match e {}),
             Buf::Rust(b) => PyBytes::new(py, b),
         }
     }
@@ -292,10 +373,10 @@ impl Frame {
             return Ok(ops.clone_ref(py));
         }
         let list = PyList::empty(py);
-        for op in &self.data.ops {
+        for op in std::mem::take(&mut self.data.ops) {
             list.append(RepoOp {
                 bytes: self.data.bytes.clone_ref(py),
-                op: op.clone(),
+                op,
                 record: None,
             })?;
         }
@@ -309,10 +390,9 @@ impl Frame {
             self.data.kind,
             self.data.seq.map_or("None".into(), |s| s.to_string()),
             self.data
-                .did
-                .as_deref()
+                .text(&self.data.did)
                 .map_or("None".into(), |d| format!("{d:?}")),
-            self.data.ops.len()
+            self.n_ops
         )
     }
 }
@@ -336,20 +416,18 @@ impl RepoOp {
     /// `collection/rkey`.
     #[getter]
     fn path(&self) -> &str {
-        &self.op.path
+        self.op.path.get(self.bytes.slice())
     }
     /// The collection NSID.
     #[getter]
     fn collection(&self) -> &str {
-        self.op
-            .path
-            .split_once('/')
-            .map_or(&self.op.path, |(c, _)| c)
+        let path = self.path();
+        path.split_once('/').map_or(path, |(c, _)| c)
     }
     /// The record key.
     #[getter]
     fn rkey(&self) -> &str {
-        self.op.path.split_once('/').map_or("", |(_, r)| r)
+        self.path().split_once('/').map_or("", |(_, r)| r)
     }
     /// The new record's CID (create, update); None for delete.
     #[getter]
@@ -372,7 +450,7 @@ impl RepoOp {
         let Some((start, len)) = self.op.record else {
             return Ok(py.None());
         };
-        let obj = record_to_py(py, self.bytes.slice(py), start..start + len)?.unbind();
+        let obj = record_to_py(py, self.bytes.slice(), start..start + len)?.unbind();
         self.record = Some(obj.clone_ref(py));
         Ok(obj)
     }
@@ -380,7 +458,7 @@ impl RepoOp {
         format!(
             "RepoOp(action={:?}, path={:?}, cid={})",
             self.op.action,
-            self.op.path,
+            self.path(),
             self.op
                 .cid
                 .map_or("None".into(), |c| format!("{:?}", c.to_string()))
@@ -418,18 +496,20 @@ fn record_to_py<'py>(
     })
 }
 
-/// Decodes `bytes` on this thread's decoder: the owned summary (holding `buf`, which must hold
-/// these bytes), or the frame error.
-fn decode_owned(buf: Buf, bytes: &[u8], verify_cids: bool) -> Result<FrameData, FrameError> {
+/// Decodes the frame in `buf` on this thread's decoder: the owned summary (holding `buf`), or the
+/// frame error.
+fn decode_owned(buf: Buf, verify_cids: bool) -> Result<FrameData, FrameError> {
     let run = |dec: &RefCell<FrameDecoder>| {
         let mut dec = dec.borrow_mut();
-        dec.decode(bytes).map(|f| FrameData::new(buf, &f))
+        dec.decode(buf.slice()).map(|f| FrameData::of(&f))
     };
-    if verify_cids {
+    let mut d = if verify_cids {
         DECODER.with(run)
     } else {
         DECODER_UNVERIFIED.with(run)
-    }
+    }?;
+    d.bytes = buf;
+    Ok(d)
 }
 
 /// decode_frame(data, verify_cids=True) -> Frame
@@ -441,9 +521,8 @@ fn decode_owned(buf: Buf, bytes: &[u8], verify_cids: bool) -> Result<FrameData, 
 #[pyo3(signature = (data, verify_cids = true))]
 fn decode_frame(py: Python<'_>, data: &Bound<'_, PyBytes>, verify_cids: bool) -> PyResult<Frame> {
     // The frame keeps the caller's (immutable) bytes object alive instead of copying it.
-    let buf = Buf::Py(data.clone().unbind());
-    let bytes = data.as_bytes();
-    let result = py.detach(move || decode_owned(buf, bytes, verify_cids));
+    let buf = PyBackedBytes::from(data.clone());
+    let result = py.detach(move || decode_owned(Buf::Py(buf), verify_cids));
     match result {
         Ok(d) => Ok(Frame::new(d)),
         Err(e) => Err(errors::frame_error(py, &e)),

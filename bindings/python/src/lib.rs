@@ -15,6 +15,7 @@
 //! hand Python whole batches. Bad input raises a Python exception; nothing here panics on input
 //! (and PyO3 turns a panic into `pyo3_runtime.PanicException` rather than aborting).
 
+mod batch;
 mod clients;
 mod errors;
 mod frame;
@@ -30,6 +31,7 @@ fn _riptide(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     frame::register(m)?;
+    batch::register(m)?;
     verify::register(m)?;
     repo::register(m)?;
     clients::register(m)?;

@@ -174,3 +174,35 @@ def test_jetstream_receives_every_event(serve, projection, corpus):
 def test_jetstream_compress_needs_the_dictionary():
     with pytest.raises(ValueError, match="dictionary"):
         riptide.Jetstream("ws://127.0.0.1:1", compress=True)
+
+
+def test_firehose_verifying_threads_agree_with_one(riptide_bin, frames_path, did_docs, tmp_path):
+    """The capture four times over (600 frames: the repeats are stale revisions, so verdicts depend
+    on each account's state, in order): any number of verifying threads gives the frames and
+    verdicts of one thread, in stream order."""
+    import struct
+
+    frames = list(riptide.read_corpus(frames_path)) * 4
+    path = tmp_path / "x4.bin"
+    with open(path, "wb") as f:
+        f.write(struct.pack(">I", len(frames)))
+        for fr in frames:
+            f.write(struct.pack(">I", len(fr)) + fr)
+    s = Server([riptide_bin, "relay", "--replay", path, "--listen", "127.0.0.1:0", "--window", "600"],
+               lambda l: l.strip() or None)
+    try:
+        runs = {}
+        for threads in (1, 3):
+            with riptide.Firehose(s.address, cursor=0, did_docs=did_docs, threads=threads) as fh:
+                got = take(fh, 600)
+                stats = fh.stats()
+            assert len(got) == 600
+            runs[threads] = ([frame_key(f) + (f.verdict.name, f.verdict.reason) for f in got], stats["verdicts"])
+        assert runs[3] == runs[1]
+        names = [k[-2] for k in runs[1][0]]
+        assert names[:150].count("ok") == 150
+        assert names.count("ok") < 600, "the repeats must exercise per-account state"
+        with pytest.raises(ValueError):
+            riptide.Firehose(s.address, threads=0)
+    finally:
+        s.kill()

@@ -11,6 +11,11 @@ heavy work done in Rust outside the GIL. Names and messages are those of the `ri
         verdict = verifier.verify(data)             # signature + Sync 1.1 proof
         for op in frame.ops:
             print(verdict.name, op.action, op.collection, op.rkey, op.record)
+
+    # Many frames: decoded (CIDs checked) on Rust threads while Python handles the previous ones.
+    for frame in riptide.decode_frames(riptide.read_corpus("firehose-frames.bin")):
+        for op in frame.ops:
+            print(frame.seq, op.path, op.record)
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ from ._riptide import (
     TruncatedError,
     Verdict,
     __version__,
+    FrameIterator,
     decode_frame,
+    decode_frames,
     list_records,
     verify_repo,
 )
@@ -44,6 +51,7 @@ __all__ = [
     "DecodeError",
     "Firehose",
     "Frame",
+    "FrameIterator",
     "Jetstream",
     "LimitsError",
     "MalformedError",
@@ -54,6 +62,7 @@ __all__ = [
     "Verifier",
     "__version__",
     "decode_frame",
+    "decode_frames",
     "list_records",
     "read_corpus",
     "verify_repo",

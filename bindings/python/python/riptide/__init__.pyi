@@ -16,6 +16,8 @@ class DecodeError(ValueError):
     """Byte offset in the frame."""
     name: str
     """`truncated`, `malformed`, `limits` or `bad-block-cid`."""
+    index: int
+    """The frame's position in the input (raised by `decode_frames` only)."""
 
 class TruncatedError(DecodeError): ...
 class MalformedError(DecodeError): ...
@@ -76,8 +78,8 @@ class Frame:
 
     @property
     def kind(self) -> str:
-        """`commit`, `sync`, `identity`, `account`, `info`, `error`, `unknown`; `invalid` (clients
-        only) for a frame that does not decode."""
+        """`commit`, `sync`, `identity`, `account`, `info`, `error`, `unknown`; `invalid` (clients,
+        and decode_frames with on_error="yield") for a frame that does not decode."""
     @property
     def seq(self) -> Optional[int]: ...
     @property
@@ -112,6 +114,33 @@ class Frame:
     def verdict(self) -> Optional[Verdict]: ...
     @property
     def bytes(self) -> bytes: ...
+
+class FrameIterator(Iterator[Frame]):
+    """What `decode_frames` returns: the decoded frames, in input order."""
+
+    def __iter__(self) -> "FrameIterator": ...
+    def __next__(self) -> Frame:
+        """The next frame. A frame that does not decode raises its DecodeError subclass (with
+        `.index`, its position in the input; `on_error="raise"`), after which iteration may go
+        on with the next frame."""
+    @property
+    def index(self) -> int:
+        """Frames handed out (or raised) so far: the input position of the next one."""
+
+def decode_frames(
+    frames: Iterable[Union[bytes, bytearray]],
+    verify_cids: bool = True,
+    threads: Optional[int] = None,
+    on_error: str = "raise",
+) -> FrameIterator:
+    """Decodes many frames as `decode_frame` does (every block's CID checked unless
+    `verify_cids=False`), on `threads` Rust threads with the GIL released, in batches, while the
+    calling thread builds the Python objects of the frames already decoded; frames come out in
+    input order. `threads=0` decodes on the calling thread (still in batches, GIL released);
+    default: one thread per CPU (at most 8). A frame that does not decode raises its DecodeError
+    subclass at its position (`.index`), or with `on_error="yield"` comes out as a Frame of kind
+    `invalid` with its `.error`. What the input iterable raises (or an item that is not bytes:
+    TypeError) is raised after the frames before it."""
 
 class RepoReport:
     """What verify_repo found."""
@@ -172,6 +201,7 @@ class Firehose(_Client):
         verify: bool = True,
         did_docs: Optional[_DidDocs] = None,
         plc_url: Optional[str] = None,
+        threads: Optional[int] = None,
     ) -> None: ...
     def __iter__(self) -> Iterator[Frame]: ...
     def __next__(self) -> Frame: ...

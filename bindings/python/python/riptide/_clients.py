@@ -136,8 +136,10 @@ class Firehose(_Client):
     `async for`. Reconnects with backoff, resuming after the last frame received; starts after
     `cursor` when given (else live). With `verify=True` every frame is verified on a Rust thread
     (`frame.verdict`; keys from `did_docs`, a dict or a did_docs.json path, else resolved through
-    `plc_url`, default https://plc.directory). A frame that does not decode is yielded too, as kind
-    `invalid` with its `error`: nothing is dropped silently."""
+    `plc_url`, default https://plc.directory), on `threads` threads (default: one per CPU; each
+    account's frames always on the same thread, in order, and frames handed out in stream order).
+    A frame that does not decode is yielded too, as kind `invalid` with its `error`: nothing is
+    dropped silently."""
 
     def __init__(
         self,
@@ -146,11 +148,14 @@ class Firehose(_Client):
         verify: bool = True,
         did_docs: Optional[Any] = None,
         plc_url: Optional[str] = None,
+        threads: Optional[int] = None,
     ) -> None:
         from . import _did_docs_json
 
         super().__init__()
-        self._core = _riptide._FirehoseCore(url, cursor, verify, _did_docs_json(did_docs) if verify else None, plc_url)
+        self._core = _riptide._FirehoseCore(
+            url, cursor, verify, _did_docs_json(did_docs) if verify else None, plc_url, threads
+        )
         self._cursor = cursor
 
     def _cursor_of(self, item: Any) -> Optional[int]:
