@@ -5,12 +5,17 @@
 //! the WebSocket message. Nothing is re-encoded between ingest and the socket; a clone is a
 //! reference count.
 //!
+//! The JSON is checked to be UTF-8 once, when the event is made or read from the store
+//! ([`Event::text`]): a WebSocket text message must be, and checking it per subscriber and send
+//! was, with a thousand subscribers, a thousand checks of every event.
+//!
 //! Layout (the store's value format, version 1):
 //! `[u8 version=1][u8 kind][i64 time_us][u16 did len][did][u16 collection len][collection]`
 //! `[u32 json len][json][zstd frame (may be empty: no dictionary)]`, integers big-endian.
 
 use std::ops::Range;
 
+use axum::extract::ws::Utf8Bytes;
 use bytes::Bytes;
 use riptide_jetstream::EventKind;
 
@@ -34,6 +39,8 @@ pub struct Event {
     did: Range<usize>,
     collection: Range<usize>,
     json: Range<usize>,
+    /// The JSON as text (`None`: not UTF-8, which what ingest writes always is).
+    text: Option<Utf8Bytes>,
 }
 
 const VERSION: u8 = 1;
@@ -93,11 +100,13 @@ impl Event {
         let json_at = field(&mut v, &(json.len() as u32).to_be_bytes(), json);
         v.extend_from_slice(zstd);
         debug_assert_eq!(v.len(), len);
+        let raw = Bytes::from(v);
         Event {
             seq,
             time_us,
             kind,
-            raw: Bytes::from(v),
+            text: Utf8Bytes::try_from(raw.slice(json_at.clone())).ok(),
+            raw,
             did: did_at,
             collection: collection_at,
             json: json_at,
@@ -142,6 +151,7 @@ impl Event {
             seq,
             time_us,
             kind,
+            text: Utf8Bytes::try_from(raw.slice(json.clone())).ok(),
             raw,
             did,
             collection,
@@ -177,6 +187,12 @@ impl Event {
     /// The v1 JSON text.
     pub fn json(&self) -> Bytes {
         self.raw.slice(self.json.clone())
+    }
+
+    /// The JSON as a text message's payload, checked once (module docs); `None` if it is not
+    /// UTF-8 (never for what ingest writes; such an event is not sent, and counted).
+    pub fn text(&self) -> Option<&Utf8Bytes> {
+        self.text.as_ref()
     }
 
     /// Length of the JSON (what `maxMessageSizeBytes` compares against).

@@ -167,6 +167,27 @@ impl Log {
         Ok(ReadFrom::Store)
     }
 
+    /// [`Log::read`] without I/O (for async tasks): `None` when it would have to load a block
+    /// of the store ([`Store::read_cached`]).
+    pub fn read_cached(
+        &self,
+        from: u64,
+        limit: ReadLimit,
+        out: &mut Vec<Event>,
+    ) -> Result<Option<ReadFrom>, StoreError> {
+        let from = from.max(self.store.floor());
+        if from >= self.next_seq() {
+            return Ok(Some(ReadFrom::Tip));
+        }
+        if self.read_tail(from, limit, out) {
+            return Ok(Some(ReadFrom::Tail));
+        }
+        Ok(self
+            .store
+            .read_cached(from, limit, out)?
+            .then_some(ReadFrom::Store))
+    }
+
     /// Whether `from` is in the tail (a read will not touch the disk).
     pub fn in_tail(&self, from: u64) -> bool {
         let t = self.tail.read().unwrap_or_else(|p| p.into_inner());

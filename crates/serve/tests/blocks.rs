@@ -25,6 +25,7 @@ const T: Duration = Duration::from_secs(120);
 const SMALL: StoreOptions = StoreOptions {
     block_events: 16,
     block_bytes: 1 << 20,
+    block_cache: 2,
 };
 
 fn dictionary(name: &str) -> Dictionary {
