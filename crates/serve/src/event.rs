@@ -41,6 +41,9 @@ pub struct Event {
     json: Range<usize>,
     /// The JSON as text (`None`: not UTF-8, which what ingest writes always is).
     text: Option<Utf8Bytes>,
+    /// Its `subscribeEvents` frame, made once when the event enters the in-memory tail
+    /// ([`Event::with_v2_frame`]); `None` for an event read from the store.
+    v2: Option<Utf8Bytes>,
 }
 
 const VERSION: u8 = 1;
@@ -106,6 +109,7 @@ impl Event {
             time_us,
             kind,
             text: Utf8Bytes::try_from(raw.slice(json_at.clone())).ok(),
+            v2: None,
             raw,
             did: did_at,
             collection: collection_at,
@@ -152,6 +156,7 @@ impl Event {
             time_us,
             kind,
             text: Utf8Bytes::try_from(raw.slice(json.clone())).ok(),
+            v2: None,
             raw,
             did,
             collection,
@@ -193,6 +198,26 @@ impl Event {
     /// UTF-8 (never for what ingest writes; such an event is not sent, and counted).
     pub fn text(&self) -> Option<&Utf8Bytes> {
         self.text.as_ref()
+    }
+
+    /// This event with its `subscribeEvents` frame made (`crate::v2`): for the in-memory tail,
+    /// so that replay and fan-out on v2 send a frame made once, as v1 sends the stored JSON.
+    pub fn with_v2_frame(&self) -> Event {
+        let mut e = self.clone();
+        if e.v2.is_none() {
+            e.v2 = crate::v2::render(self).map(Utf8Bytes::from);
+        }
+        e
+    }
+
+    /// The `subscribeEvents` frame made by [`Event::with_v2_frame`], if it was.
+    pub fn v2_frame(&self) -> Option<&Utf8Bytes> {
+        self.v2.as_ref()
+    }
+
+    /// Bytes this event holds in memory: the stored value and the v2 frame, if made.
+    pub fn memory_len(&self) -> usize {
+        self.raw.len() + self.v2.as_ref().map_or(0, |f| f.len())
     }
 
     /// Length of the JSON (what `maxMessageSizeBytes` compares against).

@@ -20,10 +20,12 @@
 //! v1 `cursor`: one number per event on both wires. The records, CIDs and upstream objects are
 //! the very bytes v1 sends.
 //!
-//! **Frames are cheap to make.** A frame is the ASCII envelope and head (`seq`, `did`, `time`)
-//! around a slice of the stored JSON, which is known to be UTF-8 ([`Event::text`]), written into
-//! one allocation of exactly its size, with the `time` of the last second remembered per
-//! subscriber ([`TimeFormat`]): a replay makes one at about the cost of copying it.
+//! **Frames are made once.** An event's frame is made when it enters the in-memory tail
+//! (`log.rs`, [`Event::with_v2_frame`]), so replay and fan-out from memory send shared bytes, as
+//! v1 sends the stored JSON. Events read back from the store are made into frames as they are
+//! sent, cheaply: the ASCII envelope and head (`seq`, `did`, `time`) around a slice of the stored
+//! JSON, which is known to be UTF-8 ([`Event::text`]), written into one allocation of exactly its
+//! size, with the `time` of the last second remembered per subscriber ([`TimeFormat`]).
 //!
 //! **Frame cache.** A frame (and its zstd form) is made once per event and kept in a small
 //! seq-indexed cache ([`CACHE_SLOTS`] slots, a mutex each), so a thousand live subscribers cost
@@ -730,6 +732,10 @@ impl V2 {
     /// false (an event far behind the tip, which other subscribers are unlikely to want soon)
     /// made without touching the cache.
     fn frame(&self, e: &Event, zstd: bool, cache: bool, times: &mut TimeFormat) -> Option<Message> {
+        // Made when the event entered the in-memory tail.
+        if let (Some(t), false) = (e.v2_frame(), zstd) {
+            return Some(Message::Text(t.clone()));
+        }
         if !cache {
             let text = self.render_counted(e, times)?;
             return Some(if zstd {
@@ -752,7 +758,7 @@ impl V2 {
         if let (Some(z), true) = (z, zstd) {
             return Some(Message::Binary(z));
         }
-        let text = match text {
+        let text = match text.or_else(|| e.v2_frame().cloned()) {
             Some(t) => t,
             None => self.render_counted(e, times)?,
         };
