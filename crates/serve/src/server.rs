@@ -57,7 +57,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::time::Instant;
 
@@ -572,6 +572,18 @@ impl<'a> Writer<'a> {
     /// half-way and redone: a feed that has not completed has not queued its message (the
     /// message is a cheap clone), and a flush keeps what it has not written.
     pub(crate) async fn run(&mut self, op: Op, cursor: u64) -> Result<(), Outcome> {
+        // Most writes complete at once (the write buffer has room): those need no deadline,
+        // whose clock reads and timer were a tenth of a replay's CPU. One that would wait is
+        // dropped (nothing queued) and done again below, under the deadline.
+        let at_once = match &op {
+            Op::Feed(m) => self.sink.feed(m.clone()).now_or_never(),
+            Op::Flush => self.sink.flush().now_or_never(),
+        };
+        match at_once {
+            Some(Ok(())) => return Ok(()),
+            Some(Err(_)) => return Err(Outcome::Gone),
+            None => {}
+        }
         let deadline = Instant::now() + self.app.config.write_timeout;
         loop {
             let wait = deadline
@@ -717,8 +729,9 @@ pub(crate) trait Frames {
     /// The message for `e` and its payload's length; `Ok(None)` when this subscriber does not
     /// get `e` (counted here), `Err` to end the connection.
     fn frame(&mut self, app: &App, e: &Event) -> Result<Option<(Message, usize)>, Outcome>;
-    /// A message of `len` bytes went out (the server-wide counts are [`stream`]'s).
-    fn sent(&mut self, _app: &App, _len: usize) {}
+    /// `events` messages of `bytes` bytes in all went out (the server-wide counts are
+    /// [`stream`]'s).
+    fn sent(&mut self, _app: &App, _events: u64, _bytes: u64) {}
     /// At the tip, waiting: let go of what is kept between batches.
     fn idle(&mut self) {}
 }
@@ -802,7 +815,9 @@ pub(crate) async fn stream<F: Frames>(
             }
         } else {
             frames.batch(app);
-            let mut sent = false;
+            // Counted once a batch: a thousand subscribers adding to the same counters for
+            // every event was contention for nothing.
+            let (mut events, mut bytes) = (0u64, 0u64);
             for e in batch.drain(..) {
                 next = e.seq() + 1;
                 let (msg, len) = match frames.frame(app, &e) {
@@ -814,14 +829,20 @@ pub(crate) async fn stream<F: Frames>(
                 // now, so a store batch is freed while the socket drains.
                 drop(e);
                 if let Err(o) = w.run(Op::Feed(msg), next).await {
+                    m.events_out.fetch_add(events, Relaxed);
+                    m.bytes_out.fetch_add(bytes, Relaxed);
+                    frames.sent(app, events, bytes);
                     return o;
                 }
-                sent = true;
-                m.events_out.fetch_add(1, Relaxed);
-                m.bytes_out.fetch_add(len as u64, Relaxed);
-                frames.sent(app, len);
+                events += 1;
+                bytes += len as u64;
             }
-            if let Err(o) = w.end_batch(sent, next, ctl_rx, shutdown).await {
+            if events > 0 {
+                m.events_out.fetch_add(events, Relaxed);
+                m.bytes_out.fetch_add(bytes, Relaxed);
+                frames.sent(app, events, bytes);
+            }
+            if let Err(o) = w.end_batch(events > 0, next, ctl_rx, shutdown).await {
                 return o;
             }
         }

@@ -1211,10 +1211,10 @@ impl Frames for V2Frames<'_> {
         Ok(Some((msg, len)))
     }
 
-    fn sent(&mut self, app: &App, len: usize) {
+    fn sent(&mut self, app: &App, events: u64, bytes: u64) {
         let vm = &app.v2.metrics;
-        vm.events_out.fetch_add(1, Relaxed);
-        vm.bytes_out.fetch_add(len as u64, Relaxed);
+        vm.events_out.fetch_add(events, Relaxed);
+        vm.bytes_out.fetch_add(bytes, Relaxed);
     }
 }
 
