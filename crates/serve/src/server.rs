@@ -24,6 +24,13 @@
 //! whose socket drains slowly delays only itself (a permit held until a batch was written let 32
 //! slow sockets starve every other reader behind the tail: `bench/results/2026-11-24-vm/saturation.md`).
 //!
+//! **Fair shares.** When the cores cannot keep every subscriber at the tip, what they can do
+//! is shared out a batch at a time: a subscriber yields after each batch it writes, so every
+//! subscriber ready to write gets one batch (at most [`ServerConfig::read`]) per round. Without
+//! it a subscriber whose socket kept taking data wrote until tokio's cooperative budget ran out
+//! (about a megabyte), and under saturation a few subscribers got tens of thousands of events
+//! while most got a few hundred.
+//!
 //! **Slow consumers** (see `slow.rs`): a subscriber has no queue, so a slow one only falls behind
 //! — to the in-memory tail, then to the store — and costs no more memory. It is dropped (TCP
 //! closed, no close frame, counted by reason) when it is more than 100,000 events behind and its
@@ -622,6 +629,10 @@ impl<'a> Writer<'a> {
                 // Each subscriber's next batch is the larger for it (fewer wake-ups and writes
                 // per event); nothing is skipped.
                 tokio::time::sleep(pause).await;
+            } else {
+                // One batch per turn: the others waiting for a core get theirs before this
+                // subscriber's next (module docs, "Fair shares").
+                tokio::task::yield_now().await;
             }
         }
         self.check_slow(cursor)?;
