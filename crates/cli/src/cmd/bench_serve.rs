@@ -423,7 +423,10 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         let m = |k: &str| out[k]["median"].as_f64().unwrap_or(0.0);
         (m(v1) > 0.0).then(|| m(v2) / m(v1))
     };
-    let memory = ratio("v2_replay_memory_events_per_s", "replay_memory_events_per_s");
+    let memory = ratio(
+        "v2_replay_memory_events_per_s",
+        "replay_memory_events_per_s",
+    );
     let disk = ratio("v2_replay_disk_events_per_s", "replay_disk_events_per_s");
     out["v2_to_v1_replay_memory"] = serde_json::json!(memory);
     out["v2_to_v1_replay_disk"] = serde_json::json!(disk);
