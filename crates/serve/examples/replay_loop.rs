@@ -8,25 +8,15 @@
 //! ```
 //!
 //! `memory` loads every stored event into the in-memory tail first; `disk` reads through an
-//! empty tail. Prints events/s and this process's CPU-µs per event (server and client).
+//! empty tail. Prints events/s per pass. For CPU per event, run it under
+//! `perf stat -e task-clock` with PASSES and with 0 passes (the setup) and divide the difference
+//! by the events (`bench/results/2026-11-24-vm/v2fast.md`).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use futures_util::StreamExt;
 use riptide_serve::{router, App, Log, Metrics, ReadLimit, ServerConfig, Store, TailLimits};
-
-fn cpu_secs() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = after
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    f.iter().sum::<u64>() as f64 / 100.0
-}
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -84,7 +74,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => format!("{}?cursor=0", riptide_serve::v2::SUBSCRIBE_EVENTS),
     };
     for pass in 0..passes {
-        let (cpu0, t0) = (cpu_secs(), Instant::now());
+        let t0 = Instant::now();
         let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}{path}")).await?;
         let mut got = 0u64;
         while got < expect {
@@ -96,9 +86,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let secs = t0.elapsed().as_secs_f64();
         println!(
-            "pass {pass}: {wire} {source} {got} events: {:.0} events/s, {:.3} CPU-µs/event",
-            got as f64 / secs,
-            (cpu_secs() - cpu0) * 1e6 / got as f64
+            "pass {pass}: {wire} {source} {got} events: {:.0} events/s",
+            got as f64 / secs
         );
     }
     Ok(())
