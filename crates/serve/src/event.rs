@@ -5,12 +5,17 @@
 //! the WebSocket message. Nothing is re-encoded between ingest and the socket; a clone is a
 //! reference count.
 //!
+//! The JSON is checked to be UTF-8 once, when the event is made or read from the store
+//! ([`Event::text`]): a WebSocket text message must be, and checking it per subscriber and send
+//! was, with a thousand subscribers, a thousand checks of every event.
+//!
 //! Layout (the store's value format, version 1):
 //! `[u8 version=1][u8 kind][i64 time_us][u16 did len][did][u16 collection len][collection]`
 //! `[u32 json len][json][zstd frame (may be empty: no dictionary)]`, integers big-endian.
 
 use std::ops::Range;
 
+use axum::extract::ws::Utf8Bytes;
 use bytes::Bytes;
 use riptide_jetstream::EventKind;
 
@@ -34,6 +39,11 @@ pub struct Event {
     did: Range<usize>,
     collection: Range<usize>,
     json: Range<usize>,
+    /// The JSON as text (`None`: not UTF-8, which what ingest writes always is).
+    text: Option<Utf8Bytes>,
+    /// Its `subscribeEvents` frame, made once when the event enters the in-memory tail
+    /// ([`Event::with_v2_frame`]); `None` for an event read from the store.
+    v2: Option<Utf8Bytes>,
 }
 
 const VERSION: u8 = 1;
@@ -93,11 +103,14 @@ impl Event {
         let json_at = field(&mut v, &(json.len() as u32).to_be_bytes(), json);
         v.extend_from_slice(zstd);
         debug_assert_eq!(v.len(), len);
+        let raw = Bytes::from(v);
         Event {
             seq,
             time_us,
             kind,
-            raw: Bytes::from(v),
+            text: Utf8Bytes::try_from(raw.slice(json_at.clone())).ok(),
+            v2: None,
+            raw,
             did: did_at,
             collection: collection_at,
             json: json_at,
@@ -142,6 +155,8 @@ impl Event {
             seq,
             time_us,
             kind,
+            text: Utf8Bytes::try_from(raw.slice(json.clone())).ok(),
+            v2: None,
             raw,
             did,
             collection,
@@ -177,6 +192,32 @@ impl Event {
     /// The v1 JSON text.
     pub fn json(&self) -> Bytes {
         self.raw.slice(self.json.clone())
+    }
+
+    /// The JSON as a text message's payload, checked once (module docs); `None` if it is not
+    /// UTF-8 (never for what ingest writes; such an event is not sent, and counted).
+    pub fn text(&self) -> Option<&Utf8Bytes> {
+        self.text.as_ref()
+    }
+
+    /// This event with its `subscribeEvents` frame made (`crate::v2`): for the in-memory tail,
+    /// so that replay and fan-out on v2 send a frame made once, as v1 sends the stored JSON.
+    pub fn with_v2_frame(&self) -> Event {
+        let mut e = self.clone();
+        if e.v2.is_none() {
+            e.v2 = crate::v2::render(self).map(Utf8Bytes::from);
+        }
+        e
+    }
+
+    /// The `subscribeEvents` frame made by [`Event::with_v2_frame`], if it was.
+    pub fn v2_frame(&self) -> Option<&Utf8Bytes> {
+        self.v2.as_ref()
+    }
+
+    /// Bytes this event holds in memory: the stored value and the v2 frame, if made.
+    pub fn memory_len(&self) -> usize {
+        self.raw.len() + self.v2.as_ref().map_or(0, |f| f.len())
     }
 
     /// Length of the JSON (what `maxMessageSizeBytes` compares against).

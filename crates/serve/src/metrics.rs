@@ -127,6 +127,9 @@ pub struct Metrics {
     pub events_filtered: AtomicU64,
     /// Events not sent because they exceed `maxMessageSizeBytes`.
     pub events_oversize: AtomicU64,
+    /// Events not sent: their stored JSON is not UTF-8 (or, on `subscribeEvents`, lacks the v1
+    /// prefix a frame is made from). Never expected: what ingest writes always is.
+    pub events_unsendable: AtomicU64,
     /// Reads a subscriber served from the store (replay or fallen behind the tail).
     pub replay_reads: AtomicU64,
     /// Reads served from the in-memory tail.
@@ -376,6 +379,12 @@ impl Metrics {
             "counter",
             "Events not sent: over maxMessageSizeBytes.",
             c(&self.events_oversize),
+        );
+        one(
+            "riptide_events_unsendable_total",
+            "counter",
+            "Events not sent: their stored JSON is not UTF-8 or not in the stored shape (never expected; logged).",
+            c(&self.events_unsendable),
         );
         one(
             "riptide_replay_reads_total",

@@ -6,18 +6,32 @@
 //! plus a reader task for client messages. Shutdown closes every subscriber with 1001
 //! `server shutting down`.
 //!
+//! **One loop for both wires.** `/subscribe` and `subscribeEvents` (`v2.rs`) run the same
+//! subscriber loop ([`stream`]): read a batch, write it, flush, step aside, slow rule, control,
+//! keepalive. They differ only in which events a subscriber gets and how an event becomes a
+//! message ([`Frames`]), so a change to the loop (a pause, a rule, a read) reaches both.
+//!
 //! **Memory per subscriber is constant and small**, whatever the event rate and however far
 //! behind the subscriber is: a 4 KiB WebSocket read buffer ([`WS_READ_BUFFER`]; clients send
 //! little), a write buffer of [`WS_WRITE_BUFFER`] plus one event, and one read batch of at most
-//! [`ServerConfig::read`] (256 events or 16 KiB of stored values) from the in-memory tail. A batch
-//! from the tail shares the tail's events, until the tail evicts them; a batch from the store is a
-//! copy. Store reads are larger ([`ServerConfig::store_read`], 512 events or 256 KiB: a read
-//! costs a seek and a hop to the blocking pool, ~60 µs, and replay from disk must stay above
-//! 400k events/s), so they are rationed globally rather than per subscriber: at most
-//! [`ServerConfig::store_batches`] (32) store batches exist at once (a subscriber holds its permit
-//! until its batch is written; the others wait, which a lagging subscriber can afford), and at
-//! most [`ServerConfig::store_readers`] reads run on the blocking pool at a time. So a thousand
-//! lagging subscribers cost 8 MiB of store batches, not a thousand batches.
+//! [`ServerConfig::read`] (256 events or 16 KiB of stored values). A batch from the in-memory
+//! tail shares the tail's events, until the tail evicts them; a batch from the store is a copy
+//! out of a decompressed block, which the store keeps in a small cache shared by every reader
+//! (`store.rs`). A store read that finds its block cached (or in the store's unsealed events) is
+//! served on the spot, like a tail read; one that must load a block goes to the blocking pool,
+//! at most [`ServerConfig::store_readers`] at a time, and the readers behind it find the block
+//! cached. Nothing is held across a socket write but the subscriber's own batch: a subscriber
+//! whose socket drains slowly delays only itself (a permit held until a batch was written let 32
+//! slow sockets starve every other reader behind the tail: `bench/results/2026-11-24-vm/saturation.md`).
+//!
+//! **Fair shares.** When the cores cannot keep every subscriber at the tip, what they can do
+//! is shared out a batch at a time: a subscriber with more to read yields after each batch it
+//! writes, so every subscriber ready to write gets one batch (at most [`ServerConfig::read`])
+//! per round. (One at the tip does not: it waits for news anyway, and a yield per small live
+//! batch cost ~10% of what 1,000 live subscribers were delivered.) Without
+//! it a subscriber whose socket kept taking data wrote until tokio's cooperative budget ran out
+//! (about a megabyte), and under saturation a few subscribers got tens of thousands of events
+//! while most got a few hundred.
 //!
 //! **Slow consumers** (see `slow.rs`): a subscriber has no queue, so a slow one only falls behind
 //! — to the in-memory tail, then to the store — and costs no more memory. It is dropped (TCP
@@ -40,6 +54,7 @@
 //! opcodes, oversized pings, a close code that is not allowed) are answered with the close code
 //! RFC 6455 asks for (1007, 1002, 1009), counted in `riptide_client_errors_total`.
 
+use std::fmt::Write as _;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicI64};
 use std::sync::Arc;
@@ -51,7 +66,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::time::Instant;
 
@@ -124,13 +139,9 @@ pub struct ServerConfig {
     /// write is blocked the slow-consumer rule is applied, which drops a subscriber only when it
     /// is far behind *and* slow for a sustained window.
     pub write_timeout: Duration,
-    /// How much one read from the in-memory tail may return (events and bytes).
+    /// How much one read (from the in-memory tail or the store) may return (events and bytes).
     pub read: ReadLimit,
-    /// How much one read from the store may return.
-    pub store_read: ReadLimit,
-    /// Most store batches held by subscribers at once (each up to `store_read.bytes`).
-    pub store_batches: usize,
-    /// Store reads (subscribers behind the in-memory tail) running at once.
+    /// Store reads that must load (decompress) a block, running at once on the blocking pool.
     pub store_readers: usize,
     /// When a subscriber far behind the tip is dropped.
     pub slow: SlowPolicy,
@@ -155,11 +166,6 @@ impl Default for ServerConfig {
             pong_timeout: Duration::from_secs(5),
             write_timeout: Duration::from_secs(120),
             read: ReadLimit::default(),
-            store_read: ReadLimit {
-                events: 512,
-                bytes: 256 << 10,
-            },
-            store_batches: 32,
             store_readers: 2,
             slow: SlowPolicy::default(),
             ready_max_idle: Some(Duration::from_secs(120)),
@@ -186,7 +192,6 @@ pub struct App {
     pub v2: crate::v2::V2,
     pub(crate) shutdown: watch::Sender<bool>,
     store_reads: Semaphore,
-    store_batches: Semaphore,
     /// Compressors of `config.v1_dictionary` (see there).
     v1_compressors: Option<crate::compress::CompressorPool>,
 }
@@ -195,7 +200,6 @@ impl App {
     /// New state.
     pub fn new(log: Arc<Log>, metrics: Arc<Metrics>, config: ServerConfig) -> Arc<App> {
         let store_reads = Semaphore::new(config.store_readers.max(1));
-        let store_batches = Semaphore::new(config.store_batches.max(1));
         let v2 = crate::v2::V2::new(config.v2_dictionary.clone());
         let v1_compressors = config
             .v1_dictionary
@@ -205,7 +209,6 @@ impl App {
             v1_compressors,
             v2,
             store_reads,
-            store_batches,
             log,
             metrics,
             config,
@@ -313,6 +316,32 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             app.ingest_finished.load(Relaxed) as u8 as f64,
         ),
     ]);
+    let cache = app.log.store().block_cache_stats();
+    for (name, kind, help, v) in [
+        (
+            "riptide_block_cache_hits_total",
+            "counter",
+            "Store reads that found their block decompressed in the shared cache.",
+            cache.hits.load(Relaxed),
+        ),
+        (
+            "riptide_block_cache_loads_total",
+            "counter",
+            "Store blocks decompressed (reads that did not find their block cached).",
+            cache.loads.load(Relaxed),
+        ),
+        (
+            "riptide_block_cache_bytes",
+            "gauge",
+            "Bytes of decompressed store blocks held by the shared cache.",
+            cache.bytes.load(Relaxed),
+        ),
+    ] {
+        let _ = writeln!(
+            text,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+        );
+    }
     app.v2.render_metrics(&app.metrics, &mut text);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
@@ -552,6 +581,18 @@ impl<'a> Writer<'a> {
     /// half-way and redone: a feed that has not completed has not queued its message (the
     /// message is a cheap clone), and a flush keeps what it has not written.
     pub(crate) async fn run(&mut self, op: Op, cursor: u64) -> Result<(), Outcome> {
+        // Most writes complete at once (the write buffer has room): those need no deadline,
+        // whose clock reads and timer were a tenth of a replay's CPU. One that would wait is
+        // dropped (nothing queued) and done again below, under the deadline.
+        let at_once = match &op {
+            Op::Feed(m) => self.sink.feed(m.clone()).now_or_never(),
+            Op::Flush => self.sink.flush().now_or_never(),
+        };
+        match at_once {
+            Some(Ok(())) => return Ok(()),
+            Some(Err(_)) => return Err(Outcome::Gone),
+            None => {}
+        }
         let deadline = Instant::now() + self.app.config.write_timeout;
         loop {
             let wait = deadline
@@ -590,6 +631,11 @@ impl<'a> Writer<'a> {
                 // Each subscriber's next batch is the larger for it (fewer wake-ups and writes
                 // per event); nothing is skipped.
                 tokio::time::sleep(pause).await;
+            } else if cursor < self.app.log.next_seq() {
+                // Behind, with more to read: one batch per turn, the others waiting for a core
+                // get theirs before this subscriber's next (module docs, "Fair shares"). At the
+                // tip it waits for news anyway.
+                tokio::task::yield_now().await;
             }
         }
         self.check_slow(cursor)?;
@@ -678,23 +724,102 @@ async fn serve(
             _ = shutdown.changed() => return Outcome::Close(1001, "server shutting down".into()),
         }
     }
-    let mut next = start.unwrap_or_else(|| app.log.next_seq());
+    let next = start.unwrap_or_else(|| app.log.next_seq());
+    let filter = filter_rx.borrow().clone();
+    let mut frames = V1Frames {
+        filter,
+        filter_rx,
+        compress: opts.compress,
+    };
+    let mut w = Writer::new(sink, app);
+    stream(app, &mut w, &mut frames, next, ctl_rx, shutdown, last_pong).await
+}
+
+/// What differs between `/subscribe` and `subscribeEvents` once a subscriber streams: which
+/// events it gets and how each becomes a message (module docs). Everything else is [`stream`]'s.
+pub(crate) trait Frames {
+    /// Before each batch (`/subscribe` picks up an `options_update` here).
+    fn batch(&mut self, app: &App);
+    /// The message for `e` and its payload's length; `Ok(None)` when this subscriber does not
+    /// get `e` (counted here), `Err` to end the connection.
+    fn frame(&mut self, app: &App, e: &Event) -> Result<Option<(Message, usize)>, Outcome>;
+    /// `events` messages of `bytes` bytes in all went out (the server-wide counts are
+    /// [`stream`]'s).
+    fn sent(&mut self, _app: &App, _events: u64, _bytes: u64) {}
+    /// At the tip, waiting: let go of what is kept between batches.
+    fn idle(&mut self) {}
+}
+
+/// `/subscribe`'s frames: the stored JSON as is, or its zstd frame (`compress=true`).
+struct V1Frames<'a> {
+    filter_rx: &'a mut watch::Receiver<Arc<Filter>>,
+    filter: Arc<Filter>,
+    compress: bool,
+}
+
+impl Frames for V1Frames<'_> {
+    fn batch(&mut self, _app: &App) {
+        self.filter = self.filter_rx.borrow_and_update().clone();
+    }
+
+    fn frame(&mut self, app: &App, e: &Event) -> Result<Option<(Message, usize)>, Outcome> {
+        let m = &app.metrics;
+        // `#sync` is stored for v2 and never sent on v1 (protocol §4.1).
+        if e.kind() == riptide_jetstream::EventKind::Sync {
+            return Ok(None);
+        }
+        if !self.filter.wants(e) {
+            m.events_filtered.fetch_add(1, Relaxed);
+            return Ok(None);
+        }
+        if self.filter.max_size > 0 && e.json_len() > self.filter.max_size as usize {
+            m.events_oversize.fetch_add(1, Relaxed);
+            return Ok(None);
+        }
+        if self.compress {
+            let z = v1_zstd(app, e)?;
+            let len = z.len();
+            return Ok(Some((Message::Binary(z), len)));
+        }
+        match e.text() {
+            Some(t) => Ok(Some((Message::Text(t.clone()), e.json_len()))),
+            None => {
+                unsendable(app, e, "stored JSON is not UTF-8");
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Counts and logs an event that cannot be sent (never expected: `Metrics::events_unsendable`).
+pub(crate) fn unsendable(app: &App, e: &Event, why: &str) {
+    app.metrics.events_unsendable.fetch_add(1, Relaxed);
+    tracing::error!(seq = e.seq(), "{why}; event not sent");
+}
+
+/// The subscriber loop of both wires (module docs), from seq `next` until the connection ends.
+pub(crate) async fn stream<F: Frames>(
+    app: &App,
+    w: &mut Writer<'_>,
+    frames: &mut F,
+    mut next: u64,
+    ctl_rx: &mut mpsc::Receiver<Ctl>,
+    shutdown: &mut watch::Receiver<bool>,
+    last_pong: &AtomicI64,
+) -> Outcome {
     let mut tip = app.log.watch();
     let mut batch: Vec<Event> = Vec::with_capacity(IDLE_BATCH_CAPACITY);
     let mut tick = tokio::time::interval(app.config.ping_interval.min(app.config.pong_timeout));
     let mut ping = Keepalive::new();
     let m = &app.metrics;
-    let mut w = Writer::new(sink, app);
-    // Held while this subscriber holds a store batch.
-    let mut store_batch: Option<tokio::sync::SemaphorePermit<'_>> = None;
     loop {
         batch.clear();
-        drop(store_batch.take());
-        if let Err(o) = read_batch(app, next, &mut batch, &mut store_batch).await {
+        if let Err(o) = read_batch(app, next, &mut batch).await {
             return o;
         }
         if batch.is_empty() {
             batch.shrink_to(IDLE_BATCH_CAPACITY);
+            frames.idle();
             // At the tip: wait for news, client control, shutdown or the ping timer.
             tokio::select! {
                 r = tip.changed() => if r.is_err() { return Outcome::Close(1001, "server shutting down".into()) },
@@ -703,46 +828,35 @@ async fn serve(
                 _ = tick.tick() => {}
             }
         } else {
-            let filter = filter_rx.borrow_and_update().clone();
-            let mut sent = false;
+            frames.batch(app);
+            // Counted once a batch: a thousand subscribers adding to the same counters for
+            // every event was contention for nothing.
+            let (mut events, mut bytes) = (0u64, 0u64);
             for e in batch.drain(..) {
                 next = e.seq() + 1;
-                // `#sync` is stored for v2 and never sent on v1 (protocol §4.1).
-                if e.kind() == riptide_jetstream::EventKind::Sync {
-                    continue;
-                }
-                if !filter.wants(&e) {
-                    m.events_filtered.fetch_add(1, Relaxed);
-                    continue;
-                }
-                if filter.max_size > 0 && e.json_len() > filter.max_size as usize {
-                    m.events_oversize.fetch_add(1, Relaxed);
-                    continue;
-                }
-                let (msg, len) = if opts.compress {
-                    let z = match v1_zstd(app, &e) {
-                        Ok(z) => z,
-                        Err(o) => return o,
-                    };
-                    let len = z.len();
-                    (Message::Binary(z), len)
-                } else {
-                    match Utf8Bytes::try_from(e.json()) {
-                        Ok(t) => (Message::Text(t), e.json_len()),
-                        Err(_) => continue,
-                    }
+                let (msg, len) = match frames.frame(app, &e) {
+                    Ok(Some(f)) => f,
+                    Ok(None) => continue,
+                    Err(o) => return o,
                 };
-                // The event's bytes are copied into the write buffer: drop our reference now,
-                // so a store batch is freed while the socket drains.
+                // The message's bytes are copied into the write buffer: drop our reference
+                // now, so a store batch is freed while the socket drains.
                 drop(e);
                 if let Err(o) = w.run(Op::Feed(msg), next).await {
+                    m.events_out.fetch_add(events, Relaxed);
+                    m.bytes_out.fetch_add(bytes, Relaxed);
+                    frames.sent(app, events, bytes);
                     return o;
                 }
-                sent = true;
-                m.events_out.fetch_add(1, Relaxed);
-                m.bytes_out.fetch_add(len as u64, Relaxed);
+                events += 1;
+                bytes += len as u64;
             }
-            if let Err(o) = w.end_batch(sent, next, ctl_rx, shutdown).await {
+            if events > 0 {
+                m.events_out.fetch_add(events, Relaxed);
+                m.bytes_out.fetch_add(bytes, Relaxed);
+                frames.sent(app, events, bytes);
+            }
+            if let Err(o) = w.end_batch(events > 0, next, ctl_rx, shutdown).await {
                 return o;
             }
         }
@@ -769,40 +883,47 @@ fn v1_zstd(app: &App, e: &Event) -> Result<bytes::Bytes, Outcome> {
     })
 }
 
-/// Reads the next batch for a subscriber whose next seq is `next` into `batch`: from the
-/// in-memory tail, or from the store on the blocking pool, rationed (module docs); a store batch
-/// holds a permit in `store_batch` until the caller has written it. Counts the read.
-pub(crate) async fn read_batch<'a>(
-    app: &'a App,
+/// Reads the next batch for a subscriber whose next seq is `next` into `batch`, within
+/// [`ServerConfig::read`]: from the in-memory tail, or from the store — on the spot when its
+/// block is cached, else on the blocking pool, at most [`ServerConfig::store_readers`] at a time
+/// (module docs). Counts the read.
+pub(crate) async fn read_batch(
+    app: &App,
     next: u64,
     batch: &mut Vec<Event>,
-    store_batch: &mut Option<tokio::sync::SemaphorePermit<'a>>,
 ) -> Result<(), Outcome> {
     let m = &app.metrics;
-    let from = if app.log.in_tail(next) || next >= app.log.next_seq() {
-        app.log.read(next, app.config.read, batch)
-    } else {
-        // Behind the tail: a store read, on the blocking pool, rationed (module docs).
-        let (Ok(held), Ok(_reading)) = (
-            app.store_batches.acquire().await,
-            app.store_reads.acquire().await,
-        ) else {
-            return Err(Outcome::Close(1001, "server shutting down".into()));
-        };
-        *store_batch = Some(held);
-        let log = app.log.clone();
-        let mut b = std::mem::take(batch);
-        let limit = app.config.store_read;
-        match tokio::task::spawn_blocking(move || log.read(next, limit, &mut b).map(|r| (r, b)))
-            .await
-        {
-            Ok(Ok((r, b))) => {
-                *batch = b;
-                Ok(r)
+    let limit = app.config.read;
+    let from = match app.log.read_cached(next, limit, batch) {
+        Ok(Some(r)) => Ok(r),
+        Ok(None) => {
+            // Its block must be loaded: on the blocking pool, rationed.
+            let Ok(_reading) = app.store_reads.acquire().await else {
+                return Err(Outcome::Close(1001, "server shutting down".into()));
+            };
+            // Loaded meanwhile by the reader before us?
+            match app.log.read_cached(next, limit, batch) {
+                Ok(Some(r)) => Ok(r),
+                Err(e) => Err(e),
+                Ok(None) => {
+                    let log = app.log.clone();
+                    let mut b = std::mem::take(batch);
+                    match tokio::task::spawn_blocking(move || {
+                        log.read(next, limit, &mut b).map(|r| (r, b))
+                    })
+                    .await
+                    {
+                        Ok(Ok((r, b))) => {
+                            *batch = b;
+                            Ok(r)
+                        }
+                        Ok(Err(e)) => Err(e),
+                        Err(_) => return Err(Outcome::Close(1011, "internal error".into())),
+                    }
+                }
             }
-            Ok(Err(e)) => Err(e),
-            Err(_) => return Err(Outcome::Close(1011, "internal error".into())),
         }
+        Err(e) => Err(e),
     };
     match from {
         Err(e) => {

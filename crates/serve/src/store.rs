@@ -20,10 +20,15 @@
 //! its own) of the events' stored values *without* their zstd form. Only the JSON is kept; the
 //! zstd form is derived again when a `compress=true` subscriber reads a sealed event from disk
 //! (`server.rs`), and Jetstream v2's frames are derived from the JSON anyway (`v2.rs`). Reading a
-//! block decompresses it whole (~1 GB/s); the last few are cached decompressed
-//! ([`BLOCK_CACHE`]), so a replay reading 512 events at a time decompresses each block once.
-//! Events leave a cached block as copies, as they left fjall's blocks before: the byte cap of a
-//! read still bounds what a subscriber's batch holds.
+//! block decompresses it whole (~1 GB/s, ~3 ms for a block of the capture's events), so the
+//! most recently used blocks are kept decompressed ([`StoreOptions::block_cache`], 8 by default,
+//! shared by every reader): a replay reads each block in many small reads and decompresses it
+//! once, and a thousand subscribers that fell out of the in-memory tail together share the
+//! blocks they read instead of decompressing each a thousand times. A read that finds its block
+//! cached needs no I/O, so the server serves it on the spot ([`Store::read_cached`]); only a
+//! read that must load a block goes to the blocking pool. Hits, loads and the cache's bytes are
+//! in `/metrics` (`riptide_block_cache_*`). Events leave a cached block as copies, as they left
+//! fjall's blocks before: the byte cap of a read still bounds what a subscriber's batch holds.
 //!
 //! Events are durable before they are sealed: an ingest batch's events go to `recent` (with both
 //! forms, so nothing changes for them), and the batch that brings the unsealed events to a block's
@@ -100,9 +105,6 @@ use crate::log::ReadLimit;
 /// and fixed so the connection budget can leave room for it (`limits.rs`): a store that cannot
 /// open its next journal file is poisoned.
 pub const STORE_MAX_OPEN_FILES: usize = 256;
-
-/// Decompressed blocks kept for reads (module docs): a replay reads each block in several reads.
-pub const BLOCK_CACHE: usize = 4;
 
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
@@ -213,6 +215,9 @@ pub struct StoreOptions {
     pub block_events: usize,
     /// Most bytes of stored values (without their zstd forms) in one block before compression.
     pub block_bytes: usize,
+    /// Decompressed blocks kept for reads (module docs): at most this many times `block_bytes`
+    /// of memory, shared by every reader.
+    pub block_cache: usize,
 }
 
 impl Default for StoreOptions {
@@ -220,6 +225,7 @@ impl Default for StoreOptions {
         StoreOptions {
             block_events: 4096,
             block_bytes: 4 << 20,
+            block_cache: 8,
         }
     }
 }
@@ -294,10 +300,24 @@ pub struct Store {
     pending: Arc<Mutex<Pending>>,
     /// Held by a writer for the whole of an append (one writer at a time).
     writing: Arc<Mutex<()>>,
+    /// Decompressed blocks, least recently used first.
     cache: Arc<Mutex<VecDeque<Arc<Block>>>>,
     /// The buffer of the block last evicted from `cache`, for the next one.
     spare: Arc<Mutex<Vec<u8>>>,
+    /// What the block cache did (module docs).
+    cache_stats: Arc<BlockCacheStats>,
     options: StoreOptions,
+}
+
+/// Counters of the decompressed-block cache, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct BlockCacheStats {
+    /// Reads of a sealed block that found it decompressed.
+    pub hits: AtomicU64,
+    /// Blocks decompressed (a read that did not find its block).
+    pub loads: AtomicU64,
+    /// Bytes of decompressed blocks held by the cache now.
+    pub bytes: AtomicU64,
 }
 
 impl std::fmt::Debug for Store {
@@ -639,6 +659,7 @@ impl Store {
             writing: Arc::default(),
             cache: Arc::default(),
             spare: Arc::default(),
+            cache_stats: Arc::default(),
             options,
         };
         let get = |k: &[u8]| store.meta.get(k).map_err(|e| store.err(e));
@@ -972,16 +993,27 @@ impl Store {
         self.floor.load(Relaxed)
     }
 
+    /// What the decompressed-block cache did.
+    pub fn block_cache_stats(&self) -> &BlockCacheStats {
+        &self.cache_stats
+    }
+
+    /// The cached block holding `seq`, made the most recently used.
+    fn cached_block(&self, seq: u64) -> Option<Arc<Block>> {
+        let mut c = lock(&self.cache);
+        let i = c
+            .iter()
+            .rposition(|b| b.first <= seq && seq < b.first + b.count())?;
+        let b = c.remove(i)?;
+        c.push_back(b.clone());
+        self.cache_stats.hits.fetch_add(1, Relaxed);
+        Some(b)
+    }
+
     /// The sealed block holding `seq`, or the first one after it; `None` past the last block.
     fn block_at(&self, seq: u64) -> Result<Option<Arc<Block>>, StoreError> {
-        {
-            let c = lock(&self.cache);
-            if let Some(b) = c
-                .iter()
-                .find(|b| b.first <= seq && seq < b.first + b.count())
-            {
-                return Ok(Some(b.clone()));
-            }
+        if let Some(b) = self.cached_block(seq) {
+            return Ok(Some(b));
         }
         let key = seq.to_be_bytes();
         let found = match self.blocks.range(..=key).next_back() {
@@ -1001,13 +1033,29 @@ impl Store {
         };
         let spare = std::mem::take(&mut *lock(&self.spare));
         let block = Arc::new(open_block(be64(&k), &v, spare)?);
+        self.cache_stats.loads.fetch_add(1, Relaxed);
         let mut c = lock(&self.cache);
-        if c.len() >= BLOCK_CACHE {
+        // Another reader may have loaded the same block meanwhile: keep one copy.
+        if let Some(i) = c.iter().position(|b| b.first == block.first) {
+            if let Some(old) = c.remove(i) {
+                self.cache_stats
+                    .bytes
+                    .fetch_sub(old.data.capacity() as u64, Relaxed);
+            }
+        }
+        while c.len() >= self.options.block_cache.max(1) {
+            let Some(old) = c.pop_front() else { break };
+            self.cache_stats
+                .bytes
+                .fetch_sub(old.data.capacity() as u64, Relaxed);
             // Its buffer serves the next block, unless a reader still holds it.
-            if let Some(Ok(old)) = c.pop_front().map(Arc::try_unwrap) {
+            if let Ok(old) = Arc::try_unwrap(old) {
                 *lock(&self.spare) = old.data;
             }
         }
+        self.cache_stats
+            .bytes
+            .fetch_add(block.data.capacity() as u64, Relaxed);
         c.push_back(block.clone());
         Ok(Some(block))
     }
@@ -1022,6 +1070,29 @@ impl Store {
         limit: ReadLimit,
         out: &mut Vec<Event>,
     ) -> Result<(), StoreError> {
+        self.read_inner(from, limit, out, true).map(|_| ())
+    }
+
+    /// [`Store::read_from`] without I/O: `false` (and nothing read) when the first event wanted
+    /// is in a sealed block that is not cached. Otherwise it reads what the cache and the
+    /// unsealed events hold (possibly fewer events than a full read, none at the end of the
+    /// store) and says `true`. For the server's async tasks (module docs).
+    pub fn read_cached(
+        &self,
+        from: u64,
+        limit: ReadLimit,
+        out: &mut Vec<Event>,
+    ) -> Result<bool, StoreError> {
+        self.read_inner(from, limit, out, false)
+    }
+
+    fn read_inner(
+        &self,
+        from: u64,
+        limit: ReadLimit,
+        out: &mut Vec<Event>,
+        load: bool,
+    ) -> Result<bool, StoreError> {
         let (start, mut bytes) = (out.len(), 0);
         let mut from = from.max(self.floor());
         loop {
@@ -1030,7 +1101,16 @@ impl Store {
                 if from >= sealed_end {
                     break;
                 }
-                let Some(block) = self.block_at(from)? else {
+                let block = if load {
+                    self.block_at(from)?
+                } else {
+                    match self.cached_block(from) {
+                        Some(b) => Some(b),
+                        // Not cached: what was read so far, or ask for a loading read.
+                        None => return Ok(out.len() > start),
+                    }
+                };
+                let Some(block) = block else {
                     // No block at or after `from` (retention dropped them): nothing sealed left.
                     from = sealed_end;
                     break;
@@ -1058,7 +1138,7 @@ impl Store {
                     }
                 }
                 if end < block.starts.len() {
-                    return Ok(());
+                    return Ok(true);
                 }
                 from = block.first + block.count();
             }
@@ -1068,7 +1148,7 @@ impl Store {
                 continue;
             }
             let Some(first) = p.events.first().map(Event::seq) else {
-                return Ok(());
+                return Ok(true);
             };
             let skip = from.saturating_sub(first) as usize;
             for e in p.events.iter().skip(skip) {
@@ -1078,7 +1158,7 @@ impl Store {
                 bytes += e.raw().len();
                 out.push(e.clone());
             }
-            return Ok(());
+            return Ok(true);
         }
     }
 
@@ -1334,6 +1414,7 @@ mod tests {
         let small = StoreOptions {
             block_events: 10,
             block_bytes: 1 << 20,
+            block_cache: 2,
         };
         let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
         let evs: Vec<_> = (1..=100).map(|i| ev(i, 1000 + i as i64)).collect();
@@ -1441,6 +1522,7 @@ mod tests {
         let small = StoreOptions {
             block_events: 4,
             block_bytes: 1 << 20,
+            block_cache: 2,
         };
         let mut next = 1;
         {
@@ -1476,6 +1558,7 @@ mod tests {
         let small = StoreOptions {
             block_events: 100,
             block_bytes: one * 3,
+            block_cache: 2,
         };
         let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
         let evs: Vec<_> = (1..=10).map(ev_z).collect();
@@ -1491,6 +1574,7 @@ mod tests {
         let small = StoreOptions {
             block_events: 2,
             block_bytes: 1 << 20,
+            block_cache: 2,
         };
         let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
         let evs: Vec<_> = (1..=4).map(ev_z).collect();

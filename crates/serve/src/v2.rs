@@ -4,8 +4,8 @@
 //! `shared/corpus/jetstream-v2/lexicons/` are the contract; protocol §6.2 summarises them).
 //!
 //! Why a module of its own: the v2 endpoint reads the same [`Log`](crate::Log) as `/subscribe`,
-//! at the same seqs, through the same rationed reads, writer deadlines and slow-consumer rule
-//! (`server.rs`), but everything a client sees differs: the query parameters, the pre-upgrade
+//! at the same seqs, in the same subscriber loop (`server::stream`: reads, writer deadlines,
+//! slow-consumer rule, keepalive), but everything a client sees differs: the query parameters, the pre-upgrade
 //! errors (an XRPC JSON envelope, `{"error","message"}`), the framing and the compression. Those
 //! differences live here, so `/subscribe` stays byte for byte what it was.
 //!
@@ -20,17 +20,24 @@
 //! v1 `cursor`: one number per event on both wires. The records, CIDs and upstream objects are
 //! the very bytes v1 sends.
 //!
+//! **Frames are made once.** An event's frame is made when it enters the in-memory tail
+//! (`log.rs`, [`Event::with_v2_frame`]), so replay and fan-out from memory send shared bytes, as
+//! v1 sends the stored JSON. Events read back from the store are made into frames as they are
+//! sent, cheaply: the ASCII envelope and head (`seq`, `did`, `time`) around a slice of the stored
+//! JSON, which is known to be UTF-8 ([`Event::text`]), written into one allocation of exactly its
+//! size, with the `time` of the last second remembered per subscriber ([`TimeFormat`]).
+//!
 //! **Frame cache.** A frame (and its zstd form) is made once per event and kept in a small
 //! seq-indexed cache ([`CACHE_SLOTS`] slots, a mutex each), so a thousand live subscribers cost
 //! one rendering and one compression per event, as on v1, where the forms are made at ingest.
 //! Only events within half the cache of the tip use it: a subscriber replaying from further back
-//! renders its own frames without touching the cache (it would only evict what live
-//! subscribers need); that costs a copy of the event and, compressed, one zstd call.
+//! makes its own frames without touching the cache (it would only evict what live subscribers
+//! need); that costs one frame's allocation and, compressed, one zstd call.
 //!
-//! **Memory.** Beside what a `/subscribe` subscriber costs (`server.rs`), a v2 subscriber
-//! replaying far behind the tip renders into one chunk of [`FRAME_CHUNK`] bytes at a time (let
-//! go at the tip); the frame cache is shared: [`CACHE_SLOTS`] frames, each allocated exactly
-//! (about 3 MB at the capture's ~630-byte frames, plus their zstd forms when asked for).
+//! **Memory.** A v2 subscriber costs what a `/subscribe` subscriber costs (`server.rs`; both run
+//! the same loop, `server::stream`), plus the frames it has made and not yet written; the frame
+//! cache is shared: [`CACHE_SLOTS`] frames, each allocated exactly (about 3 MB at the capture's
+//! ~630-byte frames, plus their zstd forms when asked for).
 //!
 //! **Compression.** `?zstdDictionary=<id>` makes every frame (messages, `#info` and the error
 //! frame alike) a binary message holding one zstd frame of exactly the text frame, with
@@ -67,7 +74,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use riptide_jetstream::EventKind;
 use tokio::sync::{mpsc, watch};
@@ -78,8 +85,8 @@ use crate::event::Event;
 use crate::metrics::{Metrics, SlowDrop};
 use crate::options::{Filter, CURSOR_SPLIT, MAX_COLLECTIONS, MAX_DIDS};
 use crate::server::{
-    ctl_outcome, read_batch, App, Ctl, Op, Outcome, Writer, IDLE_BATCH_CAPACITY,
-    MAX_CLIENT_MESSAGE, WS_MAX_WRITE_BUFFER, WS_READ_BUFFER, WS_WRITE_BUFFER,
+    stream, unsendable, App, Ctl, Frames, Op, Outcome, Writer, MAX_CLIENT_MESSAGE,
+    WS_MAX_WRITE_BUFFER, WS_READ_BUFFER, WS_WRITE_BUFFER,
 };
 
 /// The subscription's path.
@@ -455,92 +462,153 @@ pub fn rfc3339_micros_bytes(us: i64) -> [u8; 27] {
     b
 }
 
+/// Formats `time` fields, remembering the last second: a replay sends thousands of events in
+/// the same second, whose `YYYY-MM-DDTHH:MM:SS.` is then copied rather than computed.
+#[derive(Debug, Default)]
+pub struct TimeFormat {
+    second: Option<i64>,
+    head: [u8; 20],
+}
+
+impl TimeFormat {
+    /// [`rfc3339_micros_bytes`] of `us`.
+    pub fn format(&mut self, us: i64) -> [u8; 27] {
+        let second = us.div_euclid(1_000_000);
+        if self.second != Some(second) {
+            let full = rfc3339_micros_bytes(us);
+            self.head.copy_from_slice(&full[..20]);
+            self.second = Some(second);
+            return full;
+        }
+        let mut b = *b"0000-00-00T00:00:00.000000Z";
+        b[..20].copy_from_slice(&self.head);
+        let mut v = us.rem_euclid(1_000_000);
+        for i in (20..26).rev() {
+            b[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+        b
+    }
+}
+
+/// Where the kind's object (`{"rev":…}` for a commit, the upstream object otherwise) starts in
+/// a stored v1 event's JSON, found by checking the v1 prefix
+/// `{"did":"…","time_us":…,"cursor":…,"kind":"…","<kind>":` byte for byte against the event's own
+/// fields (module docs). `None` if the JSON does not have it (it always has: the writer renders
+/// it) or the object is not one.
+fn kind_object_start(e: &Event, json: &[u8]) -> Option<usize> {
+    const HEAD: &[u8] = b"{\"did\":\"";
+    let did = e.did();
+    let kind = e.kind().as_str().as_bytes();
+    // Everything after the DID, assembled once (it is short) and compared in one piece.
+    let mut mid = [0u8; 128];
+    let mut len = 0;
+    let (mut t, mut n) = (itoa::Buffer::new(), itoa::Buffer::new());
+    for piece in [
+        b"\",\"time_us\":".as_slice(),
+        t.format(e.time_us()).as_bytes(),
+        b",\"cursor\":",
+        n.format(e.seq()).as_bytes(),
+        b",\"kind\":\"",
+        kind,
+        b"\",\"",
+        kind,
+        b"\":",
+    ] {
+        mid.get_mut(len..len + piece.len())?.copy_from_slice(piece);
+        len += piece.len();
+    }
+    let after_did = HEAD.len() + did.len();
+    let start = after_did + len;
+    let ok = json.len() >= start + 3
+        && json[..HEAD.len()] == *HEAD
+        && json[HEAD.len()..after_did] == *did
+        && json[after_did..start] == mid[..len]
+        && json[start] == b'{'
+        && json[json.len() - 1] == b'}';
+    ok.then_some(start)
+}
+
 /// The kind's object of a stored v1 event (`{"rev":…}` for a commit, the upstream object
 /// otherwise), found by checking the v1 prefix byte for byte (module docs). `None` if the stored
 /// JSON does not have the prefix (it always has: the writer renders it).
 pub fn kind_object(e: &Event) -> Option<Bytes> {
     let json = e.json();
-    let kind = e.kind().as_str().as_bytes();
-    let mut rest: &[u8] = &json;
-    let mut eat = |piece: &[u8]| match rest.strip_prefix(piece) {
-        Some(r) => {
-            rest = r;
-            true
-        }
-        None => false,
-    };
-    let mut n = itoa::Buffer::new();
-    let ok = eat(b"{\"did\":\"")
-        && eat(e.did())
-        && eat(b"\",\"time_us\":")
-        && eat(n.format(e.time_us()).as_bytes())
-        && eat(b",\"cursor\":")
-        && eat(n.format(e.seq()).as_bytes())
-        && eat(b",\"kind\":\"")
-        && eat(kind)
-        && eat(b"\",\"")
-        && eat(kind)
-        && eat(b"\":");
-    let start = json.len() - rest.len();
-    (ok && rest.len() >= 3 && rest[0] == b'{' && json.ends_with(b"}"))
-        .then(|| json.slice(start..json.len() - 1))
+    let start = kind_object_start(e, &json)?;
+    Some(json.slice(start..json.len() - 1))
 }
 
 /// The v2 text frame of a stored event (module docs).
 pub fn render(e: &Event) -> Option<String> {
-    let mut b = BytesMut::with_capacity(e.json_len() + 160);
-    render_into(e, &mut b)?;
-    String::from_utf8(Vec::from(b)).ok()
+    render_with(e, &mut TimeFormat::default())
 }
 
-/// Appends the v2 text frame of `e` to `out` (nothing when `e`'s JSON lacks the v1 prefix).
-/// Its bytes are valid UTF-8 if the stored JSON and DID are.
-pub fn render_into(e: &Event, out: &mut BytesMut) -> Option<()> {
-    let obj = kind_object(e)?;
-    let kind = e.kind().as_str().as_bytes();
-    let did = e.did();
+/// [`render`], with the `time` formatter of a subscriber (or any caller rendering many frames).
+/// Exactly one allocation, of exactly the frame's size, and no UTF-8 check: the frame is ASCII
+/// around a slice of the event's JSON, which was checked once ([`Event::text`]).
+pub fn render_with(e: &Event, times: &mut TimeFormat) -> Option<String> {
+    const HEAD: &str =
+        "{\"$type\":\"message\",\"payload\":{\"$type\":\"network.bsky.jetstream.subscribeEvents#";
+    let json = e.text()?.as_str();
+    let start = kind_object_start(e, json.as_bytes())?;
+    // Both ends are ASCII (`{` after `:`, the final `}`), so these are character boundaries.
+    let obj = json.get(start..json.len() - 1)?;
+    // The DID as the v1 JSON has it (checked equal to the event's by `kind_object_start`).
+    let did = json.get(8..8 + e.did().len())?;
+    let kind = e.kind().as_str();
     let mut n = itoa::Buffer::new();
-    out.reserve(obj.len() + 160 + did.len());
-    out.extend_from_slice(b"{\"$type\":\"message\",\"payload\":{\"$type\":\"");
-    out.extend_from_slice(NSID.as_bytes());
-    out.extend_from_slice(b"#");
-    out.extend_from_slice(kind);
-    out.extend_from_slice(b"\",\"seq\":");
-    out.extend_from_slice(n.format(e.seq()).as_bytes());
-    out.extend_from_slice(b",\"did\":");
+    let seq = n.format(e.seq());
+    let time = times.format(e.time_us());
+    let time = std::str::from_utf8(&time).ok()?;
+    let plain = did
+        .bytes()
+        .all(|c| c.is_ascii_graphic() && c != b'"' && c != b'\\');
+    let commit = e.kind() == EventKind::Commit;
+    let len = HEAD.len()
+        + kind.len()
+        + 8
+        + seq.len()
+        + 7
+        + did.len()
+        + 2
+        + 9
+        + time.len()
+        + 2
+        + obj.len()
+        + if commit { 0 } else { kind.len() + 5 };
+    let mut out = String::with_capacity(len);
+    out.push_str(HEAD);
+    out.push_str(kind);
+    out.push_str("\",\"seq\":");
+    out.push_str(seq);
+    out.push_str(",\"did\":");
     // A valid DID needs no escaping; anything else goes through the JSON string writer.
-    if did
-        .iter()
-        .all(|&c| c.is_ascii_graphic() && c != b'"' && c != b'\\')
-    {
-        out.extend_from_slice(b"\"");
-        out.extend_from_slice(did);
-        out.extend_from_slice(b"\"");
+    if plain {
+        out.push('"');
+        out.push_str(did);
+        out.push('"');
     } else {
         let mut v = Vec::new();
-        riptide_cbor::write_json_string(&mut v, std::str::from_utf8(did).ok()?);
-        out.extend_from_slice(&v);
+        riptide_cbor::write_json_string(&mut v, did);
+        out.push_str(std::str::from_utf8(&v).ok()?);
     }
-    out.extend_from_slice(b",\"time\":\"");
-    out.extend_from_slice(&rfc3339_micros_bytes(e.time_us()));
-    out.extend_from_slice(b"\",");
-    if e.kind() == EventKind::Commit {
+    out.push_str(",\"time\":\"");
+    out.push_str(time);
+    out.push_str("\",");
+    if commit {
         // The commit's fields, flat: `"rev":…}` closes the payload.
-        out.extend_from_slice(&obj[1..]);
+        out.push_str(&obj[1..]);
     } else {
-        out.extend_from_slice(b"\"");
-        out.extend_from_slice(kind);
-        out.extend_from_slice(b"\":");
-        out.extend_from_slice(&obj);
-        out.extend_from_slice(b"}");
+        out.push('"');
+        out.push_str(kind);
+        out.push_str("\":");
+        out.push_str(obj);
+        out.push('}');
     }
-    out.extend_from_slice(b"}");
-    Some(())
+    out.push('}');
+    debug_assert!(!plain || out.len() == len, "{} != {len}", out.len());
+    Some(out)
 }
-
-/// Bytes a subscriber's frame buffer grows by: frames rendered for one subscriber share
-/// allocations of this size (a replay allocates once per ~20 frames, not once per frame).
-pub const FRAME_CHUNK: usize = 16 << 10;
 
 /// An `#info` text frame.
 pub fn info_frame(name: &str, message: &str) -> String {
@@ -662,10 +730,14 @@ impl V2 {
 
     /// The frame of `e`, text or (`zstd`) compressed, from the cache or made now; with `cache`
     /// false (an event far behind the tip, which other subscribers are unlikely to want soon)
-    /// made into the subscriber's `buf` without touching the cache.
-    fn frame(&self, e: &Event, zstd: bool, cache: bool, buf: &mut BytesMut) -> Option<Message> {
+    /// made without touching the cache.
+    fn frame(&self, e: &Event, zstd: bool, cache: bool, times: &mut TimeFormat) -> Option<Message> {
+        // Made when the event entered the in-memory tail.
+        if let (Some(t), false) = (e.v2_frame(), zstd) {
+            return Some(Message::Text(t.clone()));
+        }
         if !cache {
-            let text = self.render_counted(e, buf)?;
+            let text = self.render_counted(e, times)?;
             return Some(if zstd {
                 Message::Binary(self.compress(text.as_bytes())?)
             } else {
@@ -686,11 +758,9 @@ impl V2 {
         if let (Some(z), true) = (z, zstd) {
             return Some(Message::Binary(z));
         }
-        // A cached frame gets an allocation of its own: in a subscriber's chunk it would keep
-        // the whole chunk alive for as long as it stays in the cache.
-        let text = match text {
+        let text = match text.or_else(|| e.v2_frame().cloned()) {
             Some(t) => t,
-            None => self.render_counted(e, &mut BytesMut::new())?,
+            None => self.render_counted(e, times)?,
         };
         let z = if zstd {
             Some(self.compress(text.as_bytes())?)
@@ -720,22 +790,14 @@ impl V2 {
         })
     }
 
-    /// [`render_into`] `buf` (grown a chunk at a time, unless it is a fresh empty buffer: then
-    /// exactly), split off as the frame; a failure counted and logged.
-    fn render_counted(&self, e: &Event, buf: &mut BytesMut) -> Option<Utf8Bytes> {
-        let need = e.json_len() + 256;
-        if buf.capacity() == 0 {
-            buf.reserve(need);
-        } else if buf.capacity() < need {
-            buf.reserve(need.max(FRAME_CHUNK));
-        }
-        let r = render_into(e, buf).and_then(|()| Utf8Bytes::try_from(buf.split().freeze()).ok());
-        buf.clear();
+    /// [`render_with`] as a message payload; a failure counted and logged.
+    fn render_counted(&self, e: &Event, times: &mut TimeFormat) -> Option<Utf8Bytes> {
+        let r = render_with(e, times).map(Utf8Bytes::from);
         if r.is_none() {
             self.metrics.render_failures.fetch_add(1, Relaxed);
             tracing::error!(
                 seq = e.seq(),
-                "stored event has no v1 prefix; not sent on v2"
+                "stored event has no v1 prefix (or is not UTF-8); not sent on v2"
             );
         }
         r
@@ -1074,14 +1136,7 @@ async fn serve(
     if *shutdown.borrow() {
         return Outcome::Close(1001, "server shutting down".into());
     }
-    let m = &app.metrics;
-    let vm = &app.v2.metrics;
-    let filter = &opts.filter;
-    let mut next = start.seq.unwrap_or_else(|| app.log.next_seq());
-    let mut tip = app.log.watch();
-    let mut batch: Vec<Event> = Vec::with_capacity(IDLE_BATCH_CAPACITY);
-    let mut tick = tokio::time::interval(app.config.ping_interval.min(app.config.pong_timeout));
-    let mut ping = crate::server::Keepalive::new();
+    let next = start.seq.unwrap_or_else(|| app.log.next_seq());
     let mut w = Writer::new(sink, app);
     if let Some(msg) = start.outdated {
         if let Some(f) = app.v2.control(info_frame("OutdatedCursor", &msg), zstd) {
@@ -1091,84 +1146,75 @@ async fn serve(
             if let Err(o) = w.run(Op::Flush, next).await {
                 return o;
             }
-            vm.info_frames.fetch_add(1, Relaxed);
+            app.v2.metrics.info_frames.fetch_add(1, Relaxed);
         }
     }
-    let mut store_batch: Option<tokio::sync::SemaphorePermit<'_>> = None;
-    // Frames rendered here (`V2::frame`); empty (no allocation) at the tip.
-    let mut buf = BytesMut::new();
-    loop {
-        batch.clear();
-        drop(store_batch.take());
-        if let Err(o) = read_batch(app, next, &mut batch, &mut store_batch).await {
-            return o;
+    let mut frames = V2Frames {
+        filter: &opts.filter,
+        zstd,
+        near: 0,
+        times: TimeFormat::default(),
+    };
+    stream(app, &mut w, &mut frames, next, ctl_rx, shutdown, last_pong).await
+}
+
+/// `subscribeEvents`' frames (module docs), for [`stream`], the loop both wires share.
+struct V2Frames<'a> {
+    filter: &'a V2Filter,
+    zstd: bool,
+    /// Events from this seq on go through the frame cache (live fan-out); a replay further
+    /// behind renders its own.
+    near: u64,
+    times: TimeFormat,
+}
+
+impl Frames for V2Frames<'_> {
+    fn batch(&mut self, app: &App) {
+        self.near = app.log.next_seq().saturating_sub(CACHE_SLOTS as u64 / 2);
+    }
+
+    fn frame(&mut self, app: &App, e: &Event) -> Result<Option<(Message, usize)>, Outcome> {
+        let (m, vm) = (&app.metrics, &app.v2.metrics);
+        if !self.filter.wants(e) {
+            m.events_filtered.fetch_add(1, Relaxed);
+            vm.events_filtered.fetch_add(1, Relaxed);
+            return Ok(None);
         }
-        if batch.is_empty() {
-            batch.shrink_to(IDLE_BATCH_CAPACITY);
-            // Let go of the last chunk while idle.
-            buf = BytesMut::new();
-            tokio::select! {
-                r = tip.changed() => if r.is_err() { return Outcome::Close(1001, "server shutting down".into()) },
-                c = ctl_rx.recv() => return ctl_outcome(c),
-                _ = shutdown.changed() => return Outcome::Close(1001, "server shutting down".into()),
-                _ = tick.tick() => {}
+        let cache = e.seq() >= self.near;
+        let max = self.filter.max_size as usize;
+        // The size cap is on the text frame, envelope included (lexicon), so the text frame is
+        // needed even for a compressed connection.
+        let msg = if max > 0 {
+            match app.v2.frame(e, false, cache, &mut self.times) {
+                Some(Message::Text(t)) if t.len() > max => {
+                    m.events_oversize.fetch_add(1, Relaxed);
+                    vm.events_oversize.fetch_add(1, Relaxed);
+                    return Ok(None);
+                }
+                Some(Message::Text(_)) if self.zstd => {
+                    app.v2.frame(e, true, cache, &mut self.times)
+                }
+                other => other,
             }
         } else {
-            let mut sent = false;
-            // Frames near the tip go through the cache (live fan-out); a replay far behind
-            // renders its own.
-            let near = app.log.next_seq().saturating_sub(CACHE_SLOTS as u64 / 2);
-            for e in batch.drain(..) {
-                next = e.seq() + 1;
-                if !filter.wants(&e) {
-                    m.events_filtered.fetch_add(1, Relaxed);
-                    vm.events_filtered.fetch_add(1, Relaxed);
-                    continue;
-                }
-                let cache = e.seq() >= near;
-                // The size cap is on the text frame, envelope included (lexicon), so the text
-                // frame is needed even for a compressed connection.
-                let msg = if filter.max_size > 0 {
-                    let Some(Message::Text(t)) = app.v2.frame(&e, false, cache, &mut buf) else {
-                        continue;
-                    };
-                    if t.len() > filter.max_size as usize {
-                        m.events_oversize.fetch_add(1, Relaxed);
-                        vm.events_oversize.fetch_add(1, Relaxed);
-                        continue;
-                    }
-                    if zstd {
-                        app.v2.frame(&e, true, cache, &mut buf)
-                    } else {
-                        Some(Message::Text(t))
-                    }
-                } else {
-                    app.v2.frame(&e, zstd, cache, &mut buf)
-                };
-                let Some(msg) = msg else { continue };
-                let len = match &msg {
-                    Message::Text(t) => t.len(),
-                    Message::Binary(b) => b.len(),
-                    _ => 0,
-                };
-                drop(e);
-                if let Err(o) = w.run(Op::Feed(msg), next).await {
-                    return o;
-                }
-                sent = true;
-                m.events_out.fetch_add(1, Relaxed);
-                m.bytes_out.fetch_add(len as u64, Relaxed);
-                vm.events_out.fetch_add(1, Relaxed);
-                vm.bytes_out.fetch_add(len as u64, Relaxed);
-            }
-            // As on `/subscribe` (flush, step aside while ingest is behind, slow rule, control).
-            if let Err(o) = w.end_batch(sent, next, ctl_rx, shutdown).await {
-                return o;
-            }
-        }
-        if let Err(o) = w.keepalive(&mut ping, last_pong, next).await {
-            return o;
-        }
+            app.v2.frame(e, self.zstd, cache, &mut self.times)
+        };
+        let Some(msg) = msg else {
+            unsendable(app, e, "no subscribeEvents frame");
+            return Ok(None);
+        };
+        let len = match &msg {
+            Message::Text(t) => t.len(),
+            Message::Binary(b) => b.len(),
+            _ => 0,
+        };
+        Ok(Some((msg, len)))
+    }
+
+    fn sent(&mut self, app: &App, events: u64, bytes: u64) {
+        let vm = &app.v2.metrics;
+        vm.events_out.fetch_add(events, Relaxed);
+        vm.bytes_out.fetch_add(bytes, Relaxed);
     }
 }
 
@@ -1188,6 +1234,26 @@ mod tests {
             "2000-02-29T00:00:00.000001Z"
         );
         assert_eq!(rfc3339_micros(-1), "1969-12-31T23:59:59.999999Z");
+    }
+
+    #[test]
+    fn the_time_format_remembers_a_second_and_still_says_each_micro() {
+        let mut f = TimeFormat::default();
+        let base = 1_779_719_010_000_000i64;
+        for us in [
+            base,
+            base + 1,
+            base + 999_999,
+            base + 1_000_000,
+            base + 1_000_001,
+            base + 86_400_000_000,
+            -1,
+            -2,
+            0,
+            base + 7,
+        ] {
+            assert_eq!(f.format(us), rfc3339_micros_bytes(us), "{us}");
+        }
     }
 
     #[test]

@@ -25,6 +25,7 @@ const T: Duration = Duration::from_secs(120);
 const SMALL: StoreOptions = StoreOptions {
     block_events: 16,
     block_bytes: 1 << 20,
+    block_cache: 2,
 };
 
 fn dictionary(name: &str) -> Dictionary {
@@ -35,12 +36,17 @@ fn dictionary(name: &str) -> Dictionary {
 /// Ingests the capture into a store at `dir` sealing [`SMALL`] blocks; the log (every event in
 /// its tail) and the number of events.
 async fn ingest_capture(dir: &Path) -> Option<(Arc<Log>, u64)> {
+    ingest_capture_with(dir, SMALL).await
+}
+
+/// [`ingest_capture`] with other store options.
+async fn ingest_capture_with(dir: &Path, opts: StoreOptions) -> Option<(Arc<Log>, u64)> {
     let file = riptide_testdata::read("jetstream-2026-07/firehose-frames.bin")?;
     let corpus = riptide_testdata::corpus().unwrap();
     let keys =
         Keys::from_docs(DidDocs::load(&corpus.join("jetstream-2026-07/did_docs.json")).unwrap());
     let dict = dictionary("legacy_subscribe.zdict");
-    let (store, resume) = Store::open_with(dir, dict.id(), SMALL).unwrap();
+    let (store, resume) = Store::open_with(dir, dict.id(), opts).unwrap();
     let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
     let frames = split_frames(&file).unwrap();
     // Two runs: the second's few events stay unsealed (one batch seals all that are unsealed).
@@ -67,6 +73,10 @@ async fn ingest_capture(dir: &Path) -> Option<(Arc<Log>, u64)> {
 }
 
 async fn serve(log: Arc<Log>) -> SocketAddr {
+    serve_with(log, ServerConfig::default()).await
+}
+
+async fn serve_with(log: Arc<Log>, config: ServerConfig) -> SocketAddr {
     let app = App::new(
         log,
         Arc::new(Metrics::default()),
@@ -74,7 +84,7 @@ async fn serve(log: Arc<Log>) -> SocketAddr {
             compression: true,
             v1_dictionary: Some(dictionary("legacy_subscribe.zdict")),
             v2_dictionary: Some(dictionary("subscribe_events_20260811.zdict")),
-            ..ServerConfig::default()
+            ..config
         },
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -170,4 +180,81 @@ async fn sealed_blocks_replay_byte_for_byte_on_both_wires() {
         messages(again, "/subscribe?cursor=0&compress=true", 152).await,
         v1_zstd
     );
+}
+
+/// One `/metrics` sample's value.
+async fn metric(addr: SocketAddr, name: &str) -> f64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in /metrics"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_behind_the_tail_share_each_decompressed_block() {
+    // Eight replays from disk at once, on both wires, through a block cache that holds every
+    // block: each block is decompressed once, not once per reader, and the readers get the
+    // same messages as one reader alone.
+    let dir = tempfile::tempdir().unwrap();
+    let opts = StoreOptions {
+        block_cache: 64,
+        ..SMALL
+    };
+    let Some((log, n)) = ingest_capture_with(dir.path(), opts).await else {
+        return;
+    };
+    assert_eq!(n, 152);
+    let next = log.next_seq();
+    let disk = disk_only(&log, next);
+    // One block load at a time: a reader waiting for the block another is loading finds it.
+    let config = ServerConfig {
+        store_readers: 1,
+        ..ServerConfig::default()
+    };
+    let addr = serve_with(disk.clone(), config).await;
+    let v2 = "/xrpc/network.bsky.jetstream.subscribeEvents?cursor=0";
+    let readers: Vec<_> = (0..8)
+        .map(|i| {
+            let path = if i % 2 == 0 {
+                "/subscribe?cursor=0"
+            } else {
+                v2
+            };
+            tokio::spawn(async move { messages(addr, path, 152).await })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for r in readers {
+        got.push(r.await.unwrap());
+    }
+    let loads = metric(addr, "riptide_block_cache_loads_total").await;
+    let hits = metric(addr, "riptide_block_cache_hits_total").await;
+    assert!(metric(addr, "riptide_block_cache_bytes").await > 0.0);
+    // The sealed events (those without their zstd form) and so the blocks: 16 events each.
+    let mut stored = Vec::new();
+    let all = ReadLimit {
+        events: 1000,
+        bytes: 1 << 30,
+    };
+    disk.store().read_from(1, all, &mut stored).unwrap();
+    let sealed = stored.iter().filter(|e| e.zstd().is_empty()).count();
+    assert!(sealed >= 128, "{sealed} sealed");
+    let blocks = sealed.div_ceil(16) as f64;
+    assert_eq!(loads, blocks, "each block decompressed once ({hits} hits)");
+    assert!(hits >= 7.0 * blocks, "{hits} hits");
+    // Both wires, every reader the same messages as a reader alone.
+    let alone_v1 = messages(addr, "/subscribe?cursor=0", 152).await;
+    let alone_v2 = messages(addr, v2, 152).await;
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(
+            g,
+            if i % 2 == 0 { &alone_v1 } else { &alone_v2 },
+            "reader {i}"
+        );
+    }
 }

@@ -800,18 +800,18 @@ async fn a_stalled_subscriber_far_behind_is_dropped_and_a_moving_one_is_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rationed_store_reads_still_deliver_everything_in_order() {
-    // No tail, one store batch in memory at a time, reads of 7 events or one event's bytes:
-    // four concurrent replays take turns and each still gets the whole capture, in order.
+    // No tail, one block load at a time, reads of 7 events or one event's bytes: four
+    // concurrent replays share the store's block cache and each still gets the whole capture,
+    // in order.
     let Some(frames) = corpus_frames() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     let config = ServerConfig {
-        store_read: ReadLimit {
+        read: ReadLimit {
             events: 7,
             bytes: 1,
         },
-        store_batches: 1,
         store_readers: 1,
         ..ServerConfig::default()
     };

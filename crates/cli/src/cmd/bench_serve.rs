@@ -25,7 +25,10 @@
 //!    verified ingest kept up (issue 17 item 8): frames and events ingested per second during the
 //!    window against the offered rate, how many seconds the stored stream is behind the offered
 //!    one (taking the end of the warm-up, before any subscriber, as on schedule), the ingest
-//!    queue's maximum, subscriber streams that ended and slow drops by reason.
+//!    queue's maximum, subscriber streams that ended and slow drops by reason. And how fairly the
+//!    events went round (issue 22): per subscriber min, 10th percentile, median and max, how many
+//!    got none, Jain's fairness index (1: all the same; 1/n: one got everything) and the events
+//!    delivered per second to all of them, whose v2/v1 ratio is `v2_to_v1_live_delivered`.
 //! 4. **Replaying readers** (`--replayers`, issue 17 item 10): N readers from cursor 0 at once
 //!    on a child server that keeps ingesting; how many reach the tip they connected at.
 //!
@@ -414,6 +417,26 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         if a.live_wire != LiveWire::V1 {
             out["live_v2"] = live(&a, Wire::V2).await?;
         }
+    }
+    // Issue 22's contract: v2 within 10% of v1 (ratios of the medians; ≥ 0.9).
+    let ratio = |v2: &str, v1: &str| {
+        let m = |k: &str| out[k]["median"].as_f64().unwrap_or(0.0);
+        (m(v1) > 0.0).then(|| m(v2) / m(v1))
+    };
+    let memory = ratio(
+        "v2_replay_memory_events_per_s",
+        "replay_memory_events_per_s",
+    );
+    let disk = ratio("v2_replay_disk_events_per_s", "replay_disk_events_per_s");
+    out["v2_to_v1_replay_memory"] = serde_json::json!(memory);
+    out["v2_to_v1_replay_disk"] = serde_json::json!(disk);
+    if let (Some(v1), Some(v2)) = (
+        out.get("live")
+            .and_then(|l| l["delivered_events_per_s"].as_f64()),
+        out.get("live_v2")
+            .and_then(|l| l["delivered_events_per_s"].as_f64()),
+    ) {
+        out["v2_to_v1_live_delivered"] = serde_json::json!((v1 > 0.0).then(|| v2 / v1));
     }
     if a.replayers > 0 {
         if a.live_wire != LiveWire::V2 {
@@ -881,6 +904,10 @@ async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
         got.last().copied().unwrap_or(0),
     );
     let median = got.get(got.len() / 2).copied().unwrap_or(0);
+    let p10 = got.get(got.len() / 10).copied().unwrap_or(0);
+    let none = got.iter().filter(|&&n| n == 0).count();
+    let total: u64 = got.iter().sum();
+    let fairness = jain(&got);
     let _ = child.kill().await;
     for t in tasks {
         t.abort();
@@ -901,6 +928,10 @@ async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
     eprintln!(
         "live ({wire:?}): {} subscribers, {secs:.1}s at {} frames/s: server RSS {} KiB before, {} KiB max with subscribers ({per_sub:.1} KiB each; {per_sub_net:.1} KiB each without the tail's growth of {tail_growth_kib} KiB); events per subscriber {min}..{max}, median {median} ({:.0}/s each)",
         a.subscribers, a.rate, rss_before, rss_max, median as f64 / secs
+    );
+    eprintln!(
+        "live ({wire:?}): delivered {:.0} events/s to all subscribers; fairness (Jain) {fairness:.3}, 10th percentile {p10}, {none} subscribers with no event",
+        total as f64 / secs
     );
     eprintln!(
         "live ({wire:?}): ingest {frames_s:.0} frames/s ({events_s:.0} events/s) of {} offered ({:.0}%; {connect_frames_s:.0} frames/s while subscribers connected), behind the offered stream {lag_end:.1}s at the end (max {lag_max:.1}s), ingest queue max {queue_max:.0} frames; subscribers closed {closed_during} (slow drops write-timeout/pong-timeout/behind {}/{}/{}){}",
@@ -925,6 +956,10 @@ async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
         "events_per_subscriber_min": min,
         "events_per_subscriber_median": median,
         "events_per_subscriber_max": max,
+        "events_per_subscriber_p10": p10,
+        "subscribers_with_no_event": none,
+        "fairness_jain": fairness,
+        "delivered_events_per_s": total as f64 / secs,
         "ingest_frames_per_s": frames_s,
         "ingest_events_per_s": events_s,
         "ingest_ratio_to_offered": frames_s / a.rate,
@@ -938,6 +973,17 @@ async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
             "write-timeout": drops[0], "pong-timeout": drops[1], "behind": drops[2],
         },
     }))
+}
+
+/// Jain's fairness index of what each subscriber received: 1 when all received the same, 1/n
+/// when one received everything (and 1 when nobody received anything: nobody was favoured).
+fn jain(got: &[u64]) -> f64 {
+    let sum: f64 = got.iter().map(|&n| n as f64).sum();
+    let squares: f64 = got.iter().map(|&n| (n as f64) * (n as f64)).sum();
+    if squares == 0.0 {
+        return 1.0;
+    }
+    sum * sum / (got.len() as f64 * squares)
 }
 
 /// The seq of a text event: v1's `"cursor":N`, v2's `"seq":N` (the first of them in the frame:
