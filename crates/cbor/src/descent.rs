@@ -114,6 +114,30 @@ impl Descent<'_, '_> {
                 self.push(kind, len as u32, pos as u64);
                 Ok(pos + len)
             }
+            // One-byte lengths (24..=255): signatures, DIDs, longer text.
+            0x58 | 0x78 => {
+                let Some(&len) = input.get(pos) else {
+                    return err(ErrorKind::Truncated, at);
+                };
+                let (pos, len) = (pos + 1, usize::from(len));
+                if len < 24 {
+                    // Not minimal: the general path says so (strict) or accepts it (lenient).
+                    return self.general(ib, at, depth);
+                }
+                if len > input.len() - pos {
+                    return err(ErrorKind::Truncated, at);
+                }
+                let kind = if ib == 0x78 {
+                    if !is_utf8(&input[pos..pos + len]) {
+                        return err(ErrorKind::InvalidUtf8, at);
+                    }
+                    Kind::Text
+                } else {
+                    Kind::Bytes
+                };
+                self.push(kind, len as u32, pos as u64);
+                Ok(pos + len)
+            }
             0x80..=0x97 => self.array(at, pos, u64::from(ib & 0x1f), depth),
             0xa4 => match self.mst_entry(at, depth) {
                 Some(end) => Ok(end),
