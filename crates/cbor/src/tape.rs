@@ -20,6 +20,10 @@
 //! Memory is bounded by the input: every node consumes at least one input byte, and container
 //! lengths are checked against the bytes that remain before anything is pushed.
 //!
+//! Two decoders fill the tape, with identical results: `descent.rs` (recursive descent, the fast
+//! path, for depth limits up to 256) and `decode_loop` here (iterative, with an explicit stack:
+//! for deeper limits, and the reference the fast path is tested against).
+//!
 //! Concurrency: an [`Arena`] belongs to one thread at a time; use one per worker.
 
 use std::ops::Range;
