@@ -208,6 +208,10 @@ impl<'a> Cid<'a> {
         if self.version() == 0 {
             return SHA2_256;
         }
+        // One-byte codec and hash code (every atproto CID): byte 2.
+        if self.bytes[1] < 0x80 && self.bytes[2] < 0x80 {
+            return u64::from(self.bytes[2]);
+        }
         self.fields().1
     }
 
@@ -432,6 +436,23 @@ mod tests {
     use super::*;
 
     const V1: &str = "bafyreidfayvfuwqa7qlnopdjiqrxzs6blmoeu4rujcjtnci5beludirz2a";
+
+    #[test]
+    fn hash_code_fast_path_matches_the_varints() {
+        // Codec and hash code of one and two varint bytes, every combination.
+        for codec in [0x55u64, 0x71, 0x7f, 0x80, 0x3fff] {
+            for hash in [0x12u64, 0x13, 0x7f, 0x80, 0x1012] {
+                let mut b = vec![0x01];
+                write_varint(&mut b, codec);
+                write_varint(&mut b, hash);
+                b.push(4);
+                b.extend([9; 4]);
+                let c = Cid::from_bytes(&b).unwrap();
+                assert_eq!((c.codec(), c.hash_code()), (codec, hash), "{b:02x?}");
+                assert_eq!(c.hash_code(), c.fields().1);
+            }
+        }
+    }
 
     #[test]
     fn v1_string_round_trip() {

@@ -21,6 +21,7 @@
 //! ```
 
 mod cid;
+mod descent;
 mod encode;
 mod error;
 mod json;

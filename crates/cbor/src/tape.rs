@@ -20,11 +20,16 @@
 //! Memory is bounded by the input: every node consumes at least one input byte, and container
 //! lengths are checked against the bytes that remain before anything is pushed.
 //!
+//! Two decoders fill the tape, with identical results: `descent.rs` (recursive descent, the fast
+//! path, for depth limits up to 256) and `decode_loop` here (iterative, with an explicit stack:
+//! for deeper limits, and the reference the fast path is tested against).
+//!
 //! Concurrency: an [`Arena`] belongs to one thread at a time; use one per worker.
 
 use std::ops::Range;
 
 use crate::cid::Cid;
+use crate::descent;
 use crate::error::{Error, ErrorKind};
 use crate::value::Value;
 
@@ -147,7 +152,7 @@ struct Level {
 /// Reusable storage for tapes: keep one per thread and call [`Arena::tape`] per frame.
 #[derive(Debug, Default)]
 pub struct Arena {
-    nodes: Vec<Node>,
+    pub(crate) nodes: Vec<Node>,
     stack: Vec<Level>,
 }
 
@@ -244,7 +249,18 @@ impl<'a> Tape<'a> {
         }
         let strict = opts.mode == Mode::Strict;
         let root = self.arena.nodes.len();
-        let result = decode_loop(self.base, start, end, strict, &opts.limits, self.arena);
+        let result = if opts.limits.max_depth <= descent::MAX_RECURSION {
+            descent::decode(
+                self.base,
+                start,
+                end,
+                strict,
+                &opts.limits,
+                &mut self.arena.nodes,
+            )
+        } else {
+            decode_loop(self.base, start, end, strict, &opts.limits, self.arena)
+        };
         match result {
             Ok(stop) => Ok((Item(root as u32), stop)),
             Err(e) => {
@@ -289,7 +305,13 @@ impl<'a> Doc<'a> {
 
 /// Reads the argument that follows an initial byte with additional information `info` ≥ 24.
 #[inline(always)]
-fn read_arg(input: &[u8], pos: &mut usize, end: usize, info: u8, at: usize) -> Result<u64, Error> {
+pub(crate) fn read_arg(
+    input: &[u8],
+    pos: &mut usize,
+    end: usize,
+    info: u8,
+    at: usize,
+) -> Result<u64, Error> {
     let n = match info {
         24 => 1,
         25 => 2,
@@ -313,7 +335,7 @@ fn read_arg(input: &[u8], pos: &mut usize, end: usize, info: u8, at: usize) -> R
 /// UTF-8 validation with an inline ASCII fast path: map keys and most record strings are short
 /// and ASCII, and a library call per string costs more than the check (profiled: 10% of decode).
 #[inline(always)]
-fn is_utf8(s: &[u8]) -> bool {
+pub(crate) fn is_utf8(s: &[u8]) -> bool {
     let mut chunks = s.chunks_exact(8);
     let mut acc = 0u64;
     for c in &mut chunks {
@@ -353,7 +375,7 @@ fn key_cmp(input: &[u8], a: usize, b: usize, len: usize) -> std::cmp::Ordering {
 
 /// Whether `arg` read with additional information `info` was in its shortest form.
 #[inline(always)]
-fn minimal(info: u8, arg: u64) -> bool {
+pub(crate) fn minimal(info: u8, arg: u64) -> bool {
     match info {
         24 => arg >= 24,
         25 => arg > 0xff,
@@ -363,7 +385,7 @@ fn minimal(info: u8, arg: u64) -> bool {
     }
 }
 
-fn half_to_f64(h: u16) -> f64 {
+pub(crate) fn half_to_f64(h: u16) -> f64 {
     let sign = if h & 0x8000 != 0 { -1.0 } else { 1.0 };
     let exp = i32::from((h >> 10) & 0x1f);
     let frac = f64::from(h & 0x3ff);
@@ -380,9 +402,11 @@ fn half_to_f64(h: u16) -> f64 {
     }
 }
 
-/// The decoding loop: iterative, with an explicit stack bounded by `max_depth`.
+/// The decoding loop: iterative, with an explicit stack bounded by `max_depth`. Used for limits
+/// deeper than [`descent::MAX_RECURSION`], and the reference the fast path (`descent`) is tested
+/// against.
 #[inline(never)]
-fn decode_loop(
+pub(crate) fn decode_loop(
     input: &[u8],
     start: usize,
     end: usize,
@@ -429,7 +453,7 @@ fn decode_loop(
                 if !is_utf8(&input[pos..pos + len]) {
                     return Err(err(ErrorKind::InvalidUtf8, at));
                 }
-                check_key_order(input, &mut cur, pos, len, at)?;
+                check_key_order(input, &mut cur.prev_key, pos, len, at)?;
                 nodes.push(Node {
                     kind: Kind::Text,
                     a: len as u32,
@@ -508,7 +532,7 @@ fn decode_loop(
                         return Err(err(ErrorKind::InvalidUtf8, at));
                     }
                     if key_pos && strict {
-                        check_key_order(input, &mut cur, pos, len, at)?;
+                        check_key_order(input, &mut cur.prev_key, pos, len, at)?;
                     }
                 }
                 let kind = if major == 2 { Kind::Bytes } else { Kind::Text };
@@ -690,14 +714,14 @@ fn decode_loop(
 /// Canonical key order (strict): shorter keys first, then bytewise; no duplicates. The key is
 /// `input[pos..pos + len]`, at item offset `at`; it becomes the map's previous key.
 #[inline(always)]
-fn check_key_order(
+pub(crate) fn check_key_order(
     input: &[u8],
-    level: &mut Level,
+    prev: &mut (u32, u32),
     pos: usize,
     len: usize,
     at: usize,
 ) -> Result<(), Error> {
-    let (poff, plen) = level.prev_key;
+    let (poff, plen) = *prev;
     if plen != u32::MAX {
         let plen = plen as usize;
         if len < plen {
@@ -711,7 +735,7 @@ fn check_key_order(
             }
         }
     }
-    level.prev_key = (pos as u32, len as u32);
+    *prev = (pos as u32, len as u32);
     Ok(())
 }
 

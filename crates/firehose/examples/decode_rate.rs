@@ -4,8 +4,9 @@
 //! What `riptide bench decode` measures, without building the CLI, and robust to a busy machine:
 //! passes alternate round by round and are timed with this thread's on-CPU time.
 //! `cargo run --release -p riptide-firehose --example decode_rate -- FRAMES [REPEAT] [ROUNDS]
-//! [unverified|kernels]` (`unverified`: only unverified passes over the distinct frames, in
-//! ns/node; `kernels`: only hashing, every block in 16-frame batches, per kernel).
+//! [unverified|kernels|batch]` (`unverified`: only unverified passes over the distinct frames, in
+//! ns/node; `kernels`: only hashing, every block in 16-frame batches, per kernel; `batch`: only
+//! verified `decode_batch` passes, for profiles).
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -97,6 +98,23 @@ fn main() {
         bytes as f64 / 1e6,
         Kernel::supported()
     );
+
+    // `batch`: only verified `decode_batch` passes (automatic kernel), for `perf record`.
+    if args.get(4).map(String::as_str) == Some("batch") {
+        let mut d = FrameDecoder::new();
+        let s = Clock::start();
+        for _ in 0..rounds {
+            d.decode_batch(&frames, |_, r| {
+                black_box(r.is_ok());
+            });
+        }
+        let t = s.elapsed();
+        println!(
+            "verified batch: {:.0} frames/s",
+            (rounds * frames.len()) as f64 / t
+        );
+        return;
+    }
 
     // `kernels`: only hashing, every block, in the batches decode_batch makes (16 frames).
     if args.get(4).map(String::as_str) == Some("kernels") {
