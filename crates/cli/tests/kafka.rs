@@ -655,3 +655,122 @@ fn an_edge_pauses_a_partition_that_runs_ahead_and_holds_bounded_memory() {
     assert!(metric(&addr, "riptide_kafka_partition_pauses_total") >= 1.0);
     assert_eq!(metric(&addr, "riptide_kafka_gaps_total"), 0.0);
 }
+
+/// `riptide sim` of the network `net` (its PLC directory and PDS), every answer `delay_ms` late.
+fn sim(net: &Path, delay_ms: u32) -> (KillOnDrop, String) {
+    common::spawn_printing_url(
+        Command::new(common::BIN)
+            .args(["sim", "--from", s(net), "--listen", "127.0.0.1:0", "-qq"])
+            .args(["--fault-delay-ms", &delay_ms.to_string()]),
+    )
+}
+
+/// `riptide serve` ingesting `net`'s frames from the file, resyncing from `sim`.
+fn resyncing(data: &Path, net: &Path, sim: &str) -> Command {
+    let mut cmd = common::serve_command(data);
+    cmd.args(["--workers", "3", "--plc-url", sim])
+        .arg("--did-docs")
+        .arg(net.join("did_docs.json"))
+        .arg("--ingest-file")
+        .arg(net.join("firehose-frames.bin"));
+    cmd
+}
+
+/// Waits until ingest finished and no account awaits resync.
+fn wait_settled(addr: &str) {
+    common::wait_for(addr, "riptide_ingest_finished", 1.0);
+    let deadline = Instant::now() + PATIENCE;
+    while metric(addr, "riptide_resync_accounts") > 0.0 {
+        assert!(Instant::now() < deadline, "resyncs never finished");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn store_accounts(data: &Path) -> Vec<(String, riptide_firehose::chain::AccountState)> {
+    let (store, _) = riptide_serve::Store::open_any(data).unwrap();
+    store.accounts().map(Result::unwrap).collect()
+}
+
+#[test]
+fn a_standby_taking_over_holds_what_the_publisher_held_for_resync() {
+    if !enabled() {
+        return;
+    }
+    let tmp = common::scratch();
+    let net = tmp.path().join("net");
+    let out = common::riptide(&[
+        "gen",
+        "--seed",
+        "11",
+        "--accounts",
+        "30",
+        "--events",
+        "1500",
+        "--adversarial",
+        "0.01",
+        "--repos",
+        "--out",
+        s(&net),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    // Resyncs from this sim take 2 s each.
+    let (_sim, sim_url) = sim(&net, 2000);
+    let clean = tmp.path().join("clean");
+    let (node, addr) = common::spawn_serve(&mut resyncing(&clean, &net, &sim_url));
+    wait_settled(&addr);
+    assert!(metric(&addr, "riptide_verdicts_total{verdict=\"chain-break\"}") > 0.0);
+    let last_seq = metric(&addr, "riptide_upstream_seq");
+    node.kill();
+    let want = store_accounts(&clean);
+    assert!(want.len() >= 30);
+    assert!(want
+        .iter()
+        .all(|(_, s)| s.sync == riptide_firehose::chain::SyncStatus::Synchronized));
+
+    // The publisher's resyncs never land (its sim answers after a minute, past the resolver's
+    // timeout): once it has ingested every frame (its ingest does not finish while resyncs are
+    // due), accounts await resync with their frames held. It is killed; a standby takes over.
+    let kafka = Cluster::one_broker();
+    let url = format!("{}?partitions=3", kafka.url(&topic("resync")));
+    let (_stuck, stuck_url) = sim(&net, 60_000);
+    let (a, a_addr) = common::spawn_serve(
+        resyncing(&tmp.path().join("a"), &net, &stuck_url)
+            .args(["--publish", &url])
+            .env("RUST_LOG", "warn,riptide_kafka=info"),
+    );
+    common::wait_for(&a_addr, "riptide_upstream_seq", last_seq);
+    let accounts = metric(&a_addr, "riptide_resync_accounts");
+    let held = metric(&a_addr, "riptide_resync_held_frames");
+    assert!(
+        accounts >= 1.0,
+        "no account awaits resync on the publisher: {}",
+        common::metrics(&a_addr)
+            .lines()
+            .filter(|l| l.contains("resync") || l.contains("verdicts"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(metric(&a_addr, "riptide_kafka_resync_changes_published_total") >= accounts);
+    assert_eq!(metric(&a_addr, "riptide_kafka_lease_held"), 1.0);
+    a.kill(); // SIGKILL
+    let (b, b_addr) = common::spawn_serve(
+        resyncing(&tmp.path().join("b"), &net, &sim_url)
+            .args(["--publish", &url])
+            .env("RUST_LOG", "warn,riptide_kafka=info"),
+    );
+    // Straight after the takeover (its resyncs take 2 s), the standby awaits the same resyncs
+    // with the same frames held: they came with the batches on the batch topic.
+    assert_eq!(metric(&b_addr, "riptide_resync_accounts"), accounts);
+    assert_eq!(metric(&b_addr, "riptide_resync_held_frames"), held);
+    assert!(metric(&b_addr, "riptide_kafka_caught_up_batches_total") >= 1.0);
+    wait_settled(&b_addr);
+    assert!(metric(&b_addr, "riptide_resync_landed_total") >= accounts);
+    b.kill();
+    assert_eq!(
+        store_accounts(&tmp.path().join("b")),
+        want,
+        "the standby ends with the chains of a node that never failed"
+    );
+    let (store, _) = riptide_serve::Store::open_any(&tmp.path().join("b")).unwrap();
+    assert!(store.held().unwrap().is_empty(), "nothing left held");
+}
