@@ -774,3 +774,182 @@ fn a_standby_taking_over_holds_what_the_publisher_held_for_resync() {
     let (store, _) = riptide_serve::Store::open_any(&tmp.path().join("b")).unwrap();
     assert!(store.held().unwrap().is_empty(), "nothing left held");
 }
+
+/// Every committed record of `topic`'s partition `p`: (offset, key, seq header if any).
+fn records_of(bootstrap: &str, topic: &str, p: i32) -> Vec<(i64, Vec<u8>, Option<u64>)> {
+    use riptide_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+    use riptide_kafka::rdkafka::message::{Headers, Message};
+    use riptide_kafka::rdkafka::ClientConfig;
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "riptide-test-offsets")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()
+        .unwrap();
+    let mut tpl = riptide_kafka::rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(topic, p, riptide_kafka::rdkafka::Offset::Beginning)
+        .unwrap();
+    c.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        assert!(Instant::now() < deadline, "reading {topic}/{p} timed out");
+        match c.poll(Duration::from_millis(500)) {
+            Some(Ok(m)) => {
+                let seq = m.headers().and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == "riptide-seq")
+                        .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
+                });
+                out.push((m.offset(), m.key().unwrap_or_default().to_vec(), seq));
+            }
+            Some(Err(riptide_kafka::rdkafka::error::KafkaError::PartitionEOF(_))) => return out,
+            _ => {}
+        }
+    }
+}
+
+/// v1 events from `cursor` until nothing more comes for a while.
+async fn v1_all_from(addr: &str, cursor: u64) -> Vec<Value> {
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor={cursor}"))
+            .await
+            .unwrap();
+    let mut out = Vec::new();
+    loop {
+        let wait = if out.is_empty() {
+            PATIENCE
+        } else {
+            Duration::from_secs(3)
+        };
+        match tokio::time::timeout(wait, ws.next()).await {
+            Err(_) => return out,
+            Ok(m) => {
+                if let Message::Text(t) = m.unwrap().unwrap() {
+                    out.push(serde_json::from_str(&t).unwrap());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn an_empty_edge_on_a_topic_whose_start_was_deleted_serves_from_its_floor() {
+    if !enabled() {
+        return;
+    }
+    let tmp = common::scratch();
+    let (frames, docs) = generated(tmp.path(), 600);
+    let kafka = Cluster::one_broker();
+    let name = topic("floor");
+    let url = format!("{}?partitions=3", kafka.url(&name));
+    // Paced, so the topic holds many ingest batches.
+    let mut ingest = common::serve_command(&tmp.path().join("ingest"));
+    ingest
+        .args(["--did-docs", s(&docs), "--ingest-file", s(&frames)])
+        .args(["--ingest-rate", "200", "--publish", &url]);
+    let (_ingest, ingest_addr) = common::spawn_serve(&mut ingest);
+    common::wait_for(&ingest_addr, "riptide_ingest_finished", 1.0);
+    let last = metric(&ingest_addr, "riptide_kafka_published_seq");
+    let total = last as u64;
+    assert_eq!(
+        metric(&ingest_addr, "riptide_log_next_seq") as u64,
+        total + 1
+    );
+
+    // Retention removes the topic's start: the batch records before the middle one, and in
+    // each partition of the events topic every record below its first seq.
+    let batches = records_of(&kafka.bootstrap, &format!("{name}.cursor"), 0);
+    assert!(batches.len() >= 10, "{} batches", batches.len());
+    let k = riptide_kafka::KafkaUrl::parse(&url).unwrap();
+    let all = riptide_kafka::follow::read_batches(&k, None).unwrap();
+    assert_eq!(all.len(), batches.len());
+    let mid = all.len() / 2;
+    let floor = all[mid].first_seq;
+    assert!(floor > 1 && floor < total, "floor {floor} of {total}");
+    let mut cut = riptide_kafka::rdkafka::TopicPartitionList::new();
+    cut.add_partition_offset(
+        &format!("{name}.cursor"),
+        0,
+        riptide_kafka::rdkafka::Offset::Offset(batches[mid].0),
+    )
+    .unwrap();
+    for p in 0..3 {
+        let recs = records_of(&kafka.bootstrap, &name, p);
+        let at = recs
+            .iter()
+            .find(|r| r.2.is_some_and(|s| s >= floor))
+            .map_or(riptide_kafka::rdkafka::Offset::End, |r| {
+                riptide_kafka::rdkafka::Offset::Offset(r.0)
+            });
+        cut.add_partition_offset(&name, p, at).unwrap();
+    }
+    {
+        use riptide_kafka::rdkafka::admin::{AdminClient, AdminOptions};
+        use riptide_kafka::rdkafka::client::DefaultClientContext;
+        use riptide_kafka::rdkafka::ClientConfig;
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &kafka.bootstrap)
+            .create()
+            .unwrap();
+        let done = rt()
+            .block_on(admin.delete_records(&cut, &AdminOptions::new()))
+            .unwrap();
+        for e in done.elements() {
+            assert!(e.error().is_ok(), "{e:?}");
+        }
+    }
+
+    // An edge with an empty store serves from the floor, and says so in /metrics.
+    let (_edge, edge_addr) = edge(&tmp.path().join("edge"), &url);
+    common::wait_for(&edge_addr, "riptide_log_next_seq", total as f64 + 1.0);
+    assert_eq!(metric(&edge_addr, "riptide_retention_floor"), floor as f64);
+    assert_eq!(metric(&edge_addr, "riptide_kafka_gaps_total"), 0.0);
+    let rt = rt();
+    let want = rt.block_on(v1_all_from(&ingest_addr, floor));
+    assert!(!want.is_empty());
+    assert_eq!(want[0]["cursor"].as_u64(), Some(floor));
+    // v1: a cursor below the floor starts at the floor, as on a single node after retention.
+    for cursor in [0, 1, floor - 1, floor] {
+        let got = rt.block_on(v1_all_from(&edge_addr, cursor));
+        assert_same(&got, &want, &format!("edge from cursor {cursor}"));
+    }
+    // v2: a seq cursor below the floor is CursorTooOld (naming the floor); at it, served.
+    let req = format!(
+        "ws://{edge_addr}/xrpc/network.bsky.jetstream.subscribeEvents?cursor={}",
+        floor - 1
+    );
+    match rt.block_on(tokio_tungstenite::connect_async(req)) {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            assert_eq!(r.status(), 400);
+            let body =
+                String::from_utf8_lossy(r.body().as_deref().unwrap_or_default()).into_owned();
+            assert!(body.contains("CursorTooOld"), "{body}");
+            assert!(body.contains(&floor.to_string()), "{body}");
+        }
+        other => panic!("a v2 cursor below the floor: {:?}", other.map(|_| ())),
+    }
+    let (mut ws, _) = rt
+        .block_on(tokio_tungstenite::connect_async(format!(
+            "ws://{edge_addr}/xrpc/network.bsky.jetstream.subscribeEvents?cursor={floor}"
+        )))
+        .unwrap();
+    let first = rt.block_on(async {
+        loop {
+            let m = tokio::time::timeout(PATIENCE, ws.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            if let Message::Text(t) = m {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                if v["payload"]["seq"].is_u64() {
+                    return v;
+                }
+            }
+        }
+    });
+    assert_eq!(first["payload"]["seq"].as_u64(), Some(floor));
+}
