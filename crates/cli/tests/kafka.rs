@@ -281,6 +281,31 @@ fn the_capture_through_kafka_reaches_two_edges_as_a_single_node_serves_it() {
     // Edges serve the ingest node's events byte for byte: JSON, time_us and cursor.
     assert_same(&one, &ingest, "edge 1");
     assert_same(&two, &ingest, "edge 2");
+    // The Kafka metrics: the ingest node published every stored event in transactions that
+    // all committed; each edge consumed each once and holds nothing; a single node has none.
+    let stored = metric(&ingest_addr, "riptide_log_next_seq") - 1.0;
+    assert!(stored >= n as f64);
+    assert_eq!(metric(&ingest_addr, "riptide_kafka_lease_held"), 1.0);
+    assert!(metric(&ingest_addr, "riptide_kafka_transactions_committed_total") >= 1.0);
+    assert_eq!(
+        metric(&ingest_addr, "riptide_kafka_transactions_aborted_total"),
+        0.0
+    );
+    assert_eq!(
+        metric(&ingest_addr, "riptide_kafka_records_published_total"),
+        stored
+    );
+    assert_eq!(metric(&ingest_addr, "riptide_kafka_published_seq"), stored);
+    assert!(metric(&ingest_addr, "riptide_kafka_commit_seconds_count") >= 1.0);
+    for e in [&e1_addr, &e2_addr] {
+        assert_eq!(metric(e, "riptide_kafka_records_consumed_total"), stored);
+        assert_eq!(metric(e, "riptide_kafka_pending_records"), 0.0);
+        assert_eq!(metric(e, "riptide_kafka_partitions_paused"), 0.0);
+        assert_eq!(metric(e, "riptide_kafka_gaps_total"), 0.0);
+        assert_eq!(metric(e, "riptide_upstream_seq"), stored);
+        assert!(!common::metrics(e).contains("riptide_kafka_lease_held"));
+    }
+    assert!(!common::metrics(&single_addr).contains("riptide_kafka_"));
     // And Jetstream v2 from both edges: the same frames as the ingest node's.
     let v2_ingest = rt.block_on(v2_texts(&ingest_addr, n));
     assert!(v2_ingest.len() >= n);

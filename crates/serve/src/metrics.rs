@@ -839,6 +839,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn kafka_metrics_are_rendered_by_role_only() {
+        let m = Metrics::default();
+        assert!(!m.render(&[]).contains("riptide_kafka_"));
+        m.kafka.set_role(KafkaRole::Ingest);
+        m.kafka.transactions_committed.fetch_add(3, Relaxed);
+        m.kafka.lease_held.store(true, Relaxed);
+        let s = m.render(&[]);
+        assert!(s.contains("\nriptide_kafka_transactions_committed_total 3\n"));
+        assert!(s.contains("\nriptide_kafka_lease_held 1\n"));
+        assert!(s.contains("riptide_kafka_commit_seconds_bucket"));
+        assert!(!s.contains("riptide_kafka_pending_records"));
+        m.kafka.set_role(KafkaRole::Edge);
+        m.kafka.partitions_paused.store(2, Relaxed);
+        let s = m.render(&[]);
+        assert!(s.contains("\nriptide_kafka_partitions_paused 2\n"));
+        assert!(s.contains("# TYPE riptide_kafka_partition_pauses_total counter\n"));
+        assert!(!s.contains("riptide_kafka_lease_held"));
+    }
+
+    #[test]
     fn histogram_buckets_sum_and_exposition() {
         let h = Histogram::default();
         for us in [10, 50, 51, 700, 3_000_000, 60_000_000] {
