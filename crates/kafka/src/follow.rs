@@ -348,10 +348,15 @@ impl Follower {
     /// Holds `e` (from partition `p`) until its turn; pauses `p` if it ran too far ahead.
     fn hold(&mut self, p: i32, e: TopicEvent) {
         let n = held_bytes(&e);
-        if let Some((_, old)) = self.pending.insert(e.seq, (p, e)) {
+        if let Some((q, old)) = self.pending.insert(e.seq, (p, e)) {
             // The same seq twice (cannot happen in a topic one transactional producer wrote):
-            // the later one stands; the count follows.
-            self.pending_bytes -= held_bytes(&old);
+            // the later one stands; the counts follow.
+            let m = held_bytes(&old);
+            self.pending_bytes -= m;
+            if let Some(a) = self.ahead.get_mut(&q) {
+                a.0 = a.0.saturating_sub(1);
+                a.1 = a.1.saturating_sub(m);
+            }
         }
         self.pending_bytes += n;
         let a = self.ahead.entry(p).or_default();
