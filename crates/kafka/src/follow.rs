@@ -24,9 +24,10 @@
 //! [`GAP_AFTER`], the gap is logged at error with its size, counted
 //! (`riptide_kafka_gaps_total`, `riptide_kafka_gap_seqs_total`) and the follower goes on from the
 //! lowest seq it holds. An empty store whose first seq is gone (the start of the topic was
-//! removed by retention) starts at the lowest seq the topic holds without waiting: that is not a
-//! gap but the edge's floor, stored as its retention floor so cursors below it behave as after
-//! a retention pass on a single node.
+//! removed by retention) starts, after the same wait, at the lowest seq the topic holds: that is
+//! not a gap but the edge's floor, stored as its retention floor so cursors below it behave as
+//! after a retention pass on a single node. (The wait matters: "read to its end" is what the
+//! partition said last, and a transaction committed since may hold the missing seq.)
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -505,7 +506,12 @@ impl Follower {
             self.missing_since = None;
             return;
         }
+        let since = *self.missing_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < GAP_AFTER {
+            return;
+        }
         if self.fresh {
+            // Nothing handed out yet: the topic's start is gone, this is where the store begins.
             tracing::warn!(
                 first_seq = lowest,
                 "the Kafka topic no longer holds seqs {} to {} (its retention removed them): \
@@ -514,24 +520,22 @@ impl Follower {
                 lowest - 1
             );
             self.next_seq = lowest;
+            self.missing_since = None;
             return;
         }
-        let since = *self.missing_since.get_or_insert_with(Instant::now);
-        if since.elapsed() >= GAP_AFTER {
-            let gap = lowest - self.next_seq;
-            tracing::error!(
-                from = self.next_seq,
-                to = lowest - 1,
-                seqs = gap,
-                "seqs missing from the Kafka topic (removed by its retention?): gap, going on"
-            );
-            self.gap_seqs += gap;
-            let k = &self.metrics.kafka;
-            k.gaps.fetch_add(1, Relaxed);
-            k.gap_seqs.fetch_add(gap, Relaxed);
-            self.next_seq = lowest;
-            self.missing_since = None;
-        }
+        let gap = lowest - self.next_seq;
+        tracing::error!(
+            from = self.next_seq,
+            to = lowest - 1,
+            seqs = gap,
+            "seqs missing from the Kafka topic (removed by its retention?): gap, going on"
+        );
+        self.gap_seqs += gap;
+        let k = &self.metrics.kafka;
+        k.gaps.fetch_add(1, Relaxed);
+        k.gap_seqs.fetch_add(gap, Relaxed);
+        self.next_seq = lowest;
+        self.missing_since = None;
     }
 }
 
