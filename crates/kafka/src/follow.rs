@@ -429,12 +429,14 @@ impl Follower {
         let mut lag = 0i64;
         for e in pos.elements_for_topic(&self.url.topic) {
             if let Offset::Offset(o) = e.offset() {
-                if let Ok((_, high)) = self.consumer.fetch_watermarks(
+                match self.consumer.fetch_watermarks(
                     &self.url.topic,
                     e.partition(),
                     Duration::from_millis(500),
                 ) {
-                    lag += (high - o).max(0);
+                    Ok((_, high)) => lag += (high - o).max(0),
+                    // A broker away: no sample this time (the merge must not wait on more).
+                    Err(_) => return,
                 }
             }
         }
