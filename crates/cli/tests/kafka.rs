@@ -281,6 +281,31 @@ fn the_capture_through_kafka_reaches_two_edges_as_a_single_node_serves_it() {
     // Edges serve the ingest node's events byte for byte: JSON, time_us and cursor.
     assert_same(&one, &ingest, "edge 1");
     assert_same(&two, &ingest, "edge 2");
+    // The Kafka metrics: the ingest node published every stored event in transactions that
+    // all committed; each edge consumed each once and holds nothing; a single node has none.
+    let stored = metric(&ingest_addr, "riptide_log_next_seq") - 1.0;
+    assert!(stored >= n as f64);
+    assert_eq!(metric(&ingest_addr, "riptide_kafka_lease_held"), 1.0);
+    assert!(metric(&ingest_addr, "riptide_kafka_transactions_committed_total") >= 1.0);
+    assert_eq!(
+        metric(&ingest_addr, "riptide_kafka_transactions_aborted_total"),
+        0.0
+    );
+    assert_eq!(
+        metric(&ingest_addr, "riptide_kafka_records_published_total"),
+        stored
+    );
+    assert_eq!(metric(&ingest_addr, "riptide_kafka_published_seq"), stored);
+    assert!(metric(&ingest_addr, "riptide_kafka_commit_seconds_count") >= 1.0);
+    for e in [&e1_addr, &e2_addr] {
+        assert_eq!(metric(e, "riptide_kafka_records_consumed_total"), stored);
+        assert_eq!(metric(e, "riptide_kafka_pending_records"), 0.0);
+        assert_eq!(metric(e, "riptide_kafka_partitions_paused"), 0.0);
+        assert_eq!(metric(e, "riptide_kafka_gaps_total"), 0.0);
+        assert_eq!(metric(e, "riptide_upstream_seq"), stored);
+        assert!(!common::metrics(e).contains("riptide_kafka_lease_held"));
+    }
+    assert!(!common::metrics(&single_addr).contains("riptide_kafka_"));
     // And Jetstream v2 from both edges: the same frames as the ingest node's.
     let v2_ingest = rt.block_on(v2_texts(&ingest_addr, n));
     assert!(v2_ingest.len() >= n);
@@ -549,4 +574,407 @@ fn one_broker_of_three_killed_ingest_and_serving_go_on() {
         .collect();
     assert_same(&got, &want, "edge after a broker died");
     assert_eq!(check_topic(&kafka.bootstrap, &name) as f64, total);
+}
+
+/// The events topic as an ingest node writes it, written here record by record: `seqs` go to
+/// `partition`, each a v1 `#identity` event of its own DID with the `riptide-*` headers.
+fn produce(bootstrap: &str, topic: &str, partition: i32, seqs: impl IntoIterator<Item = u64>) {
+    use riptide_kafka::rdkafka::message::{Header, OwnedHeaders};
+    use riptide_kafka::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use riptide_kafka::rdkafka::ClientConfig;
+    let p: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "all")
+        .set("linger.ms", "20")
+        .create()
+        .unwrap();
+    for seq in seqs {
+        let did = format!("did:plc:ahead{seq:08}");
+        let time_us = 1_700_000_000_000_000 + seq as i64;
+        let json = format!(
+            r#"{{"did":"{did}","time_us":{time_us},"kind":"identity","identity":{{"did":"{did}","handle":"a{seq}.test","seq":{seq},"time":"2023-11-14T22:13:20.000Z"}},"cursor":{seq}}}"#
+        );
+        let (seq_s, time_s) = (seq.to_string(), time_us.to_string());
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "riptide-seq",
+                value: Some(&seq_s),
+            })
+            .insert(Header {
+                key: "riptide-time-us",
+                value: Some(&time_s),
+            })
+            .insert(Header {
+                key: "riptide-kind",
+                value: Some("identity"),
+            })
+            .insert(Header {
+                key: "riptide-verdict",
+                value: Some("ok"),
+            });
+        let mut rec = BaseRecord::to(topic)
+            .partition(partition)
+            .key(&did)
+            .payload(&json)
+            .timestamp(time_us / 1000)
+            .headers(headers);
+        loop {
+            match p.send(rec) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    rec = r;
+                    p.poll(Duration::from_millis(50));
+                }
+            }
+        }
+        p.poll(Duration::ZERO);
+    }
+    p.flush(Duration::from_secs(60)).unwrap();
+}
+
+#[test]
+fn an_edge_pauses_a_partition_that_runs_ahead_and_holds_bounded_memory() {
+    if !enabled() {
+        return;
+    }
+    let kafka = Cluster::one_broker();
+    let url = format!("{}?partitions=2", kafka.url(&topic("ahead")));
+    let k = riptide_kafka::KafkaUrl::parse(&url).unwrap();
+    rt().block_on(k.ensure_topics()).unwrap();
+    // Seqs 1..=10 in partition 1, served; then partition 0 gets 12..=N while 11, in partition
+    // 1, comes later: everything partition 0 has is ahead of the next seq. (An ingest node
+    // commits seqs in order; a partition runs ahead when it is fetched faster than the others.)
+    const N: u64 = 20_000;
+    produce(&kafka.bootstrap, &k.topic, 1, 1..=10);
+    let tmp = common::scratch();
+    let (_edge, addr) = edge(&tmp.path().join("edge"), &url);
+    common::wait_for(&addr, "riptide_log_next_seq", 11.0);
+    produce(&kafka.bootstrap, &k.topic, 0, 12..=N);
+    let deadline = Instant::now() + PATIENCE;
+    while metric(&addr, "riptide_kafka_partitions_paused") < 1.0 {
+        assert!(Instant::now() < deadline, "partition 0 was never paused");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Nothing is served past seq 10, and what is held stays bounded (4,096 records a
+    // partition, the default bound, plus what librdkafka handed over around the pause).
+    // (Seq 11 must come within the gap wait, 30 s.)
+    std::thread::sleep(Duration::from_secs(2));
+    let held = metric(&addr, "riptide_kafka_pending_records");
+    assert!((4096.0..=8192.0).contains(&held), "{held} records held");
+    assert!(metric(&addr, "riptide_kafka_pending_bytes") > 0.0);
+    assert_eq!(metric(&addr, "riptide_kafka_partitions_paused"), 1.0);
+    assert_eq!(metric(&addr, "riptide_log_next_seq"), 11.0);
+    produce(&kafka.bootstrap, &k.topic, 1, [11]);
+    common::wait_for(&addr, "riptide_log_next_seq", N as f64 + 1.0);
+    // Every seq, in order, once: the pause lost nothing of what partition 0 had fetched.
+    let got = rt().block_on(v1_from(&addr, 0, N as usize));
+    for (i, e) in got.iter().enumerate() {
+        assert_eq!(e["cursor"].as_u64(), Some(i as u64 + 1), "event {i}");
+    }
+    assert_eq!(
+        metric(&addr, "riptide_kafka_records_consumed_total"),
+        N as f64
+    );
+    assert_eq!(metric(&addr, "riptide_kafka_pending_records"), 0.0);
+    assert_eq!(metric(&addr, "riptide_kafka_partitions_paused"), 0.0);
+    assert!(metric(&addr, "riptide_kafka_partition_pauses_total") >= 1.0);
+    assert_eq!(metric(&addr, "riptide_kafka_gaps_total"), 0.0);
+}
+
+/// `riptide sim` of the network `net` (its PLC directory and PDS), every answer `delay_ms` late.
+fn sim(net: &Path, delay_ms: u32) -> (KillOnDrop, String) {
+    common::spawn_printing_url(
+        Command::new(common::BIN)
+            .args(["sim", "--from", s(net), "--listen", "127.0.0.1:0", "-qq"])
+            .args(["--fault-delay-ms", &delay_ms.to_string()]),
+    )
+}
+
+/// `riptide serve` ingesting `net`'s frames from the file, resyncing from `sim`.
+fn resyncing(data: &Path, net: &Path, sim: &str) -> Command {
+    let mut cmd = common::serve_command(data);
+    cmd.args(["--workers", "3", "--plc-url", sim])
+        .arg("--did-docs")
+        .arg(net.join("did_docs.json"))
+        .arg("--ingest-file")
+        .arg(net.join("firehose-frames.bin"));
+    cmd
+}
+
+/// Waits until ingest finished and no account awaits resync.
+fn wait_settled(addr: &str) {
+    common::wait_for(addr, "riptide_ingest_finished", 1.0);
+    let deadline = Instant::now() + PATIENCE;
+    while metric(addr, "riptide_resync_accounts") > 0.0 {
+        assert!(Instant::now() < deadline, "resyncs never finished");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn store_accounts(data: &Path) -> Vec<(String, riptide_firehose::chain::AccountState)> {
+    let (store, _) = riptide_serve::Store::open_any(data).unwrap();
+    store.accounts().map(Result::unwrap).collect()
+}
+
+#[test]
+fn a_standby_taking_over_holds_what_the_publisher_held_for_resync() {
+    if !enabled() {
+        return;
+    }
+    let tmp = common::scratch();
+    let net = tmp.path().join("net");
+    let out = common::riptide(&[
+        "gen",
+        "--seed",
+        "11",
+        "--accounts",
+        "30",
+        "--events",
+        "1500",
+        "--adversarial",
+        "0.01",
+        "--repos",
+        "--out",
+        s(&net),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    // Resyncs from this sim take 2 s each.
+    let (_sim, sim_url) = sim(&net, 2000);
+    let clean = tmp.path().join("clean");
+    let (node, addr) = common::spawn_serve(&mut resyncing(&clean, &net, &sim_url));
+    wait_settled(&addr);
+    assert!(metric(&addr, "riptide_verdicts_total{verdict=\"chain-break\"}") > 0.0);
+    let last_seq = metric(&addr, "riptide_upstream_seq");
+    node.kill();
+    let want = store_accounts(&clean);
+    assert!(want.len() >= 30);
+    assert!(want
+        .iter()
+        .all(|(_, s)| s.sync == riptide_firehose::chain::SyncStatus::Synchronized));
+
+    // The publisher's resyncs never land (its sim answers after a minute, past the resolver's
+    // timeout): once it has ingested every frame (its ingest does not finish while resyncs are
+    // due), accounts await resync with their frames held. It is killed; a standby takes over.
+    let kafka = Cluster::one_broker();
+    let url = format!("{}?partitions=3", kafka.url(&topic("resync")));
+    let (_stuck, stuck_url) = sim(&net, 60_000);
+    let (a, a_addr) = common::spawn_serve(
+        resyncing(&tmp.path().join("a"), &net, &stuck_url)
+            .args(["--publish", &url])
+            .env("RUST_LOG", "warn,riptide_kafka=info"),
+    );
+    common::wait_for(&a_addr, "riptide_upstream_seq", last_seq);
+    let accounts = metric(&a_addr, "riptide_resync_accounts");
+    let held = metric(&a_addr, "riptide_resync_held_frames");
+    assert!(
+        accounts >= 1.0,
+        "no account awaits resync on the publisher: {}",
+        common::metrics(&a_addr)
+            .lines()
+            .filter(|l| l.contains("resync") || l.contains("verdicts"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    assert!(metric(&a_addr, "riptide_kafka_resync_changes_published_total") >= accounts);
+    assert_eq!(metric(&a_addr, "riptide_kafka_lease_held"), 1.0);
+    a.kill(); // SIGKILL
+    let (b, b_addr) = common::spawn_serve(
+        resyncing(&tmp.path().join("b"), &net, &sim_url)
+            .args(["--publish", &url])
+            .env("RUST_LOG", "warn,riptide_kafka=info"),
+    );
+    // Straight after the takeover (its resyncs take 2 s), the standby awaits the same resyncs
+    // with the same frames held: they came with the batches on the batch topic.
+    assert_eq!(metric(&b_addr, "riptide_resync_accounts"), accounts);
+    assert_eq!(metric(&b_addr, "riptide_resync_held_frames"), held);
+    assert!(metric(&b_addr, "riptide_kafka_caught_up_batches_total") >= 1.0);
+    wait_settled(&b_addr);
+    assert!(metric(&b_addr, "riptide_resync_landed_total") >= accounts);
+    b.kill();
+    assert_eq!(
+        store_accounts(&tmp.path().join("b")),
+        want,
+        "the standby ends with the chains of a node that never failed"
+    );
+    let (store, _) = riptide_serve::Store::open_any(&tmp.path().join("b")).unwrap();
+    assert!(store.held().unwrap().is_empty(), "nothing left held");
+}
+
+/// Every committed record of `topic`'s partition `p`: (offset, key, seq header if any).
+fn records_of(bootstrap: &str, topic: &str, p: i32) -> Vec<(i64, Vec<u8>, Option<u64>)> {
+    use riptide_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+    use riptide_kafka::rdkafka::message::{Headers, Message};
+    use riptide_kafka::rdkafka::ClientConfig;
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "riptide-test-offsets")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()
+        .unwrap();
+    let mut tpl = riptide_kafka::rdkafka::TopicPartitionList::new();
+    tpl.add_partition_offset(topic, p, riptide_kafka::rdkafka::Offset::Beginning)
+        .unwrap();
+    c.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        assert!(Instant::now() < deadline, "reading {topic}/{p} timed out");
+        match c.poll(Duration::from_millis(500)) {
+            Some(Ok(m)) => {
+                let seq = m.headers().and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == "riptide-seq")
+                        .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
+                });
+                out.push((m.offset(), m.key().unwrap_or_default().to_vec(), seq));
+            }
+            Some(Err(riptide_kafka::rdkafka::error::KafkaError::PartitionEOF(_))) => return out,
+            _ => {}
+        }
+    }
+}
+
+/// v1 events from `cursor` until nothing more comes for a while.
+async fn v1_all_from(addr: &str, cursor: u64) -> Vec<Value> {
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor={cursor}"))
+            .await
+            .unwrap();
+    let mut out = Vec::new();
+    loop {
+        let wait = if out.is_empty() {
+            PATIENCE
+        } else {
+            Duration::from_secs(3)
+        };
+        match tokio::time::timeout(wait, ws.next()).await {
+            Err(_) => return out,
+            Ok(m) => {
+                if let Message::Text(t) = m.unwrap().unwrap() {
+                    out.push(serde_json::from_str(&t).unwrap());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn an_empty_edge_on_a_topic_whose_start_was_deleted_serves_from_its_floor() {
+    if !enabled() {
+        return;
+    }
+    let tmp = common::scratch();
+    let (frames, docs) = generated(tmp.path(), 600);
+    let kafka = Cluster::one_broker();
+    let name = topic("floor");
+    let url = format!("{}?partitions=3", kafka.url(&name));
+    // Paced, so the topic holds many ingest batches.
+    let mut ingest = common::serve_command(&tmp.path().join("ingest"));
+    ingest
+        .args(["--did-docs", s(&docs), "--ingest-file", s(&frames)])
+        .args(["--ingest-rate", "200", "--publish", &url]);
+    let (_ingest, ingest_addr) = common::spawn_serve(&mut ingest);
+    common::wait_for(&ingest_addr, "riptide_ingest_finished", 1.0);
+    let last = metric(&ingest_addr, "riptide_kafka_published_seq");
+    let total = last as u64;
+    assert_eq!(
+        metric(&ingest_addr, "riptide_log_next_seq") as u64,
+        total + 1
+    );
+
+    // Retention removes the topic's start: the batch records before the middle one, and in
+    // each partition of the events topic every record below its first seq.
+    let batches = records_of(&kafka.bootstrap, &format!("{name}.cursor"), 0);
+    assert!(batches.len() >= 10, "{} batches", batches.len());
+    let k = riptide_kafka::KafkaUrl::parse(&url).unwrap();
+    let all = riptide_kafka::follow::read_batches(&k, None).unwrap();
+    assert_eq!(all.len(), batches.len());
+    let mid = all.len() / 2;
+    let floor = all[mid].first_seq;
+    assert!(floor > 1 && floor < total, "floor {floor} of {total}");
+    let mut cut = riptide_kafka::rdkafka::TopicPartitionList::new();
+    cut.add_partition_offset(
+        &format!("{name}.cursor"),
+        0,
+        riptide_kafka::rdkafka::Offset::Offset(batches[mid].0),
+    )
+    .unwrap();
+    for p in 0..3 {
+        let recs = records_of(&kafka.bootstrap, &name, p);
+        let at = recs
+            .iter()
+            .find(|r| r.2.is_some_and(|s| s >= floor))
+            .map_or(riptide_kafka::rdkafka::Offset::End, |r| {
+                riptide_kafka::rdkafka::Offset::Offset(r.0)
+            });
+        cut.add_partition_offset(&name, p, at).unwrap();
+    }
+    {
+        use riptide_kafka::rdkafka::admin::{AdminClient, AdminOptions};
+        use riptide_kafka::rdkafka::client::DefaultClientContext;
+        use riptide_kafka::rdkafka::ClientConfig;
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &kafka.bootstrap)
+            .create()
+            .unwrap();
+        let done = rt()
+            .block_on(admin.delete_records(&cut, &AdminOptions::new()))
+            .unwrap();
+        for e in done.elements() {
+            assert!(e.error().is_ok(), "{e:?}");
+        }
+    }
+
+    // An edge with an empty store serves from the floor, and says so in /metrics.
+    let (_edge, edge_addr) = edge(&tmp.path().join("edge"), &url);
+    common::wait_for(&edge_addr, "riptide_log_next_seq", total as f64 + 1.0);
+    assert_eq!(metric(&edge_addr, "riptide_retention_floor"), floor as f64);
+    assert_eq!(metric(&edge_addr, "riptide_kafka_gaps_total"), 0.0);
+    let rt = rt();
+    let want = rt.block_on(v1_all_from(&ingest_addr, floor));
+    assert!(!want.is_empty());
+    assert_eq!(want[0]["cursor"].as_u64(), Some(floor));
+    // v1: a cursor below the floor starts at the floor, as on a single node after retention.
+    for cursor in [0, 1, floor - 1, floor] {
+        let got = rt.block_on(v1_all_from(&edge_addr, cursor));
+        assert_same(&got, &want, &format!("edge from cursor {cursor}"));
+    }
+    // v2: a seq cursor below the floor is CursorTooOld (naming the floor); at it, served.
+    let req = format!(
+        "ws://{edge_addr}/xrpc/network.bsky.jetstream.subscribeEvents?cursor={}",
+        floor - 1
+    );
+    match rt.block_on(tokio_tungstenite::connect_async(req)) {
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            assert_eq!(r.status(), 400);
+            let body =
+                String::from_utf8_lossy(r.body().as_deref().unwrap_or_default()).into_owned();
+            assert!(body.contains("CursorTooOld"), "{body}");
+            assert!(body.contains(&floor.to_string()), "{body}");
+        }
+        other => panic!("a v2 cursor below the floor: {:?}", other.map(|_| ())),
+    }
+    let (mut ws, _) = rt
+        .block_on(tokio_tungstenite::connect_async(format!(
+            "ws://{edge_addr}/xrpc/network.bsky.jetstream.subscribeEvents?cursor={floor}"
+        )))
+        .unwrap();
+    let first = rt.block_on(async {
+        loop {
+            let m = tokio::time::timeout(PATIENCE, ws.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            if let Message::Text(t) = m {
+                let v: Value = serde_json::from_str(&t).unwrap();
+                if v["payload"]["seq"].is_u64() {
+                    return v;
+                }
+            }
+        }
+    });
+    assert_eq!(first["payload"]["seq"].as_u64(), Some(floor));
 }

@@ -9,12 +9,27 @@
 //! partition is positioned by timestamp, `time_us / 1000` of that event, and what is already
 //! stored is skipped), or, for an empty store, at the first seq the batch topic records.
 //!
+//! **Bounded memory.** A partition read ahead of the others (its leader is faster, the others'
+//! records are larger, a restart positioned it by time) would fill the held records without
+//! end. Each partition's held records are bounded ([`AheadLimits`]): a partition over the bound
+//! is paused (librdkafka stops fetching it; what it fetched beyond the records handed over is
+//! fetched again on resume) and resumed once the next seqs drained it below half. A paused
+//! partition cannot hold the next seq (seqs increase within a partition, and it handed over a
+//! later one), so pausing never stalls the merge. `riptide_kafka_pending_records` /
+//! `_bytes`, `riptide_kafka_partitions_paused` and `riptide_kafka_partition_pauses_total` show
+//! it.
+//!
 //! A seq that never comes (the topic's retention removed it while the edge was down) is a gap:
-//! when every partition is read to its end and the next seq is still missing for
-//! [`GAP_AFTER`], the gap is logged at error with its size and the follower goes on from the
-//! lowest seq it holds.
+//! when every partition is read to its end (or paused) and the next seq is still missing for
+//! [`GAP_AFTER`], the gap is logged at error with its size, counted
+//! (`riptide_kafka_gaps_total`, `riptide_kafka_gap_seqs_total`) and the follower goes on from the
+//! lowest seq it holds. An empty store whose first seq is gone (the start of the topic was
+//! removed by retention) starts, after the same wait, at the lowest seq the topic holds: that is
+//! not a gap but the edge's floor, stored as its retention floor so cursors below it behave as
+//! after a retention pass on a single node. (The wait matters: "read to its end" is what the
+//! partition said last, and a transaction committed since may hold the missing seq.)
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,15 +45,46 @@ use crate::{KafkaError, KafkaUrl, Reader};
 /// How long a missing seq is waited for, every partition read to its end, before it is a gap.
 pub const GAP_AFTER: Duration = Duration::from_secs(30);
 
+/// How often an edge samples its lag (`riptide_kafka_lag_records`).
+const LAG_EVERY: Duration = Duration::from_secs(10);
+
+/// The records a partition may have ahead of the next seq before it is paused (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AheadLimits {
+    /// Records held from one partition (default 4,096).
+    pub records: usize,
+    /// Bytes (values and keys) held from one partition (default 8 MiB).
+    pub bytes: usize,
+}
+
+impl Default for AheadLimits {
+    fn default() -> AheadLimits {
+        AheadLimits {
+            records: 4096,
+            bytes: 8 << 20,
+        }
+    }
+}
+
 /// Reads the events topic in seq order (see the module docs).
 pub struct Follower {
     url: KafkaUrl,
     consumer: Reader,
     partitions: i32,
     next_seq: u64,
-    pending: BTreeMap<u64, TopicEvent>,
+    /// Records that arrived before their turn: seq → (partition, event).
+    pending: BTreeMap<u64, (i32, TopicEvent)>,
+    pending_bytes: usize,
+    /// Per partition: records and bytes of it in `pending`.
+    ahead: HashMap<i32, (usize, usize)>,
+    paused: HashSet<i32>,
+    limits: AheadLimits,
     at_end: HashSet<i32>,
     missing_since: Option<Instant>,
+    /// No event handed out yet, from an empty store: a missing first seq is the floor.
+    fresh: bool,
+    lag_at: Instant,
+    metrics: Arc<Metrics>,
     /// Seqs skipped as gaps (retention), for `/metrics`.
     pub gap_seqs: u64,
 }
@@ -49,6 +95,7 @@ impl std::fmt::Debug for Follower {
             .field("url", &self.url)
             .field("next_seq", &self.next_seq)
             .field("pending", &self.pending.len())
+            .field("paused", &self.paused)
             .finish()
     }
 }
@@ -175,6 +222,7 @@ pub fn read_batches(url: &KafkaUrl, ts_ms: Option<i64>) -> Result<Vec<Batch>, Ka
         .map_err(url.client_err("reading the batch topic's end"))?;
     assign_from(url, &c, &topic, 1, ts_ms)?;
     let mut out = Vec::new();
+    let mut held = Vec::new();
     if high == 0 {
         return Ok(out);
     }
@@ -182,8 +230,14 @@ pub fn read_batches(url: &KafkaUrl, ts_ms: Option<i64>) -> Result<Vec<Batch>, Ka
     loop {
         match c.poll(Duration::from_millis(500)) {
             Some(Ok(m)) => {
-                if let Some(v) = m.payload() {
-                    out.push(Batch::decode(v)?);
+                let v = m.payload().unwrap_or_default();
+                if m.key() == Some(record::RESYNC_KEY) {
+                    // Belongs to the batch record that follows (same transaction).
+                    held.push(record::decode_change(v)?);
+                } else {
+                    let mut b = Batch::decode(v)?;
+                    b.pending = std::mem::take(&mut held);
+                    out.push(b);
                 }
             }
             Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => break,
@@ -202,8 +256,23 @@ pub fn read_batches(url: &KafkaUrl, ts_ms: Option<i64>) -> Result<Vec<Batch>, Ka
 
 impl Follower {
     /// Follows the events topic from after `resume` (the local store's position); an empty
-    /// store starts at the first seq the batch topic records.
-    pub fn open(url: &KafkaUrl, resume: &Resume) -> Result<Follower, KafkaError> {
+    /// store starts at the first seq the batch topic records (or, if the events topic lost it
+    /// to retention, the lowest it holds).
+    pub fn open(
+        url: &KafkaUrl,
+        resume: &Resume,
+        metrics: Arc<Metrics>,
+    ) -> Result<Follower, KafkaError> {
+        Follower::open_with(url, resume, metrics, AheadLimits::default())
+    }
+
+    /// [`Follower::open`] with other bounds on the records held ahead.
+    pub fn open_with(
+        url: &KafkaUrl,
+        resume: &Resume,
+        metrics: Arc<Metrics>,
+        limits: AheadLimits,
+    ) -> Result<Follower, KafkaError> {
         let consumer = url.reader()?;
         let partitions = wait_for_topic(url, &consumer, Duration::from_secs(600))?;
         let empty = resume.next_seq <= 1 && resume.last_time_us == 0;
@@ -224,8 +293,15 @@ impl Follower {
             partitions,
             next_seq,
             pending: BTreeMap::new(),
+            pending_bytes: 0,
+            ahead: HashMap::new(),
+            paused: HashSet::new(),
+            limits,
             at_end: HashSet::new(),
             missing_since: None,
+            fresh: empty,
+            lag_at: Instant::now(),
+            metrics,
             gap_seqs: 0,
         })
     }
@@ -243,19 +319,145 @@ impl Follower {
     ) -> Result<Vec<TopicEvent>, KafkaError> {
         let deadline = Instant::now() + wait;
         let mut out = Vec::new();
+        let r = self.fill(&mut out, max, deadline);
+        self.resume_drained();
+        if self.lag_at.elapsed() >= LAG_EVERY {
+            self.sample_lag();
+        }
+        let k = &self.metrics.kafka;
+        k.pending_records.store(self.pending.len() as u64, Relaxed);
+        k.pending_bytes.store(self.pending_bytes as u64, Relaxed);
+        k.partitions_paused.store(self.paused.len() as u64, Relaxed);
+        r.map(|()| out)
+    }
+
+    /// The next held event, if it is here.
+    fn take_next(&mut self) -> Option<TopicEvent> {
+        let (p, e) = self.pending.remove(&self.next_seq)?;
+        let n = held_bytes(&e);
+        self.pending_bytes -= n;
+        if let Some(a) = self.ahead.get_mut(&p) {
+            a.0 = a.0.saturating_sub(1);
+            a.1 = a.1.saturating_sub(n);
+        }
+        self.next_seq += 1;
+        self.missing_since = None;
+        self.fresh = false;
+        Some(e)
+    }
+
+    /// Holds `e` (from partition `p`) until its turn; pauses `p` if it ran too far ahead.
+    fn hold(&mut self, p: i32, e: TopicEvent) {
+        let n = held_bytes(&e);
+        if let Some((q, old)) = self.pending.insert(e.seq, (p, e)) {
+            // The same seq twice (cannot happen in a topic one transactional producer wrote):
+            // the later one stands; the counts follow.
+            let m = held_bytes(&old);
+            self.pending_bytes -= m;
+            if let Some(a) = self.ahead.get_mut(&q) {
+                a.0 = a.0.saturating_sub(1);
+                a.1 = a.1.saturating_sub(m);
+            }
+        }
+        self.pending_bytes += n;
+        let a = self.ahead.entry(p).or_default();
+        a.0 += 1;
+        a.1 += n;
+        let held = a.0;
+        let over = a.0 >= self.limits.records || a.1 >= self.limits.bytes;
+        if over && !self.paused.contains(&p) {
+            match self.consumer.pause(&self.one(p)) {
+                Ok(()) => {
+                    self.paused.insert(p);
+                    self.metrics.kafka.pauses.fetch_add(1, Relaxed);
+                    tracing::debug!(
+                        partition = p,
+                        held,
+                        next_seq = self.next_seq,
+                        "Kafka partition paused: ahead of the next seq"
+                    );
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, partition = p, "pausing a Kafka partition")
+                }
+            }
+        }
+    }
+
+    /// Resumes the paused partitions that are below half of both bounds again.
+    fn resume_drained(&mut self) {
+        if self.paused.is_empty() {
+            return;
+        }
+        let lim = self.limits;
+        let ready: Vec<i32> = self
+            .paused
+            .iter()
+            .copied()
+            .filter(|p| {
+                let (r, b) = self.ahead.get(p).copied().unwrap_or_default();
+                r <= lim.records / 2 && b <= lim.bytes / 2
+            })
+            .collect();
+        for p in ready {
+            match self.consumer.resume(&self.one(p)) {
+                Ok(()) => {
+                    self.paused.remove(&p);
+                    // Not at its end until it says so again.
+                    self.at_end.remove(&p);
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, partition = p, "resuming a Kafka partition")
+                }
+            }
+        }
+    }
+
+    fn one(&self, p: i32) -> TopicPartitionList {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&self.url.topic, p);
+        tpl
+    }
+
+    /// `riptide_kafka_lag_records`: the committed records not yet read, over the partitions
+    /// that have a position (high watermark minus position; transaction markers count).
+    fn sample_lag(&mut self) {
+        self.lag_at = Instant::now();
+        let Ok(pos) = self.consumer.position() else {
+            return;
+        };
+        let mut lag = 0i64;
+        for e in pos.elements_for_topic(&self.url.topic) {
+            if let Offset::Offset(o) = e.offset() {
+                match self.consumer.fetch_watermarks(
+                    &self.url.topic,
+                    e.partition(),
+                    Duration::from_millis(500),
+                ) {
+                    Ok((_, high)) => lag += (high - o).max(0),
+                    // A broker away: no sample this time (the merge must not wait on more).
+                    Err(_) => return,
+                }
+            }
+        }
+        self.metrics.kafka.lag_records.store(lag as u64, Relaxed);
+    }
+
+    fn fill(
+        &mut self,
+        out: &mut Vec<TopicEvent>,
+        max: usize,
+        deadline: Instant,
+    ) -> Result<(), KafkaError> {
         loop {
             while out.len() < max {
-                match self.pending.remove(&self.next_seq) {
-                    Some(e) => {
-                        self.next_seq += 1;
-                        self.missing_since = None;
-                        out.push(e);
-                    }
+                match self.take_next() {
+                    Some(e) => out.push(e),
                     None => break,
                 }
             }
             if out.len() >= max {
-                return Ok(out);
+                return Ok(());
             }
             self.check_gap();
             let timeout = if out.is_empty() {
@@ -266,14 +468,18 @@ impl Follower {
             match self.consumer.poll(timeout) {
                 None => {
                     if !out.is_empty() || Instant::now() >= deadline {
-                        return Ok(out);
+                        return Ok(());
                     }
                 }
                 Some(Ok(m)) => {
                     self.at_end.remove(&m.partition());
                     let e = parse(&m)?;
+                    let k = &self.metrics.kafka;
+                    k.records_consumed.fetch_add(1, Relaxed);
                     if e.seq >= self.next_seq {
-                        self.pending.insert(e.seq, e);
+                        self.hold(m.partition(), e);
+                    } else {
+                        k.records_skipped.fetch_add(1, Relaxed);
                     }
                 }
                 Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
@@ -282,37 +488,62 @@ impl Follower {
                 Some(Err(e)) => {
                     tracing::warn!(error = %e, topic = %self.url.topic, "Kafka consumer");
                     if Instant::now() >= deadline {
-                        return Ok(out);
+                        return Ok(());
                     }
                 }
             }
         }
     }
 
-    /// A missing seq with every partition read to its end for [`GAP_AFTER`] is a gap.
+    /// A missing seq with every partition read to its end (or paused: it cannot hold the next
+    /// seq) for [`GAP_AFTER`] is a gap; at the start of an empty store, the floor.
     fn check_gap(&mut self) {
         let Some((&lowest, _)) = self.pending.first_key_value() else {
             self.missing_since = None;
             return;
         };
-        if lowest <= self.next_seq || (self.at_end.len() as i32) < self.partitions {
+        let done =
+            (0..self.partitions).all(|p| self.at_end.contains(&p) || self.paused.contains(&p));
+        if lowest <= self.next_seq || !done {
             self.missing_since = None;
             return;
         }
         let since = *self.missing_since.get_or_insert_with(Instant::now);
-        if since.elapsed() >= GAP_AFTER {
-            let gap = lowest - self.next_seq;
-            tracing::error!(
-                from = self.next_seq,
-                to = lowest - 1,
-                seqs = gap,
-                "seqs missing from the Kafka topic (removed by its retention?): gap, going on"
+        if since.elapsed() < GAP_AFTER {
+            return;
+        }
+        if self.fresh {
+            // Nothing handed out yet: the topic's start is gone, this is where the store begins.
+            tracing::warn!(
+                first_seq = lowest,
+                "the Kafka topic no longer holds seqs {} to {} (its retention removed them): \
+                 this empty store starts at seq {lowest}",
+                self.next_seq,
+                lowest - 1
             );
-            self.gap_seqs += gap;
             self.next_seq = lowest;
             self.missing_since = None;
+            return;
         }
+        let gap = lowest - self.next_seq;
+        tracing::error!(
+            from = self.next_seq,
+            to = lowest - 1,
+            seqs = gap,
+            "seqs missing from the Kafka topic (removed by its retention?): gap, going on"
+        );
+        self.gap_seqs += gap;
+        let k = &self.metrics.kafka;
+        k.gaps.fetch_add(1, Relaxed);
+        k.gap_seqs.fetch_add(gap, Relaxed);
+        self.next_seq = lowest;
+        self.missing_since = None;
     }
+}
+
+/// What a held record counts for against [`AheadLimits::bytes`].
+fn held_bytes(e: &TopicEvent) -> usize {
+    e.json.len() + e.did.len() + e.collection.len() + 64
 }
 
 /// Compresses an event's JSON with the local dictionary, if any.
@@ -343,6 +574,7 @@ pub fn catch_up(
     store: &Store,
     local: Resume,
     mut compressor: Option<zstd::bulk::Compressor<'static>>,
+    metrics: &Arc<Metrics>,
 ) -> Result<Resume, KafkaError> {
     let empty = local.next_seq <= 1 && local.last_time_us == 0 && local.upstream_cursor.is_none();
     let batches = read_batches(url, (!empty).then_some(local.last_time_us / 1000 - 1))?;
@@ -397,7 +629,7 @@ pub fn catch_up(
     if todo.is_empty() {
         return Ok(local);
     }
-    let mut follower = Follower::open(url, &local)?;
+    let mut follower = Follower::open(url, &local, metrics.clone())?;
     if follower.next_seq() != todo[0].first_seq {
         return Err(KafkaError::Inconsistent(format!(
             "catching up: the store continues at seq {} but the next batch starts at {}",
@@ -423,7 +655,9 @@ pub fn catch_up(
                 events.push(to_event(e, &mut compressor, &mut zbuf)?);
             }
         }
-        store.append_with_accounts(&events, &b.accounts, &b.resume)?;
+        // With the batch's resync changes: what the publisher held, this store holds.
+        store.append_with_pending(&events, &b.accounts, &b.pending, &b.resume)?;
+        metrics.kafka.caught_up_batches.fetch_add(1, Relaxed);
         applied = b.resume;
     }
     tracing::info!(
@@ -441,19 +675,35 @@ pub fn catch_up(
 pub fn run_edge(
     url: &KafkaUrl,
     log: &Log,
-    metrics: &Metrics,
+    metrics: &Arc<Metrics>,
     mut resume: Resume,
     mut compressor: Option<zstd::bulk::Compressor<'static>>,
     stop: &AtomicBool,
 ) -> Result<(), KafkaError> {
-    let mut follower = Follower::open(url, &resume)?;
-    if resume.next_seq != follower.next_seq() {
-        // An empty store starting after seq 1: the log's next seq moves there.
-        tracing::info!(
-            first_seq = follower.next_seq(),
-            "empty store: starting at the topic's first seq"
-        );
-    }
+    run_edge_with(
+        url,
+        log,
+        metrics,
+        &mut resume,
+        &mut compressor,
+        stop,
+        AheadLimits::default(),
+    )
+}
+
+/// [`run_edge`] with other bounds on the records held ahead (tests).
+pub fn run_edge_with(
+    url: &KafkaUrl,
+    log: &Log,
+    metrics: &Arc<Metrics>,
+    resume: &mut Resume,
+    compressor: &mut Option<zstd::bulk::Compressor<'static>>,
+    stop: &AtomicBool,
+    limits: AheadLimits,
+) -> Result<(), KafkaError> {
+    metrics.kafka.set_role(riptide_serve::KafkaRole::Edge);
+    let mut empty = resume.next_seq <= 1 && resume.last_time_us == 0;
+    let mut follower = Follower::open_with(url, resume, metrics.clone(), limits)?;
     let mut zbuf = Vec::new();
     let mut events = Vec::with_capacity(4096);
     metrics
@@ -465,18 +715,33 @@ pub fn run_edge(
             continue;
         }
         let now = riptide_serve::now_us();
+        if empty && got[0].seq > 1 {
+            // The topic's retention removed its start before this store began: what it
+            // holds from here on is all there is; cursors below behave as below a single
+            // node's retention floor.
+            log.store().raise_floor(got[0].seq)?;
+            metrics.retention_floor.store(got[0].seq, Relaxed);
+            tracing::warn!(
+                floor = got[0].seq,
+                "empty store on a topic that starts above seq 1: serving from seq {} (the \
+                 floor; older cursors start there, v2 seq cursors below it are CursorTooOld)",
+                got[0].seq
+            );
+        }
+        empty = false;
         events.clear();
         for e in &got {
-            events.push(to_event(e, &mut compressor, &mut zbuf)?);
+            events.push(to_event(e, compressor, &mut zbuf)?);
         }
         let last = &got[got.len() - 1];
         resume.next_seq = last.seq + 1;
         resume.last_time_us = last.time_us;
-        log.store().append(&events, &resume)?;
+        log.store().append(&events, resume)?;
         log.publish(&events);
         metrics.frames_in.fetch_add(got.len() as u64, Relaxed);
         metrics.upstream_last_us.store(now, Relaxed);
         metrics.upstream_seq.store(last.seq, Relaxed);
+        metrics.upstream_event_time_us.store(last.time_us, Relaxed);
         metrics
             .events_stored
             .fetch_add(events.len() as u64, Relaxed);

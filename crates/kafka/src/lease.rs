@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use riptide_serve::Metrics;
 
 use crate::{KafkaError, KafkaUrl, Quiet};
 
@@ -31,8 +32,8 @@ pub struct Lease {
 impl Lease {
     /// Joins the group and blocks until this node holds the lease (logging, once, that it is a
     /// standby while it waits). Heartbeats go on in a background thread for as long as the
-    /// returned value lives.
-    pub fn acquire(url: &KafkaUrl) -> Result<Lease, KafkaError> {
+    /// returned value lives; `riptide_kafka_lease_held` says whether the lease is held.
+    pub fn acquire(url: &KafkaUrl, metrics: Arc<Metrics>) -> Result<Lease, KafkaError> {
         let group = format!("riptide-ingest.{}", url.topic);
         let consumer: BaseConsumer<Quiet> = url
             .config()
@@ -67,6 +68,7 @@ impl Lease {
         }
         tracing::info!(group = %group, "holding the ingest lease: this node publishes");
         let held = Arc::new(AtomicBool::new(true));
+        metrics.kafka.lease_held.store(true, Relaxed);
         let stop = Arc::new(AtomicBool::new(false));
         let (h, s) = (held.clone(), stop.clone());
         let thread = std::thread::Builder::new()
@@ -75,6 +77,7 @@ impl Lease {
                 while !s.load(Relaxed) {
                     let _ = consumer.poll(Duration::from_millis(200));
                     let n = consumer.assignment().map_or(0, |a| a.count());
+                    metrics.kafka.lease_held.store(n > 0, Relaxed);
                     if n == 0 && h.swap(false, Relaxed) {
                         tracing::error!(
                             "the ingest lease was lost: another node may take over (its \

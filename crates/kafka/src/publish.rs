@@ -8,17 +8,26 @@
 //! (`riptide-ingest.TOPIC`): a node that starts publishing fences every earlier producer with
 //! that id and aborts its open transaction, so a zombie that lost its lease cannot commit.
 //!
+//! The batch's resync changes (`riptide_serve::publish`) are records of the batch topic before
+//! the batch record, in the same transaction ([`crate::record::encode_change`]).
+//!
+//! Metrics (`riptide_kafka_*`, `docs/kafka.md`): transactions committed and aborted, commit time,
+//! records published, the last seq published, fatal errors.
+//!
 //! Transient failures (a broker down, a leader moving) abort the transaction and send the batch
 //! again, with backoff, until it commits: nothing was stored locally yet, so nothing is lost or
 //! duplicated. A fatal error (fenced: another node took over) is returned, and ingest stops.
 
-use std::time::Duration;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use riptide_firehose::chain::AccountState;
 use riptide_jetstream::EventKind;
-use riptide_serve::{Event, Publish, PublishError, Resume};
+use riptide_serve::store::PendingChange;
+use riptide_serve::{Event, Metrics, Publish, PublishError, Resume};
 
 use crate::record::{self, Batch};
 use crate::{KafkaError, KafkaUrl};
@@ -33,6 +42,7 @@ pub struct KafkaPublisher {
     producer: ThreadedProducer<DefaultProducerContext>,
     verdict: &'static str,
     published: u64,
+    metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for KafkaPublisher {
@@ -53,7 +63,11 @@ impl KafkaPublisher {
     /// Connects and takes over the topic's transactional id (fencing any earlier producer and
     /// aborting its open transaction). `verified`: the events were verified (header
     /// `riptide-verdict: ok`), else `unverified` (`--no-verify`).
-    pub fn connect(url: &KafkaUrl, verified: bool) -> Result<KafkaPublisher, KafkaError> {
+    pub fn connect(
+        url: &KafkaUrl,
+        verified: bool,
+        metrics: Arc<Metrics>,
+    ) -> Result<KafkaPublisher, KafkaError> {
         let producer: ThreadedProducer<DefaultProducerContext> = url
             .config()
             .set("transactional.id", transactional_id(&url.topic))
@@ -83,6 +97,7 @@ impl KafkaPublisher {
             producer,
             verdict: if verified { "ok" } else { "unverified" },
             published: 0,
+            metrics,
         })
     }
 
@@ -109,6 +124,7 @@ impl KafkaPublisher {
     fn attempt(
         &self,
         events: &[Event],
+        pending: &[PendingChange],
         batch: &[u8],
         batch_ts: i64,
     ) -> Result<(), rdkafka::error::KafkaError> {
@@ -156,6 +172,15 @@ impl KafkaPublisher {
                 .headers(h);
             self.send(rec)?;
         }
+        // The resync changes, then the batch record they belong to (one partition: in order).
+        for p in pending {
+            let change = record::encode_change(p);
+            let rec = BaseRecord::to(&self.batch_topic)
+                .key(record::RESYNC_KEY)
+                .payload(&change[..])
+                .timestamp(batch_ts);
+            self.send(rec)?;
+        }
         let rec = BaseRecord::to(&self.batch_topic)
             .key(record::BATCH_KEY)
             .payload(batch)
@@ -170,12 +195,14 @@ impl Publish for KafkaPublisher {
         &mut self,
         events: &[Event],
         accounts: &[(Box<str>, AccountState)],
+        pending: &[PendingChange],
         resume: &Resume,
     ) -> Result<(), PublishError> {
         let batch = Batch {
             first_seq: events.first().map_or(resume.next_seq, Event::seq),
             resume: *resume,
             accounts: accounts.to_vec(),
+            pending: Vec::new(),
         }
         .encode();
         let ts = if resume.last_time_us > 0 {
@@ -185,9 +212,18 @@ impl Publish for KafkaPublisher {
         };
         let mut wait = Duration::from_millis(200);
         let mut failures = 0u32;
+        let k = &self.metrics.kafka;
         loop {
-            let e = match self.attempt(events, &batch, ts) {
+            let t0 = Instant::now();
+            let e = match self.attempt(events, pending, &batch, ts) {
                 Ok(()) => {
+                    k.commit_seconds.observe(t0.elapsed());
+                    k.transactions_committed.fetch_add(1, Relaxed);
+                    k.records_published.fetch_add(events.len() as u64, Relaxed);
+                    k.resync_changes_published
+                        .fetch_add(pending.len() as u64, Relaxed);
+                    k.published_seq
+                        .store(resume.next_seq.saturating_sub(1), Relaxed);
                     if failures > 0 {
                         tracing::warn!(
                             failures,
@@ -204,6 +240,7 @@ impl Publish for KafkaPublisher {
                 _ => false,
             };
             if fatal {
+                k.publish_fatal.fetch_add(1, Relaxed);
                 return Err(PublishError {
                     target: format!("kafka://{}/{}", self.url.brokers, self.url.topic),
                     reason: format!(
@@ -217,10 +254,12 @@ impl Publish for KafkaPublisher {
                     "Kafka transaction failed: aborting it and sending the batch again");
             }
             failures += 1;
+            k.transactions_aborted.fetch_add(1, Relaxed);
             if let Err(a) = self.producer.abort_transaction(COMMIT_TIMEOUT) {
                 let fatal =
                     matches!(&a, rdkafka::error::KafkaError::Transaction(t) if t.is_fatal());
                 if fatal {
+                    k.publish_fatal.fetch_add(1, Relaxed);
                     return Err(PublishError {
                         target: format!("kafka://{}/{}", self.url.brokers, self.url.topic),
                         reason: format!("aborting a failed transaction: {a}"),

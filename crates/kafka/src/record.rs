@@ -9,11 +9,17 @@
 //!   [`H_KIND`], [`H_COLLECTION`] (commits), [`H_REV`] (commits), [`H_VERDICT`].
 //! - Batch topic `TOPIC.cursor` (one partition): one record per ingest batch, in the same
 //!   transaction as the batch's events: key `cursor`, value [`Batch::encode`] (the seq range,
-//!   the upstream cursor, the chain state of the accounts the batch changed).
+//!   the upstream cursor, the chain state of the accounts the batch changed). Before it, in the
+//!   same transaction, one record per change the batch made to the resync partition (key
+//!   `resync`, value [`encode_change`]): accounts queued for resync after a chain break, the raw
+//!   frames held for them, their release. A reader attaches them to the batch record that
+//!   follows ([`Batch::pending`]), so a node catching up from the topic holds what the
+//!   publisher held.
 
 use bytes::Bytes;
 use riptide_firehose::chain::{decode_state, encode_state, AccountState};
 use riptide_jetstream::EventKind;
+use riptide_serve::store::PendingChange;
 use riptide_serve::{Event, Resume};
 
 /// Header: the event's seq (the v1 `cursor`, the v2 `seq`), decimal ASCII.
@@ -29,8 +35,11 @@ pub const H_REV: &str = "riptide-rev";
 /// Header: `ok` (signature, proof and chain state verified) or `unverified` (`--no-verify`).
 pub const H_VERDICT: &str = "riptide-verdict";
 
-/// The key of every record on the batch topic.
+/// The key of the batch records on the batch topic.
 pub const BATCH_KEY: &[u8] = b"cursor";
+
+/// The key of the resync-change records on the batch topic ([`encode_change`]).
+pub const RESYNC_KEY: &[u8] = b"resync";
 
 /// The batch topic of events topic `topic`.
 pub fn batch_topic(topic: &str) -> String {
@@ -123,6 +132,59 @@ pub struct Batch {
     pub resume: Resume,
     /// The chain states the batch's frames changed (the last per DID).
     pub accounts: Vec<(Box<str>, AccountState)>,
+    /// The batch's changes to the resync partition, in order (records of their own, before the
+    /// batch record: not part of [`Batch::encode`]).
+    pub pending: Vec<PendingChange>,
+}
+
+const CHANGE_MAGIC: &[u8; 6] = b"RPTKR1";
+
+/// A resync change as a record value: `RPTKR1`, a byte 1 (hold) or 0 (release), the upstream
+/// seq u64 (big-endian; 0 is the account's queue mark), the DID's length u16 and the DID, then
+/// (hold) the raw frame to the end.
+pub fn encode_change(c: &PendingChange) -> Vec<u8> {
+    let (op, did, seq, frame): (u8, &str, u64, &[u8]) = match c {
+        PendingChange::Hold { did, seq, frame } => (1, did, *seq, frame),
+        PendingChange::Release { did, seq } => (0, did, *seq, &[]),
+    };
+    let d = &did.as_bytes()[..did.len().min(u16::MAX as usize)];
+    let mut v = Vec::with_capacity(17 + d.len() + frame.len());
+    v.extend_from_slice(CHANGE_MAGIC);
+    v.push(op);
+    v.extend_from_slice(&seq.to_be_bytes());
+    v.extend_from_slice(&(d.len() as u16).to_be_bytes());
+    v.extend_from_slice(d);
+    v.extend_from_slice(frame);
+    v
+}
+
+/// The inverse of [`encode_change`].
+pub fn decode_change(b: &[u8]) -> Result<PendingChange, BadBatch> {
+    let r = b
+        .strip_prefix(CHANGE_MAGIC)
+        .ok_or(BadBatch("resync change: bad magic"))?;
+    if r.len() < 11 {
+        return Err(BadBatch("resync change: truncated"));
+    }
+    let op = r[0];
+    let seq = u64::from_be_bytes(r[1..9].try_into().unwrap_or([0; 8]));
+    let len = u16::from_be_bytes([r[9], r[10]]) as usize;
+    let r = &r[11..];
+    if r.len() < len {
+        return Err(BadBatch("resync change: truncated"));
+    }
+    let did: Box<str> = std::str::from_utf8(&r[..len])
+        .map_err(|_| BadBatch("resync change: DID not UTF-8"))?
+        .into();
+    match op {
+        1 => Ok(PendingChange::Hold {
+            did,
+            seq,
+            frame: Bytes::copy_from_slice(&r[len..]),
+        }),
+        0 if r.len() == len => Ok(PendingChange::Release { did, seq }),
+        _ => Err(BadBatch("resync change: bad operation")),
+    }
 }
 
 const BATCH_MAGIC: &[u8; 6] = b"RPTKB1";
@@ -197,6 +259,7 @@ impl Batch {
                 upstream_cursor: has.then_some(cursor),
             },
             accounts,
+            pending: Vec::new(),
         })
     }
 }
@@ -215,6 +278,7 @@ mod tests {
                 upstream_cursor: Some(99),
             },
             accounts: vec![("did:plc:a".into(), AccountState::default())],
+            pending: vec![],
         };
         let e = b.encode();
         assert_eq!(Batch::decode(&e).unwrap(), b);
@@ -229,8 +293,42 @@ mod tests {
                 upstream_cursor: None,
             },
             accounts: vec![],
+            pending: vec![],
         };
         assert_eq!(Batch::decode(&none.encode()).unwrap(), none);
+    }
+
+    #[test]
+    fn resync_changes_round_trip_and_damage_is_an_error() {
+        let changes = [
+            PendingChange::Hold {
+                did: "did:plc:a".into(),
+                seq: 0,
+                frame: Bytes::new(),
+            },
+            PendingChange::Hold {
+                did: "did:plc:b".into(),
+                seq: 77,
+                frame: Bytes::from_static(b"\xa2frame bytes"),
+            },
+            PendingChange::Release {
+                did: "did:plc:b".into(),
+                seq: 77,
+            },
+        ];
+        for c in &changes {
+            let e = encode_change(c);
+            assert_eq!(&decode_change(&e).unwrap(), c);
+            for cut in [0, 6, 16, 18] {
+                assert!(decode_change(&e[..cut]).is_err(), "{c:?} cut at {cut}");
+            }
+        }
+        let mut release = encode_change(&changes[2]);
+        release.push(0);
+        assert!(
+            decode_change(&release).is_err(),
+            "a release carries no frame"
+        );
     }
 
     #[test]

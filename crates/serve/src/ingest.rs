@@ -1107,7 +1107,7 @@ fn write(
         pending.clear();
         if let Some(p) = publisher.as_mut() {
             // Before the store: the external log is never behind it (crate::publish).
-            p.publish(&events, &state_list, &resume)?;
+            p.publish(&events, &state_list, &pending_list, &resume)?;
         }
         append_until_stored(&log, &metrics, &events, &state_list, &pending_list, &resume)?;
         if let Some(q) = &queue {

@@ -5,7 +5,7 @@
 //! observing every frame costs nothing measurable next to verifying it.
 
 use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::time::Duration;
 
 use riptide_firehose::verify::Verdict;
@@ -105,6 +105,204 @@ impl Histogram {
         let _ = writeln!(s, "{name}_bucket{{le=\"+Inf\"}} {total}");
         let _ = writeln!(s, "{name}_sum {}", self.sum_seconds());
         let _ = writeln!(s, "{name}_count {total}");
+    }
+}
+
+/// What a server is in a Kafka scale-out (`docs/kafka.md`): [`KafkaMetrics::role`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum KafkaRole {
+    /// A single node: no Kafka metrics are rendered.
+    None = 0,
+    /// `serve --publish kafka://…`.
+    Ingest = 1,
+    /// `serve --from kafka://…`.
+    Edge = 2,
+}
+
+/// The Kafka scale-out's metrics (crate riptide-kafka writes them; this crate only renders
+/// them, as `riptide_kafka_*`, on a server whose [`KafkaMetrics::role`] is set).
+#[derive(Debug, Default)]
+pub struct KafkaMetrics {
+    role: AtomicU8,
+    /// Ingest node: 1 while this node holds the ingest lease (it publishes).
+    pub lease_held: AtomicBool,
+    /// Ingest node: Kafka transactions committed (one per ingest batch).
+    pub transactions_committed: AtomicU64,
+    /// Ingest node: transaction attempts that failed and were aborted (each is retried).
+    pub transactions_aborted: AtomicU64,
+    /// Ingest node: publish errors that stopped ingest (fenced, or a fatal producer error).
+    pub publish_fatal: AtomicU64,
+    /// Ingest node: event records committed to the events topic.
+    pub records_published: AtomicU64,
+    /// Ingest node: resync changes (queue marks, held frames, releases) committed on the batch
+    /// topic.
+    pub resync_changes_published: AtomicU64,
+    /// Ingest node: the last seq committed to the topic (0 before the first).
+    pub published_seq: AtomicU64,
+    /// Ingest node: batches of the topic applied to the local store at start (catch-up).
+    pub caught_up_batches: AtomicU64,
+    /// Edge: event records read from the topic.
+    pub records_consumed: AtomicU64,
+    /// Edge: records read again that the store already had (skipped).
+    pub records_skipped: AtomicU64,
+    /// Edge: records held because they arrived before the next seq, now.
+    pub pending_records: AtomicU64,
+    /// Edge: bytes of those records, now.
+    pub pending_bytes: AtomicU64,
+    /// Edge: partitions paused for running ahead of the next seq, now.
+    pub partitions_paused: AtomicU64,
+    /// Edge: times a partition was paused.
+    pub pauses: AtomicU64,
+    /// Edge: records of the topic not yet read (high watermarks minus positions, sampled).
+    pub lag_records: AtomicU64,
+    /// Edge: gaps (seqs missing from the topic, skipped).
+    pub gaps: AtomicU64,
+    /// Edge: seqs skipped across those gaps.
+    pub gap_seqs: AtomicU64,
+    /// Ingest node: time of one Kafka transaction (begin to committed).
+    pub commit_seconds: Histogram,
+}
+
+impl KafkaMetrics {
+    /// Sets what this server is.
+    pub fn set_role(&self, role: KafkaRole) {
+        self.role.store(role as u8, Relaxed);
+    }
+
+    /// What this server is.
+    pub fn role(&self) -> KafkaRole {
+        match self.role.load(Relaxed) {
+            1 => KafkaRole::Ingest,
+            2 => KafkaRole::Edge,
+            _ => KafkaRole::None,
+        }
+    }
+
+    fn render(&self, s: &mut String) {
+        let role = self.role();
+        let c = |a: &AtomicU64| a.load(Relaxed).to_string();
+        let ingest = [
+            (
+                "riptide_kafka_lease_held",
+                "gauge",
+                "Ingest node: 1 while it holds the ingest lease and publishes.",
+                (self.lease_held.load(Relaxed) as u8).to_string(),
+            ),
+            (
+                "riptide_kafka_transactions_committed_total",
+                "counter",
+                "Ingest node: Kafka transactions committed (one per ingest batch).",
+                c(&self.transactions_committed),
+            ),
+            (
+                "riptide_kafka_transactions_aborted_total",
+                "counter",
+                "Ingest node: Kafka transaction attempts that failed, aborted and retried.",
+                c(&self.transactions_aborted),
+            ),
+            (
+                "riptide_kafka_publish_fatal_total",
+                "counter",
+                "Ingest node: publish errors that stopped ingest (fenced by another ingest node, or a fatal producer error).",
+                c(&self.publish_fatal),
+            ),
+            (
+                "riptide_kafka_records_published_total",
+                "counter",
+                "Ingest node: event records committed to the events topic.",
+                c(&self.records_published),
+            ),
+            (
+                "riptide_kafka_resync_changes_published_total",
+                "counter",
+                "Ingest node: resync queue marks, held frames and releases committed on the batch topic.",
+                c(&self.resync_changes_published),
+            ),
+            (
+                "riptide_kafka_published_seq",
+                "gauge",
+                "Ingest node: the last seq committed to the topic.",
+                c(&self.published_seq),
+            ),
+            (
+                "riptide_kafka_caught_up_batches_total",
+                "counter",
+                "Ingest node: batches of the topic applied to the local store at start (after a crash, or taking over as standby).",
+                c(&self.caught_up_batches),
+            ),
+        ];
+        let edge = [
+            (
+                "riptide_kafka_records_consumed_total",
+                "counter",
+                "Edge: event records read from the topic.",
+                c(&self.records_consumed),
+            ),
+            (
+                "riptide_kafka_records_skipped_total",
+                "counter",
+                "Edge: records read that the store already had (after a restart), skipped.",
+                c(&self.records_skipped),
+            ),
+            (
+                "riptide_kafka_pending_records",
+                "gauge",
+                "Edge: records held in memory because they arrived before the next seq.",
+                c(&self.pending_records),
+            ),
+            (
+                "riptide_kafka_pending_bytes",
+                "gauge",
+                "Edge: bytes of the records held before the next seq.",
+                c(&self.pending_bytes),
+            ),
+            (
+                "riptide_kafka_partitions_paused",
+                "gauge",
+                "Edge: partitions paused for running ahead of the next seq (memory bound).",
+                c(&self.partitions_paused),
+            ),
+            (
+                "riptide_kafka_partition_pauses_total",
+                "counter",
+                "Edge: times a partition was paused for running ahead.",
+                c(&self.pauses),
+            ),
+            (
+                "riptide_kafka_lag_records",
+                "gauge",
+                "Edge: committed records of the topic not yet read (high watermarks minus positions, sampled).",
+                c(&self.lag_records),
+            ),
+            (
+                "riptide_kafka_gaps_total",
+                "counter",
+                "Edge: gaps, seqs missing from the topic (removed by its retention) and skipped.",
+                c(&self.gaps),
+            ),
+            (
+                "riptide_kafka_gap_seqs_total",
+                "counter",
+                "Edge: seqs skipped across gaps.",
+                c(&self.gap_seqs),
+            ),
+        ];
+        let family: &[(&str, &str, &str, String)] = match role {
+            KafkaRole::None => return,
+            KafkaRole::Ingest => &ingest,
+            KafkaRole::Edge => &edge,
+        };
+        for (name, kind, help, v) in family {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        }
+        if role == KafkaRole::Ingest {
+            self.commit_seconds.render(
+                s,
+                "riptide_kafka_commit_seconds",
+                "Ingest node: time of one Kafka transaction, begin to committed.",
+            );
+        }
     }
 }
 
@@ -227,6 +425,8 @@ pub struct Metrics {
     pub publish_seconds: Histogram,
     /// Per ingest batch: the durable store write (journal fsync included).
     pub store_append_seconds: Histogram,
+    /// The Kafka scale-out's (rendered on an ingest node or an edge only).
+    pub kafka: KafkaMetrics,
 }
 
 impl Metrics {
@@ -635,6 +835,7 @@ impl Metrics {
         ] {
             h.render(&mut s, name, help);
         }
+        self.kafka.render(&mut s);
         for (name, help, v) in extra {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
@@ -645,6 +846,26 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kafka_metrics_are_rendered_by_role_only() {
+        let m = Metrics::default();
+        assert!(!m.render(&[]).contains("riptide_kafka_"));
+        m.kafka.set_role(KafkaRole::Ingest);
+        m.kafka.transactions_committed.fetch_add(3, Relaxed);
+        m.kafka.lease_held.store(true, Relaxed);
+        let s = m.render(&[]);
+        assert!(s.contains("\nriptide_kafka_transactions_committed_total 3\n"));
+        assert!(s.contains("\nriptide_kafka_lease_held 1\n"));
+        assert!(s.contains("riptide_kafka_commit_seconds_bucket"));
+        assert!(!s.contains("riptide_kafka_pending_records"));
+        m.kafka.set_role(KafkaRole::Edge);
+        m.kafka.partitions_paused.store(2, Relaxed);
+        let s = m.render(&[]);
+        assert!(s.contains("\nriptide_kafka_partitions_paused 2\n"));
+        assert!(s.contains("# TYPE riptide_kafka_partition_pauses_total counter\n"));
+        assert!(!s.contains("riptide_kafka_lease_held"));
+    }
 
     #[test]
     fn histogram_buckets_sum_and_exposition() {

@@ -9,22 +9,30 @@
 //! leaves the external log ahead of the store, never behind, so a restart (or a standby taking
 //! over) has one way to recover — catch the store up from the log — and nothing is published
 //! twice or lost.
+//!
+//! The batch's changes to the resync partition (accounts queued for resync after a chain break,
+//! the frames held for them, their release: `crate::resync`) go with it: they are written in the
+//! same store batch as the upstream cursor that passes the held frames, so a node that takes
+//! over from the external log must get them too, or the held frames would be behind its cursor
+//! and never served.
 
 use riptide_firehose::chain::AccountState;
 
 use crate::event::Event;
-use crate::store::Resume;
+use crate::store::{PendingChange, Resume};
 
 /// Where verified batches are published before they are stored.
 pub trait Publish: Send + std::fmt::Debug {
     /// Publishes one batch atomically: `events` (in seq order), the chain states of the accounts
-    /// its frames changed, and `resume`, the position after it. Retries transient failures
-    /// itself; an error is final (e.g. another ingest node took over) and stops ingest before
-    /// the batch is stored.
+    /// its frames changed, its changes to the resync partition (`pending`, in the order the store
+    /// applies them), and `resume`, the position after it. Retries transient failures itself; an
+    /// error is final (e.g. another ingest node took over) and stops ingest before the batch is
+    /// stored.
     fn publish(
         &mut self,
         events: &[Event],
         accounts: &[(Box<str>, AccountState)],
+        pending: &[PendingChange],
         resume: &Resume,
     ) -> Result<(), PublishError>;
 }

@@ -993,6 +993,20 @@ impl Store {
         self.floor.load(Relaxed)
     }
 
+    /// Raises the retention floor to `seq` (durably) if it is below: for a store that starts
+    /// above seq 1 (a Kafka edge whose topic's retention removed the start), so that cursors
+    /// below it behave as after a retention pass.
+    pub fn raise_floor(&self, seq: u64) -> Result<(), StoreError> {
+        if seq <= self.floor() {
+            return Ok(());
+        }
+        let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        b.insert(&self.meta, FLOOR, seq.to_be_bytes());
+        b.commit().map_err(|e| self.err(e))?;
+        self.floor.store(seq, Relaxed);
+        Ok(())
+    }
+
     /// What the decompressed-block cache did.
     pub fn block_cache_stats(&self) -> &BlockCacheStats {
         &self.cache_stats

@@ -372,11 +372,18 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     tracing::info!(data = %args.data.display(), next_seq = resume.next_seq, upstream_cursor = ?resume.upstream_cursor, "store open");
     // Scale-out ingest node: hold the lease, fence earlier publishers, catch the store up with
     // the topic; ingest then resumes from the topic's committed upstream cursor.
+    let metrics = Arc::new(Metrics::default());
     let publishing = match &args.publish {
         Some(url) => {
-            let p =
-                super::serve_kafka::publishing(url, &store, resume, dict.as_ref(), keys.is_some())
-                    .await?;
+            let p = super::serve_kafka::publishing(
+                url,
+                &store,
+                resume,
+                dict.as_ref(),
+                keys.is_some(),
+                metrics.clone(),
+            )
+            .await?;
             resume = p.resume;
             if args.reset_upstream_cursor {
                 // The topic's cursor is forgotten too: the next batch records the new one.
@@ -387,7 +394,6 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         None => None,
     };
     let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
-    let metrics = Arc::new(Metrics::default());
     let v2_dictionary = match &args.zstd_dictionary_v2 {
         Some(p) => Some(Dictionary::load(p)?),
         None => None,

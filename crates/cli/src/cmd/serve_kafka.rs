@@ -35,22 +35,26 @@ mod imp {
         resume: Resume,
         dict: Option<&Dictionary>,
         verified: bool,
+        metrics: Arc<Metrics>,
     ) -> anyhow::Result<Publishing> {
         let url = KafkaUrl::parse(url)?;
+        metrics.kafka.set_role(riptide_serve::KafkaRole::Ingest);
         let parts = url
             .ensure_topics()
             .await
             .context("preparing the Kafka topics")?;
         tracing::info!(topic = %url.topic, partitions = parts, "Kafka topics ready");
         let u = url.clone();
-        let lease = tokio::task::spawn_blocking(move || Lease::acquire(&u)).await??;
+        let m = metrics.clone();
+        let lease = tokio::task::spawn_blocking(move || Lease::acquire(&u, m)).await??;
         let u = url.clone();
+        let m = metrics.clone();
         let publisher =
-            tokio::task::spawn_blocking(move || KafkaPublisher::connect(&u, verified)).await??;
+            tokio::task::spawn_blocking(move || KafkaPublisher::connect(&u, verified, m)).await??;
         let compressor = dict.map(Dictionary::compressor).transpose()?;
         let (u, s) = (url.clone(), store.clone());
         let resume = tokio::task::spawn_blocking(move || {
-            riptide_kafka::catch_up(&u, &s, resume, compressor)
+            riptide_kafka::catch_up(&u, &s, resume, compressor, &metrics)
         })
         .await??;
         Ok(Publishing {
@@ -102,6 +106,7 @@ mod imp {
         _: Resume,
         _: Option<&Dictionary>,
         _: bool,
+        _: Arc<Metrics>,
     ) -> anyhow::Result<Publishing> {
         anyhow::bail!(NO)
     }
