@@ -489,8 +489,10 @@ fn generated(tmp: &Path, frames: u32) -> (PathBuf, PathBuf) {
 }
 
 /// Starts `cmd` on a thread: a standby prints its URL only once it holds the lease.
-fn standby(mut cmd: Command) -> std::thread::JoinHandle<(KillOnDrop, String)> {
-    std::thread::spawn(move || common::spawn_serve(&mut cmd))
+/// A standby ingest node: the child is the test's at once (killed on drop, even if it never
+/// takes over), its address comes when it does.
+fn standby(mut cmd: Command) -> (KillOnDrop, common::Announced) {
+    common::spawn_serve_later(&mut cmd)
 }
 
 #[test]
@@ -517,7 +519,8 @@ fn ingest_nodes_killed_again_and_again_lose_and_duplicate_nothing() {
         common::wait_for(&addr, "riptide_log_next_seq", (total * share).floor());
         leader.kill(); // SIGKILL
         let t0 = Instant::now();
-        let (l, a) = waiting.join().unwrap();
+        let (l, announced) = waiting;
+        let a = announced.wait();
         let took = t0.elapsed();
         assert!(
             took < Duration::from_secs(60),

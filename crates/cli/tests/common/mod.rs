@@ -119,6 +119,35 @@ fn spawn_announcing(
     pipe: Pipe,
     pick: fn(&str) -> Option<String>,
 ) -> (KillOnDrop, String) {
+    let (child, announced) = spawn_announcing_later(cmd, pipe, pick);
+    (child, announced.wait())
+}
+
+/// The address a child will announce (see [`spawn_serve_later`]).
+pub struct Announced(mpsc::Receiver<String>);
+
+impl Announced {
+    /// Waits for the address; fails after [`PATIENCE`] or when the child exits first.
+    pub fn wait(self) -> String {
+        match self.0.recv_timeout(PATIENCE) {
+            Ok(addr) => addr,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!("no address announced within {PATIENCE:?}")
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                panic!("exited before announcing its address")
+            }
+        }
+    }
+}
+
+/// [`spawn_announcing`] without waiting: the child is the caller's at once (killed on drop
+/// whatever happens), its address comes later.
+fn spawn_announcing_later(
+    cmd: &mut Command,
+    pipe: Pipe,
+    pick: fn(&str) -> Option<String>,
+) -> (KillOnDrop, Announced) {
     match pipe {
         Pipe::Stdout => cmd.stdout(Stdio::piped()),
         Pipe::Stderr => cmd.stderr(Stdio::piped()),
@@ -136,12 +165,7 @@ fn spawn_announcing(
         }
         lines.for_each(drop);
     });
-    let addr = match rx.recv_timeout(PATIENCE) {
-        Ok(addr) => addr,
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("no address announced within {PATIENCE:?}"),
-        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("exited before announcing its address"),
-    };
-    (child, addr)
+    (child, Announced(rx))
 }
 
 /// Spawns a server that prints its URL as the first line of stdout (`riptide relay`, `riptide
@@ -202,7 +226,15 @@ pub fn serve_command(data: &Path) -> Command {
 /// Spawns `riptide serve` and returns it with the `host:port` of the `ws://ADDR/subscribe` URL
 /// it prints as its first stdout line (as `relay` and `sim` print theirs).
 pub fn spawn_serve(cmd: &mut Command) -> (KillOnDrop, String) {
-    spawn_announcing(cmd, Pipe::Stdout, |l| {
+    let (child, announced) = spawn_serve_later(cmd);
+    (child, announced.wait())
+}
+
+/// [`spawn_serve`] for a server that announces itself only later (a standby ingest node waits
+/// for its lease): the child is the caller's at once, so it is killed on drop even if it never
+/// announces.
+pub fn spawn_serve_later(cmd: &mut Command) -> (KillOnDrop, Announced) {
+    spawn_announcing_later(cmd, Pipe::Stdout, |l| {
         l.trim()
             .strip_prefix("ws://")
             .map(|rest| rest.trim_end_matches("/subscribe").to_owned())
