@@ -81,6 +81,26 @@ impl Descent<'_, '_> {
         self.nodes.push(Node { kind, a, b });
     }
 
+    /// A byte or text string of `len` bytes at `pos` (its head at `at`): bounds, then UTF-8 for
+    /// text, as the general path checks them.
+    #[inline(always)]
+    fn string(&mut self, text: bool, at: usize, pos: usize, len: usize) -> Result<usize, Error> {
+        let input = self.input;
+        if len > input.len() - pos {
+            return err(ErrorKind::Truncated, at);
+        }
+        let kind = if text {
+            if !is_utf8(&input[pos..pos + len]) {
+                return err(ErrorKind::InvalidUtf8, at);
+            }
+            Kind::Text
+        } else {
+            Kind::Bytes
+        };
+        self.push(kind, len as u32, pos as u64);
+        Ok(pos + len)
+    }
+
     /// One item at `at`, inside `depth` open containers.
     #[inline(always)]
     fn item(&mut self, at: usize, depth: usize) -> Result<usize, Error> {
@@ -98,22 +118,7 @@ impl Descent<'_, '_> {
                 self.push(Kind::NegInt, 0, u64::from(ib & 0x1f));
                 Ok(pos)
             }
-            0x40..=0x57 | 0x60..=0x77 => {
-                let len = usize::from(ib & 0x1f);
-                if len > input.len() - pos {
-                    return err(ErrorKind::Truncated, at);
-                }
-                let kind = if ib >= 0x60 {
-                    if !is_utf8(&input[pos..pos + len]) {
-                        return err(ErrorKind::InvalidUtf8, at);
-                    }
-                    Kind::Text
-                } else {
-                    Kind::Bytes
-                };
-                self.push(kind, len as u32, pos as u64);
-                Ok(pos + len)
-            }
+            0x40..=0x57 | 0x60..=0x77 => self.string(ib >= 0x60, at, pos, usize::from(ib & 0x1f)),
             // One-byte lengths (24..=255): signatures, DIDs, longer text.
             0x58 | 0x78 => {
                 let Some(&len) = input.get(pos) else {
@@ -124,19 +129,7 @@ impl Descent<'_, '_> {
                     // Not minimal: the general path says so (strict) or accepts it (lenient).
                     return self.general(ib, at, depth);
                 }
-                if len > input.len() - pos {
-                    return err(ErrorKind::Truncated, at);
-                }
-                let kind = if ib == 0x78 {
-                    if !is_utf8(&input[pos..pos + len]) {
-                        return err(ErrorKind::InvalidUtf8, at);
-                    }
-                    Kind::Text
-                } else {
-                    Kind::Bytes
-                };
-                self.push(kind, len as u32, pos as u64);
-                Ok(pos + len)
+                self.string(ib == 0x78, at, pos, len)
             }
             0x80..=0x97 => self.array(at, pos, u64::from(ib & 0x1f), depth),
             0xa4 => match self.mst_entry(at, depth) {
