@@ -344,33 +344,9 @@ fn single_node_events(frames: &Path, count: u32, docs: &Path, tmp: &Path) -> (Ve
         "the generated stream gave only {stored} events"
     );
     // v1 steps over #sync events: read what it sends, to the last stored seq.
-    let got = rt().block_on(v1_all(&addr));
+    let got = rt().block_on(v1_all_from(&addr, 0));
     assert!(got.len() > 1000 && got.len() <= stored);
     (got.iter().map(untimed).collect(), stored as f64)
-}
-
-/// Every v1 event a server with a finished ingest sends from the start: until nothing more
-/// comes for a while.
-async fn v1_all(addr: &str) -> Vec<Value> {
-    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=0"))
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    loop {
-        let wait = if out.is_empty() {
-            PATIENCE
-        } else {
-            Duration::from_secs(5)
-        };
-        match tokio::time::timeout(wait, ws.next()).await {
-            Err(_) => return out,
-            Ok(m) => {
-                if let Message::Text(t) = m.unwrap().unwrap() {
-                    out.push(serde_json::from_str(&t).unwrap());
-                }
-            }
-        }
-    }
 }
 
 /// Reads every committed record of `topic`: asserts each seq appears once, the seqs are
@@ -850,7 +826,7 @@ async fn v1_all_from(addr: &str, cursor: u64) -> Vec<Value> {
         let wait = if out.is_empty() {
             PATIENCE
         } else {
-            Duration::from_secs(3)
+            Duration::from_secs(5)
         };
         match tokio::time::timeout(wait, ws.next()).await {
             Err(_) => return out,
