@@ -18,7 +18,8 @@ deploy/kafka/start (loopback), it measures:
    when it renders the event, before its Kafka transaction): real quantiles (p50, p90, p99,
    max) over every event, not histogram buckets. The same client on a single node paced the
    same way gives the single node's stamp-to-client latency: the difference is what Kafka adds
-   (transaction commit, the edge's poll, its durable store write);
+   (transaction commit, the edge's poll, its durable store write); the ingest node's transaction
+   count and mean commit time come with it;
 4. edge replay to one consumer: a v1 client reading the edge's whole store from cursor 0 as
    fast as it can, events/s; the same client on the single node's store from step 1 alongside.
 
@@ -287,6 +288,11 @@ def main():
             procs.append(ing)
             # v1 sends every event but #sync: about one a frame.
             latency["kafka"] = client.finish(int(n * 0.95), a.paced_seconds * 3 + 120)
+            # The ingest node's side of it: one transaction per ingest batch, begin to committed.
+            txns = metric(ing.addr, "riptide_kafka_commit_seconds_count")
+            latency["kafka_transactions"] = txns
+            latency["kafka_commit_ms_mean"] = (
+                metric(ing.addr, "riptide_kafka_commit_seconds_sum") / txns * 1e3 if txns else None)
             ing.stop()
             # The replay of a store written slowly (many small batches), for comparison.
             replay["edge_paced_store"] = replay_rate(edge.addr)

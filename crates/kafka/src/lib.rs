@@ -31,9 +31,10 @@ pub mod record;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::{ClientContext, DefaultClientContext};
-use rdkafka::config::ClientConfig;
+use rdkafka::client::ClientContext;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
+use rdkafka::producer::{DeliveryResult, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
 
 pub use follow::{catch_up, Follower};
@@ -42,8 +43,14 @@ pub use publish::KafkaPublisher;
 /// The client library, for tests and tools that read the topics directly.
 pub use rdkafka;
 
-/// The clients' context: librdkafka's errors as warnings (a broker that goes away is survived
-/// and said once per event), the end of a partition (expected by a follower) not at all.
+/// Every client's context (consumers, the producer, the admin client): librdkafka's errors as
+/// warnings (a broker that goes away is survived and said once per event), the end of a
+/// partition (expected by a follower) not at all.
+///
+/// librdkafka also writes a log line for each error it reports (facilities `FAIL` and `ERROR`),
+/// and rdkafka's default context says each error again at ERROR: a lost broker came out three
+/// times per client. Here the error is said once, by [`ClientContext::error`]; those two log
+/// facilities go to DEBUG, and librdkafka's other warnings (e.g. `CONFWARN`) stay warnings.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Quiet;
 
@@ -55,9 +62,27 @@ impl ClientContext for Quiet {
             tracing::warn!(error = %error, reason, "librdkafka");
         }
     }
+
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, line: &str) {
+        use RDKafkaLogLevel::*;
+        let said_by_error = matches!(fac, "FAIL" | "ERROR");
+        let warning = matches!(level, Emerg | Alert | Critical | Error | Warning);
+        if warning && !said_by_error {
+            tracing::warn!(target: "librdkafka", facility = fac, "{line}");
+        } else {
+            tracing::debug!(target: "librdkafka", facility = fac, "{line}");
+        }
+    }
 }
 
 impl ConsumerContext for Quiet {}
+
+impl ProducerContext for Quiet {
+    type DeliveryOpaque = ();
+
+    /// A record that failed for good fails its transaction's commit, which is where it is said.
+    fn delivery(&self, _: &DeliveryResult<'_>, _: ()) {}
+}
 
 /// A consumer with the [`Quiet`] context.
 pub type Reader = BaseConsumer<Quiet>;
@@ -193,6 +218,15 @@ impl KafkaUrl {
         c.set("bootstrap.servers", &self.brokers)
             .set("client.id", "riptide")
             .set("socket.keepalive.enable", "true");
+        // librdkafka's own debug contexts (`eos`, `protocol`, `broker`, …; its CONFIGURATION.md),
+        // for tracing a problem with the cluster. Its lines come out as log events of target
+        // `librdkafka` (docs/kafka.md).
+        if let Some(d) = std::env::var("RIPTIDE_KAFKA_DEBUG")
+            .ok()
+            .filter(|d| !d.is_empty())
+        {
+            c.set("debug", d).set_log_level(RDKafkaLogLevel::Debug);
+        }
         c
     }
 
@@ -222,9 +256,9 @@ impl KafkaUrl {
             md.brokers().len().max(1)
         };
         let rf = brokers.min(3) as i32;
-        let admin: AdminClient<DefaultClientContext> = self
+        let admin: AdminClient<Quiet> = self
             .config()
-            .create()
+            .create_with_context(Quiet)
             .map_err(self.client_err("creating an admin client"))?;
         let batch = self.batch_topic();
         // Records up to 16 MiB (an event's JSON can pass the default 1 MB; a record the topic
