@@ -486,7 +486,20 @@ impl Follower {
                     self.at_end.insert(p);
                 }
                 Some(Err(e)) => {
-                    tracing::warn!(error = %e, topic = %self.url.topic, "Kafka consumer");
+                    // A broker going away also reaches the `Quiet` context, which says it once
+                    // with its reason; anything else (a partition's error) is said here.
+                    use rdkafka::types::RDKafkaErrorCode::{
+                        AllBrokersDown, BrokerTransportFailure,
+                    };
+                    let said = matches!(
+                        e.rdkafka_error_code(),
+                        Some(BrokerTransportFailure | AllBrokersDown)
+                    );
+                    if said {
+                        tracing::debug!(error = %e, topic = %self.url.topic, "Kafka consumer");
+                    } else {
+                        tracing::warn!(error = %e, topic = %self.url.topic, "Kafka consumer");
+                    }
                     if Instant::now() >= deadline {
                         return Ok(());
                     }
