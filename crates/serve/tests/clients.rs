@@ -3,16 +3,15 @@
 //! limits and the header deadline hold (issue 17, items 1, 7, 10).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use riptide_jetstream::EventKind;
-use riptide_serve::{
-    router, App, ConnLimits, Event, LimitedListener, Log, Metrics, ServerConfig, Store, TailLimits,
-};
+use riptide_serve::{App, ConnLimits, Metrics, ServerConfig};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -29,39 +28,11 @@ async fn serve(
     limits: ConnLimits,
 ) -> (SocketAddr, Arc<App>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let (store, resume) = Store::open(dir.path(), 0).unwrap();
-    let log = Arc::new(Log::new(
-        store,
-        resume.next_seq,
-        TailLimits {
-            max_events: 1 << 20,
-            max_bytes: 1 << 30,
-        },
-    ));
+    let log = common::open_log(dir.path());
     let pad = "x".repeat(pad);
-    let events: Vec<Event> = (1..=n)
-        .map(|i| {
-            let json = format!("{{\"i\":{i},\"pad\":\"{pad}\"}}");
-            Event::encode(
-                i,
-                i as i64,
-                EventKind::Commit,
-                "did:plc:a",
-                "a.b.c",
-                json.as_bytes(),
-                b"",
-            )
-        })
-        .collect();
-    log.publish(&events);
-    let metrics = Arc::new(Metrics::default());
-    let app = App::new(log, metrics.clone(), config);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let r = router(app.clone());
-    let l = LimitedListener::new(listener, limits, metrics);
-    tokio::spawn(async move { axum::serve(l, r).await });
-    (addr, app, dir)
+    log.publish(&(1..=n).map(|i| common::padded(i, &pad)).collect::<Vec<_>>());
+    let app = App::new(log, Arc::new(Metrics::default()), config);
+    (common::listen_limited(app.clone(), limits).await, app, dir)
 }
 
 /// A WebSocket handshake by hand, so that the frames after it can break the rules.

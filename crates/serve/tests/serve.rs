@@ -2,6 +2,8 @@
 //! in-process server on an ephemeral port, read by a tokio-tungstenite client.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -12,10 +14,10 @@ use futures_util::{SinkExt, StreamExt};
 use riptide_firehose::corpus::split_frames;
 use riptide_firehose::{DecodeOptions, FrameDecoder};
 use riptide_identity::DidDocs;
-use riptide_jetstream::{EventKind, Projector};
+use riptide_jetstream::Projector;
 use riptide_serve::{
-    ingest, router, App, Dictionary, Event, IngestConfig, Keys, Log, Metrics, ReadLimit,
-    ServerConfig, SlowPolicy, Store, TailLimits,
+    ingest, router, App, Dictionary, IngestConfig, Keys, Log, Metrics, ReadLimit, ServerConfig,
+    SlowPolicy, Store, TailLimits,
 };
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
@@ -467,13 +469,7 @@ async fn bad_queries_and_client_messages() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compress_without_dictionary_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let (store, resume) = Store::open(dir.path(), 0).unwrap();
-    let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
-    let app = App::new(log, Arc::new(Metrics::default()), ServerConfig::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router(app)).await });
+    let (addr, _app, _dir) = common::serve_events(&[], ServerConfig::default()).await;
     match tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?compress=true")).await {
         Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
             assert_eq!(resp.status(), 400);
@@ -678,38 +674,12 @@ async fn thousand_subscribers_receive_everything() {
 /// Serves a log holding `n` synthetic events of about 16 KiB each (seqs 1..=n), published straight
 /// into the in-memory tail.
 async fn big_events(n: u64, config: ServerConfig) -> (SocketAddr, Arc<App>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let (store, resume) = Store::open(dir.path(), 0).unwrap();
-    let log = Arc::new(Log::new(
-        store,
-        resume.next_seq,
-        TailLimits {
-            max_events: 1 << 20,
-            max_bytes: 1 << 30,
-        },
-    ));
     let pad = "x".repeat(16 << 10);
-    let events: Vec<Event> = (1..=n)
-        .map(|i| {
-            let json = format!("{{\"i\":{i},\"pad\":\"{pad}\"}}");
-            Event::encode(
-                i,
-                i as i64,
-                EventKind::Commit,
-                "did:plc:a",
-                "a.b.c",
-                json.as_bytes(),
-                b"",
-            )
-        })
-        .collect();
-    log.publish(&events);
-    let app = App::new(log, Arc::new(Metrics::default()), config);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let r = router(app.clone());
-    tokio::spawn(async move { axum::serve(listener, r).await });
-    (addr, app, dir)
+    common::serve_events(
+        &(1..=n).map(|i| common::padded(i, &pad)).collect::<Vec<_>>(),
+        config,
+    )
+    .await
 }
 
 /// The `i` of every event until the stream ends, and whether it ended with a close frame.
@@ -903,40 +873,14 @@ async fn any_number_of_workers_stores_the_same_events_in_order() {
 /// Serves `n` events of about 16 KiB each in the stored v1 shape (so both `/subscribe` and
 /// `subscribeEvents` can send them), published straight into the in-memory tail.
 async fn big_v1_events(n: u64, config: ServerConfig) -> (SocketAddr, Arc<App>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let (store, resume) = Store::open(dir.path(), 0).unwrap();
-    let log = Arc::new(Log::new(
-        store,
-        resume.next_seq,
-        TailLimits {
-            max_events: 1 << 20,
-            max_bytes: 1 << 30,
-        },
-    ));
     let pad = "x".repeat(16 << 10);
-    let events: Vec<Event> = (1..=n)
-        .map(|i| {
-            let json = format!(
-                r#"{{"did":"did:plc:a","time_us":{i},"cursor":{i},"kind":"commit","commit":{{"rev":"3l3qo2vutsw2b","operation":"create","collection":"a.b.c","rkey":"k{i}","record":{{"pad":"{pad}"}},"cid":"bafyreib"}}}}"#
-            );
-            Event::encode(
-                i,
-                i as i64,
-                EventKind::Commit,
-                "did:plc:a",
-                "a.b.c",
-                json.as_bytes(),
-                b"",
-            )
-        })
-        .collect();
-    log.publish(&events);
-    let app = App::new(log, Arc::new(Metrics::default()), config);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let r = router(app.clone());
-    tokio::spawn(async move { axum::serve(listener, r).await });
-    (addr, app, dir)
+    common::serve_events(
+        &(1..=n)
+            .map(|i| common::v1_commit(i, &pad))
+            .collect::<Vec<_>>(),
+        config,
+    )
+    .await
 }
 
 /// Issue 22's saturation finding: 1,000 live `subscribeEvents` subscribers each received nothing

@@ -4,6 +4,8 @@
 //! capture is `crates/cli/tests/serve_v2.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,10 +14,9 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use riptide_firehose::corpus::split_frames;
 use riptide_identity::DidDocs;
-use riptide_jetstream::EventKind;
 use riptide_serve::{
-    ingest, router, App, Dictionary, Event, IngestConfig, Keys, Log, Metrics, ServerConfig,
-    SlowPolicy, Store, TailLimits,
+    ingest, App, Dictionary, Event, IngestConfig, Keys, Log, Metrics, ServerConfig, SlowPolicy,
+    Store, TailLimits,
 };
 use serde_json::Value;
 use tokio_tungstenite::tungstenite::Message;
@@ -32,11 +33,7 @@ fn v2_dictionary() -> Dictionary {
 }
 
 async fn serve(app: Arc<App>) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let r = router(app);
-    tokio::spawn(async move { axum::serve(listener, r).await });
-    addr
+    common::listen(app).await
 }
 
 /// The real capture ingested (verified) and served, with the v2 dictionary.
@@ -197,19 +194,7 @@ async fn the_retention_floor_refuses_seqs_and_clamps_timestamps_with_an_info_fra
 
 /// A v1-shaped commit of ~16 KiB.
 fn big_commit(i: u64) -> Event {
-    let pad = "x".repeat(16 << 10);
-    let json = format!(
-        r#"{{"did":"did:plc:a","time_us":{i},"cursor":{i},"kind":"commit","commit":{{"rev":"3l3qo2vutsw2b","operation":"create","collection":"a.b.c","rkey":"k{i}","record":{{"pad":"{pad}"}},"cid":"bafyreid"}}}}"#
-    );
-    Event::encode(
-        i,
-        i as i64,
-        EventKind::Commit,
-        "did:plc:a",
-        "a.b.c",
-        json.as_bytes(),
-        b"",
-    )
+    common::v1_commit(i, &"x".repeat(16 << 10))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,15 +203,7 @@ async fn a_stalled_v2_subscriber_gets_consumer_too_slow() {
     // so only the rule drops, and a client that reads again soon gets the terminal frame.
     let n = 2000;
     let dir = tempfile::tempdir().unwrap();
-    let (store, resume) = Store::open(dir.path(), 0).unwrap();
-    let log = Arc::new(Log::new(
-        store,
-        resume.next_seq,
-        TailLimits {
-            max_events: 1 << 20,
-            max_bytes: 1 << 30,
-        },
-    ));
+    let log = common::open_log(dir.path());
     log.publish(&(1..=n).map(big_commit).collect::<Vec<_>>());
     let config = ServerConfig {
         write_timeout: Duration::from_secs(30),
@@ -279,11 +256,7 @@ async fn a_stalled_v2_subscriber_gets_consumer_too_slow() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_closes_v2_subscribers_with_1001() {
-    let dir = tempfile::tempdir().unwrap();
-    let (store, resume) = Store::open(dir.path(), 0).unwrap();
-    let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
-    let app = App::new(log, Arc::new(Metrics::default()), ServerConfig::default());
-    let addr = serve(app.clone()).await;
+    let (addr, app, _dir) = common::serve_events(&[], ServerConfig::default()).await;
     let mut ws = connect(addr, "").await;
     // Without a dictionary, compression is refused, clearly.
     let (status, e) = http_get(addr, &format!("{V2}?zstdDictionary=20260811")).await;

@@ -1,0 +1,86 @@
+//! What the serve crate's integration tests share: a log of synthetic events, served on
+//! loopback. Each test file is its own crate and uses only part of this, hence `dead_code`.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use riptide_jetstream::EventKind;
+use riptide_serve::{
+    router, App, ConnLimits, Event, LimitedListener, Log, Metrics, ServerConfig, Store, TailLimits,
+};
+
+/// A log over a fresh store in `dir`, with a tail large enough for any test's events.
+pub fn open_log(dir: &Path) -> Arc<Log> {
+    let (store, resume) = Store::open(dir, 0).unwrap();
+    Arc::new(Log::new(
+        store,
+        resume.next_seq,
+        TailLimits {
+            max_events: 1 << 20,
+            max_bytes: 1 << 30,
+        },
+    ))
+}
+
+/// Event `i` (seq and `time_us` both `i`): a commit by `did:plc:a` in `a.b.c` with this JSON.
+pub fn commit(i: u64, json: &str) -> Event {
+    Event::encode(
+        i,
+        i as i64,
+        EventKind::Commit,
+        "did:plc:a",
+        "a.b.c",
+        json.as_bytes(),
+        b"",
+    )
+}
+
+/// Event `i` as a bare `{"i":…,"pad":…}` object: enough for v1, which sends the stored JSON.
+pub fn padded(i: u64, pad: &str) -> Event {
+    commit(i, &format!("{{\"i\":{i},\"pad\":\"{pad}\"}}"))
+}
+
+/// Event `i` in the stored v1 shape, so that both `/subscribe` and `subscribeEvents` can send
+/// it, its record padded with `pad`.
+pub fn v1_commit(i: u64, pad: &str) -> Event {
+    commit(
+        i,
+        &format!(
+            r#"{{"did":"did:plc:a","time_us":{i},"cursor":{i},"kind":"commit","commit":{{"rev":"3l3qo2vutsw2b","operation":"create","collection":"a.b.c","rkey":"k{i}","record":{{"pad":"{pad}"}},"cid":"bafyreib"}}}}"#
+        ),
+    )
+}
+
+/// Serves `app` on a loopback port.
+pub async fn listen(app: Arc<App>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let r = router(app);
+    tokio::spawn(async move { axum::serve(listener, r).await });
+    addr
+}
+
+/// Serves `app` on a loopback port behind the connection limits.
+pub async fn listen_limited(app: Arc<App>, limits: ConnLimits) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let l = LimitedListener::new(listener, limits, app.metrics.clone());
+    let r = router(app);
+    tokio::spawn(async move { axum::serve(l, r).await });
+    addr
+}
+
+/// A fresh log holding `events` (published straight into the in-memory tail), served on a
+/// loopback port; the store's directory lives as long as the returned guard.
+pub async fn serve_events(
+    events: &[Event],
+    config: ServerConfig,
+) -> (SocketAddr, Arc<App>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open_log(dir.path());
+    log.publish(events);
+    let app = App::new(log, Arc::new(Metrics::default()), config);
+    (listen(app.clone()).await, app, dir)
+}
