@@ -13,6 +13,11 @@
 //! - **a header deadline** ([`ConnLimits::header_timeout`]): a connection whose first request
 //!   headers are not complete in time is closed — slowloris, and idle connections that never
 //!   send a request (or never finish a WebSocket handshake), cost a descriptor for that long only.
+//!   The same deadline holds between requests on a keep-alive connection: each write of a plain
+//!   HTTP response starts it again, so the next request's headers must be complete within
+//!   `header_timeout` of the server's last write (an idle keep-alive connection is closed after
+//!   that long). A connection the server upgraded (its `101 Switching Protocols`: a WebSocket
+//!   subscriber, which may rightly send nothing for hours) has no deadline from then on.
 //!
 //! Over a limit, the connection is answered `503` with `connection: close` (written without
 //! waiting: a client that does not read gets a plain close) and closed at once, and counted in
@@ -187,6 +192,7 @@ impl axum::serve::Listener for LimitedListener {
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Limited, SocketAddr) {
+        let timeout = self.limits.header_timeout;
         loop {
             let (stream, addr) = match self.inner.accept().await {
                 Ok(x) => x,
@@ -207,13 +213,15 @@ impl axum::serve::Listener for LimitedListener {
             match self.admit(addr.ip()) {
                 Ok(slot) => {
                     let _ = stream.set_nodelay(true);
-                    let deadline = Box::pin(tokio::time::sleep(self.limits.header_timeout));
+                    let deadline = Box::pin(tokio::time::sleep(timeout));
                     return (
                         Limited {
                             stream,
                             _slot: slot,
                             deadline: Some(deadline),
                             tail: 0,
+                            timeout,
+                            upgraded: false,
                             metrics: self.metrics.clone(),
                         },
                         addr,
@@ -233,16 +241,20 @@ impl axum::serve::Listener for LimitedListener {
     }
 }
 
-/// An accepted connection under the limits: closed with `TimedOut` if the first request's
-/// headers (up to the first blank line) do not arrive before the deadline.
+/// An accepted connection under the limits: closed with `TimedOut` if a request's headers (up
+/// to the first blank line) do not arrive before the deadline (module docs).
 #[derive(Debug)]
 pub struct Limited {
     stream: TcpStream,
     _slot: Slot,
-    /// Until the end of the first request's headers.
+    /// Until the end of the headers of the request awaited; `None` while one is being served.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// How much of `\r\n\r\n` the bytes read so far end with.
     tail: u8,
+    /// [`ConnLimits::header_timeout`].
+    timeout: Duration,
+    /// The server answered `101 Switching Protocols`: no HTTP request follows, no deadline.
+    upgraded: bool,
     metrics: Arc<Metrics>,
 }
 
@@ -265,6 +277,29 @@ impl Limited {
             }
         }
         self.tail = t as u8;
+    }
+
+    /// After a write of `n` bytes starting with `head`: an upgrade ends the deadlines for good;
+    /// any other response (re)starts the deadline for the next request's headers. The timer is
+    /// polled here, with the writing task's context: hyper may not read again before it sleeps
+    /// (it read first, while the deadline was off), and an unpolled timer would wake no one.
+    fn wrote(&mut self, head: &[u8], n: usize, cx: &mut Context<'_>) {
+        if self.upgraded || n == 0 {
+            return;
+        }
+        if head.starts_with(b"HTTP/1.1 101 ") {
+            self.upgraded = true;
+            self.deadline = None;
+            return;
+        }
+        let at = tokio::time::Instant::now() + self.timeout;
+        let d = self
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        d.as_mut().reset(at);
+        // Not ready (it was just set in the future); this registers the wake-up.
+        let _ = d.as_mut().poll(cx);
+        self.tail = 0;
     }
 }
 
@@ -302,7 +337,11 @@ impl AsyncWrite for Limited {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
+        let r = Pin::new(&mut self.stream).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            self.wrote(buf, n, cx);
+        }
+        r
     }
 
     fn poll_write_vectored(
@@ -310,7 +349,15 @@ impl AsyncWrite for Limited {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+        let r = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            let head = bufs
+                .iter()
+                .find(|b| !b.is_empty())
+                .map_or(&[][..], |b| &b[..]);
+            self.wrote(head, n, cx);
+        }
+        r
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -368,6 +415,8 @@ mod tests {
                 },
                 deadline: Some(Box::pin(tokio::time::sleep(Duration::from_secs(9)))),
                 tail: 0,
+                timeout: Duration::from_secs(9),
+                upgraded: false,
                 metrics: m,
             };
             for part in [&b"GET / HTTP/1.1\r\nhost: x\r"[..], b"\n\r", b"\nbody"] {

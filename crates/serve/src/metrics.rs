@@ -541,7 +541,7 @@ impl Metrics {
         one(
             "riptide_header_timeouts_total",
             "counter",
-            "Connections closed because the request headers were not complete in time.",
+            "Connections closed because a request's headers were not complete in time (slowloris, or an idle keep-alive connection).",
             c(&self.header_timeouts),
         );
         one(

@@ -246,6 +246,35 @@ async fn connection_limits_refuse_before_anything_inside_fails() {
         .await
         .unwrap();
     assert_eq!(http_status(&mut s).await, Some(200));
+    // Keep-alive: a second request is served, then the deadline holds between requests too. One
+    // connection goes idle, one dribbles its third request's headers; both are closed.
+    let mut idle = Vec::new();
+    for dribble in [false, true] {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        for _ in 0..2 {
+            s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            let mut buf = [0u8; 1024];
+            let n = tokio::time::timeout(T, s.read(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+        }
+        if dribble {
+            s.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+        }
+        idle.push(s);
+    }
+    for mut s in idle {
+        let mut buf = Vec::new();
+        let r = tokio::time::timeout(T, s.read_to_end(&mut buf))
+            .await
+            .expect("an idle keep-alive connection was not closed");
+        assert!(r.is_err() || buf.is_empty(), "{buf:?}");
+    }
+    assert_eq!(app.metrics.header_timeouts.load(Relaxed), 6);
     // Subscribers count too, and a complete request is not cut by the header deadline.
     let mut subs = Vec::new();
     for _ in 0..4 {

@@ -71,8 +71,8 @@ pub struct Args {
     /// Most client connections at once from one IP address.
     #[arg(long, value_name = "N", default_value_t = 1_000)]
     pub max_connections_per_ip: usize,
-    /// Time a new connection has to send its request headers (slow or idle connections are
-    /// closed after it).
+    /// Time a connection has to send a request's headers: from accept, and on a keep-alive
+    /// connection from the last response (slow or idle connections are closed after it).
     #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
     pub header_timeout: Duration,
     /// /readyz answers 503 when no upstream frame arrived for this long (0: never for
