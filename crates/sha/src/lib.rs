@@ -38,7 +38,7 @@ pub fn sha256(data: &[u8]) -> Digest {
 pub fn sha256_pair(a: &[u8], b: &[u8]) -> (Digest, Digest) {
     #[cfg(target_arch = "x86_64")]
     {
-        if x86::available() {
+        if cap::sha_ni_enabled() {
             let short = short_limit();
             return match (a.len() <= short, b.len() <= short) {
                 (true, true) => x86::pair(a, b),
@@ -75,7 +75,7 @@ pub fn short_limit() -> usize {
 pub fn sha256_short(a: &[u8]) -> Digest {
     #[cfg(target_arch = "x86_64")]
     {
-        if a.len() <= short_limit() && x86::available() {
+        if a.len() <= short_limit() && cap::sha_ni_enabled() {
             return x86::one(a);
         }
     }
@@ -83,16 +83,9 @@ pub fn sha256_short(a: &[u8]) -> Digest {
 }
 
 /// Whether the two-lane SHA-NI path is in use on this CPU (otherwise [`sha256_pair`] calls
-/// `sha2` twice).
+/// `sha2` twice): the CPU has SHA-NI and `RIPTIDE_SHA_KERNEL` does not rule it out ([`cap`]).
 pub fn lanes_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        x86::available()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    cap::sha_ni_enabled()
 }
 
 /// Checks a stream of messages against expected digests, two at a time, in order.
@@ -168,7 +161,7 @@ impl<'a, T> Checker<'a, T> {
     /// The fastest checker this CPU supports: sixteen AVX-512 lanes, unless two SHA-NI lanes are
     /// faster here ([`wide_beats_sha_ni`]).
     pub fn new() -> Self {
-        if lanes_available() && !wide_beats_sha_ni() {
+        if !cap::wide_enabled() || (lanes_available() && !wide_beats_sha_ni()) {
             return Checker::Pairs(Pairs::new());
         }
         match Lanes::new() {
@@ -297,7 +290,8 @@ impl<'a> Lane<'a> {
 static IDLE: [u8; 64] = [0; 64];
 
 impl<'a, T> Lanes<'a, T> {
-    /// Sixteen lanes, if this CPU has AVX-512 (F and BW).
+    /// Sixteen lanes, if this CPU has AVX-512 (F and BW), whatever `RIPTIDE_SHA_KERNEL` says
+    /// (an explicit choice; [`Checker::new`] is the one that follows it).
     pub fn new() -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
         if x16::available() {
@@ -460,7 +454,7 @@ impl ShortBatch {
     pub fn digests(&mut self) -> [Digest; 16] {
         let n = std::mem::take(&mut self.n);
         #[cfg(target_arch = "x86_64")]
-        if x16::available() {
+        if cap::wide_enabled() {
             let mut out = [[0u8; 32]; 16];
             let mut st = x16::States::default();
             for i in 0..16 {
@@ -533,6 +527,9 @@ mod x16;
 
 mod batch;
 pub use batch::{wide_beats_sha_ni, Kernel};
+
+pub mod cap;
+pub use cap::{kernel_cap, kernel_from_env, KERNEL_ENV};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -913,6 +910,7 @@ mod tests {
             lanes_available(),
             std::arch::is_x86_feature_detected!("sha")
                 && std::arch::is_x86_feature_detected!("sse4.1")
+                && kernel_cap() != Some(Kernel::Sha2)
         );
     }
 
@@ -1034,6 +1032,7 @@ mod tests {
             matches!(Checker::<()>::new(), Checker::Lanes(_)),
             std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
+                && !matches!(kernel_cap(), Some(Kernel::Sha2 | Kernel::ShaNi2))
                 && (wide_beats_sha_ni() || !lanes_available())
         );
     }
