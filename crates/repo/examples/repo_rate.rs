@@ -2,7 +2,7 @@
 //! two builds: `cargo run --release -p riptide-repo --example repo_rate -- FILE.car [PASSES] [verify]`
 //! (`verify`: skip the bound, for `perf stat` of verification alone). Also prints the medians of
 //! the thread's CPU time (`/proc/thread-self/schedstat`), less disturbed by other processes.
-//! Prints per pass the bound and `verify_repo`'s time (µs), then medians and the ratio; the same
+//! Prints the medians (and minima) of the bound and of `verify_repo`'s time, and their ratio: the
 //! figures `riptide bench repo` gives, from a binary that builds in a fraction of the time.
 use std::hint::black_box;
 use std::time::Instant;

@@ -18,6 +18,11 @@
 //! `vprord`/`vpternlogd`, and every result is tested against `sha2`. Without SHA-NI or AVX-512
 //! (or off x86-64) everything falls back to `sha2`, which gives the same digests.
 //!
+//! Which kernel runs is decided at run time, once per process, from the CPU ([`Kernel::best_for`]
+//! for batches, [`Checker::new`] for streams, [`ShortBatch`], [`sha256_pair`]); the environment
+//! variable `RIPTIDE_SHA_KERNEL` caps that choice ([`cap`]), so that one machine can measure the
+//! path of a CPU without AVX-512 or without SHA-NI.
+//!
 //! What it does not do: incremental hashing of one long message (a single stream is already at
 //! full speed in `sha2`, use it) or any other hash.
 
