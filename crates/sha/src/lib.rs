@@ -487,8 +487,9 @@ impl ShortBatch {
         let mut out = [[0u8; 32]; 16];
         #[cfg(target_arch = "x86_64")]
         if cap::sha_ni_enabled() {
-            // The blocks are padded already: compress them two at a time, straight (re-padding
-            // each message in `sha256_pair` cost a third of a key's hashing, profiled).
+            // The blocks are padded already: compress them two at a time, straight (through
+            // `sha256_pair`, which pads each message again, the walk of a 200,000-record
+            // repository took 3 ms longer, measured with `RIPTIDE_SHA_KERNEL=shani2`).
             for (pair, d) in self.blocks[..n.next_multiple_of(2)]
                 .chunks_exact(2)
                 .zip(out.chunks_exact_mut(2))
