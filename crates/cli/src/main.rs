@@ -93,6 +93,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Read once by riptide-sha; refused here so that a typo does not silently measure the CPU's
+    // own path (see `riptide_sha::cap`).
+    if let Err(v) = riptide_sha::kernel_from_env() {
+        eprintln!(
+            "riptide: {}={v:?}: not a SHA-256 kernel cap (sha2, shani2, avx512x16 or auto)",
+            riptide_sha::KERNEL_ENV
+        );
+        return ExitCode::from(2);
+    }
     log::set_verbosity(cli.verbose, cli.quiet);
     log::init(match cli.command {
         Command::Serve(_) => "info",

@@ -174,6 +174,54 @@ fn bench_decode_json_has_the_contract_fields() {
 }
 
 #[test]
+fn the_sha_kernel_cap_is_followed_reported_and_checked() {
+    let Some(dir) = capture().and_then(|f| f.parent().map(|d| d.to_path_buf())) else {
+        return;
+    };
+    let car = dir.join("repo.car");
+    let run = |cap: &str| {
+        std::process::Command::new(common::BIN)
+            .args([
+                "bench",
+                "repo",
+                s(&car),
+                "--warmup",
+                "0",
+                "--passes",
+                "1",
+                "--json",
+            ])
+            .env("RIPTIDE_SHA_KERNEL", cap)
+            .output()
+            .unwrap()
+    };
+    for cap in ["sha2", "shani2", "auto"] {
+        let out = run(cap);
+        assert!(out.status.success(), "{cap}: {}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let k = &v["machine"]["sha_kernels"];
+        assert_eq!(k["cap"], cap, "{k}");
+        assert!(v["records"].as_u64().unwrap() > 0);
+        match cap {
+            "sha2" => assert_eq!(k["large_batches"], "sha2"),
+            // No AVX-512: SHA-NI pairs where the CPU has them, else sha2.
+            "shani2" => assert_ne!(k["large_batches"], "avx512x16"),
+            _ => assert!(k["cpu_has"]
+                .as_array()
+                .unwrap()
+                .contains(&k["large_batches"])),
+        }
+    }
+    let out = run("avx-512");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("RIPTIDE_SHA_KERNEL=\"avx-512\""),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
 fn a_record_missing_from_its_car_is_counted_not_silent() {
     let Some(file) = capture() else { return };
     let bytes = std::fs::read(&file).unwrap();

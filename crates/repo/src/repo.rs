@@ -353,6 +353,53 @@ mod tests {
     }
 
     #[test]
+    fn the_first_missing_record_in_walk_order_is_named() {
+        // Each leaf with its own record, some records dropped: early, in the middle, last, and
+        // two out of key order; the error names the first in walk (key) order, and
+        // `allow_missing_records` counts them all.
+        let key = PrivateKey::from_bytes(Curve::Secp256k1, &[1; 32]).unwrap();
+        let records: Vec<(CidBuf, Vec<u8>)> = (0..100)
+            .map(|i| {
+                let r = OwnedValue::Text(format!("record {i}")).to_cbor();
+                (CidBuf::sha256(DAG_CBOR, &r), r)
+            })
+            .collect();
+        let leaves: Vec<(String, CidBuf)> = records
+            .iter()
+            .enumerate()
+            .map(|(i, (c, _))| (format!("app.bsky.feed.like/{i:04}"), *c))
+            .collect();
+        let allow = RepoOptions {
+            allow_missing_records: true,
+        };
+        for dropped in [
+            vec![],
+            vec![0],
+            vec![37, 80],
+            vec![80, 37, 3],
+            vec![95],
+            vec![99],
+        ] {
+            let kept: Vec<(CidBuf, Vec<u8>)> = records
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !dropped.contains(i))
+                .map(|(_, r)| r.clone())
+                .collect();
+            let car = repo(&leaves, &kept, &key);
+            let r = verify_repo_with(&car, None, &allow).unwrap();
+            assert_eq!((r.records, r.missing_records), (100, dropped.len()));
+            match (dropped.iter().min(), verify_repo(&car, None)) {
+                (None, Ok(r)) => assert_eq!(r.missing_records, 0),
+                (Some(&first), Err(RepoError::MissingRecord { key, cid })) => {
+                    assert_eq!((key, cid), leaves[first].clone(), "{dropped:?}")
+                }
+                (_, other) => panic!("{dropped:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn not_a_car() {
         assert!(matches!(verify_repo(b"nope", None), Err(RepoError::Car(_))));
         let empty_roots = write_car(&[], std::iter::empty());

@@ -33,7 +33,16 @@ impl Kernel {
     /// Every kernel, widest last.
     pub const ALL: [Kernel; 3] = [Kernel::Sha2, Kernel::ShaNi2, Kernel::Avx512x16];
 
-    /// Whether this CPU runs this kernel.
+    /// The kernel's name, as `RIPTIDE_SHA_KERNEL` takes it: `sha2`, `shani2`, `avx512x16`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Sha2 => "sha2",
+            Kernel::ShaNi2 => "shani2",
+            Kernel::Avx512x16 => "avx512x16",
+        }
+    }
+
+    /// Whether this CPU runs this kernel (whatever `RIPTIDE_SHA_KERNEL` says).
     pub fn is_supported(self) -> bool {
         match self {
             Kernel::Sha2 => true,
@@ -57,12 +66,11 @@ impl Kernel {
     /// The fastest kernel for a batch of about `bytes` bytes: sixteen AVX-512 lanes for a large
     /// batch where the CPU has them and they beat SHA-NI pairs ([`wide_beats_sha_ni`]), else
     /// SHA-NI pairs, else `sha2`.
+    ///
+    /// `RIPTIDE_SHA_KERNEL` caps or steers the choice ([`crate::cap`]).
     pub fn best_for(bytes: usize) -> Kernel {
-        let ni = Kernel::ShaNi2.is_supported();
-        if bytes >= WIDE_MIN_BYTES
-            && Kernel::Avx512x16.is_supported()
-            && (!ni || wide_beats_sha_ni())
-        {
+        let ni = crate::cap::sha_ni_enabled();
+        if bytes >= WIDE_MIN_BYTES && crate::cap::wide_enabled() && (!ni || wide_beats_sha_ni()) {
             Kernel::Avx512x16
         } else if ni {
             Kernel::ShaNi2
@@ -71,7 +79,7 @@ impl Kernel {
         }
     }
 
-    /// The widest kernel this CPU runs.
+    /// The widest kernel dispatch uses on this CPU.
     pub fn best() -> Kernel {
         Kernel::best_for(usize::MAX)
     }
@@ -107,8 +115,14 @@ impl Kernel {
 /// spare, so two interleaved lanes do nearly twice one's work, while 512-bit vectors run as two
 /// 256-bit halves: on the real capture's blocks in 16-frame batches two SHA-NI lanes were ~1.6×
 /// the sixteen AVX-512 lanes on an AMD EPYC with both (`riptide-firehose` example `decode_rate
-/// … kernels`, 2026-11-24, loaded machine). Decided by vendor: deterministic and free.
+/// … kernels`, 2026-11-24, loaded machine). Decided by vendor: deterministic and free;
+/// `RIPTIDE_SHA_KERNEL=avx512x16` says yes on any vendor, `shani2` no ([`crate::cap`]).
 pub fn wide_beats_sha_ni() -> bool {
+    match crate::cap::kernel_cap() {
+        Some(Kernel::Avx512x16) => return true,
+        Some(Kernel::ShaNi2) => return false,
+        _ => {}
+    }
     #[cfg(target_arch = "x86_64")]
     {
         !is_amd()
@@ -194,7 +208,7 @@ mod tests {
     fn the_fallback_is_always_supported_and_dispatch_follows_the_cpu() {
         assert!(Kernel::Sha2.is_supported());
         assert!(Kernel::supported().contains(&Kernel::best()));
-        if Kernel::ShaNi2.is_supported() {
+        if crate::lanes_available() {
             assert_eq!(Kernel::best_for(0), Kernel::ShaNi2);
         }
         #[cfg(target_arch = "x86_64")]
@@ -206,6 +220,10 @@ mod tests {
                 && std::arch::is_x86_feature_detected!("avx512bw");
             assert_eq!(Kernel::ShaNi2.is_supported(), ni);
             assert_eq!(Kernel::Avx512x16.is_supported(), wide);
+            // What `RIPTIDE_SHA_KERNEL` leaves to dispatch.
+            let cap = crate::kernel_cap();
+            let ni = ni && cap != Some(Kernel::Sha2);
+            let wide = wide && !matches!(cap, Some(Kernel::Sha2 | Kernel::ShaNi2));
             // A large batch: the widest kernel, unless SHA-NI pairs are faster on this vendor.
             let want = match (wide, ni) {
                 (true, false) => Kernel::Avx512x16,

@@ -413,6 +413,7 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
                 fps.median / sha.median
             )?;
         }
+        writeln!(stdout, "{}", sha_kernels_line())?;
         Ok(())
     })
 }
@@ -794,6 +795,7 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
                 rss as f64 / bytes.len() as f64
             )?;
         }
+        writeln!(stdout, "{}", sha_kernels_line())?;
         Ok(())
     })
 }
@@ -839,7 +841,38 @@ pub fn machine() -> serde_json::Value {
         })
         .unwrap_or_else(|| "unknown".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    serde_json::json!({"cpu": cpu, "cores": cores, "os": std::env::consts::OS, "arch": std::env::consts::ARCH})
+    serde_json::json!({
+        "cpu": cpu, "cores": cores, "os": std::env::consts::OS, "arch": std::env::consts::ARCH,
+        "sha_kernels": sha_kernels(),
+    })
+}
+
+/// The SHA-256 kernels dispatch uses in this process, and the `RIPTIDE_SHA_KERNEL` cap that
+/// steered them (see `riptide_sha::cap`): which path a figure measured.
+pub fn sha_kernels() -> serde_json::Value {
+    use riptide_sha::Kernel;
+    serde_json::json!({
+        "cap": riptide_sha::kernel_cap().map_or("auto", Kernel::name),
+        "large_batches": Kernel::best_for(usize::MAX).name(),
+        "small_batches": Kernel::best_for(0).name(),
+        "cpu_has": Kernel::supported().into_iter().map(Kernel::name).collect::<Vec<_>>(),
+    })
+}
+
+/// [`sha_kernels`] as one line of text.
+fn sha_kernels_line() -> String {
+    use riptide_sha::Kernel;
+    format!(
+        "SHA-256 kernels: {} for large batches, {} for small (RIPTIDE_SHA_KERNEL={}; CPU has {})",
+        Kernel::best_for(usize::MAX).name(),
+        Kernel::best_for(0).name(),
+        riptide_sha::kernel_cap().map_or("auto", Kernel::name),
+        Kernel::supported()
+            .into_iter()
+            .map(Kernel::name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// The current UTC time as RFC 3339, to the second (`2026-11-22T09:41:07Z`).
