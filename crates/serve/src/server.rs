@@ -577,19 +577,21 @@ impl<'a> Writer<'a> {
         }
     }
 
-    /// Does `op` for a subscriber whose next seq is `cursor`. Both operations may be dropped
-    /// half-way and redone: a feed that has not completed has not queued its message (the
-    /// message is a cheap clone), and a flush keeps what it has not written.
+    /// Does `op` for a subscriber whose next seq is `cursor`. The waiting (for room in the write
+    /// buffer, or for a flush to complete) may be dropped half-way and redone: a feed hands its
+    /// message over only once there is room, whole and without a copy (a clone per attempt made
+    /// every v2 frame made at send time allocate again to be shared), and a flush keeps what it
+    /// has not written.
     pub(crate) async fn run(&mut self, op: Op, cursor: u64) -> Result<(), Outcome> {
+        let (msg, flush) = match op {
+            Op::Feed(m) => (Some(m), false),
+            Op::Flush => (None, true),
+        };
         // Most writes complete at once (the write buffer has room): those need no deadline,
         // whose clock reads and timer were a tenth of a replay's CPU. One that would wait is
-        // dropped (nothing queued) and done again below, under the deadline.
-        let at_once = match &op {
-            Op::Feed(m) => self.sink.feed(m.clone()).now_or_never(),
-            Op::Flush => self.sink.flush().now_or_never(),
-        };
-        match at_once {
-            Some(Ok(())) => return Ok(()),
+        // done again below, under the deadline.
+        match std::future::poll_fn(|cx| wait_for(self.sink, flush, cx)).now_or_never() {
+            Some(Ok(())) => return self.hand_over(msg),
             Some(Err(_)) => return Err(Outcome::Gone),
             None => {}
         }
@@ -598,18 +600,23 @@ impl<'a> Writer<'a> {
             let wait = deadline
                 .saturating_duration_since(Instant::now())
                 .min(SLOW_CHECK_EVERY);
-            let r = match &op {
-                Op::Feed(m) => tokio::time::timeout(wait, self.sink.feed(m.clone())).await,
-                Op::Flush => tokio::time::timeout(wait, self.sink.flush()).await,
-            };
-            match r {
-                Ok(Ok(())) => return Ok(()),
+            let waiting = std::future::poll_fn(|cx| wait_for(self.sink, flush, cx));
+            match tokio::time::timeout(wait, waiting).await {
+                Ok(Ok(())) => return self.hand_over(msg),
                 Ok(Err(_)) => return Err(Outcome::Gone),
                 Err(_) if Instant::now() >= deadline => {
                     return Err(Outcome::Drop(SlowDrop::WriteTimeout))
                 }
                 Err(_) => self.check_slow(cursor)?,
             }
+        }
+    }
+
+    /// Gives the sink a message it is ready for (a feed's second half: [`Writer::run`]).
+    fn hand_over(&mut self, msg: Option<Message>) -> Result<(), Outcome> {
+        match msg {
+            Some(m) => self.sink.start_send_unpin(m).map_err(|_| Outcome::Gone),
+            None => Ok(()),
         }
     }
 
@@ -699,6 +706,20 @@ impl<'a> Writer<'a> {
             return Err(Outcome::Drop(SlowDrop::Behind));
         }
         Ok(())
+    }
+}
+
+/// What a write waits for: room for one more message (a feed), or everything fed written out
+/// (a flush).
+fn wait_for(
+    sink: &mut Sink,
+    flush: bool,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<Result<(), axum::Error>> {
+    if flush {
+        sink.poll_flush_unpin(cx)
+    } else {
+        sink.poll_ready_unpin(cx)
     }
 }
 
