@@ -455,9 +455,7 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
         while let Some(msg) = stream.next().await {
             match msg {
                 Ok(Message::Close(_)) => {
-                    // tungstenite has queued its reply (an echo, or 1002 for a code that is not
-                    // allowed, e.g. 999); one more read sends it before the socket goes.
-                    let _ = tokio::time::timeout(Duration::from_secs(1), stream.next()).await;
+                    answer_close(&mut stream).await;
                     break;
                 }
                 Ok(_) if closing => {}
@@ -501,6 +499,7 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
         &last_pong,
     )
     .await;
+    let gone = matches!(outcome, Outcome::Gone);
     match outcome {
         Outcome::Close(code, reason) => {
             let frame = CloseFrame {
@@ -521,8 +520,27 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
         }
         Outcome::Gone => {}
     }
-    reader.abort();
+    end_reader(reader, gone).await;
     app.metrics.subscribers.fetch_sub(1, Relaxed);
+}
+
+/// A client's Close, read: tungstenite has queued its reply (an echo, or 1002 for a code that is
+/// not allowed, e.g. 999), and from now on refuses to send anything else, so the subscriber loop
+/// stops at its next write. One more read sends the reply (a read writes what is queued first)
+/// and sees the client hang up; bounded, for a client that does not.
+pub(crate) async fn answer_close(stream: &mut futures_util::stream::SplitStream<WebSocket>) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.next()).await;
+}
+
+/// The end of a connection's reader task. When the connection ended because its socket refused
+/// a write ([`Outcome::Gone`]), the reader may be answering a client's Close ([`answer_close`]):
+/// it is given the second that takes rather than aborted, or the client would get no reply. (A
+/// reader whose peer went away ends at once.) Otherwise it is aborted.
+pub(crate) async fn end_reader(mut reader: tokio::task::JoinHandle<()>, gone: bool) {
+    if gone {
+        let _ = tokio::time::timeout(Duration::from_secs(1), &mut reader).await;
+    }
+    reader.abort();
 }
 
 pub(crate) enum Outcome {

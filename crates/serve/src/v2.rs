@@ -1051,7 +1051,10 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: V2Options, start: V2Start) 
         let mut closing = false;
         while let Some(msg) = stream.next().await {
             match msg {
-                Ok(Message::Close(_)) => break,
+                Ok(Message::Close(_)) => {
+                    crate::server::answer_close(&mut stream).await;
+                    break;
+                }
                 Ok(_) if closing => {}
                 Ok(Message::Text(_) | Message::Binary(_)) => {
                     a.metrics.client_errors.fetch_add(1, Relaxed);
@@ -1094,6 +1097,7 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: V2Options, start: V2Start) 
         &last_pong,
     )
     .await;
+    let gone = matches!(outcome, Outcome::Gone);
     let close = |code: u16, reason: String| {
         Message::Close(Some(CloseFrame {
             code,
@@ -1136,7 +1140,7 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: V2Options, start: V2Start) 
         }
         Outcome::Gone => {}
     }
-    reader.abort();
+    crate::server::end_reader(reader, gone).await;
     app.v2.metrics.subscribers.fetch_sub(1, Relaxed);
     app.metrics.subscribers.fetch_sub(1, Relaxed);
 }
