@@ -23,9 +23,12 @@
 //! **Frames are made once.** An event's frame is made when it enters the in-memory tail
 //! (`log.rs`, [`Event::with_v2_frame`]), so replay and fan-out from memory send shared bytes, as
 //! v1 sends the stored JSON. Events read back from the store are made into frames as they are
-//! sent, cheaply: the ASCII envelope and head (`seq`, `did`, `time`) around a slice of the stored
-//! JSON, which is known to be UTF-8 ([`Event::text`]), written into one allocation of exactly its
-//! size, with the `time` of the last second remembered per subscriber ([`TimeFormat`]).
+//! sent, cheaply: fixed ASCII pieces and the `time` around three slices of the stored JSON (its
+//! `"did":"…"`, its `cursor` digits, the kind's object), which is known to be UTF-8
+//! ([`Event::text`]), written into one allocation of exactly its size and handed to the socket
+//! without another (`server::Writer::run`), with the `time` of the last second remembered per
+//! subscriber ([`TimeFormat`]). This is what v2 pays beyond v1 when replaying from the store
+//! (`bench/results/2026-11-24-vm/v2disk.md`).
 //!
 //! **Frame cache.** A frame (and its zstd form) is made once per event and kept in a small
 //! seq-indexed cache ([`CACHE_SLOTS`] slots, a mutex each), so a thousand live subscribers cost
@@ -51,7 +54,8 @@
 //! at or after it, clamped up to the retention floor with an `#info OutdatedCursor` sent first;
 //! a seq below the floor is a 400 `CursorTooOld` whose message carries the floor; omitted: live.
 //!
-//! **Server-push only.** Any data frame from the client closes the connection with 1008.
+//! **Server-push only.** Any data frame from the client closes the connection with 1008. A
+//! client's Close is answered with the server's, and no event follows it (`server::answer_close`).
 //!
 //! **`#sync`.** Ingest stores every verified `#sync` frame as an event of kind `sync` with a
 //! seq of its own (`Projector::with_sync`), as Jetstream v2 does: v2 sends it
