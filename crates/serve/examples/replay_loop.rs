@@ -76,18 +76,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for pass in 0..passes {
         let t0 = Instant::now();
         let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}{path}")).await?;
-        let mut got = 0u64;
+        let (mut got, mut bytes) = (0u64, 0u64);
         while got < expect {
             match ws.next().await {
-                Some(Ok(m)) if m.is_text() || m.is_binary() => got += 1,
+                Some(Ok(m)) if m.is_text() || m.is_binary() => {
+                    got += 1;
+                    bytes += m.len() as u64;
+                }
                 Some(Ok(_)) => {}
                 _ => return Err(format!("stream ended after {got} of {expect}").into()),
             }
         }
         let secs = t0.elapsed().as_secs_f64();
         println!(
-            "pass {pass}: {wire} {source} {got} events: {:.0} events/s",
-            got as f64 / secs
+            "pass {pass}: {wire} {source} {got} events: {:.0} events/s, {:.0} bytes/event",
+            got as f64 / secs,
+            bytes as f64 / got.max(1) as f64
         );
     }
     Ok(())

@@ -455,9 +455,7 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
         while let Some(msg) = stream.next().await {
             match msg {
                 Ok(Message::Close(_)) => {
-                    // tungstenite has queued its reply (an echo, or 1002 for a code that is not
-                    // allowed, e.g. 999); one more read sends it before the socket goes.
-                    let _ = tokio::time::timeout(Duration::from_secs(1), stream.next()).await;
+                    answer_close(&mut stream).await;
                     break;
                 }
                 Ok(_) if closing => {}
@@ -501,6 +499,7 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
         &last_pong,
     )
     .await;
+    let gone = matches!(outcome, Outcome::Gone);
     match outcome {
         Outcome::Close(code, reason) => {
             let frame = CloseFrame {
@@ -521,8 +520,27 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
         }
         Outcome::Gone => {}
     }
-    reader.abort();
+    end_reader(reader, gone).await;
     app.metrics.subscribers.fetch_sub(1, Relaxed);
+}
+
+/// A client's Close, read: tungstenite has queued its reply (an echo, or 1002 for a code that is
+/// not allowed, e.g. 999), and from now on refuses to send anything else, so the subscriber loop
+/// stops at its next write. One more read sends the reply (a read writes what is queued first)
+/// and sees the client hang up; bounded, for a client that does not.
+pub(crate) async fn answer_close(stream: &mut futures_util::stream::SplitStream<WebSocket>) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.next()).await;
+}
+
+/// The end of a connection's reader task. When the connection ended because its socket refused
+/// a write ([`Outcome::Gone`]), the reader may be answering a client's Close ([`answer_close`]):
+/// it is given the second that takes rather than aborted, or the client would get no reply. (A
+/// reader whose peer went away ends at once.) Otherwise it is aborted.
+pub(crate) async fn end_reader(mut reader: tokio::task::JoinHandle<()>, gone: bool) {
+    if gone {
+        let _ = tokio::time::timeout(Duration::from_secs(1), &mut reader).await;
+    }
+    reader.abort();
 }
 
 pub(crate) enum Outcome {
@@ -577,19 +595,21 @@ impl<'a> Writer<'a> {
         }
     }
 
-    /// Does `op` for a subscriber whose next seq is `cursor`. Both operations may be dropped
-    /// half-way and redone: a feed that has not completed has not queued its message (the
-    /// message is a cheap clone), and a flush keeps what it has not written.
+    /// Does `op` for a subscriber whose next seq is `cursor`. The waiting (for room in the write
+    /// buffer, or for a flush to complete) may be dropped half-way and redone: a feed hands its
+    /// message over only once there is room, whole and without a copy (a clone per attempt made
+    /// every v2 frame made at send time allocate again to be shared), and a flush keeps what it
+    /// has not written.
     pub(crate) async fn run(&mut self, op: Op, cursor: u64) -> Result<(), Outcome> {
+        let (msg, flush) = match op {
+            Op::Feed(m) => (Some(m), false),
+            Op::Flush => (None, true),
+        };
         // Most writes complete at once (the write buffer has room): those need no deadline,
         // whose clock reads and timer were a tenth of a replay's CPU. One that would wait is
-        // dropped (nothing queued) and done again below, under the deadline.
-        let at_once = match &op {
-            Op::Feed(m) => self.sink.feed(m.clone()).now_or_never(),
-            Op::Flush => self.sink.flush().now_or_never(),
-        };
-        match at_once {
-            Some(Ok(())) => return Ok(()),
+        // done again below, under the deadline.
+        match std::future::poll_fn(|cx| wait_for(self.sink, flush, cx)).now_or_never() {
+            Some(Ok(())) => return self.hand_over(msg),
             Some(Err(_)) => return Err(Outcome::Gone),
             None => {}
         }
@@ -598,18 +618,23 @@ impl<'a> Writer<'a> {
             let wait = deadline
                 .saturating_duration_since(Instant::now())
                 .min(SLOW_CHECK_EVERY);
-            let r = match &op {
-                Op::Feed(m) => tokio::time::timeout(wait, self.sink.feed(m.clone())).await,
-                Op::Flush => tokio::time::timeout(wait, self.sink.flush()).await,
-            };
-            match r {
-                Ok(Ok(())) => return Ok(()),
+            let waiting = std::future::poll_fn(|cx| wait_for(self.sink, flush, cx));
+            match tokio::time::timeout(wait, waiting).await {
+                Ok(Ok(())) => return self.hand_over(msg),
                 Ok(Err(_)) => return Err(Outcome::Gone),
                 Err(_) if Instant::now() >= deadline => {
                     return Err(Outcome::Drop(SlowDrop::WriteTimeout))
                 }
                 Err(_) => self.check_slow(cursor)?,
             }
+        }
+    }
+
+    /// Gives the sink a message it is ready for (a feed's second half: [`Writer::run`]).
+    fn hand_over(&mut self, msg: Option<Message>) -> Result<(), Outcome> {
+        match msg {
+            Some(m) => self.sink.start_send_unpin(m).map_err(|_| Outcome::Gone),
+            None => Ok(()),
         }
     }
 
@@ -699,6 +724,20 @@ impl<'a> Writer<'a> {
             return Err(Outcome::Drop(SlowDrop::Behind));
         }
         Ok(())
+    }
+}
+
+/// What a write waits for: room for one more message (a feed), or everything fed written out
+/// (a flush).
+fn wait_for(
+    sink: &mut Sink,
+    flush: bool,
+    cx: &mut std::task::Context<'_>,
+) -> std::task::Poll<Result<(), axum::Error>> {
+    if flush {
+        sink.poll_flush_unpin(cx)
+    } else {
+        sink.poll_ready_unpin(cx)
     }
 }
 

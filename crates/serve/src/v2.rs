@@ -14,7 +14,7 @@
 //! "network.bsky.jetstream.subscribeEvents#commit",…}}` or a terminal
 //! `{"$type":"error","error":"ConsumerTooSlow","message":…}`. A frame is derived from the stored
 //! v1 event, not re-rendered from CBOR: the v1 JSON is `{"did","time_us","cursor","kind",<kind>}`
-//! with a fixed prefix ([`kind_object`] checks it byte for byte), so the v2 payload is
+//! with a fixed prefix (checked against the event's own fields: `V1Parts`), so the v2 payload is
 //! `seq`, `did`, `time` (the same `time_us`, as RFC 3339 with six fractional digits) followed by
 //! the commit's fields (flat) or `"identity"|"account"|"sync":<the same object>`. `seq` is the
 //! v1 `cursor`: one number per event on both wires. The records, CIDs and upstream objects are
@@ -23,9 +23,12 @@
 //! **Frames are made once.** An event's frame is made when it enters the in-memory tail
 //! (`log.rs`, [`Event::with_v2_frame`]), so replay and fan-out from memory send shared bytes, as
 //! v1 sends the stored JSON. Events read back from the store are made into frames as they are
-//! sent, cheaply: the ASCII envelope and head (`seq`, `did`, `time`) around a slice of the stored
-//! JSON, which is known to be UTF-8 ([`Event::text`]), written into one allocation of exactly its
-//! size, with the `time` of the last second remembered per subscriber ([`TimeFormat`]).
+//! sent, cheaply: fixed ASCII pieces and the `time` around three slices of the stored JSON (its
+//! `"did":"…"`, its `cursor` digits, the kind's object), which is known to be UTF-8
+//! ([`Event::text`]), written into one allocation of exactly its size and handed to the socket
+//! without another (`server::Writer::run`), with the `time` of the last second remembered per
+//! subscriber ([`TimeFormat`]). This is what v2 pays beyond v1 when replaying from the store
+//! (`bench/results/2026-11-24-vm/v2disk.md`).
 //!
 //! **Frame cache.** A frame (and its zstd form) is made once per event and kept in a small
 //! seq-indexed cache ([`CACHE_SLOTS`] slots, a mutex each), so a thousand live subscribers cost
@@ -51,7 +54,8 @@
 //! at or after it, clamped up to the retention floor with an `#info OutdatedCursor` sent first;
 //! a seq below the floor is a 400 `CursorTooOld` whose message carries the floor; omitted: live.
 //!
-//! **Server-push only.** Any data frame from the client closes the connection with 1008.
+//! **Server-push only.** Any data frame from the client closes the connection with 1008. A
+//! client's Close is answered with the server's, and no event follows it (`server::answer_close`).
 //!
 //! **`#sync`.** Ingest stores every verified `#sync` frame as an event of kind `sync` with a
 //! seq of its own (`Projector::with_sync`), as Jetstream v2 does: v2 sends it
@@ -63,6 +67,7 @@
 //! server-wide totals, as v1's do, and per endpoint in `riptide_endpoint_*{endpoint=…}`.
 
 use std::fmt::Write as _;
+use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::{Arc, Mutex};
@@ -489,53 +494,96 @@ impl TimeFormat {
         }
         b
     }
+
+    /// The whole `time` field of a v2 payload, between the fields before and after it:
+    /// `,"time":"<format(us)>",`.
+    fn field(&mut self, us: i64) -> [u8; 38] {
+        let mut f = *b",\"time\":\"0000-00-00T00:00:00.000000Z\",";
+        f[9..36].copy_from_slice(&self.format(us));
+        f
+    }
 }
 
-/// Where the kind's object (`{"rev":…}` for a commit, the upstream object otherwise) starts in
-/// a stored v1 event's JSON, found by checking the v1 prefix
-/// `{"did":"…","time_us":…,"cursor":…,"kind":"…","<kind>":` byte for byte against the event's own
-/// fields (module docs). `None` if the JSON does not have it (it always has: the writer renders
-/// it) or the object is not one.
-fn kind_object_start(e: &Event, json: &[u8]) -> Option<usize> {
-    const HEAD: &[u8] = b"{\"did\":\"";
-    let did = e.did();
-    let kind = e.kind().as_str().as_bytes();
-    // Everything after the DID, assembled once (it is short) and compared in one piece.
-    let mut mid = [0u8; 128];
-    let mut len = 0;
-    let (mut t, mut n) = (itoa::Buffer::new(), itoa::Buffer::new());
-    for piece in [
-        b"\",\"time_us\":".as_slice(),
-        t.format(e.time_us()).as_bytes(),
-        b",\"cursor\":",
-        n.format(e.seq()).as_bytes(),
-        b",\"kind\":\"",
-        kind,
-        b"\",\"",
-        kind,
-        b"\":",
-    ] {
-        mid.get_mut(len..len + piece.len())?.copy_from_slice(piece);
-        len += piece.len();
+/// The fixed pieces around a kind's fields: in a stored v1 event (`,"kind":"commit","commit":`,
+/// after the `cursor`), and in a v2 frame (the envelope and the payload's `$type` up to `"seq":`;
+/// and, for a kind other than commit, the name its object goes under).
+struct KindText {
+    v1: &'static str,
+    v2_head: &'static str,
+    v2_object: &'static str,
+}
+
+macro_rules! kind_text {
+    ($k:literal) => {
+        KindText {
+            v1: concat!(",\"kind\":\"", $k, "\",\"", $k, "\":"),
+            v2_head: concat!(
+                "{\"$type\":\"message\",\"payload\":{\"$type\":\"network.bsky.jetstream.subscribeEvents#",
+                $k,
+                "\",\"seq\":"
+            ),
+            v2_object: concat!("\"", $k, "\":"),
+        }
+    };
+}
+
+fn kind_text(k: EventKind) -> &'static KindText {
+    static COMMIT: KindText = kind_text!("commit");
+    static IDENTITY: KindText = kind_text!("identity");
+    static ACCOUNT: KindText = kind_text!("account");
+    static SYNC: KindText = kind_text!("sync");
+    match k {
+        EventKind::Commit => &COMMIT,
+        EventKind::Identity => &IDENTITY,
+        EventKind::Account => &ACCOUNT,
+        EventKind::Sync => &SYNC,
     }
-    let after_did = HEAD.len() + did.len();
-    let start = after_did + len;
-    let ok = json.len() >= start + 3
-        && json[..HEAD.len()] == *HEAD
-        && json[HEAD.len()..after_did] == *did
-        && json[after_did..start] == mid[..len]
-        && json[start] == b'{'
-        && json[json.len() - 1] == b'}';
-    ok.then_some(start)
+}
+
+/// Where a v2 frame's pieces are in a stored v1 event's JSON (module docs), found by checking the
+/// v1 prefix `{"did":"…","time_us":…,"cursor":…,"kind":"…","<kind>":` byte for byte against the
+/// event's own fields. The JSON is `{` + `"did":"<did>"` + `,"time_us":<t>,"cursor":` +
+/// `<seq>,` + `"kind":…` + `<object>}`, and a v2 frame reuses three of those slices as they are.
+#[derive(Debug, PartialEq, Eq)]
+struct V1Parts {
+    /// `"did":"<did>"`: v2's `did` field, byte for byte (a JSON writer makes this of
+    /// [`Event::did`], which it matched unescaped).
+    did: Range<usize>,
+    /// The `cursor` digits and the `,` after them: v2's `seq` value and the comma after it.
+    seq: Range<usize>,
+    /// Where the kind's object (`{"rev":…}` for a commit, the upstream object otherwise) starts;
+    /// it ends one byte before the JSON does.
+    obj: usize,
+}
+
+/// `b[at..]` starts with `s`: the position after it.
+fn after(b: &[u8], at: usize, s: &[u8]) -> Option<usize> {
+    let end = at.checked_add(s.len())?;
+    (b.get(at..end)? == s).then_some(end)
+}
+
+fn v1_parts(e: &Event, json: &[u8]) -> Option<V1Parts> {
+    let at = after(json, 0, b"{\"did\":\"")?;
+    let at = after(json, at, e.did())?;
+    let did = 1..at + 1;
+    let at = after(json, at, b"\",\"time_us\":")?;
+    let at = after(json, at, itoa::Buffer::new().format(e.time_us()).as_bytes())?;
+    let at = after(json, at, b",\"cursor\":")?;
+    let digits = at;
+    let at = after(json, at, itoa::Buffer::new().format(e.seq()).as_bytes())?;
+    let seq = digits..at + 1;
+    let obj = after(json, at, kind_text(e.kind()).v1.as_bytes())?;
+    let ok = json.len() >= obj + 3 && json[obj] == b'{' && json[json.len() - 1] == b'}';
+    ok.then_some(V1Parts { did, seq, obj })
 }
 
 /// The kind's object of a stored v1 event (`{"rev":…}` for a commit, the upstream object
-/// otherwise), found by checking the v1 prefix byte for byte (module docs). `None` if the stored
-/// JSON does not have the prefix (it always has: the writer renders it).
+/// otherwise), found by checking the v1 prefix ([`V1Parts`]). `None` if the stored JSON does not
+/// have the prefix (it always has: the writer renders it).
 pub fn kind_object(e: &Event) -> Option<Bytes> {
     let json = e.json();
-    let start = kind_object_start(e, &json)?;
-    Some(json.slice(start..json.len() - 1))
+    let obj = v1_parts(e, &json)?.obj;
+    Some(json.slice(obj..json.len() - 1))
 }
 
 /// The v2 text frame of a stored event (module docs).
@@ -544,69 +592,44 @@ pub fn render(e: &Event) -> Option<String> {
 }
 
 /// [`render`], with the `time` formatter of a subscriber (or any caller rendering many frames).
-/// Exactly one allocation, of exactly the frame's size, and no UTF-8 check: the frame is ASCII
-/// around a slice of the event's JSON, which was checked once ([`Event::text`]).
+/// Exactly one allocation, of exactly the frame's size, and no UTF-8 check but of the `time`:
+/// the frame is fixed ASCII around three slices of the event's JSON ([`V1Parts`]), which was
+/// checked once ([`Event::text`]). Six copies: the envelope and `"seq":`; the seq and its comma;
+/// `"did":"…"`; the `time` field; for a commit its fields (`"rev":…}`) and the closing `}`, as
+/// one slice, for another kind its name, then its object and the closing `}`, as one slice, then
+/// the last `}`.
 pub fn render_with(e: &Event, times: &mut TimeFormat) -> Option<String> {
-    const HEAD: &str =
-        "{\"$type\":\"message\",\"payload\":{\"$type\":\"network.bsky.jetstream.subscribeEvents#";
     let json = e.text()?.as_str();
-    let start = kind_object_start(e, json.as_bytes())?;
-    // Both ends are ASCII (`{` after `:`, the final `}`), so these are character boundaries.
-    let obj = json.get(start..json.len() - 1)?;
-    // The DID as the v1 JSON has it (checked equal to the event's by `kind_object_start`).
-    let did = json.get(8..8 + e.did().len())?;
-    let kind = e.kind().as_str();
-    let mut n = itoa::Buffer::new();
-    let seq = n.format(e.seq());
-    let time = times.format(e.time_us());
+    let p = v1_parts(e, json.as_bytes())?;
+    let kind = kind_text(e.kind());
+    let time = times.field(e.time_us());
     let time = std::str::from_utf8(&time).ok()?;
-    let plain = did
-        .bytes()
-        .all(|c| c.is_ascii_graphic() && c != b'"' && c != b'\\');
+    // Every range starts and ends next to an ASCII byte of the prefix (or at the end), so these
+    // are character boundaries.
+    let seq = json.get(p.seq)?;
+    let did = json.get(p.did)?;
     let commit = e.kind() == EventKind::Commit;
-    let len = HEAD.len()
-        + kind.len()
-        + 8
+    // A commit's fields go in flat: `"rev":…}` closes the payload, `}` the envelope.
+    let body = json.get(if commit { p.obj + 1 } else { p.obj }..)?;
+    let len = kind.v2_head.len()
         + seq.len()
-        + 7
         + did.len()
-        + 2
-        + 9
         + time.len()
-        + 2
-        + obj.len()
-        + if commit { 0 } else { kind.len() + 5 };
+        + body.len()
+        + if commit { 0 } else { kind.v2_object.len() + 1 };
     let mut out = String::with_capacity(len);
-    out.push_str(HEAD);
-    out.push_str(kind);
-    out.push_str("\",\"seq\":");
+    out.push_str(kind.v2_head);
     out.push_str(seq);
-    out.push_str(",\"did\":");
-    // A valid DID needs no escaping; anything else goes through the JSON string writer.
-    if plain {
-        out.push('"');
-        out.push_str(did);
-        out.push('"');
-    } else {
-        let mut v = Vec::new();
-        riptide_cbor::write_json_string(&mut v, did);
-        out.push_str(std::str::from_utf8(&v).ok()?);
-    }
-    out.push_str(",\"time\":\"");
+    out.push_str(did);
     out.push_str(time);
-    out.push_str("\",");
     if commit {
-        // The commit's fields, flat: `"rev":…}` closes the payload.
-        out.push_str(&obj[1..]);
+        out.push_str(body);
     } else {
-        out.push('"');
-        out.push_str(kind);
-        out.push_str("\":");
-        out.push_str(obj);
+        out.push_str(kind.v2_object);
+        out.push_str(body);
         out.push('}');
     }
-    out.push('}');
-    debug_assert!(!plain || out.len() == len, "{} != {len}", out.len());
+    debug_assert_eq!(out.len(), len);
     Some(out)
 }
 
@@ -1032,7 +1055,10 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: V2Options, start: V2Start) 
         let mut closing = false;
         while let Some(msg) = stream.next().await {
             match msg {
-                Ok(Message::Close(_)) => break,
+                Ok(Message::Close(_)) => {
+                    crate::server::answer_close(&mut stream).await;
+                    break;
+                }
                 Ok(_) if closing => {}
                 Ok(Message::Text(_) | Message::Binary(_)) => {
                     a.metrics.client_errors.fetch_add(1, Relaxed);
@@ -1075,6 +1101,7 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: V2Options, start: V2Start) 
         &last_pong,
     )
     .await;
+    let gone = matches!(outcome, Outcome::Gone);
     let close = |code: u16, reason: String| {
         Message::Close(Some(CloseFrame {
             code,
@@ -1117,7 +1144,7 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: V2Options, start: V2Start) 
         }
         Outcome::Gone => {}
     }
-    reader.abort();
+    crate::server::end_reader(reader, gone).await;
     app.v2.metrics.subscribers.fetch_sub(1, Relaxed);
     app.metrics.subscribers.fetch_sub(1, Relaxed);
 }
@@ -1281,6 +1308,43 @@ mod tests {
         // A value whose JSON does not carry its own seq is refused, not mis-rendered.
         let e = Event::encode(9, 5, EventKind::Account, "did:plc:a", "", json, b"");
         assert!(render(&e).is_none());
+    }
+
+    #[test]
+    fn a_frame_needs_the_v1_prefix_exactly() {
+        let ev =
+            |kind, json: &str| Event::encode(8, -5, kind, "did:plc:a", "", json.as_bytes(), b"");
+        let e = ev(
+            EventKind::Identity,
+            r#"{"did":"did:plc:a","time_us":-5,"cursor":8,"kind":"identity","identity":{"did":"did:plc:a","seq":1}}"#,
+        );
+        assert_eq!(
+            render(&e).unwrap(),
+            r#"{"$type":"message","payload":{"$type":"network.bsky.jetstream.subscribeEvents#identity","seq":8,"did":"did:plc:a","time":"1969-12-31T23:59:59.999995Z","identity":{"did":"did:plc:a","seq":1}}}"#
+        );
+        assert_eq!(
+            &kind_object(&e).unwrap()[..],
+            br#"{"did":"did:plc:a","seq":1}"#
+        );
+        // Anything that is not exactly what the writer makes of the event's fields is refused.
+        for bad in [
+            r#"{"did":"did:plc:b","time_us":-5,"cursor":8,"kind":"identity","identity":{}}"#,
+            r#"{"did":"did:plc:a","time_us":-6,"cursor":8,"kind":"identity","identity":{}}"#,
+            r#"{"did":"did:plc:a","time_us":5,"cursor":8,"kind":"identity","identity":{}}"#,
+            r#"{"did":"did:plc:a","time_us":-05,"cursor":8,"kind":"identity","identity":{}}"#,
+            r#"{"did":"did:plc:a","time_us":-5,"cursor":08,"kind":"identity","identity":{}}"#,
+            r#"{"did":"did:plc:a","time_us":-5,"cursor":80,"kind":"identity","identity":{}}"#,
+            r#"{"did":"did:plc:a","time_us":-5,"cursor":8,"kind":"account","account":{}}"#,
+            r#"{"did":"did:plc:a","time_us":-5,"cursor":8,"kind":"identity","identity":1}"#,
+            r#"{"did":"did:plc:a","time_us":-5,"cursor":8,"kind":"identity","identity":{}"#,
+            r#"{"did":"did:plc:a","time_us":-5,"cursor":8,"kind":"identity","identity":"#,
+            r#"{"did":"did:plc:a","time_us":-5,"cursor":8,"#,
+            r#"{"did":"did:plc:a"#,
+            "",
+        ] {
+            let e = ev(EventKind::Identity, bad);
+            assert!(render(&e).is_none() && kind_object(&e).is_none(), "{bad}");
+        }
     }
 
     fn parse(q: &str) -> Result<V2Options, XrpcError> {
