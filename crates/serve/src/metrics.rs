@@ -11,6 +11,18 @@ use std::time::Duration;
 use riptide_firehose::verify::Verdict;
 use riptide_jetstream::DropReason;
 
+/// Writes one unlabelled sample with its `# HELP` and `# TYPE` lines (the text exposition
+/// format), for every family this crate exposes.
+pub(crate) fn sample(
+    s: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    v: impl std::fmt::Display,
+) {
+    let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+}
+
 const DROPS: [DropReason; 5] = [
     DropReason::InvalidRev,
     DropReason::InvalidCollection,
@@ -294,7 +306,7 @@ impl KafkaMetrics {
             KafkaRole::Edge => &edge,
         };
         for (name, kind, help, v) in family {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+            sample(s, name, kind, help, v);
         }
         if role == KafkaRole::Ingest {
             self.commit_seconds.render(
@@ -464,7 +476,7 @@ impl Metrics {
         // Labelled families written while `one` holds `s`; appended after it.
         let mut lab = String::new();
         let mut one = |name: &str, kind: &str, help: &str, v: String| {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+            sample(&mut s, name, kind, help, v);
         };
         let c = |a: &AtomicU64| a.load(Relaxed).to_string();
         one(
@@ -837,7 +849,7 @@ impl Metrics {
         }
         self.kafka.render(&mut s);
         for (name, help, v) in extra {
-            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+            sample(&mut s, name, "gauge", help, v);
         }
         s
     }

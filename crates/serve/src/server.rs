@@ -54,7 +54,6 @@
 //! opcodes, oversized pings, a close code that is not allowed) are answered with the close code
 //! RFC 6455 asks for (1007, 1002, 1009), counted in `riptide_client_errors_total`.
 
-use std::fmt::Write as _;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicI64};
 use std::sync::Arc;
@@ -322,25 +321,22 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             "riptide_block_cache_hits_total",
             "counter",
             "Store reads that found their block decompressed in the shared cache.",
-            cache.hits.load(Relaxed),
+            cache.hits,
         ),
         (
             "riptide_block_cache_loads_total",
             "counter",
             "Store blocks decompressed (reads that did not find their block cached).",
-            cache.loads.load(Relaxed),
+            cache.loads,
         ),
         (
             "riptide_block_cache_bytes",
             "gauge",
             "Bytes of decompressed store blocks held by the shared cache.",
-            cache.bytes.load(Relaxed),
+            cache.bytes,
         ),
     ] {
-        let _ = writeln!(
-            text,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-        );
+        crate::metrics::sample(&mut text, name, kind, help, v);
     }
     app.v2.render_metrics(&app.metrics, &mut text);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()

@@ -305,19 +305,26 @@ pub struct Store {
     /// The buffer of the block last evicted from `cache`, for the next one.
     spare: Arc<Mutex<Vec<u8>>>,
     /// What the block cache did (module docs).
-    cache_stats: Arc<BlockCacheStats>,
+    cache_stats: Arc<BlockCacheCounts>,
     options: StoreOptions,
 }
 
-/// Counters of the decompressed-block cache, for `/metrics`.
+/// Counters of the decompressed-block cache (its bytes are summed when asked for).
 #[derive(Debug, Default)]
+struct BlockCacheCounts {
+    hits: AtomicU64,
+    loads: AtomicU64,
+}
+
+/// What the decompressed-block cache did, for `/metrics`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockCacheStats {
     /// Reads of a sealed block that found it decompressed.
-    pub hits: AtomicU64,
+    pub hits: u64,
     /// Blocks decompressed (a read that did not find its block).
-    pub loads: AtomicU64,
+    pub loads: u64,
     /// Bytes of decompressed blocks held by the cache now.
-    pub bytes: AtomicU64,
+    pub bytes: u64,
 }
 
 impl std::fmt::Debug for Store {
@@ -1007,9 +1014,17 @@ impl Store {
         Ok(())
     }
 
-    /// What the decompressed-block cache did.
-    pub fn block_cache_stats(&self) -> &BlockCacheStats {
-        &self.cache_stats
+    /// What the decompressed-block cache did, and the bytes it holds now.
+    pub fn block_cache_stats(&self) -> BlockCacheStats {
+        let bytes = lock(&self.cache)
+            .iter()
+            .map(|b| b.data.capacity() as u64)
+            .sum();
+        BlockCacheStats {
+            hits: self.cache_stats.hits.load(Relaxed),
+            loads: self.cache_stats.loads.load(Relaxed),
+            bytes,
+        }
     }
 
     /// The cached block holding `seq`, made the most recently used.
@@ -1051,25 +1066,15 @@ impl Store {
         let mut c = lock(&self.cache);
         // Another reader may have loaded the same block meanwhile: keep one copy.
         if let Some(i) = c.iter().position(|b| b.first == block.first) {
-            if let Some(old) = c.remove(i) {
-                self.cache_stats
-                    .bytes
-                    .fetch_sub(old.data.capacity() as u64, Relaxed);
-            }
+            c.remove(i);
         }
         while c.len() >= self.options.block_cache.max(1) {
             let Some(old) = c.pop_front() else { break };
-            self.cache_stats
-                .bytes
-                .fetch_sub(old.data.capacity() as u64, Relaxed);
             // Its buffer serves the next block, unless a reader still holds it.
             if let Ok(old) = Arc::try_unwrap(old) {
                 *lock(&self.spare) = old.data;
             }
         }
-        self.cache_stats
-            .bytes
-            .fetch_add(block.data.capacity() as u64, Relaxed);
         c.push_back(block.clone());
         Ok(Some(block))
     }

@@ -813,15 +813,12 @@ impl V2 {
         })
     }
 
-    /// [`render_with`] as a message payload; a failure counted and logged.
+    /// [`render_with`] as a message payload; a failure counted.
     fn render_counted(&self, e: &Event, times: &mut TimeFormat) -> Option<Utf8Bytes> {
         let r = render_with(e, times).map(Utf8Bytes::from);
         if r.is_none() {
+            // Said (once) by the subscriber loop, which counts the event unsendable.
             self.metrics.render_failures.fetch_add(1, Relaxed);
-            tracing::error!(
-                seq = e.seq(),
-                "stored event has no v1 prefix (or is not UTF-8); not sent on v2"
-            );
         }
         r
     }
@@ -919,11 +916,7 @@ impl V2 {
                 &m.render_failures,
             ),
         ] {
-            let _ = writeln!(
-                s,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                v.load(Relaxed)
-            );
+            crate::metrics::sample(s, name, "counter", help, v.load(Relaxed));
         }
     }
 }
@@ -1227,7 +1220,12 @@ impl Frames for V2Frames<'_> {
             app.v2.frame(e, self.zstd, cache, &mut self.times)
         };
         let Some(msg) = msg else {
-            unsendable(app, e, "no subscribeEvents frame");
+            unsendable(
+                app,
+                e,
+                "no subscribeEvents frame (a stored event without the v1 prefix, or not UTF-8: \
+                 riptide_v2_render_failures_total; or its zstd compression failed)",
+            );
             return Ok(None);
         };
         let len = match &msg {
