@@ -20,7 +20,9 @@
 
 use crate::cid::Cid;
 use crate::error::{Error, ErrorKind};
-use crate::tape::{check_key_order, half_to_f64, is_utf8, minimal, read_arg, Kind, Limits, Node};
+use crate::tape::{
+    check_key_order, half_to_f64, is_utf8, read_arg, read_len_arg, Kind, Limits, Node,
+};
 
 /// The deepest [`Limits::max_depth`] decoded here; deeper limits use the iterative loop. A level
 /// costs one call frame of well under 200 bytes: 256 levels fit any thread's stack.
@@ -277,10 +279,7 @@ impl Descent<'_, '_> {
             usize::from(ib & 0x1f)
         } else {
             let info = ib & 0x1f;
-            let v = read_arg(input, &mut pos, input.len(), info, at)?;
-            if !minimal(info, v) {
-                return err(ErrorKind::NonMinimal, at);
-            }
+            let v = read_len_arg(input, &mut pos, input.len(), info, at, true)?;
             if v > (input.len() - pos) as u64 {
                 return err(ErrorKind::Truncated, at);
             }
@@ -375,11 +374,7 @@ impl Descent<'_, '_> {
         } else if major == 7 {
             0
         } else {
-            let v = read_arg(input, &mut pos, end, info, at)?;
-            if strict && !minimal(info, v) {
-                return err(ErrorKind::NonMinimal, at);
-            }
-            v
+            read_len_arg(input, &mut pos, end, info, at, strict)?
         };
         let (kind, a, b) = match major {
             0 | 1 => {
@@ -465,11 +460,7 @@ impl Descent<'_, '_> {
         let blen = if binfo < 24 {
             u64::from(binfo)
         } else {
-            let v = read_arg(input, &mut pos, end, binfo, at)?;
-            if self.strict && !minimal(binfo, v) {
-                return err(ErrorKind::NonMinimal, at);
-            }
-            v
+            read_len_arg(input, &mut pos, end, binfo, at, self.strict)?
         };
         if blen > (end - pos) as u64 {
             return err(ErrorKind::Truncated, at);

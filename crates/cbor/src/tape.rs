@@ -332,6 +332,24 @@ pub(crate) fn read_arg(
     Ok(v)
 }
 
+/// [`read_arg`] of a length or integer argument, which strict mode also requires in its
+/// shortest form ([`minimal`]): the same check for every head both decoders read.
+#[inline(always)]
+pub(crate) fn read_len_arg(
+    input: &[u8],
+    pos: &mut usize,
+    end: usize,
+    info: u8,
+    at: usize,
+    strict: bool,
+) -> Result<u64, Error> {
+    let v = read_arg(input, pos, end, info, at)?;
+    if strict && !minimal(info, v) {
+        return Err(err(ErrorKind::NonMinimal, at));
+    }
+    Ok(v)
+}
+
 /// UTF-8 validation with an inline ASCII fast path: map keys and most record strings are short
 /// and ASCII, and a library call per string costs more than the check (profiled: 10% of decode).
 #[inline(always)]
@@ -493,11 +511,7 @@ pub(crate) fn decode_loop(
             // Floats and simple values: handled below, not an integer argument.
             0
         } else {
-            let v = read_arg(input, &mut pos, end, info, at)?;
-            if strict && !minimal(info, v) {
-                return Err(err(ErrorKind::NonMinimal, at));
-            }
-            v
+            read_len_arg(input, &mut pos, end, info, at, strict)?
         };
 
         let node = match major {
@@ -602,11 +616,7 @@ pub(crate) fn decode_loop(
                     let blen = if binfo < 24 {
                         u64::from(binfo)
                     } else {
-                        let v = read_arg(input, &mut pos, end, binfo, at)?;
-                        if strict && !minimal(binfo, v) {
-                            return Err(err(ErrorKind::NonMinimal, at));
-                        }
-                        v
+                        read_len_arg(input, &mut pos, end, binfo, at, strict)?
                     };
                     if blen > (end - pos) as u64 {
                         return Err(err(ErrorKind::Truncated, at));
