@@ -74,7 +74,6 @@ pub struct Follower {
     next_seq: u64,
     /// Records that arrived before their turn: seq → (partition, event).
     pending: BTreeMap<u64, (i32, TopicEvent)>,
-    pending_bytes: usize,
     /// Per partition: records and bytes of it in `pending`.
     ahead: HashMap<i32, (usize, usize)>,
     paused: HashSet<i32>,
@@ -293,7 +292,6 @@ impl Follower {
             partitions,
             next_seq,
             pending: BTreeMap::new(),
-            pending_bytes: 0,
             ahead: HashMap::new(),
             paused: HashSet::new(),
             limits,
@@ -326,7 +324,9 @@ impl Follower {
         }
         let k = &self.metrics.kafka;
         k.pending_records.store(self.pending.len() as u64, Relaxed);
-        k.pending_bytes.store(self.pending_bytes as u64, Relaxed);
+        // Summed over the partitions' counts (a few entries), not kept a second time.
+        let held: usize = self.ahead.values().map(|a| a.1).sum();
+        k.pending_bytes.store(held as u64, Relaxed);
         k.partitions_paused.store(self.paused.len() as u64, Relaxed);
         r.map(|()| out)
     }
@@ -335,7 +335,6 @@ impl Follower {
     fn take_next(&mut self) -> Option<TopicEvent> {
         let (p, e) = self.pending.remove(&self.next_seq)?;
         let n = held_bytes(&e);
-        self.pending_bytes -= n;
         if let Some(a) = self.ahead.get_mut(&p) {
             a.0 = a.0.saturating_sub(1);
             a.1 = a.1.saturating_sub(n);
@@ -353,13 +352,11 @@ impl Follower {
             // The same seq twice (cannot happen in a topic one transactional producer wrote):
             // the later one stands; the counts follow.
             let m = held_bytes(&old);
-            self.pending_bytes -= m;
             if let Some(a) = self.ahead.get_mut(&q) {
                 a.0 = a.0.saturating_sub(1);
                 a.1 = a.1.saturating_sub(m);
             }
         }
-        self.pending_bytes += n;
         let a = self.ahead.entry(p).or_default();
         a.0 += 1;
         a.1 += n;
