@@ -1080,7 +1080,8 @@ mod tests {
 
     #[test]
     fn short_batch_equals_sha2() {
-        let msgs: Vec<Vec<u8>> = (0..40usize)
+        // 16, 16 and 7 messages: full batches and an odd one (SHA-NI compresses pairs).
+        let msgs: Vec<Vec<u8>> = (0..39usize)
             .map(|i| vec![i as u8 ^ 0x5a; i * 7 % 56])
             .collect();
         let mut b = ShortBatch::new();
