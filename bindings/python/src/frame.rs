@@ -50,12 +50,11 @@ pub enum Text {
 impl Text {
     /// `s`, which the decoder of `bytes` returned.
     fn of(bytes: &[u8], s: &str) -> Text {
-        let start = (s.as_ptr() as usize).wrapping_sub(bytes.as_ptr() as usize);
-        match (u32::try_from(start), u32::try_from(s.len())) {
-            (Ok(at), Ok(len)) if start <= bytes.len() && s.len() <= bytes.len() - start => {
-                Text::At(at, len)
-            }
-            _ => Text::Owned(s.into()),
+        let at = riptide_firehose::verify::range_within(bytes, s.as_bytes())
+            .and_then(|r| Some((u32::try_from(r.start).ok()?, u32::try_from(r.len()).ok()?)));
+        match at {
+            Some((at, len)) => Text::At(at, len),
+            None => Text::Owned(s.into()),
         }
     }
 

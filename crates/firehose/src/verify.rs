@@ -812,8 +812,16 @@ fn check_commit_fields(commit: &Commit<'_>, did: &str, rev: &str) -> Result<(), 
 
 /// `s` (a slice of `bytes`) re-borrowed with the lifetime of `bytes`.
 fn rebase<'f>(bytes: &'f [u8], s: &str) -> Option<&'f str> {
-    let start = (s.as_ptr() as usize).checked_sub(bytes.as_ptr() as usize)?;
-    std::str::from_utf8(bytes.get(start..start.checked_add(s.len())?)?).ok()
+    std::str::from_utf8(bytes.get(range_within(bytes, s.as_bytes())?)?).ok()
+}
+
+/// Where `part` is in `whole`, when it is a slice of it: the decoders borrow every string from
+/// the frame, so a DID from [`peek`] (or any decoded text) can be kept as a range of the frame's
+/// bytes rather than copied. `None` when `part` is not inside `whole`.
+pub fn range_within(whole: &[u8], part: &[u8]) -> Option<std::ops::Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= whole.len()).then_some(start..end)
 }
 
 /// What can be read of a frame that does not fully decode: kind, seq and DID, each if possible.
@@ -878,6 +886,18 @@ pub fn peek<'f>(arena: &mut Arena, bytes: &'f [u8]) -> Peek<'f> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn range_within_finds_slices_and_only_slices() {
+        let whole = b"0123456789".to_vec();
+        assert_eq!(range_within(&whole, &whole[3..7]), Some(3..7));
+        assert_eq!(range_within(&whole, &whole[10..]), Some(10..10));
+        assert_eq!(range_within(&whole, &whole), Some(0..10));
+        let elsewhere = b"3456".to_vec();
+        assert_eq!(range_within(&whole, &elsewhere), None);
+        assert_eq!(range_within(&whole[2..5], &whole[1..3]), None, "starts before");
+        assert_eq!(range_within(&whole[2..5], &whole[3..7]), None, "ends after");
+    }
 
     #[test]
     fn verdict_names_are_the_contract() {

@@ -215,13 +215,11 @@ struct Route {
 
 impl Route {
     fn of(p: &riptide_firehose::verify::Peek<'_>, bytes: &[u8]) -> Route {
-        let base = bytes.as_ptr() as usize;
         Route {
-            // `peek` returns the DID as a slice of `bytes`: its offset is its range.
-            did: p.did.and_then(|d| {
-                let start = (d.as_ptr() as usize).checked_sub(base)?;
-                Some(start..start + d.len())
-            }),
+            // `peek` returns the DID as a slice of `bytes`.
+            did: p
+                .did
+                .and_then(|d| riptide_firehose::verify::range_within(bytes, d.as_bytes())),
             sync: p.kind == "sync",
         }
     }

@@ -351,9 +351,8 @@ impl Router {
                             .map(|f| {
                                 let p = peek(arena, f.bytes);
                                 let signed = matches!(p.kind, "commit" | "sync");
-                                let did = p.did.map(|did| {
-                                    let start = did.as_ptr() as usize - f.bytes.as_ptr() as usize;
-                                    start..start + did.len()
+                                let did = p.did.and_then(|did| {
+                                    riptide_firehose::verify::range_within(f.bytes, did.as_bytes())
                                 });
                                 (signed, did)
                             })
