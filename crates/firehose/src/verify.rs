@@ -895,7 +895,11 @@ mod tests {
         assert_eq!(range_within(&whole, &whole), Some(0..10));
         let elsewhere = b"3456".to_vec();
         assert_eq!(range_within(&whole, &elsewhere), None);
-        assert_eq!(range_within(&whole[2..5], &whole[1..3]), None, "starts before");
+        assert_eq!(
+            range_within(&whole[2..5], &whole[1..3]),
+            None,
+            "starts before"
+        );
         assert_eq!(range_within(&whole[2..5], &whole[3..7]), None, "ends after");
     }
 

@@ -849,29 +849,45 @@ pub fn machine() -> serde_json::Value {
 
 /// The SHA-256 kernels dispatch uses in this process, and the `RIPTIDE_SHA_KERNEL` cap that
 /// steered them (see `riptide_sha::cap`): which path a figure measured.
+struct ShaKernels {
+    cap: &'static str,
+    large_batches: &'static str,
+    small_batches: &'static str,
+    cpu_has: Vec<&'static str>,
+}
+
+impl ShaKernels {
+    fn now() -> ShaKernels {
+        use riptide_sha::Kernel;
+        ShaKernels {
+            cap: riptide_sha::kernel_cap().map_or("auto", Kernel::name),
+            large_batches: Kernel::best_for(usize::MAX).name(),
+            small_batches: Kernel::best_for(0).name(),
+            cpu_has: Kernel::supported().into_iter().map(Kernel::name).collect(),
+        }
+    }
+}
+
+/// [`ShaKernels`] for a report's `machine`.
 pub fn sha_kernels() -> serde_json::Value {
-    use riptide_sha::Kernel;
+    let k = ShaKernels::now();
     serde_json::json!({
-        "cap": riptide_sha::kernel_cap().map_or("auto", Kernel::name),
-        "large_batches": Kernel::best_for(usize::MAX).name(),
-        "small_batches": Kernel::best_for(0).name(),
-        "cpu_has": Kernel::supported().into_iter().map(Kernel::name).collect::<Vec<_>>(),
+        "cap": k.cap,
+        "large_batches": k.large_batches,
+        "small_batches": k.small_batches,
+        "cpu_has": k.cpu_has,
     })
 }
 
-/// [`sha_kernels`] as one line of text.
+/// [`ShaKernels`] as one line of text.
 fn sha_kernels_line() -> String {
-    use riptide_sha::Kernel;
+    let k = ShaKernels::now();
     format!(
         "SHA-256 kernels: {} for large batches, {} for small (RIPTIDE_SHA_KERNEL={}; CPU has {})",
-        Kernel::best_for(usize::MAX).name(),
-        Kernel::best_for(0).name(),
-        riptide_sha::kernel_cap().map_or("auto", Kernel::name),
-        Kernel::supported()
-            .into_iter()
-            .map(Kernel::name)
-            .collect::<Vec<_>>()
-            .join(", ")
+        k.large_batches,
+        k.small_batches,
+        k.cap,
+        k.cpu_has.join(", ")
     )
 }
 
