@@ -75,7 +75,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     for pass in 0..passes {
         let t0 = Instant::now();
-        let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}{path}")).await?;
+        // The consumer's read buffer, 16 KiB as `riptide bench serve`'s replay consumer (which
+        // says why); `READ_KIB` to try another.
+        let kib: usize = std::env::var("READ_KIB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(16);
+        let config = tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default()
+            .read_buffer_size(kib << 10);
+        let (mut ws, _) = tokio_tungstenite::connect_async_with_config(
+            format!("ws://{addr}{path}"),
+            Some(config),
+            false,
+        )
+        .await?;
         let (mut got, mut bytes) = (0u64, 0u64);
         while got < expect {
             match ws.next().await {

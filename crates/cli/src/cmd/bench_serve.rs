@@ -590,6 +590,16 @@ fn wire_counts(log: &Log) -> anyhow::Result<WireCounts> {
 /// fewer events than expected) is an error, not a hang.
 const REPLAY_IDLE: Duration = Duration::from_secs(30);
 
+/// The replay consumer's WebSocket settings: tungstenite's, with a 16 KiB read buffer (about one
+/// server batch, `ReadLimit`) instead of 128 KiB. tungstenite zero-fills the free part of its
+/// read buffer before every read, including the reads that find the socket empty; at 128 KiB
+/// that was ~1,250 instructions an event on the consumer, which shares the two cores with the
+/// server it measures, and more on `subscribeEvents`, whose larger frames make more reads
+/// (callgrind: +330 an event over v1). `crates/serve/examples/replay_loop.rs` has the same.
+fn replay_client_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+    tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default().read_buffer_size(16 << 10)
+}
+
 /// Replay compression: none, v1's `compress=true`, or v2 with its dictionary.
 #[derive(Clone, Debug)]
 enum Compress {
@@ -635,7 +645,9 @@ async fn replay(
         url.push_str("&compress=true");
     }
     let cpu0 = cpu_secs();
-    let (mut ws, _) = tokio_tungstenite::connect_async(url).await?;
+    let (mut ws, _) =
+        tokio_tungstenite::connect_async_with_config(url, Some(replay_client_config()), false)
+            .await?;
     let mut got = 0u64;
     while got < events {
         match tokio::time::timeout(REPLAY_IDLE, ws.next()).await {
