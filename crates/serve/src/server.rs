@@ -52,7 +52,8 @@
 //!
 //! **Protocol violations** by a client (text that is not UTF-8, unmasked frames, reserved bits or
 //! opcodes, oversized pings, a close code that is not allowed) are answered with the close code
-//! RFC 6455 asks for (1007, 1002, 1009), counted in `riptide_client_errors_total`.
+//! RFC 6455 asks for (1007, 1002, 1009), counted in `riptide_client_errors_total`. Both wires read
+//! their clients with the same task ([`reader`]); they differ only in what a data frame means.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicI64};
@@ -436,53 +437,32 @@ pub(crate) enum Ctl {
 
 async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Option<u64>) {
     app.metrics.subscribers.fetch_add(1, Relaxed);
-    let (mut sink, mut stream) = socket.split();
+    let (mut sink, stream) = socket.split();
     let (filter_tx, mut filter_rx) = watch::channel(Arc::new(opts.filter.clone()));
     let (ctl_tx, mut ctl_rx) = mpsc::channel::<Ctl>(2);
     let last_pong = Arc::new(AtomicI64::new(crate::now_us()));
     let pong = last_pong.clone();
     let metrics = app.metrics.clone();
-    // The reader: client messages update the filter; bad ones close the connection. After asking
-    // for a close it keeps reading (and ignoring) until the client's own Close arrives: a socket
-    // closed with the client's close reply still unread makes the kernel send a reset, which can
-    // destroy our close frame before the client reads it (seen as a flaky test).
-    let reader = tokio::spawn(async move {
-        let mut closing = false;
-        while let Some(msg) = stream.next().await {
-            match msg {
-                Ok(Message::Close(_)) => {
-                    answer_close(&mut stream).await;
-                    break;
+    // Client messages update the filter; bad ones close the connection.
+    let reader = reader(
+        stream,
+        ctl_tx,
+        pong,
+        move || {
+            metrics.client_errors.fetch_add(1, Relaxed);
+        },
+        move |msg| match msg {
+            Message::Text(t) => match parse_client_message(t.as_bytes()) {
+                Ok(ClientMessage::Update(f)) => {
+                    filter_tx.send_replace(Arc::new(f));
+                    Ok(())
                 }
-                Ok(_) if closing => {}
-                Ok(Message::Text(t)) => match parse_client_message(t.as_bytes()) {
-                    Ok(ClientMessage::Update(f)) => {
-                        filter_tx.send_replace(Arc::new(f));
-                    }
-                    Ok(ClientMessage::Ignored) => {}
-                    Err(e) => {
-                        metrics.client_errors.fetch_add(1, Relaxed);
-                        let _ = ctl_tx.send(Ctl::Close(e.code, e.reason)).await;
-                        closing = true;
-                    }
-                },
-                Ok(Message::Pong(_)) => pong.store(crate::now_us(), Relaxed),
-                Ok(_) => {}
-                Err(e) => {
-                    if let Some((code, reason)) =
-                        violation_close(&e.to_string()).filter(|_| !closing)
-                    {
-                        metrics.client_errors.fetch_add(1, Relaxed);
-                        let _ = ctl_tx.send(Ctl::Close(code, reason.into())).await;
-                        // What follows the violation cannot be read: nothing more to wait for.
-                        return;
-                    }
-                    break;
-                }
-            }
-        }
-        let _ = ctl_tx.send(Ctl::Gone).await;
-    });
+                Ok(ClientMessage::Ignored) => Ok(()),
+                Err(e) => Err((e.code, e.reason)),
+            },
+            _ => Ok(()),
+        },
+    );
     let mut shutdown = app.shutdown.subscribe();
     let outcome = serve(
         &app,
@@ -498,15 +478,7 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
     let gone = matches!(outcome, Outcome::Gone);
     match outcome {
         Outcome::Close(code, reason) => {
-            let frame = CloseFrame {
-                code,
-                reason: Utf8Bytes::from(reason),
-            };
-            let _ = tokio::time::timeout(
-                app.config.write_timeout.min(Duration::from_secs(5)),
-                sink.send(Message::Close(Some(frame))),
-            )
-            .await;
+            send_close(&app, &mut sink, code, reason).await;
             // Give the client a moment to read the close frame before the socket goes.
             let _ = tokio::time::timeout(Duration::from_secs(1), ctl_rx.recv()).await;
         }
@@ -518,6 +490,71 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
     }
     end_reader(reader, gone).await;
     app.metrics.subscribers.fetch_sub(1, Relaxed);
+}
+
+/// The reader task of a subscriber connection, the same on both wires: a client's Close is
+/// answered ([`answer_close`]); pongs are noted in `pong`; a protocol violation (as tungstenite
+/// reports it) is closed with its RFC 6455 code ([`violation_close`]); a data frame goes to
+/// `on_data`, which takes it (`Ok`) or asks for a close (`Err((code, reason))`). Every close
+/// asked for is counted by `client_error` and sent to the subscriber loop as [`Ctl::Close`]; the
+/// peer going away is [`Ctl::Gone`]. After asking for a close it keeps reading (and ignoring)
+/// until the client's own Close arrives: a socket closed with the client's close reply still
+/// unread makes the kernel send a reset, which can destroy our close frame before the client
+/// reads it (seen as a flaky test).
+pub(crate) fn reader(
+    mut stream: futures_util::stream::SplitStream<WebSocket>,
+    ctl_tx: mpsc::Sender<Ctl>,
+    pong: Arc<AtomicI64>,
+    client_error: impl Fn() + Send + 'static,
+    mut on_data: impl FnMut(Message) -> Result<(), (u16, String)> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut closing = false;
+        while let Some(msg) = stream.next().await {
+            match msg {
+                Ok(Message::Close(_)) => {
+                    answer_close(&mut stream).await;
+                    break;
+                }
+                Ok(_) if closing => {}
+                Ok(Message::Pong(_)) => pong.store(crate::now_us(), Relaxed),
+                Ok(Message::Ping(_)) => {}
+                Ok(m) => {
+                    if let Err((code, reason)) = on_data(m) {
+                        client_error();
+                        let _ = ctl_tx.send(Ctl::Close(code, reason)).await;
+                        closing = true;
+                    }
+                }
+                Err(e) => {
+                    if let Some((code, reason)) =
+                        violation_close(&e.to_string()).filter(|_| !closing)
+                    {
+                        client_error();
+                        let _ = ctl_tx.send(Ctl::Close(code, reason.into())).await;
+                        // What follows the violation cannot be read: nothing more to wait for.
+                        return;
+                    }
+                    break;
+                }
+            }
+        }
+        let _ = ctl_tx.send(Ctl::Gone).await;
+    })
+}
+
+/// Sends a close frame, bounded by the write timeout (at most 5 s): a socket that stopped taking
+/// writes gets none.
+pub(crate) async fn send_close(app: &App, sink: &mut Sink, code: u16, reason: String) {
+    let frame = CloseFrame {
+        code,
+        reason: Utf8Bytes::from(reason),
+    };
+    let _ = tokio::time::timeout(
+        app.config.write_timeout.min(Duration::from_secs(5)),
+        sink.send(Message::Close(Some(frame))),
+    )
+    .await;
 }
 
 /// A client's Close, read: tungstenite has queued its reply (an echo, or 1002 for a code that is

@@ -54,8 +54,10 @@
 //! at or after it, clamped up to the retention floor with an `#info OutdatedCursor` sent first;
 //! a seq below the floor is a 400 `CursorTooOld` whose message carries the floor; omitted: live.
 //!
-//! **Server-push only.** Any data frame from the client closes the connection with 1008. A
-//! client's Close is answered with the server's, and no event follows it (`server::answer_close`).
+//! **Server-push only.** Any data frame from the client closes the connection with 1008; a
+//! protocol violation gets the code `/subscribe` gives it (the reader is shared:
+//! `server::reader`). A client's Close is answered with the server's, and no event follows it
+//! (`server::answer_close`).
 //!
 //! **`#sync`.** Ingest stores every verified `#sync` frame as an event of kind `sync` with a
 //! seq of its own (`Projector::with_sync`), as Jetstream v2 does: v2 sends it
@@ -73,7 +75,7 @@ use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::extract::ws::{CloseFrame, Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
+use axum::extract::ws::{Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -1037,51 +1039,27 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: V2Options, start: V2Start) 
     app.metrics.subscribers.fetch_add(1, Relaxed);
     app.v2.metrics.subscribers.fetch_add(1, Relaxed);
     let zstd = opts.zstd_dictionary.is_some();
-    let (mut sink, mut stream) = socket.split();
+    let (mut sink, stream) = socket.split();
     let (ctl_tx, mut ctl_rx) = mpsc::channel::<Ctl>(2);
     let last_pong = Arc::new(AtomicI64::new(crate::now_us()));
     let pong = last_pong.clone();
     let a = app.clone();
-    // The reader: server-push only, so any data frame closes the connection (1008). After asking
-    // for the close it keeps reading until the client's Close (see `server.rs` for why).
-    let reader = tokio::spawn(async move {
-        let mut closing = false;
-        while let Some(msg) = stream.next().await {
-            match msg {
-                Ok(Message::Close(_)) => {
-                    crate::server::answer_close(&mut stream).await;
-                    break;
-                }
-                Ok(_) if closing => {}
-                Ok(Message::Text(_) | Message::Binary(_)) => {
-                    a.metrics.client_errors.fetch_add(1, Relaxed);
-                    a.v2.metrics.client_errors.fetch_add(1, Relaxed);
-                    let _ = ctl_tx
-                        .send(Ctl::Close(
-                            1008,
-                            "server-push only: client data frames are not accepted".into(),
-                        ))
-                        .await;
-                    closing = true;
-                }
-                Ok(Message::Pong(_)) => pong.store(crate::now_us(), Relaxed),
-                Ok(_) => {}
-                Err(e) => {
-                    let s = e.to_string();
-                    if !closing && (s.contains("too long") || s.contains("Space limit")) {
-                        a.metrics.client_errors.fetch_add(1, Relaxed);
-                        a.v2.metrics.client_errors.fetch_add(1, Relaxed);
-                        let _ = ctl_tx
-                            .send(Ctl::Close(1009, "message too big".into()))
-                            .await;
-                        return;
-                    }
-                    break;
-                }
-            }
-        }
-        let _ = ctl_tx.send(Ctl::Gone).await;
-    });
+    // Server-push only: any data frame closes the connection (1008).
+    let reader = crate::server::reader(
+        stream,
+        ctl_tx,
+        pong,
+        move || {
+            a.metrics.client_errors.fetch_add(1, Relaxed);
+            a.v2.metrics.client_errors.fetch_add(1, Relaxed);
+        },
+        |_| {
+            Err((
+                1008,
+                "server-push only: client data frames are not accepted".into(),
+            ))
+        },
+    );
     let mut shutdown = app.shutdown.subscribe();
     let outcome = serve(
         &app,
@@ -1095,16 +1073,9 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: V2Options, start: V2Start) 
     )
     .await;
     let gone = matches!(outcome, Outcome::Gone);
-    let close = |code: u16, reason: String| {
-        Message::Close(Some(CloseFrame {
-            code,
-            reason: Utf8Bytes::from(reason),
-        }))
-    };
-    let wt = app.config.write_timeout;
     match outcome {
         Outcome::Close(code, reason) => {
-            let _ = tokio::time::timeout(wt, sink.send(close(code, reason))).await;
+            crate::server::send_close(&app, &mut sink, code, reason).await;
             let _ = tokio::time::timeout(Duration::from_secs(1), ctl_rx.recv()).await;
         }
         Outcome::Drop(why) => {
@@ -1124,13 +1095,10 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: V2Options, start: V2Start) 
                     "far behind the live tip and reading below the floor rate; reconnect with your last seq as the cursor",
                 );
                 if let Some(m) = app.v2.control(text, zstd) {
-                    let t = wt;
-                    if let Ok(Ok(())) = tokio::time::timeout(t, sink.send(m)).await {
-                        let _ = tokio::time::timeout(
-                            t,
-                            sink.send(close(1008, "ConsumerTooSlow".into())),
-                        )
-                        .await;
+                    let wt = app.config.write_timeout;
+                    if let Ok(Ok(())) = tokio::time::timeout(wt, sink.send(m)).await {
+                        crate::server::send_close(&app, &mut sink, 1008, "ConsumerTooSlow".into())
+                            .await;
                     }
                 }
             }

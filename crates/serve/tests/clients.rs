@@ -1,5 +1,5 @@
 //! Hostile and struggling clients against `/subscribe` on loopback: protocol violations get the
-//! close codes RFC 6455 asks for, a reader that pauses is slowed rather than cut, and connection
+//! close codes RFC 6455 asks for (on `subscribeEvents` too), a reader that pauses is slowed rather than cut, and connection
 //! limits and the header deadline hold (issue 17, items 1, 7, 10).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -35,16 +35,15 @@ async fn serve(
     (common::listen_limited(app.clone(), limits).await, app, dir)
 }
 
-/// A WebSocket handshake by hand, so that the frames after it can break the rules.
-async fn raw_ws(addr: SocketAddr) -> TcpStream {
+/// A WebSocket handshake by hand on `path`, so that the frames after it can break the rules.
+async fn raw_ws_at(addr: SocketAddr, path: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.unwrap();
-    s.write_all(
-        b"GET /subscribe HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\
-          Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
-          Sec-WebSocket-Version: 13\r\n\r\n",
-    )
-    .await
-    .unwrap();
+    let head = format!(
+        "GET {path} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\
+         Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+         Sec-WebSocket-Version: 13\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
     let mut buf = Vec::new();
     let mut b = [0u8; 1];
     while !buf.ends_with(b"\r\n\r\n") {
@@ -126,6 +125,13 @@ async fn close_code(s: &mut TcpStream) -> Option<u16> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn protocol_violations_get_rfc6455_close_codes() {
+    // The same on both wires: the connection's reader is shared (`server::reader`).
+    for path in ["/subscribe", riptide_serve::v2::SUBSCRIBE_EVENTS] {
+        protocol_violations_on(path).await;
+    }
+}
+
+async fn protocol_violations_on(path: &str) {
     let (addr, app, _dir) = serve(0, 0, ServerConfig::default(), ConnLimits::default()).await;
     let cases: [(&str, Vec<u8>, u16); 6] = [
         ("unmasked frame", frame(0x81, b"{}", true), 1002),
@@ -144,11 +150,14 @@ async fn protocol_violations_get_rfc6455_close_codes() {
         ),
     ];
     for (what, bytes, want) in cases {
-        let mut s = raw_ws(addr).await;
+        let mut s = raw_ws_at(addr, path).await;
         s.write_all(&bytes).await.unwrap();
-        assert_eq!(close_code(&mut s).await, Some(want), "{what}");
+        assert_eq!(close_code(&mut s).await, Some(want), "{path}: {what}");
     }
-    assert!(app.metrics.client_errors.load(Relaxed) >= 5);
+    assert!(app.metrics.client_errors.load(Relaxed) >= 5, "{path}");
+    if path != "/subscribe" {
+        assert!(app.v2.metrics.client_errors.load(Relaxed) >= 5, "{path}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
