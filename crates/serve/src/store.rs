@@ -134,6 +134,15 @@ pub enum StoreError {
     /// A stored value is corrupt.
     #[error(transparent)]
     Corrupt(#[from] CorruptEvent),
+    /// A block could not be compressed as it was sealed (zstd refused: out of memory). Nothing
+    /// of the batch was written.
+    #[error("sealing the block at seq {first}: zstd compression failed: {source}")]
+    Seal {
+        /// The block's first seq.
+        first: u64,
+        /// zstd's error.
+        source: std::io::Error,
+    },
     /// A stored block is corrupt.
     #[error("stored block at seq {first}: corrupt ({what})")]
     CorruptBlock {
@@ -446,7 +455,7 @@ fn sealed_value(e: &Event) -> &[u8] {
 }
 
 /// Seals `events` (consecutive seqs) into blocks of at most `opts`' size: (first seq, value).
-fn seal(events: &[Event], opts: StoreOptions) -> Vec<(u64, Vec<u8>)> {
+fn seal(events: &[Event], opts: StoreOptions) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
     let mut out = Vec::new();
     let mut rest = events;
     while let Some(first) = rest.first() {
@@ -468,7 +477,10 @@ fn seal(events: &[Event], opts: StoreOptions) -> Vec<(u64, Vec<u8>)> {
             raw.extend_from_slice(v);
         }
         let last_time = these.last().map_or(0, Event::time_us);
-        let z = zstd::bulk::compress(&raw, BLOCK_LEVEL).unwrap_or_default();
+        let z = zstd::bulk::compress(&raw, BLOCK_LEVEL).map_err(|source| StoreError::Seal {
+            first: first.seq(),
+            source,
+        })?;
         let mut v = Vec::with_capacity(BLOCK_HEADER + z.len());
         v.push(BLOCK_FORMAT);
         v.extend_from_slice(&(these.len() as u32).to_be_bytes());
@@ -478,7 +490,7 @@ fn seal(events: &[Event], opts: StoreOptions) -> Vec<(u64, Vec<u8>)> {
         v.extend_from_slice(&z);
         out.push((first.seq(), v));
     }
-    out
+    Ok(out)
 }
 
 /// A block value's header: (count, first seq, last time_us, raw length).
@@ -781,7 +793,7 @@ impl Store {
         let mut chunk: Vec<Event> = Vec::with_capacity(opts.block_events);
         let mut bytes = 0;
         let flush = |chunk: &mut Vec<Event>, done: &mut Migrated| -> Result<(), StoreError> {
-            for (first, v) in seal(chunk, opts) {
+            for (first, v) in seal(chunk, opts)? {
                 blocks.insert(first.to_be_bytes(), v).map_err(fj)?;
                 done.blocks += 1;
             }
@@ -898,7 +910,7 @@ impl Store {
         let mut sealed_end = None;
         if let Some(unsealed) = unsealed {
             let all: Vec<Event> = unsealed.iter().chain(events).cloned().collect();
-            for (first, v) in seal(&all, self.options) {
+            for (first, v) in seal(&all, self.options)? {
                 b.insert(&self.blocks, first.to_be_bytes(), v);
             }
             for e in &unsealed {
