@@ -590,13 +590,14 @@ fn wire_counts(log: &Log) -> anyhow::Result<WireCounts> {
 /// fewer events than expected) is an error, not a hang.
 const REPLAY_IDLE: Duration = Duration::from_secs(30);
 
-/// The replay consumer's WebSocket settings: tungstenite's, with a 16 KiB read buffer (about one
-/// server batch, `ReadLimit`) instead of 128 KiB. tungstenite zero-fills the free part of its
-/// read buffer before every read, including the reads that find the socket empty; at 128 KiB
-/// that was ~1,250 instructions an event on the consumer, which shares the two cores with the
-/// server it measures, and more on `subscribeEvents`, whose larger frames make more reads
-/// (callgrind: +330 an event over v1). `crates/serve/examples/replay_loop.rs` has the same.
-fn replay_client_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
+/// The bench's consumers' WebSocket settings (replay, live and replayers): tungstenite's, with a
+/// 16 KiB read buffer (about one server batch, `ReadLimit`) instead of 128 KiB. tungstenite
+/// zero-fills the free part of its read buffer before every read, including the reads that find
+/// the socket empty; at 128 KiB that was ~1,250 instructions an event on the replay consumer,
+/// which shares the two cores with the server it measures, and more on `subscribeEvents`, whose
+/// larger frames make more reads (callgrind: +330 an event over v1); a thousand live consumers
+/// also held 128 MB of buffers. `crates/serve/examples/replay_loop.rs` has the same.
+fn client_config() -> tokio_tungstenite::tungstenite::protocol::WebSocketConfig {
     tokio_tungstenite::tungstenite::protocol::WebSocketConfig::default().read_buffer_size(16 << 10)
 }
 
@@ -646,8 +647,7 @@ async fn replay(
     }
     let cpu0 = cpu_secs();
     let (mut ws, _) =
-        tokio_tungstenite::connect_async_with_config(url, Some(replay_client_config()), false)
-            .await?;
+        tokio_tungstenite::connect_async_with_config(url, Some(client_config()), false).await?;
     let mut got = 0u64;
     while got < events {
         match tokio::time::timeout(REPLAY_IDLE, ws.next()).await {
@@ -871,7 +871,9 @@ async fn live(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Value> {
     let connects = futures_util::stream::iter(counts.iter().cloned().map(|c| {
         let (url, closed) = (url.clone(), closed.clone());
         async move {
-            let (mut ws, _) = tokio_tungstenite::connect_async(url).await?;
+            let (mut ws, _) =
+                tokio_tungstenite::connect_async_with_config(url, Some(client_config()), false)
+                    .await?;
             Ok::<_, anyhow::Error>(tokio::spawn(async move {
                 while let Some(Ok(m)) = ws.next().await {
                     if m.is_text() || m.is_binary() {
@@ -1037,7 +1039,9 @@ async fn replayers(a: &ServeArgs, wire: Wire) -> anyhow::Result<serde_json::Valu
     let clients = (0..a.replayers).map(|_| {
         let url = format!("ws://{addr}{path}");
         async move {
-            let (mut ws, _) = tokio_tungstenite::connect_async(url).await?;
+            let (mut ws, _) =
+                tokio_tungstenite::connect_async_with_config(url, Some(client_config()), false)
+                    .await?;
             let until = tokio::time::Instant::now() + REPLAY_LIMIT;
             let mut got = 0u64;
             loop {
