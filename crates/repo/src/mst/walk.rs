@@ -47,7 +47,6 @@ struct Frame {
 #[derive(Debug, Default)]
 pub struct Walker {
     arena: Arena,
-    prev: Vec<u8>,
 }
 
 impl Walker {
@@ -146,8 +145,10 @@ impl Walker {
             pos: 0,
             layer: root_layer,
         });
-        self.prev.clear();
-        let mut have_prev = false;
+        // Where the last key visited is: (depth, entry). Its node is still decoded there: a
+        // depth is only decoded into again on the way down, and by then every key visited since
+        // is at that depth or above.
+        let mut prev: Option<(usize, usize)> = None;
         // Which node (for error reports) each depth holds.
         let mut cids: Vec<Cid<'c>> = vec![root];
         // And its block.
@@ -169,15 +170,18 @@ impl Walker {
                     continue;
                 }
                 let key = node.key(j);
-                if have_prev && key <= self.prev.as_slice() {
-                    return Err(MstError::KeyOrder {
-                        cid: cids[depth].to_buf(),
-                        key: String::from_utf8_lossy(key).into_owned(),
-                    });
+                // The entry before it in the same node is already known to be smaller (the node's
+                // own check); any other previous key (the last of a subtree, or an ancestor's) is
+                // compared here.
+                if let Some((d, i)) = prev {
+                    if (d != depth || i + 1 != j) && key <= levels[d].key(i) {
+                        return Err(MstError::KeyOrder {
+                            cid: cids[depth].to_buf(),
+                            key: String::from_utf8_lossy(key).into_owned(),
+                        });
+                    }
                 }
-                self.prev.clear();
-                self.prev.extend_from_slice(key);
-                have_prev = true;
+                prev = Some((depth, j));
                 stats.records += 1;
                 visit.leaf(key, node.value(j), frame.layer);
                 continue;
@@ -410,6 +414,90 @@ mod tests {
             keys_of(&src, root).unwrap_err(),
             MstError::MissingBlock(dropped)
         );
+    }
+
+    /// The first key `a.b.c/NNNNN` of height `h` strictly between `lo` and `hi`.
+    fn key_between(h: u32, lo: &str, hi: &str) -> String {
+        (0..100_000)
+            .map(|i| format!("a.b.c/{i:05}"))
+            .find(|k| {
+                crate::mst::key_height(k.as_bytes()) == h && k.as_str() > lo && k.as_str() < hi
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn order_is_checked_across_every_kind_of_node_boundary() {
+        // The walk compares a key with the previous one only when that one is in another node
+        // (within a node the decoder checked the order). Each boundary, valid and out of order:
+        // into a right subtree, out of a subtree back to its parent, and out of a grandchild
+        // past two levels.
+        let v = leaf();
+        let (lo, hi) = ("a.b.c/", "a.b.c/~");
+        // Layer-1 keys b < d with layer-0 keys below b and between them.
+        let b = key_between(1, &key_between(0, lo, hi), hi);
+        let d = key_between(1, &key_between(0, &b, hi), hi);
+        let under_b = key_between(0, lo, &b); // a layer-0 key below b
+        let between = key_between(0, &b, &d); // a layer-0 key between b and d
+        let above_d = key_between(0, &d, hi); // a layer-0 key above d
+        let e = |k: &String| (k.as_bytes().to_vec(), v);
+        let tree = |src: &mut HashMap<CidBuf, Vec<u8>>, right_of_b: &String| {
+            let (k, c) = e(right_of_b);
+            let child = put(src, None, &[(&k, c.as_cid(), None)]);
+            let (kb, kd) = (e(&b), e(&d));
+            put(
+                src,
+                None,
+                &[
+                    (&kb.0, v.as_cid(), Some(child.as_cid())),
+                    (&kd.0, v.as_cid(), None),
+                ],
+            )
+        };
+        let mut src = HashMap::new();
+        let ok = tree(&mut src, &between);
+        assert_eq!(
+            keys_of(&src, ok).unwrap(),
+            [b.clone(), between.clone(), d.clone()]
+        );
+        // Into the subtree: its first key is below the parent's key before it.
+        let bad = tree(&mut src, &under_b);
+        assert!(
+            matches!(keys_of(&src, bad), Err(MstError::KeyOrder { key, .. }) if key == under_b)
+        );
+        // Out of the subtree: the parent's next key is below the subtree's last.
+        let bad = tree(&mut src, &above_d);
+        assert!(matches!(keys_of(&src, bad), Err(MstError::KeyOrder { key, .. }) if key == d));
+
+        // Two levels: a layer-2 root whose left child (layer 1) has a left child (layer 0)
+        // holding a key above the root's key; the layer-1 child holds keys in order.
+        let mid = key_between(1, lo, hi);
+        let top = key_between(2, &key_between(0, &mid, hi), hi);
+        let grandchild_key = key_between(0, &top, hi);
+        let (kg, km, kt) = (e(&grandchild_key), e(&mid), e(&top));
+        let grandchild = put(&mut src, None, &[(&kg.0, v.as_cid(), None)]);
+        let child = put(
+            &mut src,
+            None,
+            &[(&km.0, v.as_cid(), Some(grandchild.as_cid()))],
+        );
+        let root = put(&mut src, Some(child.as_cid()), &[(&kt.0, v.as_cid(), None)]);
+        assert!(
+            matches!(keys_of(&src, root), Err(MstError::KeyOrder { key, .. }) if key == top),
+            "{:?}",
+            keys_of(&src, root)
+        );
+        // The same shape in order walks.
+        let grandchild_key = key_between(0, &mid, &top);
+        let kg = e(&grandchild_key);
+        let grandchild = put(&mut src, None, &[(&kg.0, v.as_cid(), None)]);
+        let child = put(
+            &mut src,
+            None,
+            &[(&km.0, v.as_cid(), Some(grandchild.as_cid()))],
+        );
+        let root = put(&mut src, Some(child.as_cid()), &[(&kt.0, v.as_cid(), None)]);
+        assert_eq!(keys_of(&src, root).unwrap(), [mid, grandchild_key, top]);
     }
 
     #[test]
