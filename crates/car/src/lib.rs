@@ -746,11 +746,7 @@ impl<'a> Car<'a> {
     #[inline]
     pub fn touch_data(&self, cid: Cid<'_>) {
         if let Some(e) = self.position(cid).and_then(|i| self.reader.entries.get(i)) {
-            // Every cache line of the first 4 KiB (MST nodes are rarely longer).
-            let data = self.data_at(e);
-            for line in data.chunks(64).take(64) {
-                prefetch(line.as_ptr());
-            }
+            touch_bytes(self.data_at(e));
         }
     }
 
@@ -773,6 +769,15 @@ impl<'a> Car<'a> {
         self.reader
             .index
             .find(cid, &self.reader.entries, self.bytes)
+    }
+}
+
+/// Starts loading the first bytes of `data` (a block about to be read) without waiting: every
+/// cache line of its first 4 KiB (MST nodes are rarely longer).
+#[inline]
+pub fn touch_bytes(data: &[u8]) {
+    for line in data.chunks(64).take(64) {
+        prefetch(line.as_ptr());
     }
 }
 

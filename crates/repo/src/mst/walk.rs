@@ -132,7 +132,10 @@ impl Walker {
             None => return Err(MstError::MissingBlock(root.to_buf())),
         };
         decode_node(&mut self.arena, root, block, None, &mut levels[0])?;
-        prefetch_node(src, &levels[0]);
+        // The blocks of each depth's subtrees, looked up once when the node was decoded (left
+        // first, then right of each entry; `None` where there is no subtree or no block).
+        let mut children: Vec<Vec<Option<&'s [u8]>>> = vec![Vec::new()];
+        prefetch_node(src, &levels[0], &mut children[0]);
         stats.nodes = 1;
         let Some(root_layer) = levels[0].layer() else {
             if levels[0].left().is_some() {
@@ -160,8 +163,8 @@ impl Walker {
             let node = &levels[depth];
             let pos = frame.pos;
             frame.pos += 1;
-            let child = if pos == 0 {
-                node.left()
+            let (child, at) = if pos == 0 {
+                (node.left(), 0)
             } else if pos % 2 == 1 {
                 let j = (pos - 1) / 2;
                 if j >= node.len() {
@@ -186,16 +189,19 @@ impl Walker {
                 visit.leaf(key, node.value(j), frame.layer);
                 continue;
             } else {
-                node.right((pos - 2) / 2)
+                (node.right((pos - 2) / 2), pos / 2)
             };
             let Some(child) = child else { continue };
             // decode_node rejected subtrees on layer 0, so the parent layer is at least 1.
             let layer = frame.layer.saturating_sub(1);
-            let block = src
-                .get_block(child)
+            let block = children[depth]
+                .get(at)
+                .copied()
+                .flatten()
                 .ok_or_else(|| MstError::MissingBlock(child.to_buf()))?;
             if levels.len() <= depth + 1 {
                 levels.push(NodeData::new());
+                children.push(Vec::new());
                 cids.push(child);
                 blocks.push(block);
             } else {
@@ -207,7 +213,7 @@ impl Walker {
             for j in 0..slot.len() {
                 pending.push(slot.key(j), child, layer)?;
             }
-            prefetch_node(src, slot);
+            prefetch_node(src, slot, &mut children[depth + 1]);
             stats.nodes += 1;
             if slot.is_empty() && slot.left().is_none() {
                 return Err(MstError::EmptyNode {
@@ -308,10 +314,16 @@ where
 }
 
 /// Tells the source about every CID a node links to: the index slots of its records (which
-/// callers such as `verify_repo` look up as the walk hands them over) and subtrees, then the
-/// bytes of the subtrees, which the walk decodes next. On a large CAR the cache misses then overlap instead of coming one by one.
+/// callers such as `verify_repo` look up as the walk hands them over) and subtrees; then looks
+/// each subtree's block up, once, into `children` (left, then right of each entry; the walk
+/// takes them from there when it goes down) and starts loading its bytes, which the walk decodes
+/// next. On a large CAR the cache misses then overlap instead of coming one by one.
 #[inline]
-fn prefetch_node<S: BlockSource + ?Sized>(src: &S, node: &NodeData<'_>) {
+fn prefetch_node<'s, S: BlockSource + ?Sized>(
+    src: &'s S,
+    node: &NodeData<'_>,
+    children: &mut Vec<Option<&'s [u8]>>,
+) {
     if let Some(left) = node.left() {
         src.prefetch(left);
     }
@@ -321,14 +333,14 @@ fn prefetch_node<S: BlockSource + ?Sized>(src: &S, node: &NodeData<'_>) {
             src.prefetch(right);
         }
     }
-    // Then the subtrees' own bytes, which the walk decodes next.
-    if let Some(left) = node.left() {
-        src.prefetch_data(left);
-    }
-    for j in 0..node.len() {
-        if let Some(right) = node.right(j) {
-            src.prefetch_data(right);
+    children.clear();
+    let subtrees = std::iter::once(node.left()).chain((0..node.len()).map(|j| node.right(j)));
+    for child in subtrees {
+        let block = child.and_then(|c| src.get_block(c));
+        if let Some(b) = block {
+            src.prefetch_block(b);
         }
+        children.push(block);
     }
 }
 
