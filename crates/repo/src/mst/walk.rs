@@ -21,7 +21,7 @@ use riptide_cbor::{Arena, Cid};
 use riptide_sha::ShortBatch;
 
 use crate::error::MstError;
-use crate::mst::height::{height_of_digest, key_height};
+use crate::mst::height::key_height;
 use crate::mst::node::{decode_node, decode_node_on_layer, empty_root_cid, wrong_layer, NodeData};
 use crate::source::BlockSource;
 
@@ -265,10 +265,11 @@ impl<'c> PendingHeights<'c> {
         if n == 0 {
             return Ok(());
         }
-        let digests = self.batch.digests();
-        for (i, d) in digests.iter().enumerate().take(n) {
+        // A key's height is the leading zero bits of its SHA-256, halved.
+        let zeros = self.batch.leading_zeros();
+        for (i, z) in zeros.iter().enumerate().take(n) {
             if let Some((cid, layer)) = self.at[i] {
-                check_height(cid, self.batch.message(i), layer, height_of_digest(d))?;
+                check_height(cid, self.batch.message(i), layer, z / 2)?;
             }
         }
         Ok(())
