@@ -9,7 +9,16 @@
 //! Performance: the walk decodes each node once on a reused tape; the rebuild takes each leaf
 //! from the walk as it is visited (with the key height the walk computed), so it reads keys,
 //! record CIDs and node blocks while they are in cache and needs no table of all leaves. Nothing
-//! is allocated per record or per node beyond amortized buffer growth.
+//! is allocated per record or per node beyond amortized buffer growth. Each record is first
+//! looked for in the block after the last record found (`RecordCursor`): a CAR that lists its
+//! records in key order (the generator's, any export written by walking the tree) confirms it
+//! with one access next to the last, where the index costs two random ones; a CAR in another
+//! order (a PDS's, sorted by CID) goes to the index at once. The walk looks each subtree's block
+//! up once, compares keys only across node boundaries, and takes key heights from the SHA-256
+//! lanes' leading zeros. Where the time goes on a 200,000-record repository (72 MB), and what
+//! was measured and did not pay: `bench/results/2026-11-24-vm/repo-walk.md`,
+//! `docs/gotchas.md`. Block order matters: the same repository in CID order verifies about 1.7×
+//! slower (index lookups and node bytes out of cache).
 //!
 //! Record blocks: a full export holds every record the MST points to, so a missing one is an
 //! error ([`RepoError::MissingRecord`]) unless [`RepoOptions::allow_missing_records`] is set (for

@@ -9,8 +9,11 @@
 //! check.
 //!
 //! How: an explicit stack, one reusable [`NodeData`] per depth (depth is at most 129 since every
-//! level goes down one layer and heights are at most 128), one tape arena. After warm-up a walk
-//! allocates nothing per node. Bad input never panics and cannot loop: every subtree visited must
+//! level goes down one layer and heights are at most 128), one tape arena. A node's subtree
+//! blocks are looked up once, when it is decoded (and their bytes requested then). Keys are
+//! compared with the previous key only across nodes, the previous key being found where it was
+//! decoded (within a node the decoder checked the order). After warm-up a walk allocates nothing
+//! per node. Bad input never panics and cannot loop: every subtree visited must
 //! yield a new, larger key.
 //!
 //! What it does not do: check that record blocks exist (a repository export may omit them only if
