@@ -22,10 +22,10 @@ pub trait BlockSource {
     #[inline]
     fn prefetch(&self, _cid: Cid<'_>) {}
 
-    /// A hint that the block `cid` will be *read* soon (after [`BlockSource::prefetch`] of its
-    /// CID): the walk gives it for the subtrees of a node it just decoded.
+    /// A hint that `block` (bytes this source returned) will be *read* soon: the walk gives it
+    /// for the subtrees of a node it just decoded.
     #[inline]
-    fn prefetch_data(&self, _cid: Cid<'_>) {}
+    fn prefetch_block(&self, _block: &[u8]) {}
 }
 
 impl BlockSource for Car<'_> {
@@ -40,8 +40,8 @@ impl BlockSource for Car<'_> {
     }
 
     #[inline]
-    fn prefetch_data(&self, cid: Cid<'_>) {
-        self.touch_data(cid);
+    fn prefetch_block(&self, block: &[u8]) {
+        riptide_car::touch_bytes(block);
     }
 }
 
@@ -57,8 +57,8 @@ impl<S: BlockSource + ?Sized> BlockSource for &S {
     }
 
     #[inline]
-    fn prefetch_data(&self, cid: Cid<'_>) {
-        (**self).prefetch_data(cid)
+    fn prefetch_block(&self, block: &[u8]) {
+        (**self).prefetch_block(block)
     }
 }
 

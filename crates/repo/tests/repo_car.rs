@@ -148,3 +148,73 @@ fn a_flipped_byte_is_caught() {
         RepoError::MissingCommit(root.to_buf())
     );
 }
+
+#[test]
+fn block_order_does_not_change_the_verdict() {
+    // The real export lists its blocks in its own order (records not in key order); rewritten
+    // as a tree walker writes it (commit, nodes, records in key order) the record check takes
+    // its in-order path. Both orders give the same report, and with any one record dropped,
+    // the same error naming that record.
+    let Some(car) = common::read("jetstream-2026-07/repo.car") else {
+        return;
+    };
+    let mut reader = CarReader::new();
+    let parsed = reader.read(&car, &CarOptions::repository()).unwrap();
+    let records = list_records(&parsed).unwrap();
+    assert_eq!(records.len(), 23);
+    let (commit_cid, commit) = riptide_repo::commit_of(&parsed).unwrap();
+    let mut nodes = Vec::new();
+    riptide_repo::mst::Walker::new()
+        .walk_nodes(
+            &parsed,
+            commit.data(),
+            |_, _, _| {},
+            |c, _| nodes.push(c.to_buf()),
+        )
+        .unwrap();
+    let data = |c: &CidBuf| parsed.get(c.as_cid()).unwrap();
+    let root = parsed.roots().next().unwrap().to_buf();
+    let write = |skip: Option<&CidBuf>, in_key_order: bool| {
+        let order: Vec<CidBuf> = if in_key_order {
+            let mut v = vec![commit_cid];
+            v.extend(nodes.iter().rev().copied());
+            v.extend(records.iter().map(|(_, c)| *c));
+            v
+        } else {
+            parsed.blocks().map(|b| b.cid.to_buf()).collect()
+        };
+        let mut seen = std::collections::HashSet::new();
+        let blocks: Vec<(CidBuf, &[u8])> = order
+            .into_iter()
+            .filter(|c| Some(c) != skip && seen.insert(*c))
+            .map(|c| (c, data(&c)))
+            .collect();
+        riptide_car::write_car(&[root], blocks.iter().map(|(c, d)| (c.as_cid(), *d)))
+    };
+    let same = |a: riptide_repo::RepoReport, b: riptide_repo::RepoReport| {
+        let strip = |r: riptide_repo::RepoReport| riptide_repo::RepoReport {
+            timings: Default::default(),
+            bytes: 0,
+            ..r
+        };
+        assert_eq!(strip(a), strip(b));
+    };
+    same(
+        verify_repo(&car, None).unwrap(),
+        verify_repo(&write(None, true), None).unwrap(),
+    );
+    same(
+        verify_repo(&write(None, false), None).unwrap(),
+        verify_repo(&car, None).unwrap(),
+    );
+    for (key, cid) in &records {
+        for in_key_order in [false, true] {
+            match verify_repo(&write(Some(cid), in_key_order), None) {
+                Err(RepoError::MissingRecord { key: k, cid: c }) => {
+                    assert_eq!((&k, &c), (key, cid), "{in_key_order}")
+                }
+                other => panic!("{key} {in_key_order}: {other:?}"),
+            }
+        }
+    }
+}

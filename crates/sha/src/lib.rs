@@ -482,6 +482,27 @@ impl ShortBatch {
         self.digests_without_lanes(n)
     }
 
+    /// The leading zero bits of each queued message's digest (0 to 256), in queue order (entries
+    /// past [`ShortBatch::len`] are unspecified); the batch is emptied. What counting them in
+    /// [`ShortBatch::digests`] gives, without writing the digests out: an MST key's height is
+    /// this count halved, and nothing else of its digest is needed.
+    pub fn leading_zeros(&mut self) -> [u32; 16] {
+        #[cfg(target_arch = "x86_64")]
+        if cap::wide_enabled() {
+            self.n = 0;
+            let mut st = x16::States::default();
+            for i in 0..16 {
+                st.reset(i);
+            }
+            let refs: [&[u8; 64]; 16] = std::array::from_fn(|i| &self.blocks[i]);
+            x16::compress(&mut st, &refs);
+            // The state is word-major: word `w` of lane `i` is `st.0[w][i]`.
+            return std::array::from_fn(|i| leading_zero_bits(st.0.iter().map(|w| w[i])));
+        }
+        let d = self.digests();
+        std::array::from_fn(|i| leading_zero_bits(d[i].chunks_exact(4).map(be_word)))
+    }
+
     /// [`ShortBatch::digests`] on a CPU without AVX-512: SHA-NI pairs or `sha2`.
     fn digests_without_lanes(&self, n: usize) -> [Digest; 16] {
         let mut out = [[0u8; 32]; 16];
@@ -513,6 +534,25 @@ impl ShortBatch {
         }
         out
     }
+}
+
+/// Leading zero bits of a digest given as its big-endian 32-bit words, first word first.
+#[inline]
+fn leading_zero_bits(words: impl Iterator<Item = u32>) -> u32 {
+    let mut zeros = 0;
+    for w in words {
+        if w != 0 {
+            return zeros + w.leading_zeros();
+        }
+        zeros += 32;
+    }
+    zeros
+}
+
+/// Four bytes as a big-endian word (fewer are zero-extended; callers pass exactly four).
+#[inline]
+fn be_word(b: &[u8]) -> u32 {
+    b.iter().fold(0, |w, &x| w << 8 | u32::from(x))
 }
 
 /// Writes the padded end of a message into `out`: `rest` (the bytes after its last full block,
@@ -1101,8 +1141,27 @@ mod tests {
             for (i, m) in chunk.iter().enumerate() {
                 assert_eq!(d[i], sha256(m), "{i}");
             }
+            // The same batch again, for its leading zero bits only.
+            for m in chunk {
+                assert!(b.push(m));
+            }
+            let z = b.leading_zeros();
+            assert!(b.is_empty());
+            for (i, m) in chunk.iter().enumerate() {
+                let want = leading_zero_bits(sha256(m).chunks_exact(4).map(be_word));
+                let bits: String = sha256(m).iter().map(|x| format!("{x:08b}")).collect();
+                assert_eq!(
+                    want as usize,
+                    bits.len() - bits.trim_start_matches('0').len()
+                );
+                assert_eq!(z[i], want, "{i}");
+            }
         }
         assert!(!b.push(&[1; 56]), "56 bytes do not fit one block");
+        // Digests do not start with 32 zero bits; the count goes on across words all the same.
+        assert_eq!(leading_zero_bits([0, 0, 1 << 20].into_iter()), 64 + 11);
+        assert_eq!(leading_zero_bits([0u32; 8].into_iter()), 256);
+        assert_eq!(be_word(&[0x12, 0x34, 0x56, 0x78]), 0x1234_5678);
     }
 
     proptest! {

@@ -9,8 +9,11 @@
 //! check.
 //!
 //! How: an explicit stack, one reusable [`NodeData`] per depth (depth is at most 129 since every
-//! level goes down one layer and heights are at most 128), one tape arena. After warm-up a walk
-//! allocates nothing per node. Bad input never panics and cannot loop: every subtree visited must
+//! level goes down one layer and heights are at most 128), one tape arena. A node's subtree
+//! blocks are looked up once, when it is decoded (and their bytes requested then). Keys are
+//! compared with the previous key only across nodes, the previous key being found where it was
+//! decoded (within a node the decoder checked the order). After warm-up a walk allocates nothing
+//! per node. Bad input never panics and cannot loop: every subtree visited must
 //! yield a new, larger key.
 //!
 //! What it does not do: check that record blocks exist (a repository export may omit them only if
@@ -21,7 +24,7 @@ use riptide_cbor::{Arena, Cid};
 use riptide_sha::ShortBatch;
 
 use crate::error::MstError;
-use crate::mst::height::{height_of_digest, key_height};
+use crate::mst::height::key_height;
 use crate::mst::node::{decode_node, decode_node_on_layer, empty_root_cid, wrong_layer, NodeData};
 use crate::source::BlockSource;
 
@@ -47,7 +50,6 @@ struct Frame {
 #[derive(Debug, Default)]
 pub struct Walker {
     arena: Arena,
-    prev: Vec<u8>,
 }
 
 impl Walker {
@@ -133,7 +135,10 @@ impl Walker {
             None => return Err(MstError::MissingBlock(root.to_buf())),
         };
         decode_node(&mut self.arena, root, block, None, &mut levels[0])?;
-        prefetch_node(src, &levels[0]);
+        // The blocks of each depth's subtrees, looked up once when the node was decoded (left
+        // first, then right of each entry; `None` where there is no subtree or no block).
+        let mut children: Vec<Vec<Option<&'s [u8]>>> = vec![Vec::new()];
+        prefetch_node(src, &levels[0], &mut children[0]);
         stats.nodes = 1;
         let Some(root_layer) = levels[0].layer() else {
             if levels[0].left().is_some() {
@@ -146,8 +151,10 @@ impl Walker {
             pos: 0,
             layer: root_layer,
         });
-        self.prev.clear();
-        let mut have_prev = false;
+        // Where the last key visited is: (depth, entry). Its node is still decoded there: a
+        // depth is only decoded into again on the way down, and by then every key visited since
+        // is at that depth or above.
+        let mut prev: Option<(usize, usize)> = None;
         // Which node (for error reports) each depth holds.
         let mut cids: Vec<Cid<'c>> = vec![root];
         // And its block.
@@ -159,8 +166,8 @@ impl Walker {
             let node = &levels[depth];
             let pos = frame.pos;
             frame.pos += 1;
-            let child = if pos == 0 {
-                node.left()
+            let (child, at) = if pos == 0 {
+                (node.left(), 0)
             } else if pos % 2 == 1 {
                 let j = (pos - 1) / 2;
                 if j >= node.len() {
@@ -169,29 +176,35 @@ impl Walker {
                     continue;
                 }
                 let key = node.key(j);
-                if have_prev && key <= self.prev.as_slice() {
-                    return Err(MstError::KeyOrder {
-                        cid: cids[depth].to_buf(),
-                        key: String::from_utf8_lossy(key).into_owned(),
-                    });
+                // The entry before it in the same node is already known to be smaller (the node's
+                // own check); any other previous key (the last of a subtree, or an ancestor's) is
+                // compared here.
+                if let Some((d, i)) = prev {
+                    if (d != depth || i + 1 != j) && key <= levels[d].key(i) {
+                        return Err(MstError::KeyOrder {
+                            cid: cids[depth].to_buf(),
+                            key: String::from_utf8_lossy(key).into_owned(),
+                        });
+                    }
                 }
-                self.prev.clear();
-                self.prev.extend_from_slice(key);
-                have_prev = true;
+                prev = Some((depth, j));
                 stats.records += 1;
                 visit.leaf(key, node.value(j), frame.layer);
                 continue;
             } else {
-                node.right((pos - 2) / 2)
+                (node.right((pos - 2) / 2), pos / 2)
             };
             let Some(child) = child else { continue };
             // decode_node rejected subtrees on layer 0, so the parent layer is at least 1.
             let layer = frame.layer.saturating_sub(1);
-            let block = src
-                .get_block(child)
+            let block = children[depth]
+                .get(at)
+                .copied()
+                .flatten()
                 .ok_or_else(|| MstError::MissingBlock(child.to_buf()))?;
             if levels.len() <= depth + 1 {
                 levels.push(NodeData::new());
+                children.push(Vec::new());
                 cids.push(child);
                 blocks.push(block);
             } else {
@@ -203,7 +216,7 @@ impl Walker {
             for j in 0..slot.len() {
                 pending.push(slot.key(j), child, layer)?;
             }
-            prefetch_node(src, slot);
+            prefetch_node(src, slot, &mut children[depth + 1]);
             stats.nodes += 1;
             if slot.is_empty() && slot.left().is_none() {
                 return Err(MstError::EmptyNode {
@@ -255,10 +268,11 @@ impl<'c> PendingHeights<'c> {
         if n == 0 {
             return Ok(());
         }
-        let digests = self.batch.digests();
-        for (i, d) in digests.iter().enumerate().take(n) {
+        // A key's height is the leading zero bits of its SHA-256, halved.
+        let zeros = self.batch.leading_zeros();
+        for (i, z) in zeros.iter().enumerate().take(n) {
             if let Some((cid, layer)) = self.at[i] {
-                check_height(cid, self.batch.message(i), layer, height_of_digest(d))?;
+                check_height(cid, self.batch.message(i), layer, z / 2)?;
             }
         }
         Ok(())
@@ -304,10 +318,16 @@ where
 }
 
 /// Tells the source about every CID a node links to: the index slots of its records (which
-/// callers such as `verify_repo` look up as the walk hands them over) and subtrees, then the
-/// bytes of the subtrees, which the walk decodes next. On a large CAR the cache misses then overlap instead of coming one by one.
+/// callers such as `verify_repo` look up as the walk hands them over) and subtrees; then looks
+/// each subtree's block up, once, into `children` (left, then right of each entry; the walk
+/// takes them from there when it goes down) and starts loading its bytes, which the walk decodes
+/// next. On a large CAR the cache misses then overlap instead of coming one by one.
 #[inline]
-fn prefetch_node<S: BlockSource + ?Sized>(src: &S, node: &NodeData<'_>) {
+fn prefetch_node<'s, S: BlockSource + ?Sized>(
+    src: &'s S,
+    node: &NodeData<'_>,
+    children: &mut Vec<Option<&'s [u8]>>,
+) {
     if let Some(left) = node.left() {
         src.prefetch(left);
     }
@@ -317,14 +337,14 @@ fn prefetch_node<S: BlockSource + ?Sized>(src: &S, node: &NodeData<'_>) {
             src.prefetch(right);
         }
     }
-    // Then the subtrees' own bytes, which the walk decodes next.
-    if let Some(left) = node.left() {
-        src.prefetch_data(left);
-    }
-    for j in 0..node.len() {
-        if let Some(right) = node.right(j) {
-            src.prefetch_data(right);
+    children.clear();
+    let subtrees = std::iter::once(node.left()).chain((0..node.len()).map(|j| node.right(j)));
+    for child in subtrees {
+        let block = child.and_then(|c| src.get_block(c));
+        if let Some(b) = block {
+            src.prefetch_block(b);
         }
+        children.push(block);
     }
 }
 
@@ -410,6 +430,90 @@ mod tests {
             keys_of(&src, root).unwrap_err(),
             MstError::MissingBlock(dropped)
         );
+    }
+
+    /// The first key `a.b.c/NNNNN` of height `h` strictly between `lo` and `hi`.
+    fn key_between(h: u32, lo: &str, hi: &str) -> String {
+        (0..100_000)
+            .map(|i| format!("a.b.c/{i:05}"))
+            .find(|k| {
+                crate::mst::key_height(k.as_bytes()) == h && k.as_str() > lo && k.as_str() < hi
+            })
+            .unwrap()
+    }
+
+    #[test]
+    fn order_is_checked_across_every_kind_of_node_boundary() {
+        // The walk compares a key with the previous one only when that one is in another node
+        // (within a node the decoder checked the order). Each boundary, valid and out of order:
+        // into a right subtree, out of a subtree back to its parent, and out of a grandchild
+        // past two levels.
+        let v = leaf();
+        let (lo, hi) = ("a.b.c/", "a.b.c/~");
+        // Layer-1 keys b < d with layer-0 keys below b and between them.
+        let b = key_between(1, &key_between(0, lo, hi), hi);
+        let d = key_between(1, &key_between(0, &b, hi), hi);
+        let under_b = key_between(0, lo, &b); // a layer-0 key below b
+        let between = key_between(0, &b, &d); // a layer-0 key between b and d
+        let above_d = key_between(0, &d, hi); // a layer-0 key above d
+        let e = |k: &String| (k.as_bytes().to_vec(), v);
+        let tree = |src: &mut HashMap<CidBuf, Vec<u8>>, right_of_b: &String| {
+            let (k, c) = e(right_of_b);
+            let child = put(src, None, &[(&k, c.as_cid(), None)]);
+            let (kb, kd) = (e(&b), e(&d));
+            put(
+                src,
+                None,
+                &[
+                    (&kb.0, v.as_cid(), Some(child.as_cid())),
+                    (&kd.0, v.as_cid(), None),
+                ],
+            )
+        };
+        let mut src = HashMap::new();
+        let ok = tree(&mut src, &between);
+        assert_eq!(
+            keys_of(&src, ok).unwrap(),
+            [b.clone(), between.clone(), d.clone()]
+        );
+        // Into the subtree: its first key is below the parent's key before it.
+        let bad = tree(&mut src, &under_b);
+        assert!(
+            matches!(keys_of(&src, bad), Err(MstError::KeyOrder { key, .. }) if key == under_b)
+        );
+        // Out of the subtree: the parent's next key is below the subtree's last.
+        let bad = tree(&mut src, &above_d);
+        assert!(matches!(keys_of(&src, bad), Err(MstError::KeyOrder { key, .. }) if key == d));
+
+        // Two levels: a layer-2 root whose left child (layer 1) has a left child (layer 0)
+        // holding a key above the root's key; the layer-1 child holds keys in order.
+        let mid = key_between(1, lo, hi);
+        let top = key_between(2, &key_between(0, &mid, hi), hi);
+        let grandchild_key = key_between(0, &top, hi);
+        let (kg, km, kt) = (e(&grandchild_key), e(&mid), e(&top));
+        let grandchild = put(&mut src, None, &[(&kg.0, v.as_cid(), None)]);
+        let child = put(
+            &mut src,
+            None,
+            &[(&km.0, v.as_cid(), Some(grandchild.as_cid()))],
+        );
+        let root = put(&mut src, Some(child.as_cid()), &[(&kt.0, v.as_cid(), None)]);
+        assert!(
+            matches!(keys_of(&src, root), Err(MstError::KeyOrder { key, .. }) if key == top),
+            "{:?}",
+            keys_of(&src, root)
+        );
+        // The same shape in order walks.
+        let grandchild_key = key_between(0, &mid, &top);
+        let kg = e(&grandchild_key);
+        let grandchild = put(&mut src, None, &[(&kg.0, v.as_cid(), None)]);
+        let child = put(
+            &mut src,
+            None,
+            &[(&km.0, v.as_cid(), Some(grandchild.as_cid()))],
+        );
+        let root = put(&mut src, Some(child.as_cid()), &[(&kt.0, v.as_cid(), None)]);
+        assert_eq!(keys_of(&src, root).unwrap(), [mid, grandchild_key, top]);
     }
 
     #[test]
