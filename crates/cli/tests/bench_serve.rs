@@ -85,7 +85,18 @@ fn bench_serve_replays_a_stream_with_sync_events() {
         "v2_replay_disk_zstd_events_per_s",
         "store_bytes_per_event",
         "ingest_cpu_us_per_event",
+        "v2_to_v1_replay_memory_paired",
+        "v2_to_v1_replay_disk_paired",
     ] {
         assert!(v[k]["median"].as_f64().unwrap() > 0.0, "{k}: {}", v[k]);
     }
+    // A paired ratio lies between the smallest and the largest per-pass quotient of the rates.
+    let rates = |k: &str| v[k]["min"].as_f64().unwrap()..=v[k]["max"].as_f64().unwrap();
+    let (v1, v2) = (
+        rates("replay_disk_events_per_s"),
+        rates("v2_replay_disk_events_per_s"),
+    );
+    let p = v["v2_to_v1_replay_disk_paired"]["median"].as_f64().unwrap();
+    let (lo, hi) = (v2.start() / v1.end(), v2.end() / v1.start());
+    assert!(lo - 0.01 <= p && p <= hi + 0.01, "{p} outside {lo}..{hi}");
 }

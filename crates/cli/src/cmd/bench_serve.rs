@@ -17,6 +17,10 @@
 //!    fit in it, from the store) and from disk (a log over the same store with an empty tail, as
 //!    for a cursor older than the tail); each plain and with `compress=true` (from disk, the
 //!    zstd frames of events in sealed blocks are made at send time: `riptide_serve::store`).
+//!    `v2_to_v1_replay_memory` / `_disk` compare the wires' median events/s;
+//!    `v2_to_v1_replay_memory_paired` / `_disk_paired` take v2 ÷ v1 within each pass (the two
+//!    replays run one after the other), so a slow moment of the machine, which hits both, cancels:
+//!    on the development VM single passes swing ±15% and a run's ratio of medians ±7%.
 //! 3. **Live subscribers** (a child `riptide serve` process, so its memory is measured alone):
 //!    `--subscribers` live clients while the server ingests at `--rate` frames/s; VmRSS of the
 //!    server before and with the clients, per-subscriber memory, and events each client got. The
@@ -371,6 +375,11 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
             eprintln!("pass {pass}: v2 replay from disk, zstd: {rate:.0} events/s");
         }
     }
+    // Per pass, v2 ÷ v1 of the two replays made one after the other (module docs).
+    let paired =
+        |v2: &[f64], v1: &[f64]| Stats::of(v2.iter().zip(v1).map(|(b, a)| b / a).collect()).json();
+    let paired_memory = paired(&v2_rates, &replay_rates);
+    let paired_disk = paired(&v2_disk_rates, &disk_rates);
     let ingest = Stats::of(ingest_rates);
     let cpu = Stats::of(ingest_cpu);
     let mut out = serde_json::json!({
@@ -430,6 +439,8 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
     let disk = ratio("v2_replay_disk_events_per_s", "replay_disk_events_per_s");
     out["v2_to_v1_replay_memory"] = serde_json::json!(memory);
     out["v2_to_v1_replay_disk"] = serde_json::json!(disk);
+    out["v2_to_v1_replay_memory_paired"] = paired_memory;
+    out["v2_to_v1_replay_disk_paired"] = paired_disk;
     if let (Some(v1), Some(v2)) = (
         out.get("live")
             .and_then(|l| l["delivered_events_per_s"].as_f64()),
