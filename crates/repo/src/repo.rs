@@ -179,7 +179,30 @@ impl<'a> Verifying<'a, '_> {
         }
     }
 
-    /// Checks every queued record (after the last leaf).
+    /// Queues a record (the guess failed) and requests the index entry of the one queued
+    /// [`RecordQueue::AHEAD`] leaves before it. Out of line: the in-order path stays small.
+    #[inline(never)]
+    fn enqueue(&mut self, key: &[u8], cid: Cid<'a>) {
+        if self.queue.pushed - self.queue.checked == RecordQueue::LEN {
+            self.check_oldest();
+        }
+        let q = &mut self.queue;
+        let slot = &mut q.slots[q.pushed % RecordQueue::LEN];
+        slot.0.clear();
+        slot.0.extend_from_slice(key);
+        slot.1 = Some(cid);
+        q.pushed += 1;
+        if q.pushed > RecordQueue::AHEAD {
+            let ahead = (q.pushed - 1 - RecordQueue::AHEAD) % RecordQueue::LEN;
+            if let Some(c) = q.slots[ahead].1 {
+                self.car.touch_entry(c);
+            }
+        }
+    }
+
+    /// Checks every queued record (after the last leaf, or when records come in file order
+    /// again).
+    #[inline(never)]
     fn drain(&mut self) {
         while self.queue.checked < self.queue.pushed {
             self.check_oldest();
@@ -236,23 +259,8 @@ impl<'a> Visit<'a, 'a> for Verifying<'a, '_> {
             if !self.records.find(self.car, cid) {
                 note_missing(&mut self.missing_records, &mut self.first_missing, key, cid);
             }
-            self.rebuild.leaf(key, cid, height, &self.nodes);
-            return;
-        }
-        if self.queue.pushed - self.queue.checked == RecordQueue::LEN {
-            self.check_oldest();
-        }
-        let q = &mut self.queue;
-        let slot = &mut q.slots[q.pushed % RecordQueue::LEN];
-        slot.0.clear();
-        slot.0.extend_from_slice(key);
-        slot.1 = Some(cid);
-        q.pushed += 1;
-        if q.pushed > RecordQueue::AHEAD {
-            let ahead = (q.pushed - 1 - RecordQueue::AHEAD) % RecordQueue::LEN;
-            if let Some(c) = q.slots[ahead].1 {
-                self.car.touch_entry(c);
-            }
+        } else {
+            self.enqueue(key, cid);
         }
         self.rebuild.leaf(key, cid, height, &self.nodes);
     }
