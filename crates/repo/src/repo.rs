@@ -12,13 +12,16 @@
 //! is allocated per record or per node beyond amortized buffer growth. Each record is first
 //! looked for in the block after the last record found (`RecordCursor`): a CAR that lists its
 //! records in key order (the generator's, any export written by walking the tree) confirms it
-//! with one access next to the last, where the index costs two random ones; a CAR in another
-//! order (a PDS's, sorted by CID) goes to the index at once. The walk looks each subtree's block
+//! with one access next to the last, where the index costs two random ones. In a CAR in another
+//! order (a PDS's, sorted by CID) records go through a short queue (`RecordQueue`): each is
+//! looked up in the index 16 leaves after the walk hands it over, its slot and entry requested
+//! before, so that the cache misses of many records overlap; the first missing record named is
+//! still the first in walk order. The walk looks each subtree's block
 //! up once, compares keys only across node boundaries, and takes key heights from the SHA-256
 //! lanes' leading zeros. Where the time goes on a 200,000-record repository (72 MB), and what
 //! was measured and did not pay: `bench/results/2026-11-24-vm/repo-walk.md`,
-//! `docs/gotchas.md`. Block order matters: the same repository in CID order verifies about 1.7×
-//! slower (index lookups and node bytes out of cache).
+//! `docs/gotchas.md`. Block order matters: the same repository in CID order verifies about 1.4×
+//! slower (0.48 of the SHA-256 bound against 0.68: subtree lookups and node bytes out of cache).
 //!
 //! Record blocks: a full export holds every record the MST points to, so a missing one is an
 //! error ([`RepoError::MissingRecord`]) unless [`RepoOptions::allow_missing_records`] is set (for
