@@ -12,13 +12,16 @@
 //! is allocated per record or per node beyond amortized buffer growth. Each record is first
 //! looked for in the block after the last record found (`RecordCursor`): a CAR that lists its
 //! records in key order (the generator's, any export written by walking the tree) confirms it
-//! with one access next to the last, where the index costs two random ones; a CAR in another
-//! order (a PDS's, sorted by CID) goes to the index at once. The walk looks each subtree's block
+//! with one access next to the last, where the index costs two random ones. In a CAR in another
+//! order (a PDS's, sorted by CID) records go through a short queue (`RecordQueue`): each is
+//! looked up in the index 16 leaves after the walk hands it over, its slot and entry requested
+//! before, so that the cache misses of many records overlap; the first missing record named is
+//! still the first in walk order. The walk looks each subtree's block
 //! up once, compares keys only across node boundaries, and takes key heights from the SHA-256
 //! lanes' leading zeros. Where the time goes on a 200,000-record repository (72 MB), and what
 //! was measured and did not pay: `bench/results/2026-11-24-vm/repo-walk.md`,
-//! `docs/gotchas.md`. Block order matters: the same repository in CID order verifies about 1.7×
-//! slower (index lookups and node bytes out of cache).
+//! `docs/gotchas.md`. Block order matters: the same repository in CID order verifies about 1.4×
+//! slower (0.48 of the SHA-256 bound against 0.68: subtree lookups and node bytes out of cache).
 //!
 //! Record blocks: a full export holds every record the MST points to, so a missing one is an
 //! error ([`RepoError::MissingRecord`]) unless [`RepoOptions::allow_missing_records`] is set (for
@@ -122,6 +125,92 @@ struct Verifying<'a, 'r> {
     first_missing: Option<(String, CidBuf)>,
     /// Where the last record found is, and whether it came right after the one before.
     records: RecordCursor,
+    /// Records visited but not yet looked for, oldest first.
+    queue: RecordQueue<'a>,
+}
+
+/// Records checked a few leaves after the walk hands them over, in the order it does. Why: in a
+/// CAR that is not in key order (a PDS's, sorted by CID) every record is an index lookup, two
+/// dependent cache misses (slot, then entry) on a large CAR; one at a time they were most of the
+/// walk's time. The walk starts loading each record's slot when it decodes the node; the entry
+/// is requested [`RecordQueue::AHEAD`] leaves later and the lookup done [`RecordQueue::LEN`]
+/// leaves later, so the misses of many records overlap. While records come in file order (the
+/// cursor's guess holds) no entry is requested: the guess needs none.
+struct RecordQueue<'a> {
+    /// `LEN` slots, used as a ring: key (for the error) and record CID.
+    slots: Vec<(Vec<u8>, Option<Cid<'a>>)>,
+    /// Records queued so far; slot `i % LEN` holds record `i`.
+    pushed: usize,
+    /// Records checked so far (`pushed - checked <= LEN`).
+    checked: usize,
+}
+
+impl<'a> RecordQueue<'a> {
+    /// Records in flight.
+    const LEN: usize = 16;
+    /// How many leaves after it is queued a record's index entry is requested.
+    const AHEAD: usize = 8;
+
+    fn new() -> Self {
+        RecordQueue {
+            slots: (0..Self::LEN).map(|_| (Vec::new(), None)).collect(),
+            pushed: 0,
+            checked: 0,
+        }
+    }
+}
+
+/// Counts a missing record, and names it if it is the first.
+#[cold]
+fn note_missing(count: &mut usize, first: &mut Option<(String, CidBuf)>, key: &[u8], cid: Cid<'_>) {
+    *count += 1;
+    if first.is_none() {
+        *first = Some((String::from_utf8_lossy(key).into_owned(), cid.to_buf()));
+    }
+}
+
+impl<'a> Verifying<'a, '_> {
+    /// Checks the oldest queued record.
+    #[inline]
+    fn check_oldest(&mut self) {
+        let q = &mut self.queue;
+        let (key, cid) = &mut q.slots[q.checked % RecordQueue::LEN];
+        q.checked += 1;
+        let Some(cid) = cid.take() else { return };
+        if !self.records.find(self.car, cid) {
+            note_missing(&mut self.missing_records, &mut self.first_missing, key, cid);
+        }
+    }
+
+    /// Queues a record (the guess failed) and requests the index entry of the one queued
+    /// [`RecordQueue::AHEAD`] leaves before it. Out of line: the in-order path stays small.
+    #[inline(never)]
+    fn enqueue(&mut self, key: &[u8], cid: Cid<'a>) {
+        if self.queue.pushed - self.queue.checked == RecordQueue::LEN {
+            self.check_oldest();
+        }
+        let q = &mut self.queue;
+        let slot = &mut q.slots[q.pushed % RecordQueue::LEN];
+        slot.0.clear();
+        slot.0.extend_from_slice(key);
+        slot.1 = Some(cid);
+        q.pushed += 1;
+        if q.pushed > RecordQueue::AHEAD {
+            let ahead = (q.pushed - 1 - RecordQueue::AHEAD) % RecordQueue::LEN;
+            if let Some(c) = q.slots[ahead].1 {
+                self.car.touch_entry(c);
+            }
+        }
+    }
+
+    /// Checks every queued record (after the last leaf, or when records come in file order
+    /// again).
+    #[inline(never)]
+    fn drain(&mut self) {
+        while self.queue.checked < self.queue.pushed {
+            self.check_oldest();
+        }
+    }
 }
 
 /// Where the next record's block probably is. A CAR written by walking the tree (the generator's,
@@ -163,12 +252,18 @@ impl RecordCursor {
 impl<'a> Visit<'a, 'a> for Verifying<'a, '_> {
     #[inline]
     fn leaf(&mut self, key: &[u8], cid: Cid<'a>, height: u32) {
-        if !self.records.find(self.car, cid) {
-            self.missing_records += 1;
-            if self.first_missing.is_none() {
-                self.first_missing =
-                    Some((String::from_utf8_lossy(key).into_owned(), cid.to_buf()));
+        if self.records.in_order {
+            // Records come in file order: check this one now (the guess needs no lookup),
+            // after any queued before it, so that the first missing is still the first in walk
+            // order.
+            if self.queue.checked < self.queue.pushed {
+                self.drain();
             }
+            if !self.records.find(self.car, cid) {
+                note_missing(&mut self.missing_records, &mut self.first_missing, key, cid);
+            }
+        } else {
+            self.enqueue(key, cid);
         }
         self.rebuild.leaf(key, cid, height, &self.nodes);
     }
@@ -292,8 +387,10 @@ pub fn verify_repo_traced(
         missing_records: 0,
         first_missing: None,
         records: RecordCursor::default(),
+        queue: RecordQueue::new(),
     };
     let walked = Walker::new().walk_with(&car, commit.data(), &mut v);
+    v.drain();
     timings.walk = t.elapsed();
     let stats = walked?;
     if let (Some((key, cid)), false) = (v.first_missing.take(), opts.allow_missing_records) {
@@ -524,6 +621,109 @@ mod tests {
             }
         }
         assert_eq!(checked, 24);
+    }
+
+    /// [`repo`] with one MST node (post-order index) left out, and the blocks in CID order (as a
+    /// PDS exports them) if `cid_order`.
+    fn repo_in(
+        leaves: &[(String, CidBuf)],
+        records: &[(CidBuf, Vec<u8>)],
+        key: &PrivateKey,
+        drop_node: Option<usize>,
+        cid_order: bool,
+    ) -> Vec<u8> {
+        let car = repo(leaves, records, key);
+        let mut reader = CarReader::new();
+        let parsed = reader.read(&car, &CarOptions::repository()).unwrap();
+        let (_, nodes) = crate::mst::build(leaves).unwrap();
+        assert_eq!(parsed.roots().len(), 1);
+        let dropped = drop_node.map(|i| nodes[i].0);
+        let mut blocks: Vec<(CidBuf, &[u8])> = parsed
+            .blocks()
+            .map(|b| (b.cid.to_buf(), b.data))
+            .filter(|(c, _)| Some(*c) != dropped)
+            .collect();
+        assert_eq!(blocks.len() + usize::from(dropped.is_some()), parsed.len());
+        if cid_order {
+            blocks.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        }
+        let root = parsed.roots().next().unwrap().to_buf();
+        write_car(&[root], blocks.iter().map(|(c, d)| (c.as_cid(), *d)))
+    }
+
+    #[test]
+    fn cid_order_pipelined_record_checks_give_the_same_verdicts() {
+        // In CID order every record check misses the in-order guess and goes through the
+        // pipeline (checked several leaves after it was visited, and the rest after the walk):
+        // the counts and the first missing record in walk order are those of the key-order CAR,
+        // including records dropped at the very start and among the last (checked by the final
+        // drain); and a missing MST node is reported as such, ahead of any missing record, in
+        // both orders.
+        let key = PrivateKey::from_bytes(Curve::Secp256k1, &[1; 32]).unwrap();
+        let records: Vec<(CidBuf, Vec<u8>)> = (0..400)
+            .map(|i| {
+                let r = OwnedValue::Text(format!("record {i}")).to_cbor();
+                (CidBuf::sha256(DAG_CBOR, &r), r)
+            })
+            .collect();
+        let leaves: Vec<(String, CidBuf)> = records
+            .iter()
+            .enumerate()
+            .map(|(i, (c, _))| (format!("app.bsky.feed.post/{i:04}"), *c))
+            .collect();
+        let allow = RepoOptions {
+            allow_missing_records: true,
+        };
+        let mut checked = 0;
+        for dropped in [
+            vec![],
+            vec![0],
+            vec![1, 2, 3, 200],
+            vec![399],
+            vec![390, 17],
+            (0..400).step_by(3).collect::<Vec<usize>>(),
+        ] {
+            let kept: Vec<(CidBuf, Vec<u8>)> = records
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !dropped.contains(i))
+                .map(|(_, r)| r.clone())
+                .collect();
+            for cid_order in [false, true] {
+                let car = repo_in(&leaves, &kept, &key, None, cid_order);
+                let r = verify_repo_with(&car, None, &allow).unwrap();
+                assert_eq!((r.records, r.missing_records), (400, dropped.len()));
+                match (dropped.iter().min(), verify_repo(&car, None)) {
+                    (None, Ok(r)) => assert_eq!(r.missing_records, 0),
+                    (Some(&first), Err(RepoError::MissingRecord { key, cid })) => {
+                        assert_eq!((key, cid), leaves[first].clone(), "{dropped:?}")
+                    }
+                    (_, other) => panic!("{dropped:?} {cid_order}: {other:?}"),
+                }
+                checked += 1;
+            }
+        }
+        assert_eq!(checked, 12);
+
+        let (_, nodes) = crate::mst::build(&leaves).unwrap();
+        assert!(nodes.len() > 3, "{}", nodes.len());
+        let kept: Vec<(CidBuf, Vec<u8>)> = records[1..].to_vec();
+        for node in [0, nodes.len() / 2, nodes.len() - 2] {
+            let mut verdicts = Vec::new();
+            for cid_order in [false, true] {
+                let car = repo_in(&leaves, &kept, &key, Some(node), cid_order);
+                for opts in [RepoOptions::default(), allow] {
+                    let e = verify_repo_with(&car, None, &opts).unwrap_err();
+                    assert_eq!(
+                        e,
+                        RepoError::Mst(crate::error::MstError::MissingBlock(nodes[node].0)),
+                        "{node} {cid_order}"
+                    );
+                    verdicts.push(e);
+                }
+            }
+            assert_eq!(verdicts.len(), 4);
+        }
     }
 
     #[test]

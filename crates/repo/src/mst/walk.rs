@@ -318,7 +318,7 @@ where
 }
 
 /// Tells the source about every CID a node links to: the index slots of its records (which
-/// callers such as `verify_repo` look up as the walk hands them over) and subtrees; then looks
+/// callers such as `verify_repo` look up as, or a few leaves after, the walk hands them over) and subtrees; then looks
 /// each subtree's block up, once, into `children` (left, then right of each entry; the walk
 /// takes them from there when it goes down) and starts loading its bytes, which the walk decodes
 /// next. On a large CAR the cache misses then overlap instead of coming one by one.
