@@ -477,11 +477,7 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: SubscribeOptions, start: Op
     .await;
     let gone = matches!(outcome, Outcome::Gone);
     match outcome {
-        Outcome::Close(code, reason) => {
-            send_close(&app, &mut sink, code, reason).await;
-            // Give the client a moment to read the close frame before the socket goes.
-            let _ = tokio::time::timeout(Duration::from_secs(1), ctl_rx.recv()).await;
-        }
+        Outcome::Close(code, reason) => close(&app, &mut sink, &mut ctl_rx, code, reason).await,
         Outcome::Drop(why) => {
             app.metrics.slow_drop(why);
             tracing::info!(reason = why.as_str(), "slow subscriber dropped");
@@ -555,6 +551,20 @@ pub(crate) async fn send_close(app: &App, sink: &mut Sink, code: u16, reason: St
         sink.send(Message::Close(Some(frame))),
     )
     .await;
+}
+
+/// Ends a connection the server closes ([`Outcome::Close`]), the same on both wires: the close
+/// frame ([`send_close`]), then a moment (at most 1 s) for the client to read it, until the reader
+/// says the client has gone, before the socket is dropped.
+pub(crate) async fn close(
+    app: &App,
+    sink: &mut Sink,
+    ctl_rx: &mut mpsc::Receiver<Ctl>,
+    code: u16,
+    reason: String,
+) {
+    send_close(app, sink, code, reason).await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), ctl_rx.recv()).await;
 }
 
 /// A client's Close, read: tungstenite has queued its reply (an echo, or 1002 for a code that is

@@ -73,7 +73,6 @@ use std::ops::Range;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::extract::ws::{Message, Utf8Bytes, WebSocket, WebSocketUpgrade};
 use axum::extract::{RawQuery, State};
@@ -1075,8 +1074,7 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: V2Options, start: V2Start) 
     let gone = matches!(outcome, Outcome::Gone);
     match outcome {
         Outcome::Close(code, reason) => {
-            crate::server::send_close(&app, &mut sink, code, reason).await;
-            let _ = tokio::time::timeout(Duration::from_secs(1), ctl_rx.recv()).await;
+            crate::server::close(&app, &mut sink, &mut ctl_rx, code, reason).await
         }
         Outcome::Drop(why) => {
             app.metrics.slow_drop(why);
