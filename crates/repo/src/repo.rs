@@ -456,6 +456,29 @@ mod tests {
         write_car(&[commit_cid], blocks.iter().map(|(c, d)| (c.as_cid(), *d)))
     }
 
+    /// `n` records (`"record {text(i)}"`) and a leaf for each, `collection/{i:04}` in key order:
+    /// leaf `i` points to record `i`, whose text is numbered `text(i)` (two leaves given the same
+    /// number share a record's content, so its CID).
+    #[allow(clippy::type_complexity)]
+    fn numbered(
+        n: usize,
+        collection: &str,
+        text: impl Fn(usize) -> usize,
+    ) -> (Vec<(CidBuf, Vec<u8>)>, Vec<(String, CidBuf)>) {
+        let records: Vec<(CidBuf, Vec<u8>)> = (0..n)
+            .map(|i| {
+                let r = OwnedValue::Text(format!("record {}", text(i))).to_cbor();
+                (CidBuf::sha256(DAG_CBOR, &r), r)
+            })
+            .collect();
+        let leaves = records
+            .iter()
+            .enumerate()
+            .map(|(i, (c, _))| (format!("{collection}/{i:04}"), *c))
+            .collect();
+        (records, leaves)
+    }
+
     #[test]
     fn empty_and_small_repos() {
         let key = PrivateKey::from_bytes(Curve::Secp256k1, &[1; 32]).unwrap();
@@ -503,17 +526,7 @@ mod tests {
         // two out of key order; the error names the first in walk (key) order, and
         // `allow_missing_records` counts them all.
         let key = PrivateKey::from_bytes(Curve::Secp256k1, &[1; 32]).unwrap();
-        let records: Vec<(CidBuf, Vec<u8>)> = (0..100)
-            .map(|i| {
-                let r = OwnedValue::Text(format!("record {i}")).to_cbor();
-                (CidBuf::sha256(DAG_CBOR, &r), r)
-            })
-            .collect();
-        let leaves: Vec<(String, CidBuf)> = records
-            .iter()
-            .enumerate()
-            .map(|(i, (c, _))| (format!("app.bsky.feed.like/{i:04}"), *c))
-            .collect();
+        let (records, leaves) = numbered(100, "app.bsky.feed.like", |i| i);
         let allow = RepoOptions {
             allow_missing_records: true,
         };
@@ -551,19 +564,12 @@ mod tests {
         // two leaves sharing a record, and records dropped here and there: every order gives the
         // counts and the first missing record (in walk order) of the in-order CAR.
         let key = PrivateKey::from_bytes(Curve::Secp256k1, &[1; 32]).unwrap();
-        let records: Vec<(CidBuf, Vec<u8>)> = (0..300)
-            .map(|i| {
-                // Leaves 100 and 101 point to the same record.
-                let r = OwnedValue::Text(format!("record {}", if i == 101 { 100 } else { i }));
-                let r = r.to_cbor();
-                (CidBuf::sha256(DAG_CBOR, &r), r)
-            })
-            .collect();
-        let leaves: Vec<(String, CidBuf)> = records
-            .iter()
-            .enumerate()
-            .map(|(i, (c, _))| (format!("app.bsky.feed.like/{i:04}"), *c))
-            .collect();
+        // Leaves 100 and 101 point to the same record.
+        let (records, leaves) = numbered(
+            300,
+            "app.bsky.feed.like",
+            |i| if i == 101 { 100 } else { i },
+        );
         let allow = RepoOptions {
             allow_missing_records: true,
         };
@@ -660,17 +666,7 @@ mod tests {
         // drain); and a missing MST node is reported as such, ahead of any missing record, in
         // both orders.
         let key = PrivateKey::from_bytes(Curve::Secp256k1, &[1; 32]).unwrap();
-        let records: Vec<(CidBuf, Vec<u8>)> = (0..400)
-            .map(|i| {
-                let r = OwnedValue::Text(format!("record {i}")).to_cbor();
-                (CidBuf::sha256(DAG_CBOR, &r), r)
-            })
-            .collect();
-        let leaves: Vec<(String, CidBuf)> = records
-            .iter()
-            .enumerate()
-            .map(|(i, (c, _))| (format!("app.bsky.feed.post/{i:04}"), *c))
-            .collect();
+        let (records, leaves) = numbered(400, "app.bsky.feed.post", |i| i);
         let allow = RepoOptions {
             allow_missing_records: true,
         };

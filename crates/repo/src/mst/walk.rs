@@ -489,15 +489,15 @@ mod tests {
         // holding a key above the root's key; the layer-1 child holds keys in order.
         let mid = key_between(1, lo, hi);
         let top = key_between(2, &key_between(0, &mid, hi), hi);
-        let grandchild_key = key_between(0, &top, hi);
-        let (kg, km, kt) = (e(&grandchild_key), e(&mid), e(&top));
-        let grandchild = put(&mut src, None, &[(&kg.0, v.as_cid(), None)]);
-        let child = put(
-            &mut src,
-            None,
-            &[(&km.0, v.as_cid(), Some(grandchild.as_cid()))],
-        );
-        let root = put(&mut src, Some(child.as_cid()), &[(&kt.0, v.as_cid(), None)]);
+        let (km, kt) = (e(&mid), e(&top));
+        // The root (`top`), its left child (`mid`) and that child's left child (`grandchild`).
+        let three_levels = |src: &mut _, grandchild: &String| {
+            let kg = e(grandchild);
+            let grandchild = put(src, None, &[(&kg.0, v.as_cid(), None)]);
+            let child = put(src, None, &[(&km.0, v.as_cid(), Some(grandchild.as_cid()))]);
+            put(src, Some(child.as_cid()), &[(&kt.0, v.as_cid(), None)])
+        };
+        let root = three_levels(&mut src, &key_between(0, &top, hi));
         assert!(
             matches!(keys_of(&src, root), Err(MstError::KeyOrder { key, .. }) if key == top),
             "{:?}",
@@ -505,14 +505,7 @@ mod tests {
         );
         // The same shape in order walks.
         let grandchild_key = key_between(0, &mid, &top);
-        let kg = e(&grandchild_key);
-        let grandchild = put(&mut src, None, &[(&kg.0, v.as_cid(), None)]);
-        let child = put(
-            &mut src,
-            None,
-            &[(&km.0, v.as_cid(), Some(grandchild.as_cid()))],
-        );
-        let root = put(&mut src, Some(child.as_cid()), &[(&kt.0, v.as_cid(), None)]);
+        let root = three_levels(&mut src, &grandchild_key);
         assert_eq!(keys_of(&src, root).unwrap(), [mid, grandchild_key, top]);
     }
 
