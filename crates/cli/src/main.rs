@@ -5,6 +5,10 @@
 //! 2 usage or I/O error. A closed stdout pipe (`| head`) ends the program quietly. Logging and
 //! the error line: `log`.
 
+// The subcommands' doc comments are clap's `--help` text, where `<did>`, `<TAB>` and the like are
+// meant literally; rustdoc would read them as HTML tags.
+#![allow(rustdoc::invalid_html_tags)]
+
 mod alloc;
 mod cmd;
 mod log;

@@ -55,7 +55,7 @@ pub struct ClientConfig {
     pub cursor_store: Option<Arc<dyn CursorStore>>,
     /// The cursor to start from when the store holds none (`None`: live).
     pub start_cursor: Option<i64>,
-    /// Acknowledged cursors are written to the store at most this often ([`Session::flush`]
+    /// Acknowledged cursors are written to the store at most this often (`Session::flush`
     /// writes at once).
     pub persist_every: Duration,
 }

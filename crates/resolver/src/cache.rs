@@ -58,20 +58,20 @@ pub struct CacheStats {
     pub expired: AtomicU64,
 }
 
-/// A point-in-time copy of [`CacheStats`].
+/// A point-in-time copy of `CacheStats`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheCounts {
-    /// See [`CacheStats::hits`].
+    /// See `CacheStats::hits`.
     pub hits: u64,
-    /// See [`CacheStats::negative_hits`].
+    /// See `CacheStats::negative_hits`.
     pub negative_hits: u64,
-    /// See [`CacheStats::coalesced`].
+    /// See `CacheStats::coalesced`.
     pub coalesced: u64,
-    /// See [`CacheStats::fetches`].
+    /// See `CacheStats::fetches`.
     pub fetches: u64,
-    /// See [`CacheStats::invalidations`].
+    /// See `CacheStats::invalidations`.
     pub invalidations: u64,
-    /// See [`CacheStats::expired`].
+    /// See `CacheStats::expired`.
     pub expired: u64,
 }
 

@@ -13,7 +13,7 @@
 //! - the cache (inside [`Resolver`]): LRU-bounded, TTL, negative entries, [`Resolver::invalidate`]
 //!   on `#identity`, one network request for a burst of lookups of one DID.
 //! - [`ResolverKeys`] / [`verify_resolving`]: keys for the synchronous firehose verifier (warm the
-//!   cache, then verify; see [`keys`](crate::keys) for why and what happens on a miss);
+//!   cache, then verify; see [`keys`] for why and what happens on a miss);
 //!   [`DocKeys`]: the same from a static set of DID documents.
 //! - [`verify_handle`]: the trust chain behind `riptide verify-handle`.
 //!

@@ -51,7 +51,7 @@
 //! upstream cursor: the `resyncing` state, the queue mark, every held frame, and their release
 //! with the events they produced. After `kill -9` the next start reloads the held frames into
 //! the workers that own their accounts and queues every marked account again
-//! ([`load_pending`]); frames after the cursor are verified again as always. A resync in flight
+//! (`load_pending`); frames after the cursor are verified again as always. A resync in flight
 //! at the crash is simply done again.
 
 use std::collections::{HashMap, HashSet, VecDeque};

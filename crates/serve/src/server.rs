@@ -7,9 +7,9 @@
 //! `server shutting down`.
 //!
 //! **One loop for both wires.** `/subscribe` and `subscribeEvents` (`v2.rs`) run the same
-//! subscriber loop ([`stream`]): read a batch, write it, flush, step aside, slow rule, control,
+//! subscriber loop (`stream`): read a batch, write it, flush, step aside, slow rule, control,
 //! keepalive. They differ only in which events a subscriber gets and how an event becomes a
-//! message ([`Frames`]), so a change to the loop (a pause, a rule, a read) reaches both.
+//! message (`Frames`), so a change to the loop (a pause, a rule, a read) reaches both.
 //!
 //! **Memory per subscriber is constant and small**, whatever the event rate and however far
 //! behind the subscriber is: a 4 KiB WebSocket read buffer ([`WS_READ_BUFFER`]; clients send
@@ -53,7 +53,7 @@
 //! **Protocol violations** by a client (text that is not UTF-8, unmasked frames, reserved bits or
 //! opcodes, oversized pings, a close code that is not allowed) are answered with the close code
 //! RFC 6455 asks for (1007, 1002, 1009), counted in `riptide_client_errors_total`. Both wires read
-//! their clients with the same task ([`reader`]); they differ only in what a data frame means.
+//! their clients with the same task (`reader`); they differ only in what a data frame means.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicI64};
@@ -101,13 +101,13 @@ pub const WS_MAX_WRITE_BUFFER: usize = 64 << 20;
 pub(crate) const IDLE_BATCH_CAPACITY: usize = 16;
 
 /// Upstream frames waiting for ingest above which subscribers pause between batches
-/// ([`PRESSURE_PAUSE`]): a quarter of the upstream channel (`riptide serve` uses 4096).
+/// (`PRESSURE_PAUSE`): a quarter of the upstream channel (`riptide serve` uses 4096).
 pub const INGEST_PRESSURE: i64 = 1024;
 
 /// How long a subscriber pauses after a batch while ingest is under pressure.
 const PRESSURE_PAUSE: Duration = Duration::from_millis(5);
 
-/// Environment variable overriding [`PRESSURE_PAUSE`], in milliseconds (0: no pause). For
+/// Environment variable overriding `PRESSURE_PAUSE`, in milliseconds (0: no pause). For
 /// benchmarks (`riptide bench serve --pressure-pause-ms`); not a contract of `riptide serve`.
 pub const PRESSURE_PAUSE_ENV: &str = "RIPTIDE_BENCH_PRESSURE_PAUSE_MS";
 

@@ -579,7 +579,7 @@ fn v1_parts(e: &Event, json: &[u8]) -> Option<V1Parts> {
 }
 
 /// The kind's object of a stored v1 event (`{"rev":…}` for a commit, the upstream object
-/// otherwise), found by checking the v1 prefix ([`V1Parts`]). `None` if the stored JSON does not
+/// otherwise), found by checking the v1 prefix (`V1Parts`). `None` if the stored JSON does not
 /// have the prefix (it always has: the writer renders it).
 pub fn kind_object(e: &Event) -> Option<Bytes> {
     let json = e.json();
@@ -594,7 +594,7 @@ pub fn render(e: &Event) -> Option<String> {
 
 /// [`render`], with the `time` formatter of a subscriber (or any caller rendering many frames).
 /// Exactly one allocation, of exactly the frame's size, and no UTF-8 check but of the `time`:
-/// the frame is fixed ASCII around three slices of the event's JSON ([`V1Parts`]), which was
+/// the frame is fixed ASCII around three slices of the event's JSON (`V1Parts`), which was
 /// checked once ([`Event::text`]). Six copies: the envelope and `"seq":`; the seq and its comma;
 /// `"did":"…"`; the `time` field; for a commit its fields (`"rev":…}`) and the closing `}`, as
 /// one slice, for another kind its name, then its object and the closing `}`, as one slice, then

@@ -27,7 +27,7 @@ pub struct Faults {
     /// Relay: milliseconds to wait before each frame (0: none).
     pub relay_frame_delay_ms: u64,
     /// Every Nth request is answered `429 Too Many Requests` with `Retry-After:`
-    /// [`RETRY_AFTER_SECS`] (0: never). Checked after `error_every`, before `drop_every`.
+    /// `RETRY_AFTER_SECS` (0: never). Checked after `error_every`, before `drop_every`.
     pub rate_limit_every: u64,
 }
 

@@ -176,9 +176,9 @@ fn bytes_in<'a>(v: Value<'_>, block: &'a [u8]) -> Option<&'a [u8]> {
 /// `expected_layer` when given; no subtree pointers on layer 0.
 ///
 /// Two paths, one verdict. Canonical DAG-CBOR leaves a node exactly one byte layout, so
-/// [`decode_canonical`] reads that layout directly, about three times faster than the general
+/// `decode_canonical` reads that layout directly, about three times faster than the general
 /// tape (the walk of a large repository is mostly node decoding). Anything it does not accept,
-/// valid or not, goes through [`decode_general`], which decides and explains: the fast path only
+/// valid or not, goes through `decode_general`, which decides and explains: the fast path only
 /// ever accepts nodes the general one accepts, with the same result (tested on real nodes and on
 /// every single-byte mutation of them).
 pub fn decode_node<'a>(

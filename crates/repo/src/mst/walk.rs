@@ -90,7 +90,7 @@ impl Walker {
     /// [`Walker::walk_nodes`] with one visitor for leaves and nodes (so that both can work on
     /// the same state).
     ///
-    /// Keys' heights are checked sixteen at a time (see [`PendingHeights`]), so the visitor may
+    /// Keys' heights are checked sixteen at a time (see `PendingHeights`), so the visitor may
     /// be handed a few leaves and nodes before the walk finds that a key above them is on the
     /// wrong layer; the walk's result is what says whether the tree is canonical, and its error
     /// is always the first problem in walk order.

@@ -133,7 +133,7 @@ fn build(leaves: &[(&[u8], CidBuf, u32)], layer: u32) -> Option<Link> {
 impl Tree {
     /// The tree of `leaves` (strictly ascending keys), built bottom-up wholly in memory; its
     /// CIDs are computed by the first [`Tree::root_cid`]. The same tree as inserting the leaves
-    /// one by one, and the same root as [`crate::mst::build`].
+    /// one by one, and the same root as [`crate::mst::build()`].
     pub fn from_sorted<K: AsRef<[u8]>>(leaves: &[(K, CidBuf)]) -> Result<Tree, BuildError> {
         let mut with_heights = Vec::with_capacity(leaves.len());
         let mut top = 0;
