@@ -500,7 +500,7 @@ impl ShortBatch {
             return std::array::from_fn(|i| leading_zero_bits(st.0.iter().map(|w| w[i])));
         }
         let d = self.digests();
-        std::array::from_fn(|i| leading_zero_bits(d[i].chunks_exact(4).map(be_word)))
+        std::array::from_fn(|i| leading_zero_bits(digest_words(&d[i])))
     }
 
     /// [`ShortBatch::digests`] on a CPU without AVX-512: SHA-NI pairs or `sha2`.
@@ -549,10 +549,10 @@ fn leading_zero_bits(words: impl Iterator<Item = u32>) -> u32 {
     zeros
 }
 
-/// Four bytes as a big-endian word (fewer are zero-extended; callers pass exactly four).
+/// A digest as its eight big-endian words.
 #[inline]
-fn be_word(b: &[u8]) -> u32 {
-    b.iter().fold(0, |w, &x| w << 8 | u32::from(x))
+fn digest_words(d: &Digest) -> impl Iterator<Item = u32> + '_ {
+    d.as_chunks::<4>().0.iter().map(|w| u32::from_be_bytes(*w))
 }
 
 /// Writes the padded end of a message into `out`: `rest` (the bytes after its last full block,
@@ -1148,7 +1148,7 @@ mod tests {
             let z = b.leading_zeros();
             assert!(b.is_empty());
             for (i, m) in chunk.iter().enumerate() {
-                let want = leading_zero_bits(sha256(m).chunks_exact(4).map(be_word));
+                let want = leading_zero_bits(digest_words(&sha256(m)));
                 let bits: String = sha256(m).iter().map(|x| format!("{x:08b}")).collect();
                 assert_eq!(
                     want as usize,
@@ -1161,7 +1161,12 @@ mod tests {
         // Digests do not start with 32 zero bits; the count goes on across words all the same.
         assert_eq!(leading_zero_bits([0, 0, 1 << 20].into_iter()), 64 + 11);
         assert_eq!(leading_zero_bits([0u32; 8].into_iter()), 256);
-        assert_eq!(be_word(&[0x12, 0x34, 0x56, 0x78]), 0x1234_5678);
+        let mut d = [0u8; 32];
+        d[..5].copy_from_slice(&[0x12, 0x34, 0x56, 0x78, 0x9a]);
+        assert_eq!(
+            digest_words(&d).take(2).collect::<Vec<_>>(),
+            [0x1234_5678, 0x9a00_0000]
+        );
     }
 
     proptest! {
