@@ -45,7 +45,7 @@ fn bench_serve_replays_a_stream_with_sync_events() {
             "--repeat",
             "1",
             "--passes",
-            "1",
+            "2",
             "--subscribers",
             "0",
             "--chain",
@@ -69,6 +69,20 @@ fn bench_serve_replays_a_stream_with_sync_events() {
     }
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
+    // The plain replays alternate their order: v1 first in pass 0, v2 first in pass 1.
+    let log = stderr(&out);
+    for (pass, source) in [(0, "memory"), (0, "disk"), (1, "memory"), (1, "disk")] {
+        let at = |v2: bool| {
+            let line = format!("pass {pass}: {}replay ", if v2 { "v2 " } else { "" });
+            log.lines()
+                .position(|l| l.starts_with(&line) && l.contains(&format!("from {source}:")))
+                .unwrap_or_else(|| panic!("no {line}… from {source}: {log}"))
+        };
+        assert!(
+            at(pass == 1) < at(pass == 0),
+            "pass {pass}, {source}: {log}"
+        );
+    }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let all = v["events_per_pass"].as_u64().unwrap();
     let v1 = v["events_per_pass_v1"].as_u64().unwrap();

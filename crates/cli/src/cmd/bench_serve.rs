@@ -20,7 +20,9 @@
 //!    `v2_to_v1_replay_memory` / `_disk` compare the wires' median events/s;
 //!    `v2_to_v1_replay_memory_paired` / `_disk_paired` take v2 ÷ v1 within each pass (the two
 //!    replays run one after the other), so a slow moment of the machine, which hits both, cancels:
-//!    on the development VM single passes swing ±15% and a run's ratio of medians ±7%.
+//!    on the development VM single passes swing ±15% and a run's ratio of medians ±7%. The two
+//!    plain replays alternate their order (v1 first on even passes, v2 on odd ones), so neither
+//!    wire always runs in the other's wake (a warm or cold cache, a clock that just changed).
 //! 3. **Live subscribers** (a child `riptide serve` process, so its memory is measured alone):
 //!    `--subscribers` live clients while the server ingests at `--rate` frames/s; VmRSS of the
 //!    server before and with the clients, per-subscriber memory, and events each client got. The
@@ -135,6 +137,16 @@ enum ChainMode {
     Off,
     On,
     Both,
+}
+
+/// The two wires in the order a pass replays them: v1 first on even passes, v2 first on odd
+/// ones (module docs).
+fn wire_order(pass: usize) -> [Wire; 2] {
+    if pass % 2 == 0 {
+        [Wire::V1, Wire::V2]
+    } else {
+        [Wire::V2, Wire::V1]
+    }
 }
 
 /// The two wires measured.
@@ -291,26 +303,36 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         let from_tail = (tail_events as u64).min(s.events);
         let d1 = &dict;
         let one = |log: Arc<Log>, wire, c| replay(log, metrics.clone(), counts, wire, c, d1);
-        let rate = rec(
-            &mut replay_cpu,
-            "memory_v1",
-            one(log.clone(), Wire::V1, Compress::None).await?,
-        );
-        replay_rates.push(rate);
-        eprintln!(
-            "pass {pass}: replay {} events ({from_tail} in the tail) from memory: {rate:.0} events/s",
-            counts.v1
-        );
-        let rate = rec(
-            &mut replay_cpu,
-            "memory_v2",
-            one(log.clone(), Wire::V2, Compress::None).await?,
-        );
-        v2_rates.push(rate);
-        eprintln!(
-            "pass {pass}: v2 replay {} events from memory: {rate:.0} events/s",
-            counts.v2
-        );
+        // The two wires' plain replays, v1 first on even passes and v2 first on odd ones, so
+        // that neither always runs in the other's wake (module docs, "paired").
+        for wire in wire_order(pass) {
+            match wire {
+                Wire::V1 => {
+                    let rate = rec(
+                        &mut replay_cpu,
+                        "memory_v1",
+                        one(log.clone(), Wire::V1, Compress::None).await?,
+                    );
+                    replay_rates.push(rate);
+                    eprintln!(
+                        "pass {pass}: replay {} events ({from_tail} in the tail) from memory: {rate:.0} events/s",
+                        counts.v1
+                    );
+                }
+                Wire::V2 => {
+                    let rate = rec(
+                        &mut replay_cpu,
+                        "memory_v2",
+                        one(log.clone(), Wire::V2, Compress::None).await?,
+                    );
+                    v2_rates.push(rate);
+                    eprintln!(
+                        "pass {pass}: v2 replay {} events from memory: {rate:.0} events/s",
+                        counts.v2
+                    );
+                }
+            }
+        }
         let rate = rec(
             &mut replay_cpu,
             "memory_v1_compressed",
@@ -336,28 +358,36 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
                 max_bytes: 0,
             },
         ));
-        let reads0 = metrics.replay_reads.load(Relaxed);
-        let rate = rec(
-            &mut replay_cpu,
-            "disk_v1",
-            one(disk.clone(), Wire::V1, Compress::None).await?,
-        );
-        disk_rates.push(rate);
-        eprintln!(
-            "pass {pass}: replay {} events from disk: {rate:.0} events/s ({} store reads)",
-            counts.v1,
-            metrics.replay_reads.load(Relaxed) - reads0
-        );
-        let rate = rec(
-            &mut replay_cpu,
-            "disk_v2",
-            one(disk.clone(), Wire::V2, Compress::None).await?,
-        );
-        v2_disk_rates.push(rate);
-        eprintln!(
-            "pass {pass}: v2 replay {} events from disk: {rate:.0} events/s",
-            counts.v2
-        );
+        for wire in wire_order(pass) {
+            match wire {
+                Wire::V1 => {
+                    let reads0 = metrics.replay_reads.load(Relaxed);
+                    let rate = rec(
+                        &mut replay_cpu,
+                        "disk_v1",
+                        one(disk.clone(), Wire::V1, Compress::None).await?,
+                    );
+                    disk_rates.push(rate);
+                    eprintln!(
+                        "pass {pass}: replay {} events from disk: {rate:.0} events/s ({} store reads)",
+                        counts.v1,
+                        metrics.replay_reads.load(Relaxed) - reads0
+                    );
+                }
+                Wire::V2 => {
+                    let rate = rec(
+                        &mut replay_cpu,
+                        "disk_v2",
+                        one(disk.clone(), Wire::V2, Compress::None).await?,
+                    );
+                    v2_disk_rates.push(rate);
+                    eprintln!(
+                        "pass {pass}: v2 replay {} events from disk: {rate:.0} events/s",
+                        counts.v2
+                    );
+                }
+            }
+        }
         let rate = rec(
             &mut replay_cpu,
             "disk_v1_compressed",
