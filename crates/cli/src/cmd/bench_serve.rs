@@ -142,7 +142,7 @@ enum ChainMode {
 /// The two wires in the order a pass replays them: v1 first on even passes, v2 first on odd
 /// ones (module docs).
 fn wire_order(pass: usize) -> [Wire; 2] {
-    if pass % 2 == 0 {
+    if pass.is_multiple_of(2) {
         [Wire::V1, Wire::V2]
     } else {
         [Wire::V2, Wire::V1]
