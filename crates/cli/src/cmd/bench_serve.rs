@@ -306,32 +306,19 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         // The two wires' plain replays, v1 first on even passes and v2 first on odd ones, so
         // that neither always runs in the other's wake (module docs, "paired").
         for wire in wire_order(pass) {
-            match wire {
-                Wire::V1 => {
-                    let rate = rec(
-                        &mut replay_cpu,
-                        "memory_v1",
-                        one(log.clone(), Wire::V1, Compress::None).await?,
-                    );
-                    replay_rates.push(rate);
-                    eprintln!(
-                        "pass {pass}: replay {} events ({from_tail} in the tail) from memory: {rate:.0} events/s",
-                        counts.v1
-                    );
-                }
-                Wire::V2 => {
-                    let rate = rec(
-                        &mut replay_cpu,
-                        "memory_v2",
-                        one(log.clone(), Wire::V2, Compress::None).await?,
-                    );
-                    v2_rates.push(rate);
-                    eprintln!(
-                        "pass {pass}: v2 replay {} events from memory: {rate:.0} events/s",
-                        counts.v2
-                    );
-                }
-            }
+            let (name, rates, label, events) = match wire {
+                Wire::V1 => ("memory_v1", &mut replay_rates, "", counts.v1),
+                Wire::V2 => ("memory_v2", &mut v2_rates, "v2 ", counts.v2),
+            };
+            let rate = rec(
+                &mut replay_cpu,
+                name,
+                one(log.clone(), wire, Compress::None).await?,
+            );
+            rates.push(rate);
+            eprintln!(
+                "pass {pass}: {label}replay {events} events ({from_tail} in the tail) from memory: {rate:.0} events/s"
+            );
         }
         let rate = rec(
             &mut replay_cpu,
@@ -359,34 +346,21 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
             },
         ));
         for wire in wire_order(pass) {
-            match wire {
-                Wire::V1 => {
-                    let reads0 = metrics.replay_reads.load(Relaxed);
-                    let rate = rec(
-                        &mut replay_cpu,
-                        "disk_v1",
-                        one(disk.clone(), Wire::V1, Compress::None).await?,
-                    );
-                    disk_rates.push(rate);
-                    eprintln!(
-                        "pass {pass}: replay {} events from disk: {rate:.0} events/s ({} store reads)",
-                        counts.v1,
-                        metrics.replay_reads.load(Relaxed) - reads0
-                    );
-                }
-                Wire::V2 => {
-                    let rate = rec(
-                        &mut replay_cpu,
-                        "disk_v2",
-                        one(disk.clone(), Wire::V2, Compress::None).await?,
-                    );
-                    v2_disk_rates.push(rate);
-                    eprintln!(
-                        "pass {pass}: v2 replay {} events from disk: {rate:.0} events/s",
-                        counts.v2
-                    );
-                }
-            }
+            let (name, rates, label, events) = match wire {
+                Wire::V1 => ("disk_v1", &mut disk_rates, "", counts.v1),
+                Wire::V2 => ("disk_v2", &mut v2_disk_rates, "v2 ", counts.v2),
+            };
+            let reads0 = metrics.replay_reads.load(Relaxed);
+            let rate = rec(
+                &mut replay_cpu,
+                name,
+                one(disk.clone(), wire, Compress::None).await?,
+            );
+            rates.push(rate);
+            eprintln!(
+                "pass {pass}: {label}replay {events} events from disk: {rate:.0} events/s ({} store reads)",
+                metrics.replay_reads.load(Relaxed) - reads0
+            );
         }
         let rate = rec(
             &mut replay_cpu,
