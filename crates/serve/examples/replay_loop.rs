@@ -18,6 +18,11 @@ use std::time::Instant;
 use futures_util::StreamExt;
 use riptide_serve::{router, App, Log, Metrics, ReadLimit, ServerConfig, Store, TailLimits};
 
+/// The server's allocator (`riptide serve` runs on mimalloc: `riptide-cli`'s `alloc`), so the
+/// profile shows what the server pays per frame.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
