@@ -556,13 +556,14 @@ fn held_bytes(e: &TopicEvent) -> usize {
     e.json.len() + e.did.len() + e.collection.len() + 64
 }
 
-/// Compresses an event's JSON with the local dictionary, if any.
+/// The stored form of an event, with its JSON compressed by `compressor` (the local dictionary,
+/// when the form is wanted: `riptide_serve::log`).
 fn to_event(
     e: &TopicEvent,
-    compressor: &mut Option<zstd::bulk::Compressor<'static>>,
+    compressor: Option<&mut zstd::bulk::Compressor<'static>>,
     zbuf: &mut Vec<u8>,
 ) -> Result<Event, KafkaError> {
-    let z: &[u8] = match compressor.as_mut() {
+    let z: &[u8] = match compressor {
         Some(c) => {
             zbuf.clear();
             zbuf.reserve(zstd::zstd_safe::compress_bound(e.json.len()));
@@ -583,7 +584,6 @@ pub fn catch_up(
     url: &KafkaUrl,
     store: &Store,
     local: Resume,
-    mut compressor: Option<zstd::bulk::Compressor<'static>>,
     metrics: &Arc<Metrics>,
 ) -> Result<Resume, KafkaError> {
     let empty = local.next_seq <= 1 && local.last_time_us == 0 && local.upstream_cursor.is_none();
@@ -661,8 +661,9 @@ pub fn catch_up(
                     what: "reading a committed batch's events while catching up",
                 });
             }
+            // Catching up, before any subscriber: the form is made when one wants it.
             for e in &got {
-                events.push(to_event(e, &mut compressor, &mut zbuf)?);
+                events.push(to_event(e, None, &mut zbuf)?);
             }
         }
         // With the batch's resync changes: what the publisher held, this store holds.
@@ -740,8 +741,13 @@ pub fn run_edge_with(
         }
         empty = false;
         events.clear();
+        let wanted = log.zstd_demand().wanted();
         for e in &got {
-            events.push(to_event(e, compressor, &mut zbuf)?);
+            events.push(to_event(
+                e,
+                compressor.as_mut().filter(|_| wanted),
+                &mut zbuf,
+            )?);
         }
         let last = &got[got.len() - 1];
         resume.next_seq = last.seq + 1;

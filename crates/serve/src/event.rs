@@ -1,4 +1,5 @@
-//! One stored v1 event: its JSON and zstd forms, produced once at ingest, in one buffer.
+//! One stored v1 event: its JSON and (while a `compress=true` subscriber wants it: `crate::log`)
+//! its zstd form, produced once at ingest, in one buffer.
 //! (Kind `sync` (3) is stored in the same shape for v2's `subscribeEvents` and never sent on v1.)
 //!
 //! Why one buffer: the same bytes are the store's value, the in-memory tail's entry and, sliced,
@@ -11,7 +12,8 @@
 //!
 //! Layout (the store's value format, version 1):
 //! `[u8 version=1][u8 kind][i64 time_us][u16 did len][did][u16 collection len][collection]`
-//! `[u32 json len][json][zstd frame (may be empty: no dictionary)]`, integers big-endian.
+//! `[u32 json len][json][zstd frame (may be empty: no dictionary, or not wanted at ingest)]`,
+//! integers big-endian.
 
 use std::ops::Range;
 

@@ -17,8 +17,8 @@
 //! that fails is counted by verdict and logged with did/seq/rev, and produces nothing (though a
 //! chain break still moves the account's state: `riptide_firehose::chain`). The writer takes
 //! results back in upstream order (it reads the worker ids in dispatch order, and each worker
-//! answers in order), assigns seq and `time_us = max(now, prev + 1)`, renders the final JSON and
-//! its zstd frame once, and appends a batch — events, the account states its frames changed, and
+//! answers in order), assigns seq and `time_us = max(now, prev + 1)`, renders the final JSON and,
+//! while `compress=true` subscribers want it (`crate::log`), its zstd frame once, and appends a batch — events, the account states its frames changed, and
 //! the upstream cursor — to the store in one durable write before publishing it to subscribers.
 //! So global order is upstream order, per-DID order holds a fortiori, and after a crash the
 //! frames after the stored cursor are verified again against exactly the state they were first
@@ -78,7 +78,8 @@ pub struct IngestConfig {
     pub workers: usize,
     /// Most frames per durable store batch (give or take a chunk of 64).
     pub max_batch: usize,
-    /// Dictionary for the zstd form of every event (`None`: JSON only).
+    /// Dictionary for the zstd form of events, made at ingest while `compress=true` subscribers
+    /// want it (`crate::log`; `None`: JSON only).
     pub dictionary: Option<Dictionary>,
     /// Check every frame against its account's chain state (`false`: `--stateless`).
     pub stateful: bool,
@@ -1025,6 +1026,9 @@ fn write(
     while let Ok(first) = order.recv() {
         events.clear();
         received.clear();
+        // Asked once a batch: a subscriber that arrives meanwhile gets the batch's frames
+        // compressed when they are sent (`crate::log`).
+        let zstd_wanted = log.zstd_demand().wanted();
         let mut ids = Some(first);
         'chunks: while let Some(chunk) = ids.take() {
             for w in chunk {
@@ -1062,7 +1066,7 @@ fn write(
                     json.extend_from_slice(b",\"cursor\":");
                     write_json_int(&mut json, seq as i64);
                     json.extend_from_slice(&d.buf[p.tail.clone()]);
-                    let z: &[u8] = match compressor.as_mut() {
+                    let z: &[u8] = match compressor.as_mut().filter(|_| zstd_wanted) {
                         Some(c) => {
                             zbuf.clear();
                             zbuf.reserve(zstd::zstd_safe::compress_bound(json.len()));

@@ -12,11 +12,21 @@
 //! memory send shared bytes as v1 does. It costs ~0.2 µs of ingest per event and, on the
 //! capture, ~700 bytes beside the ~900 of the stored value; the tail's byte bound counts both.
 //!
+//! Events enter the tail *without* their v1 zstd form unless a `compress=true` subscriber wants
+//! it ([`ZstdDemand`]): compressing each event with the dictionary cost ~2.8 CPU-µs at ingest,
+//! 5% of an event's whole pipeline, for subscribers that are often not there. While one is
+//! connected (and for [`ZSTD_GRACE`] after the last leaves, so that a reconnecting crowd finds
+//! the form made), ingest makes the form once per event as before and every compressed
+//! subscriber shares it; an event without it is compressed when it is sent, exactly as ingest
+//! would have (`server.rs`), as events read from sealed blocks always were.
+//!
 //! Only durable events enter the tail ([`Log::publish`] is called after [`Store::append`]
 //! returns), so a subscriber never sees an event a crash could take back.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::RwLock;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -80,6 +90,77 @@ struct Tail {
     bytes: usize,
 }
 
+/// How long after the last `compress=true` subscriber left ingest still makes the v1 zstd form
+/// (module docs): long enough for clients that lost their connection to come back, so that
+/// they do not each compress what was ingested meanwhile.
+pub const ZSTD_GRACE: Duration = Duration::from_secs(600);
+
+/// Whether anyone wants the v1 zstd form of new events (module docs): the `compress=true`
+/// subscribers connected, and when the last one left.
+#[derive(Debug)]
+pub struct ZstdDemand {
+    subscribers: AtomicUsize,
+    /// Milliseconds from `start` to when the last subscriber left, plus one (0: none has).
+    left_ms: AtomicU64,
+    start: Instant,
+}
+
+impl Default for ZstdDemand {
+    fn default() -> Self {
+        ZstdDemand {
+            subscribers: AtomicUsize::new(0),
+            left_ms: AtomicU64::new(0),
+            start: Instant::now(),
+        }
+    }
+}
+
+impl ZstdDemand {
+    /// A `compress=true` subscriber, counted until the guard drops.
+    pub fn join(&self) -> ZstdSubscriber<'_> {
+        self.subscribers.fetch_add(1, Ordering::AcqRel);
+        ZstdSubscriber(self)
+    }
+
+    /// `compress=true` subscribers connected now.
+    pub fn subscribers(&self) -> usize {
+        self.subscribers.load(Ordering::Acquire)
+    }
+
+    /// Whether ingest should make the zstd form of the events it writes now: a subscriber is
+    /// connected, or the last left less than [`ZSTD_GRACE`] ago.
+    pub fn wanted(&self) -> bool {
+        self.wanted_at(self.ms_now())
+    }
+
+    /// [`ZstdDemand::wanted`] at `now` (milliseconds since this was made).
+    fn wanted_at(&self, now: u64) -> bool {
+        if self.subscribers() > 0 {
+            return true;
+        }
+        match self.left_ms.load(Ordering::Acquire) {
+            0 => false,
+            left => now.saturating_sub(left - 1) < ZSTD_GRACE.as_millis() as u64,
+        }
+    }
+
+    fn ms_now(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+}
+
+/// A connected `compress=true` subscriber ([`ZstdDemand::join`]).
+#[derive(Debug)]
+pub struct ZstdSubscriber<'a>(&'a ZstdDemand);
+
+impl Drop for ZstdSubscriber<'_> {
+    fn drop(&mut self) {
+        // The time first: whoever sees the count fall to zero sees when.
+        self.0.left_ms.store(self.0.ms_now() + 1, Ordering::Release);
+        self.0.subscribers.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// The log. Share it in an `Arc`.
 #[derive(Debug)]
 pub struct Log {
@@ -88,6 +169,7 @@ pub struct Log {
     limits: TailLimits,
     /// The next seq to be published (one past the newest event).
     next: watch::Sender<u64>,
+    zstd: ZstdDemand,
 }
 
 /// Where a read was served from.
@@ -109,7 +191,13 @@ impl Log {
             tail: RwLock::new(Tail::default()),
             limits,
             next: watch::Sender::new(next_seq),
+            zstd: ZstdDemand::default(),
         }
+    }
+
+    /// Who wants the v1 zstd form of new events (module docs).
+    pub fn zstd_demand(&self) -> &ZstdDemand {
+        &self.zstd
     }
 
     /// The store behind the log.
@@ -228,6 +316,27 @@ impl Log {
 mod tests {
     use super::*;
     use riptide_jetstream::EventKind;
+
+    #[test]
+    fn the_zstd_form_is_wanted_while_compressed_subscribers_are_and_for_the_grace_after() {
+        let d = ZstdDemand::default();
+        let grace = ZSTD_GRACE.as_millis() as u64;
+        // Nobody has ever asked.
+        assert!(!d.wanted_at(0) && !d.wanted_at(10 * grace));
+        let a = d.join();
+        let b = d.join();
+        assert_eq!(d.subscribers(), 2);
+        assert!(d.wanted_at(10 * grace));
+        drop(a);
+        assert!(d.wanted_at(10 * grace), "one is still connected");
+        drop(b);
+        assert_eq!(d.subscribers(), 0);
+        let left = d.left_ms.load(Ordering::Acquire) - 1;
+        assert!(d.wanted_at(left) && d.wanted_at(left + grace - 1));
+        assert!(!d.wanted_at(left + grace) && !d.wanted_at(left + 10 * grace));
+        // The real clock: it has just left.
+        assert!(d.wanted());
+    }
 
     #[test]
     fn tail_then_store() {

@@ -56,7 +56,7 @@
 //! their clients with the same task (`reader`); they differ only in what a data frame means.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicI64};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -128,8 +128,6 @@ const SLOW_CHECK_EVERY: Duration = Duration::from_secs(1);
 /// Server settings.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
-    /// Whether zstd forms are stored (a dictionary was given): `compress=true` is refused without.
-    pub compression: bool,
     /// Ping interval.
     pub ping_interval: Duration,
     /// Drop a subscriber whose pong is this late.
@@ -148,10 +146,10 @@ pub struct ServerConfig {
     /// `/readyz` fails when no upstream frame arrived for this long (`None`: never for
     /// idleness). See [`readiness`].
     pub ready_max_idle: Option<Duration>,
-    /// The v1 dictionary (`--zstd-dictionary`), for events read from the store's sealed blocks,
-    /// which keep no zstd form: a `compress=true` subscriber's frame of such an event is made
-    /// when it is sent (`store.rs`). `None` with `compression`: such an event closes the
-    /// subscriber with 1011 (logged), as a server misconfigured this way cannot serve it.
+    /// The v1 dictionary (`--zstd-dictionary`); `None`: `compress=true` is refused. An event
+    /// without its zstd form (read from the store's sealed blocks, which keep only the JSON,
+    /// `store.rs`, or ingested while no `compress=true` subscriber wanted the form, `crate::log`)
+    /// is compressed with it when a `compress=true` subscriber is sent it.
     pub v1_dictionary: Option<crate::compress::Dictionary>,
     /// The dictionary of `/xrpc/network.bsky.jetstream.subscribeEvents`'s compression
     /// (`--zstd-dictionary-v2`); `None`: `zstdDictionary` is refused (see `v2.rs`).
@@ -161,7 +159,6 @@ pub struct ServerConfig {
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
-            compression: false,
             ping_interval: Duration::from_secs(30),
             pong_timeout: Duration::from_secs(5),
             write_timeout: Duration::from_secs(120),
@@ -194,6 +191,8 @@ pub struct App {
     store_reads: Semaphore,
     /// Compressors of `config.v1_dictionary` (see there).
     v1_compressors: Option<crate::compress::CompressorPool>,
+    /// zstd frames made when sent ([`v1_zstd`]).
+    v1_zstd_at_send: AtomicU64,
 }
 
 impl App {
@@ -207,6 +206,7 @@ impl App {
             .map(crate::compress::CompressorPool::new);
         Arc::new(App {
             v1_compressors,
+            v1_zstd_at_send: AtomicU64::new(0),
             v2,
             store_reads,
             log,
@@ -315,6 +315,16 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             "1 when a finite ingest source is exhausted.",
             app.ingest_finished.load(Relaxed) as u8 as f64,
         ),
+        (
+            "riptide_v1_compressed_subscribers",
+            "Connected /subscribe subscribers with compress=true.",
+            app.log.zstd_demand().subscribers() as f64,
+        ),
+        (
+            "riptide_v1_zstd_at_ingest",
+            "1 while ingest makes each event's zstd form (a compress=true subscriber is connected or left within the last 10 minutes); 0: it is made when sent.",
+            app.log.zstd_demand().wanted() as u8 as f64,
+        ),
     ]);
     let cache = app.log.store().block_cache_stats();
     for (name, kind, help, v) in [
@@ -335,6 +345,12 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             "gauge",
             "Bytes of decompressed store blocks held by the shared cache.",
             cache.bytes,
+        ),
+        (
+            "riptide_v1_zstd_at_send_total",
+            "counter",
+            "zstd frames of /subscribe events made when sent (events without the form made at ingest).",
+            app.v1_zstd_at_send.load(Relaxed),
         ),
     ] {
         crate::metrics::sample(&mut text, name, kind, help, v);
@@ -363,7 +379,7 @@ async fn subscribe(
         Ok(o) => o,
         Err(e) => return bad_request(e.to_string()),
     };
-    if opts.compress && !app.config.compression {
+    if opts.compress && app.config.v1_dictionary.is_none() {
         return bad_request(
             "compress=true (or Socket-Encoding: zstd) is not available: this server was started without a zstd dictionary (--zstd-dictionary)".into(),
         );
@@ -808,6 +824,8 @@ async fn serve(
     }
     let next = start.unwrap_or_else(|| app.log.next_seq());
     let filter = filter_rx.borrow().clone();
+    // Ingest makes the zstd form of new events while this is held (`crate::log`).
+    let _wants_zstd = opts.compress.then(|| app.log.zstd_demand().join());
     let mut frames = V1Frames {
         filter,
         filter_rx,
@@ -948,13 +966,15 @@ pub(crate) async fn stream<F: Frames>(
     }
 }
 
-/// The v1 zstd frame of `e`: the one made at ingest, or (an event read from a sealed block,
-/// which keeps only the JSON: `store.rs`) one made now with `--zstd-dictionary`, byte for byte
-/// what ingest makes (the same compressor settings).
+/// The v1 zstd frame of `e`: the one made at ingest, or (an event ingested while no
+/// `compress=true` subscriber wanted the form, `crate::log`, or read from a sealed block, which
+/// keeps only the JSON, `store.rs`) one made now with `--zstd-dictionary`, byte for byte what
+/// ingest makes (the same compressor settings).
 fn v1_zstd(app: &App, e: &Event) -> Result<bytes::Bytes, Outcome> {
     if e.zstd_len() > 0 {
         return Ok(e.zstd());
     }
+    app.v1_zstd_at_send.fetch_add(1, Relaxed);
     let made = match &app.v1_compressors {
         Some(pool) => pool.compress(&e.json()).map_err(|e| e.to_string()),
         None => Err("no --zstd-dictionary to compress a stored event with".into()),

@@ -49,6 +49,10 @@ async fn ingest_capture_with(dir: &Path, opts: StoreOptions) -> Option<(Arc<Log>
     let (store, resume) = Store::open_with(dir, dict.id(), opts).unwrap();
     let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
     let frames = split_frames(&file).unwrap();
+    // As if a `compress=true` subscriber were connected throughout: ingest makes every event's
+    // zstd form (`riptide_serve::log`), which unsealed events keep and sealed ones do not; that
+    // is how these tests tell them apart.
+    let compressed = log.zstd_demand().join();
     // Two runs: the second's few events stay unsealed (one batch seals all that are unsealed).
     let (mut resume, mut events) = (resume, 0);
     for (from, to) in [(0, 140), (140, frames.len())] {
@@ -69,6 +73,7 @@ async fn ingest_capture_with(dir: &Path, opts: StoreOptions) -> Option<(Arc<Log>
         resume = s.resume;
         events += s.events;
     }
+    drop(compressed);
     Some((log, events))
 }
 
@@ -81,7 +86,6 @@ async fn serve_with(log: Arc<Log>, config: ServerConfig) -> SocketAddr {
         log,
         Arc::new(Metrics::default()),
         ServerConfig {
-            compression: true,
             v1_dictionary: Some(dictionary("legacy_subscribe.zdict")),
             v2_dictionary: Some(dictionary("subscribe_events_20260811.zdict")),
             ..config

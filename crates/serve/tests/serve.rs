@@ -63,7 +63,7 @@ async fn start_with(
     keys: Keys,
 ) -> (SocketAddr, Arc<App>) {
     let config = ServerConfig {
-        compression: true,
+        v1_dictionary: Some(dictionary()),
         ..ServerConfig::default()
     };
     start_config(dir, frames, tail, keys, config).await
@@ -1003,4 +1003,93 @@ async fn a_client_close_stops_a_replay_at_once() {
             "{path}: {got} of {n} events after a Close"
         );
     }
+}
+
+/// The next `n` binary messages of `ws`, as they came.
+async fn binary_n(ws: &mut Ws, n: usize) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        match tokio::time::timeout(T, ws.next()).await.expect("timed out") {
+            Some(Ok(Message::Binary(b))) => out.push(b.to_vec()),
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            other => panic!("expected a binary message, got {other:?}"),
+        }
+    }
+    out
+}
+
+/// Every stored event of `log` (all in its tail here).
+fn logged(log: &Log) -> Vec<riptide_serve::Event> {
+    let mut out = Vec::new();
+    let all = ReadLimit {
+        events: 100_000,
+        bytes: usize::MAX,
+    };
+    log.read(1, all, &mut out).unwrap();
+    out
+}
+
+/// Issue 20: the v1 zstd form (~2.8 CPU-µs an event with the dictionary) is made at ingest only
+/// while a `compress=true` subscriber wants it. Without one, the real capture's events are kept
+/// without it and a compressed subscriber gets each frame made when sent, byte for byte what
+/// ingest makes (Jetstream's settings); with one connected, ingest makes every event's form once
+/// and nothing is compressed at send time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_zstd_form_is_made_at_ingest_only_while_a_compressed_subscriber_wants_it() {
+    let Some(frames) = corpus_frames() else {
+        return;
+    };
+    let dict = dictionary();
+    let mut compressor = dict.compressor().unwrap();
+    let mut expect = |events: &[riptide_serve::Event]| -> Vec<Vec<u8>> {
+        events
+            .iter()
+            .map(|e| compressor.compress(&e.json()).unwrap())
+            .collect()
+    };
+
+    // Nobody asked: ingest keeps the JSON alone.
+    let s = capture().await.unwrap();
+    let stored = logged(&s.app.log);
+    assert_eq!(stored.len(), 152);
+    assert!(stored.iter().all(|e| e.zstd_len() == 0));
+    assert_eq!(metric(s.addr, "riptide_v1_zstd_at_ingest").await, 0.0);
+    let mut ws = connect(s.addr, "cursor=0&compress=true").await;
+    assert_eq!(binary_n(&mut ws, 152).await, expect(&stored));
+    assert_eq!(metric(s.addr, "riptide_v1_zstd_at_send_total").await, 152.0);
+    assert_eq!(
+        metric(s.addr, "riptide_v1_compressed_subscribers").await,
+        1.0
+    );
+    assert_eq!(metric(s.addr, "riptide_v1_zstd_at_ingest").await, 1.0);
+    drop(ws);
+
+    // A compressed subscriber is connected while the capture is ingested.
+    let dir = tempfile::tempdir().unwrap();
+    let (store, resume) = Store::open(dir.path(), dict.id()).unwrap();
+    let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+    let metrics = Arc::new(Metrics::default());
+    let config = ServerConfig {
+        v1_dictionary: Some(dict.clone()),
+        ..ServerConfig::default()
+    };
+    let app = App::new(log.clone(), metrics.clone(), config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router(app)).await });
+    let mut ws = connect(addr, "compress=true").await;
+    let deadline = tokio::time::Instant::now() + T;
+    while metric(addr, "riptide_v1_compressed_subscribers").await != 1.0 {
+        assert!(tokio::time::Instant::now() < deadline, "never counted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut cfg = IngestConfig::verifying(keys());
+    cfg.dictionary = Some(dict.clone());
+    ingest_all(cfg, &log, &metrics, resume, &frames, 1).await;
+    let stored = logged(&log);
+    assert_eq!(stored.len(), 152);
+    let made: Vec<Vec<u8>> = stored.iter().map(|e| e.zstd().to_vec()).collect();
+    assert_eq!(made, expect(&stored));
+    assert_eq!(binary_n(&mut ws, 152).await, made);
+    assert_eq!(metric(addr, "riptide_v1_zstd_at_send_total").await, 0.0);
 }

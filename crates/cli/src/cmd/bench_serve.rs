@@ -15,8 +15,12 @@
 //!    `?cursor=0` reads every stored event; events/s from connect to last event. The stored JSON
 //!    goes to the socket as is (no re-encoding). Twice: from the in-memory tail (what does not
 //!    fit in it, from the store) and from disk (a log over the same store with an empty tail, as
-//!    for a cursor older than the tail); each plain and with `compress=true` (from disk, the
-//!    zstd frames of events in sealed blocks are made at send time: `riptide_serve::store`).
+//!    for a cursor older than the tail); each plain and with `compress=true`. The zstd frames
+//!    are made at send time: sealed events keep only their JSON (`riptide_serve::store`), and
+//!    ingest ran with no `compress=true` subscriber, so it made none (`riptide_serve::log`).
+//!    With compressed subscribers connected during ingest, a replay from memory sends the
+//!    frames ingest made instead (about twice the compressed rate, and ingest pays ~2.8
+//!    CPU-µs an event for them).
 //!    `v2_to_v1_replay_memory` / `_disk` compare the wires' median events/s;
 //!    `v2_to_v1_replay_memory_paired` / `_disk_paired` take v2 ÷ v1 within each pass (the two
 //!    replays run one after the other), so a slow moment of the machine, which hits both, cancels:
@@ -646,7 +650,6 @@ async fn replay(
         log,
         metrics,
         ServerConfig {
-            compression: true,
             v1_dictionary: Some(v1_dict.clone()),
             v2_dictionary: v2_dict,
             ..ServerConfig::default()

@@ -379,7 +379,6 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                 url,
                 &store,
                 resume,
-                dict.as_ref(),
                 keys.is_some(),
                 metrics.clone(),
             )
@@ -399,7 +398,6 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         None => None,
     };
     let config = ServerConfig {
-        compression: dict.is_some(),
         v1_dictionary: dict.clone(),
         ready_max_idle: Some(args.ready_max_idle).filter(|d| !d.is_zero()),
         v2_dictionary,

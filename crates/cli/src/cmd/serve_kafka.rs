@@ -33,7 +33,6 @@ mod imp {
         url: &str,
         store: &Store,
         resume: Resume,
-        dict: Option<&Dictionary>,
         verified: bool,
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<Publishing> {
@@ -51,12 +50,10 @@ mod imp {
         let m = metrics.clone();
         let publisher =
             tokio::task::spawn_blocking(move || KafkaPublisher::connect(&u, verified, m)).await??;
-        let compressor = dict.map(Dictionary::compressor).transpose()?;
         let (u, s) = (url.clone(), store.clone());
-        let resume = tokio::task::spawn_blocking(move || {
-            riptide_kafka::catch_up(&u, &s, resume, compressor, &metrics)
-        })
-        .await??;
+        let resume =
+            tokio::task::spawn_blocking(move || riptide_kafka::catch_up(&u, &s, resume, &metrics))
+                .await??;
         Ok(Publishing {
             publisher: Box::new(publisher),
             resume,
@@ -104,7 +101,6 @@ mod imp {
         _: &str,
         _: &Store,
         _: Resume,
-        _: Option<&Dictionary>,
         _: bool,
         _: Arc<Metrics>,
     ) -> anyhow::Result<Publishing> {
