@@ -3,6 +3,11 @@
 //! Mapping: a `#commit` gives one event per op, in op order; `#identity` and `#account` give one
 //! event each; `#sync`, `#info`, error frames and unknown types give none. Drops, each counted in
 //! [`Projection::drops`] (never silent):
+//! - an event whose DID (a commit's `repo`, an identity, account or sync event's `did`) is not a
+//!   DID (syntax, at most 2,048 bytes): every op of a commit, or the event. A signed commit with
+//!   such a DID cannot be verified, but identity and account events are not signed and
+//!   `--no-verify` checks nothing, and downstream (the store's and Kafka's records, whose DID
+//!   lengths are `u16`) relies on a DID being one;
 //! - a commit whose `rev` is not a TID: every op of it;
 //! - an op whose collection is not an NSID or whose record key is invalid;
 //! - a create or update whose record block is not in the CAR (block CID = op CID);
@@ -19,7 +24,7 @@ use riptide_cbor::{
     write_json, write_json_bytes, write_json_int, write_json_string, Arena, Options,
 };
 use riptide_firehose::{Action, Body, Frame};
-use riptide_syntax::{is_valid_nsid, is_valid_record_key, is_valid_tid};
+use riptide_syntax::{is_valid_did, is_valid_nsid, is_valid_record_key, is_valid_tid};
 
 /// The `kind` of a v1 event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,6 +55,8 @@ impl EventKind {
 /// Why an op produced no event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DropReason {
+    /// The event's DID is not a valid DID (a whole commit, or the event, is dropped).
+    InvalidDid,
     /// The commit's `rev` is not a valid TID (the whole commit is dropped).
     InvalidRev,
     /// The op's collection is not a valid NSID.
@@ -66,6 +73,7 @@ impl DropReason {
     /// A stable kebab-case name, for counters.
     pub fn as_str(self) -> &'static str {
         match self {
+            DropReason::InvalidDid => "invalid-did",
             DropReason::InvalidRev => "invalid-rev",
             DropReason::InvalidCollection => "invalid-collection",
             DropReason::InvalidRkey => "invalid-rkey",
@@ -104,7 +112,7 @@ impl Projection {
         self.parts.is_empty()
     }
 
-    /// The ops that produced no event: (op index, reason).
+    /// What produced no event: (op index, or 0 for an identity, account or sync event; reason).
     pub fn drops(&self) -> &[(usize, DropReason)] {
         &self.drops
     }
@@ -197,8 +205,13 @@ impl Projector {
         out.drops.clear();
         match frame.body() {
             Body::Commit(c) => {
+                let did_ok = is_valid_did(c.repo);
                 let rev_ok = is_valid_tid(c.rev);
                 for (i, op) in c.ops().enumerate() {
+                    if !did_ok {
+                        out.drops.push((i, DropReason::InvalidDid));
+                        continue;
+                    }
                     if !rev_ok {
                         out.drops.push((i, DropReason::InvalidRev));
                         continue;
@@ -268,6 +281,15 @@ impl Projector {
                         body,
                     });
                 }
+            }
+            Body::Identity(id) if !is_valid_did(id.did) => {
+                out.drops.push((0, DropReason::InvalidDid));
+            }
+            Body::Account(a) if !is_valid_did(a.did) => {
+                out.drops.push((0, DropReason::InvalidDid));
+            }
+            Body::Sync(s) if *sync && !is_valid_did(s.did) => {
+                out.drops.push((0, DropReason::InvalidDid));
             }
             Body::Identity(id) => {
                 let did = push(&mut out.buf, id.did);

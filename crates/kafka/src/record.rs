@@ -139,6 +139,12 @@ pub struct Batch {
 
 const CHANGE_MAGIC: &[u8; 6] = b"RPTKR1";
 
+/// Why a DID's length always fits the records' `u16`: the DIDs here are accounts with chain
+/// state or a resync, which exist only for verified commits, whose key lookup parses the DID
+/// (`riptide_syntax::Did`: at most 2,048 bytes); and an event whose DID is not a DID is never
+/// projected (`riptide_jetstream::DropReason::InvalidDid`). The cut below cannot happen.
+const WHY_DIDS_FIT: &str = "a DID here is at most 2,048 bytes (riptide_syntax::Did)";
+
 /// A resync change as a record value: `RPTKR1`, a byte 1 (hold) or 0 (release), the upstream
 /// seq u64 (big-endian; 0 is the account's queue mark), the DID's length u16 and the DID, then
 /// (hold) the raw frame to the end.
@@ -148,6 +154,7 @@ pub fn encode_change(c: &PendingChange) -> Vec<u8> {
         PendingChange::Release { did, seq } => (0, did, *seq, &[]),
     };
     let d = &did.as_bytes()[..did.len().min(u16::MAX as usize)];
+    debug_assert_eq!(d.len(), did.len(), "{}", WHY_DIDS_FIT);
     let mut v = Vec::with_capacity(17 + d.len() + frame.len());
     v.extend_from_slice(CHANGE_MAGIC);
     v.push(op);
@@ -211,6 +218,7 @@ impl Batch {
         for (did, st) in &self.accounts {
             let d = did.as_bytes();
             let len = d.len().min(u16::MAX as usize);
+            debug_assert_eq!(len, d.len(), "{}", WHY_DIDS_FIT);
             v.extend_from_slice(&(len as u16).to_be_bytes());
             v.extend_from_slice(&d[..len]);
             s.clear();

@@ -23,7 +23,8 @@ pub(crate) fn sample(
     let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
 }
 
-const DROPS: [DropReason; 5] = [
+const DROPS: [DropReason; 6] = [
+    DropReason::InvalidDid,
     DropReason::InvalidRev,
     DropReason::InvalidCollection,
     DropReason::InvalidRkey,
@@ -326,7 +327,7 @@ pub struct Metrics {
     /// Upstream frames skipped because the store already covers their seq.
     pub frames_duplicate: AtomicU64,
     verdicts: [AtomicU64; Verdict::COUNT],
-    drops: [AtomicU64; 5],
+    drops: [AtomicU64; 6],
     /// Events stored (and published).
     pub events_stored: AtomicU64,
     /// Events sent to subscribers.
