@@ -88,6 +88,8 @@ fn bench_serve_replays_a_stream_with_sync_events() {
     let v1 = v["events_per_pass_v1"].as_u64().unwrap();
     // The stream has `#sync` events (what the replay used to wait for on v1, for ever).
     assert!(all > v1 && v1 > 1000, "{all} events, {v1} on v1");
+    // Nobody asked for compression during ingest (no `--zstd-at-ingest`), and the report says so.
+    assert_eq!(v["zstd_at_ingest"], false);
     for k in [
         "replay_memory_events_per_s",
         "replay_disk_events_per_s",

@@ -18,9 +18,8 @@
 //!    for a cursor older than the tail); each plain and with `compress=true`. The zstd frames
 //!    are made at send time: sealed events keep only their JSON (`riptide_serve::store`), and
 //!    ingest ran with no `compress=true` subscriber, so it made none (`riptide_serve::log`).
-//!    With compressed subscribers connected during ingest, a replay from memory sends the
-//!    frames ingest made instead (about twice the compressed rate, and ingest pays ~2.8
-//!    CPU-µs an event for them).
+//!    With `--zstd-at-ingest` (as if a compressed subscriber were connected during ingest),
+//!    ingest makes them (~2.8 CPU-µs an event) and a replay from memory sends them as they are.
 //!    `v2_to_v1_replay_memory` / `_disk` compare the wires' median events/s;
 //!    `v2_to_v1_replay_memory_paired` / `_disk_paired` take v2 ÷ v1 within each pass (the two
 //!    replays run one after the other), so a slow moment of the machine, which hits both, cancels:
@@ -125,6 +124,11 @@ pub struct ServeArgs {
     /// Seconds of ingest stored before the replayers connect.
     #[arg(long, default_value_t = 20)]
     replay_history: u64,
+    /// Ingest as if a `compress=true` subscriber were connected: every event's zstd form is made
+    /// at ingest (`riptide_serve::log`; without this nobody asks and none is), and replays
+    /// from memory with `compress=true` send those forms.
+    #[arg(long)]
+    zstd_at_ingest: bool,
 }
 
 /// The wires of the live run.
@@ -397,6 +401,7 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         "events_per_pass": events_per_pass,
         "verify": !a.no_verify,
         "workers": workers,
+        "zstd_at_ingest": a.zstd_at_ingest,
         "ingest_events_per_s": ingest.json(),
         "ingest_cpu_us_per_event": cpu.json(),
         "ingest_events_per_s_two_idle_cores": Stats::of(vec![2e6 / cpu.max, 2e6 / cpu.median, 2e6 / cpu.min]).json(),
@@ -501,6 +506,7 @@ async fn ingest_pass(
     cfg.workers = workers;
     cfg.stateful = stateful;
     let (tx, rx) = tokio::sync::mpsc::channel(4096);
+    let compressed_subscriber = a.zstd_at_ingest.then(|| log.zstd_demand().join());
     let cpu0 = cpu_secs();
     let t0 = Instant::now();
     let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx)?;
@@ -513,6 +519,7 @@ async fn ingest_pass(
     let summary = tokio::task::spawn_blocking(move || h.join()).await??;
     let secs = t0.elapsed().as_secs_f64();
     let cpu_us = (cpu_secs() - cpu0) * 1e6 / summary.events.max(1) as f64;
+    drop(compressed_subscriber);
     Ok(IngestPass {
         log,
         metrics,
