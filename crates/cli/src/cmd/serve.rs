@@ -173,8 +173,9 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     // same on stderr, beside the log, for a person reading the terminal or a log file.
     println!("ws://{}/subscribe", running.addr);
     eprintln!("riptide serve: ws://{}/subscribe", running.addr);
+    let addr = running.addr;
     match running.run_until(shutdown_signal()).await {
-        Err(e) if needs_reopen(&e) => restart(e),
+        Err(e) if needs_reopen(&e) => restart(e, addr),
         r => r.map(|()| ExitCode::SUCCESS),
     }
 }
@@ -197,20 +198,42 @@ fn needs_reopen(e: &anyhow::Error) -> bool {
 
 /// Replaces this process with a fresh `riptide serve` with the same arguments (same pid, so a
 /// supervisor sees no exit): the store is reopened, and ingest resumes from its durable cursor.
+/// It listens on `addr`, the address this process bound: with `--listen …:0` a new bind would
+/// pick another port, and clients (and the script that read the first stdout line) would lose
+/// the server.
 #[cfg(unix)]
-fn restart(why: anyhow::Error) -> anyhow::Result<ExitCode> {
+fn restart(why: anyhow::Error, addr: SocketAddr) -> anyhow::Result<ExitCode> {
     use std::os::unix::process::CommandExt;
-    tracing::warn!(reason = %why, "disk space is back: restarting to reopen the store");
+    tracing::warn!(reason = %why, %addr, "disk space is back: restarting to reopen the store");
     let exe = std::env::current_exe()?;
     let e = std::process::Command::new(exe)
-        .args(std::env::args_os().skip(1))
+        .args(listening_on(std::env::args_os().skip(1), addr))
         .exec();
     Err(anyhow::Error::from(e).context("restarting riptide serve"))
 }
 
 #[cfg(not(unix))]
-fn restart(why: anyhow::Error) -> anyhow::Result<ExitCode> {
+fn restart(why: anyhow::Error, _: SocketAddr) -> anyhow::Result<ExitCode> {
     Err(why)
+}
+
+/// `args` (the command line after the program name) with `--listen` given as `addr`, whether
+/// it was given (`--listen X`, `--listen=X`), set by `--config`, or left to its default.
+fn listening_on(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+    addr: SocketAddr,
+) -> Vec<std::ffi::OsString> {
+    let mut out = Vec::new();
+    let mut args = args.into_iter();
+    while let Some(a) = args.next() {
+        if a == "--listen" {
+            args.next();
+        } else if !a.to_str().is_some_and(|a| a.starts_with("--listen=")) {
+            out.push(a);
+        }
+    }
+    out.extend(["--listen".into(), addr.to_string().into()]);
+    out
 }
 
 /// A started server: ingest running, `/subscribe` listening.
@@ -611,4 +634,45 @@ pub async fn feed_file(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<std::ffi::OsString> {
+        a.iter().map(Into::into).collect()
+    }
+
+    #[test]
+    fn a_restart_listens_where_this_process_did() {
+        let at: SocketAddr = "127.0.0.1:43117".parse().unwrap();
+        let want = |a: &[&str]| {
+            let mut w = args(a);
+            w.extend(args(&["--listen", "127.0.0.1:43117"]));
+            w
+        };
+        for (given, kept) in [
+            (
+                &["--data", "d", "--listen", "127.0.0.1:0", "--no-verify"][..],
+                &["--data", "d", "--no-verify"][..],
+            ),
+            (&["--listen=127.0.0.1:0", "--data", "d"], &["--data", "d"]),
+            (&["--config", "riptide.toml"], &["--config", "riptide.toml"]),
+            (&[], &[]),
+        ] {
+            assert_eq!(listening_on(args(given), at), want(kept), "{given:?}");
+        }
+        // What the restarted process parses: the bound address, once.
+        let line = [
+            vec!["riptide".into(), "serve".into()],
+            listening_on(args(&["--listen", "127.0.0.1:0"]), at),
+        ]
+        .concat();
+        let cli = <crate::Cli as clap::Parser>::try_parse_from(line).unwrap();
+        match cli.command {
+            crate::Command::Serve(a) => assert_eq!(a.serve.listen, at),
+            _ => panic!("not serve"),
+        }
+    }
 }
