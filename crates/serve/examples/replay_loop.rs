@@ -70,6 +70,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => all.len(),
     } as u64;
     drop(all);
+    let store = log.store().clone();
     let app = App::new(log, Arc::new(Metrics::default()), ServerConfig::default());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -112,5 +113,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             bytes as f64 / got.max(1) as f64
         );
     }
+    let c = store.block_cache_stats();
+    eprintln!(
+        "block cache: {} loads ({} ahead), {} hits",
+        c.loads, c.ahead, c.hits
+    );
     Ok(())
 }

@@ -188,7 +188,7 @@ pub struct App {
     /// The v2 endpoint's state (frame cache, compressors, its metrics).
     pub v2: crate::v2::V2,
     pub(crate) shutdown: watch::Sender<bool>,
-    store_reads: Semaphore,
+    store_reads: Arc<Semaphore>,
     /// Compressors of `config.v1_dictionary` (see there).
     v1_compressors: Option<crate::compress::CompressorPool>,
     /// zstd frames made when sent ([`v1_zstd`]).
@@ -198,7 +198,7 @@ pub struct App {
 impl App {
     /// New state.
     pub fn new(log: Arc<Log>, metrics: Arc<Metrics>, config: ServerConfig) -> Arc<App> {
-        let store_reads = Semaphore::new(config.store_readers.max(1));
+        let store_reads = Arc::new(Semaphore::new(config.store_readers.max(1)));
         let v2 = crate::v2::V2::new(config.v2_dictionary.clone());
         let v1_compressors = config
             .v1_dictionary
@@ -339,6 +339,12 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
             "counter",
             "Store blocks decompressed (reads that did not find their block cached).",
             cache.loads,
+        ),
+        (
+            "riptide_block_cache_ahead_total",
+            "counter",
+            "Of the store blocks decompressed, those loaded ahead of a reader replaying them in order.",
+            cache.ahead,
         ),
         (
             "riptide_block_cache_bytes",
@@ -1034,6 +1040,7 @@ pub(crate) async fn read_batch(
         }
         Ok(ReadFrom::Store) => {
             m.replay_reads.fetch_add(1, Relaxed);
+            read_ahead(app, batch.last().map_or(next, |e| e.seq() + 1));
         }
         Ok(ReadFrom::Tail) => {
             m.tail_reads.fetch_add(1, Relaxed);
@@ -1041,6 +1048,22 @@ pub(crate) async fn read_batch(
         Ok(ReadFrom::Tip) => {}
     }
     Ok(())
+}
+
+/// Loads the block after the one a store reader is in, on the blocking pool, if a store reader
+/// is free (a load ahead never waits for one, nor delays a reader that must load): the reader
+/// sends what it has meanwhile, and its next read finds the block cached (`store.rs`,
+/// "Read-ahead").
+fn read_ahead(app: &App, next: u64) {
+    let Some(ahead) = app.log.store().claim_ahead(next) else {
+        return;
+    };
+    if let Ok(permit) = app.store_reads.clone().try_acquire_owned() {
+        tokio::task::spawn_blocking(move || {
+            ahead.load();
+            drop(permit);
+        });
+    }
 }
 
 pub(crate) fn ctl_outcome(c: Option<Ctl>) -> Outcome {

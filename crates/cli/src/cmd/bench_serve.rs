@@ -285,10 +285,11 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         store_bytes.push(per(disk.segment_bytes));
         store_block_bytes.push(per(disk.block_bytes));
         eprintln!(
-            "pass {pass}: store on disk: {} bytes of segments, {:.1} bytes/event ({:.1} of them the event blocks); {} bytes with the journals",
+            "pass {pass}: store on disk: {} bytes of segments, {:.1} bytes/event ({:.1} of them the event blocks, {:.1} the unsealed events); {} bytes with the journals",
             disk.segment_bytes,
             per(disk.segment_bytes),
             per(disk.block_bytes),
+            per(disk.recent_bytes),
             disk.bytes
         );
         // The same events as the previous layout kept them (both forms each), for the ratio.
