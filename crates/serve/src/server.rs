@@ -56,7 +56,7 @@
 //! their clients with the same task (`reader`); they differ only in what a data frame means.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -193,6 +193,8 @@ pub struct App {
     v1_compressors: Option<crate::compress::CompressorPool>,
     /// zstd frames made when sent ([`v1_zstd`]).
     v1_zstd_at_send: AtomicU64,
+    /// Subscribers whose last read came from the store (`read_ahead`).
+    replaying: AtomicUsize,
 }
 
 impl App {
@@ -207,6 +209,7 @@ impl App {
         Arc::new(App {
             v1_compressors,
             v1_zstd_at_send: AtomicU64::new(0),
+            replaying: AtomicUsize::new(0),
             v2,
             store_reads,
             log,
@@ -918,9 +921,13 @@ pub(crate) async fn stream<F: Frames>(
     let mut tick = tokio::time::interval(app.config.ping_interval.min(app.config.pong_timeout));
     let mut ping = Keepalive::new();
     let m = &app.metrics;
+    let mut replaying = Replaying {
+        app,
+        counted: false,
+    };
     loop {
         batch.clear();
-        if let Err(o) = read_batch(app, next, &mut batch).await {
+        if let Err(o) = read_batch(app, next, &mut batch, &mut replaying).await {
             return o;
         }
         if batch.is_empty() {
@@ -995,10 +1002,11 @@ fn v1_zstd(app: &App, e: &Event) -> Result<bytes::Bytes, Outcome> {
 /// [`ServerConfig::read`]: from the in-memory tail, or from the store — on the spot when its
 /// block is cached, else on the blocking pool, at most [`ServerConfig::store_readers`] at a time
 /// (module docs). Counts the read.
-pub(crate) async fn read_batch(
+async fn read_batch(
     app: &App,
     next: u64,
     batch: &mut Vec<Event>,
+    replaying: &mut Replaying<'_>,
 ) -> Result<(), Outcome> {
     let m = &app.metrics;
     let limit = app.config.read;
@@ -1040,22 +1048,51 @@ pub(crate) async fn read_batch(
         }
         Ok(ReadFrom::Store) => {
             m.replay_reads.fetch_add(1, Relaxed);
+            replaying.set(true);
             read_ahead(app, batch.last().map_or(next, |e| e.seq() + 1));
         }
         Ok(ReadFrom::Tail) => {
             m.tail_reads.fetch_add(1, Relaxed);
+            replaying.set(false);
         }
-        Ok(ReadFrom::Tip) => {}
+        Ok(ReadFrom::Tip) => replaying.set(false),
     }
     Ok(())
+}
+
+/// Counts a subscriber in [`App::replaying`] while its reads come from the store.
+struct Replaying<'a> {
+    app: &'a App,
+    counted: bool,
+}
+
+impl Replaying<'_> {
+    fn set(&mut self, on: bool) {
+        if on != self.counted {
+            if on {
+                self.app.replaying.fetch_add(1, Relaxed);
+            } else {
+                self.app.replaying.fetch_sub(1, Relaxed);
+            }
+            self.counted = on;
+        }
+    }
+}
+
+impl Drop for Replaying<'_> {
+    fn drop(&mut self) {
+        self.set(false);
+    }
 }
 
 /// Loads the block after the one a store reader is in, on the blocking pool, if a store reader
 /// is free (a load ahead never waits for one, nor delays a reader that must load): the reader
 /// sends what it has meanwhile, and its next read finds the block cached (`store.rs`,
-/// "Read-ahead").
+/// "Read-ahead"). Only while few subscribers read the store ([`App::replaying`]): with more,
+/// loads ahead evict the blocks the others are reading.
 fn read_ahead(app: &App, next: u64) {
-    let Some(ahead) = app.log.store().claim_ahead(next) else {
+    let readers = app.replaying.load(Relaxed);
+    let Some(ahead) = app.log.store().claim_ahead(next, readers) else {
         return;
     };
     if let Ok(permit) = app.store_reads.clone().try_acquire_owned() {

@@ -37,8 +37,8 @@
 //! pool while the reader sends (`server::read_ahead`, only when a store reader is free). A block
 //! is loaded by one thread at a time ([`Claim`]): a reader that catches up with a load waits for
 //! it rather than decompressing the block again. Measured on the 2-vCPU VM, replay to one
-//! consumer from disk: v1 1.13M → 1.38M events/s, v2 1.00M → 1.16M
-//! (`bench/results/2026-11-24-vm/readahead-s8.md`).
+//! consumer from disk (`replay_loop`): v1 1.13M → 1.38M events/s, v2 1.00M → 1.16M
+//! (`bench/results/2026-11-25-vm/readahead-s8.md`).
 //!
 //! Events are durable before they are sealed: an ingest batch's events go to `recent` (with both
 //! forms, so nothing changes for them), and the batch that brings the unsealed events to a block's
@@ -1211,8 +1211,17 @@ impl Store {
     /// next reads find their blocks cached instead of waiting for the decompression (module
     /// docs, "Read-ahead"). `None` when those blocks are cached already, the one to load is
     /// being loaded or is not sealed, or the reader's own block is not cached (it is not
-    /// reading sealed blocks in order). Claimed until the [`Ahead`] is loaded or dropped.
-    pub fn claim_ahead(&self, next: u64) -> Option<Ahead> {
+    /// reading sealed blocks in order), and when `readers` (the readers of sealed blocks now,
+    /// this one included) and the blocks each would keep (its own and those ahead) do not fit
+    /// in the cache: loads ahead would then evict blocks other readers are reading (measured:
+    /// 200 concurrent replays took 15% longer). Claimed until the [`Ahead`] is loaded or dropped.
+    pub fn claim_ahead(&self, next: u64, readers: usize) -> Option<Ahead> {
+        // One block ahead in a cache too small to hold a reader's block and two more besides
+        // others'.
+        let depth = AHEAD.min(self.options.block_cache / 4).max(1);
+        if readers.max(1) * (1 + depth) > self.options.block_cache {
+            return None;
+        }
         let sealed_end = self.sealed_end.load(Relaxed);
         let target = {
             let c = lock(&self.cache);
@@ -1224,10 +1233,8 @@ impl Store {
             let own = c
                 .iter()
                 .find(|b| b.first <= next && next <= b.first + b.count())?;
-            // The first block not cached among the next `AHEAD` (blocks are claimed one at a
-            // time, so the loads stay up to that many blocks ahead); one in a cache too small to
-            // hold a reader's block and two more besides others' (they would evict it).
-            let depth = AHEAD.min(self.options.block_cache / 4).max(1);
+            // The first block not cached among the next `depth` (blocks are claimed one at a
+            // time, so the loads stay up to that many blocks ahead).
             let mut target = own.first + own.count();
             for _ in 1..depth {
                 match c
@@ -1794,18 +1801,20 @@ mod tests {
             bytes: 1 << 20,
         };
         // Nothing cached: nothing to load ahead of.
-        assert!(s.claim_ahead(1).is_none());
+        assert!(s.claim_ahead(1, 1).is_none());
         let mut out = Vec::new();
         s.read_from(1, three, &mut out).unwrap();
-        // Reading block 1: block 11 is next, claimed once.
-        let ahead = s.claim_ahead(4).unwrap();
-        assert!(s.claim_ahead(4).is_none(), "claimed twice");
+        // Reading block 1: block 11 is next, claimed once; not while three read the store (a
+        // cache of 8 holds two readers' blocks and two more each).
+        assert!(s.claim_ahead(4, 3).is_none());
+        let ahead = s.claim_ahead(4, 2).unwrap();
+        assert!(s.claim_ahead(4, 1).is_none(), "claimed twice");
         ahead.load();
         let stats = s.block_cache_stats();
         assert_eq!((stats.loads, stats.ahead), (2, 1));
         // Block 11 cached: the one after it is next, and then nothing (two ahead).
-        s.claim_ahead(4).unwrap().load();
-        assert!(s.claim_ahead(4).is_none());
+        s.claim_ahead(4, 1).unwrap().load();
+        assert!(s.claim_ahead(4, 1).is_none());
         assert_eq!(s.block_cache_stats().ahead, 2);
         // The reader's next reads need no load.
         out.clear();
@@ -1819,7 +1828,7 @@ mod tests {
         };
         s.read_from(1, every, &mut all).unwrap();
         assert_eq!(all.len(), 45);
-        assert!(s.claim_ahead(41).is_none());
+        assert!(s.claim_ahead(41, 1).is_none());
         assert_eq!(s.block_cache_stats().loads, 4);
 
         // A reader that needs a block being loaded waits for that load rather than loading it
