@@ -34,9 +34,11 @@
 //! took about half of a replay's time per event on the reader's own path: the subscriber waited
 //! for each block, then sent it. Now a reader of a cached block claims the next block not cached
 //! (up to [`AHEAD`] blocks on, [`Store::claim_ahead`]) and the server loads it on the blocking
-//! pool while the reader sends (`server::read_ahead`, only when a store reader is free). A block
-//! is loaded by one thread at a time ([`Claim`]): a reader that catches up with a load waits for
-//! it rather than decompressing the block again. Measured on the 2-vCPU VM, replay to one
+//! pool while the reader sends (`server::read_ahead`, only when a store reader is free). A
+//! reader that catches up with its load ahead waits for it ([`Claim`]) rather than decompressing
+//! the block again. It is for a few replays: when the subscribers
+//! reading the store, with the blocks each would keep, outnumber the cache, loads ahead would
+//! evict blocks the others are in (200 concurrent replays took 15% longer), so there are none. Measured on the 2-vCPU VM, replay to one
 //! consumer from disk (`replay_loop`): v1 1.13M → 1.38M events/s, v2 1.00M → 1.16M
 //! (`bench/results/2026-11-25-vm/readahead-s8.md`).
 //!
@@ -292,9 +294,9 @@ impl Block {
 /// How many blocks a reader's loads ahead keep ahead of it (`Store::claim_ahead`).
 const AHEAD: usize = 2;
 
-/// A claim on loading the block at a seq: while it is held, a reader that needs that block
-/// waits for it ([`Store::block_at`]) instead of decompressing it a second time. Released (and
-/// the waiters woken) when dropped.
+/// A claim on loading the block at a seq ahead of its reader: while it is held, a reader that
+/// needs that block waits for it ([`Store::block_at`]) instead of decompressing it a second
+/// time. Released (and the waiters woken) when dropped.
 #[derive(Debug)]
 struct Claim {
     store: Store,
@@ -1142,22 +1144,28 @@ impl Store {
     }
 
     /// The sealed block holding `seq`, or the first one after it; `None` past the last block.
-    /// A block is loaded by one reader at a time: one that finds it being loaded (by a load
-    /// ahead its reader caught up with, or by another reader) waits for it.
+    /// A reader that finds its block being loaded ahead (it caught up with its load ahead)
+    /// waits for that load rather than decompressing the block a second time. Other loads are
+    /// not claimed: with many readers, the server's store-reader permits already let one load
+    /// a block while the others wait and then find it cached (`server::read_batch`), and a
+    /// reader waiting here on another's load would hold a permit that a third could use (200
+    /// concurrent v2 replays were ~8% slower with every load claimed).
     fn block_at(&self, seq: u64) -> Result<Option<Arc<Block>>, StoreError> {
-        loop {
+        if let Some(b) = self.cached_block(seq) {
+            return Ok(Some(b));
+        }
+        let (claims, loaded) = &*self.loading;
+        let mut c = lock(claims);
+        if c.contains(&seq) {
+            while c.contains(&seq) {
+                c = loaded.wait(c).unwrap_or_else(|p| p.into_inner());
+            }
+            drop(c);
             if let Some(b) = self.cached_block(seq) {
                 return Ok(Some(b));
             }
-            if let Some(_claim) = Claim::take(self, seq) {
-                return self.load_block(seq);
-            }
-            let (claims, loaded) = &*self.loading;
-            let c = lock(claims);
-            if c.contains(&seq) {
-                drop(loaded.wait(c).unwrap_or_else(|p| p.into_inner()));
-            }
         }
+        self.load_block(seq)
     }
 
     /// Whether the block holding `seq` is cached (not counted as a hit).
