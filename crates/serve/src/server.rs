@@ -1085,8 +1085,8 @@ impl Drop for Replaying<'_> {
     }
 }
 
-/// Loads the block after the one a store reader is in, on the blocking pool, if a store reader
-/// is free (a load ahead never waits for one, nor delays a reader that must load): the reader
+/// Loads the block after the one a store reader is in, on the blocking pool, if a store-reader
+/// permit is free (a load ahead never waits for one; it holds one while it loads): the reader
 /// sends what it has meanwhile, and its next read finds the block cached (`store.rs`,
 /// "Read-ahead"). Only while few subscribers read the store ([`App::replaying`]): with more,
 /// loads ahead evict the blocks the others are reading.
