@@ -33,9 +33,9 @@
 //! <a id="read-ahead"></a>**Read-ahead.** A replay reads blocks in order, and decompressing one
 //! took about half of a replay's time per event on the reader's own path: the subscriber waited
 //! for each block, then sent it. Now a reader of a cached block claims the next block not cached
-//! (up to [`AHEAD`] blocks on, [`Store::claim_ahead`]) and the server loads it on the blocking
+//! (up to `AHEAD` blocks on, [`Store::claim_ahead`]) and the server loads it on the blocking
 //! pool while the reader sends (`server::read_ahead`, only when a store reader is free). A
-//! reader that catches up with its load ahead waits for it ([`Claim`]) rather than decompressing
+//! reader that catches up with its load ahead waits for it (`Claim`) rather than decompressing
 //! the block again. It is for a few replays: when the subscribers
 //! reading the store, with the blocks each would keep, outnumber the cache, loads ahead would
 //! evict blocks the others are in (200 concurrent replays took 15% longer), so there are none. Measured on the 2-vCPU VM, replay to one
@@ -386,7 +386,7 @@ pub struct Store {
     spare: Arc<Mutex<Vec<u8>>>,
     /// What the block cache did (module docs).
     cache_stats: Arc<BlockCacheCounts>,
-    /// The seqs whose blocks are being loaded ([`Claim`]), and the signal that one was.
+    /// The seqs whose blocks are being loaded (`Claim`), and the signal that one was.
     loading: Arc<(Mutex<Vec<u64>>, Condvar)>,
     options: StoreOptions,
 }
@@ -1214,7 +1214,7 @@ impl Store {
     }
 
     /// For a reader of sealed blocks whose next seq is `next`: the next block after the one it
-    /// is reading that is not cached, up to [`AHEAD`] blocks on, to be loaded now
+    /// is reading that is not cached, up to `AHEAD` blocks on, to be loaded now
     /// ([`Ahead::load`], on the blocking pool) while the reader sends what it has, so that its
     /// next reads find their blocks cached instead of waiting for the decompression (module
     /// docs, "Read-ahead"). `None` when those blocks are cached already, the one to load is
