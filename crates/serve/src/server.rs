@@ -305,6 +305,10 @@ pub fn readiness(app: &App) -> Result<(), String> {
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     let (n, bytes) = app.log.tail_size();
     let next = app.log.next_seq();
+    let zstd_help = format!(
+        "1 while ingest makes each event's zstd form (a compress=true subscriber is connected or left within the last {} s); 0: it is made when sent.",
+        crate::log::ZSTD_GRACE.as_secs()
+    );
     let mut text = app.metrics.render(&[
         (
             "riptide_log_next_seq",
@@ -325,7 +329,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         ),
         (
             "riptide_v1_zstd_at_ingest",
-            "1 while ingest makes each event's zstd form (a compress=true subscriber is connected or left within the last 10 minutes); 0: it is made when sent.",
+            &zstd_help,
             app.log.zstd_demand().wanted() as u8 as f64,
         ),
     ]);

@@ -1618,11 +1618,7 @@ mod tests {
     fn expire_drops_old_segment_files() {
         let dir = tempfile::tempdir().unwrap();
         // Blocks of 10 events: the 100 are all sealed.
-        let small = StoreOptions {
-            block_events: 10,
-            block_bytes: 1 << 20,
-            block_cache: 2,
-        };
+        let small = small(10, 2);
         let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
         let evs: Vec<_> = (1..=100).map(|i| ev(i, 1000 + i as i64)).collect();
         s.append(&evs, &resume(101, 1100, 100)).unwrap();
@@ -1691,6 +1687,15 @@ mod tests {
     }
 
     /// Every read from every `from`, under several limits, returns the right events in order.
+    /// Blocks of `block_events` events (bytes never the limit), `block_cache` of them cached.
+    fn small(block_events: usize, block_cache: usize) -> StoreOptions {
+        StoreOptions {
+            block_events,
+            block_bytes: 1 << 20,
+            block_cache,
+        }
+    }
+
     fn check_reads(s: &Store, n: u64, sealed_below: u64) {
         for from in 0..=n + 2 {
             for limit in [1, 3, 7, 100] {
@@ -1726,11 +1731,7 @@ mod tests {
     #[test]
     fn events_are_sealed_in_blocks_and_read_back_across_reopen() {
         let dir = tempfile::tempdir().unwrap();
-        let small = StoreOptions {
-            block_events: 4,
-            block_bytes: 1 << 20,
-            block_cache: 2,
-        };
+        let small = small(4, 2);
         let mut next = 1;
         {
             let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
@@ -1764,11 +1765,7 @@ mod tests {
         // left after the last whole block goes into that block, not into a small one of its own
         // (which compressed worse and cost a replay a load).
         let dir = tempfile::tempdir().unwrap();
-        let small = StoreOptions {
-            block_events: 4,
-            block_bytes: 1 << 20,
-            block_cache: 2,
-        };
+        let small = small(4, 2);
         let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
         let mut next = 1;
         // 3 unsealed, then 6: 9 sealed as 4 + 5; then 4, sealed as one; then 11 as 4 + 7.
@@ -1793,11 +1790,7 @@ mod tests {
     #[test]
     fn a_reader_loads_ahead_and_a_block_is_loaded_once() {
         let dir = tempfile::tempdir().unwrap();
-        let small = StoreOptions {
-            block_events: 10,
-            block_bytes: 1 << 20,
-            block_cache: 8,
-        };
+        let small = small(10, 8);
         let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
         let evs: Vec<_> = (1..=45).map(ev_z).collect();
         s.append(&evs, &resume(46, 1045, 45)).unwrap();
@@ -1888,11 +1881,7 @@ mod tests {
     #[test]
     fn a_corrupt_block_is_a_typed_error() {
         let dir = tempfile::tempdir().unwrap();
-        let small = StoreOptions {
-            block_events: 2,
-            block_bytes: 1 << 20,
-            block_cache: 2,
-        };
+        let small = small(2, 2);
         let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
         let evs: Vec<_> = (1..=4).map(ev_z).collect();
         s.append(&evs, &resume(5, 1004, 4)).unwrap();

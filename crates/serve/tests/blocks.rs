@@ -33,14 +33,14 @@ fn dictionary(name: &str) -> Dictionary {
     Dictionary::load(&dir.join("jetstream-dictionaries").join(name)).unwrap()
 }
 
-/// Ingests the capture into a store at `dir` sealing [`SMALL`] blocks; the log (every event in
-/// its tail) and the number of events.
-async fn ingest_capture(dir: &Path) -> Option<(Arc<Log>, u64)> {
+/// Ingests the capture into a store at `dir` sealing [`SMALL`] blocks: the log, every event (all
+/// 152 of them: asserted) in its tail.
+async fn ingest_capture(dir: &Path) -> Option<Arc<Log>> {
     ingest_capture_with(dir, SMALL).await
 }
 
 /// [`ingest_capture`] with other store options.
-async fn ingest_capture_with(dir: &Path, opts: StoreOptions) -> Option<(Arc<Log>, u64)> {
+async fn ingest_capture_with(dir: &Path, opts: StoreOptions) -> Option<Arc<Log>> {
     let file = riptide_testdata::read("jetstream-2026-07/firehose-frames.bin")?;
     let corpus = riptide_testdata::corpus().unwrap();
     let keys =
@@ -74,7 +74,8 @@ async fn ingest_capture_with(dir: &Path, opts: StoreOptions) -> Option<(Arc<Log>
         events += s.events;
     }
     drop(compressed);
-    Some((log, events))
+    assert_eq!(events, 152);
+    Some(log)
 }
 
 async fn serve(log: Arc<Log>) -> SocketAddr {
@@ -129,10 +130,9 @@ fn disk_only(log: &Log, next_seq: u64) -> Arc<Log> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sealed_blocks_replay_byte_for_byte_on_both_wires() {
     let dir = tempfile::tempdir().unwrap();
-    let Some((log, n)) = ingest_capture(dir.path()).await else {
+    let Some(log) = ingest_capture(dir.path()).await else {
         return;
     };
-    assert_eq!(n, 152);
     let next = log.next_seq();
     // What ingest made: every event in the tail, with the zstd form made at ingest.
     let mut tail: Vec<Event> = Vec::new();
@@ -206,10 +206,9 @@ async fn a_replay_from_disk_loads_each_block_ahead_of_its_reader() {
     // (not all: a read of 16 KiB spans two of these small blocks at times, and loads the
     // second itself); each block is loaded once, and it gets what it got from memory.
     let dir = tempfile::tempdir().unwrap();
-    let Some((log, n)) = ingest_capture(dir.path()).await else {
+    let Some(log) = ingest_capture(dir.path()).await else {
         return;
     };
-    assert_eq!(n, 152);
     let next = log.next_seq();
     let blocks = log.store().block_count().unwrap();
     assert!(blocks >= 7, "{blocks} blocks");
@@ -244,10 +243,9 @@ async fn readers_behind_the_tail_share_each_decompressed_block() {
         block_cache: 64,
         ..SMALL
     };
-    let Some((log, n)) = ingest_capture_with(dir.path(), opts).await else {
+    let Some(log) = ingest_capture_with(dir.path(), opts).await else {
         return;
     };
-    assert_eq!(n, 152);
     let next = log.next_seq();
     let disk = disk_only(&log, next);
     // One block load at a time: a reader waiting for the block another is loading finds it.
