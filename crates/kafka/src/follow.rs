@@ -564,13 +564,8 @@ fn to_event(
     zbuf: &mut Vec<u8>,
 ) -> Result<Event, KafkaError> {
     let z: &[u8] = match compressor {
-        Some(c) => {
-            zbuf.clear();
-            zbuf.reserve(zstd::zstd_safe::compress_bound(e.json.len()));
-            c.compress_to_buffer(&e.json[..], zbuf)
-                .map_err(|_| KafkaError::Inconsistent("zstd could not compress an event".into()))?;
-            zbuf
-        }
+        Some(c) => riptide_serve::compress::compress_into(c, &e.json[..], zbuf)
+            .map_err(|_| KafkaError::Inconsistent("zstd could not compress an event".into()))?,
         None => &[],
     };
     Ok(e.to_event(z))

@@ -81,6 +81,20 @@ impl Dictionary {
     }
 }
 
+/// One complete zstd frame of `data` by `c`, written into `buf` (cleared, then grown to zstd's
+/// bound: a buffer reused across events allocates only while it grows). For the writers that
+/// store an event's compressed form beside its JSON: ingest, and a Kafka follower.
+pub fn compress_into<'b>(
+    c: &mut Compressor<'static>,
+    data: &[u8],
+    buf: &'b mut Vec<u8>,
+) -> std::io::Result<&'b [u8]> {
+    buf.clear();
+    buf.reserve(zstd::zstd_safe::compress_bound(data.len()));
+    c.compress_to_buffer(data, buf)?;
+    Ok(buf)
+}
+
 /// Trains a dictionary of at most `size` bytes from samples (`riptide dict train`).
 pub fn train(samples: &[impl AsRef<[u8]>], size: usize) -> Result<Vec<u8>, DictError> {
     zstd::dict::from_samples(samples, size).map_err(DictError::Zstd)

@@ -49,7 +49,7 @@ use tokio::sync::mpsc;
 use riptide_firehose::chain::{AccountState, ChainStore, SyncStatus, Tip};
 
 use crate::chain::{max_in_flight, ServeChain};
-use crate::compress::{DictError, Dictionary};
+use crate::compress::{compress_into, DictError, Dictionary};
 use crate::event::Event;
 use crate::keys::Keys;
 use crate::log::Log;
@@ -1067,13 +1067,7 @@ fn write(
                     write_json_int(&mut json, seq as i64);
                     json.extend_from_slice(&d.buf[p.tail.clone()]);
                     let z: &[u8] = match compressor.as_mut().filter(|_| zstd_wanted) {
-                        Some(c) => {
-                            zbuf.clear();
-                            zbuf.reserve(zstd::zstd_safe::compress_bound(json.len()));
-                            c.compress_to_buffer(&json, &mut zbuf)
-                                .map_err(DictError::Zstd)?;
-                            &zbuf
-                        }
+                        Some(c) => compress_into(c, &json, &mut zbuf).map_err(DictError::Zstd)?,
                         None => &[],
                     };
                     let did = std::str::from_utf8(&d.buf[p.did.clone()]).unwrap_or_default();

@@ -84,9 +84,8 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use riptide_jetstream::EventKind;
 use tokio::sync::{mpsc, watch};
-use zstd::bulk::Compressor;
 
-use crate::compress::Dictionary;
+use crate::compress::{CompressorPool, Dictionary};
 use crate::event::Event;
 use crate::metrics::{Metrics, SlowDrop};
 use crate::options::{Filter, CURSOR_SPLIT, MAX_COLLECTIONS, MAX_DIDS};
@@ -693,11 +692,10 @@ impl V2Metrics {
     }
 }
 
-/// The v2 endpoint's shared state: dictionary, frame cache, compressors, metrics.
+/// The v2 endpoint's shared state: dictionary (with its compressors), frame cache, metrics.
 pub struct V2 {
-    dictionary: Option<Dictionary>,
+    zstd: Option<CompressorPool>,
     cache: Box<[Mutex<Option<Cached>>]>,
-    compressors: Mutex<Vec<Compressor<'static>>>,
     /// Counters.
     pub metrics: V2Metrics,
 }
@@ -705,7 +703,7 @@ pub struct V2 {
 impl std::fmt::Debug for V2 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("V2")
-            .field("dictionary", &self.dictionary.as_ref().map(Dictionary::id))
+            .field("dictionary", &self.dictionary_id())
             .finish()
     }
 }
@@ -714,42 +712,32 @@ impl V2 {
     /// State for a server with (or without) a v2 dictionary.
     pub fn new(dictionary: Option<Dictionary>) -> V2 {
         V2 {
-            dictionary,
+            zstd: dictionary.map(CompressorPool::new),
             cache: (0..CACHE_SLOTS).map(|_| Mutex::new(None)).collect(),
-            compressors: Mutex::new(Vec::new()),
             metrics: V2Metrics::default(),
         }
     }
 
     /// The dictionary's id, if there is one.
     pub fn dictionary_id(&self) -> Option<u32> {
-        self.dictionary.as_ref().map(Dictionary::id)
+        self.dictionary().map(Dictionary::id)
     }
 
-    /// One zstd frame of `text` (Jetstream's settings, the v2 dictionary).
+    /// The dictionary, if there is one.
+    pub fn dictionary(&self) -> Option<&Dictionary> {
+        self.zstd.as_ref().map(CompressorPool::dictionary)
+    }
+
+    /// One zstd frame of `text` (Jetstream's settings, the v2 dictionary); `None` without a
+    /// dictionary or if zstd fails (logged here; the subscriber loop counts the event unsendable).
     pub fn compress(&self, text: &[u8]) -> Option<Bytes> {
-        let dict = self.dictionary.as_ref()?;
-        let pooled = self
-            .compressors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop();
-        let mut c = match pooled {
-            Some(c) => c,
-            None => match dict.compressor() {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::error!(error = %e, "v2 zstd compressor");
-                    return None;
-                }
-            },
-        };
-        let out = c.compress(text).ok().map(Bytes::from);
-        let mut pool = self.compressors.lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < 8 {
-            pool.push(c);
+        match self.zstd.as_ref()?.compress(text) {
+            Ok(z) => Some(Bytes::from(z)),
+            Err(e) => {
+                tracing::error!(error = %e, "v2 zstd");
+                None
+            }
         }
-        out
     }
 
     /// The frame of `e`, text or (`zstd`) compressed, from the cache or made now; with `cache`
@@ -935,7 +923,7 @@ async fn get_zstd_dictionary(State(app): State<Arc<App>>, RawQuery(q): RawQuery)
             }
         }
     }
-    let Some(dict) = app.v2.dictionary.as_ref() else {
+    let Some(dict) = app.v2.dictionary() else {
         return XrpcError {
             status: 404,
             error: "DictionaryNotFound",
