@@ -1095,11 +1095,13 @@ impl Drop for Replaying<'_> {
 /// "Read-ahead"). Only while few subscribers read the store ([`App::replaying`]): with more,
 /// loads ahead evict the blocks the others are reading.
 fn read_ahead(app: &App, next: u64) {
-    let readers = app.replaying.load(Relaxed);
-    let Some(ahead) = app.log.store().claim_ahead(next, readers) else {
+    // The permit first: without one there is nothing to claim (a claim taken and dropped at
+    // once only cost the cache lock).
+    let Ok(permit) = app.store_reads.clone().try_acquire_owned() else {
         return;
     };
-    if let Ok(permit) = app.store_reads.clone().try_acquire_owned() {
+    let readers = app.replaying.load(Relaxed);
+    if let Some(ahead) = app.log.store().claim_ahead(next, readers) {
         tokio::task::spawn_blocking(move || {
             ahead.load();
             drop(permit);

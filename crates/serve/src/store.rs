@@ -270,6 +270,16 @@ impl Block {
         self.starts.len() as u64
     }
 
+    /// The seq after the block's last event.
+    fn end(&self) -> u64 {
+        self.first + self.count()
+    }
+
+    /// Whether the block holds the event `seq`.
+    fn holds(&self, seq: u64) -> bool {
+        self.first <= seq && seq < self.end()
+    }
+
     /// The value of the block's `i`th event.
     fn value(&self, i: usize) -> &[u8] {
         let start = self.starts[i] as usize;
@@ -1134,9 +1144,7 @@ impl Store {
     /// The cached block holding `seq`, made the most recently used.
     fn cached_block(&self, seq: u64) -> Option<Arc<Block>> {
         let mut c = lock(&self.cache);
-        let i = c
-            .iter()
-            .rposition(|b| b.first <= seq && seq < b.first + b.count())?;
+        let i = c.iter().rposition(|b| b.holds(seq))?;
         let b = c.remove(i)?;
         c.push_back(b.clone());
         self.cache_stats.hits.fetch_add(1, Relaxed);
@@ -1156,23 +1164,21 @@ impl Store {
         }
         let (claims, loaded) = &*self.loading;
         let mut c = lock(claims);
-        if c.contains(&seq) {
-            while c.contains(&seq) {
-                c = loaded.wait(c).unwrap_or_else(|p| p.into_inner());
-            }
-            drop(c);
-            if let Some(b) = self.cached_block(seq) {
-                return Ok(Some(b));
-            }
+        let claimed = c.contains(&seq);
+        while c.contains(&seq) {
+            c = loaded.wait(c).unwrap_or_else(|p| p.into_inner());
         }
-        self.load_block(seq)
+        drop(c);
+        // After a wait, the load it waited for put the block in the cache (unless it failed).
+        match claimed.then(|| self.cached_block(seq)).flatten() {
+            Some(b) => Ok(Some(b)),
+            None => self.load_block(seq),
+        }
     }
 
     /// Whether the block holding `seq` is cached (not counted as a hit).
     fn is_cached(&self, seq: u64) -> bool {
-        lock(&self.cache)
-            .iter()
-            .any(|b| b.first <= seq && seq < b.first + b.count())
+        lock(&self.cache).iter().any(|b| b.holds(seq))
     }
 
     /// Decompresses the sealed block holding `seq` (or the first after it) into the cache;
@@ -1231,34 +1237,22 @@ impl Store {
             return None;
         }
         let sealed_end = self.sealed_end.load(Relaxed);
-        let target = {
-            let c = lock(&self.cache);
-            // The block the reader is in, or the one it just finished.
-            let at = |seq: u64| {
-                c.iter()
-                    .any(|b| b.first <= seq && seq < b.first + b.count())
-            };
-            let own = c
-                .iter()
-                .find(|b| b.first <= next && next <= b.first + b.count())?;
-            // The first block not cached among the next `depth` (blocks are claimed one at a
-            // time, so the loads stay up to that many blocks ahead).
-            let mut target = own.first + own.count();
-            for _ in 1..depth {
-                match c
-                    .iter()
-                    .find(|b| b.first <= target && target < b.first + b.count())
-                {
-                    Some(b) => target = b.first + b.count(),
-                    None => break,
+        let c = lock(&self.cache);
+        // The block the reader is in, or the one it just finished.
+        let mut target = c.iter().find(|b| b.first <= next && next <= b.end())?.end();
+        // The first block not cached among the next `depth` (blocks are claimed one at a time,
+        // so the loads stay up to that many blocks ahead).
+        for _ in 0..depth {
+            match c.iter().find(|b| b.holds(target)) {
+                Some(b) => target = b.end(),
+                None if target < sealed_end => {
+                    drop(c);
+                    return Claim::take(self, target).map(Ahead);
                 }
+                None => return None,
             }
-            if target >= sealed_end || at(target) {
-                return None;
-            }
-            target
-        };
-        Claim::take(self, target).map(Ahead)
+        }
+        None
     }
 
     /// Events with seq ≥ `from` (and ≥ the floor) within `limit`, in order (fewer, or none, at
@@ -1341,7 +1335,7 @@ impl Store {
                 if end < block.starts.len() {
                     return Ok(true);
                 }
-                from = block.first + block.count();
+                from = block.end();
             }
             let p = lock(&self.pending);
             // Sealed meanwhile (the writer moves `sealed_end` under this lock): read the blocks.
@@ -1696,6 +1690,14 @@ mod tests {
         }
     }
 
+    /// A store in `dir` with `opts`, holding events 1..=`n` (`ev_z`) appended in one batch.
+    fn filled(dir: &Path, opts: StoreOptions, n: u64) -> Store {
+        let (s, _) = Store::open_with(dir, 0, opts).unwrap();
+        let evs: Vec<_> = (1..=n).map(ev_z).collect();
+        s.append(&evs, &resume(n + 1, 1000 + n as i64, n)).unwrap();
+        s
+    }
+
     fn check_reads(s: &Store, n: u64, sealed_below: u64) {
         for from in 0..=n + 2 {
             for limit in [1, 3, 7, 100] {
@@ -1791,9 +1793,7 @@ mod tests {
     fn a_reader_loads_ahead_and_a_block_is_loaded_once() {
         let dir = tempfile::tempdir().unwrap();
         let small = small(10, 8);
-        let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
-        let evs: Vec<_> = (1..=45).map(ev_z).collect();
-        s.append(&evs, &resume(46, 1045, 45)).unwrap();
+        let s = filled(dir.path(), small, 45);
         // Blocks 1, 11, 21 and 31..=45.
         assert_eq!(s.block_count().unwrap(), 4);
         assert_eq!(s.sealed_end.load(Relaxed), 46);
@@ -1870,9 +1870,7 @@ mod tests {
             block_bytes: one * 3,
             block_cache: 2,
         };
-        let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
-        let evs: Vec<_> = (1..=10).map(ev_z).collect();
-        s.append(&evs, &resume(11, 1010, 10)).unwrap();
+        let s = filled(dir.path(), small, 10);
         assert_eq!(s.sealed_end.load(Relaxed), 11);
         assert!(s.blocks.len().unwrap() >= 4, "{}", s.blocks.len().unwrap());
         check_reads(&s, 10, 11);
@@ -1882,9 +1880,7 @@ mod tests {
     fn a_corrupt_block_is_a_typed_error() {
         let dir = tempfile::tempdir().unwrap();
         let small = small(2, 2);
-        let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
-        let evs: Vec<_> = (1..=4).map(ev_z).collect();
-        s.append(&evs, &resume(5, 1004, 4)).unwrap();
+        let s = filled(dir.path(), small, 4);
         let (k, mut v) = s
             .blocks
             .first_key_value()
