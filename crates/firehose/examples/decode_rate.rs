@@ -15,13 +15,41 @@ use riptide_firehose::{DecodeOptions, FrameDecoder, Kernel};
 use sha2::{Digest, Sha256};
 
 /// A clock that only runs while this thread is on a CPU (`/proc/thread-self/schedstat`, ns), so
-/// other work on a shared machine does not count; wall time where that file is missing.
+/// other work on a shared machine does not count; wall time where that file is missing or moves
+/// in coarse steps (some kernels account on-CPU time per 4 ms tick: every round would then read
+/// as a multiple of 4 ms).
 struct Clock(Option<u64>, Instant);
 
 impl Clock {
     fn cpu_ns() -> Option<u64> {
+        static FINE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if !*FINE.get_or_init(Clock::is_fine) {
+            return None;
+        }
+        Clock::schedstat_ns()
+    }
+    fn schedstat_ns() -> Option<u64> {
         let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
         s.split_whitespace().next()?.parse().ok()
+    }
+    /// Whether the on-CPU clock sees a 1 ms spin as 0.5–2 ms (and says which clock is used).
+    fn is_fine() -> bool {
+        let (Some(a), t) = (Clock::schedstat_ns(), Instant::now()) else {
+            return false;
+        };
+        while t.elapsed() < std::time::Duration::from_millis(1) {
+            black_box(0);
+        }
+        let fine = Clock::schedstat_ns().is_some_and(|b| (500_000..2_000_000).contains(&(b - a)));
+        eprintln!(
+            "clock: {}",
+            if fine {
+                "on-CPU time"
+            } else {
+                "wall time (the on-CPU clock is coarse here)"
+            }
+        );
+        fine
     }
     fn start() -> Clock {
         Clock(Clock::cpu_ns(), Instant::now())
