@@ -7,6 +7,7 @@
 //!   single-node server sends (same JSON but `time_us`, which each ingesting server stamps; the
 //!   same cursors), edges byte for byte what the ingest node serves, on v1 and v2; an edge
 //!   killed mid-stream, its client reconnects to the other edge with its cursor.
+//! - An edge with a `compress=true` subscriber makes the zstd frames as it consumes.
 //! - Two ingest nodes on one topic, the publishing one killed with SIGKILL again and again: the
 //!   standby takes over, and the topic holds every event exactly once, per-DID order kept, the
 //!   same events a single node serves.
@@ -320,6 +321,85 @@ fn the_capture_through_kafka_reaches_two_edges_as_a_single_node_serves_it() {
     let rest = rt.block_on(v1_from(&e2_addr, next, n - 100));
     let joined: Vec<Value> = first.into_iter().chain(rest).collect();
     assert_same(&joined, &ingest, "a client moved from edge 1 to edge 2");
+}
+
+/// An edge with a `compress=true` subscriber makes each event's zstd frame as it consumes the
+/// topic (the subscriber's demand reaches the edge's follower, not only a single node's ingest):
+/// the subscriber gets every event, compressed with the legacy dictionary, decompressing to the
+/// ingest node's JSON byte for byte, and the edge compressed none of them when sending.
+#[test]
+fn an_edge_compresses_as_it_consumes_while_a_compressed_subscriber_is_connected() {
+    if !enabled() {
+        return;
+    }
+    let Some(capture) = common::capture_dir() else {
+        return;
+    };
+    let frames = capture.join("firehose-frames.bin");
+    let docs = capture.join("did_docs.json");
+    let dict_path = capture
+        .parent()
+        .unwrap()
+        .join("jetstream-dictionaries/legacy_subscribe.zdict");
+    let dict = std::fs::read(&dict_path).unwrap();
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(capture.join("manifest.json")).unwrap()).unwrap();
+    let n = manifest["v1_events"].as_u64().unwrap() as usize;
+    assert_eq!(n, 152);
+    let kafka = Cluster::one_broker();
+    let url = format!("{}?partitions=4", kafka.url(&topic("zstd")));
+    let tmp = common::scratch();
+    let (_edge, edge_addr) = common::spawn_serve(
+        common::serve_command(&tmp.path().join("edge"))
+            .args(["--from", &url])
+            .args(["--zstd-dictionary", s(&dict_path)]),
+    );
+    assert_eq!(metric(&edge_addr, "riptide_v1_zstd_at_ingest"), 0.0);
+
+    let rt = rt();
+    let (mut ws, _) = rt
+        .block_on(tokio_tungstenite::connect_async(format!(
+            "ws://{edge_addr}/subscribe?compress=true"
+        )))
+        .unwrap();
+    // The subscriber is connected before anything is published: every event reaches the edge
+    // while it is wanted compressed.
+    common::wait_for(&edge_addr, "riptide_v1_zstd_at_ingest", 1.0);
+    let (_relay, relay_url) = relay(&frames, None);
+    let (_ingest, ingest_addr) = common::spawn_serve(&mut ingest_node(
+        &tmp.path().join("ingest"),
+        &relay_url,
+        &docs,
+        &url,
+    ));
+
+    let mut unzstd = zstd::bulk::Decompressor::with_dictionary(&dict).unwrap();
+    let got: Vec<Value> = rt.block_on(async {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let m = tokio::time::timeout(PATIENCE, ws.next())
+                .await
+                .unwrap_or_else(|_| panic!("compressed subscriber: {} of {n} events", out.len()))
+                .unwrap()
+                .unwrap();
+            match m {
+                Message::Binary(z) => {
+                    let json = unzstd.decompress(&z, 1 << 20).unwrap();
+                    out.push(serde_json::from_slice(&json).unwrap());
+                }
+                Message::Text(t) => panic!("compress=true sent a text frame: {t}"),
+                _ => {}
+            }
+        }
+        out
+    });
+    let want = rt.block_on(v1_from(&ingest_addr, 0, n));
+    assert_same(&got, &want, "the compressed subscriber of the edge");
+    assert_eq!(
+        metric(&edge_addr, "riptide_v1_zstd_at_send_total"),
+        0.0,
+        "every zstd frame was made by the edge's follower as it consumed"
+    );
 }
 
 /// Events a single node serves on v1 for the `count` frames of `frames` through a relay of its
