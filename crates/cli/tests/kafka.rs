@@ -232,20 +232,42 @@ fn edge(data: &Path, url: &str) -> (KillOnDrop, String) {
     common::spawn_serve(common::serve_command(data).args(["--from", url]))
 }
 
-#[test]
-fn the_capture_through_kafka_reaches_two_edges_as_a_single_node_serves_it() {
+/// The real capture (`jetstream-2026-07`): its frames, DID documents and the v1 events its
+/// manifest counts.
+struct Capture {
+    dir: PathBuf,
+    frames: PathBuf,
+    docs: PathBuf,
+    n: usize,
+}
+
+/// The capture, when Kafka tests run and the corpus is present; its manifest's count checked
+/// (152), so that a test cannot pass on an empty stream.
+fn capture() -> Option<Capture> {
     if !enabled() {
-        return;
+        return None;
     }
-    let Some(capture) = common::capture_dir() else {
-        return;
-    };
-    let frames = capture.join("firehose-frames.bin");
-    let docs = capture.join("did_docs.json");
+    let dir = common::capture_dir()?;
     let manifest: Value =
-        serde_json::from_slice(&std::fs::read(capture.join("manifest.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
     let n = manifest["v1_events"].as_u64().unwrap() as usize;
     assert_eq!(n, 152);
+    Some(Capture {
+        frames: dir.join("firehose-frames.bin"),
+        docs: dir.join("did_docs.json"),
+        dir,
+        n,
+    })
+}
+
+#[test]
+fn the_capture_through_kafka_reaches_two_edges_as_a_single_node_serves_it() {
+    let Some(Capture {
+        frames, docs, n, ..
+    }) = capture()
+    else {
+        return;
+    };
     let kafka = Cluster::one_broker();
     let url = format!("{}?partitions=4", kafka.url(&topic("capture")));
     let tmp = common::scratch();
@@ -329,23 +351,20 @@ fn the_capture_through_kafka_reaches_two_edges_as_a_single_node_serves_it() {
 /// ingest node's JSON byte for byte, and the edge compressed none of them when sending.
 #[test]
 fn an_edge_compresses_as_it_consumes_while_a_compressed_subscriber_is_connected() {
-    if !enabled() {
-        return;
-    }
-    let Some(capture) = common::capture_dir() else {
+    let Some(Capture {
+        dir,
+        frames,
+        docs,
+        n,
+    }) = capture()
+    else {
         return;
     };
-    let frames = capture.join("firehose-frames.bin");
-    let docs = capture.join("did_docs.json");
-    let dict_path = capture
+    let dict_path = dir
         .parent()
         .unwrap()
         .join("jetstream-dictionaries/legacy_subscribe.zdict");
     let dict = std::fs::read(&dict_path).unwrap();
-    let manifest: Value =
-        serde_json::from_slice(&std::fs::read(capture.join("manifest.json")).unwrap()).unwrap();
-    let n = manifest["v1_events"].as_u64().unwrap() as usize;
-    assert_eq!(n, 152);
     let kafka = Cluster::one_broker();
     let url = format!("{}?partitions=4", kafka.url(&topic("zstd")));
     let tmp = common::scratch();
