@@ -583,17 +583,11 @@ impl CarReader {
         let roots = header
             .get("roots")
             .and_then(|r| r.array())
-            .ok_or(CarError::new(
-                CarErrorKind::BadHeader("no roots array"),
-                n,
-                None,
-            ))?;
+            .ok_or_else(|| CarError::new(CarErrorKind::BadHeader("no roots array"), n, None))?;
         for r in roots {
-            let cid = r.as_link().ok_or(CarError::new(
-                CarErrorKind::BadHeader("root is not a CID"),
-                n,
-                None,
-            ))?;
+            let cid = r.as_link().ok_or_else(|| {
+                CarError::new(CarErrorKind::BadHeader("root is not a CID"), n, None)
+            })?;
             let off = cid.as_bytes().as_ptr() as usize - bytes.as_ptr() as usize;
             self.roots.push((off as u32, cid.as_bytes().len() as u8));
         }

@@ -572,13 +572,17 @@ impl SharedChain {
             let corrupt = |what| CorruptState { offset: at, what };
             let (len, r) = rest
                 .split_first_chunk::<2>()
-                .ok_or(corrupt("truncated DID length"))?;
+                .ok_or_else(|| corrupt("truncated DID length"))?;
             let len = u16::from_be_bytes(*len) as usize;
-            let did = r.get(..len).ok_or(corrupt("truncated DID"))?;
+            let did = r.get(..len).ok_or_else(|| corrupt("truncated DID"))?;
             let did = std::str::from_utf8(did).map_err(|_| corrupt("DID is not UTF-8"))?;
             let r = &r[len..];
-            let (&slen, r) = r.split_first().ok_or(corrupt("truncated state length"))?;
-            let s = r.get(..slen as usize).ok_or(corrupt("truncated state"))?;
+            let (&slen, r) = r
+                .split_first()
+                .ok_or_else(|| corrupt("truncated state length"))?;
+            let s = r
+                .get(..slen as usize)
+                .ok_or_else(|| corrupt("truncated state"))?;
             let st = decode_state(s).map_err(|e| CorruptState {
                 offset: at + 2 + len + 1 + e.offset,
                 what: e.what,
@@ -666,23 +670,27 @@ pub fn decode_state(b: &[u8]) -> Result<AccountState, CorruptState> {
     }
     let hosting = *Hosting::ALL
         .get(*h as usize)
-        .ok_or(corrupt(1, "unknown hosting status"))?;
+        .ok_or_else(|| corrupt(1, "unknown hosting status"))?;
     let sync = *SyncStatus::ALL
         .get(*s as usize)
-        .ok_or(corrupt(2, "unknown sync status"))?;
+        .ok_or_else(|| corrupt(2, "unknown sync status"))?;
     let tip = match has_tip {
         0 if rest.is_empty() => None,
         0 => return Err(corrupt(4, "trailing bytes")),
         1 => {
             let (rev, r) = rest
                 .split_first_chunk::<8>()
-                .ok_or(corrupt(4, "truncated rev"))?;
+                .ok_or_else(|| corrupt(4, "truncated rev"))?;
             let mut r = r;
             let mut at = 12;
             let mut cids = [CidBuf::sha256(0x71, b""); 2];
             for c in &mut cids {
-                let (&n, tail) = r.split_first().ok_or(corrupt(at, "truncated CID"))?;
-                let bytes = tail.get(..n as usize).ok_or(corrupt(at, "truncated CID"))?;
+                let (&n, tail) = r
+                    .split_first()
+                    .ok_or_else(|| corrupt(at, "truncated CID"))?;
+                let bytes = tail
+                    .get(..n as usize)
+                    .ok_or_else(|| corrupt(at, "truncated CID"))?;
                 *c = CidBuf::from_bytes(bytes).map_err(|_| corrupt(at + 1, "bad CID"))?;
                 r = &tail[n as usize..];
                 at += 1 + n as usize;

@@ -715,10 +715,7 @@ fn parse_body<'a>(
     let op = header
         .get("op")
         .and_then(|v| v.as_i64())
-        .ok_or(FrameError::new(
-            FrameErrorKind::BadHeader("no integer op"),
-            0,
-        ))?;
+        .ok_or_else(|| FrameError::new(FrameErrorKind::BadHeader("no integer op"), 0))?;
     if payload.kind() != Kind::Map {
         return Err(wrong("payload", at));
     }
@@ -736,7 +733,7 @@ fn parse_body<'a>(
     let t = header
         .get("t")
         .and_then(|v| v.as_str())
-        .ok_or(FrameError::new(FrameErrorKind::BadHeader("no text t"), 0))?;
+        .ok_or_else(|| FrameError::new(FrameErrorKind::BadHeader("no text t"), 0))?;
     Ok(match t {
         "#commit" => {
             let ops = f.ops.ok_or_else(|| missing("ops", at))?;

@@ -51,10 +51,13 @@ impl SeqSlot {
                 });
             }
             // The value's encoding starts right after its key's text.
-            let start = k.byte_range().map(|r| r.end).ok_or(RelayError::Frame {
-                index,
-                reason: "seq key has no position".into(),
-            })?;
+            let start = k
+                .byte_range()
+                .map(|r| r.end)
+                .ok_or_else(|| RelayError::Frame {
+                    index,
+                    reason: "seq key has no position".into(),
+                })?;
             let len = match frame.get(start) {
                 Some(&b) if b & 0xe0 == 0 => match b & 0x1f {
                     0..=23 => 1,

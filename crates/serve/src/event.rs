@@ -136,7 +136,7 @@ impl Event {
         let time_us = i64::from_be_bytes(b[2..10].try_into().map_err(|_| bad("time"))?);
         let mut pos = 10;
         let mut take = |width: usize| -> Result<Range<usize>, CorruptEvent> {
-            let lb = b.get(pos..pos + width).ok_or(bad("length"))?;
+            let lb = b.get(pos..pos + width).ok_or_else(|| bad("length"))?;
             let len = lb.iter().fold(0usize, |a, &x| (a << 8) | x as usize);
             let start = pos + width;
             if start + len > b.len() {

@@ -629,7 +629,7 @@ fn open_block(key: u64, v: &[u8], mut buf: Vec<u8>) -> Result<Block, StoreError>
         let len = data
             .get(pos..pos + 4)
             .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
-            .ok_or(bad("value length"))?;
+            .ok_or_else(|| bad("value length"))?;
         if pos + 4 + len > data.len() {
             return Err(bad("value"));
         }

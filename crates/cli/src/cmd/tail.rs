@@ -353,7 +353,8 @@ fn render_frame(
     if !args.json {
         let mut s = format!(
             "{} {}",
-            body.seq().map_or("-".to_string(), |s| s.to_string()),
+            body.seq()
+                .map_or_else(|| "-".to_string(), |s| s.to_string()),
             body.kind()
         );
         if let Some(did) = body.did() {
