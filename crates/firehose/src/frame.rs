@@ -392,12 +392,20 @@ impl FrameDecoder {
     ///
     /// A frame whose blocks fail is decoded further than `decode` would before being rejected
     /// (the result is the same). Without verification this is `decode` in a loop.
+    ///
+    /// While one frame decodes, the next one's bytes are requested ([`touch_frame`]).
     pub fn decode_batch<'f, F>(&mut self, frames: &[&'f [u8]], mut each: F)
     where
         F: FnMut(usize, Result<Frame<'_>, FrameError>),
     {
+        let touch_next = |i: usize| {
+            if let Some(next) = frames.get(i + 1) {
+                touch_frame(next);
+            }
+        };
         if !self.opts.car.verify {
             for (i, f) in frames.iter().enumerate() {
+                touch_next(i);
                 each(i, self.decode(f));
             }
             return;
@@ -420,7 +428,8 @@ impl FrameDecoder {
             spans.clear();
             // The frames borrow the pool until the end of this batch (one allocation per batch).
             let mut results = Vec::with_capacity(chunk.len());
-            for (dec, &bytes) in pool.iter_mut().zip(chunk) {
+            for (k, (dec, &bytes)) in pool.iter_mut().zip(chunk).enumerate() {
+                touch_next(c * BATCH_FRAMES + k);
                 let first = unhashed.len();
                 let mut sink = (&mut unhashed, 0usize);
                 let r = dec.decode_with(bytes, Some(&mut sink));
@@ -537,6 +546,19 @@ impl FrameDecoder {
             car: Some(car),
             blocks,
         })
+    }
+}
+
+/// Starts loading a frame's first 8 KiB (a commit on the real capture is ~5.5 KB) without
+/// waiting for them. A frame's first touches jump about (header, payload keys, the keys after the
+/// `blocks` bytes, back to the CAR's sections), so the hardware's sequential prefetch does not
+/// cover them, and a frame that is not in cache stalls on each. Requested one frame ahead, they
+/// arrive while the frame before decodes. Measured on the real capture ×20 (16 MB, larger than
+/// the L2), Zen 3, passes alternating in balanced order: unverified +5%, verified +1–2%.
+fn touch_frame(bytes: &[u8]) {
+    riptide_car::touch_bytes(bytes);
+    if let Some(rest) = bytes.get(4096..) {
+        riptide_car::touch_bytes(rest);
     }
 }
 
