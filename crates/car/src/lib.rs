@@ -181,7 +181,7 @@ struct Entry {
 const PREFIX_MAX: usize = 6;
 
 impl Entry {
-    #[inline]
+    #[inline(always)]
     fn new(cid: Cid<'_>, cid_start: usize, data_len: usize) -> Entry {
         let bytes = cid.as_bytes();
         // Every atproto CID: a 4-byte prefix and a SHA-256 digest, copied as fixed-size arrays
