@@ -393,7 +393,7 @@ impl FrameDecoder {
     /// A frame whose blocks fail is decoded further than `decode` would before being rejected
     /// (the result is the same). Without verification this is `decode` in a loop.
     ///
-    /// While one frame decodes, the next one's bytes are requested ([`touch_frame`]).
+    /// While one frame decodes, the next one's first bytes are requested (`touch_frame`).
     pub fn decode_batch<'f, F>(&mut self, frames: &[&'f [u8]], mut each: F)
     where
         F: FnMut(usize, Result<Frame<'_>, FrameError>),
