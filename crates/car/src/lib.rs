@@ -880,7 +880,10 @@ mod tests {
         // Every CAR header of the real capture (found by its length, 58, and first bytes) and of
         // the real repository takes the short path and gets the general path's root.
         let mut headers: Vec<Vec<u8>> = Vec::new();
-        for name in ["jetstream-2026-07/firehose-frames.bin", "jetstream-2026-07/repo.car"] {
+        for name in [
+            "jetstream-2026-07/firehose-frames.bin",
+            "jetstream-2026-07/repo.car",
+        ] {
             let Some(file) = riptide_testdata::read(name) else {
                 return;
             };
@@ -926,7 +929,10 @@ mod tests {
             }
         }
         // Changes inside the digest keep the form; changes to the frame or a cut do not.
-        assert!(taken > 32 * 255 && refused > 20 * 255, "{taken} taken, {refused} refused");
+        assert!(
+            taken > 32 * 255 && refused > 20 * 255,
+            "{taken} taken, {refused} refused"
+        );
         // A header in another form (two roots) still reads through the general path.
         let (_, blocks) = sample();
         let two = write_car(
