@@ -9,7 +9,10 @@
 //! the code, the container's state lives in its own call, and a finished container only writes
 //! where its subtree ends. The common items (small integers, short strings, short containers,
 //! atproto links, booleans and null) are one jump-table dispatch on the initial byte; everything
-//! else goes through [`Descent::general`], which is the loop's general case item for item.
+//! else goes through [`Descent::general`], which is the loop's general case item for item. The two
+//! shapes every commit is mostly made of, MST tree entries and the MST nodes that hold them, have
+//! paths of their own ([`Descent::mst_entry`], [`Descent::mst_node`]) that make the same nodes and
+//! hand anything else back to the general ones.
 //!
 //! The results are exactly the loop's — the same tape, the same error kinds at the same offsets,
 //! found in the same order — because both check each item completely, in input order, with the
@@ -281,7 +284,9 @@ impl Descent<'_, '_> {
     ///
     /// Anything else — another shape, or an error anywhere inside — is `None` with the tape as it
     /// was: the caller then decodes the map with [`Descent::map`], which finds the same nodes or
-    /// the error exactly as it always has. (Decoding a node twice costs only on unusual input.)
+    /// the error exactly as it always has. A refused node is read at most twice, never more: this
+    /// path reads only the node's own entries, which hold no containers, and stops at the first
+    /// item that is not one, so no byte is read by two attempts of it.
     #[inline(never)]
     fn mst_node(&mut self, at: usize, depth: usize) -> Option<usize> {
         let idx = self.nodes.len();
