@@ -586,44 +586,29 @@ mod tests {
         Ok((stop, nodes))
     }
 
+    /// Every dialect with the default limits and with limits the tests reach: both tiny; one
+    /// limit at a time, so neither check hides the other; and those an MST node's entries (maps
+    /// of four, two levels below the node) meet or just miss. `None` keeps the default.
     fn options() -> Vec<Options> {
+        let limits = [
+            (None, None),
+            (Some(1), Some(3)),
+            (Some(0), Some(0)),
+            (Some(0), None),
+            (None, Some(1)),
+            (Some(2), None),
+            (Some(3), None),
+            (None, Some(4)),
+        ];
+        let d = Limits::default();
         let mut all = Vec::new();
         for mode in [Mode::Strict, Mode::Lenient] {
-            for limits in [
-                Limits::default(),
-                Limits {
-                    max_depth: 1,
-                    max_container_len: 3,
-                    ..Limits::default()
-                },
-                Limits {
-                    max_depth: 0,
-                    max_container_len: 0,
-                    ..Limits::default()
-                },
-                // One limit at a time, so neither check hides the other; and limits that an MST
-                // node's entries (maps of four, two levels below the node) meet or just miss.
-                Limits {
-                    max_depth: 0,
-                    ..Limits::default()
-                },
-                Limits {
-                    max_container_len: 1,
-                    ..Limits::default()
-                },
-                Limits {
-                    max_depth: 2,
-                    ..Limits::default()
-                },
-                Limits {
-                    max_depth: 3,
-                    ..Limits::default()
-                },
-                Limits {
-                    max_container_len: 4,
-                    ..Limits::default()
-                },
-            ] {
+            for (depth, len) in limits {
+                let limits = Limits {
+                    max_depth: depth.unwrap_or(d.max_depth),
+                    max_container_len: len.unwrap_or(d.max_container_len),
+                    ..d
+                };
                 all.push(Options { mode, limits });
             }
         }
