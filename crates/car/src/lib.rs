@@ -894,14 +894,11 @@ mod tests {
             }
         }
         // One per commit of the capture (its manifest says how many) and the repository's.
-        let manifest = riptide_testdata::read("jetstream-2026-07/manifest.json").unwrap();
-        let manifest = String::from_utf8(manifest).unwrap();
-        let commits: usize = manifest
-            .split("\"commit_frames\":")
-            .nth(1)
-            .and_then(|r| r.split(',').next())
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap();
+        let manifest: serde_json::Value = serde_json::from_slice(
+            &riptide_testdata::read("jetstream-2026-07/manifest.json").unwrap(),
+        )
+        .unwrap();
+        let commits = manifest["commit_frames"].as_u64().unwrap() as usize;
         assert_eq!(headers.len(), commits + 1);
         for h in &headers {
             assert_eq!(atproto_header_root(h), Some(13));
