@@ -18,13 +18,13 @@
 //! [`StoreOptions::block_events`] (4,096) events, at most [`StoreOptions::block_bytes`] (4 MiB)
 //! before compression: one zstd frame (level 2, no dictionary: a block is large enough to be
 //! its own) of the events' stored values *without* their zstd form. Level 2, not zstd's default
-//! 3: on 2.2 MB blocks of the generated stream's JSON it compresses ~1.6× as fast (370–383
-//! against 223–236 MB/s, `zstd -b2`/`-b3 -B2200K`, Zen 3, session 12) for 1.1% more bytes
-//! (138.0 against 136.4 bytes/event in `bench serve`). Issue 20 had the store well inside its
-//! target (254) and ingest CPU short of its own, and sealing runs on the single writer thread.
-//! Only the JSON is kept; the zstd form is derived again when a `compress=true` subscriber reads a sealed event from disk
-//! (`server.rs`), and Jetstream v2's frames are derived from the JSON anyway (`v2.rs`). Reading a
-//! block decompresses it whole (~1 GB/s, ~3 ms for a block of the capture's events), so the
+//! 3: on 2.2 MB blocks of the generated stream's JSON it compresses ~1.6× as fast (~400 against
+//! ~250 MB/s, `zstd -b2`/`-b3 -B2200K`, Zen 3, session 12) for ~1% more bytes (138.0 against
+//! 136.4 bytes/event in `bench serve`). Issue 20 had the store well inside its target (254) and
+//! ingest CPU short of its own, and sealing runs on the single writer thread. Only the JSON is
+//! kept; the zstd form is derived again when a `compress=true` subscriber reads a sealed event
+//! from disk (`server.rs`), and Jetstream v2's frames are derived from the JSON anyway
+//! (`v2.rs`). Reading a block decompresses it whole (~1 GB/s, ~3 ms for a block of the capture's events), so the
 //! most recently used blocks are kept decompressed ([`StoreOptions::block_cache`], 8 by default,
 //! shared by every reader): a replay reads each block in many small reads and decompresses it
 //! once, and a thousand subscribers that fell out of the in-memory tail together share the
