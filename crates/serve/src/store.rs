@@ -12,27 +12,27 @@
 //! the frames held for them until their resync lands; it is small (bounded by the resync
 //! buffers) and written in the same batches as everything else.
 //!
-//! <a id="blocks"></a>**Blocks** (layout 3). Every event used to be stored with both of its
-//! forms (v1 JSON and its own zstd frame): ~900 bytes an event on a generated stream, where
-//! Jetstream v2 keeps ~250 in columnar blocks of 4,096 events. Now events are sealed in blocks of
+//! <a id="blocks"></a>**Blocks** (layout 3). Every event used to be stored with both of its forms
+//! (v1 JSON and its own zstd frame): ~900 bytes an event on a generated stream, where Jetstream v2
+//! keeps ~250 in columnar blocks of 4,096 events. Now events are sealed in blocks of
 //! [`StoreOptions::block_events`] (4,096) events, at most [`StoreOptions::block_bytes`] (4 MiB)
-//! before compression: one zstd frame (level 2, no dictionary: a block is large enough to be
-//! its own) of the events' stored values *without* their zstd form. Level 2, not zstd's default
-//! 3: on 2.2 MB blocks of the generated stream's JSON it compresses ~1.6× as fast (~400 against
-//! ~250 MB/s, `zstd -b2`/`-b3 -B2200K`, Zen 3, session 12) for ~1% more bytes (138.0 against
-//! 136.4 bytes/event in `bench serve`). Issue 20 had the store well inside its target (254) and
-//! ingest CPU short of its own, and sealing runs on the single writer thread. Only the JSON is
-//! kept; the zstd form is derived again when a `compress=true` subscriber reads a sealed event
-//! from disk (`server.rs`), and Jetstream v2's frames are derived from the JSON anyway
-//! (`v2.rs`). Reading a block decompresses it whole (~1 GB/s, ~3 ms for a block of the capture's events), so the
-//! most recently used blocks are kept decompressed ([`StoreOptions::block_cache`], 8 by default,
-//! shared by every reader): a replay reads each block in many small reads and decompresses it
-//! once, and a thousand subscribers that fell out of the in-memory tail together share the
-//! blocks they read instead of decompressing each a thousand times. A read that finds its block
-//! cached needs no I/O, so the server serves it on the spot ([`Store::read_cached`]); only a
-//! read that must load a block goes to the blocking pool. Hits, loads and the cache's bytes are
-//! in `/metrics` (`riptide_block_cache_*`). Events leave a cached block as copies, as they left
-//! fjall's blocks before: the byte cap of a read still bounds what a subscriber's batch holds.
+//! before compression: one zstd frame (level 2, no dictionary: a block is large enough to be its
+//! own) of the events' stored values *without* their zstd form. Level 2, not zstd's default 3: on
+//! 2.2 MB blocks of the generated stream's JSON it compresses ~1.6× as fast (~400 against ~250
+//! MB/s, `zstd -b2`/`-b3 -B2200K`, Zen 3, session 12) for ~1% more bytes (138.0 against 136.4
+//! bytes/event in `bench serve`). Issue 20 had the store well inside its target (254) and ingest
+//! CPU short of its own, and sealing runs on the single writer thread. Only the JSON is kept; the
+//! zstd form is derived again when a `compress=true` subscriber reads a sealed event from disk
+//! (`server.rs`), and Jetstream v2's frames are derived from the JSON anyway (`v2.rs`). Reading a
+//! block decompresses it whole (~1 GB/s, ~3 ms for a block of the capture's events), so the most
+//! recently used blocks are kept decompressed ([`StoreOptions::block_cache`], 8 by default, shared
+//! by every reader): a replay reads each block in many small reads and decompresses it once, and a
+//! thousand subscribers that fell out of the in-memory tail together share the blocks they read
+//! instead of decompressing each a thousand times. A read that finds its block cached needs no I/O,
+//! so the server serves it on the spot ([`Store::read_cached`]); only a read that must load a block
+//! goes to the blocking pool. Hits, loads and the cache's bytes are in `/metrics`
+//! (`riptide_block_cache_*`). Events leave a cached block as copies, as they left fjall's blocks
+//! before: the byte cap of a read still bounds what a subscriber's batch holds.
 //!
 //! <a id="read-ahead"></a>**Read-ahead.** A replay reads blocks in order, and decompressing one
 //! took about half of a replay's time per event on the reader's own path: the subscriber waited
