@@ -58,15 +58,37 @@ use crate::resync::{Held, Holds, Landing, ResyncWiring};
 use crate::store::PendingChange;
 use crate::store::{Resume, StoreError};
 
-/// One upstream frame: the relay's seq (the cursor to resume from) and the message bytes. A frame
-/// with no bytes is not a frame but [`cursor_reset`].
+/// One upstream frame: the relay's seq (the cursor to resume from) and the message bytes.
 pub type UpstreamFrame = (u64, Bytes);
 
-/// The message that tells ingest the relay's numbering went backwards: the frames that follow,
-/// from `seq` on, are new even if the stored cursor is higher (see `upstream.rs`, "Seqs that go
-/// backwards"). The stored cursor then follows the relay. (No real frame is empty.)
-pub fn cursor_reset(seq: u64) -> UpstreamFrame {
-    (seq, Bytes::new())
+/// What a source hands ingest.
+///
+/// Why an enum: the cursor reset used to travel as a frame with no bytes, so a source that could
+/// deliver an empty frame (a corpus file with a zero-length record, `serve --ingest-file`)
+/// silently reset the cursor instead of having the frame counted as malformed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Upstream {
+    /// A frame, whatever its bytes (an empty one is malformed, and counted so).
+    Frame(UpstreamFrame),
+    /// The relay's numbering went backwards: the frames that follow, from this seq on, are new
+    /// even if the stored cursor is higher (see `upstream.rs`, "Seqs that go backwards"). The
+    /// stored cursor then follows the relay.
+    CursorReset(u64),
+}
+
+impl Upstream {
+    /// The seq it carries: the frame's, or the one the relay's new numbering starts at.
+    pub fn seq(&self) -> u64 {
+        match self {
+            Upstream::Frame((seq, _)) | Upstream::CursorReset(seq) => *seq,
+        }
+    }
+}
+
+impl From<UpstreamFrame> for Upstream {
+    fn from(f: UpstreamFrame) -> Upstream {
+        Upstream::Frame(f)
+    }
 }
 
 /// How ingest runs.
@@ -276,7 +298,7 @@ pub fn spawn(
     log: Arc<Log>,
     metrics: Arc<Metrics>,
     resume: Resume,
-    rx: mpsc::Receiver<UpstreamFrame>,
+    rx: mpsc::Receiver<Upstream>,
 ) -> Result<IngestHandle, IngestError> {
     spawn_with(cfg, log, metrics, resume, rx, None, None)
 }
@@ -298,7 +320,7 @@ pub fn spawn_publishing(
     log: Arc<Log>,
     metrics: Arc<Metrics>,
     resume: Resume,
-    rx: mpsc::Receiver<UpstreamFrame>,
+    rx: mpsc::Receiver<Upstream>,
     publisher: Option<Box<dyn crate::publish::Publish>>,
 ) -> Result<IngestHandle, IngestError> {
     spawn_with(cfg, log, metrics, resume, rx, None, publisher)
@@ -312,7 +334,7 @@ pub fn spawn_with_resync(
     log: Arc<Log>,
     metrics: Arc<Metrics>,
     resume: Resume,
-    rx: mpsc::Receiver<UpstreamFrame>,
+    rx: mpsc::Receiver<Upstream>,
     resync: Option<ResyncWiring>,
 ) -> Result<IngestHandle, IngestError> {
     spawn_with(cfg, log, metrics, resume, rx, resync, None)
@@ -325,7 +347,7 @@ pub fn spawn_with(
     log: Arc<Log>,
     metrics: Arc<Metrics>,
     resume: Resume,
-    mut rx: mpsc::Receiver<UpstreamFrame>,
+    mut rx: mpsc::Receiver<Upstream>,
     resync: Option<ResyncWiring>,
     publisher: Option<Box<dyn crate::publish::Publish>>,
 ) -> Result<IngestHandle, IngestError> {
@@ -415,7 +437,7 @@ pub fn spawn_with(
 /// between them; sends the writer, per chunk, which worker has each job (worker ids fit a byte:
 /// [`IngestConfig::workers`] is capped at 255). Ends when the upstream channel closes.
 fn dispatch(
-    rx: &mut mpsc::Receiver<UpstreamFrame>,
+    rx: &mut mpsc::Receiver<Upstream>,
     landings: Option<(mpsc::UnboundedReceiver<Landing>, Arc<AtomicBool>)>,
     cursor: Option<u64>,
     metrics: &Metrics,
@@ -438,7 +460,7 @@ fn dispatch(
     };
     rt.block_on(async {
         let mut d = Dispatch::new(cursor, metrics, jobs, order);
-        let mut frames: Vec<UpstreamFrame> = Vec::with_capacity(CHUNK);
+        let mut frames: Vec<Upstream> = Vec::with_capacity(CHUNK);
         let mut open = landings.is_some();
         loop {
             tokio::select! {
@@ -506,13 +528,16 @@ impl<'a> Dispatch<'a> {
     }
 
     /// Routes a chunk of frames; `false` once the pipeline is gone.
-    fn frames(&mut self, frames: &mut Vec<UpstreamFrame>) -> bool {
-        for (seq, bytes) in frames.drain(..) {
-            if bytes.is_empty() {
-                // `cursor_reset`: counted and logged by the source.
-                self.cursor = seq.checked_sub(1);
-                continue;
-            }
+    fn frames(&mut self, frames: &mut Vec<Upstream>) -> bool {
+        for up in frames.drain(..) {
+            let (seq, bytes) = match up {
+                Upstream::Frame(f) => f,
+                Upstream::CursorReset(seq) => {
+                    // Counted and logged by the source.
+                    self.cursor = seq.checked_sub(1);
+                    continue;
+                }
+            };
             let received_us = crate::now_us();
             self.metrics.frames_in.fetch_add(1, Relaxed);
             self.metrics.upstream_last_us.store(received_us, Relaxed);

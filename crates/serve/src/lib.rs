@@ -43,7 +43,9 @@ pub mod v2;
 
 pub use compress::Dictionary;
 pub use event::Event;
-pub use ingest::{default_workers, IngestConfig, IngestHandle, IngestSummary, UpstreamFrame};
+pub use ingest::{
+    default_workers, IngestConfig, IngestHandle, IngestSummary, Upstream, UpstreamFrame,
+};
 pub use keys::Keys;
 pub use limits::{ConnLimits, LimitedListener};
 pub use log::{Log, ReadLimit, TailLimits};

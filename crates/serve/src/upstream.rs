@@ -25,7 +25,7 @@
 //! while we were connected, or the previous seq was forged — one frame with seq 2⁶³−1 would
 //! otherwise become the cursor and every later frame would be skipped as a duplicate). Policy:
 //! follow the relay. The event is counted (`riptide_upstream_seq_resets_total`), logged at error
-//! with both seqs, and ingest's cursor is reset ([`crate::ingest::cursor_reset`]) so the frame and
+//! with both seqs, and ingest's cursor is reset ([`crate::ingest::Upstream::CursorReset`]) so the frame and
 //! those after it are ingested. Across connections, frames at or below the cursor are what the
 //! store already holds (a relay replaying from further back) and are skipped and counted as
 //! duplicates, with one warning per connection. A relay behind our cursor says `FutureCursor`:
@@ -62,7 +62,7 @@ use riptide_firehose::verify::{peek, Verdict};
 use riptide_resolver::Resolver;
 use tokio::sync::mpsc;
 
-use crate::ingest::UpstreamFrame;
+use crate::ingest::{Upstream, UpstreamFrame};
 use crate::metrics::Metrics;
 
 /// How the upstream source connects and resolves.
@@ -105,7 +105,7 @@ pub async fn run(
     cfg: UpstreamConfig,
     start_cursor: Option<u64>,
     metrics: Arc<Metrics>,
-    tx: mpsc::Sender<UpstreamFrame>,
+    tx: mpsc::Sender<Upstream>,
 ) -> Result<(), ClientError> {
     let client_cfg = ClientConfig {
         backoff: cfg.backoff,
@@ -184,7 +184,7 @@ type Admitted = Option<(bool, UpstreamFrame)>;
 
 /// What to do with one event: ingest it as `(seq, bytes)`, or not (counted and logged here).
 /// `true` with the frame: the relay's numbering went backwards within a connection, and the frame
-/// is to be preceded by [`crate::ingest::cursor_reset`] (module docs: "Seqs that go backwards").
+/// is to be preceded by [`Upstream::CursorReset`] (module docs: "Seqs that go backwards").
 fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
     match ev.kind {
         FrameKind::Info | FrameKind::Error => {
@@ -310,16 +310,16 @@ async fn forward_direct(
     mut client: FirehoseClient,
     metrics: &Metrics,
     mut seqs: Seqs,
-    tx: &mpsc::Sender<UpstreamFrame>,
+    tx: &mpsc::Sender<Upstream>,
 ) {
     let stats = client.stats();
     loop {
         let ev = next_event(&mut client, &stats, metrics).await;
         if let Some((reset, f)) = admit(ev, metrics, &mut seqs) {
-            if reset && tx.send(crate::ingest::cursor_reset(f.0)).await.is_err() {
+            if reset && tx.send(Upstream::CursorReset(f.0)).await.is_err() {
                 return;
             }
-            if tx.send(f).await.is_err() {
+            if tx.send(Upstream::Frame(f)).await.is_err() {
                 return;
             }
         }
@@ -332,10 +332,10 @@ async fn forward_resolving(
     mut rx: mpsc::Receiver<FirehoseEvent>,
     metrics: &Arc<Metrics>,
     mut seqs: Seqs,
-    tx: &mpsc::Sender<UpstreamFrame>,
+    tx: &mpsc::Sender<Upstream>,
 ) {
     let mut arena = Arena::new();
-    let mut pending: FuturesOrdered<BoxFuture<'static, UpstreamFrame>> = FuturesOrdered::new();
+    let mut pending: FuturesOrdered<BoxFuture<'static, Upstream>> = FuturesOrdered::new();
     let depth = cfg.lookahead.max(1);
     let mut open = true;
     loop {
@@ -350,7 +350,7 @@ async fn forward_resolving(
                 let Some(ev) = ev else { open = false; continue };
                 let Some((reset, (seq, bytes))) = admit(ev, metrics, &mut seqs) else { continue };
                 if reset {
-                    pending.push_back(std::future::ready(crate::ingest::cursor_reset(seq)).boxed());
+                    pending.push_back(std::future::ready(Upstream::CursorReset(seq)).boxed());
                 }
                 let p = peek(&mut arena, &bytes);
                 let did = p.did.map(str::to_owned);
@@ -367,7 +367,7 @@ async fn forward_resolving(
                         if let Some(d) = did {
                             warm(&res, &d, retries, delay, &m).await;
                         }
-                        (seq, bytes)
+                        Upstream::Frame((seq, bytes))
                     }
                     .boxed(),
                 );

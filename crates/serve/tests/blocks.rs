@@ -61,7 +61,7 @@ async fn ingest_capture_with(dir: &Path, opts: StoreOptions) -> Option<Arc<Log>>
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let h = ingest::spawn(cfg, log.clone(), Arc::new(Metrics::default()), resume, rx).unwrap();
         for (i, f) in frames.iter().enumerate().take(to).skip(from) {
-            tx.send((i as u64 + 1, Bytes::copy_from_slice(f.bytes)))
+            tx.send((i as u64 + 1, Bytes::copy_from_slice(f.bytes)).into())
                 .await
                 .unwrap();
         }

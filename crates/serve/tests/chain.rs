@@ -64,7 +64,7 @@ async fn ingest_into(
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx).unwrap();
     for (i, f) in frames.iter().enumerate() {
-        tx.send((first + i as u64, Bytes::copy_from_slice(f)))
+        tx.send((first + i as u64, Bytes::copy_from_slice(f)).into())
             .await
             .unwrap();
     }
@@ -148,7 +148,7 @@ async fn ingest_checks_every_frame_against_durable_chain_state() {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let h = ingest::spawn(cfg, log2, m2, r2, rx).unwrap();
     for (i, f) in ok.iter().enumerate() {
-        tx.send((1 + i as u64, Bytes::copy_from_slice(f)))
+        tx.send((1 + i as u64, Bytes::copy_from_slice(f)).into())
             .await
             .unwrap();
     }

@@ -11,7 +11,7 @@ use futures_util::{SinkExt, StreamExt};
 use riptide_cbor::{write_int, write_map_header, write_text};
 use riptide_client::Backoff;
 use riptide_serve::{
-    ingest, upstream, IngestConfig, Log, Metrics, Store, TailLimits, UpstreamConfig,
+    ingest, upstream, IngestConfig, Log, Metrics, Store, TailLimits, Upstream, UpstreamConfig,
 };
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
 use tokio_tungstenite::tungstenite::Message;
@@ -127,12 +127,12 @@ async fn collect(
     ));
     let mut got = Vec::new();
     while !done(&got) {
-        let (seq, bytes) = tokio::time::timeout(T, rx.recv())
+        let up = tokio::time::timeout(T, rx.recv())
             .await
             .unwrap_or_else(|_| panic!("stalled after {got:?}"))
             .unwrap();
         // (seq, is a cursor reset)
-        got.push((seq, bytes.is_empty()));
+        got.push((up.seq(), matches!(up, Upstream::CursorReset(_))));
     }
     source.abort();
     (got, metrics)
@@ -381,8 +381,8 @@ async fn frames_the_store_holds_are_still_skipped_after_a_reconnect() {
     ));
     let mut got = Vec::new();
     while got.len() < 3 {
-        let (seq, b) = tokio::time::timeout(T, rx.recv()).await.unwrap().unwrap();
-        got.push((seq, b.is_empty()));
+        let up = tokio::time::timeout(T, rx.recv()).await.unwrap().unwrap();
+        got.push((up.seq(), matches!(up, Upstream::CursorReset(_))));
     }
     source.abort();
     // Handed on as they came (ingest's dispatcher skips 1 and 2), with no reset among them.
@@ -419,4 +419,41 @@ async fn the_upstream_seq_gauge_is_the_stores_from_the_start() {
         .await
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_frame_is_counted_as_malformed_not_taken_for_a_cursor_reset() {
+    // A corpus file may hold a zero-length record (`serve --ingest-file` hands it on as a frame).
+    // The cursor reset used to travel as a frame with no bytes, so such a record reset the
+    // cursor and was neither counted nor said.
+    let dir = tempfile::tempdir().unwrap();
+    let (store, resume) = Store::open(dir.path(), 0).unwrap();
+    let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+    let metrics = Arc::new(Metrics::default());
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let cfg = IngestConfig {
+        keys: None,
+        workers: 2,
+        max_batch: 16,
+        dictionary: None,
+        stateful: false,
+    };
+    let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx).unwrap();
+    for (seq, frame) in [(1, identity(1)), (2, Vec::new()), (3, identity(3))] {
+        tx.send((seq, bytes::Bytes::from(frame)).into())
+            .await
+            .unwrap();
+    }
+    drop(tx);
+    let summary = tokio::task::spawn_blocking(move || h.join())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(metrics.frames_in.load(Relaxed), 3);
+    assert_eq!(
+        metrics.verdict_count(riptide_firehose::verify::Verdict::Malformed),
+        1
+    );
+    assert_eq!(metrics.events_stored.load(Relaxed), 2);
+    assert_eq!(summary.resume.upstream_cursor, Some(3));
 }

@@ -150,7 +150,7 @@ fn limits() -> ResyncLimits {
 
 struct Running {
     stop: Option<riptide_serve::resync::ResyncStop>,
-    tx: tokio::sync::mpsc::Sender<riptide_serve::UpstreamFrame>,
+    tx: tokio::sync::mpsc::Sender<riptide_serve::Upstream>,
     handle: riptide_serve::IngestHandle,
     metrics: Arc<Metrics>,
     store: Store,
@@ -197,7 +197,7 @@ fn start(dir: &std::path::Path, w: &World, sim: &SimHandle, resync: bool) -> Run
 
 async fn feed(r: &Running, frames: &[Vec<u8>], first: u64) {
     for (i, f) in frames.iter().enumerate() {
-        r.tx.send((first + i as u64, Bytes::copy_from_slice(f)))
+        r.tx.send((first + i as u64, Bytes::copy_from_slice(f)).into())
             .await
             .unwrap();
     }

@@ -104,7 +104,7 @@ async fn ingest_all(
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx).unwrap();
     for (i, f) in frames.iter().enumerate() {
-        tx.send((first + i as u64, Bytes::copy_from_slice(f)))
+        tx.send((first + i as u64, Bytes::copy_from_slice(f)).into())
             .await
             .unwrap();
     }

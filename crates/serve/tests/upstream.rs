@@ -45,8 +45,8 @@ async fn ingest_from(cursor: Option<u64>) -> Option<(Vec<u64>, Arc<Metrics>, u64
     ));
     let mut seqs = Vec::new();
     while seqs.last() != Some(&head) {
-        let (seq, _) = tokio::time::timeout(T, rx.recv()).await.unwrap().unwrap();
-        seqs.push(seq);
+        let up = tokio::time::timeout(T, rx.recv()).await.unwrap().unwrap();
+        seqs.push(up.seq());
     }
     drop(rx);
     source.abort();

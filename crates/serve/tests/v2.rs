@@ -60,7 +60,7 @@ async fn capture(dir: &std::path::Path) -> Option<(SocketAddr, Arc<App>)> {
     )
     .unwrap();
     for (i, f) in frames.into_iter().enumerate() {
-        tx.send((i as u64 + 1, f)).await.unwrap();
+        tx.send((i as u64 + 1, f).into()).await.unwrap();
     }
     drop(tx);
     let summary = tokio::task::spawn_blocking(move || h.join())

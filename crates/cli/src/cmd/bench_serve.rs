@@ -513,7 +513,7 @@ async fn ingest_pass(
     let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx)?;
     let n = frames.len() as u64;
     for pos in 1..=n * a.repeat {
-        tx.send((pos, frames[((pos - 1) % n) as usize].clone()))
+        tx.send((pos, frames[((pos - 1) % n) as usize].clone()).into())
             .await?;
     }
     drop(tx);

@@ -609,7 +609,7 @@ pub async fn feed_file(
     repeat: u64,
     rate: Option<f64>,
     after: u64,
-    tx: tokio::sync::mpsc::Sender<riptide_serve::UpstreamFrame>,
+    tx: tokio::sync::mpsc::Sender<riptide_serve::Upstream>,
 ) -> anyhow::Result<()> {
     let file = Bytes::from(super::read_file(&path)?);
     let frames: Vec<Bytes> = split_frames(&file)?
@@ -621,7 +621,7 @@ pub async fn feed_file(
     let mut sent = 0u64;
     for pos in after + 1..=n * repeat {
         let f = frames[((pos - 1) % n) as usize].clone();
-        if tx.send((pos, f)).await.is_err() {
+        if tx.send((pos, f).into()).await.is_err() {
             break;
         }
         sent += 1;
