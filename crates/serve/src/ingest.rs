@@ -66,7 +66,7 @@ pub type UpstreamFrame = (u64, Bytes);
 /// Why an enum: the cursor reset used to travel as a frame with no bytes, so a source that could
 /// deliver an empty frame (a corpus file with a zero-length record, `serve --ingest-file`)
 /// silently reset the cursor instead of having the frame counted as malformed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub enum Upstream {
     /// A frame, whatever its bytes (an empty one is malformed, and counted so).
     Frame(UpstreamFrame),

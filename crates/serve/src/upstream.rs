@@ -25,8 +25,8 @@
 //! while we were connected, or the previous seq was forged — one frame with seq 2⁶³−1 would
 //! otherwise become the cursor and every later frame would be skipped as a duplicate). Policy:
 //! follow the relay. The event is counted (`riptide_upstream_seq_resets_total`), logged at error
-//! with both seqs, and ingest's cursor is reset ([`crate::ingest::Upstream::CursorReset`]) so the frame and
-//! those after it are ingested. Across connections, frames at or below the cursor are what the
+//! with both seqs, and ingest's cursor is reset ([`crate::ingest::Upstream::CursorReset`]) so the
+//! frame and those after it are ingested. Across connections, frames at or below the cursor are what the
 //! store already holds (a relay replaying from further back) and are skipped and counted as
 //! duplicates, with one warning per connection. A relay behind our cursor says `FutureCursor`:
 //! counted (`riptide_upstream_future_cursor_total`), `/readyz` says so, and the error log says

@@ -268,12 +268,17 @@ async fn future_cursor_is_said_counted_and_not_ready() {
     source.abort();
 }
 
-/// Ingest (no verification) from the hostile relay into a fresh store, until `n` frames were
-/// stored; the store's resume point afterwards and the metrics.
-async fn ingest_from(script: Vec<(u64, Out)>, n: u64) -> (riptide_serve::Resume, Arc<Metrics>) {
-    let relay = hostile(script).await;
-    let dir = tempfile::tempdir().unwrap();
-    let (store, resume) = Store::open(dir.path(), 0).unwrap();
+/// Ingest without verification into a fresh store at `dir`: its log, its metrics, the sender
+/// its frames go to, and its handle.
+fn start_ingest(
+    dir: &std::path::Path,
+) -> (
+    Arc<Log>,
+    Arc<Metrics>,
+    tokio::sync::mpsc::Sender<Upstream>,
+    riptide_serve::IngestHandle,
+) {
+    let (store, resume) = Store::open(dir, 0).unwrap();
     let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
     let metrics = Arc::new(Metrics::default());
     let (tx, rx) = tokio::sync::mpsc::channel(16);
@@ -285,6 +290,15 @@ async fn ingest_from(script: Vec<(u64, Out)>, n: u64) -> (riptide_serve::Resume,
         stateful: false,
     };
     let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx).unwrap();
+    (log, metrics, tx, h)
+}
+
+/// Ingest (no verification) from the hostile relay into a fresh store, until `n` frames were
+/// stored; the store's resume point afterwards and the metrics.
+async fn ingest_from(script: Vec<(u64, Out)>, n: u64) -> (riptide_serve::Resume, Arc<Metrics>) {
+    let relay = hostile(script).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (log, metrics, tx, h) = start_ingest(dir.path());
     let source = tokio::spawn(upstream::run(
         fast(vec![relay.url.clone()]),
         None,
@@ -427,18 +441,7 @@ async fn an_empty_frame_is_counted_as_malformed_not_taken_for_a_cursor_reset() {
     // The cursor reset used to travel as a frame with no bytes, so such a record reset the
     // cursor and was neither counted nor said.
     let dir = tempfile::tempdir().unwrap();
-    let (store, resume) = Store::open(dir.path(), 0).unwrap();
-    let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
-    let metrics = Arc::new(Metrics::default());
-    let (tx, rx) = tokio::sync::mpsc::channel(16);
-    let cfg = IngestConfig {
-        keys: None,
-        workers: 2,
-        max_batch: 16,
-        dictionary: None,
-        stateful: false,
-    };
-    let h = ingest::spawn(cfg, log.clone(), metrics.clone(), resume, rx).unwrap();
+    let (_log, metrics, tx, h) = start_ingest(dir.path());
     for (seq, frame) in [(1, identity(1)), (2, Vec::new()), (3, identity(3))] {
         tx.send((seq, bytes::Bytes::from(frame)).into())
             .await
