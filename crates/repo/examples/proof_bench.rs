@@ -2,7 +2,9 @@
 //! separately, the CAR read alone) over the real `#commit` frames of the corpus capture
 //! `jetstream-2026-07/firehose-frames.bin`.
 //!
-//! `cargo run --release -p riptide-repo --example proof_bench -- [corpus dir]`
+//! `cargo run --release -p riptide-repo --example proof_bench -- [corpus dir]`; `ROUNDS=N` sets
+//! how many times the capture is gone through (default 200): fewer for many alternated runs of
+//! two builds, more for a profile.
 
 use std::time::Instant;
 
@@ -73,7 +75,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ));
     }
     let mut reader = CarReader::new();
-    let rounds = 200;
+    let rounds: usize = std::env::var("ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(200);
     let t = Instant::now();
     let mut nodes = 0;
     // One tree for every proof, as the firehose verifier keeps one.
