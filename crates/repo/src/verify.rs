@@ -63,7 +63,9 @@ pub fn verify_commit_proof_in<'a, S: BlockSource + ?Sized>(
     let block = blocks
         .get_block(commit_cid)
         .ok_or_else(|| ProofError::MissingBlock(commit_cid.to_buf()))?;
-    let commit = Commit::decode(block)?;
+    // The tree's decoding arena, not a fresh one: a new arena's tape grows by reallocation
+    // on every commit.
+    let commit = Commit::decode_with(tree.arena(), block)?;
     check_ops(ops)?;
     tree.reload(commit.data().to_buf());
     let mut nodes_extra = 0;

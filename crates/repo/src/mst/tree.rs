@@ -464,6 +464,11 @@ impl Tree {
         self.poisoned = false;
     }
 
+    /// The tree's decoding arena, as scratch for a caller's own decoding between operations.
+    pub(crate) fn arena(&mut self) -> &mut Arena {
+        &mut self.arena
+    }
+
     /// CIDs of the nodes loaded from a source so far, in load order (what the operations needed).
     pub fn loaded(&self) -> &[CidBuf] {
         &self.loaded
