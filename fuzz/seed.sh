@@ -9,7 +9,7 @@ if [ ! -f "$src/README.md" ]; then
     echo "shared corpus not found at $src (pass its path or set RIPTIDE_CORPUS)" >&2
     exit 1
 fi
-mkdir -p "$here/corpus/cbor_decode" "$here/corpus/car_read" "$here/corpus/frame_decode" "$here/corpus/json_to_cbor" "$here/corpus/repo_verify" "$here/corpus/frame_batch"
+mkdir -p "$here/corpus/cbor_decode" "$here/corpus/car_read" "$here/corpus/frame_decode" "$here/corpus/json_to_cbor" "$here/corpus/repo_verify" "$here/corpus/frame_batch" "$here/corpus/commit_proof"
 python3 - "$src" "$here/corpus" <<'PY'
 import base64, json, os, sys
 
@@ -76,7 +76,7 @@ def blocks_field(frame):
         i = skip(frame, i)
     return None
 
-counts = {"cbor_decode": 0, "car_read": 0, "frame_decode": 0, "frame_batch": 0, "json_to_cbor": 0, "repo_verify": 0}
+counts = {"cbor_decode": 0, "car_read": 0, "frame_decode": 0, "frame_batch": 0, "json_to_cbor": 0, "repo_verify": 0, "commit_proof": 0}
 all_frames = []
 frames = open(os.path.join(src, "jetstream-2026-07/firehose-frames.bin"), "rb").read()
 count = int.from_bytes(frames[:4], "big")
@@ -89,6 +89,7 @@ for n in range(count):
     all_frames.append(frame)
     car = blocks_field(frame)
     if car:
+        put("commit_proof", f"frame-{n:03}", frame); counts["commit_proof"] += 1
         put("car_read", f"frame-{n:03}.car", car); counts["car_read"] += 1
         for k, block in enumerate(car_blocks(car)):
             put("cbor_decode", f"frame-{n:03}-block-{k:02}", block); counts["cbor_decode"] += 1
