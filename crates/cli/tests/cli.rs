@@ -168,6 +168,13 @@ fn bench_decode_json_has_the_contract_fields() {
     for k in ["min", "median", "max"] {
         assert!(v["fps"][k].as_f64().unwrap() > 0.0);
     }
+    // One round: the ratio within it is the ratio of the (single-pass) medians.
+    let paired = v["ratio_to_sha_bound_paired"]["median"].as_f64().unwrap();
+    let ratio = v["ratio_to_sha_bound"].as_f64().unwrap();
+    assert!(
+        paired > 0.0 && (paired - ratio).abs() < 0.011,
+        "{paired} vs {ratio}"
+    );
     let out = bench(&["--no-verify"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v.get("sha_bound_fps").is_none());
@@ -202,6 +209,14 @@ fn the_sha_kernel_cap_is_followed_reported_and_checked() {
         let k = &v["machine"]["sha_kernels"];
         assert_eq!(k["cap"], cap, "{k}");
         assert!(v["records"].as_u64().unwrap() > 0);
+        let paired = v["ratio_to_sha256_bound_paired"]["median"]
+            .as_f64()
+            .unwrap();
+        let ratio = v["ratio_to_sha256_bound"].as_f64().unwrap();
+        assert!(
+            paired > 0.0 && (paired - ratio).abs() < 0.011,
+            "{paired} vs {ratio}"
+        );
         match cap {
             "sha2" => assert_eq!(k["large_batches"], "sha2"),
             // No AVX-512: SHA-NI pairs where the CPU has them, else sha2.

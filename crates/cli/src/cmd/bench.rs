@@ -4,10 +4,12 @@
 //! per block → every block as DAG-CBOR), 2 warm-up and 5 measured passes by default, and reports
 //! median, min and max. In verified mode it also runs, in the same process and the same way, the
 //! *SHA-256 bound*: passes that only hash every block's bytes — the floor under verified decoding —
-//! alternating with the decode passes round by round, and reports the ratio of the two medians. Frames go through `FrameDecoder::decode_batch` (CAR
-//! blocks of up to sixteen frames hashed together, the fastest verified path); `--per-frame`
-//! measures `FrameDecoder::decode` one frame at a time instead. Each thread keeps its decoder
-//! across passes.
+//! alternating with the decode passes round by round (in swapped order every other round), and
+//! reports the ratio of the two medians and, less moved by a machine whose speed changes from one
+//! second to the next, the median of the ratios within rounds. Frames go through
+//! `FrameDecoder::decode_batch` (CAR blocks of up to sixteen frames hashed together, the fastest
+//! verified path); `--per-frame` measures `FrameDecoder::decode` one frame at a time instead.
+//! Each thread keeps its decoder across passes.
 //!
 //! `bench sigs` times signature verification over a signature corpus (`*.sigs`) in the three tiers
 //! of atproto-bench, each a pass over every entry: `full` (decode the signed commit, strip `sig`,
@@ -22,7 +24,8 @@
 //!
 //! `bench repo` times [`riptide_repo::verify_repo`] on a repository export, phase by phase: the
 //! compute cost of trusting a repository (CAR with SHA-256 per block, signature, MST walk, MST
-//! rebuild).
+//! rebuild), and one SHA-256 pass over the CAR in each round (the bound), with the ratio of the
+//! medians and the median of the ratios within rounds.
 //!
 //! Machines are noisy: compare ratios measured within one run, not absolute figures across runs.
 
@@ -97,12 +100,27 @@ impl Passes {
         Ok(())
     }
 
-    /// [`Passes::time`] for a round of two passes whose times are compared.
-    fn time_pairs(&self, mut round: impl FnMut() -> (f64, f64)) -> Vec<(f64, f64)> {
-        for _ in 0..self.warmup {
-            round();
+    /// [`Passes::time`] for rounds of two passes whose times are compared, `a` then `b` in even
+    /// rounds and `b` then `a` in odd ones: whichever pass runs second in a round runs ~3% faster
+    /// on some machines (`docs/gotchas.md`), so a fixed order would bias their ratio.
+    fn time_pairs(
+        &self,
+        mut a: impl FnMut() -> f64,
+        mut b: impl FnMut() -> f64,
+    ) -> Vec<(f64, f64)> {
+        let mut round = |i: usize| {
+            if i.is_multiple_of(2) {
+                let ta = a();
+                (ta, b())
+            } else {
+                let tb = b();
+                (a(), tb)
+            }
+        };
+        for i in 0..self.warmup {
+            round(i);
         }
-        (0..self.passes).map(|_| round()).collect()
+        (0..self.passes).map(round).collect()
     }
 
     /// Runs `pass` `warmup` times, then `passes` times; what the measured passes returned.
@@ -338,14 +356,24 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     let (times, sha_times) = if a.no_verify {
         (a.runs.time(decode_pass), None)
     } else {
-        let (mut decode_pass, sha_pass) = (decode_pass, sha_pass);
-        let pairs = a.runs.time_pairs(|| (decode_pass(), sha_pass()));
+        let pairs = a.runs.time_pairs(decode_pass, sha_pass);
         let (d, s): (Vec<f64>, Vec<f64>) = pairs.into_iter().unzip();
         (d, Some(s))
     };
     let fps = Stats::of(times.iter().map(|t| frames.len() as f64 / t).collect());
     let mbps = Stats::of(times.iter().map(|t| bytes as f64 / t / 1e6).collect());
-    let sha = sha_times.map(|t| Stats::of(t.iter().map(|t| frames.len() as f64 / t).collect()));
+    let sha = sha_times
+        .as_ref()
+        .map(|t| Stats::of(t.iter().map(|t| frames.len() as f64 / t).collect()));
+    // The ratio within each round, where a slow phase of the machine falls on both passes.
+    let paired = sha_times.map(|s| {
+        Stats::of(
+            s.iter()
+                .zip(&times)
+                .map(|(s, d)| if *d > 0.0 { s / d } else { 0.0 })
+                .collect(),
+        )
+    });
 
     let load = (load_before, load_avg());
     let warning = spread_warning(&fps, load);
@@ -371,10 +399,11 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         "machine": machine(),
         "date": utc_now(),
     });
-    if let Some(sha) = sha {
+    if let (Some(sha), Some(paired)) = (sha, paired) {
         report["sha_bound_fps"] = sha.json();
         report["ratio_to_sha_bound"] =
             serde_json::json!(round(fps.median / sha.median * 100.0) / 100.0);
+        report["ratio_to_sha_bound_paired"] = paired.json();
     }
     print_report(a.json, &report, errors, |stdout| {
         writeln!(
@@ -403,14 +432,17 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
             fps.max,
             mbps.median
         )?;
-        if let Some(sha) = sha {
+        if let (Some(sha), Some(paired)) = (sha, paired) {
             writeln!(
                 stdout,
-                "SHA-256 bound: {:.0} frames/s (min {:.0}, max {:.0}); ratio {:.2}",
+                "SHA-256 bound: {:.0} frames/s (min {:.0}, max {:.0}); ratio {:.2}; within rounds {:.2} (min {:.2}, max {:.2})",
                 sha.median,
                 sha.min,
                 sha.max,
-                fps.median / sha.median
+                fps.median / sha.median,
+                paired.median,
+                paired.min,
+                paired.max
             )?;
         }
         writeln!(stdout, "{}", sha_kernels_line())?;
@@ -700,6 +732,7 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
     // Each round also hashes the CAR's bytes once: the SHA-256 bound, the floor under verifying a
     // repository (every byte must be hashed), measured beside it so the ratio holds on a noisy box.
     let mut phases: [Vec<f64>; 6] = Default::default();
+    let mut paired = Vec::with_capacity(a.runs.passes);
     for _ in 0..a.runs.passes {
         let start = Instant::now();
         black_box(Sha256::digest(black_box(&bytes[..])));
@@ -717,6 +750,8 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
                 *s += d.as_secs_f64() * 1e6;
             }
         }
+        let total = sums[4] / a.repeat as f64;
+        paired.push(if total > 0.0 { sha / total } else { 0.0 });
         for (v, s) in phases
             .iter_mut()
             .zip(sums.iter().map(|s| s / a.repeat as f64).chain([sha]))
@@ -725,6 +760,8 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let [car, signature, walk, rebuild, total, sha] = phases.map(Stats::of);
+    // The ratio within each round, where a slow phase of the machine falls on both.
+    let paired = Stats::of(paired);
     let sha_ratio = if total.median > 0.0 {
         sha.median / total.median
     } else {
@@ -748,6 +785,7 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
         "records_per_s": round(first.records as f64 / (total.median / 1e6).max(1e-12)),
         "sha256_bound_us": sha.json(),
         "ratio_to_sha256_bound": round(sha_ratio),
+        "ratio_to_sha256_bound_paired": paired.json(),
         "peak_rss_bytes": peak_rss,
         "machine": machine(),
         "date": utc_now(),
@@ -785,8 +823,8 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
                 s.median, s.min, s.max
             )?;
         }
-        writeln!(stdout, "sha256     {:>12.1} us  (one pass over the CAR's bytes; verification runs at {:.2} of it)",
-            sha.median, sha_ratio)?;
+        writeln!(stdout, "sha256     {:>12.1} us  (one pass over the CAR's bytes; verification runs at {:.2} of it; within rounds {:.2}, min {:.2}, max {:.2})",
+            sha.median, sha_ratio, paired.median, paired.min, paired.max)?;
         if let Some(rss) = peak_rss {
             writeln!(
                 stdout,
