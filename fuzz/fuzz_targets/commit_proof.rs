@@ -30,10 +30,22 @@ fuzz_target!(|data: &[u8]| {
         // check, which loads the same nodes (and may fail elsewhere, poisoning the tree).
         let mut tree = Tree::new();
         let _ = verify_commit_proof_in(&mut tree, car, c.commit, &ops, None);
-        let reused = summary(verify_commit_proof_in(&mut tree, car, c.commit, &ops, c.prev_data));
+        let reused = summary(verify_commit_proof_in(
+            &mut tree,
+            car,
+            c.commit,
+            &ops,
+            c.prev_data,
+        ));
         assert_eq!(fresh, reused, "a reused tree gives a fresh tree's result");
         if fresh.is_ok() {
-            let again = summary(verify_commit_proof_in(&mut tree, car, c.commit, &ops, c.prev_data));
+            let again = summary(verify_commit_proof_in(
+                &mut tree,
+                car,
+                c.commit,
+                &ops,
+                c.prev_data,
+            ));
             assert_eq!(fresh, again, "verification is repeatable");
         }
     }

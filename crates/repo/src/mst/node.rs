@@ -649,6 +649,7 @@ fn write_entry_short(
     value: Cid<'_>,
     right: Option<Cid<'_>>,
 ) -> bool {
+    // A link's head: tag 42, a byte string of 37 bytes, the 0x00 multibase prefix.
     const LINK36: [u8; 5] = [0xd8, 0x2a, 0x58, 0x25, 0x00];
     let Ok(value) = <&[u8; 36]>::try_from(value.as_bytes()) else {
         return false;
@@ -696,7 +697,8 @@ fn write_entry_short(
             n += 1;
         }
     }
-    b[n..n + 7].copy_from_slice(&[0x61, b'v', 0xd8, 0x2a, 0x58, 0x25, 0x00]);
+    b[n..n + 2].copy_from_slice(&[0x61, b'v']);
+    b[n + 2..n + 7].copy_from_slice(&LINK36);
     b[n + 7..n + 43].copy_from_slice(value);
     n += 43;
     out.extend_from_slice(&b[..n]);
