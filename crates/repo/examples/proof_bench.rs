@@ -75,10 +75,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ));
     }
     let mut reader = CarReader::new();
-    let rounds: usize = std::env::var("ROUNDS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(200);
+    let rounds: usize = match std::env::var("ROUNDS") {
+        Ok(r) => r
+            .parse()
+            .map_err(|_| format!("ROUNDS={r:?}: not a count"))?,
+        Err(_) => 200,
+    };
     let t = Instant::now();
     let mut nodes = 0;
     // One tree for every proof, as the firehose verifier keeps one.

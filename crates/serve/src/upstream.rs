@@ -25,12 +25,12 @@
 //! while we were connected, or the previous seq was forged — one frame with seq 2⁶³−1 would
 //! otherwise become the cursor and every later frame would be skipped as a duplicate). Policy:
 //! follow the relay. The event is counted (`riptide_upstream_seq_resets_total`), logged at error
-//! with both seqs, and ingest's cursor is reset ([`crate::ingest::Upstream::CursorReset`]) so the
-//! frame and those after it are ingested. Across connections, frames at or below the cursor are what the
-//! store already holds (a relay replaying from further back) and are skipped and counted as
-//! duplicates, with one warning per connection. A relay behind our cursor says `FutureCursor`:
-//! counted (`riptide_upstream_future_cursor_total`), `/readyz` says so, and the error log says
-//! what to do (`riptide serve --reset-upstream-cursor`, or a fresh `--data`).
+//! with both seqs, and ingest's cursor is reset ([`crate::ingest::Upstream::CursorReset`]) so
+//! the frame and those after it are ingested. Across connections, frames at or below the cursor
+//! are what the store already holds (a relay replaying from further back) and are skipped and
+//! counted as duplicates, with one warning per connection. A relay behind our cursor says
+//! `FutureCursor`: counted (`riptide_upstream_future_cursor_total`), `/readyz` says so, and the
+//! error log says what to do (`riptide serve --reset-upstream-cursor`, or a fresh `--data`).
 //!
 //! `#info` frames and error frames (`FutureCursor`, `ConsumerTooSlow`; the relay closes after
 //! them and the client reconnects) are logged and counted in [`Metrics`]; they carry no seq and

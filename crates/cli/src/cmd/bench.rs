@@ -142,6 +142,15 @@ pub fn run(b: Bench) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// `a / b`, or 0 where `b` is not positive (a pass too short to time).
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
 /// min, median, max of a sample.
 #[derive(Clone, Copy, Debug)]
 pub struct Stats {
@@ -362,17 +371,12 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
     };
     let fps = Stats::of(times.iter().map(|t| frames.len() as f64 / t).collect());
     let mbps = Stats::of(times.iter().map(|t| bytes as f64 / t / 1e6).collect());
-    let sha = sha_times
-        .as_ref()
-        .map(|t| Stats::of(t.iter().map(|t| frames.len() as f64 / t).collect()));
-    // The ratio within each round, where a slow phase of the machine falls on both passes.
-    let paired = sha_times.map(|s| {
-        Stats::of(
-            s.iter()
-                .zip(&times)
-                .map(|(s, d)| if *d > 0.0 { s / d } else { 0.0 })
-                .collect(),
-        )
+    // The bound's rate, and the ratio within each round (where a slow phase of the machine falls
+    // on both passes).
+    let bound = sha_times.map(|t| {
+        let sha = Stats::of(t.iter().map(|t| frames.len() as f64 / t).collect());
+        let paired = Stats::of(t.iter().zip(&times).map(|(s, d)| ratio(*s, *d)).collect());
+        (sha, paired)
     });
 
     let load = (load_before, load_avg());
@@ -399,7 +403,7 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
         "machine": machine(),
         "date": utc_now(),
     });
-    if let (Some(sha), Some(paired)) = (sha, paired) {
+    if let Some((sha, paired)) = bound {
         report["sha_bound_fps"] = sha.json();
         report["ratio_to_sha_bound"] =
             serde_json::json!(round(fps.median / sha.median * 100.0) / 100.0);
@@ -432,7 +436,7 @@ fn decode(a: DecodeArgs) -> anyhow::Result<ExitCode> {
             fps.max,
             mbps.median
         )?;
-        if let (Some(sha), Some(paired)) = (sha, paired) {
+        if let Some((sha, paired)) = bound {
             writeln!(
                 stdout,
                 "SHA-256 bound: {:.0} frames/s (min {:.0}, max {:.0}); ratio {:.2}; within rounds {:.2} (min {:.2}, max {:.2})",
@@ -750,23 +754,17 @@ fn repo(a: RepoArgs) -> anyhow::Result<ExitCode> {
                 *s += d.as_secs_f64() * 1e6;
             }
         }
-        let total = sums[4] / a.repeat as f64;
-        paired.push(if total > 0.0 { sha / total } else { 0.0 });
-        for (v, s) in phases
-            .iter_mut()
-            .zip(sums.iter().map(|s| s / a.repeat as f64).chain([sha]))
-        {
+        // car, signature, walk, rebuild, total: this round's means.
+        let means = sums.map(|s| s / a.repeat as f64);
+        paired.push(ratio(sha, means[4]));
+        for (v, s) in phases.iter_mut().zip(means.into_iter().chain([sha])) {
             v.push(s);
         }
     }
     let [car, signature, walk, rebuild, total, sha] = phases.map(Stats::of);
     // The ratio within each round, where a slow phase of the machine falls on both.
     let paired = Stats::of(paired);
-    let sha_ratio = if total.median > 0.0 {
-        sha.median / total.median
-    } else {
-        0.0
-    };
+    let sha_ratio = ratio(sha.median, total.median);
     let peak_rss = peak_rss_bytes();
     let report = serde_json::json!({
         "file": a.file.display().to_string(),
