@@ -25,7 +25,9 @@
 
 #![allow(unsafe_code)] // SHA-NI intrinsics, entered after a run-time CPU check (`main`).
 
+#[cfg(target_arch = "x86_64")]
 use std::hint::black_box;
+#[cfg(target_arch = "x86_64")]
 use std::time::Instant;
 
 #[cfg(target_arch = "x86_64")]

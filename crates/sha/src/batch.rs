@@ -18,7 +18,8 @@ pub enum Kernel {
     /// `sha2`, one message after another (SHA-NI or ARMv8 SHA2 inside when `sha2` finds them,
     /// plain Rust otherwise): the fallback on every CPU.
     Sha2,
-    /// Two SHA-NI lanes, interleaved round by round (x86-64 with SHA-NI and SSE4.1). On an AMD
+    /// Two lanes interleaved round by round: SHA-NI on x86-64 (with SSE4.1), the SHA2
+    /// instructions on AArch64 (the name, `shani2`, is the x86 one on both). On an AMD
     /// EPYC (Zen) `sha256rnds2` has latency to spare: two lanes do nearly twice one's work.
     ShaNi2,
     /// Sixteen lanes in AVX-512 registers (x86-64 with AVX-512 F and BW).
@@ -46,8 +47,8 @@ impl Kernel {
     pub fn is_supported(self) -> bool {
         match self {
             Kernel::Sha2 => true,
-            #[cfg(target_arch = "x86_64")]
-            Kernel::ShaNi2 => crate::x86::available(),
+            #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+            Kernel::ShaNi2 => crate::two::available(),
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512x16 => crate::x16::available(),
             #[cfg(not(target_arch = "x86_64"))]
@@ -96,8 +97,8 @@ impl Kernel {
             Kernel::Sha2
         };
         match k {
-            #[cfg(target_arch = "x86_64")]
-            Kernel::ShaNi2 => crate::x86::stream(msgs, out),
+            #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+            Kernel::ShaNi2 => crate::two::stream(msgs, out),
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512x16 => wide(msgs, out),
             _ => {
@@ -233,6 +234,15 @@ mod tests {
             };
             assert_eq!(Kernel::best_for(1 << 20), want);
             eprintln!("kernels on this CPU: {:?}", Kernel::supported());
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            let two = std::arch::is_aarch64_feature_detected!("sha2");
+            assert_eq!(Kernel::ShaNi2.is_supported(), two);
+            assert!(!Kernel::Avx512x16.is_supported());
+            let two = two && crate::kernel_cap() != Some(Kernel::Sha2);
+            let want = if two { Kernel::ShaNi2 } else { Kernel::Sha2 };
+            assert_eq!(Kernel::best_for(1 << 20), want);
         }
     }
 

@@ -8,7 +8,7 @@
 //! | value | what dispatch may use |
 //! |---|---|
 //! | unset, empty or `auto` | everything the CPU has, as chosen per vendor (the default) |
-//! | `shani2` | no AVX-512: SHA-NI pairs and `sha2` (a CPU with SHA-NI, without AVX-512) |
+//! | `shani2` | no AVX-512: SHA-NI pairs and `sha2` (a CPU with SHA-NI, without AVX-512; on AArch64 the pairs run on the SHA2 instructions, which is what dispatch chooses there anyway) |
 //! | `sha2` | only `sha2`, one message at a time (no SHA-NI lanes, no AVX-512 lanes; `sha2` itself still uses the CPU's SHA extensions) |
 //! | `avx512x16` | sixteen AVX-512 lanes wherever dispatch would choose between them and SHA-NI pairs (what an Intel CPU with both runs), when the CPU has AVX-512 |
 //!
@@ -50,14 +50,15 @@ pub fn kernel_cap() -> Option<Kernel> {
     *CAP.get_or_init(|| kernel_from_env().unwrap_or(None))
 }
 
-/// Whether dispatch may use the SHA-NI lanes: the CPU has them and the cap allows them.
+/// Whether dispatch may use the two lanes (SHA-NI, or ARMv8 SHA2): the CPU has them and the cap
+/// allows them.
 #[inline]
 pub(crate) fn sha_ni_enabled() -> bool {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     {
-        crate::x86::available() && kernel_cap() != Some(Kernel::Sha2)
+        crate::two::available() && kernel_cap() != Some(Kernel::Sha2)
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         false
     }
@@ -170,11 +171,10 @@ mod tests {
 
     #[test]
     fn the_cap_never_enables_what_the_cpu_lacks() {
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+        assert!(!sha_ni_enabled() || crate::two::available());
         #[cfg(target_arch = "x86_64")]
-        {
-            assert!(!sha_ni_enabled() || crate::x86::available());
-            assert!(!wide_enabled() || crate::x16::available());
-        }
+        assert!(!wide_enabled() || crate::x16::available());
         match kernel_cap() {
             Some(Kernel::Sha2) => assert!(!sha_ni_enabled() && !wide_enabled()),
             Some(Kernel::ShaNi2) => assert!(!wide_enabled()),

@@ -13,10 +13,14 @@
 //!   nodes (`examples/lanes.rs`). [`Checker`] refills lanes as messages end, so messages of any
 //!   length keep them busy; [`ShortBatch`] hashes up to sixteen one-block messages at once.
 //!
+//! - ARMv8's SHA2 instructions are a dependent chain per message in the same way: on AArch64 the
+//!   two lanes run on them (`arm`), behind the same API.
+//!
 //! No maintained crate hashes independent messages in lanes, so the lane code is written here;
-//! the SHA-NI rounds are the standard sequence, the AVX-512 rounds are FIPS 180-4 written with
-//! `vprord`/`vpternlogd`, and every result is tested against `sha2`. Without SHA-NI or AVX-512
-//! (or off x86-64) everything falls back to `sha2`, which gives the same digests.
+//! the SHA-NI and ARMv8 rounds are the standard sequences, the AVX-512 rounds are FIPS 180-4
+//! written with `vprord`/`vpternlogd`, and every result is tested against `sha2`. Without those
+//! instructions (or on another architecture) everything falls back to `sha2`, which gives the
+//! same digests.
 //!
 //! Which kernel runs is decided at run time, once per process, from the CPU ([`Kernel::best_for`]
 //! for batches, [`Checker::new`] for streams, [`ShortBatch`], [`sha256_pair`]); the environment
@@ -41,14 +45,14 @@ pub fn sha256(data: &[u8]) -> Digest {
 /// SHA-256 of two independent messages, computed together (see the module docs).
 #[inline]
 pub fn sha256_pair(a: &[u8], b: &[u8]) -> (Digest, Digest) {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     {
         if cap::sha_ni_enabled() {
             let short = short_limit();
             return match (a.len() <= short, b.len() <= short) {
-                (true, true) => x86::pair(a, b),
-                (true, false) => (x86::one(a), sha256(b)),
-                (false, true) => (sha256(a), x86::one(b)),
+                (true, true) => two::pair(a, b),
+                (true, false) => (two::one(a), sha256(b)),
+                (false, true) => (sha256(a), two::one(b)),
                 (false, false) => (sha256(a), sha256(b)),
             };
         }
@@ -62,9 +66,9 @@ pub fn sha256_pair(a: &[u8], b: &[u8]) -> (Digest, Digest) {
 /// 0.9× at 1,000).
 pub const SHORT: usize = 512;
 
-/// Longest message [`sha256_pair`] and [`sha256_short`] hash with SHA-NI on this CPU: [`SHORT`],
-/// or any length where two SHA-NI lanes beat `sha2` at every length (AMD Zen, where SHA-NI has
-/// latency to spare: see [`wide_beats_sha_ni`]).
+/// Longest message [`sha256_pair`] and [`sha256_short`] hash in two lanes on this CPU: [`SHORT`],
+/// or any length where two lanes beat `sha2` at every length (AMD Zen, where SHA-NI has latency
+/// to spare: see [`wide_beats_sha_ni`]; and AArch64, where nothing competes with the pairs).
 #[inline]
 pub fn short_limit() -> usize {
     if wide_beats_sha_ni() {
@@ -78,17 +82,18 @@ pub fn short_limit() -> usize {
 /// [`short_limit`] bytes (`sha2` otherwise).
 #[inline]
 pub fn sha256_short(a: &[u8]) -> Digest {
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     {
         if a.len() <= short_limit() && cap::sha_ni_enabled() {
-            return x86::one(a);
+            return two::one(a);
         }
     }
     sha256(a)
 }
 
-/// Whether the two-lane SHA-NI path is in use on this CPU (otherwise [`sha256_pair`] calls
-/// `sha2` twice): the CPU has SHA-NI and `RIPTIDE_SHA_KERNEL` does not rule it out ([`cap`]).
+/// Whether the two-lane path is in use on this CPU (otherwise [`sha256_pair`] calls `sha2`
+/// twice): the CPU has SHA-NI (x86-64) or the SHA2 instructions (AArch64), and
+/// `RIPTIDE_SHA_KERNEL` does not rule it out ([`cap`]).
 pub fn lanes_available() -> bool {
     cap::sha_ni_enabled()
 }
@@ -506,7 +511,7 @@ impl ShortBatch {
     /// [`ShortBatch::digests`] on a CPU without AVX-512: SHA-NI pairs or `sha2`.
     fn digests_without_lanes(&self, n: usize) -> [Digest; 16] {
         let mut out = [[0u8; 32]; 16];
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         if cap::sha_ni_enabled() {
             // The blocks are padded already: compress them two at a time, straight (through
             // `sha256_pair`, which pads each message again, the walk of a 200,000-record
@@ -515,7 +520,7 @@ impl ShortBatch {
                 .chunks_exact(2)
                 .zip(out.chunks_exact_mut(2))
             {
-                let (x, y) = x86::padded_pair(&pair[0], &pair[1]);
+                let (x, y) = two::padded_pair(&pair[0], &pair[1]);
                 d[0] = x;
                 d[1] = y;
             }
@@ -571,13 +576,13 @@ fn pad_tail(rest: &[u8], len: u64, out: &mut [u8]) -> usize {
 }
 
 /// SHA-256 initial state (FIPS 180-4 §5.3.3).
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const H0: [u32; 8] = [
     0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
 ];
 
 /// SHA-256 round constants (FIPS 180-4 §4.2.2).
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const K: [u32; 64] = [
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
     0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
@@ -592,11 +597,225 @@ const K: [u32; 64] = [
 #[cfg(target_arch = "x86_64")]
 mod x16;
 
+/// The two-lane kernel of this architecture ([`Kernel::ShaNi2`]): SHA-NI on x86-64, the SHA2
+/// instructions on AArch64.
+#[cfg(target_arch = "aarch64")]
+use arm as two;
+#[cfg(target_arch = "x86_64")]
+use x86 as two;
+
 mod batch;
 pub use batch::{wide_beats_sha_ni, Kernel};
 
 pub mod cap;
 pub use cap::{kernel_cap, kernel_from_env, KERNEL_ENV};
+
+/// The two-lane drivers over one architecture's `State`, `load_state`, `store_state`,
+/// `compress1` and `compress2` (SHA-NI in `x86`, the ARMv8 SHA2 instructions in `arm`): padding,
+/// pairing blocks of two messages, refilling a lane when its message ends. Written once, expanded
+/// inside each architecture's module so that every function carries that module's target
+/// features (`$features`) and the compressions inline into them.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+macro_rules! two_lanes {
+    ($features:literal) => {
+        /// A message as the 64-byte blocks SHA-256 compresses: its full blocks, then one or two
+        /// padding blocks holding the tail, `0x80`, zeros and the bit length.
+        struct Blocks<'a> {
+            full: &'a [u8],
+            tail: [u8; 128],
+            tail_blocks: usize,
+        }
+
+        impl<'a> Blocks<'a> {
+            #[inline(always)]
+            fn new(m: &'a [u8]) -> Blocks<'a> {
+                let n_full = m.len() / 64;
+                let (full, rest) = m.split_at(n_full * 64);
+                let mut tail = [0u8; 128];
+                let tail_blocks = $crate::pad_tail(rest, m.len() as u64, &mut tail);
+                Blocks {
+                    full,
+                    tail,
+                    tail_blocks,
+                }
+            }
+        }
+
+        pub(super) fn one(a: &[u8]) -> Digest {
+            // SAFETY: as in `pair`.
+            unsafe { one_lanes(a) }
+        }
+
+        #[target_feature(enable = $features)]
+        fn one_lanes(a: &[u8]) -> Digest {
+            let ba = Blocks::new(a);
+            let mut sa = load_state(&H0);
+            for block in ba.full.chunks_exact(64) {
+                compress1(&mut sa, block);
+            }
+            for block in ba.tail[..ba.tail_blocks * 64].chunks_exact(64) {
+                compress1(&mut sa, block);
+            }
+            store_state(sa)
+        }
+
+        pub(super) fn pair(a: &[u8], b: &[u8]) -> (Digest, Digest) {
+            // SAFETY: `pair` is only called after `available()` found the target features
+            // `pair_lanes` enables.
+            unsafe { pair_lanes(a, b) }
+        }
+
+        #[target_feature(enable = $features)]
+        fn pair_lanes(a: &[u8], b: &[u8]) -> (Digest, Digest) {
+            let (ba, bb) = (Blocks::new(a), Blocks::new(b));
+            let init = load_state(&H0);
+            let (mut sa, mut sb) = (init, init);
+            // Both messages as block iterators: full blocks from the input, then the padded tail.
+            let mut ia = ba
+                .full
+                .chunks_exact(64)
+                .chain(ba.tail[..ba.tail_blocks * 64].chunks_exact(64));
+            let mut ib = bb
+                .full
+                .chunks_exact(64)
+                .chain(bb.tail[..bb.tail_blocks * 64].chunks_exact(64));
+            loop {
+                match (ia.next(), ib.next()) {
+                    (Some(x), Some(y)) => compress2(&mut sa, &mut sb, x, y),
+                    (Some(x), None) => {
+                        compress1(&mut sa, x);
+                        for x in ia.by_ref() {
+                            compress1(&mut sa, x);
+                        }
+                        break;
+                    }
+                    (None, Some(y)) => {
+                        compress1(&mut sb, y);
+                        for y in ib.by_ref() {
+                            compress1(&mut sb, y);
+                        }
+                        break;
+                    }
+                    (None, None) => break,
+                }
+            }
+            (store_state(sa), store_state(sb))
+        }
+
+        /// The digests of two messages that are one padded block each (`ShortBatch`'s form): the
+        /// compression alone, without [`pair`]'s padding of the messages.
+        pub(super) fn padded_pair(a: &[u8; 64], b: &[u8; 64]) -> (Digest, Digest) {
+            // SAFETY: as in `pair`: called only after `available()`.
+            unsafe { padded_pair_lanes(a, b) }
+        }
+
+        #[target_feature(enable = $features)]
+        fn padded_pair_lanes(a: &[u8; 64], b: &[u8; 64]) -> (Digest, Digest) {
+            let init = load_state(&H0);
+            let (mut sa, mut sb) = (init, init);
+            compress2(&mut sa, &mut sb, a, b);
+            (store_state(sa), store_state(sb))
+        }
+
+        /// One message's blocks, walked one at a time by a lane of [`stream`].
+        struct Cursor<'a> {
+            msg: &'a [u8],
+            n_full: usize,
+            tail: [u8; 128],
+            total: usize,
+            next: usize,
+        }
+
+        impl<'a> Cursor<'a> {
+            #[inline(always)]
+            fn new(m: &'a [u8]) -> Cursor<'a> {
+                let n_full = m.len() / 64;
+                let mut tail = [0u8; 128];
+                let tail_blocks = $crate::pad_tail(&m[n_full * 64..], m.len() as u64, &mut tail);
+                Cursor {
+                    msg: m,
+                    n_full,
+                    tail,
+                    total: n_full + tail_blocks,
+                    next: 0,
+                }
+            }
+
+            /// Block `k` (< `total`): from the message, or its padded tail.
+            #[inline(always)]
+            fn block(&self, k: usize) -> &[u8] {
+                if k < self.n_full {
+                    &self.msg[k * 64..k * 64 + 64]
+                } else {
+                    let t = (k - self.n_full) * 64;
+                    &self.tail[t..t + 64]
+                }
+            }
+        }
+
+        /// A busy lane of [`stream`]: which message, its blocks, its state.
+        struct Lane<'a> {
+            index: usize,
+            cursor: Cursor<'a>,
+            state: State,
+        }
+
+        /// `out[i]` = SHA-256 of `msgs[i]` (`out` at least as long as `msgs`), two lanes
+        /// refilled as messages end, so lengths that differ keep both busy.
+        pub(super) fn stream(msgs: &[&[u8]], out: &mut [Digest]) {
+            // SAFETY: as in `pair`: called only after `available()`.
+            unsafe { stream_lanes(msgs, out) }
+        }
+
+        #[target_feature(enable = $features)]
+        fn stream_lanes(msgs: &[&[u8]], out: &mut [Digest]) {
+            let init = load_state(&H0);
+            let mut queued = 0;
+            let mut load = || {
+                let lane = msgs.get(queued).map(|m| Lane {
+                    index: queued,
+                    cursor: Cursor::new(m),
+                    state: init,
+                });
+                queued += 1;
+                lane
+            };
+            let mut a = load();
+            let mut b = load();
+            loop {
+                match (&mut a, &mut b) {
+                    (Some(x), Some(y)) => {
+                        let (kx, ky) = (x.cursor.next, y.cursor.next);
+                        compress2(
+                            &mut x.state,
+                            &mut y.state,
+                            x.cursor.block(kx),
+                            y.cursor.block(ky),
+                        );
+                        x.cursor.next += 1;
+                        y.cursor.next += 1;
+                    }
+                    (Some(x), None) | (None, Some(x)) => {
+                        let k = x.cursor.next;
+                        compress1(&mut x.state, x.cursor.block(k));
+                        x.cursor.next += 1;
+                    }
+                    (None, None) => break,
+                }
+                for lane in [&mut a, &mut b] {
+                    if let Some(l) = lane {
+                        if l.cursor.next == l.cursor.total {
+                            if let Some(o) = out.get_mut(l.index) {
+                                *o = store_state(l.state);
+                            }
+                            *lane = load();
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -618,202 +837,7 @@ mod x86 {
             && std::arch::is_x86_feature_detected!("ssse3")
     }
 
-    /// A message as the 64-byte blocks SHA-256 compresses: its full blocks, then one or two
-    /// padding blocks holding the tail, `0x80`, zeros and the bit length.
-    struct Blocks<'a> {
-        full: &'a [u8],
-        tail: [u8; 128],
-        tail_blocks: usize,
-    }
-
-    impl<'a> Blocks<'a> {
-        #[inline(always)]
-        fn new(m: &'a [u8]) -> Blocks<'a> {
-            let n_full = m.len() / 64;
-            let (full, rest) = m.split_at(n_full * 64);
-            let mut tail = [0u8; 128];
-            let tail_blocks = super::pad_tail(rest, m.len() as u64, &mut tail);
-            Blocks {
-                full,
-                tail,
-                tail_blocks,
-            }
-        }
-    }
-
-    pub(super) fn one(a: &[u8]) -> Digest {
-        // SAFETY: as in `pair`.
-        unsafe { one_sha_ni(a) }
-    }
-
-    #[target_feature(enable = "sha,sse2,ssse3,sse4.1")]
-    fn one_sha_ni(a: &[u8]) -> Digest {
-        let ba = Blocks::new(a);
-        let mut sa = load_state(&H0);
-        for block in ba.full.chunks_exact(64) {
-            compress1(&mut sa, block);
-        }
-        for block in ba.tail[..ba.tail_blocks * 64].chunks_exact(64) {
-            compress1(&mut sa, block);
-        }
-        store_state(sa)
-    }
-
-    pub(super) fn pair(a: &[u8], b: &[u8]) -> (Digest, Digest) {
-        // SAFETY: `pair` is only called after `available()` found sha, sse4.1 and ssse3 (sse2
-        // is part of x86-64), the target features `pair_sha_ni` enables.
-        unsafe { pair_sha_ni(a, b) }
-    }
-
-    #[target_feature(enable = "sha,sse2,ssse3,sse4.1")]
-    fn pair_sha_ni(a: &[u8], b: &[u8]) -> (Digest, Digest) {
-        let (ba, bb) = (Blocks::new(a), Blocks::new(b));
-        let init = load_state(&H0);
-        let (mut sa, mut sb) = (init, init);
-        // Both messages as block iterators: full blocks from the input, then the padded tail.
-        let mut ia = ba
-            .full
-            .chunks_exact(64)
-            .chain(ba.tail[..ba.tail_blocks * 64].chunks_exact(64));
-        let mut ib = bb
-            .full
-            .chunks_exact(64)
-            .chain(bb.tail[..bb.tail_blocks * 64].chunks_exact(64));
-        loop {
-            match (ia.next(), ib.next()) {
-                (Some(x), Some(y)) => compress2(&mut sa, &mut sb, x, y),
-                (Some(x), None) => {
-                    compress1(&mut sa, x);
-                    for x in ia.by_ref() {
-                        compress1(&mut sa, x);
-                    }
-                    break;
-                }
-                (None, Some(y)) => {
-                    compress1(&mut sb, y);
-                    for y in ib.by_ref() {
-                        compress1(&mut sb, y);
-                    }
-                    break;
-                }
-                (None, None) => break,
-            }
-        }
-        (store_state(sa), store_state(sb))
-    }
-
-    /// The digests of two messages that are one padded block each (`ShortBatch`'s form): the
-    /// compression alone, without [`pair`]'s padding of the messages.
-    pub(super) fn padded_pair(a: &[u8; 64], b: &[u8; 64]) -> (Digest, Digest) {
-        // SAFETY: as in `pair`: called only after `available()`.
-        unsafe { padded_pair_sha_ni(a, b) }
-    }
-
-    #[target_feature(enable = "sha,sse2,ssse3,sse4.1")]
-    fn padded_pair_sha_ni(a: &[u8; 64], b: &[u8; 64]) -> (Digest, Digest) {
-        let init = load_state(&H0);
-        let (mut sa, mut sb) = (init, init);
-        compress2(&mut sa, &mut sb, a, b);
-        (store_state(sa), store_state(sb))
-    }
-
-    /// One message's blocks, walked one at a time by a lane of [`stream`].
-    struct Cursor<'a> {
-        msg: &'a [u8],
-        n_full: usize,
-        tail: [u8; 128],
-        total: usize,
-        next: usize,
-    }
-
-    impl<'a> Cursor<'a> {
-        #[inline(always)]
-        fn new(m: &'a [u8]) -> Cursor<'a> {
-            let n_full = m.len() / 64;
-            let mut tail = [0u8; 128];
-            let tail_blocks = super::pad_tail(&m[n_full * 64..], m.len() as u64, &mut tail);
-            Cursor {
-                msg: m,
-                n_full,
-                tail,
-                total: n_full + tail_blocks,
-                next: 0,
-            }
-        }
-
-        /// Block `k` (< `total`): from the message, or its padded tail.
-        #[inline(always)]
-        fn block(&self, k: usize) -> &[u8] {
-            if k < self.n_full {
-                &self.msg[k * 64..k * 64 + 64]
-            } else {
-                let t = (k - self.n_full) * 64;
-                &self.tail[t..t + 64]
-            }
-        }
-    }
-
-    /// A busy lane of [`stream`]: which message, its blocks, its state.
-    struct Lane<'a> {
-        index: usize,
-        cursor: Cursor<'a>,
-        state: State,
-    }
-
-    /// `out[i]` = SHA-256 of `msgs[i]` (`out` at least as long as `msgs`), two SHA-NI lanes
-    /// refilled as messages end, so lengths that differ keep both busy.
-    pub(super) fn stream(msgs: &[&[u8]], out: &mut [Digest]) {
-        // SAFETY: as in `pair`: called only after `available()`.
-        unsafe { stream_sha_ni(msgs, out) }
-    }
-
-    #[target_feature(enable = "sha,sse2,ssse3,sse4.1")]
-    fn stream_sha_ni(msgs: &[&[u8]], out: &mut [Digest]) {
-        let init = load_state(&H0);
-        let mut queued = 0;
-        let mut load = || {
-            let lane = msgs.get(queued).map(|m| Lane {
-                index: queued,
-                cursor: Cursor::new(m),
-                state: init,
-            });
-            queued += 1;
-            lane
-        };
-        let mut a = load();
-        let mut b = load();
-        loop {
-            match (&mut a, &mut b) {
-                (Some(x), Some(y)) => {
-                    let (kx, ky) = (x.cursor.next, y.cursor.next);
-                    compress2(
-                        &mut x.state,
-                        &mut y.state,
-                        x.cursor.block(kx),
-                        y.cursor.block(ky),
-                    );
-                    x.cursor.next += 1;
-                    y.cursor.next += 1;
-                }
-                (Some(x), None) | (None, Some(x)) => {
-                    let k = x.cursor.next;
-                    compress1(&mut x.state, x.cursor.block(k));
-                    x.cursor.next += 1;
-                }
-                (None, None) => break,
-            }
-            for lane in [&mut a, &mut b] {
-                if let Some(l) = lane {
-                    if l.cursor.next == l.cursor.total {
-                        if let Some(o) = out.get_mut(l.index) {
-                            *o = store_state(l.state);
-                        }
-                        *lane = load();
-                    }
-                }
-            }
-        }
-    }
+    two_lanes!("sha,sse2,ssse3,sse4.1");
 
     /// The state as SHA-NI keeps it: (ABEF, CDGH).
     type State = (__m128i, __m128i);
@@ -976,6 +1000,183 @@ mod x86 {
     }
 }
 
+#[cfg(target_arch = "aarch64")]
+mod arm {
+    //! The two-lane compression with the ARMv8 SHA2 instructions (`sha256h`, `sha256h2`,
+    //! `sha256su0`, `sha256su1`). Each instruction does four rounds and the next four depend on
+    //! its result, so one message is a chain of dependent instructions, as with SHA-NI; two
+    //! messages interleaved give the core two independent chains. The intrinsics are safe inside
+    //! functions that enable their target features; the one `unsafe` is entering such a
+    //! function, which is sound only after the run-time check in [`available`].
+    //!
+    //! Written with the intrinsics, not measured here: the development machines are x86-64, so
+    //! this path is tested against `sha2` under emulation (`.ci/aarch64`) and its speed is
+    //! for an ARM machine to measure (`examples/lanes.rs`).
+
+    use std::arch::aarch64::*;
+
+    use super::Digest;
+
+    use super::{H0, K};
+
+    /// Whether this CPU has the SHA2 instructions (cached by std; NEON is part of AArch64).
+    #[inline]
+    pub(super) fn available() -> bool {
+        std::arch::is_aarch64_feature_detected!("sha2")
+    }
+
+    /// The state as the instructions take it: (ABCD, EFGH), word `a` in lane 0.
+    type State = (uint32x4_t, uint32x4_t);
+
+    #[inline]
+    #[target_feature(enable = "neon,sha2")]
+    fn load_state(h: &[u32; 8]) -> State {
+        (
+            from_words([h[0], h[1], h[2], h[3]]),
+            from_words([h[4], h[5], h[6], h[7]]),
+        )
+    }
+
+    /// Four words into a vector, lane `i` = `w[i]`.
+    #[inline]
+    #[target_feature(enable = "neon,sha2")]
+    fn from_words(w: [u32; 4]) -> uint32x4_t {
+        // SAFETY: `w` is four readable `u32`s, what `vld1q_u32` reads.
+        unsafe { vld1q_u32(w.as_ptr()) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "neon,sha2")]
+    fn store_state((abcd, efgh): State) -> Digest {
+        let words = [
+            vgetq_lane_u32::<0>(abcd),
+            vgetq_lane_u32::<1>(abcd),
+            vgetq_lane_u32::<2>(abcd),
+            vgetq_lane_u32::<3>(abcd),
+            vgetq_lane_u32::<0>(efgh),
+            vgetq_lane_u32::<1>(efgh),
+            vgetq_lane_u32::<2>(efgh),
+            vgetq_lane_u32::<3>(efgh),
+        ];
+        let mut out = [0u8; 32];
+        for (o, w) in out.chunks_exact_mut(4).zip(words) {
+            o.copy_from_slice(&w.to_be_bytes());
+        }
+        out
+    }
+
+    /// 16 big-endian message bytes as four words.
+    #[inline]
+    #[target_feature(enable = "neon,sha2")]
+    fn load_words(b: &[u8]) -> uint32x4_t {
+        let mut w = [0u8; 16];
+        w.copy_from_slice(&b[..16]);
+        // SAFETY: `w` is sixteen readable bytes, what `vld1q_u8` reads.
+        let v = unsafe { vld1q_u8(w.as_ptr()) };
+        vreinterpretq_u32_u8(vrev32q_u8(v))
+    }
+
+    /// The round constants for rounds 4g..4g+3.
+    #[inline]
+    #[target_feature(enable = "neon,sha2")]
+    fn k4(g: usize) -> uint32x4_t {
+        from_words([K[4 * g], K[4 * g + 1], K[4 * g + 2], K[4 * g + 3]])
+    }
+
+    /// Four rounds on one lane with message words `w` (already scheduled) for group `g`.
+    macro_rules! rounds4 {
+        ($st:ident, $w:expr, $g:expr) => {{
+            let t = vaddq_u32($w, k4($g));
+            let abcd = $st.0;
+            $st.0 = vsha256hq_u32($st.0, $st.1, t);
+            $st.1 = vsha256h2q_u32($st.1, abcd, t);
+        }};
+    }
+
+    /// The next four message words from the previous sixteen (`w0` oldest).
+    #[inline]
+    #[target_feature(enable = "neon,sha2")]
+    fn schedule(w0: uint32x4_t, w1: uint32x4_t, w2: uint32x4_t, w3: uint32x4_t) -> uint32x4_t {
+        vsha256su1q_u32(vsha256su0q_u32(w0, w1), w2, w3)
+    }
+
+    /// Rounds for group `g` on every listed lane, each lane's words rotating through four
+    /// variables; groups 0–3 use the loaded words, later ones schedule first.
+    macro_rules! group {
+        ($g:expr, $(($st:ident, $w0:ident, $w1:ident, $w2:ident, $w3:ident)),+) => {{
+            $(
+                if $g >= 4 {
+                    $w0 = schedule($w0, $w1, $w2, $w3);
+                }
+            )+
+            $( rounds4!($st, $w0, $g); )+
+        }};
+    }
+
+    /// All sixteen groups: the word variables rotate by one each group.
+    macro_rules! block {
+        ($(($st:ident, $a:ident, $b:ident, $c:ident, $d:ident)),+) => {{
+            group!(0, $(($st, $a, $b, $c, $d)),+);
+            group!(1, $(($st, $b, $c, $d, $a)),+);
+            group!(2, $(($st, $c, $d, $a, $b)),+);
+            group!(3, $(($st, $d, $a, $b, $c)),+);
+            group!(4, $(($st, $a, $b, $c, $d)),+);
+            group!(5, $(($st, $b, $c, $d, $a)),+);
+            group!(6, $(($st, $c, $d, $a, $b)),+);
+            group!(7, $(($st, $d, $a, $b, $c)),+);
+            group!(8, $(($st, $a, $b, $c, $d)),+);
+            group!(9, $(($st, $b, $c, $d, $a)),+);
+            group!(10, $(($st, $c, $d, $a, $b)),+);
+            group!(11, $(($st, $d, $a, $b, $c)),+);
+            group!(12, $(($st, $a, $b, $c, $d)),+);
+            group!(13, $(($st, $b, $c, $d, $a)),+);
+            group!(14, $(($st, $c, $d, $a, $b)),+);
+            group!(15, $(($st, $d, $a, $b, $c)),+);
+        }};
+    }
+
+    /// One block on each of two lanes, interleaved.
+    #[inline]
+    #[target_feature(enable = "neon,sha2")]
+    fn compress2(sa: &mut State, sb: &mut State, a: &[u8], b: &[u8]) {
+        let (save_a, save_b) = (*sa, *sb);
+        let (mut x, mut y) = (*sa, *sb);
+        let (mut a0, mut a1, mut a2, mut a3) = (
+            load_words(&a[0..16]),
+            load_words(&a[16..32]),
+            load_words(&a[32..48]),
+            load_words(&a[48..64]),
+        );
+        let (mut b0, mut b1, mut b2, mut b3) = (
+            load_words(&b[0..16]),
+            load_words(&b[16..32]),
+            load_words(&b[32..48]),
+            load_words(&b[48..64]),
+        );
+        block!((x, a0, a1, a2, a3), (y, b0, b1, b2, b3));
+        *sa = (vaddq_u32(x.0, save_a.0), vaddq_u32(x.1, save_a.1));
+        *sb = (vaddq_u32(y.0, save_b.0), vaddq_u32(y.1, save_b.1));
+    }
+
+    /// One block on one lane.
+    #[inline]
+    #[target_feature(enable = "neon,sha2")]
+    fn compress1(s: &mut State, a: &[u8]) {
+        let save = *s;
+        let mut x = *s;
+        let (mut a0, mut a1, mut a2, mut a3) = (
+            load_words(&a[0..16]),
+            load_words(&a[16..32]),
+            load_words(&a[32..48]),
+            load_words(&a[48..64]),
+        );
+        block!((x, a0, a1, a2, a3));
+        *s = (vaddq_u32(x.0, save.0), vaddq_u32(x.1, save.1));
+    }
+
+    two_lanes!("neon,sha2");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -993,6 +1194,11 @@ mod tests {
             std::arch::is_x86_feature_detected!("sha")
                 && std::arch::is_x86_feature_detected!("sse4.1")
                 && kernel_cap() != Some(Kernel::Sha2)
+        );
+        #[cfg(target_arch = "aarch64")]
+        assert_eq!(
+            lanes_available(),
+            std::arch::is_aarch64_feature_detected!("sha2") && kernel_cap() != Some(Kernel::Sha2)
         );
     }
 
@@ -1198,15 +1404,15 @@ mod tests {
             prop_assert_eq!(sha256_short(&a), sha256(&a));
         }
 
-        #[cfg(target_arch = "x86_64")]
+        #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
         #[test]
         fn lanes_equal_sha2_at_any_length(a in proptest::collection::vec(any::<u8>(), 0..1500),
                                           b in proptest::collection::vec(any::<u8>(), 0..1500)) {
             if lanes_available() {
-                let (x, y) = x86::pair(&a, &b);
+                let (x, y) = two::pair(&a, &b);
                 prop_assert_eq!(x, sha256(&a));
                 prop_assert_eq!(y, sha256(&b));
-                prop_assert_eq!(x86::one(&a), sha256(&a));
+                prop_assert_eq!(two::one(&a), sha256(&a));
             }
         }
     }
