@@ -610,14 +610,94 @@ pub use batch::{wide_beats_sha_ni, Kernel};
 pub mod cap;
 pub use cap::{kernel_cap, kernel_from_env, KERNEL_ENV};
 
-/// The two-lane drivers over one architecture's `State`, `load_state`, `store_state`,
-/// `compress1` and `compress2` (SHA-NI in `x86`, the ARMv8 SHA2 instructions in `arm`): padding,
-/// pairing blocks of two messages, refilling a lane when its message ends. Written once, expanded
-/// inside each architecture's module so that every function carries that module's target
-/// features (`$features`) and the compressions inline into them.
+/// Rounds for group `g` on every listed lane, each lane's words rotating through four variables;
+/// groups 0–3 use the loaded words, later ones schedule first. Architecture-neutral: `schedule`
+/// and `rounds4!` are those of the module it expands in (`x86`, `arm`).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+macro_rules! group {
+    ($g:expr, $(($st:ident, $w0:ident, $w1:ident, $w2:ident, $w3:ident)),+) => {{
+        $(
+            if $g >= 4 {
+                $w0 = schedule($w0, $w1, $w2, $w3);
+            }
+        )+
+        $( rounds4!($st, $w0, $g); )+
+    }};
+}
+
+/// All sixteen groups of one block: the word variables rotate by one each group. Fully unrolled
+/// so state and words stay in registers and the lanes' instructions interleave.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+macro_rules! block {
+    ($(($st:ident, $a:ident, $b:ident, $c:ident, $d:ident)),+) => {{
+        group!(0, $(($st, $a, $b, $c, $d)),+);
+        group!(1, $(($st, $b, $c, $d, $a)),+);
+        group!(2, $(($st, $c, $d, $a, $b)),+);
+        group!(3, $(($st, $d, $a, $b, $c)),+);
+        group!(4, $(($st, $a, $b, $c, $d)),+);
+        group!(5, $(($st, $b, $c, $d, $a)),+);
+        group!(6, $(($st, $c, $d, $a, $b)),+);
+        group!(7, $(($st, $d, $a, $b, $c)),+);
+        group!(8, $(($st, $a, $b, $c, $d)),+);
+        group!(9, $(($st, $b, $c, $d, $a)),+);
+        group!(10, $(($st, $c, $d, $a, $b)),+);
+        group!(11, $(($st, $d, $a, $b, $c)),+);
+        group!(12, $(($st, $a, $b, $c, $d)),+);
+        group!(13, $(($st, $b, $c, $d, $a)),+);
+        group!(14, $(($st, $c, $d, $a, $b)),+);
+        group!(15, $(($st, $d, $a, $b, $c)),+);
+    }};
+}
+
+/// The two-lane code over one architecture's primitives (SHA-NI in `x86`, the ARMv8 SHA2
+/// instructions in `arm`): its `State`, `load_state`, `store_state`, `add_state`, `load_words`,
+/// `schedule` and `rounds4!`. From them, the compression of one block on one or two lanes and
+/// the drivers: padding, pairing blocks of two messages, refilling a lane when its message ends.
+/// Written once, expanded at the end of each architecture's module (after the `rounds4!` it
+/// uses) so that every function carries that module's target features (`$features`) and the
+/// compressions inline into the drivers.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 macro_rules! two_lanes {
     ($features:literal) => {
+        /// One block on each of two lanes, interleaved.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn compress2(sa: &mut State, sb: &mut State, a: &[u8], b: &[u8]) {
+            let (save_a, save_b) = (*sa, *sb);
+            let (mut x, mut y) = (*sa, *sb);
+            let (mut a0, mut a1, mut a2, mut a3) = (
+                load_words(&a[0..16]),
+                load_words(&a[16..32]),
+                load_words(&a[32..48]),
+                load_words(&a[48..64]),
+            );
+            let (mut b0, mut b1, mut b2, mut b3) = (
+                load_words(&b[0..16]),
+                load_words(&b[16..32]),
+                load_words(&b[32..48]),
+                load_words(&b[48..64]),
+            );
+            block!((x, a0, a1, a2, a3), (y, b0, b1, b2, b3));
+            *sa = add_state(x, save_a);
+            *sb = add_state(y, save_b);
+        }
+
+        /// One block on one lane.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn compress1(s: &mut State, a: &[u8]) {
+            let save = *s;
+            let mut x = *s;
+            let (mut a0, mut a1, mut a2, mut a3) = (
+                load_words(&a[0..16]),
+                load_words(&a[16..32]),
+                load_words(&a[32..48]),
+                load_words(&a[48..64]),
+            );
+            block!((x, a0, a1, a2, a3));
+            *s = add_state(x, save);
+        }
+
         /// A message as the 64-byte blocks SHA-256 compresses: its full blocks, then one or two
         /// padding blocks holding the tail, `0x80`, zeros and the bit length.
         struct Blocks<'a> {
@@ -837,8 +917,6 @@ mod x86 {
             && std::arch::is_x86_feature_detected!("ssse3")
     }
 
-    two_lanes!("sha,sse2,ssse3,sse4.1");
-
     /// The state as SHA-NI keeps it: (ABEF, CDGH).
     type State = (__m128i, __m128i);
 
@@ -924,80 +1002,14 @@ mod x86 {
         _mm_sha256msg2_epu32(_mm_add_epi32(t1, t2), w3)
     }
 
-    /// Rounds for group `g` on every listed lane, each lane's words rotating through four
-    /// variables; groups 0–3 use the loaded words, later ones schedule first. Fully unrolled so
-    /// state and words stay in registers and the lanes' instructions interleave.
-    macro_rules! group {
-        ($g:expr, $(($st:ident, $w0:ident, $w1:ident, $w2:ident, $w3:ident)),+) => {{
-            $(
-                if $g >= 4 {
-                    $w0 = schedule($w0, $w1, $w2, $w3);
-                }
-            )+
-            $( rounds4!($st, $w0, $g); )+
-        }};
-    }
-
-    /// All sixteen groups: the word variables rotate by one each group.
-    macro_rules! block {
-        ($(($st:ident, $a:ident, $b:ident, $c:ident, $d:ident)),+) => {{
-            group!(0, $(($st, $a, $b, $c, $d)),+);
-            group!(1, $(($st, $b, $c, $d, $a)),+);
-            group!(2, $(($st, $c, $d, $a, $b)),+);
-            group!(3, $(($st, $d, $a, $b, $c)),+);
-            group!(4, $(($st, $a, $b, $c, $d)),+);
-            group!(5, $(($st, $b, $c, $d, $a)),+);
-            group!(6, $(($st, $c, $d, $a, $b)),+);
-            group!(7, $(($st, $d, $a, $b, $c)),+);
-            group!(8, $(($st, $a, $b, $c, $d)),+);
-            group!(9, $(($st, $b, $c, $d, $a)),+);
-            group!(10, $(($st, $c, $d, $a, $b)),+);
-            group!(11, $(($st, $d, $a, $b, $c)),+);
-            group!(12, $(($st, $a, $b, $c, $d)),+);
-            group!(13, $(($st, $b, $c, $d, $a)),+);
-            group!(14, $(($st, $c, $d, $a, $b)),+);
-            group!(15, $(($st, $d, $a, $b, $c)),+);
-        }};
-    }
-
-    /// One block on each of two lanes, interleaved.
+    /// The state after a block: its value before plus what the rounds left.
     #[inline]
     #[target_feature(enable = "sha,sse2,ssse3,sse4.1")]
-    fn compress2(sa: &mut State, sb: &mut State, a: &[u8], b: &[u8]) {
-        let (save_a, save_b) = (*sa, *sb);
-        let (mut x, mut y) = (*sa, *sb);
-        let (mut a0, mut a1, mut a2, mut a3) = (
-            load_words(&a[0..16]),
-            load_words(&a[16..32]),
-            load_words(&a[32..48]),
-            load_words(&a[48..64]),
-        );
-        let (mut b0, mut b1, mut b2, mut b3) = (
-            load_words(&b[0..16]),
-            load_words(&b[16..32]),
-            load_words(&b[32..48]),
-            load_words(&b[48..64]),
-        );
-        block!((x, a0, a1, a2, a3), (y, b0, b1, b2, b3));
-        *sa = (_mm_add_epi32(x.0, save_a.0), _mm_add_epi32(x.1, save_a.1));
-        *sb = (_mm_add_epi32(y.0, save_b.0), _mm_add_epi32(y.1, save_b.1));
+    fn add_state(x: State, save: State) -> State {
+        (_mm_add_epi32(x.0, save.0), _mm_add_epi32(x.1, save.1))
     }
 
-    /// One block on one lane.
-    #[inline]
-    #[target_feature(enable = "sha,sse2,ssse3,sse4.1")]
-    fn compress1(s: &mut State, a: &[u8]) {
-        let save = *s;
-        let mut x = *s;
-        let (mut a0, mut a1, mut a2, mut a3) = (
-            load_words(&a[0..16]),
-            load_words(&a[16..32]),
-            load_words(&a[32..48]),
-            load_words(&a[48..64]),
-        );
-        block!((x, a0, a1, a2, a3));
-        *s = (_mm_add_epi32(x.0, save.0), _mm_add_epi32(x.1, save.1));
-    }
+    two_lanes!("sha,sse2,ssse3,sse4.1");
 }
 
 #[cfg(target_arch = "aarch64")]
@@ -1100,78 +1112,11 @@ mod arm {
         vsha256su1q_u32(vsha256su0q_u32(w0, w1), w2, w3)
     }
 
-    /// Rounds for group `g` on every listed lane, each lane's words rotating through four
-    /// variables; groups 0–3 use the loaded words, later ones schedule first.
-    macro_rules! group {
-        ($g:expr, $(($st:ident, $w0:ident, $w1:ident, $w2:ident, $w3:ident)),+) => {{
-            $(
-                if $g >= 4 {
-                    $w0 = schedule($w0, $w1, $w2, $w3);
-                }
-            )+
-            $( rounds4!($st, $w0, $g); )+
-        }};
-    }
-
-    /// All sixteen groups: the word variables rotate by one each group.
-    macro_rules! block {
-        ($(($st:ident, $a:ident, $b:ident, $c:ident, $d:ident)),+) => {{
-            group!(0, $(($st, $a, $b, $c, $d)),+);
-            group!(1, $(($st, $b, $c, $d, $a)),+);
-            group!(2, $(($st, $c, $d, $a, $b)),+);
-            group!(3, $(($st, $d, $a, $b, $c)),+);
-            group!(4, $(($st, $a, $b, $c, $d)),+);
-            group!(5, $(($st, $b, $c, $d, $a)),+);
-            group!(6, $(($st, $c, $d, $a, $b)),+);
-            group!(7, $(($st, $d, $a, $b, $c)),+);
-            group!(8, $(($st, $a, $b, $c, $d)),+);
-            group!(9, $(($st, $b, $c, $d, $a)),+);
-            group!(10, $(($st, $c, $d, $a, $b)),+);
-            group!(11, $(($st, $d, $a, $b, $c)),+);
-            group!(12, $(($st, $a, $b, $c, $d)),+);
-            group!(13, $(($st, $b, $c, $d, $a)),+);
-            group!(14, $(($st, $c, $d, $a, $b)),+);
-            group!(15, $(($st, $d, $a, $b, $c)),+);
-        }};
-    }
-
-    /// One block on each of two lanes, interleaved.
+    /// The state after a block: its value before plus what the rounds left.
     #[inline]
     #[target_feature(enable = "neon,sha2")]
-    fn compress2(sa: &mut State, sb: &mut State, a: &[u8], b: &[u8]) {
-        let (save_a, save_b) = (*sa, *sb);
-        let (mut x, mut y) = (*sa, *sb);
-        let (mut a0, mut a1, mut a2, mut a3) = (
-            load_words(&a[0..16]),
-            load_words(&a[16..32]),
-            load_words(&a[32..48]),
-            load_words(&a[48..64]),
-        );
-        let (mut b0, mut b1, mut b2, mut b3) = (
-            load_words(&b[0..16]),
-            load_words(&b[16..32]),
-            load_words(&b[32..48]),
-            load_words(&b[48..64]),
-        );
-        block!((x, a0, a1, a2, a3), (y, b0, b1, b2, b3));
-        *sa = (vaddq_u32(x.0, save_a.0), vaddq_u32(x.1, save_a.1));
-        *sb = (vaddq_u32(y.0, save_b.0), vaddq_u32(y.1, save_b.1));
-    }
-
-    /// One block on one lane.
-    #[inline]
-    #[target_feature(enable = "neon,sha2")]
-    fn compress1(s: &mut State, a: &[u8]) {
-        let save = *s;
-        let mut x = *s;
-        let (mut a0, mut a1, mut a2, mut a3) = (
-            load_words(&a[0..16]),
-            load_words(&a[16..32]),
-            load_words(&a[32..48]),
-            load_words(&a[48..64]),
-        );
-        block!((x, a0, a1, a2, a3));
-        *s = (vaddq_u32(x.0, save.0), vaddq_u32(x.1, save.1));
+    fn add_state(x: State, save: State) -> State {
+        (vaddq_u32(x.0, save.0), vaddq_u32(x.1, save.1))
     }
 
     two_lanes!("neon,sha2");
