@@ -30,7 +30,7 @@
 //! What it does not do: incremental hashing of one long message (a single stream is already at
 //! full speed in `sha2`, use it) or any other hash.
 
-#![allow(unsafe_code)] // SHA-NI intrinsics behind a run-time CPU check: see `x86`.
+#![allow(unsafe_code)] // SIMD intrinsics behind a run-time CPU check: see `x86`, `arm`, `x16`.
 
 /// A SHA-256 digest.
 pub type Digest = [u8; 32];
@@ -1053,8 +1053,11 @@ mod arm {
     #[inline]
     #[target_feature(enable = "neon,sha2")]
     fn from_words(w: [u32; 4]) -> uint32x4_t {
-        // SAFETY: `w` is four readable `u32`s, what `vld1q_u32` reads.
-        unsafe { vld1q_u32(w.as_ptr()) }
+        // Lane by lane rather than `vld1q_u32`, which takes a raw pointer: no `unsafe` here.
+        let v = vdupq_n_u32(w[0]);
+        let v = vsetq_lane_u32::<1>(w[1], v);
+        let v = vsetq_lane_u32::<2>(w[2], v);
+        vsetq_lane_u32::<3>(w[3], v)
     }
 
     #[inline]
@@ -1081,11 +1084,12 @@ mod arm {
     #[inline]
     #[target_feature(enable = "neon,sha2")]
     fn load_words(b: &[u8]) -> uint32x4_t {
-        let mut w = [0u8; 16];
-        w.copy_from_slice(&b[..16]);
-        // SAFETY: `w` is sixteen readable bytes, what `vld1q_u8` reads.
-        let v = unsafe { vld1q_u8(w.as_ptr()) };
-        vreinterpretq_u32_u8(vrev32q_u8(v))
+        let word = |i: usize| {
+            let mut w = [0u8; 4];
+            w.copy_from_slice(&b[4 * i..4 * i + 4]);
+            u32::from_be_bytes(w)
+        };
+        from_words([word(0), word(1), word(2), word(3)])
     }
 
     /// The round constants for rounds 4g..4g+3.
