@@ -27,6 +27,11 @@ pub enum FrameErrorKind {
     Car(CarError),
     /// A CAR block is not valid DAG-CBOR (block index, what).
     BlockCbor(usize, riptide_cbor::ErrorKind),
+    /// A field that names an account (`repo`, `did`) is not a syntactically valid DID (field,
+    /// what is wrong). Checked here, where the frame is decoded, because the DID becomes a key:
+    /// of the account's chain state, of frames held for its resync, of a consumer's own tables.
+    /// An empty DID once reached the store, whose key-value engine asserts a non-empty key.
+    BadDid(&'static str, riptide_syntax::SyntaxErrorKind),
 }
 
 /// A frame decoding error, boxed to keep `Result<Frame, _>` small.
@@ -92,6 +97,9 @@ impl fmt::Display for FrameError {
             FrameErrorKind::Car(e) => write!(f, "blocks: {e}"),
             FrameErrorKind::BlockCbor(i, k) => {
                 write!(f, "block {i} is not DAG-CBOR: {}", k.as_str())
+            }
+            FrameErrorKind::BadDid(name, k) => {
+                write!(f, "payload field `{name}` is not a valid DID: {k}")
             }
         }?;
         write!(f, " (frame byte {})", self.0.offset)

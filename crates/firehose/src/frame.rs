@@ -632,6 +632,14 @@ fn req_str<'a>(v: Option<Value<'a>>, name: &'static str, at: usize) -> Result<&'
         .ok_or_else(|| wrong(name, at))
 }
 
+/// A required text field that must be a DID ([`FrameErrorKind::BadDid`]).
+fn req_did<'a>(v: Option<Value<'a>>, name: &'static str, at: usize) -> Result<&'a str, FrameError> {
+    let s = req_str(v, name, at)?;
+    riptide_syntax::check_did(s)
+        .map_err(|e| FrameError::new(FrameErrorKind::BadDid(name, e.kind()), at))?;
+    Ok(s)
+}
+
 fn opt_str<'a>(
     v: Option<Value<'a>>,
     name: &'static str,
@@ -769,7 +777,7 @@ fn parse_body<'a>(
             }
             Body::Commit(Commit {
                 seq: req_int(f.seq, "seq", at)?,
-                repo: req_str(f.repo, "repo", at)?,
+                repo: req_did(f.repo, "repo", at)?,
                 rev: req_str(f.rev, "rev", at)?,
                 since: opt_str(f.since, "since", at)?,
                 commit: opt_link(f.commit, "commit", at)?.ok_or_else(|| missing("commit", at))?,
@@ -784,20 +792,20 @@ fn parse_body<'a>(
         }
         "#sync" => Body::Sync(SyncEvent {
             seq: req_int(f.seq, "seq", at)?,
-            did: req_str(f.did, "did", at)?,
+            did: req_did(f.did, "did", at)?,
             rev: req_str(f.rev, "rev", at)?,
             time: req_str(f.time, "time", at)?,
             blocks: req_bytes(f.blocks, "blocks", at)?,
         }),
         "#identity" => Body::Identity(Identity {
             seq: req_int(f.seq, "seq", at)?,
-            did: req_str(f.did, "did", at)?,
+            did: req_did(f.did, "did", at)?,
             time: req_str(f.time, "time", at)?,
             handle: opt_str(f.handle, "handle", at)?,
         }),
         "#account" => Body::Account(Account {
             seq: req_int(f.seq, "seq", at)?,
-            did: req_str(f.did, "did", at)?,
+            did: req_did(f.did, "did", at)?,
             time: req_str(f.time, "time", at)?,
             active: f
                 .active

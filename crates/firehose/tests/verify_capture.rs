@@ -850,3 +850,55 @@ fn a_record_that_is_not_strict_dag_cbor_is_malformed() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Every real frame kind with its account's DID replaced by something that is not a DID is
+/// `malformed`, and the decoder says which field and why: the DID becomes a store key downstream
+/// (an empty one once panicked `riptide serve`'s writer), so it is checked where it is decoded.
+#[test]
+fn a_frame_whose_did_is_not_a_did_is_malformed() {
+    let Some((frames, keys)) = capture() else {
+        return;
+    };
+    let mut kinds = BTreeMap::new();
+    for f in &frames {
+        let p = split(f);
+        let OwnedValue::Map(h) = &p.header else {
+            continue;
+        };
+        let Some(OwnedValue::Text(t)) = h.get("t") else {
+            continue;
+        };
+        let field = if t == "#commit" { "repo" } else { "did" };
+        if !p.payload.contains_key(field) || kinds.contains_key(t) {
+            continue;
+        }
+        // The frame as it came verifies (or at least decodes), so only the DID can fail it.
+        let mut d = riptide_firehose::FrameDecoder::new();
+        assert!(d.decode(f).is_ok(), "{t}: the real frame decodes");
+        for bad in [
+            "",
+            "not-a-did",
+            "did:plc:",
+            "DID:plc:abc",
+            "did:plc:a\u{0}b",
+        ] {
+            let mut q = p.clone();
+            q.payload
+                .insert(field.into(), OwnedValue::Text(bad.to_owned()));
+            let frame = join(&q);
+            let e = d.decode(&frame).expect_err(bad);
+            assert!(
+                matches!(e.kind(), FrameErrorKind::BadDid(name, _) if *name == field),
+                "{t} {bad:?}: {e}"
+            );
+            assert!(e.to_string().contains("not a valid DID"), "{e}");
+            let r = Verifier::new(&keys).check(&frame);
+            assert_eq!(r.verdict, Verdict::Malformed, "{t} {bad:?}");
+        }
+        kinds.insert(t.clone(), ());
+    }
+    // The capture has commits, identity and account frames (and #sync ones).
+    for t in ["#commit", "#identity", "#account"] {
+        assert!(kinds.contains_key(t), "the capture has a {t} frame");
+    }
+}

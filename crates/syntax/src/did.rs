@@ -18,6 +18,12 @@ pub fn is_valid_did(s: &str) -> bool {
     validate(s).is_ok()
 }
 
+/// Checks that `s` is a syntactically valid DID, saying why not, without copying it (the
+/// firehose decoder checks every frame's DID in place).
+pub fn check_did(s: &str) -> Result<(), SyntaxError> {
+    Did::check(s)
+}
+
 pub(crate) fn validate(s: &str) -> Result<(), SyntaxErrorKind> {
     let b = s.as_bytes();
     if b.is_empty() {

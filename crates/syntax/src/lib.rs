@@ -37,7 +37,7 @@ pub use at_uri::{is_valid_at_uri, AtUri};
 pub use datetime::{
     civil_from_days, days_from_civil, format_utc, is_valid_datetime, Datetime, Precision,
 };
-pub use did::{is_valid_did, Did};
+pub use did::{check_did, is_valid_did, Did};
 pub use error::{Format, SyntaxError, SyntaxErrorKind};
 pub use handle::{is_valid_handle, Handle};
 pub use language::{is_valid_language, Language};
