@@ -10,7 +10,9 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{metric, riptide, s, scratch, stderr, wait_for, KillOnDrop, BIN, PATIENCE};
+use common::{
+    http_get as http, metric, riptide, s, scratch, stderr, wait_for, KillOnDrop, BIN, PATIENCE,
+};
 
 /// A loopback port nothing listens on.
 fn dead_port() -> u16 {
@@ -58,25 +60,6 @@ fn wait_line(
             Err(_) => panic!("no such line within {within:?}; saw:\n{}", seen.join("\n")),
         }
     }
-}
-
-fn http(addr: &str, path: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(PATIENCE)).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut t = String::new();
-    s.read_to_string(&mut t).unwrap();
-    let code = t[9..12].parse().unwrap();
-    (
-        code,
-        t.split_once("\r\n\r\n")
-            .map(|x| x.1.to_owned())
-            .unwrap_or_default(),
-    )
 }
 
 #[test]

@@ -375,3 +375,145 @@ fn plc_resolution_verifies_a_generated_stream() {
     sim.abort();
     rt.block_on(relay.shutdown());
 }
+
+/// A frame with its header and a payload map whose entries are written by `fields` (canonical
+/// order is the caller's).
+fn hand_frame(t: &str, len: usize, fields: impl FnOnce(&mut Vec<u8>)) -> Bytes {
+    let mut out = Vec::new();
+    riptide_firehose::encode::write_message_header(&mut out, t);
+    riptide_cbor::write_map_header(&mut out, len);
+    fields(&mut out);
+    Bytes::from(out)
+}
+
+/// An `#account` or `#identity` frame for `did` (which need not be a DID).
+fn account_like(t: &str, did: &str) -> Bytes {
+    use riptide_cbor::{write_bool, write_int, write_text};
+    hand_frame(t, 4, |out| {
+        write_text(out, "did");
+        write_text(out, did);
+        write_text(out, "seq");
+        write_int(out, 1);
+        write_text(out, "time");
+        write_text(out, "2026-11-28T08:00:00.000Z");
+        if t == "#account" {
+            write_text(out, "active");
+            write_bool(out, true);
+        } else {
+            write_text(out, "handle");
+            write_text(out, "someone.test");
+        }
+    })
+}
+
+/// Issue 40's first item, as the campaign reproduced it: an `#account` frame with `"did": ""`
+/// in the middle of a generated stream once reached the store, whose key-value engine asserts a
+/// non-empty key, and panicked ingest's writer for good (every restart met the frame again).
+/// Now the frame is refused where it is decoded (`malformed`, counted), with the other
+/// frames whose DID is not a DID, and everything after them is served — verifying, trusting
+/// (`--no-verify`) and without chain state (`--stateless`).
+#[test]
+fn frames_whose_did_is_not_a_did_are_refused_and_ingest_goes_on() {
+    let gen = tempfile::tempdir().unwrap();
+    let good = generate(gen.path(), 0.0);
+    let bad = [
+        account_like("#account", ""),
+        account_like("#identity", ""),
+        account_like("#account", "not-a-did"),
+        account_like("#identity", "did:plc:"),
+    ];
+    let mut frames: Vec<Bytes> = good.iter().map(|(_, f)| f.clone()).collect();
+    let at = frames.len() / 2;
+    for (k, f) in bad.iter().enumerate() {
+        frames.insert(at + k, f.clone());
+    }
+    let want = projection(good.iter().map(|(_, f)| f));
+    let mut dec = FrameDecoder::with_options(DecodeOptions::unverified());
+    let syncs = good
+        .iter()
+        .filter(|(_, f)| {
+            matches!(
+                dec.decode(f).map(|f| *f.body()),
+                Ok(riptide_firehose::Body::Sync(_))
+            )
+        })
+        .count();
+    let n = frames.len() as u64;
+    let docs = gen.path().join("did_docs.json");
+    let rt = rt();
+    let relay = rt.block_on(relay(frames, RelayConfig::default()));
+    for mode in [
+        &["--did-docs", docs.to_str().unwrap(), "--no-resync"][..],
+        &["--no-verify"][..],
+        &["--did-docs", docs.to_str().unwrap(), "--stateless"][..],
+    ] {
+        let data = tempfile::tempdir().unwrap();
+        let mut args = vec!["--upstream", relay.url().leak() as &str];
+        args.extend_from_slice(mode);
+        let (server, addr) = serve(data.path(), &args);
+        wait_for(&addr, "riptide_upstream_seq", n as f64);
+        let v = verdicts(&addr);
+        assert_eq!(
+            v.get("malformed"),
+            Some(&(bad.len() as u64)),
+            "{mode:?}: {v:?}"
+        );
+        assert_eq!(metric(&addr, "riptide_ingest_failed"), 0.0, "{mode:?}");
+        assert_eq!(
+            metric(&addr, "riptide_events_stored_total") as usize,
+            want.len() + syncs,
+            "{mode:?}"
+        );
+        let (got, _) = rt.block_on(read_all(&addr, want.len()));
+        assert_eq!(got, want, "{mode:?}");
+        let (code, _) = common::http_get(&addr, "/healthz");
+        assert_eq!(code, 200, "{mode:?}");
+        drop(server);
+    }
+    rt.block_on(relay.shutdown());
+}
+
+/// A panic on the ingest path (injected in the writer by `RIPTIDE_FAULT_INGEST_PANIC`) must not
+/// leave a process that looks healthy: the upstream here goes quiet after its frames, so nothing
+/// but the failure itself can stop ingest. The server says why once and exits non-zero.
+#[test]
+fn a_panic_on_the_ingest_path_is_loud_and_the_server_exits() {
+    let gen = tempfile::tempdir().unwrap();
+    let frames: Vec<Bytes> = generate(gen.path(), 0.0)
+        .into_iter()
+        .map(|(_, f)| f)
+        .collect();
+    let rt = rt();
+    let relay = rt.block_on(relay(frames, RelayConfig::default()));
+    let data = tempfile::tempdir().unwrap();
+    let flag = data.path().join("panic-now");
+    std::fs::write(&flag, b"").unwrap();
+    let mut cmd = common::serve_command(&data.path().join("store"));
+    cmd.args([
+        "--upstream-cursor",
+        "0",
+        "--upstream",
+        &relay.url(),
+        "--no-verify",
+    ])
+    .env("RIPTIDE_FAULT_INGEST_PANIC", &flag)
+    .env("RUST_LOG", "error")
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let started = std::time::Instant::now();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "exited {:?}: {err}", out.status);
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(err.contains("ingest failed"), "{err}");
+    assert!(
+        err.contains("ingest-write panicked: RIPTIDE_FAULT_INGEST_PANIC"),
+        "{err}"
+    );
+    rt.block_on(relay.shutdown());
+}

@@ -7,9 +7,22 @@
 //!
 //! - `RIPTIDE_FAULT_STORE_FULL=PATH`: while the file `PATH` exists, every store write fails as a
 //!   full disk would (ENOSPC).
+//! - `RIPTIDE_FAULT_INGEST_PANIC=PATH`: while the file `PATH` exists, ingest's writer thread
+//!   panics at its next batch, as a bug on the ingest path would (`crate::ingest`, "When a
+//!   thread fails").
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
+
+/// Panics when the ingest-panic hook's file exists (module docs).
+pub(crate) fn ingest_panic() {
+    static FLAG: OnceLock<Option<PathBuf>> = OnceLock::new();
+    let path =
+        FLAG.get_or_init(|| std::env::var_os("RIPTIDE_FAULT_INGEST_PANIC").map(PathBuf::from));
+    if path.as_ref().is_some_and(|p| p.exists()) {
+        panic!("RIPTIDE_FAULT_INGEST_PANIC: injected panic in ingest's writer");
+    }
+}
 
 /// `Some(error)` when a store write is to fail now.
 pub(crate) fn store_write() -> Option<crate::StoreError> {

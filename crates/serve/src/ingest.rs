@@ -24,6 +24,14 @@
 //! frames after the stored cursor are verified again against exactly the state they were first
 //! verified against.
 //!
+//! **When a thread fails.** Every pipeline thread runs under [`supervised`]: a panic or an error
+//! that ends it is logged once at error with the thread's name and cause, sets
+//! `riptide_ingest_failed` (so `/healthz` and `/readyz` answer 503 at once), and is announced on
+//! [`IngestHandle::failed`], which `riptide serve` waits on beside its source so that it stops
+//! and exits non-zero even when the upstream is quiet. Before, a panicked writer left the
+//! dispatcher and the workers running until their channels filled, and a quiet upstream never
+//! filled them: the process looked healthy for as long as nobody sent a frame.
+//!
 //! Frames cross threads in chunks of up to [`CHUNK`] (whatever the source has ready), and a
 //! worker renders a chunk's events into one buffer: handing frames over one by one spent a fifth
 //! of ingest's CPU in wake-ups. Latency is observed per frame (`riptide_ingest_verify_seconds`,
@@ -184,9 +192,16 @@ pub struct IngestSummary {
 pub struct IngestHandle {
     writer: JoinHandle<Result<IngestSummary, IngestError>>,
     others: Vec<JoinHandle<Result<(), IngestError>>>,
+    failed: tokio::sync::watch::Receiver<Option<String>>,
 }
 
 impl IngestHandle {
+    /// Says (with the cause) when a pipeline thread has failed for good: ingest has stopped,
+    /// whatever the source does. A server waits on it beside its source (module docs).
+    pub fn failed(&self) -> tokio::sync::watch::Receiver<Option<String>> {
+        self.failed.clone()
+    }
+
     /// Waits for the pipeline to drain and stop.
     pub fn join(self) -> Result<IngestSummary, IngestError> {
         let mut panicked = false;
@@ -207,6 +222,45 @@ impl IngestHandle {
             None => r,
         }
     }
+}
+
+/// Runs one pipeline thread's body; a panic or an error that ends it is a failure of ingest:
+/// logged once, `riptide_ingest_failed` set, and announced on `failed` (module docs, "When a
+/// thread fails"). A panic becomes [`IngestError::Panicked`].
+fn supervised<T>(
+    thread: &str,
+    metrics: &Metrics,
+    failed: &tokio::sync::watch::Sender<Option<String>>,
+    body: impl FnOnce() -> Result<T, IngestError>,
+) -> Result<T, IngestError> {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+    let (r, why) = match r {
+        Ok(Ok(v)) => return Ok(v),
+        Ok(Err(e)) => {
+            let why = format!("{thread}: {e}");
+            (Err(e), why)
+        }
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(no message)".to_owned());
+            (
+                Err(IngestError::Panicked),
+                format!("{thread} panicked: {msg}"),
+            )
+        }
+    };
+    // The first failure is the cause; the others follow from it and are not said again.
+    if !metrics.ingest_failed.swap(true, Relaxed) {
+        tracing::error!(
+            cause = %why,
+            "ingest failed: nothing more is stored; the server stops (and exits non-zero)"
+        );
+        failed.send_replace(Some(why));
+    }
+    r
 }
 
 /// Most frames the dispatcher hands a worker at once (and the writer takes back at once).
@@ -380,6 +434,8 @@ pub fn spawn_with(
         None => ((0..workers).map(|_| None).collect::<Vec<_>>(), None, None),
     };
     let (order_tx, order_rx) = sync_channel::<Vec<u8>>(64);
+    let (failed_tx, failed) = tokio::sync::watch::channel(None);
+    let failed_tx = Arc::new(failed_tx);
     let mut job_txs = Vec::new();
     let mut done_rxs = Vec::new();
     let mut others = Vec::new();
@@ -395,10 +451,16 @@ pub fn spawn_with(
             (2 * max_in_flight(cfg.max_batch.max(1), ANSWER_CHUNKS, CHUNK)).max(1 << 14);
         let chain = ServeChain::new(log.store().clone(), cfg.stateful, generation);
         let h = h.take();
+        let f = failed_tx.clone();
+        let name = format!("ingest-verify-{w}");
         others.push(
             std::thread::Builder::new()
-                .name(format!("ingest-verify-{w}"))
-                .spawn(move || Worker::new(keys, chain, h, m).run(job_rx, done_tx))
+                .name(name.clone())
+                .spawn(move || {
+                    supervised(&name, &m.clone(), &f, || {
+                        Worker::new(keys, chain, h, m).run(job_rx, done_tx)
+                    })
+                })
                 .map_err(|_| IngestError::Panicked)?,
         );
     }
@@ -408,12 +470,15 @@ pub fn spawn_with(
     metrics
         .upstream_seq
         .store(start_cursor.unwrap_or(0), Relaxed);
+    let f = failed_tx.clone();
     others.push(
         std::thread::Builder::new()
             .name("ingest-dispatch".into())
             .spawn(move || {
-                dispatch(&mut rx, landings, start_cursor, &m, &job_txs, &order_tx);
-                Ok(())
+                supervised("ingest-dispatch", &m, &f, || {
+                    dispatch(&mut rx, landings, start_cursor, &m, &job_txs, &order_tx);
+                    Ok(())
+                })
             })
             .map_err(|_| IngestError::Panicked)?,
     );
@@ -425,12 +490,20 @@ pub fn spawn_with(
     let writer = std::thread::Builder::new()
         .name("ingest-write".into())
         .spawn(move || {
-            write(
-                log, metrics, resume, compressor, max_batch, order_rx, done_rxs, queue, publisher,
-            )
+            let m = metrics.clone();
+            supervised("ingest-write", &m, &failed_tx, || {
+                write(
+                    log, metrics, resume, compressor, max_batch, order_rx, done_rxs, queue,
+                    publisher,
+                )
+            })
         })
         .map_err(|_| IngestError::Panicked)?;
-    Ok(IngestHandle { writer, others })
+    Ok(IngestHandle {
+        writer,
+        others,
+        failed,
+    })
 }
 
 /// Routes frames to workers by DID, in chunks, and each landed resync to its account's worker
@@ -571,7 +644,8 @@ impl<'a> Dispatch<'a> {
         stopped: &AtomicBool,
     ) {
         let mut said = false;
-        while !stopped.load(Relaxed) {
+        // A failed pipeline never makes anything durable again: nothing to wait for.
+        while !stopped.load(Relaxed) && !self.metrics.ingest_failed.load(Relaxed) {
             let durable = self.metrics.upstream_seq.load(Relaxed) == self.cursor.unwrap_or(0);
             let waiting = self.metrics.resync_accounts.load(Relaxed);
             if durable && waiting == 0 {
@@ -1126,6 +1200,7 @@ fn write(
             },
         }));
         pending.clear();
+        crate::faults::ingest_panic();
         if let Some(p) = publisher.as_mut() {
             // Before the store: the external log is never behind it (crate::publish).
             p.publish(&events, &state_list, &pending_list, &resume)?;

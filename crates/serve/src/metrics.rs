@@ -402,6 +402,10 @@ pub struct Metrics {
     pub ingest_queue: AtomicI64,
     /// Set while ingest is paused because the store cannot be written (full or read-only disk).
     pub ingest_paused: std::sync::atomic::AtomicBool,
+    /// Set once an ingest thread has failed for good (a panic, or an error that stops ingest):
+    /// `/healthz` and `/readyz` answer 503 from then on, and `riptide serve` exits
+    /// (`crate::ingest`, "When a thread fails").
+    pub ingest_failed: std::sync::atomic::AtomicBool,
     /// Store writes that failed (each pauses ingest until a retry succeeds).
     pub store_write_failures: AtomicU64,
     /// Connections refused before reaching HTTP, by reason (see `limits.rs`).
@@ -538,6 +542,12 @@ impl Metrics {
             "gauge",
             "1 while ingest is paused because the store cannot be written (full or read-only disk).",
             (self.ingest_paused.load(Relaxed) as u8).to_string(),
+        );
+        one(
+            "riptide_ingest_failed",
+            "gauge",
+            "1 once an ingest thread has failed for good (a panic or a fatal error): the server stops ingesting and exits; /healthz answers 503.",
+            (self.ingest_failed.load(Relaxed) as u8).to_string(),
         );
         one(
             "riptide_store_write_failures_total",

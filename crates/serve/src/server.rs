@@ -241,9 +241,22 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/subscribe", get(subscribe))
         .merge(crate::v2::routes())
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(app)
+}
+
+/// Alive unless ingest has failed for good: a process whose ingest thread died must not look
+/// healthy to a liveness probe (it exits soon after, but a probe may ask first).
+async fn healthz(State(app): State<Arc<App>>) -> Response {
+    if app.metrics.ingest_failed.load(Relaxed) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ingest failed: see the log; the server is exiting\n",
+        )
+            .into_response();
+    }
+    "ok".into_response()
 }
 
 async fn readyz(State(app): State<Arc<App>>) -> Response {
@@ -268,6 +281,9 @@ pub fn readiness(app: &App) -> Result<(), String> {
         return Err("starting".into());
     }
     let m = &app.metrics;
+    if m.ingest_failed.load(Relaxed) {
+        return Err("ingest failed: see the log".into());
+    }
     if m.ingest_paused.load(Relaxed) {
         return Err("ingest paused: the store cannot be written (disk full or read-only?)".into());
     }

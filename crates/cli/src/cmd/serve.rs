@@ -520,13 +520,21 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         let ingest_done = {
             let app = app.clone();
             // The source on its own thread (`SourceRuntime`).
-            let source = source_rt.handle().spawn(source);
+            let mut source = source_rt.handle().spawn(source);
+            let mut failed = handle.failed();
             tokio::spawn(async move {
                 // The ingest lease (--publish) is held for as long as ingest runs.
                 let _lease = lease;
-                let fed = source
-                    .await
-                    .unwrap_or_else(|e| Err(anyhow::Error::from(e).context("ingest source task")));
+                // A pipeline thread that fails stops ingest whatever the source does: a quiet
+                // upstream would otherwise keep this waiting, and the process looking alive.
+                let fed = tokio::select! {
+                    r = &mut source => r
+                        .unwrap_or_else(|e| Err(anyhow::Error::from(e).context("ingest source task"))),
+                    _ = failed.wait_for(Option::is_some) => {
+                        source.abort();
+                        Ok(())
+                    }
+                };
                 let joined = tokio::task::spawn_blocking(move || handle.join()).await;
                 app.ingest_finished.store(true, Relaxed);
                 match (fed, joined) {

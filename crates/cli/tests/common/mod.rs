@@ -241,6 +241,26 @@ pub fn spawn_serve_later(cmd: &mut Command) -> (KillOnDrop, Announced) {
     })
 }
 
+/// `GET path` on a server: the status code and the body.
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut t = String::new();
+    s.read_to_string(&mut t).unwrap();
+    let code = t[9..12].parse().unwrap();
+    (
+        code,
+        t.split_once("\r\n\r\n")
+            .map(|x| x.1.to_owned())
+            .unwrap_or_default(),
+    )
+}
+
 /// The server's `/metrics` page.
 pub fn metrics(addr: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
