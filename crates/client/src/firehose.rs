@@ -155,6 +155,13 @@ impl FirehoseClient {
         self.session.host()
     }
 
+    /// Makes the next connection resume after `cursor` (`None`: live), whatever was delivered
+    /// before: for a consumer that finds its cursor unreachable (`riptide serve`'s upstream, when
+    /// the relay keeps answering `FutureCursor`). The current connection, if any, is not closed.
+    pub fn resume_from(&mut self, cursor: Option<i64>) {
+        self.session.resume_from(cursor);
+    }
+
     /// Acknowledges that the event with this seq has been processed: a restart resumes after it.
     /// Written to the cursor store at most every [`ClientConfig::persist_every`].
     pub fn ack(&mut self, seq: i64) -> Result<(), ClientError> {
@@ -228,11 +235,15 @@ impl FirehoseClient {
         if kind == FrameKind::Invalid {
             self.session.stats().decode_error();
         }
-        if let Some(s) = seq.filter(|_| {
-            !matches!(
-                kind,
-                FrameKind::Invalid | FrameKind::Info | FrameKind::Error
-            )
+        // Only a seq a relay could honour becomes the resume point: a negative one (a relay's
+        // bug or a forgery) is refused by every consumer, and resuming from `cursor=-7` asks the
+        // relay for its whole window again, or for nothing.
+        if let Some(s) = seq.filter(|&s| {
+            s >= 0
+                && !matches!(
+                    kind,
+                    FrameKind::Invalid | FrameKind::Info | FrameKind::Error
+                )
         }) {
             self.session.seen(s);
         }
@@ -260,6 +271,45 @@ mod tests {
         assert_eq!(e.bytes.as_ptr(), ptr);
         assert_eq!(e.kind, FrameKind::Info);
         assert_eq!(e.notice.unwrap().name, "OutdatedCursor");
+    }
+
+    /// An `#account` frame with this seq.
+    fn account_with_seq(seq: i64) -> Vec<u8> {
+        use riptide_cbor::{write_bool, write_int, write_map_header, write_text};
+        let mut out = Vec::new();
+        riptide_firehose::encode::write_message_header(&mut out, "#account");
+        write_map_header(&mut out, 4);
+        write_text(&mut out, "did");
+        write_text(&mut out, "did:plc:abc");
+        write_text(&mut out, "seq");
+        write_int(&mut out, seq);
+        write_text(&mut out, "time");
+        write_text(&mut out, "2026-11-28T08:00:00.000Z");
+        write_text(&mut out, "active");
+        write_bool(&mut out, true);
+        out
+    }
+
+    /// Issue 40: a frame with `seq: -7` became the resume point, and the next connection asked
+    /// for `cursor=-7`. A negative seq is delivered (for the caller to refuse and count) but is
+    /// never resumed from.
+    #[test]
+    fn a_negative_seq_is_never_the_resume_point() {
+        let cfg = ClientConfig {
+            start_cursor: Some(10),
+            ..ClientConfig::with_hosts(["ws://127.0.0.1:9"])
+        };
+        let mut c = FirehoseClient::new(cfg).unwrap();
+        let e = c.event(Bytes::from(account_with_seq(12)));
+        assert_eq!(e.seq, Some(12));
+        assert_eq!(c.cursor(), Some(12));
+        let e = c.event(Bytes::from(account_with_seq(-7)));
+        assert_eq!(e.seq, Some(-7), "delivered as it came");
+        assert_eq!(c.cursor(), Some(12), "not the resume point");
+        c.resume_from(Some(5));
+        assert_eq!(c.cursor(), Some(5));
+        c.resume_from(None);
+        assert_eq!(c.cursor(), None);
     }
 
     fn riptide_cbor_info() -> Vec<u8> {

@@ -186,6 +186,11 @@ impl Session {
         self.seen = Some(cursor);
     }
 
+    /// Sets the resume point of the next connection (`None`: live).
+    pub(crate) fn resume_from(&mut self, cursor: Option<i64>) {
+        self.seen = cursor;
+    }
+
     /// Index of the current (or last) connection's host.
     pub(crate) fn host_index(&self) -> usize {
         self.host
