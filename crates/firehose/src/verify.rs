@@ -883,6 +883,19 @@ pub fn peek<'f>(arena: &mut Arena, bytes: &'f [u8]) -> Peek<'f> {
     p
 }
 
+/// The payload's `time` (the relay's RFC 3339 timestamp of the event), if the frame has a
+/// readable one: read as [`peek`] reads the rest, for the few frames whose age matters (a
+/// consumer deciding whether a frame at or below its cursor is one it already holds).
+pub fn peek_time<'f>(arena: &mut Arena, bytes: &'f [u8]) -> Option<&'f str> {
+    let opts = Options::strict();
+    let mut tape = arena.tape(bytes);
+    let (_, end) = tape.decode_prefix(0..bytes.len(), &opts).ok()?;
+    let payload = tape.decode(end..bytes.len(), &opts).ok()?;
+    let doc = tape.finish();
+    let t = doc.value(payload).get("time")?.as_str()?;
+    rebase(bytes, t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -393,6 +393,10 @@ pub struct Metrics {
     pub upstream_seq_resets: AtomicU64,
     /// `FutureCursor` error frames: the relay is behind our stored cursor.
     pub upstream_future_cursor: AtomicU64,
+    /// Times our upstream cursor was found unreachable and ingest resumed below it
+    /// (`upstream.rs`, "A cursor no later frame can pass"), by reason: `future-cursor`,
+    /// `live-below-cursor`.
+    pub upstream_cursor_recoveries: [AtomicU64; 2],
     /// Set while the last word from the relay was `FutureCursor` (cleared by the next frame).
     pub upstream_behind: std::sync::atomic::AtomicBool,
     /// Unix microseconds of the `time` of the latest upstream event ingested (the relay's
@@ -678,6 +682,14 @@ impl Metrics {
             let _ = writeln!(
                 lab,
                 "riptide_upstream_dropped_total{{reason=\"{reason}\"}} {n}"
+            );
+        }
+        let _ = writeln!(lab, "# HELP riptide_upstream_cursor_recoveries_total Times the upstream cursor was found unreachable (a forged seq, a relay that lost its history) and ingest resumed below it, by reason.\n# TYPE riptide_upstream_cursor_recoveries_total counter");
+        for (i, reason) in ["future-cursor", "live-below-cursor"].iter().enumerate() {
+            let _ = writeln!(
+                lab,
+                "riptide_upstream_cursor_recoveries_total{{reason=\"{reason}\"}} {}",
+                self.upstream_cursor_recoveries[i].load(Relaxed)
             );
         }
         let _ = writeln!(lab, "# HELP riptide_connections_refused_total Client connections refused before HTTP, by reason.\n# TYPE riptide_connections_refused_total counter");

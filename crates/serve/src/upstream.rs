@@ -30,7 +30,28 @@
 //! are what the store already holds (a relay replaying from further back) and are skipped and
 //! counted as duplicates, with one warning per connection. A relay behind our cursor says
 //! `FutureCursor`: counted (`riptide_upstream_future_cursor_total`), `/readyz` says so, and the
-//! error log says what to do (`riptide serve --reset-upstream-cursor`, or a fresh `--data`).
+//! error log says what is going on.
+//!
+//! **A cursor no later frame can pass** (issue 40). One forged seq that is the *last* frame of
+//! its connection escapes the rule above: it becomes the cursor, and then either the relay
+//! answers every reconnection with `FutureCursor`, or (a relay that ignores cursors) every later
+//! frame looks like a duplicate. Both are detected and recovered from without an operator, each
+//! counted in `riptide_upstream_cursor_recoveries_total{reason}` and logged at error:
+//! - `future-cursor`: the relay has answered `FutureCursor` for
+//!   [`UpstreamConfig::future_cursor_grace`] (2 minutes) with no frame between. The client then
+//!   resumes from the last *confirmed* seq (one that a higher seq followed on the same
+//!   connection: a forged last frame never is), or live when there is none (after a restart),
+//!   and ingest's cursor follows the relay from its next frame. A relay that was only briefly
+//!   behind (a restart) answers with frames well within the grace.
+//! - `live-below-cursor`: a frame at or below our cursor whose relay `time` is later than the
+//!   moment we last ingested a new frame, by more than [`UpstreamConfig::clock_slack`] (a
+//!   minute, for the relay's clock against ours). Such a frame cannot be one the store holds:
+//!   the relay's numbering is below our cursor, and ingest follows it from that frame. The
+//!   frames of the connection before it were skipped as duplicates (counted as such); with a
+//!   forged cursor that is at most a minute of the relay's events.
+//!
+//! A negative seq (`-7`) is never a cursor: the client does not resume from it and ingest refuses
+//! the frame as unsequenced.
 //!
 //! `#info` frames and error frames (`FutureCursor`, `ConsumerTooSlow`; the relay closes after
 //! them and the client reconnects) are logged and counted in [`Metrics`]; they carry no seq and
@@ -82,11 +103,20 @@ pub struct UpstreamConfig {
     pub lookup_retries: u32,
     /// First delay between lookup retries (doubled each time).
     pub lookup_retry_delay: Duration,
+    /// How long the relay may answer `FutureCursor` before our cursor is taken to be
+    /// unreachable and the client resumes from the last confirmed seq (module docs).
+    pub future_cursor_grace: Duration,
+    /// How far ahead of ours the relay's clock may be when its `time` says a frame at or below
+    /// our cursor is newer than anything stored (module docs).
+    pub clock_slack: Duration,
+    /// Unix microseconds (our clock) when the store last took a new frame: its last event's
+    /// `time_us` (`Resume::last_time_us`). `None`: when the source starts.
+    pub stored_until_us: Option<i64>,
 }
 
 impl UpstreamConfig {
     /// Defaults for `hosts`: client backoff, no resolver, 512 lookups in flight, 3 retries from
-    /// 200 ms.
+    /// 200 ms, a 2-minute `FutureCursor` grace and a minute of clock slack.
     pub fn new(hosts: Vec<String>) -> UpstreamConfig {
         UpstreamConfig {
             hosts,
@@ -95,6 +125,9 @@ impl UpstreamConfig {
             lookahead: 512,
             lookup_retries: 3,
             lookup_retry_delay: Duration::from_millis(200),
+            future_cursor_grace: Duration::from_secs(120),
+            clock_slack: Duration::from_secs(60),
+            stored_until_us: None,
         }
     }
 }
@@ -122,6 +155,9 @@ pub async fn run(
     metrics.upstream_started_us.store(crate::now_us(), Relaxed);
     let seqs = Seqs {
         last: start_cursor,
+        fresh_us: cfg.stored_until_us.unwrap_or_else(crate::now_us),
+        grace: cfg.future_cursor_grace,
+        slack_us: i64::try_from(cfg.clock_slack.as_micros()).unwrap_or(i64::MAX),
         ..Seqs::default()
     };
     let Some(res) = cfg.resolver.clone() else {
@@ -130,6 +166,9 @@ pub async fn run(
         forward_direct(client, &metrics, seqs, &tx).await;
         return Ok(());
     };
+    // The client is the reader's; a resume point chosen by `admit` reaches it through this.
+    let resume: Arc<std::sync::Mutex<Option<Option<u64>>>> = Arc::default();
+    let resume_rd = resume.clone();
     // The client runs on a task of its own, so nothing ever cancels it mid-connect (the
     // resolving loop below selects between reading and handing on).
     let (ev_tx, ev_rx) = mpsc::channel::<FirehoseEvent>(cfg.lookahead.max(1));
@@ -138,13 +177,20 @@ pub async fn run(
         let mut client = client;
         let stats = client.stats();
         loop {
+            if let Some(c) = resume_rd
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take()
+            {
+                client.resume_from(c.map(|c| c.min(i64::MAX as u64) as i64));
+            }
             let ev = next_event(&mut client, &stats, &stats_metrics).await;
             if ev_tx.send(ev).await.is_err() {
                 return;
             }
         }
     });
-    forward_resolving(&cfg, res, ev_rx, &metrics, seqs, &tx).await;
+    forward_resolving(&cfg, res, ev_rx, &metrics, seqs, &resume, &tx).await;
     reader.abort();
     Ok(())
 }
@@ -177,6 +223,32 @@ struct Seqs {
     conn: u64,
     /// The last seq received on that connection.
     prev: Option<u64>,
+    /// The highest seq that a higher one followed on the same connection: a resume point the
+    /// relay's numbering has confirmed (a forged last frame never is).
+    confirmed: Option<u64>,
+    /// Our clock when the last new frame (above the cursor) was handed on.
+    fresh_us: i64,
+    /// When the relay's run of `FutureCursor` answers began (cleared by any frame).
+    future_since: Option<std::time::Instant>,
+    /// The client was told to resume below the cursor: the next frame at or below it starts the
+    /// relay's numbering for ingest.
+    follow: bool,
+    /// Frames at or below the cursor on this connection so far (said when it ends in a reset).
+    below: u64,
+    /// [`UpstreamConfig::future_cursor_grace`].
+    grace: Duration,
+    /// [`UpstreamConfig::clock_slack`] in microseconds.
+    slack_us: i64,
+    /// A resume point for the client, for its owner to apply ([`FirehoseClient::resume_from`]).
+    resume: Option<Option<u64>>,
+}
+
+/// The relay's `time` of a frame, in Unix microseconds, if it has a readable one.
+fn frame_time_us(arena: &mut Arena, bytes: &[u8]) -> Option<i64> {
+    let t = riptide_firehose::verify::peek_time(arena, bytes)?;
+    riptide_syntax::Datetime::parse(t)
+        .ok()
+        .map(|d| d.timestamp_micros())
 }
 
 /// What to hand ingest for one event.
@@ -211,15 +283,38 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
                 metrics.upstream_errors.fetch_add(1, Relaxed);
                 metrics.upstream_future_cursor.fetch_add(1, Relaxed);
                 metrics.upstream_behind.store(true, Relaxed);
-                tracing::error!(
-                    cursor = seqs.last,
-                    message = msg,
-                    host = ev.host,
-                    "the relay is behind our stored upstream cursor {} (FutureCursor): it was restarted from scratch, or it is not the relay this store followed. \
-                     Nothing is ingested until it catches up. To follow this relay from its own numbering, restart with \
-                     `--reset-upstream-cursor` (with `--upstream-cursor N` to pick a start, else live), or use a fresh --data directory",
-                    seqs.last.map_or_else(|| "?".to_string(), |c| c.to_string()),
-                );
+                let first = seqs.future_since.is_none();
+                let since = *seqs
+                    .future_since
+                    .get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= seqs.grace {
+                    // Module docs: "A cursor no later frame can pass".
+                    seqs.future_since = None;
+                    let to = seqs.confirmed.filter(|&c| seqs.last.is_some_and(|l| c < l));
+                    seqs.follow = true;
+                    seqs.resume = Some(to);
+                    metrics.upstream_cursor_recoveries[0].fetch_add(1, Relaxed);
+                    tracing::error!(
+                        cursor = seqs.last,
+                        resume_from = to,
+                        host = ev.host,
+                        "the relay has answered FutureCursor for {:?}: our cursor is unreachable (a forged seq, or a relay that lost its history). \
+                         Resuming {} and following the relay's numbering from there (riptide_upstream_cursor_recoveries_total{{reason=\"future-cursor\"}})",
+                        seqs.grace,
+                        to.map_or_else(|| "live (no confirmed seq since start)".to_string(), |c| format!("after seq {c}, the last one the relay confirmed")),
+                    );
+                } else if first {
+                    // Once per run of answers (the client asks again after each, with backoff).
+                    tracing::error!(
+                        cursor = seqs.last,
+                        message = msg,
+                        host = ev.host,
+                        "the relay is behind our upstream cursor {} (FutureCursor): nothing is ingested until it catches up; \
+                         if it still is in {:?}, the cursor is taken to be unreachable and ingest resumes below it",
+                        seqs.last.map_or_else(|| "?".to_string(), |c| c.to_string()),
+                        seqs.grace,
+                    );
+                }
             } else {
                 metrics.upstream_errors.fetch_add(1, Relaxed);
                 tracing::warn!(
@@ -251,20 +346,16 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
         _ => match ev.seq.and_then(|s| u64::try_from(s).ok()) {
             Some(seq) => {
                 metrics.upstream_behind.store(false, Relaxed);
-                let mut reset = false;
-                if ev.connection != seqs.conn {
+                seqs.future_since = None;
+                let new_conn = ev.connection != seqs.conn;
+                if new_conn {
                     seqs.conn = ev.connection;
-                    if seqs.last.is_some_and(|c| seq <= c) {
-                        // A relay honouring our cursor sends only seqs after it.
-                        tracing::warn!(
-                            seq,
-                            cursor = seqs.last,
-                            host = ev.host,
-                            "the relay sent seq {seq}, at or below our cursor: skipping what the store already holds \
-                             (riptide_upstream_frames_duplicate_total). If the relay was reset, see --reset-upstream-cursor"
-                        );
-                    }
-                } else if seqs.prev.is_some_and(|p| seq <= p) {
+                    seqs.prev = None;
+                    seqs.below = 0;
+                }
+                let below = seqs.last.is_some_and(|c| seq <= c);
+                let mut reset = false;
+                if seqs.prev.is_some_and(|p| seq <= p) {
                     reset = true;
                     metrics.upstream_seq_resets.fetch_add(1, Relaxed);
                     tracing::error!(
@@ -274,7 +365,50 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
                         "upstream seqs went backwards within one connection (the relay was reset, or the previous seq was forged): \
                          following the relay's numbering from here (riptide_upstream_seq_resets_total)"
                     );
+                } else if below && std::mem::take(&mut seqs.follow) {
+                    // The client resumed below the cursor on purpose (FutureCursor recovery).
+                    reset = true;
+                    tracing::warn!(
+                        seq,
+                        cursor = seqs.last,
+                        "following the relay's numbering from seq {seq}"
+                    );
+                } else if below {
+                    let t = frame_time_us(&mut Arena::new(), &ev.bytes);
+                    if t.is_some_and(|t| t > seqs.fresh_us.saturating_add(seqs.slack_us)) {
+                        reset = true;
+                        metrics.upstream_cursor_recoveries[1].fetch_add(1, Relaxed);
+                        tracing::error!(
+                            seq,
+                            cursor = seqs.last,
+                            skipped_before = seqs.below,
+                            host = ev.host,
+                            "the relay sent seq {seq}, at or below our cursor, for an event newer than anything stored: our cursor is \
+                             past the relay's numbering (a forged seq, or another relay). Following the relay from here \
+                             (riptide_upstream_cursor_recoveries_total{{reason=\"live-below-cursor\"}})"
+                        );
+                    } else {
+                        if seqs.below == 0 {
+                            // A relay honouring our cursor sends only seqs after it.
+                            tracing::warn!(
+                                seq,
+                                cursor = seqs.last,
+                                host = ev.host,
+                                "the relay sent seq {seq}, at or below our cursor: skipping what the store already holds \
+                                 (riptide_upstream_frames_duplicate_total)"
+                            );
+                        }
+                        seqs.below += 1;
+                    }
+                }
+                if reset {
                     seqs.last = None;
+                    seqs.follow = false;
+                }
+                if !new_conn && !reset {
+                    if let Some(p) = seqs.prev {
+                        seqs.confirmed = Some(seqs.confirmed.map_or(p, |c| c.max(p)));
+                    }
                 }
                 seqs.prev = Some(seq);
                 if std::mem::take(&mut seqs.outdated) {
@@ -286,6 +420,9 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
                         skipped,
                         "upstream gap: the relay resumed past our cursor"
                     );
+                }
+                if reset || !below {
+                    seqs.fresh_us = crate::now_us();
                 }
                 seqs.last = Some(seqs.last.map_or(seq, |l| l.max(seq)));
                 Some((reset, (seq, ev.bytes)))
@@ -315,7 +452,11 @@ async fn forward_direct(
     let stats = client.stats();
     loop {
         let ev = next_event(&mut client, &stats, metrics).await;
-        if let Some((reset, f)) = admit(ev, metrics, &mut seqs) {
+        let admitted = admit(ev, metrics, &mut seqs);
+        if let Some(c) = seqs.resume.take() {
+            client.resume_from(c.map(|c| c.min(i64::MAX as u64) as i64));
+        }
+        if let Some((reset, f)) = admitted {
             if reset && tx.send(Upstream::CursorReset(f.0)).await.is_err() {
                 return;
             }
@@ -332,6 +473,7 @@ async fn forward_resolving(
     mut rx: mpsc::Receiver<FirehoseEvent>,
     metrics: &Arc<Metrics>,
     mut seqs: Seqs,
+    resume: &std::sync::Mutex<Option<Option<u64>>>,
     tx: &mpsc::Sender<Upstream>,
 ) {
     let mut arena = Arena::new();
@@ -348,7 +490,11 @@ async fn forward_resolving(
             }
             ev = rx.recv(), if open && pending.len() < depth => {
                 let Some(ev) = ev else { open = false; continue };
-                let Some((reset, (seq, bytes))) = admit(ev, metrics, &mut seqs) else { continue };
+                let admitted = admit(ev, metrics, &mut seqs);
+                if let Some(c) = seqs.resume.take() {
+                    *resume.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(c);
+                }
+                let Some((reset, (seq, bytes))) = admitted else { continue };
                 if reset {
                     pending.push_back(std::future::ready(Upstream::CursorReset(seq)).boxed());
                 }

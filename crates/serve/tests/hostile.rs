@@ -460,3 +460,202 @@ async fn an_empty_frame_is_counted_as_malformed_not_taken_for_a_cursor_reset() {
     assert_eq!(metrics.events_stored.load(Relaxed), 2);
     assert_eq!(summary.resume.upstream_cursor, Some(3));
 }
+
+/// An `#identity` frame with this seq and relay `time` (Unix microseconds).
+fn identity_at(seq: i64, time_us: i64) -> Vec<u8> {
+    let mut out = Vec::new();
+    riptide_firehose::encode::write_message_header(&mut out, "#identity");
+    write_map_header(&mut out, 3);
+    write_text(&mut out, "did");
+    write_text(&mut out, "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa");
+    write_text(&mut out, "seq");
+    write_int(&mut out, seq);
+    write_text(&mut out, "time");
+    let t = riptide_syntax::format_utc(time_us as u64, riptide_syntax::Precision::Millis);
+    write_text(&mut out, &t);
+    out
+}
+
+/// A relay whose first connection sends `first` and closes (the forged frame last), and whose
+/// later connections serve `log` (seq, frame) as a real relay does: after the cursor, or, for a
+/// cursor past its head, a `FutureCursor` error frame and a close. `honours_cursor: false`:
+/// later connections send all of `log` whatever the cursor (a relay that ignores it).
+async fn relay_after_forgery(
+    first: Vec<Vec<u8>>,
+    log: Vec<(u64, Vec<u8>)>,
+    honours_cursor: bool,
+) -> Hostile {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", l.local_addr().unwrap());
+    let cursors: Arc<Mutex<Vec<Option<u64>>>> = Arc::default();
+    let seen = cursors.clone();
+    let (first, log) = (Arc::new(first), Arc::new(log));
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let (first, log, seen) = (first.clone(), log.clone(), seen.clone());
+            tokio::spawn(async move {
+                let cursor = Arc::new(Mutex::new(None));
+                let c = cursor.clone();
+                let cb = move |req: &Request, resp: Response| {
+                    *c.lock().unwrap() = req.uri().query().and_then(|q| {
+                        q.split('&')
+                            .find_map(|kv| kv.strip_prefix("cursor="))
+                            .and_then(|v| v.parse::<u64>().ok())
+                    });
+                    Ok(resp)
+                };
+                let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(s, cb).await else {
+                    return;
+                };
+                let cursor = *cursor.lock().unwrap();
+                let n = {
+                    let mut s = seen.lock().unwrap();
+                    s.push(cursor);
+                    s.len()
+                };
+                if n == 1 {
+                    for f in first.iter() {
+                        let _ = ws.send(Message::binary(f.clone())).await;
+                    }
+                    let _ = ws.close(None).await;
+                    return;
+                }
+                let head = log.last().map_or(0, |l| l.0);
+                if honours_cursor && cursor.is_some_and(|c| c > head) {
+                    let e = riptide_firehose::encode::error_frame(
+                        "FutureCursor",
+                        "cursor in the future",
+                    );
+                    let _ = ws.send(Message::binary(e)).await;
+                    let _ = ws.close(None).await;
+                    return;
+                }
+                for (seq, f) in log.iter() {
+                    if honours_cursor && cursor.is_some_and(|c| *seq <= c) {
+                        continue;
+                    }
+                    if ws.send(Message::binary(f.clone())).await.is_err() {
+                        return;
+                    }
+                }
+                while let Some(Ok(_)) = ws.next().await {}
+            });
+        }
+    });
+    Hostile { url, cursors }
+}
+
+/// Issue 40: a forged seq (2^63 − 1) that is the *last* frame of its connection became the cursor,
+/// and a real relay then answered every reconnection with `FutureCursor` until an operator reset
+/// it. Now, after the grace, the client resumes from the last seq the relay confirmed (10) and
+/// ingest follows the relay's numbering from its next frame: nothing after 10 is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_last_seq_answered_with_future_cursor_is_recovered_from() {
+    let now = riptide_serve::now_us();
+    let relay = relay_after_forgery(
+        vec![
+            identity_at(9, now),
+            identity_at(10, now),
+            identity_at(i64::MAX, now),
+        ],
+        (9..=14).map(|s| (s, identity_at(s as i64, now))).collect(),
+        true,
+    )
+    .await;
+    let metrics = Arc::new(Metrics::default());
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let mut cfg = fast(vec![relay.url.clone()]);
+    cfg.future_cursor_grace = Duration::from_secs(1);
+    let source = tokio::spawn(upstream::run(cfg, Some(8), metrics.clone(), tx));
+    let mut got = Vec::new();
+    while got.last() != Some(&(14, false)) {
+        let up = tokio::time::timeout(T, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("stalled after {got:?}"))
+            .unwrap();
+        got.push((up.seq(), matches!(up, Upstream::CursorReset(_))));
+    }
+    source.abort();
+    let forged = i64::MAX as u64;
+    assert_eq!(
+        got,
+        [
+            (9, false),
+            (10, false),
+            (forged, false),
+            (11, true),
+            (11, false),
+            (12, false),
+            (13, false),
+            (14, false)
+        ]
+    );
+    let cursors = relay.cursors.lock().unwrap().clone();
+    assert_eq!(cursors[0], Some(8));
+    assert_eq!(
+        cursors[1],
+        Some(forged),
+        "the client first asks from the forged seq"
+    );
+    assert_eq!(
+        cursors.last(),
+        Some(&Some(10)),
+        "then from the last confirmed one"
+    );
+    assert!(metrics.upstream_future_cursor.load(Relaxed) >= 1);
+    let text = metrics.render(&[]);
+    assert!(
+        text.contains("riptide_upstream_cursor_recoveries_total{reason=\"future-cursor\"} 1\n"),
+        "{text}"
+    );
+}
+
+/// The same forgery against a relay that ignores cursors (the campaign's): every later frame was
+/// a "duplicate" for ever. A frame at or below the cursor whose relay time is newer than anything
+/// stored cannot be a duplicate: ingest follows the relay from it. (The relay's clock here is a
+/// minute ahead of ours, so its frames are surely newer than the last one stored.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_below_a_forged_cursor_that_are_newer_than_the_store_are_followed() {
+    let now = riptide_serve::now_us();
+    let later = now + 60_000_000;
+    let relay = relay_after_forgery(
+        vec![identity_at(10, now), identity_at(i64::MAX, now)],
+        (11..=13)
+            .map(|s| (s, identity_at(s as i64, later)))
+            .collect(),
+        false,
+    )
+    .await;
+    let metrics = Arc::new(Metrics::default());
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let mut cfg = fast(vec![relay.url.clone()]);
+    cfg.clock_slack = Duration::from_secs(1);
+    let source = tokio::spawn(upstream::run(cfg, None, metrics.clone(), tx));
+    let mut got = Vec::new();
+    while got.last() != Some(&(13, false)) {
+        let up = tokio::time::timeout(T, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("stalled after {got:?}"))
+            .unwrap();
+        got.push((up.seq(), matches!(up, Upstream::CursorReset(_))));
+    }
+    source.abort();
+    let forged = i64::MAX as u64;
+    assert_eq!(
+        got,
+        [
+            (10, false),
+            (forged, false),
+            (11, true),
+            (11, false),
+            (12, false),
+            (13, false)
+        ]
+    );
+    let text = metrics.render(&[]);
+    assert!(
+        text.contains("riptide_upstream_cursor_recoveries_total{reason=\"live-below-cursor\"} 1\n"),
+        "{text}"
+    );
+}

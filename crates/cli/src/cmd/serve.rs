@@ -510,6 +510,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                 }
                 let mut ucfg = UpstreamConfig::new(hosts);
                 ucfg.resolver = resolver.clone();
+                ucfg.stored_until_us = (resume.last_time_us > 0).then_some(resume.last_time_us);
                 let m = metrics.clone();
                 Box::pin(async move {
                     upstream::run(ucfg, start_cursor, m, tx).await?;
