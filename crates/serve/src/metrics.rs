@@ -397,6 +397,9 @@ pub struct Metrics {
     /// (`upstream.rs`, "A cursor no later frame can pass"), by reason: `future-cursor`,
     /// `live-below-cursor`.
     pub upstream_cursor_recoveries: [AtomicU64; 2],
+    /// Upstream frames that came again with the same seq and bytes (a relay's replay,
+    /// `upstream.rs`): skipped as duplicates, never taken for a relay reset.
+    pub upstream_replayed: AtomicU64,
     /// Set while the last word from the relay was `FutureCursor` (cleared by the next frame).
     pub upstream_behind: std::sync::atomic::AtomicBool,
     /// Unix microseconds of the `time` of the latest upstream event ingested (the relay's
@@ -712,6 +715,12 @@ impl Metrics {
                 "counter",
                 "FutureCursor error frames: the relay is behind our stored upstream cursor.",
                 &self.upstream_future_cursor,
+            ),
+            (
+                "riptide_upstream_replayed_total",
+                "counter",
+                "Upstream frames the relay sent again with the same seq and bytes: skipped as duplicates.",
+                &self.upstream_replayed,
             ),
             (
                 "riptide_upstream_start_cursor",

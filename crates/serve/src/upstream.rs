@@ -53,6 +53,16 @@
 //! A negative seq (`-7`) is never a cursor: the client does not resume from it and ingest refuses
 //! the frame as unsequenced.
 //!
+//! **Replays.** A relay that sends the frames it sent before again, on the same connection or
+//! another, must not have them served twice: the rules above would take a replay that starts
+//! over within a connection for a relay reset and follow it (4,164 duplicate events stored from
+//! five passes over 1,000 frames with `--no-verify`, duplicate `#identity`/`#account` events even
+//! when verifying, which chain state does not catch). So the fingerprints (xxh3) of the last
+//! 65,536 frames handed on are kept by seq: a frame that comes again with the same seq and the
+//! same bytes is a replay, counted in `riptide_upstream_replayed_total` (and skipped by ingest as
+//! a duplicate), never a reset. A replay from further back than that is caught by the frames'
+//! times, as above.
+//!
 //! `#info` frames and error frames (`FutureCursor`, `ConsumerTooSlow`; the relay closes after
 //! them and the client reconnects) are logged and counted in [`Metrics`]; they carry no seq and
 //! are not ingested.
@@ -241,6 +251,43 @@ struct Seqs {
     slack_us: i64,
     /// A resume point for the client, for its owner to apply ([`FirehoseClient::resume_from`]).
     resume: Option<Option<u64>>,
+    /// The frames handed on lately (module docs, "Replays").
+    recent: Recent,
+}
+
+/// The fingerprints (xxh3 of the bytes) of the last [`Recent::CAP`] frames handed on, by seq:
+/// a frame that comes again with the same seq and bytes is a relay's replay, whatever the
+/// connection (module docs, "Replays").
+#[derive(Debug, Default)]
+struct Recent {
+    by_seq: std::collections::HashMap<u64, u64>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl Recent {
+    /// Frames remembered: a relay replaying further back than this is caught by the frames'
+    /// times instead (or, for commits, by chain state).
+    const CAP: usize = 1 << 16;
+
+    fn fingerprint(bytes: &[u8]) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(bytes)
+    }
+
+    /// Whether this exact frame was handed on already.
+    fn holds(&self, seq: u64, fp: u64) -> bool {
+        self.by_seq.get(&seq) == Some(&fp)
+    }
+
+    fn insert(&mut self, seq: u64, fp: u64) {
+        if self.by_seq.insert(seq, fp).is_none() {
+            self.order.push_back(seq);
+            if self.order.len() > Self::CAP {
+                if let Some(old) = self.order.pop_front() {
+                    self.by_seq.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 /// The relay's `time` of a frame, in Unix microseconds, if it has a readable one.
@@ -354,8 +401,24 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
                     seqs.below = 0;
                 }
                 let below = seqs.last.is_some_and(|c| seq <= c);
+                let fp = Recent::fingerprint(&ev.bytes);
                 let mut reset = false;
-                if seqs.prev.is_some_and(|p| seq <= p) {
+                if seqs.recent.holds(seq, fp) {
+                    // A replay: the same frame at the same seq, handed on already. Skipped (and
+                    // counted) by ingest as a duplicate; no reset, whatever went before.
+                    metrics.upstream_replayed.fetch_add(1, Relaxed);
+                    if seqs.below == 0 {
+                        tracing::warn!(
+                            seq,
+                            cursor = seqs.last,
+                            host = ev.host,
+                            "the relay sent seq {seq} again, byte for byte: skipping its replay (riptide_upstream_replayed_total)"
+                        );
+                    }
+                    seqs.below += 1;
+                    seqs.prev = Some(seq);
+                    return Some((false, (seq, ev.bytes)));
+                } else if seqs.prev.is_some_and(|p| seq <= p) {
                     reset = true;
                     metrics.upstream_seq_resets.fetch_add(1, Relaxed);
                     tracing::error!(
@@ -423,6 +486,7 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
                 }
                 if reset || !below {
                     seqs.fresh_us = crate::now_us();
+                    seqs.recent.insert(seq, fp);
                 }
                 seqs.last = Some(seqs.last.map_or(seq, |l| l.max(seq)));
                 Some((reset, (seq, ev.bytes)))

@@ -659,3 +659,29 @@ async fn frames_below_a_forged_cursor_that_are_newer_than_the_store_are_followed
         "{text}"
     );
 }
+
+/// Issue 40: a relay that sends the same frames five times on one connection had each pass taken
+/// for a relay reset and stored again (4,164 duplicates from 5 × 1,000 frames without
+/// verification). A frame that comes again with the same seq and bytes is a replay: skipped and
+/// counted, never a reset. A new frame after the replays is stored as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_replaying_on_one_connection_is_not_served_twice() {
+    let mut script = Vec::new();
+    for pass in 0..5u64 {
+        for s in 1..=3 {
+            script.push((pass * 3 + s, Out::Bin(identity(s as i64))));
+        }
+    }
+    script.push((16, Out::Bin(identity(4))));
+    let (resume, m) = ingest_from(script, 4).await;
+    assert_eq!(resume.upstream_cursor, Some(4));
+    assert_eq!(m.events_stored.load(Relaxed), 4);
+    assert_eq!(m.upstream_replayed.load(Relaxed), 12);
+    assert_eq!(m.frames_duplicate.load(Relaxed), 12);
+    assert_eq!(m.upstream_seq_resets.load(Relaxed), 0);
+    let text = m.render(&[]);
+    assert!(
+        text.contains("riptide_upstream_replayed_total 12\n"),
+        "{text}"
+    );
+}
