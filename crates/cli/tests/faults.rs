@@ -451,3 +451,62 @@ fn demo_with_a_reused_dir_runs_again() {
         assert_eq!(e.contains("reusing the store"), run == 1, "run {run}: {e}");
     }
 }
+
+/// Issue 39: a second `riptide serve --data D` (or `riptide dict train --data D`) opened a store a
+/// running server held, and both ingested into it. The second is refused, naming the holder;
+/// once the first is gone (even by `kill -9`), the directory opens again.
+#[test]
+fn a_data_directory_is_one_processs_at_a_time() {
+    let data = scratch();
+    let port = dead_port();
+    let upstream = format!("ws://127.0.0.1:{port}");
+    let (first, _addr) = common::spawn_serve(common::serve_command(data.path()).args([
+        "--upstream",
+        &upstream,
+        "--no-verify",
+    ]));
+    let out = common::serve_command(data.path())
+        .args(["--upstream", &upstream, "--no-verify"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let e = stderr(&out);
+    assert!(
+        e.contains("is in use by another riptide process (pid "),
+        "{e}"
+    );
+    assert!(e.contains("serve"), "the holder's command: {e}");
+    let dict = data.path().join("d.zdict");
+    let out = riptide(&["dict", "train", "--data", s(data.path()), "-o", s(&dict)]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("is in use by another riptide process"));
+    // kill -9 leaves the lock file behind, but not the lock.
+    first.kill();
+    let (_again, _) = common::spawn_serve(common::serve_command(data.path()).args([
+        "--upstream",
+        &upstream,
+        "--no-verify",
+    ]));
+}
+
+/// Issue 39: with its port taken, `serve` opened the store and started the upstream before it
+/// said so. Now the port is the first thing checked: no store is created.
+#[test]
+fn serve_with_its_port_taken_says_so_before_touching_the_store() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let data = scratch();
+    let store = data.path().join("store");
+    let out = Command::new(BIN)
+        .args(["serve", "--listen", &addr, "--no-verify", "--upstream"])
+        .arg(format!("ws://127.0.0.1:{}", dead_port()))
+        .arg("--data")
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let e = stderr(&out);
+    assert!(e.contains(&format!("listening on {addr}")), "{e}");
+    assert!(!e.contains("task was cancelled"), "{e}");
+    assert!(!store.exists(), "the data directory was not created");
+}

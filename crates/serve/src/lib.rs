@@ -30,6 +30,7 @@ mod faults;
 pub mod ingest;
 pub mod keys;
 pub mod limits;
+pub mod lock;
 pub mod log;
 pub mod metrics;
 pub mod options;

@@ -226,6 +226,12 @@ impl App {
         self.shutdown.send_replace(true);
     }
 
+    /// Resolves once [`App::shutdown`] has been called: a server's graceful-shutdown signal.
+    pub async fn shut_down(&self) {
+        let mut rx = self.shutdown.subscribe();
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+
     /// Waits until no subscriber is connected, up to `limit`.
     pub async fn drained(&self, limit: Duration) {
         let until = tokio::time::Instant::now() + limit;

@@ -193,6 +193,9 @@ pub enum StoreError {
         /// The id given.
         given: u32,
     },
+    /// Another process holds the data directory (`crate::lock`).
+    #[error(transparent)]
+    Locked(#[from] crate::lock::LockError),
     /// The data directory was written by an older riptide whose store layout this one does not
     /// read as it is.
     #[error("the data directory {path} was written by an older riptide (store layout {found}, this one writes {LAYOUT_VERSION}); {}", if *found == 2 { "convert it once with `riptide serve --migrate-store` (same --data; rewrites its events into compressed blocks) or start with a new --data directory" } else { "start with a new --data directory" })]
@@ -403,6 +406,8 @@ pub struct Store {
     /// The seqs whose blocks are being loaded (`Claim`), and the signal that one was.
     loading: Arc<(Mutex<Vec<u64>>, Condvar)>,
     options: StoreOptions,
+    /// This process's hold on the data directory (`crate::lock`), released with the last clone.
+    _lock: Arc<crate::lock::DirLock>,
 }
 
 /// Counters of the decompressed-block cache (its bytes are summed when asked for).
@@ -656,7 +661,7 @@ fn open_block(key: u64, v: &[u8], mut buf: Vec<u8>) -> Result<Block, StoreError>
 /// `riptide bench serve`'s before/after figure in one run.
 pub fn layout2_bytes(dir: &Path, events: &[Event]) -> Result<u64, StoreError> {
     let fj = fjall_at(dir);
-    let ks = Store::keyspace(dir)?;
+    let (ks, _lock) = Store::keyspace(dir)?;
     let old = ks
         .open_partition("events", log_partition().max_memtable_size(BLOCKS_MEMTABLE))
         .map_err(fj)?;
@@ -707,7 +712,9 @@ impl Store {
         Store::open_inner(dir, None, StoreOptions::default())
     }
 
-    fn keyspace(dir: &Path) -> Result<Keyspace, StoreError> {
+    /// Locks `dir` for this process (`crate::lock`), then opens its keyspace.
+    fn keyspace(dir: &Path) -> Result<(Keyspace, crate::lock::DirLock), StoreError> {
+        let lock = crate::lock::DirLock::acquire(dir)?;
         // Durability is chosen per batch (`append`); no background fsync timer is needed. The
         // write buffer has room for a `blocks` memtable filling while the last one flushes
         // (fjall flushes the largest memtables once the buffer is half full).
@@ -716,20 +723,23 @@ impl Store {
             .max_open_files(STORE_MAX_OPEN_FILES)
             .open()
             .map_err(fjall_at(dir))
+            .map(|ks| (ks, lock))
     }
 
     /// Opens the keyspace under `dir` and its `meta` partition, and reads which layout the
     /// directory holds (`None` for a new one).
     #[allow(clippy::type_complexity)]
-    fn open_dir(dir: &Path) -> Result<(Keyspace, PartitionHandle, Option<u64>), StoreError> {
+    fn open_dir(
+        dir: &Path,
+    ) -> Result<(Keyspace, PartitionHandle, Option<u64>, crate::lock::DirLock), StoreError> {
         let fj = fjall_at(dir);
-        let ks = Store::keyspace(dir)?;
+        let (ks, lock) = Store::keyspace(dir)?;
         let meta = ks
             .open_partition("meta", PartitionCreateOptions::default())
             .map_err(fj)?;
         let existed = ks.partition_exists("events") || ks.partition_exists("blocks");
         let layout = meta.get(LAYOUT).map_err(fj)?.map_or(1, |v| be64(&v));
-        Ok((ks, meta, existed.then_some(layout)))
+        Ok((ks, meta, existed.then_some(layout), lock))
     }
 
     fn open_inner(
@@ -739,7 +749,7 @@ impl Store {
     ) -> Result<(Store, Resume), StoreError> {
         let path = dir.display().to_string();
         let fj = fjall_at(dir);
-        let (ks, meta, layout) = Store::open_dir(dir)?;
+        let (ks, meta, layout, dir_lock) = Store::open_dir(dir)?;
         // A partition keeps the options it was created with: an old directory would stay as it
         // was.
         match layout {
@@ -785,6 +795,7 @@ impl Store {
             cache_stats: Arc::default(),
             loading: Arc::default(),
             options,
+            _lock: Arc::new(dir_lock),
         };
         let get = |k: &[u8]| store.meta.get(k).map_err(|e| store.err(e));
         match (get(DICT_ID)?, dict_id) {
@@ -868,7 +879,7 @@ impl Store {
     pub fn migrate(dir: &Path) -> Result<Migrated, StoreError> {
         let path = dir.display().to_string();
         let fj = fjall_at(dir);
-        let (ks, meta, layout) = Store::open_dir(dir)?;
+        let (ks, meta, layout, _lock) = Store::open_dir(dir)?;
         let from = match layout {
             None | Some(LAYOUT_VERSION) => {
                 return Ok(Migrated {
@@ -1838,7 +1849,8 @@ mod tests {
 
         // A reader that needs a block being loaded waits for that load rather than loading it
         // again: hold a claim on block 1 (evicted by a cache of one), read it from a thread,
-        // then load it under the claim.
+        // then load it under the claim. (One store per directory at a time: `crate::lock`.)
+        drop(s);
         let (s, _) = Store::open_with(
             dir.path(),
             0,

@@ -356,8 +356,10 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
                         cursor = seqs.last,
                         message = msg,
                         host = ev.host,
-                        "the relay is behind our upstream cursor {} (FutureCursor): nothing is ingested until it catches up; \
-                         if it still is in {:?}, the cursor is taken to be unreachable and ingest resumes below it",
+                        "the relay is behind our upstream cursor {} (FutureCursor): it was restarted, it is not the relay this store followed, \
+                         or a forged seq became our cursor. Nothing is ingested until it catches up; if it still is in {:?}, the cursor is taken \
+                         to be unreachable and ingest resumes below it. To follow this relay now, restart with `--reset-upstream-cursor` \
+                         (with `--upstream-cursor N` to pick a start, else live), or use a fresh --data directory",
                         seqs.last.map_or_else(|| "?".to_string(), |c| c.to_string()),
                         seqs.grace,
                     );

@@ -4,6 +4,8 @@
 //! v1's zstd frames made at send time identical to the ones ingest made.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -83,6 +85,12 @@ async fn serve(log: Arc<Log>) -> SocketAddr {
 }
 
 async fn serve_with(log: Arc<Log>, config: ServerConfig) -> SocketAddr {
+    serving(log, config).await.0
+}
+
+/// [`serve_with`], with the server's task (aborting it lets go of the store, once its last
+/// connection has ended).
+async fn serving(log: Arc<Log>, config: ServerConfig) -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let app = App::new(
         log,
         Arc::new(Metrics::default()),
@@ -94,8 +102,10 @@ async fn serve_with(log: Arc<Log>, config: ServerConfig) -> SocketAddr {
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router(app)).await });
-    addr
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, router(app)).await;
+    });
+    (addr, task)
 }
 
 /// The payloads of the first `n` messages of `path` (a `?cursor=…` subscription).
@@ -151,8 +161,8 @@ async fn sealed_blocks_replay_byte_for_byte_on_both_wires() {
     let v1_zstd: Vec<Vec<u8>> = tail.iter().map(|e| e.zstd().to_vec()).collect();
     assert!(v1_zstd.iter().all(|z| !z.is_empty()));
 
-    let mem = serve(log.clone()).await;
-    let disk = serve(disk_only(&log, next)).await;
+    let (mem, mem_task) = serving(log.clone(), ServerConfig::default()).await;
+    let (disk, disk_task) = serving(disk_only(&log, next), ServerConfig::default()).await;
     let v2 = "/xrpc/network.bsky.jetstream.subscribeEvents?cursor=0";
     let v2z = "/xrpc/network.bsky.jetstream.subscribeEvents?cursor=0&zstdDictionary=20260811";
     for addr in [mem, disk] {
@@ -169,13 +179,19 @@ async fn sealed_blocks_replay_byte_for_byte_on_both_wires() {
         messages(disk, v2z, 152).await
     );
 
-    // Reopened: the unsealed events come back from `recent`, the rest from the blocks.
+    // Reopened: the unsealed events come back from `recent`, the rest from the blocks. The
+    // servers go first: a data directory is one store's at a time (`riptide_serve::lock`), and
+    // their last connections end a moment after the clients close them.
     let store = log.store().clone();
     drop(log);
     let dir_path = store.dir().to_path_buf();
     drop(store);
+    for t in [mem_task, disk_task] {
+        t.abort();
+        let _ = t.await;
+    }
     let dict = dictionary("legacy_subscribe.zdict");
-    let (store, resume) = Store::open_with(&dir_path, dict.id(), SMALL).unwrap();
+    let (store, resume) = common::reopen(&dir_path, dict.id(), SMALL).await;
     assert_eq!(resume.next_seq, next);
     let reopened = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
     let again = serve(disk_only(&reopened, next)).await;

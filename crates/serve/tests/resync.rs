@@ -7,6 +7,8 @@
 //! restart against an honest host finishes the resync from the store alone.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
@@ -157,8 +159,9 @@ struct Running {
 }
 
 /// Ingest into `dir` with resync through `sim`'s PLC and PDS.
-fn start(dir: &std::path::Path, w: &World, sim: &SimHandle, resync: bool) -> Running {
-    let (store, resume) = Store::open(dir, 0).unwrap();
+async fn start(dir: &std::path::Path, w: &World, sim: &SimHandle, resync: bool) -> Running {
+    // A restart in-process waits for the first run's resync service to let go of the store.
+    let (store, resume) = common::reopen(dir, 0, riptide_serve::StoreOptions::default()).await;
     let log = Arc::new(Log::new(
         store.clone(),
         resume.next_seq,
@@ -267,7 +270,7 @@ async fn a_broken_chain_is_resynced_and_held_frames_are_released_in_order() {
     // The reference: the uninterrupted stream, no resync needed.
     let rdir = tempfile::tempdir().unwrap();
     let quiet = sim(&w, false, Faults::default()).await;
-    let r = start(rdir.path(), &w, &quiet, false);
+    let r = start(rdir.path(), &w, &quiet, false).await;
     feed(&r, &w.whole, 1).await;
     let (rm, rstore, _) = stop(r).await;
     assert_eq!(count(&rm, Verdict::Ok), w.whole.len() as u64);
@@ -284,7 +287,7 @@ async fn a_broken_chain_is_resynced_and_held_frames_are_released_in_order() {
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let r = start(dir.path(), &w, &slow, true);
+    let r = start(dir.path(), &w, &slow, true).await;
     feed(&r, &w.frames, 1).await;
     let m = r.metrics.clone();
     let all = w.victim_after as u64;
@@ -387,7 +390,7 @@ async fn a_forged_repository_serves_nothing_and_a_restart_finishes_the_resync() 
     let w = world(32, false);
     let forged = sim(&w, true, Faults::default()).await;
     let dir = tempfile::tempdir().unwrap();
-    let r = start(dir.path(), &w, &forged, true);
+    let r = start(dir.path(), &w, &forged, true).await;
     feed(&r, &w.frames, 1).await;
     let m = r.metrics.clone();
     let held = w.victim_after as u64;
@@ -427,7 +430,7 @@ async fn a_forged_repository_serves_nothing_and_a_restart_finishes_the_resync() 
     // A restart with nothing new from upstream, against an honest host: the resync is queued
     // again from the store, lands, and the held frames are served.
     let honest = sim(&w, false, Faults::default()).await;
-    let r = start(dir.path(), &w, &honest, true);
+    let r = start(dir.path(), &w, &honest, true).await;
     assert_eq!(r.metrics.resync_held.load(Relaxed), held, "reloaded");
     let m = r.metrics.clone();
     wait_for("the resync to land after the restart", || {
@@ -463,7 +466,7 @@ async fn an_upstream_sync_ends_the_resync_and_covers_the_held_commits() {
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let r = start(dir.path(), &w, &slow, true);
+    let r = start(dir.path(), &w, &slow, true).await;
     feed(&r, &w.frames, 1).await;
     let m = r.metrics.clone();
     wait_for("the late resync to be found stale", || {

@@ -87,7 +87,12 @@ async fn start_config(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let r = router(app.clone());
-    tokio::spawn(async move { axum::serve(listener, r).await });
+    let stop = app.clone();
+    tokio::spawn(async move {
+        axum::serve(listener, r)
+            .with_graceful_shutdown(async move { stop.shut_down().await })
+            .await
+    });
     (addr, app)
 }
 
@@ -595,19 +600,13 @@ async fn restart_continues_seqs_without_loss_or_duplicates() {
         let _ = addr;
         app.shutdown();
     }
-    // Let the first server's tasks drop the store (fjall locks the directory while open).
-    let mut tries = 0;
-    let (store, resume) = loop {
-        match Store::open(dir.path(), dictionary().id()) {
-            Ok(x) => break x,
-            Err(e) if tries < 100 => {
-                tries += 1;
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    };
+    // Once the first server's tasks have let go of the store (one store per directory).
+    let (store, resume) = common::reopen(
+        dir.path(),
+        dictionary().id(),
+        riptide_serve::StoreOptions::default(),
+    )
+    .await;
     assert_eq!(resume.upstream_cursor, Some(100));
     drop(store);
     // Resend everything: the first 100 frames are duplicates of what is stored.

@@ -363,14 +363,23 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         Some(p) => Some(super::load_dictionary(p)?),
         None => None,
     };
-    std::fs::create_dir_all(&args.data)
-        .with_context(|| format!("creating {}", args.data.display()))?;
     let limits = ConnLimits {
         max_connections: args.max_connections,
         per_ip: args.max_connections_per_ip,
         header_timeout: args.header_timeout,
     }
     .effective()?;
+    // Checks before side effects (issue 39): the port and the v2 dictionary are the commonest
+    // mistakes, and both are said before the store is opened or anything connects upstream.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let v2_dictionary = match &args.zstd_dictionary_v2 {
+        Some(p) => Some(Dictionary::load(p)?),
+        None => None,
+    };
+    std::fs::create_dir_all(&args.data)
+        .with_context(|| format!("creating {}", args.data.display()))?;
     if args.migrate_store {
         let m = Store::migrate(&args.data)?;
         tracing::warn!(
@@ -416,10 +425,6 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         None => None,
     };
     let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
-    let v2_dictionary = match &args.zstd_dictionary_v2 {
-        Some(p) => Some(Dictionary::load(p)?),
-        None => None,
-    };
     let config = ServerConfig {
         v1_dictionary: dict.clone(),
         ready_max_idle: Some(args.ready_max_idle).filter(|d| !d.is_zero()),
@@ -563,9 +568,6 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         Duration::from_secs(60),
     ));
 
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("listening on {}", args.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!(
         max_connections = limits.max_connections,

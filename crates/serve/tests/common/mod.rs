@@ -11,6 +11,26 @@ use riptide_serve::{
     router, App, ConnLimits, Event, LimitedListener, Log, Metrics, ServerConfig, Store, TailLimits,
 };
 
+/// Opens the store at `dir` once the store this process had open there has let go of it (a data
+/// directory is one store's at a time, `riptide_serve::lock`): a test that "restarts" in-process
+/// waits for the tasks of the first run (a server's last connections, a resync service) to end.
+pub async fn reopen(
+    dir: &Path,
+    dict_id: u32,
+    options: riptide_serve::store::StoreOptions,
+) -> (Store, riptide_serve::Resume) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match Store::open_with(dir, dict_id, options) {
+            Err(riptide_serve::StoreError::Locked(e)) if std::time::Instant::now() < until => {
+                let _ = e;
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            r => return r.expect("reopening the store"),
+        }
+    }
+}
+
 /// A log over a fresh store in `dir`, with a tail large enough for any test's events.
 pub fn open_log(dir: &Path) -> Arc<Log> {
     let (store, resume) = Store::open(dir, 0).unwrap();
