@@ -12,7 +12,7 @@
 //! the frames held for them until their resync lands; it is small (bounded by the resync
 //! buffers) and written in the same batches as everything else.
 //!
-//! <a id="blocks"></a>**Blocks** (layout 3). Every event used to be stored with both of its forms
+//! <a id="blocks"></a>**Blocks** (layout 3; checksummed since layout 4). Every event used to be stored with both of its forms
 //! (v1 JSON and its own zstd frame): ~900 bytes an event on a generated stream, where Jetstream v2
 //! keeps ~250 in columnar blocks of 4,096 events. Now events are sealed in blocks of
 //! [`StoreOptions::block_events`] (4,096) events, at most [`StoreOptions::block_bytes`] (4 MiB)
@@ -33,6 +33,32 @@
 //! goes to the blocking pool. Hits, loads and the cache's bytes are in `/metrics`
 //! (`riptide_block_cache_*`). Events leave a cached block as copies, as they left fjall's blocks
 //! before: the byte cap of a read still bounds what a subscriber's batch holds.
+//!
+//! <a id="checksums"></a>**Checksums** (layout 4). A block is stored with the xxh3-64 of its
+//! whole value — header (count, first seq, last time_us, raw length) and zstd frame — as its last
+//! 8 bytes (block format 2), verified every time the block is read from disk, before anything is
+//! decompressed. Neither fjall 2 nor the block's own zstd frame did this: lsm-tree writes a
+//! checksum into each of its data blocks but only checks it in an explicit `verify`, and blocks
+//! were sealed without zstd's content checksum, so one flipped bit in a stopped store's segment
+//! files was served as an altered event (11 of 16 trials in issue 40), or failed the frame and
+//! closed every replay that reached it with 1011. Why a checksum of the stored bytes rather than
+//! zstd's content checksum: zstd's covers only the decompressed content, so a flip in our header
+//! (the count or length fields) or one that still decompresses into a different length went
+//! unseen or was found only after the work of decompressing; one hash over the value covers
+//! everything and costs ~µs (xxh3, the hash fjall's journal uses: ~10 GB/s, against zstd's
+//! ~1 GB/s decompression of the same block). A block that fails (its checksum, or for a block
+//! sealed before checksums its frame, lengths or an event's format) is a [`DamagedBlock`]: logged
+//! at error once (not once per reader), counted (`riptide_store_corrupt_blocks_total`,
+//! `riptide_store_corrupt_events_total`), remembered, and **skipped** by every read from then on
+//! without touching the disk: a replay that meets it goes on with the next block's events, on both
+//! wires, instead of closing. Its seqs are taken to end where the next block begins (its own
+//! header is not to be trusted). `riptide store check` walks every block and lists the damage;
+//! `riptide store repair` removes damaged blocks and records the seqs they held in `meta`, so a
+//! restarted server does not meet them again. Blocks sealed by layout 3 (format 1, no checksum)
+//! are still read: they leave the store with retention; until then a flip inside one is caught
+//! only where it breaks the format. The layout is recorded as 4 when such a directory is opened:
+//! an older riptide cannot read a checksummed block and would fail every one as corrupt, so it is
+//! refused at open instead ([`StoreError::NewerLayout`] is what this one says of a later layout).
 //!
 //! <a id="read-ahead"></a>**Read-ahead.** A replay reads blocks in order, and decompressing one
 //! took about half of a replay's time per event on the reader's own path: the subscriber waited
@@ -103,7 +129,7 @@
 //! layout-2 directory into blocks in place ([`Store::migrate`]); layout 1 needs a new `--data`
 //! directory.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -115,6 +141,7 @@ use fjall::{
     AbstractTree, CompressionType, Config, Keyspace, PartitionCreateOptions, PartitionHandle,
     PersistMode,
 };
+use xxhash_rust::xxh3::xxh3_64;
 
 use riptide_firehose::chain::{decode_state, encode_state, AccountState, CorruptState};
 
@@ -192,6 +219,14 @@ pub enum StoreError {
         stored: u32,
         /// The id given.
         given: u32,
+    },
+    /// The data directory was written by a newer riptide (a store layout this one does not know).
+    #[error("the data directory {path} was written by a newer riptide (store layout {found}, this one reads up to {LAYOUT_VERSION}): run that riptide, or start with a new --data directory")]
+    NewerLayout {
+        /// The data directory.
+        path: String,
+        /// The layout found.
+        found: u64,
     },
     /// The data directory was written by an older riptide whose store layout this one does not
     /// read as it is.
@@ -402,7 +437,52 @@ pub struct Store {
     cache_stats: Arc<BlockCacheCounts>,
     /// The seqs whose blocks are being loaded (`Claim`), and the signal that one was.
     loading: Arc<(Mutex<Vec<u64>>, Condvar)>,
+    /// Sealed blocks found damaged since the store was opened, by first seq (module docs,
+    /// "Checksums"): every read skips them without touching the disk again.
+    damaged: Arc<Mutex<BTreeMap<u64, DamagedBlock>>>,
+    /// What was found damaged or lost, for `/metrics`.
+    integrity: Arc<IntegrityCounts>,
     options: StoreOptions,
+}
+
+/// A sealed block that failed its checks: the seqs `first..end` it held (`end` is where the next
+/// block starts, or the end of the sealed events: a damaged header's count cannot be trusted),
+/// none of which a read returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DamagedBlock {
+    /// The block's first seq (its key).
+    pub first: u64,
+    /// One past the last seq it can have held.
+    pub end: u64,
+    /// What failed: `checksum`, `header`, `format`, `zstd frame`, `length`, `value`, `count`,
+    /// `event` (a value that is not an event, in a block from before checksums).
+    pub what: &'static str,
+}
+
+impl DamagedBlock {
+    /// The seqs lost with it (at most: seqs never written, a gap left by a migration, count too).
+    pub fn events(&self) -> u64 {
+        self.end.saturating_sub(self.first)
+    }
+}
+
+/// Counters of damage found (module docs, "Checksums").
+#[derive(Debug, Default)]
+struct IntegrityCounts {
+    corrupt_blocks: AtomicU64,
+    corrupt_events: AtomicU64,
+    journal_lost: AtomicU64,
+}
+
+/// What the store found damaged or lost since it was opened, for `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IntegrityStats {
+    /// Sealed blocks found damaged (each counted once, when a read or a check first meets it).
+    pub corrupt_blocks: u64,
+    /// The seqs those blocks held: skipped by every reader.
+    pub corrupt_events: u64,
+    /// Seqs acknowledged by an earlier run that were missing at open (a journal cut short).
+    pub journal_lost_events: u64,
 }
 
 /// Counters of the decompressed-block cache (its bytes are summed when asked for).
@@ -439,9 +519,13 @@ const DICT_ID: &[u8] = b"dict_id";
 const FLOOR: &[u8] = b"retention_floor";
 const LAYOUT: &[u8] = b"layout";
 
-/// The store layout this code writes: 3 = events sealed in compressed blocks (module docs).
-/// (2 = FIFO log partitions with a retention floor, one value per event.)
-pub const LAYOUT_VERSION: u64 = 3;
+/// The store layout this code writes: 4 = events sealed in checksummed compressed blocks (module
+/// docs). (3 = the same blocks without checksums, read as they are and recorded as 4 at open;
+/// 2 = FIFO log partitions with a retention floor, one value per event.)
+pub const LAYOUT_VERSION: u64 = 4;
+
+/// Layout 3: blocks without checksums, which this layout reads as they are (module docs).
+const LAYOUT_UNCHECKED: u64 = 3;
 
 /// Memtable size of `blocks`, hence the size of its segment files (see the module docs on the
 /// cost of never merging).
@@ -452,9 +536,13 @@ const BLOCKS_MEMTABLE: u32 = 64 << 20;
 const RECENT_MEMTABLE: u32 = 32 << 20;
 
 /// The block value's format byte and header: format, event count, first seq, last time_us,
-/// length of the values before compression; then one zstd frame of `[u32 len][value]…`.
-const BLOCK_FORMAT: u8 = 1;
+/// length of the values before compression; then one zstd frame of `[u32 len][value]…`; then
+/// (format 2, module docs "Checksums") the xxh3-64 of everything before it, big-endian.
+const BLOCK_FORMAT: u8 = 2;
+/// Blocks sealed before checksums (layout 3): the same without the trailing checksum.
+const BLOCK_FORMAT_1: u8 = 1;
 const BLOCK_HEADER: usize = 1 + 4 + 8 + 8 + 4;
+const BLOCK_CHECKSUM: usize = 8;
 
 /// zstd level of blocks (see the module docs).
 const BLOCK_LEVEL: i32 = 2;
@@ -585,24 +673,52 @@ fn seal(events: &[Event], opts: StoreOptions) -> Result<Vec<(u64, Vec<u8>)>, Sto
             first: first.seq(),
             source,
         })?;
-        let mut v = Vec::with_capacity(BLOCK_HEADER + z.len());
+        let mut v = Vec::with_capacity(BLOCK_HEADER + z.len() + BLOCK_CHECKSUM);
         v.push(BLOCK_FORMAT);
         v.extend_from_slice(&(these.len() as u32).to_be_bytes());
         v.extend_from_slice(&first.seq().to_be_bytes());
         v.extend_from_slice(&last_time.to_be_bytes());
         v.extend_from_slice(&(raw.len() as u32).to_be_bytes());
         v.extend_from_slice(&z);
+        let sum = xxh3_64(&v);
+        v.extend_from_slice(&sum.to_be_bytes());
         out.push((first.seq(), v));
     }
     Ok(out)
 }
 
-/// A block value's header: (count, first seq, last time_us, raw length).
-fn block_header(key: u64, v: &[u8]) -> Result<(u64, u64, i64, usize), StoreError> {
+/// A block value's header, checked.
+#[derive(Clone, Copy, Debug)]
+struct BlockHeader {
+    count: u64,
+    first: u64,
+    last_time: i64,
+    raw_len: usize,
+    /// Where the zstd frame ends (the checksum, if any, follows).
+    frame_end: usize,
+}
+
+/// A block value's header, with its checksum verified (format 2: over the whole value, header
+/// included, so a flip anywhere in it is found here, before anything is decompressed).
+fn block_header(key: u64, v: &[u8]) -> Result<BlockHeader, StoreError> {
     let bad = |what| StoreError::CorruptBlock { first: key, what };
-    if v.len() < BLOCK_HEADER || v[0] != BLOCK_FORMAT {
+    if v.len() < BLOCK_HEADER {
         return Err(bad("header"));
     }
+    let frame_end = match v[0] {
+        BLOCK_FORMAT => {
+            let end = v.len() - BLOCK_CHECKSUM;
+            if end < BLOCK_HEADER {
+                return Err(bad("header"));
+            }
+            if xxh3_64(&v[..end]) != be64(&v[end..]) {
+                return Err(bad("checksum"));
+            }
+            end
+        }
+        BLOCK_FORMAT_1 => v.len(),
+        _ => return Err(bad("format")),
+    };
     let count = u32::from_be_bytes([v[1], v[2], v[3], v[4]]) as u64;
     let first = be64(&v[5..13]);
     let last_time = be64(&v[13..21]) as i64;
@@ -610,24 +726,33 @@ fn block_header(key: u64, v: &[u8]) -> Result<(u64, u64, i64, usize), StoreError
     if first != key || count == 0 {
         return Err(bad("header"));
     }
-    Ok((count, first, last_time, raw_len))
+    Ok(BlockHeader {
+        count,
+        first,
+        last_time,
+        raw_len,
+        frame_end,
+    })
 }
 
-/// Decompresses and indexes a block value, into `buf` (the buffer of an evicted block, reused:
-/// a fresh multi-megabyte allocation per block is fresh pages the kernel must zero).
-fn open_block(key: u64, v: &[u8], mut buf: Vec<u8>) -> Result<Block, StoreError> {
-    let bad = |what| StoreError::CorruptBlock { first: key, what };
-    let (count, first, _, raw_len) = block_header(key, v)?;
+/// Decompresses and indexes a block value whose header `h` was checked ([`block_header`]), into
+/// `buf` (the buffer of an evicted block, reused: a fresh multi-megabyte allocation per block is
+/// fresh pages the kernel must zero).
+fn open_block(h: &BlockHeader, v: &[u8], mut buf: Vec<u8>) -> Result<Block, StoreError> {
+    let bad = |what| StoreError::CorruptBlock {
+        first: h.first,
+        what,
+    };
     buf.clear();
-    buf.reserve(raw_len);
+    buf.reserve(h.raw_len);
     let n = zstd::bulk::Decompressor::new()
-        .and_then(|mut d| d.decompress_to_buffer(&v[BLOCK_HEADER..], &mut buf))
+        .and_then(|mut d| d.decompress_to_buffer(&v[BLOCK_HEADER..h.frame_end], &mut buf))
         .map_err(|_| bad("zstd frame"))?;
-    if n != raw_len || buf.len() != raw_len {
+    if n != h.raw_len || buf.len() != h.raw_len {
         return Err(bad("length"));
     }
     let data = buf;
-    let mut starts = Vec::with_capacity(count as usize);
+    let mut starts = Vec::with_capacity(h.count as usize);
     let mut pos = 0;
     while pos < data.len() {
         let len = data
@@ -640,11 +765,11 @@ fn open_block(key: u64, v: &[u8], mut buf: Vec<u8>) -> Result<Block, StoreError>
         starts.push((pos + 4) as u32);
         pos += 4 + len;
     }
-    if starts.len() as u64 != count {
+    if starts.len() as u64 != h.count {
         return Err(bad("count"));
     }
     Ok(Block {
-        first,
+        first: h.first,
         data,
         starts,
     })
@@ -744,6 +869,16 @@ impl Store {
         // was.
         match layout {
             Some(LAYOUT_VERSION) => {}
+            Some(found) if found > LAYOUT_VERSION => {
+                return Err(StoreError::NewerLayout { path, found })
+            }
+            // Its blocks read as they are; the ones sealed from now on carry checksums, which an
+            // older riptide cannot read: recorded, so that one refuses the directory at open.
+            Some(LAYOUT_UNCHECKED) => {
+                meta.insert(LAYOUT, LAYOUT_VERSION.to_be_bytes())
+                    .map_err(fj)?;
+                ks.persist(PersistMode::SyncAll).map_err(fj)?;
+            }
             Some(found) => return Err(StoreError::OldLayout { path, found }),
             None => {
                 // Before the partitions exist: a crash in between leaves a directory that opens.
@@ -784,6 +919,8 @@ impl Store {
             spare: Arc::default(),
             cache_stats: Arc::default(),
             loading: Arc::default(),
+            damaged: Arc::default(),
+            integrity: Arc::default(),
             options,
         };
         let get = |k: &[u8]| store.meta.get(k).map_err(|e| store.err(e));
@@ -815,12 +952,22 @@ impl Store {
             upstream_cursor: get(UPSTREAM)?.map(|v| be64(&v)),
         };
         // Where the blocks end, and the unsealed events (module docs).
+        // A last block whose header is damaged: where it ends is found below.
+        let mut damaged_last = None;
         if let Some((k, v)) = store.blocks.last_key_value().map_err(|e| store.err(e))? {
-            let (count, first, last_time, _) = block_header(be64(&k), &v)?;
-            store.sealed_end.store(first + count, Relaxed);
-            // Belt and braces: never restart below an event that is on disk.
-            resume.next_seq = resume.next_seq.max(first + count);
-            resume.last_time_us = resume.last_time_us.max(last_time);
+            match block_header(be64(&k), &v) {
+                Ok(h) => {
+                    store.sealed_end.store(h.first + h.count, Relaxed);
+                    // Belt and braces: never restart below an event that is on disk.
+                    resume.next_seq = resume.next_seq.max(h.first + h.count);
+                    resume.last_time_us = resume.last_time_us.max(h.last_time);
+                }
+                Err(StoreError::CorruptBlock { first, what }) => {
+                    store.sealed_end.store(first + 1, Relaxed);
+                    damaged_last = Some((first, what));
+                }
+                Err(e) => return Err(e),
+            }
         }
         {
             let sealed_end = store.sealed_end.load(Relaxed);
@@ -835,6 +982,14 @@ impl Store {
                 resume.last_time_us = resume.last_time_us.max(e.time_us());
                 p.bytes += sealed_value(&e).len();
                 p.events.push(e);
+            }
+            if let Some((first, what)) = damaged_last {
+                // It ends where the unsealed events start (they follow it in the same batch),
+                // or at the next seq when none are left.
+                let end = p.events.first().map_or(resume.next_seq, Event::seq);
+                store.sealed_end.store(end.max(first + 1), Relaxed);
+                drop(p);
+                store.note_damaged(first, what);
             }
         }
         Ok((store, resume))
@@ -870,7 +1025,7 @@ impl Store {
         let fj = fjall_at(dir);
         let (ks, meta, layout) = Store::open_dir(dir)?;
         let from = match layout {
-            None | Some(LAYOUT_VERSION) => {
+            None | Some(LAYOUT_VERSION | LAYOUT_UNCHECKED) => {
                 return Ok(Migrated {
                     from: LAYOUT_VERSION,
                     ..Migrated::default()
@@ -1145,6 +1300,64 @@ impl Store {
         }
     }
 
+    /// What the store found damaged or lost since it was opened (module docs, "Checksums").
+    pub fn integrity_stats(&self) -> IntegrityStats {
+        let c = &self.integrity;
+        IntegrityStats {
+            corrupt_blocks: c.corrupt_blocks.load(Relaxed),
+            corrupt_events: c.corrupt_events.load(Relaxed),
+            journal_lost_events: c.journal_lost.load(Relaxed),
+        }
+    }
+
+    /// The sealed blocks found damaged since the store was opened, in seq order.
+    pub fn damaged_blocks(&self) -> Vec<DamagedBlock> {
+        lock(&self.damaged).values().copied().collect()
+    }
+
+    /// Where the damaged block holding `seq` ends, if `seq` is in one.
+    fn damaged_end(&self, seq: u64) -> Option<u64> {
+        let d = lock(&self.damaged);
+        let (_, b) = d.range(..=seq).next_back()?;
+        (seq < b.end).then_some(b.end)
+    }
+
+    /// Records the block at `first` as damaged (once: logged at error and counted the first
+    /// time) and returns it. Its seqs end where the next block starts, or at the end of the
+    /// sealed events: its own header is not to be trusted.
+    fn note_damaged(&self, first: u64, what: &'static str) -> DamagedBlock {
+        if let Some(b) = lock(&self.damaged).get(&first) {
+            return *b;
+        }
+        let sealed_end = self.sealed_end.load(Relaxed);
+        let end = match self.blocks.range((first + 1).to_be_bytes()..).next() {
+            Some(Ok((k, _))) => be64(&k),
+            Some(Err(_)) => first + 1,
+            None => sealed_end,
+        }
+        .max(first + 1);
+        let b = DamagedBlock { first, end, what };
+        let mut d = lock(&self.damaged);
+        if d.insert(first, b).is_none() {
+            self.integrity.corrupt_blocks.fetch_add(1, Relaxed);
+            self.integrity.corrupt_events.fetch_add(b.events(), Relaxed);
+            tracing::error!(
+                store = %self.path,
+                block = first,
+                seqs = %format_args!("{first}..{}", end - 1),
+                events = b.events(),
+                what,
+                "a stored block is corrupt: its events are skipped by every reader (the events \
+                 before and after it are served); `riptide store check --data DIR` lists the \
+                 damage, `riptide store repair` drops it (with the server stopped)"
+            );
+        }
+        drop(d);
+        // Never served from the cache either.
+        lock(&self.cache).retain(|c| c.first != first);
+        b
+    }
+
     /// The cached block holding `seq`, made the most recently used.
     fn cached_block(&self, seq: u64) -> Option<Arc<Block>> {
         let mut c = lock(&self.cache);
@@ -1192,20 +1405,23 @@ impl Store {
         let found = match self.blocks.range(..=key).next_back() {
             Some(kv) => {
                 let (k, v) = kv.map_err(|e| self.err(e))?;
-                let (count, first, _, _) = block_header(be64(&k), &v)?;
-                (seq < first + count).then_some((k, v))
+                let h = block_header(be64(&k), &v)?;
+                (seq < h.first + h.count).then_some((h, v))
             }
             None => None,
         };
-        let (k, v) = match found {
-            Some(kv) => kv,
+        let (h, v) = match found {
+            Some(hv) => hv,
             None => match self.blocks.range(key..).next() {
-                Some(kv) => kv.map_err(|e| self.err(e))?,
+                Some(kv) => {
+                    let (k, v) = kv.map_err(|e| self.err(e))?;
+                    (block_header(be64(&k), &v)?, v)
+                }
                 None => return Ok(None),
             },
         };
         let spare = std::mem::take(&mut *lock(&self.spare));
-        let block = Arc::new(open_block(be64(&k), &v, spare)?);
+        let block = Arc::new(open_block(&h, &v, spare)?);
         self.cache_stats.loads.fetch_add(1, Relaxed);
         let mut c = lock(&self.cache);
         // Another reader may have loaded the same block meanwhile: keep one copy.
@@ -1300,8 +1516,20 @@ impl Store {
                 if from >= sealed_end {
                     break;
                 }
+                // A block found damaged is skipped: the reader goes on with the next one.
+                if let Some(end) = self.damaged_end(from) {
+                    from = end;
+                    continue;
+                }
                 let block = if load {
-                    self.block_at(from)?
+                    match self.block_at(from) {
+                        Ok(b) => b,
+                        Err(StoreError::CorruptBlock { first, what }) => {
+                            from = self.note_damaged(first, what).end.max(from + 1);
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
                 } else {
                     match self.cached_block(from) {
                         Some(b) => Some(b),
@@ -1330,10 +1558,23 @@ impl Store {
                     let span = block.span(skip, end);
                     let base = span.start;
                     let copy = Bytes::copy_from_slice(&block.data[span]);
+                    let mark = out.len();
                     for i in skip..end {
                         let at = block.starts[i] as usize - base;
                         let raw = copy.slice(at..at + block.value(i).len());
-                        out.push(Event::decode(block.first + i as u64, raw)?);
+                        match Event::decode(block.first + i as u64, raw) {
+                            Ok(e) => out.push(e),
+                            // Only in a block from before checksums (a checksummed one holds
+                            // what was sealed): none of its events is served from here on.
+                            Err(_) => {
+                                out.truncate(mark);
+                                from = self.note_damaged(block.first, "event").end;
+                                break;
+                            }
+                        }
+                    }
+                    if out.len() == mark {
+                        continue;
                     }
                 }
                 if end < block.starts.len() {
@@ -1381,9 +1622,19 @@ impl Store {
     /// The oldest retained event's seq, if any.
     pub fn first_seq(&self) -> Result<Option<u64>, StoreError> {
         let floor = self.floor();
-        if floor < self.sealed_end.load(Relaxed) {
-            if let Some(b) = self.block_at(floor)? {
-                return Ok(Some(floor.max(b.first)));
+        let mut from = floor;
+        while from < self.sealed_end.load(Relaxed) {
+            if let Some(end) = self.damaged_end(from) {
+                from = end;
+                continue;
+            }
+            match self.block_at(from) {
+                Ok(Some(b)) => return Ok(Some(from.max(b.first))),
+                Ok(None) => break,
+                Err(StoreError::CorruptBlock { first, what }) => {
+                    from = self.note_damaged(first, what).end.max(from + 1);
+                }
+                Err(e) => return Err(e),
             }
         }
         let p = lock(&self.pending);
@@ -1786,7 +2037,7 @@ mod tests {
         let mut counts = Vec::new();
         for kv in s.blocks.iter() {
             let (k, v) = kv.unwrap();
-            counts.push(block_header(be64(&k), &v).unwrap().0);
+            counts.push(block_header(be64(&k), &v).unwrap().count);
         }
         assert_eq!(counts, [4, 5, 4, 4, 7]);
         assert_eq!(s.block_count().unwrap(), 5);
@@ -1880,28 +2131,173 @@ mod tests {
         check_reads(&s, 10, 11);
     }
 
-    #[test]
-    fn a_corrupt_block_is_a_typed_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let small = small(2, 2);
-        let s = filled(dir.path(), small, 4);
-        let (k, mut v) = s
-            .blocks
-            .first_key_value()
-            .unwrap()
-            .map(|(k, v)| (k, v.to_vec()))
-            .unwrap();
-        let last = v.len() - 1;
-        v[last] ^= 0xff;
-        s.blocks.insert(k, v).unwrap();
-        lock(&s.cache).clear();
+    /// Every event a read from 0 returns (all of them, in reads of 7), checked against what was
+    /// stored (`ev_z`): a damaged block may be skipped, never served altered.
+    fn read_all(s: &Store) -> Vec<u64> {
         let mut out = Vec::new();
-        let l = ReadLimit {
-            events: 10,
-            bytes: 1 << 20,
-        };
-        match s.read_from(1, l, &mut out) {
-            Err(StoreError::CorruptBlock { first: 1, .. }) => {}
+        let mut from = 0;
+        loop {
+            let n = out.len();
+            let l = ReadLimit {
+                events: 7,
+                bytes: 1 << 20,
+            };
+            s.read_from(from, l, &mut out).unwrap();
+            match out.last() {
+                Some(e) if out.len() > n => from = e.seq() + 1,
+                _ => break,
+            }
+        }
+        for e in &out {
+            assert_eq!(e.json(), ev_z(e.seq()).json(), "seq {}", e.seq());
+        }
+        out.iter().map(Event::seq).collect()
+    }
+
+    /// Flips one bit of the stored value that starts with `needle`, in the `blocks` partition's
+    /// segment files of the (stopped) store at `dir`, `at` bytes into the value.
+    fn flip_on_disk(dir: &Path, needle: &[u8], at: usize) {
+        fn files(d: &Path, out: &mut Vec<std::path::PathBuf>) {
+            for f in std::fs::read_dir(d).unwrap() {
+                let p = f.unwrap().path();
+                if p.is_dir() {
+                    files(&p, out);
+                } else {
+                    out.push(p);
+                }
+            }
+        }
+        let mut all = Vec::new();
+        files(&dir.join("partitions").join("blocks"), &mut all);
+        for f in all {
+            let mut b = std::fs::read(&f).unwrap();
+            if let Some(i) = b.windows(needle.len()).position(|w| w == needle) {
+                b[i + at] ^= 0x10;
+                std::fs::write(&f, b).unwrap();
+                return;
+            }
+        }
+        panic!("no stored value starts with {needle:?}");
+    }
+
+    /// The first bytes of the block value of `count` events from `first` (format 2).
+    fn block_start(count: u32, first: u64) -> Vec<u8> {
+        let mut v = vec![BLOCK_FORMAT];
+        v.extend_from_slice(&count.to_be_bytes());
+        v.extend_from_slice(&first.to_be_bytes());
+        v
+    }
+
+    #[test]
+    fn a_flipped_bit_in_a_stopped_store_is_found_named_counted_and_skipped() {
+        let small = small(10, 8);
+        // Blocks 1, 11, 21, 31..=45. A bit flipped in block 11: in its count, its first seq, its
+        // raw length, inside its zstd frame, and in its checksum.
+        for at in [3, 10, 22, 40, usize::MAX] {
+            let dir = tempfile::tempdir().unwrap();
+            let s = filled(dir.path(), small, 45);
+            let len = s.blocks.get(11u64.to_be_bytes()).unwrap().unwrap().len();
+            s.flush().unwrap();
+            drop(s);
+            let at = at.min(len - 1);
+            flip_on_disk(dir.path(), &block_start(10, 11), at);
+            let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
+            assert_eq!(r.next_seq, 46);
+            // The events before and after it, exactly as stored; none of its own.
+            let want: Vec<u64> = (1..=10).chain(21..=45).collect();
+            assert_eq!(read_all(&s), want, "bit flipped at {at}");
+            let d = s.damaged_blocks();
+            assert_eq!(d.len(), 1, "{d:?}");
+            assert_eq!((d[0].first, d[0].end, d[0].events()), (11, 21, 10));
+            assert_eq!(d[0].what, "checksum", "bit flipped at {at}");
+            // Counted once, however many reads meet it.
+            assert_eq!(read_all(&s), want);
+            let st = s.integrity_stats();
+            assert_eq!((st.corrupt_blocks, st.corrupt_events), (1, 10));
+            // A read from inside it starts after it; the cache-only read skips it too.
+            assert_eq!(seqs(&s, 15)[0], 21);
+            let mut out = Vec::new();
+            let l = ReadLimit {
+                events: 3,
+                bytes: 1 << 20,
+            };
+            assert!(s.read_cached(12, l, &mut out).unwrap());
+            assert_eq!(out.iter().map(Event::seq).collect::<Vec<_>>(), [21, 22, 23]);
+            assert_eq!(s.first_seq().unwrap(), Some(1));
+        }
+    }
+
+    #[test]
+    fn a_damaged_first_or_last_block_is_skipped_and_the_store_opens() {
+        let small = small(10, 8);
+        for (first, count) in [(1u64, 10u32), (31, 15)] {
+            let dir = tempfile::tempdir().unwrap();
+            let s = filled(dir.path(), small, 45);
+            // Two unsealed events after the blocks.
+            s.append(&[ev_z(46), ev_z(47)], &resume(48, 1047, 47))
+                .unwrap();
+            s.flush().unwrap();
+            drop(s);
+            // The header's count: the last block's end cannot be read from it.
+            flip_on_disk(dir.path(), &block_start(count, first), 4);
+            let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
+            assert_eq!(r.next_seq, 48);
+            let lost = first..first + u64::from(count);
+            let want: Vec<u64> = (1..=47).filter(|q| !lost.contains(q)).collect();
+            assert_eq!(read_all(&s), want, "block {first} damaged");
+            assert_eq!(s.integrity_stats().corrupt_events, u64::from(count));
+            assert_eq!(
+                s.first_seq().unwrap(),
+                Some(if first == 1 { 11 } else { 1 })
+            );
+            // Ingest goes on after it.
+            let evs: Vec<_> = (48..=60).map(ev_z).collect();
+            s.append(&evs, &resume(61, 1060, 60)).unwrap();
+            assert_eq!(read_all(&s).last(), Some(&60));
+        }
+    }
+
+    #[test]
+    fn a_block_from_before_checksums_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = small(10, 8);
+        let s = filled(dir.path(), small, 25);
+        // Block 11 as layout 3 sealed it: format 1, no checksum.
+        let mut v = s.blocks.get(11u64.to_be_bytes()).unwrap().unwrap().to_vec();
+        v.truncate(v.len() - BLOCK_CHECKSUM);
+        v[0] = BLOCK_FORMAT_1;
+        s.blocks.insert(11u64.to_be_bytes(), &v).unwrap();
+        lock(&s.cache).clear();
+        assert_eq!(read_all(&s), (1..=25).collect::<Vec<_>>());
+        // What such a block cannot say (no checksum) is still caught where it breaks the format:
+        // a value that is not an event is not served, nor is the rest of its block.
+        let at = v.len() - 10;
+        v[at] ^= 0xff;
+        s.blocks.insert(11u64.to_be_bytes(), &v).unwrap();
+        lock(&s.cache).clear();
+        let got = read_all(&s);
+        assert!(!got.iter().any(|q| (11..21).contains(q)), "{got:?}");
+        assert_eq!(s.damaged_blocks().len(), 1);
+    }
+
+    #[test]
+    fn a_layout_3_directory_is_read_and_recorded_as_4() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = filled(dir.path(), small(10, 8), 15);
+            s.meta.insert(LAYOUT, 3u64.to_be_bytes()).unwrap();
+            s.ks.persist(PersistMode::SyncAll).unwrap();
+        }
+        let (s, _) = Store::open_with(dir.path(), 0, small(10, 8)).unwrap();
+        assert_eq!(be64(&s.meta.get(LAYOUT).unwrap().unwrap()), LAYOUT_VERSION);
+        drop(s);
+        {
+            let (ks, meta, _) = Store::open_dir(dir.path()).unwrap();
+            meta.insert(LAYOUT, 9u64.to_be_bytes()).unwrap();
+            ks.persist(PersistMode::SyncAll).unwrap();
+        }
+        match Store::open(dir.path(), 0) {
+            Err(StoreError::NewerLayout { found: 9, .. }) => {}
             other => panic!("{other:?}"),
         }
     }
