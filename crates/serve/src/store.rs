@@ -95,6 +95,29 @@
 //! frames after it against exactly the state they were first verified against; and the next seq /
 //! time_us restart above everything stored, so no seq or time_us is reused.
 //!
+//! <a id="journal"></a>**Journal.** That holds while the journal holds what was fsynced. fjall 2
+//! (2.11) recovers a journal whose tail it cannot read — cut short, or a batch that fails its
+//! checksum or is incomplete — by truncating it to the last whole batch, logged at debug level
+//! and reported nowhere (its `RecoveryMode` has one mode, `TolerateCorruptTail`): right after a
+//! crash mid-write that is the batch whose append never returned, but a journal damaged or cut
+//! afterwards loses acknowledged batches the same way (issue 40: half a stopped store's journal
+//! cut, 5,593 events gone, nothing above INFO, and the seqs given out again). So the store keeps
+//! a high-water mark of what it acknowledged outside fjall: `riptide-acked` beside fjall's files
+//! holds the next seq and last time_us after the last batch whose append returned (24 bytes with
+//! their xxh3), rewritten in place after each append, **not fsynced**: ~2 µs a batch, where an
+//! fsync of it cost ~3.8 ms on the development VM, as much again as the batch's own. Written only
+//! after the batch's fsync, it never says more than the journal held durably, so it cannot raise
+//! a false alarm; unsynced, a power loss can leave it behind (a loss after that goes unnoticed),
+//! but a process crash or a stop cannot (the kernel has it). At open, a mark above what the
+//! partitions hold means acknowledged batches were lost: logged at error with the seq range and
+//! why, counted (`riptide_store_journal_lost_events`), recorded in `meta` ([`LostRange`], listed
+//! by `riptide store check`), and the next seq and time_us move past the mark so that no seq or
+//! time_us a subscriber saw is given to another event (the unsealed events are sealed first: a
+//! block holds consecutive seqs). The upstream cursor, written in the same batches, goes back
+//! with them, so ingest fetches those frames again from the relay if it still has them, as new
+//! seqs. Without the mark (a directory from before it) the only sign is events on disk past the
+//! next seq `meta` recorded (a partition flushed before the cut), also logged at error.
+//!
 //! **Why FIFO compaction.** `blocks` and `times` are append-only logs under monotonic keys: no
 //! key is ever written twice, so an LSM tree's merging has nothing to merge. Leveled compaction
 //! (fjall's default) still rewrote every byte on its way down the levels: its compactor took
@@ -442,6 +465,8 @@ pub struct Store {
     damaged: Arc<Mutex<BTreeMap<u64, DamagedBlock>>>,
     /// What was found damaged or lost, for `/metrics`.
     integrity: Arc<IntegrityCounts>,
+    /// The acknowledged high-water mark's file (module docs, "Journal").
+    acked: Arc<Acked>,
     options: StoreOptions,
 }
 
@@ -518,6 +543,101 @@ const UPSTREAM: &[u8] = b"upstream_cursor";
 const DICT_ID: &[u8] = b"dict_id";
 const FLOOR: &[u8] = b"retention_floor";
 const LAYOUT: &[u8] = b"layout";
+/// `lost` + first seq (be64) → end (be64) and why (u8, [`LostRange::why`]): seqs the store once
+/// held or acknowledged and no longer has (module docs, "Journal").
+const LOST: &[u8] = b"lost";
+
+/// The file beside fjall's that says how far the last run acknowledged (module docs, "Journal").
+const ACKED_FILE: &str = "riptide-acked";
+
+/// Seqs the store acknowledged or held and lost, recorded in `meta` ([`Store::lost_ranges`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LostRange {
+    /// The first seq lost.
+    pub first: u64,
+    /// One past the last.
+    pub end: u64,
+    /// Why: `journal` (acknowledged batches missing at open) or `corrupt block` (a damaged block
+    /// removed by `riptide store repair`).
+    pub why: &'static str,
+}
+
+impl LostRange {
+    fn why_byte(why: &str) -> u8 {
+        match why {
+            "journal" => 1,
+            _ => 2,
+        }
+    }
+
+    fn why_of(b: u8) -> &'static str {
+        match b {
+            1 => "journal",
+            _ => "corrupt block",
+        }
+    }
+
+    fn key(&self) -> Vec<u8> {
+        [LOST, &self.first.to_be_bytes()[..]].concat()
+    }
+
+    fn value(&self) -> Vec<u8> {
+        let mut v = self.end.to_be_bytes().to_vec();
+        v.push(Self::why_byte(self.why));
+        v
+    }
+}
+
+/// The acknowledged high-water mark (module docs, "Journal"): the next seq and last time_us after
+/// the last batch whose append returned, with their xxh3, in a small file rewritten in place
+/// after every append and never fsynced.
+#[derive(Debug)]
+struct Acked(Mutex<Option<std::fs::File>>);
+
+impl Acked {
+    /// Opens (creating) the file in `dir` and reads what it says, if it says anything whole.
+    fn open(dir: &Path) -> (Acked, Option<(u64, i64)>) {
+        use std::io::Read;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(ACKED_FILE));
+        let Ok(mut file) = file else {
+            tracing::warn!(dir = %dir.display(), "cannot open {ACKED_FILE}: acknowledged events lost from the journal will not be detected");
+            return (Acked(Mutex::new(None)), None);
+        };
+        let mut b = Vec::new();
+        let said = match file.read_to_end(&mut b) {
+            Ok(24) if xxh3_64(&b[..16]) == be64(&b[16..]) => {
+                Some((be64(&b[..8]), be64(&b[8..16]) as i64))
+            }
+            _ => None,
+        };
+        (Acked(Mutex::new(Some(file))), said)
+    }
+
+    /// Records that everything below `next_seq` (and up to `last_time_us`) is acknowledged. A
+    /// failure only weakens the check at the next open: it is not the durability point.
+    fn record(&self, next_seq: u64, last_time_us: i64) {
+        use std::io::{Seek, Write};
+        let mut f = lock(&self.0);
+        let Some(file) = f.as_mut() else { return };
+        let mut b = [0u8; 24];
+        b[..8].copy_from_slice(&next_seq.to_be_bytes());
+        b[8..16].copy_from_slice(&(last_time_us as u64).to_be_bytes());
+        let sum = xxh3_64(&b[..16]);
+        b[16..].copy_from_slice(&sum.to_be_bytes());
+        let written = file
+            .seek(std::io::SeekFrom::Start(0))
+            .and_then(|_| file.write_all(&b));
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "cannot write {ACKED_FILE}; acknowledged events lost from the journal will not be detected");
+            *f = None;
+        }
+    }
+}
 
 /// The store layout this code writes: 4 = events sealed in checksummed compressed blocks (module
 /// docs). (3 = the same blocks without checksums, read as they are and recorded as 4 at open;
@@ -902,6 +1022,7 @@ impl Store {
             resync,
         } = Store::partitions(&ks).map_err(fj)?;
         let floor = meta.get(FLOOR).map_err(fj)?.map_or(0, |v| be64(&v));
+        let (acked, said) = Acked::open(dir);
         let store = Store {
             path,
             ks,
@@ -921,6 +1042,7 @@ impl Store {
             loading: Arc::default(),
             damaged: Arc::default(),
             integrity: Arc::default(),
+            acked: Arc::new(acked),
             options,
         };
         let get = |k: &[u8]| store.meta.get(k).map_err(|e| store.err(e));
@@ -992,7 +1114,103 @@ impl Store {
                 store.note_damaged(first, what);
             }
         }
+        let meta_next = get(NEXT_SEQ)?.map_or(1, |v| be64(&v)).max(1);
+        if meta_next < resume.next_seq {
+            // Only a journal that lost batches leaves events on disk past what `meta` says
+            // (they are written together): whatever came after them is gone too.
+            tracing::error!(
+                store = %store.path,
+                meta_next_seq = meta_next,
+                stored_end = resume.next_seq,
+                "the store holds events past the next seq it recorded: its journal lost \
+                 acknowledged batches (cut short or damaged); the events after seq {} may be \
+                 lost",
+                resume.next_seq - 1
+            );
+        }
+        if let Some((acked_next, acked_time)) = said {
+            if acked_next > resume.next_seq {
+                store.journal_lost(&mut resume, acked_next, acked_time)?;
+            }
+        }
         Ok((store, resume))
+    }
+
+    /// At open: the last run acknowledged the seqs below `acked_next`, and the store holds only
+    /// those below `resume.next_seq` (module docs, "Journal"). Says so loudly, counts it, records
+    /// the lost range, and moves the next seq and time_us past what was acknowledged, so that no
+    /// seq or time_us a subscriber may have seen is given to another event. The unsealed events
+    /// are sealed first (in the same durable write): a block and the unsealed events hold
+    /// consecutive seqs.
+    fn journal_lost(
+        &self,
+        resume: &mut Resume,
+        acked_next: u64,
+        acked_time: i64,
+    ) -> Result<(), StoreError> {
+        let lost = LostRange {
+            first: resume.next_seq,
+            end: acked_next,
+            why: "journal",
+        };
+        let events = lost.end - lost.first;
+        tracing::error!(
+            store = %self.path,
+            seqs = %format_args!("{}..{}", lost.first, lost.end - 1),
+            events,
+            upstream_cursor = ?resume.upstream_cursor,
+            "{events} acknowledged events are missing from the store: the last run acknowledged \
+             seqs up to {} ({ACKED_FILE}) but the store's journal ends at {} (the journal was \
+             cut short or damaged; fjall drops a journal tail it cannot read, silently). Their \
+             seqs are not reused: the next event gets seq {}. Ingest resumes from the store's \
+             upstream cursor, before the lost batches, so their frames are fetched again from the \
+             relay if it still holds them (as new seqs). `riptide store check` lists the range.",
+            lost.end - 1,
+            lost.first.saturating_sub(1),
+            lost.end
+        );
+        self.integrity.journal_lost.fetch_add(events, Relaxed);
+        resume.next_seq = acked_next;
+        resume.last_time_us = resume.last_time_us.max(acked_time);
+        let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        let mut p = lock(&self.pending);
+        for (first, v) in seal(&p.events, self.options)? {
+            b.insert(&self.blocks, first.to_be_bytes(), v);
+        }
+        for e in &p.events {
+            b.remove(&self.recent, e.seq().to_be_bytes());
+        }
+        b.insert(&self.meta, lost.key(), lost.value());
+        b.insert(&self.meta, NEXT_SEQ, resume.next_seq.to_be_bytes());
+        b.insert(
+            &self.meta,
+            LAST_TIME,
+            (resume.last_time_us as u64).to_be_bytes(),
+        );
+        b.commit().map_err(|e| self.err(e))?;
+        if let Some(last) = p.events.last() {
+            self.sealed_end.store(last.seq() + 1, Relaxed);
+        }
+        p.events.clear();
+        p.bytes = 0;
+        Ok(())
+    }
+
+    /// The seqs recorded as lost (module docs, "Journal" and "Checksums"), in seq order.
+    pub fn lost_ranges(&self) -> Result<Vec<LostRange>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.meta.prefix(LOST) {
+            let (k, v) = kv.map_err(|e| self.err(e))?;
+            if k.len() != LOST.len() + 8 || v.len() != 9 {
+                continue;
+            }
+            out.push(LostRange {
+                first: be64(&k[LOST.len()..]),
+                end: be64(&v[..8]),
+                why: LostRange::why_of(v[8]),
+            });
+        }
+        Ok(out)
     }
 
     /// Opens (creating as needed) the partitions of this layout, all of them: `open` and
@@ -1199,6 +1417,7 @@ impl Store {
             b.insert(&self.meta, UPSTREAM, c.to_be_bytes());
         }
         b.commit().map_err(|e| self.err(e))?;
+        self.acked.record(resume.next_seq, resume.last_time_us);
         // Durable: now the in-memory view follows.
         let mut p = lock(&self.pending);
         match sealed_end {
@@ -2278,6 +2497,60 @@ mod tests {
         let got = read_all(&s);
         assert!(!got.iter().any(|q| (11..21).contains(q)), "{got:?}");
         assert_eq!(s.damaged_blocks().len(), 1);
+    }
+
+    /// Cuts the journal files of the stopped store at `dir` to half of what they hold (a journal
+    /// file is preallocated: what it holds ends at its last non-zero byte).
+    fn cut_journals(dir: &Path) {
+        for f in std::fs::read_dir(dir.join("journals")).unwrap() {
+            let p = f.unwrap().path();
+            let b = std::fs::read(&p).unwrap();
+            let used = b.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
+            let file = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+            file.set_len(used as u64 / 2).unwrap();
+        }
+    }
+
+    #[test]
+    fn acknowledged_events_cut_from_the_journal_are_said_counted_and_not_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = small(10, 8);
+        {
+            let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
+            // Batches of 3: blocks are sealed at 12, 24 and 36; 37..=39 stay unsealed.
+            for first in (1..=37).step_by(3) {
+                let evs: Vec<_> = (first..first + 3).map(ev_z).collect();
+                let next = first + 3;
+                s.append(&evs, &resume(next, 1000 + next as i64 - 1, next - 1))
+                    .unwrap();
+            }
+            assert_eq!(lock(&s.pending).events.len(), 3);
+        }
+        cut_journals(dir.path());
+        let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
+        let lost = s.lost_ranges().unwrap();
+        assert_eq!(lost.len(), 1, "{lost:?}");
+        let kept = lost[0].first;
+        assert!(kept > 1 && kept < 40, "{lost:?}");
+        // The unsealed events left were sealed before the gap.
+        assert_eq!(s.sealed_end.load(Relaxed), kept);
+        assert_eq!((lost[0].end, lost[0].why), (40, "journal"));
+        assert_eq!(s.integrity_stats().journal_lost_events, 40 - kept);
+        // No seq or time_us the last run gave out is given again.
+        assert_eq!((r.next_seq, r.last_time_us), (40, 1039));
+        // What is left reads, and ingest goes on above the gap.
+        assert_eq!(read_all(&s), (1..kept).collect::<Vec<_>>());
+        let evs: Vec<_> = (40..=55).map(ev_z).collect();
+        s.append(&evs, &resume(56, 1055, 55)).unwrap();
+        let want: Vec<u64> = (1..kept).chain(40..=55).collect();
+        assert_eq!(read_all(&s), want);
+        drop(s);
+        // Said once: the next open finds the store where it was left, the range still recorded.
+        let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
+        assert_eq!(r.next_seq, 56);
+        assert_eq!(s.integrity_stats().journal_lost_events, 0);
+        assert_eq!(s.lost_ranges().unwrap(), lost);
+        assert_eq!(read_all(&s), want);
     }
 
     #[test]
