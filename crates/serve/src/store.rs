@@ -463,6 +463,8 @@ pub struct Store {
     /// Sealed blocks found damaged since the store was opened, by first seq (module docs,
     /// "Checksums"): every read skips them without touching the disk again.
     damaged: Arc<Mutex<BTreeMap<u64, DamagedBlock>>>,
+    /// The unsealed events found damaged at open, by seq.
+    damaged_unsealed: Arc<Mutex<Vec<u64>>>,
     /// What was found damaged or lost, for `/metrics`.
     integrity: Arc<IntegrityCounts>,
     /// The acknowledged high-water mark's file (module docs, "Journal").
@@ -488,6 +490,37 @@ impl DamagedBlock {
     /// The seqs lost with it (at most: seqs never written, a gap left by a migration, count too).
     pub fn events(&self) -> u64 {
         self.end.saturating_sub(self.first)
+    }
+}
+
+/// What [`Store::check`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Checked {
+    /// Sealed blocks.
+    pub blocks: u64,
+    /// Of them, blocks with a checksum (sealed by layout 4, damaged or not); the others are from
+    /// before checksums.
+    pub checksummed: u64,
+    /// Events in the blocks that read whole.
+    pub events: u64,
+    /// The blocks that did not.
+    pub damaged: Vec<DamagedBlock>,
+    /// Unsealed events (read from `recent` at open).
+    pub unsealed: u64,
+    /// Unsealed events whose stored value is damaged, by seq.
+    pub damaged_unsealed: Vec<u64>,
+    /// Acknowledged seqs found missing from the journal when the store was opened for this check.
+    pub journal_lost_at_open: u64,
+    /// Every range recorded as lost, this time or before.
+    pub lost: Vec<LostRange>,
+}
+
+impl Checked {
+    /// Whether anything is damaged now, or was lost at this open.
+    pub fn is_damaged(&self) -> bool {
+        !self.damaged.is_empty()
+            || !self.damaged_unsealed.is_empty()
+            || self.journal_lost_at_open > 0
     }
 }
 
@@ -557,8 +590,9 @@ pub struct LostRange {
     pub first: u64,
     /// One past the last.
     pub end: u64,
-    /// Why: `journal` (acknowledged batches missing at open) or `corrupt block` (a damaged block
-    /// removed by `riptide store repair`).
+    /// Why: `journal` (acknowledged batches missing at open), `corrupt block` (a damaged block
+    /// removed by `riptide store repair`) or `corrupt event` (a damaged unsealed value, removed
+    /// by `repair` or when the events around it were sealed).
     pub why: &'static str,
 }
 
@@ -566,6 +600,7 @@ impl LostRange {
     fn why_byte(why: &str) -> u8 {
         match why {
             "journal" => 1,
+            "corrupt event" => 3,
             _ => 2,
         }
     }
@@ -573,6 +608,7 @@ impl LostRange {
     fn why_of(b: u8) -> &'static str {
         match b {
             1 => "journal",
+            3 => "corrupt event",
             _ => "corrupt block",
         }
     }
@@ -775,6 +811,11 @@ fn seal(events: &[Event], opts: StoreOptions) -> Result<Vec<(u64, Vec<u8>)>, Sto
         while n < want {
             let len = sealed_value(&rest[n]).len();
             if n > 0 && bytes + len > opts.block_bytes {
+                break;
+            }
+            // A block holds consecutive seqs: a gap (a damaged unsealed value dropped at open)
+            // starts the next one.
+            if n > 0 && rest[n].seq() != rest[n - 1].seq() + 1 {
                 break;
             }
             bytes += len + 4;
@@ -1041,6 +1082,7 @@ impl Store {
             cache_stats: Arc::default(),
             loading: Arc::default(),
             damaged: Arc::default(),
+            damaged_unsealed: Arc::default(),
             integrity: Arc::default(),
             acked: Arc::new(acked),
             options,
@@ -1096,7 +1138,13 @@ impl Store {
             let mut p = lock(&store.pending);
             for kv in store.recent.iter() {
                 let (k, v) = kv.map_err(|e| store.err(e))?;
-                let e = Event::decode(be64(&k), Bytes::from(v))?;
+                let e = match Event::decode(be64(&k), Bytes::from(v)) {
+                    Ok(e) => e,
+                    Err(bad) => {
+                        store.note_damaged_unsealed(bad);
+                        continue;
+                    }
+                };
                 if e.seq() < sealed_end {
                     continue;
                 }
@@ -1194,6 +1242,79 @@ impl Store {
         p.events.clear();
         p.bytes = 0;
         Ok(())
+    }
+
+    /// Reads and verifies every sealed block (checksum, frame, every event's format) and counts
+    /// the unsealed events: what `riptide store check` prints. A damaged block is recorded as a
+    /// read would record it (logged, counted, skipped from then on). Blocking: a whole pass over
+    /// the store's blocks.
+    pub fn check(&self) -> Result<Checked, StoreError> {
+        let mut c = Checked::default();
+        for kv in self.blocks.iter() {
+            let (k, v) = kv.map_err(|e| self.err(e))?;
+            let key = be64(&k);
+            c.blocks += 1;
+            c.checksummed += u64::from(v.first() == Some(&BLOCK_FORMAT));
+            let opened = block_header(key, &v).and_then(|h| {
+                let b = open_block(&h, &v, Vec::new())?;
+                for i in 0..b.starts.len() {
+                    let raw = Bytes::copy_from_slice(b.value(i));
+                    Event::decode(b.first + i as u64, raw).map_err(|_| {
+                        StoreError::CorruptBlock {
+                            first: key,
+                            what: "event",
+                        }
+                    })?;
+                }
+                Ok(b.count())
+            });
+            match opened {
+                Ok(events) => c.events += events,
+                Err(StoreError::CorruptBlock { first, what }) => {
+                    self.note_damaged(first, what);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        c.damaged = self.damaged_blocks();
+        c.unsealed = lock(&self.pending).events.len() as u64;
+        c.damaged_unsealed = lock(&self.damaged_unsealed).clone();
+        c.journal_lost_at_open = self.integrity.journal_lost.load(Relaxed);
+        c.lost = self.lost_ranges()?;
+        Ok(c)
+    }
+
+    /// Removes what [`Store::check`] finds damaged — the damaged blocks and unsealed values — and
+    /// records the seqs they held as lost ([`Store::lost_ranges`]), in one durable write, so that
+    /// a server started on the store does not meet them again (`riptide store repair`). Returns
+    /// what was removed. Not while a server has the store open.
+    pub fn repair(&self) -> Result<Vec<LostRange>, StoreError> {
+        let c = self.check()?;
+        let mut removed = Vec::new();
+        let _writing = lock(&self.writing);
+        let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        for d in &c.damaged {
+            b.remove(&self.blocks, d.first.to_be_bytes());
+            removed.push(LostRange {
+                first: d.first,
+                end: d.end,
+                why: "corrupt block",
+            });
+        }
+        for &seq in &c.damaged_unsealed {
+            b.remove(&self.recent, seq.to_be_bytes());
+            removed.push(LostRange {
+                first: seq,
+                end: seq + 1,
+                why: "corrupt event",
+            });
+        }
+        for l in &removed {
+            b.insert(&self.meta, l.key(), l.value());
+        }
+        b.commit().map_err(|e| self.err(e))?;
+        lock(&self.damaged_unsealed).clear();
+        Ok(removed)
     }
 
     /// The seqs recorded as lost (module docs, "Journal" and "Checksums"), in seq order.
@@ -1394,6 +1515,16 @@ impl Store {
             for e in &unsealed {
                 b.remove(&self.recent, e.seq().to_be_bytes());
             }
+            // Damaged unsealed values found at open leave with the events around them.
+            for &seq in lock(&self.damaged_unsealed).iter() {
+                b.remove(&self.recent, seq.to_be_bytes());
+                let lost = LostRange {
+                    first: seq,
+                    end: seq + 1,
+                    why: "corrupt event",
+                };
+                b.insert(&self.meta, lost.key(), lost.value());
+            }
             sealed_end = all.last().map(|e| e.seq() + 1);
         } else {
             for e in events {
@@ -1424,6 +1555,7 @@ impl Store {
             Some(end) => {
                 // Readers of the sealed seqs find them in blocks from here on.
                 self.sealed_end.store(end, Relaxed);
+                lock(&self.damaged_unsealed).clear();
                 p.events.clear();
                 p.bytes = 0;
             }
@@ -1532,6 +1664,20 @@ impl Store {
     /// The sealed blocks found damaged since the store was opened, in seq order.
     pub fn damaged_blocks(&self) -> Vec<DamagedBlock> {
         lock(&self.damaged).values().copied().collect()
+    }
+
+    /// An unsealed event whose stored value is not an event (found at open): logged at error,
+    /// counted with the damaged blocks' events, left out (module docs, "Checksums").
+    fn note_damaged_unsealed(&self, bad: CorruptEvent) {
+        tracing::error!(
+            store = %self.path,
+            seq = bad.seq,
+            what = bad.what,
+            "a stored unsealed event is corrupt: it is not served (the events before and after \
+             it are); `riptide store repair --data DIR` removes it (with the server stopped)"
+        );
+        self.integrity.corrupt_events.fetch_add(1, Relaxed);
+        lock(&self.damaged_unsealed).push(bad.seq);
     }
 
     /// Where the damaged block holding `seq` ends, if `seq` is in one.
@@ -1806,10 +1952,8 @@ impl Store {
             if from < self.sealed_end.load(Relaxed) {
                 continue;
             }
-            let Some(first) = p.events.first().map(Event::seq) else {
-                return Ok(true);
-            };
-            let skip = from.saturating_sub(first) as usize;
+            // By seq, not by offset: a damaged value dropped at open leaves a gap.
+            let skip = p.events.partition_point(|e| e.seq() < from);
             for e in p.events.iter().skip(skip) {
                 if limit.full(out, start, bytes) {
                     break;
@@ -2551,6 +2695,76 @@ mod tests {
         assert_eq!(s.integrity_stats().journal_lost_events, 0);
         assert_eq!(s.lost_ranges().unwrap(), lost);
         assert_eq!(read_all(&s), want);
+    }
+
+    #[test]
+    fn check_lists_the_damage_and_repair_removes_it_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = small(10, 8);
+        {
+            let s = filled(dir.path(), small, 45);
+            s.append(&[ev_z(46), ev_z(47), ev_z(48)], &resume(49, 1048, 48))
+                .unwrap();
+            s.flush().unwrap();
+            // An unsealed value that is not an event.
+            s.recent
+                .insert(47u64.to_be_bytes(), b"\x07garbage")
+                .unwrap();
+            s.ks.persist(PersistMode::SyncAll).unwrap();
+        }
+        flip_on_disk(dir.path(), &block_start(10, 11), 30);
+        let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
+        assert_eq!(r.next_seq, 49);
+        let c = s.check().unwrap();
+        assert!(c.is_damaged());
+        assert_eq!((c.blocks, c.checksummed, c.events), (4, 4, 35));
+        assert_eq!(
+            c.damaged,
+            [DamagedBlock {
+                first: 11,
+                end: 21,
+                what: "checksum"
+            }]
+        );
+        assert_eq!((c.unsealed, &c.damaged_unsealed[..]), (2, &[47][..]));
+        // Until repaired, reads skip both.
+        let want: Vec<u64> = (1..=10).chain(21..=46).chain([48]).collect();
+        assert_eq!(read_all(&s), want);
+        let removed = s.repair().unwrap();
+        assert_eq!(
+            removed,
+            [
+                LostRange {
+                    first: 11,
+                    end: 21,
+                    why: "corrupt block"
+                },
+                LostRange {
+                    first: 47,
+                    end: 48,
+                    why: "corrupt event"
+                }
+            ]
+        );
+        drop(s);
+        let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
+        assert_eq!(r.next_seq, 49);
+        let c = s.check().unwrap();
+        assert!(!c.is_damaged(), "{c:?}");
+        assert_eq!((c.blocks, c.events, c.unsealed), (3, 35, 2));
+        assert_eq!(c.lost, removed);
+        assert_eq!(read_all(&s), want);
+        assert_eq!(s.integrity_stats(), IntegrityStats::default());
+        // Ingest goes on: the unsealed events on either side of the gap are sealed apart.
+        let evs: Vec<_> = (49..=60).map(ev_z).collect();
+        s.append(&evs, &resume(61, 1060, 60)).unwrap();
+        assert_eq!(s.recent.len().unwrap(), 0);
+        let want: Vec<u64> = want.into_iter().chain(49..=60).collect();
+        assert_eq!(read_all(&s), want);
+        drop(s);
+        let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
+        assert_eq!(read_all(&s), want);
+        assert!(!s.check().unwrap().is_damaged());
     }
 
     #[test]
