@@ -1204,7 +1204,7 @@ impl Store {
         let events = lost.end - lost.first;
         tracing::error!(
             store = %self.path,
-            seqs = %format_args!("{}..{}", lost.first, lost.end - 1),
+            seqs = %format_args!("{}..={}", lost.first, lost.end - 1),
             events,
             upstream_cursor = ?resume.upstream_cursor,
             "{events} acknowledged events are missing from the store: the last run acknowledged \
@@ -1709,7 +1709,7 @@ impl Store {
             tracing::error!(
                 store = %self.path,
                 block = first,
-                seqs = %format_args!("{first}..{}", end - 1),
+                seqs = %format_args!("{first}..={}", end - 1),
                 events = b.events(),
                 what,
                 "a stored block is corrupt: its events are skipped by every reader (the events \
