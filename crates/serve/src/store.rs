@@ -404,15 +404,22 @@ pub struct Ahead(Claim);
 
 impl Ahead {
     /// Decompresses the block into the shared cache (blocking I/O and ~2 ms of CPU: for the
-    /// blocking pool). A failure is not said here: the reader's own read of the block meets it
-    /// and says it.
+    /// blocking pool). A damaged block is recorded (module docs, "Checksums"); another failure is
+    /// not said here: the reader's own read of the block meets it and says it.
     pub fn load(self) {
         let store = &self.0.store;
         if store.is_cached(self.0.seq) {
             return;
         }
-        if let Ok(Some(_)) = store.load_block(self.0.seq) {
-            store.cache_stats.ahead.fetch_add(1, Relaxed);
+        match store.load_block(self.0.seq) {
+            Ok(Some(_)) => {
+                store.cache_stats.ahead.fetch_add(1, Relaxed);
+            }
+            // Recorded now, so that neither the reader nor the next load ahead reads it again.
+            Err(StoreError::CorruptBlock { first, what }) => {
+                store.note_damaged(first, what);
+            }
+            _ => {}
         }
     }
 }
@@ -1828,6 +1835,10 @@ impl Store {
         // The first block not cached among the next `depth` (blocks are claimed one at a time,
         // so the loads stay up to that many blocks ahead).
         for _ in 0..depth {
+            // A damaged block is not loaded again: the one after it is next.
+            if let Some(end) = self.damaged_end(target) {
+                target = end;
+            }
             match c.iter().find(|b| b.holds(target)) {
                 Some(b) => target = b.end(),
                 None if target < sealed_end => {
@@ -2588,6 +2599,42 @@ mod tests {
             assert_eq!(out.iter().map(Event::seq).collect::<Vec<_>>(), [21, 22, 23]);
             assert_eq!(s.first_seq().unwrap(), Some(1));
         }
+    }
+
+    #[test]
+    fn a_damaged_block_is_loaded_ahead_once_then_passed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = small(10, 8);
+        let s = filled(dir.path(), small, 45);
+        s.flush().unwrap();
+        drop(s);
+        flip_on_disk(dir.path(), &block_start(10, 11), 30);
+        let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
+        let three = ReadLimit {
+            events: 3,
+            bytes: 1 << 20,
+        };
+        let mut out = Vec::new();
+        s.read_from(1, three, &mut out).unwrap();
+        // The load ahead of block 11 finds it damaged and records it.
+        let ahead = s.claim_ahead(4, 1).unwrap();
+        assert_eq!(ahead.0.seq, 11);
+        ahead.load();
+        assert_eq!(s.integrity_stats().corrupt_blocks, 1);
+        // The next load ahead is of the block after it, not of it again.
+        let ahead = s.claim_ahead(4, 1).unwrap();
+        assert_eq!(ahead.0.seq, 21);
+        ahead.load();
+        assert_eq!(s.block_cache_stats().ahead, 1);
+        out.clear();
+        let l = ReadLimit {
+            events: 100,
+            bytes: 1 << 20,
+        };
+        s.read_from(4, l, &mut out).unwrap();
+        let want: Vec<u64> = (4..=10).chain(21..=45).collect();
+        assert_eq!(out.iter().map(Event::seq).collect::<Vec<_>>(), want);
+        assert_eq!(s.integrity_stats().corrupt_blocks, 1);
     }
 
     #[test]
