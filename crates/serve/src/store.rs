@@ -213,7 +213,9 @@ pub enum StoreError {
         /// zstd's error.
         source: std::io::Error,
     },
-    /// A stored block is corrupt.
+    /// A stored block is corrupt (its checksum, or the format of a block from before checksums).
+    /// Reads do not return it: they record the block as a [`DamagedBlock`] and skip it (module
+    /// docs, "Checksums").
     #[error("stored block at seq {first}: corrupt ({what})")]
     CorruptBlock {
         /// The block's first seq.
