@@ -159,3 +159,78 @@ async fn metrics(addr: SocketAddr) -> String {
     s.read_to_string(&mut body).await.unwrap();
     body
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_cut_short_is_in_metrics_and_its_seqs_are_not_given_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let evs: Vec<_> = (1..=100).map(|i| common::v1_commit(i, "x")).collect();
+    let resume = |next: u64| Resume {
+        next_seq: next,
+        last_time_us: next as i64 - 1,
+        upstream_cursor: Some(next - 1),
+    };
+    {
+        // Ten acknowledged batches, never flushed: all in the journal.
+        let (store, _) = Store::open_with(dir.path(), 0, SMALL).unwrap();
+        for b in evs.chunks(10) {
+            store.append(b, &resume(b[9].seq() + 1)).unwrap();
+        }
+    }
+    for f in std::fs::read_dir(dir.path().join("journals")).unwrap() {
+        let p = f.unwrap().path();
+        let b = std::fs::read(&p).unwrap();
+        let used = b.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
+        let file = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        file.set_len(used as u64 / 2).unwrap();
+    }
+    let (store, r) = Store::open_with(dir.path(), 0, SMALL).unwrap();
+    // Nothing the last run gave out is given again.
+    assert_eq!((r.next_seq, r.last_time_us), (101, 100));
+    let kept = store.lost_ranges().unwrap()[0].first;
+    let log = Arc::new(Log::new(store, r.next_seq, TailLimits::default()));
+    let app = App::new(
+        log.clone(),
+        Arc::new(Metrics::default()),
+        ServerConfig::default(),
+    );
+    let addr = common::listen(app).await;
+    let body = metrics(addr).await;
+    assert!(
+        body.contains(&format!(
+            "\nriptide_store_journal_lost_events {}\n",
+            101 - kept
+        )),
+        "{body}"
+    );
+    // Ingest goes on at 101; a subscriber whose cursor is in the lost range gets what is left
+    // after it, without a stall.
+    let more: Vec<_> = (101..=110).map(|i| common::v1_commit(i, "y")).collect();
+    log.store().append(&more, &resume(111)).unwrap();
+    log.publish(&more);
+    let path = format!(
+        "/xrpc/network.bsky.jetstream.subscribeEvents?cursor={}",
+        kept + 1
+    );
+    let v2 = tokio::time::timeout(T, all_messages(addr, &path))
+        .await
+        .unwrap();
+    let got: Vec<u64> = v2
+        .iter()
+        .map(|m| {
+            num(
+                &serde_json::from_str::<serde_json::Value>(m).unwrap()["payload"],
+                "seq",
+            )
+        })
+        .collect();
+    assert_eq!(got, (101..=110).collect::<Vec<_>>());
+    let v1 = tokio::time::timeout(T, all_messages(addr, "/subscribe?cursor=0"))
+        .await
+        .unwrap();
+    let got: Vec<u64> = v1
+        .iter()
+        .map(|m| num(&serde_json::from_str(m).unwrap(), "cursor"))
+        .collect();
+    let want: Vec<u64> = (1..kept).chain(101..=110).collect();
+    assert_eq!(got, want);
+}
