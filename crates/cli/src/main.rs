@@ -83,6 +83,9 @@ enum Command {
     /// zstd dictionaries for compressed subscriptions.
     #[command(subcommand)]
     Dict(cmd::dict::Dict),
+    /// A serve data directory's integrity: check every stored block and event, repair.
+    #[command(subcommand)]
+    Store(cmd::store::StoreCmd),
     /// Print a shell completion script (e.g. `riptide completions bash > /etc/bash_completion.d/riptide`).
     Completions(cmd::docs::CompletionsArgs),
     /// Print the man page (roff), or write one page per command with --out-dir.
@@ -134,6 +137,7 @@ fn main() -> ExitCode {
         Command::Serve(a) => cmd::serve::run(a.serve),
         Command::Demo(a) => cmd::demo::run(a),
         Command::Dict(d) => cmd::dict::run(d),
+        Command::Store(c) => cmd::store::run(c),
         Command::Completions(a) => cmd::docs::completions(a, Cli::command()),
         Command::Man(a) => cmd::docs::man(a, Cli::command()),
     };

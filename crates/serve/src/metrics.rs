@@ -23,6 +23,35 @@ pub(crate) fn sample(
     let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
 }
 
+/// The store's integrity counters (issue 40): damage found in sealed blocks, which every reader
+/// skips (`store.rs`, "Checksums"), and acknowledged events a journal cut short lost at open
+/// (`store.rs`, "Journal"). Kept by the store itself (it finds them, on any reader's path) and
+/// written here, all in one place.
+pub(crate) fn render_store_integrity(s: &mut String, st: crate::store::IntegrityStats) {
+    for (name, kind, help, v) in [
+        (
+            "riptide_store_corrupt_blocks_total",
+            "counter",
+            "Stored blocks found corrupt (checksum or format), each counted once; their events are skipped by every reader (`riptide store check`/`repair`).",
+            st.corrupt_blocks,
+        ),
+        (
+            "riptide_store_corrupt_events_total",
+            "counter",
+            "Seqs held by the stored blocks found corrupt: not served.",
+            st.corrupt_events,
+        ),
+        (
+            "riptide_store_journal_lost_events",
+            "gauge",
+            "Seqs acknowledged before the last start that the store no longer held when it opened (its journal was cut short or damaged).",
+            st.journal_lost_events,
+        ),
+    ] {
+        sample(s, name, kind, help, v);
+    }
+}
+
 const DROPS: [DropReason; 6] = [
     DropReason::InvalidDid,
     DropReason::InvalidRev,

@@ -390,6 +390,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     ] {
         crate::metrics::sample(&mut text, name, kind, help, v);
     }
+    crate::metrics::render_store_integrity(&mut text, app.log.store().integrity_stats());
     app.v2.render_metrics(&app.metrics, &mut text);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }

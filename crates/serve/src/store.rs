@@ -12,7 +12,7 @@
 //! the frames held for them until their resync lands; it is small (bounded by the resync
 //! buffers) and written in the same batches as everything else.
 //!
-//! <a id="blocks"></a>**Blocks** (layout 3). Every event used to be stored with both of its forms
+//! <a id="blocks"></a>**Blocks** (layout 3; checksummed since layout 4). Every event used to be stored with both of its forms
 //! (v1 JSON and its own zstd frame): ~900 bytes an event on a generated stream, where Jetstream v2
 //! keeps ~250 in columnar blocks of 4,096 events. Now events are sealed in blocks of
 //! [`StoreOptions::block_events`] (4,096) events, at most [`StoreOptions::block_bytes`] (4 MiB)
@@ -33,6 +33,34 @@
 //! goes to the blocking pool. Hits, loads and the cache's bytes are in `/metrics`
 //! (`riptide_block_cache_*`). Events leave a cached block as copies, as they left fjall's blocks
 //! before: the byte cap of a read still bounds what a subscriber's batch holds.
+//!
+//! <a id="checksums"></a>**Checksums** (layout 4). A block is stored with the xxh3-64 of its
+//! whole value — header (count, first seq, last time_us, raw length) and zstd frame — as its last
+//! 8 bytes (block format 2), verified every time the block is read from disk, before anything is
+//! decompressed. Neither fjall 2 nor the block's own zstd frame did this: lsm-tree writes a
+//! checksum into each of its data blocks but only checks it in an explicit `verify`, and blocks
+//! were sealed without zstd's content checksum, so one flipped bit in a stopped store's segment
+//! files was served as an altered event (11 of 16 trials in issue 40), or failed the frame and
+//! closed every replay that reached it with 1011. Why a checksum of the stored bytes rather than
+//! zstd's content checksum: zstd's covers only the decompressed content, so a flip in our header
+//! (the count or length fields) or one that still decompresses into a different length went
+//! unseen or was found only after the work of decompressing; one hash over the value covers
+//! everything and costs little: xxh3 (the hash fjall's journal uses) took 13–41 µs for a
+//! 190 KB block of 4,096 JSON events, against 0.9–2.1 ms to decompress it and 3.9–9.4 ms to seal
+//! it (release build, development VM under other builds, issue 40): 1.4–2% of a load, under
+//! 0.5% of a seal. A block that fails (its checksum, or for a block
+//! sealed before checksums its frame, lengths or an event's format) is a [`DamagedBlock`]: logged
+//! at error once (not once per reader), counted (`riptide_store_corrupt_blocks_total`,
+//! `riptide_store_corrupt_events_total`), remembered, and **skipped** by every read from then on
+//! without touching the disk: a replay that meets it goes on with the next block's events, on both
+//! wires, instead of closing. Its seqs are taken to end where the next block begins (its own
+//! header is not to be trusted). `riptide store check` walks every block and lists the damage;
+//! `riptide store repair` removes damaged blocks and records the seqs they held in `meta`, so a
+//! restarted server does not meet them again. Blocks sealed by layout 3 (format 1, no checksum)
+//! are still read: they leave the store with retention; until then a flip inside one is caught
+//! only where it breaks the format. The layout is recorded as 4 when such a directory is opened:
+//! an older riptide cannot read a checksummed block and would fail every one as corrupt, so it is
+//! refused at open instead ([`StoreError::NewerLayout`] is what this one says of a later layout).
 //!
 //! <a id="read-ahead"></a>**Read-ahead.** A replay reads blocks in order, and decompressing one
 //! took about half of a replay's time per event on the reader's own path: the subscriber waited
@@ -69,6 +97,29 @@
 //! frames after it against exactly the state they were first verified against; and the next seq /
 //! time_us restart above everything stored, so no seq or time_us is reused.
 //!
+//! <a id="journal"></a>**Journal.** That holds while the journal holds what was fsynced. fjall 2
+//! (2.11) recovers a journal whose tail it cannot read — cut short, or a batch that fails its
+//! checksum or is incomplete — by truncating it to the last whole batch, logged at debug level
+//! and reported nowhere (its `RecoveryMode` has one mode, `TolerateCorruptTail`): right after a
+//! crash mid-write that is the batch whose append never returned, but a journal damaged or cut
+//! afterwards loses acknowledged batches the same way (issue 40: half a stopped store's journal
+//! cut, 5,593 events gone, nothing above INFO, and the seqs given out again). So the store keeps
+//! a high-water mark of what it acknowledged outside fjall: `riptide-acked` beside fjall's files
+//! holds the next seq and last time_us after the last batch whose append returned (24 bytes with
+//! their xxh3), rewritten in place after each append, **not fsynced**: ~2 µs a batch, where an
+//! fsync of it cost ~3.8 ms on the development VM, as much again as the batch's own. Written only
+//! after the batch's fsync, it never says more than the journal held durably, so it cannot raise
+//! a false alarm; unsynced, a power loss can leave it behind (a loss after that goes unnoticed),
+//! but a process crash or a stop cannot (the kernel has it). At open, a mark above what the
+//! partitions hold means acknowledged batches were lost: logged at error with the seq range and
+//! why, counted (`riptide_store_journal_lost_events`), recorded in `meta` ([`LostRange`], listed
+//! by `riptide store check`), and the next seq and time_us move past the mark so that no seq or
+//! time_us a subscriber saw is given to another event (the unsealed events are sealed first: a
+//! block holds consecutive seqs). The upstream cursor, written in the same batches, goes back
+//! with them, so ingest fetches those frames again from the relay if it still has them, as new
+//! seqs. Without the mark (a directory from before it) the only sign is events on disk past the
+//! next seq `meta` recorded (a partition flushed before the cut), also logged at error.
+//!
 //! **Why FIFO compaction.** `blocks` and `times` are append-only logs under monotonic keys: no
 //! key is ever written twice, so an LSM tree's merging has nothing to merge. Leveled compaction
 //! (fjall's default) still rewrote every byte on its way down the levels: its compactor took
@@ -103,7 +154,7 @@
 //! layout-2 directory into blocks in place ([`Store::migrate`]); layout 1 needs a new `--data`
 //! directory.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -115,6 +166,7 @@ use fjall::{
     AbstractTree, CompressionType, Config, Keyspace, PartitionCreateOptions, PartitionHandle,
     PersistMode,
 };
+use xxhash_rust::xxh3::xxh3_64;
 
 use riptide_firehose::chain::{decode_state, encode_state, AccountState, CorruptState};
 
@@ -163,7 +215,9 @@ pub enum StoreError {
         /// zstd's error.
         source: std::io::Error,
     },
-    /// A stored block is corrupt.
+    /// A stored block is corrupt (its checksum, or the format of a block from before checksums).
+    /// Reads do not return it: they record the block as a [`DamagedBlock`] and skip it (module
+    /// docs, "Checksums").
     #[error("stored block at seq {first}: corrupt ({what})")]
     CorruptBlock {
         /// The block's first seq.
@@ -196,6 +250,14 @@ pub enum StoreError {
     /// Another process holds the data directory (`crate::lock`).
     #[error(transparent)]
     Locked(#[from] crate::lock::LockError),
+    /// The data directory was written by a newer riptide (a store layout this one does not know).
+    #[error("the data directory {path} was written by a newer riptide (store layout {found}, this one reads up to {LAYOUT_VERSION}): run that riptide, or start with a new --data directory")]
+    NewerLayout {
+        /// The data directory.
+        path: String,
+        /// The layout found.
+        found: u64,
+    },
     /// The data directory was written by an older riptide whose store layout this one does not
     /// read as it is.
     #[error("the data directory {path} was written by an older riptide (store layout {found}, this one writes {LAYOUT_VERSION}); {}", if *found == 2 { "convert it once with `riptide serve --migrate-store` (same --data; rewrites its events into compressed blocks) or start with a new --data directory" } else { "start with a new --data directory" })]
@@ -349,15 +411,22 @@ pub struct Ahead(Claim);
 
 impl Ahead {
     /// Decompresses the block into the shared cache (blocking I/O and ~2 ms of CPU: for the
-    /// blocking pool). A failure is not said here: the reader's own read of the block meets it
-    /// and says it.
+    /// blocking pool). A damaged block is recorded (module docs, "Checksums"); another failure is
+    /// not said here: the reader's own read of the block meets it and says it.
     pub fn load(self) {
         let store = &self.0.store;
         if store.is_cached(self.0.seq) {
             return;
         }
-        if let Ok(Some(_)) = store.load_block(self.0.seq) {
-            store.cache_stats.ahead.fetch_add(1, Relaxed);
+        match store.load_block(self.0.seq) {
+            Ok(Some(_)) => {
+                store.cache_stats.ahead.fetch_add(1, Relaxed);
+            }
+            // Recorded now, so that neither the reader nor the next load ahead reads it again.
+            Err(StoreError::CorruptBlock { first, what }) => {
+                store.note_damaged(first, what);
+            }
+            _ => {}
         }
     }
 }
@@ -405,9 +474,89 @@ pub struct Store {
     cache_stats: Arc<BlockCacheCounts>,
     /// The seqs whose blocks are being loaded (`Claim`), and the signal that one was.
     loading: Arc<(Mutex<Vec<u64>>, Condvar)>,
+    /// Sealed blocks found damaged since the store was opened, by first seq (module docs,
+    /// "Checksums"): every read skips them without touching the disk again.
+    damaged: Arc<Mutex<BTreeMap<u64, DamagedBlock>>>,
+    /// The unsealed events found damaged at open, by seq.
+    damaged_unsealed: Arc<Mutex<Vec<u64>>>,
+    /// What was found damaged or lost, for `/metrics`.
+    integrity: Arc<IntegrityCounts>,
+    /// The acknowledged high-water mark's file (module docs, "Journal").
+    acked: Arc<Acked>,
     options: StoreOptions,
     /// This process's hold on the data directory (`crate::lock`), released with the last clone.
     _lock: Arc<crate::lock::DirLock>,
+}
+
+/// A sealed block that failed its checks: the seqs `first..end` it held (`end` is where the next
+/// block starts, or the end of the sealed events: a damaged header's count cannot be trusted),
+/// none of which a read returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DamagedBlock {
+    /// The block's first seq (its key).
+    pub first: u64,
+    /// One past the last seq it can have held.
+    pub end: u64,
+    /// What failed: `checksum`, `header`, `format`, `zstd frame`, `length`, `value`, `count`,
+    /// `event` (a value that is not an event, in a block from before checksums).
+    pub what: &'static str,
+}
+
+impl DamagedBlock {
+    /// The seqs lost with it (at most: seqs never written, a gap left by a migration, count too).
+    pub fn events(&self) -> u64 {
+        self.end.saturating_sub(self.first)
+    }
+}
+
+/// What [`Store::check`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Checked {
+    /// Sealed blocks.
+    pub blocks: u64,
+    /// Of them, blocks with a checksum (sealed by layout 4, damaged or not); the others are from
+    /// before checksums.
+    pub checksummed: u64,
+    /// Events in the blocks that read whole.
+    pub events: u64,
+    /// The blocks that did not.
+    pub damaged: Vec<DamagedBlock>,
+    /// Unsealed events (read from `recent` at open).
+    pub unsealed: u64,
+    /// Unsealed events whose stored value is damaged, by seq.
+    pub damaged_unsealed: Vec<u64>,
+    /// Acknowledged seqs found missing from the journal when the store was opened for this check.
+    pub journal_lost_at_open: u64,
+    /// Every range recorded as lost, this time or before.
+    pub lost: Vec<LostRange>,
+}
+
+impl Checked {
+    /// Whether anything is damaged now, or was lost at this open.
+    pub fn is_damaged(&self) -> bool {
+        !self.damaged.is_empty()
+            || !self.damaged_unsealed.is_empty()
+            || self.journal_lost_at_open > 0
+    }
+}
+
+/// Counters of damage found (module docs, "Checksums").
+#[derive(Debug, Default)]
+struct IntegrityCounts {
+    corrupt_blocks: AtomicU64,
+    corrupt_events: AtomicU64,
+    journal_lost: AtomicU64,
+}
+
+/// What the store found damaged or lost since it was opened, for `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IntegrityStats {
+    /// Sealed blocks found damaged (each counted once, when a read or a check first meets it).
+    pub corrupt_blocks: u64,
+    /// The seqs those blocks held: skipped by every reader.
+    pub corrupt_events: u64,
+    /// Seqs acknowledged by an earlier run that were missing at open (a journal cut short).
+    pub journal_lost_events: u64,
 }
 
 /// Counters of the decompressed-block cache (its bytes are summed when asked for).
@@ -443,10 +592,112 @@ const UPSTREAM: &[u8] = b"upstream_cursor";
 const DICT_ID: &[u8] = b"dict_id";
 const FLOOR: &[u8] = b"retention_floor";
 const LAYOUT: &[u8] = b"layout";
+/// `lost` + first seq (be64) → end (be64) and why (u8, [`LostRange::why`]): seqs the store once
+/// held or acknowledged and no longer has (module docs, "Journal").
+const LOST: &[u8] = b"lost";
 
-/// The store layout this code writes: 3 = events sealed in compressed blocks (module docs).
-/// (2 = FIFO log partitions with a retention floor, one value per event.)
-pub const LAYOUT_VERSION: u64 = 3;
+/// The file beside fjall's that says how far the last run acknowledged (module docs, "Journal").
+const ACKED_FILE: &str = "riptide-acked";
+
+/// Seqs the store acknowledged or held and lost, recorded in `meta` ([`Store::lost_ranges`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LostRange {
+    /// The first seq lost.
+    pub first: u64,
+    /// One past the last.
+    pub end: u64,
+    /// Why: `journal` (acknowledged batches missing at open), `corrupt block` (a damaged block
+    /// removed by `riptide store repair`) or `corrupt event` (a damaged unsealed value, removed
+    /// by `repair` or when the events around it were sealed).
+    pub why: &'static str,
+}
+
+impl LostRange {
+    fn why_byte(why: &str) -> u8 {
+        match why {
+            "journal" => 1,
+            "corrupt event" => 3,
+            _ => 2,
+        }
+    }
+
+    fn why_of(b: u8) -> &'static str {
+        match b {
+            1 => "journal",
+            3 => "corrupt event",
+            _ => "corrupt block",
+        }
+    }
+
+    fn key(&self) -> Vec<u8> {
+        [LOST, &self.first.to_be_bytes()[..]].concat()
+    }
+
+    fn value(&self) -> Vec<u8> {
+        let mut v = self.end.to_be_bytes().to_vec();
+        v.push(Self::why_byte(self.why));
+        v
+    }
+}
+
+/// The acknowledged high-water mark (module docs, "Journal"): the next seq and last time_us after
+/// the last batch whose append returned, with their xxh3, in a small file rewritten in place
+/// after every append and never fsynced.
+#[derive(Debug)]
+struct Acked(Mutex<Option<std::fs::File>>);
+
+impl Acked {
+    /// Opens (creating) the file in `dir` and reads what it says, if it says anything whole.
+    fn open(dir: &Path) -> (Acked, Option<(u64, i64)>) {
+        use std::io::Read;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(ACKED_FILE));
+        let Ok(mut file) = file else {
+            tracing::warn!(dir = %dir.display(), "cannot open {ACKED_FILE}: acknowledged events lost from the journal will not be detected");
+            return (Acked(Mutex::new(None)), None);
+        };
+        let mut b = Vec::new();
+        let said = match file.read_to_end(&mut b) {
+            Ok(24) if xxh3_64(&b[..16]) == be64(&b[16..]) => {
+                Some((be64(&b[..8]), be64(&b[8..16]) as i64))
+            }
+            _ => None,
+        };
+        (Acked(Mutex::new(Some(file))), said)
+    }
+
+    /// Records that everything below `next_seq` (and up to `last_time_us`) is acknowledged. A
+    /// failure only weakens the check at the next open: it is not the durability point.
+    fn record(&self, next_seq: u64, last_time_us: i64) {
+        use std::io::{Seek, Write};
+        let mut f = lock(&self.0);
+        let Some(file) = f.as_mut() else { return };
+        let mut b = [0u8; 24];
+        b[..8].copy_from_slice(&next_seq.to_be_bytes());
+        b[8..16].copy_from_slice(&(last_time_us as u64).to_be_bytes());
+        let sum = xxh3_64(&b[..16]);
+        b[16..].copy_from_slice(&sum.to_be_bytes());
+        let written = file
+            .seek(std::io::SeekFrom::Start(0))
+            .and_then(|_| file.write_all(&b));
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "cannot write {ACKED_FILE}; acknowledged events lost from the journal will not be detected");
+            *f = None;
+        }
+    }
+}
+
+/// The store layout this code writes: 4 = events sealed in checksummed compressed blocks (module
+/// docs). (3 = the same blocks without checksums, read as they are and recorded as 4 at open;
+/// 2 = FIFO log partitions with a retention floor, one value per event.)
+pub const LAYOUT_VERSION: u64 = 4;
+
+/// Layout 3: blocks without checksums, which this layout reads as they are (module docs).
+const LAYOUT_UNCHECKED: u64 = 3;
 
 /// Memtable size of `blocks`, hence the size of its segment files (see the module docs on the
 /// cost of never merging).
@@ -457,9 +708,13 @@ const BLOCKS_MEMTABLE: u32 = 64 << 20;
 const RECENT_MEMTABLE: u32 = 32 << 20;
 
 /// The block value's format byte and header: format, event count, first seq, last time_us,
-/// length of the values before compression; then one zstd frame of `[u32 len][value]…`.
-const BLOCK_FORMAT: u8 = 1;
+/// length of the values before compression; then one zstd frame of `[u32 len][value]…`; then
+/// (format 2, module docs "Checksums") the xxh3-64 of everything before it, big-endian.
+const BLOCK_FORMAT: u8 = 2;
+/// Blocks sealed before checksums (layout 3): the same without the trailing checksum.
+const BLOCK_FORMAT_1: u8 = 1;
 const BLOCK_HEADER: usize = 1 + 4 + 8 + 8 + 4;
+const BLOCK_CHECKSUM: usize = 8;
 
 /// zstd level of blocks (see the module docs).
 const BLOCK_LEVEL: i32 = 2;
@@ -574,6 +829,11 @@ fn seal(events: &[Event], opts: StoreOptions) -> Result<Vec<(u64, Vec<u8>)>, Sto
             if n > 0 && bytes + len > opts.block_bytes {
                 break;
             }
+            // A block holds consecutive seqs: a gap (a damaged unsealed value dropped at open)
+            // starts the next one.
+            if n > 0 && rest[n].seq() != rest[n - 1].seq() + 1 {
+                break;
+            }
             bytes += len + 4;
             n += 1;
         }
@@ -590,24 +850,52 @@ fn seal(events: &[Event], opts: StoreOptions) -> Result<Vec<(u64, Vec<u8>)>, Sto
             first: first.seq(),
             source,
         })?;
-        let mut v = Vec::with_capacity(BLOCK_HEADER + z.len());
+        let mut v = Vec::with_capacity(BLOCK_HEADER + z.len() + BLOCK_CHECKSUM);
         v.push(BLOCK_FORMAT);
         v.extend_from_slice(&(these.len() as u32).to_be_bytes());
         v.extend_from_slice(&first.seq().to_be_bytes());
         v.extend_from_slice(&last_time.to_be_bytes());
         v.extend_from_slice(&(raw.len() as u32).to_be_bytes());
         v.extend_from_slice(&z);
+        let sum = xxh3_64(&v);
+        v.extend_from_slice(&sum.to_be_bytes());
         out.push((first.seq(), v));
     }
     Ok(out)
 }
 
-/// A block value's header: (count, first seq, last time_us, raw length).
-fn block_header(key: u64, v: &[u8]) -> Result<(u64, u64, i64, usize), StoreError> {
+/// A block value's header, checked.
+#[derive(Clone, Copy, Debug)]
+struct BlockHeader {
+    count: u64,
+    first: u64,
+    last_time: i64,
+    raw_len: usize,
+    /// Where the zstd frame ends (the checksum, if any, follows).
+    frame_end: usize,
+}
+
+/// A block value's header, with its checksum verified (format 2: over the whole value, header
+/// included, so a flip anywhere in it is found here, before anything is decompressed).
+fn block_header(key: u64, v: &[u8]) -> Result<BlockHeader, StoreError> {
     let bad = |what| StoreError::CorruptBlock { first: key, what };
-    if v.len() < BLOCK_HEADER || v[0] != BLOCK_FORMAT {
+    if v.len() < BLOCK_HEADER {
         return Err(bad("header"));
     }
+    let frame_end = match v[0] {
+        BLOCK_FORMAT => {
+            let end = v.len() - BLOCK_CHECKSUM;
+            if end < BLOCK_HEADER {
+                return Err(bad("header"));
+            }
+            if xxh3_64(&v[..end]) != be64(&v[end..]) {
+                return Err(bad("checksum"));
+            }
+            end
+        }
+        BLOCK_FORMAT_1 => v.len(),
+        _ => return Err(bad("format")),
+    };
     let count = u32::from_be_bytes([v[1], v[2], v[3], v[4]]) as u64;
     let first = be64(&v[5..13]);
     let last_time = be64(&v[13..21]) as i64;
@@ -615,24 +903,33 @@ fn block_header(key: u64, v: &[u8]) -> Result<(u64, u64, i64, usize), StoreError
     if first != key || count == 0 {
         return Err(bad("header"));
     }
-    Ok((count, first, last_time, raw_len))
+    Ok(BlockHeader {
+        count,
+        first,
+        last_time,
+        raw_len,
+        frame_end,
+    })
 }
 
-/// Decompresses and indexes a block value, into `buf` (the buffer of an evicted block, reused:
-/// a fresh multi-megabyte allocation per block is fresh pages the kernel must zero).
-fn open_block(key: u64, v: &[u8], mut buf: Vec<u8>) -> Result<Block, StoreError> {
-    let bad = |what| StoreError::CorruptBlock { first: key, what };
-    let (count, first, _, raw_len) = block_header(key, v)?;
+/// Decompresses and indexes a block value whose header `h` was checked ([`block_header`]), into
+/// `buf` (the buffer of an evicted block, reused: a fresh multi-megabyte allocation per block is
+/// fresh pages the kernel must zero).
+fn open_block(h: &BlockHeader, v: &[u8], mut buf: Vec<u8>) -> Result<Block, StoreError> {
+    let bad = |what| StoreError::CorruptBlock {
+        first: h.first,
+        what,
+    };
     buf.clear();
-    buf.reserve(raw_len);
+    buf.reserve(h.raw_len);
     let n = zstd::bulk::Decompressor::new()
-        .and_then(|mut d| d.decompress_to_buffer(&v[BLOCK_HEADER..], &mut buf))
+        .and_then(|mut d| d.decompress_to_buffer(&v[BLOCK_HEADER..h.frame_end], &mut buf))
         .map_err(|_| bad("zstd frame"))?;
-    if n != raw_len || buf.len() != raw_len {
+    if n != h.raw_len || buf.len() != h.raw_len {
         return Err(bad("length"));
     }
     let data = buf;
-    let mut starts = Vec::with_capacity(count as usize);
+    let mut starts = Vec::with_capacity(h.count as usize);
     let mut pos = 0;
     while pos < data.len() {
         let len = data
@@ -645,11 +942,11 @@ fn open_block(key: u64, v: &[u8], mut buf: Vec<u8>) -> Result<Block, StoreError>
         starts.push((pos + 4) as u32);
         pos += 4 + len;
     }
-    if starts.len() as u64 != count {
+    if starts.len() as u64 != h.count {
         return Err(bad("count"));
     }
     Ok(Block {
-        first,
+        first: h.first,
         data,
         starts,
     })
@@ -754,6 +1051,16 @@ impl Store {
         // was.
         match layout {
             Some(LAYOUT_VERSION) => {}
+            Some(found) if found > LAYOUT_VERSION => {
+                return Err(StoreError::NewerLayout { path, found })
+            }
+            // Its blocks read as they are; the ones sealed from now on carry checksums, which an
+            // older riptide cannot read: recorded, so that one refuses the directory at open.
+            Some(LAYOUT_UNCHECKED) => {
+                meta.insert(LAYOUT, LAYOUT_VERSION.to_be_bytes())
+                    .map_err(fj)?;
+                ks.persist(PersistMode::SyncAll).map_err(fj)?;
+            }
             Some(found) => return Err(StoreError::OldLayout { path, found }),
             None => {
                 // Before the partitions exist: a crash in between leaves a directory that opens.
@@ -777,6 +1084,7 @@ impl Store {
             resync,
         } = Store::partitions(&ks).map_err(fj)?;
         let floor = meta.get(FLOOR).map_err(fj)?.map_or(0, |v| be64(&v));
+        let (acked, said) = Acked::open(dir);
         let store = Store {
             path,
             ks,
@@ -794,6 +1102,10 @@ impl Store {
             spare: Arc::default(),
             cache_stats: Arc::default(),
             loading: Arc::default(),
+            damaged: Arc::default(),
+            damaged_unsealed: Arc::default(),
+            integrity: Arc::default(),
+            acked: Arc::new(acked),
             options,
             _lock: Arc::new(dir_lock),
         };
@@ -826,19 +1138,35 @@ impl Store {
             upstream_cursor: get(UPSTREAM)?.map(|v| be64(&v)),
         };
         // Where the blocks end, and the unsealed events (module docs).
+        // A last block whose header is damaged: where it ends is found below.
+        let mut damaged_last = None;
         if let Some((k, v)) = store.blocks.last_key_value().map_err(|e| store.err(e))? {
-            let (count, first, last_time, _) = block_header(be64(&k), &v)?;
-            store.sealed_end.store(first + count, Relaxed);
-            // Belt and braces: never restart below an event that is on disk.
-            resume.next_seq = resume.next_seq.max(first + count);
-            resume.last_time_us = resume.last_time_us.max(last_time);
+            match block_header(be64(&k), &v) {
+                Ok(h) => {
+                    store.sealed_end.store(h.first + h.count, Relaxed);
+                    // Belt and braces: never restart below an event that is on disk.
+                    resume.next_seq = resume.next_seq.max(h.first + h.count);
+                    resume.last_time_us = resume.last_time_us.max(h.last_time);
+                }
+                Err(StoreError::CorruptBlock { first, what }) => {
+                    store.sealed_end.store(first + 1, Relaxed);
+                    damaged_last = Some((first, what));
+                }
+                Err(e) => return Err(e),
+            }
         }
         {
             let sealed_end = store.sealed_end.load(Relaxed);
             let mut p = lock(&store.pending);
             for kv in store.recent.iter() {
                 let (k, v) = kv.map_err(|e| store.err(e))?;
-                let e = Event::decode(be64(&k), Bytes::from(v))?;
+                let e = match Event::decode(be64(&k), Bytes::from(v)) {
+                    Ok(e) => e,
+                    Err(bad) => {
+                        store.note_damaged_unsealed(bad);
+                        continue;
+                    }
+                };
                 if e.seq() < sealed_end {
                     continue;
                 }
@@ -847,8 +1175,185 @@ impl Store {
                 p.bytes += sealed_value(&e).len();
                 p.events.push(e);
             }
+            if let Some((first, what)) = damaged_last {
+                // It ends where the unsealed events start (they follow it in the same batch),
+                // or at the next seq when none are left.
+                let end = p.events.first().map_or(resume.next_seq, Event::seq);
+                store.sealed_end.store(end.max(first + 1), Relaxed);
+                drop(p);
+                store.note_damaged(first, what);
+            }
+        }
+        let meta_next = get(NEXT_SEQ)?.map_or(1, |v| be64(&v)).max(1);
+        if meta_next < resume.next_seq {
+            // Only a journal that lost batches leaves events on disk past what `meta` says
+            // (they are written together): whatever came after them is gone too.
+            tracing::error!(
+                store = %store.path,
+                meta_next_seq = meta_next,
+                stored_end = resume.next_seq,
+                "the store holds events past the next seq it recorded: its journal lost \
+                 acknowledged batches (cut short or damaged); the events after seq {} may be \
+                 lost",
+                resume.next_seq - 1
+            );
+        }
+        if let Some((acked_next, acked_time)) = said {
+            if acked_next > resume.next_seq {
+                store.journal_lost(&mut resume, acked_next, acked_time)?;
+            }
         }
         Ok((store, resume))
+    }
+
+    /// At open: the last run acknowledged the seqs below `acked_next`, and the store holds only
+    /// those below `resume.next_seq` (module docs, "Journal"). Says so loudly, counts it, records
+    /// the lost range, and moves the next seq and time_us past what was acknowledged, so that no
+    /// seq or time_us a subscriber may have seen is given to another event. The unsealed events
+    /// are sealed first (in the same durable write): a block and the unsealed events hold
+    /// consecutive seqs.
+    fn journal_lost(
+        &self,
+        resume: &mut Resume,
+        acked_next: u64,
+        acked_time: i64,
+    ) -> Result<(), StoreError> {
+        let lost = LostRange {
+            first: resume.next_seq,
+            end: acked_next,
+            why: "journal",
+        };
+        let events = lost.end - lost.first;
+        tracing::error!(
+            store = %self.path,
+            seqs = %format_args!("{}..={}", lost.first, lost.end - 1),
+            events,
+            upstream_cursor = ?resume.upstream_cursor,
+            "{events} acknowledged events are missing from the store: the last run acknowledged \
+             seqs up to {} ({ACKED_FILE}) but the store's journal ends at {} (the journal was \
+             cut short or damaged; fjall drops a journal tail it cannot read, silently). Their \
+             seqs are not reused: the next event gets seq {}. Ingest resumes from the store's \
+             upstream cursor, before the lost batches, so their frames are fetched again from the \
+             relay if it still holds them (as new seqs). `riptide store check` lists the range.",
+            lost.end - 1,
+            lost.first.saturating_sub(1),
+            lost.end
+        );
+        self.integrity.journal_lost.fetch_add(events, Relaxed);
+        resume.next_seq = acked_next;
+        resume.last_time_us = resume.last_time_us.max(acked_time);
+        let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        let mut p = lock(&self.pending);
+        for (first, v) in seal(&p.events, self.options)? {
+            b.insert(&self.blocks, first.to_be_bytes(), v);
+        }
+        for e in &p.events {
+            b.remove(&self.recent, e.seq().to_be_bytes());
+        }
+        b.insert(&self.meta, lost.key(), lost.value());
+        b.insert(&self.meta, NEXT_SEQ, resume.next_seq.to_be_bytes());
+        b.insert(
+            &self.meta,
+            LAST_TIME,
+            (resume.last_time_us as u64).to_be_bytes(),
+        );
+        b.commit().map_err(|e| self.err(e))?;
+        if let Some(last) = p.events.last() {
+            self.sealed_end.store(last.seq() + 1, Relaxed);
+        }
+        p.events.clear();
+        p.bytes = 0;
+        Ok(())
+    }
+
+    /// Reads and verifies every sealed block (checksum, frame, every event's format) and counts
+    /// the unsealed events: what `riptide store check` prints. A damaged block is recorded as a
+    /// read would record it (logged, counted, skipped from then on). Blocking: a whole pass over
+    /// the store's blocks.
+    pub fn check(&self) -> Result<Checked, StoreError> {
+        let mut c = Checked::default();
+        for kv in self.blocks.iter() {
+            let (k, v) = kv.map_err(|e| self.err(e))?;
+            let key = be64(&k);
+            c.blocks += 1;
+            c.checksummed += u64::from(v.first() == Some(&BLOCK_FORMAT));
+            let opened = block_header(key, &v).and_then(|h| {
+                let b = open_block(&h, &v, Vec::new())?;
+                for i in 0..b.starts.len() {
+                    let raw = Bytes::copy_from_slice(b.value(i));
+                    Event::decode(b.first + i as u64, raw).map_err(|_| {
+                        StoreError::CorruptBlock {
+                            first: key,
+                            what: "event",
+                        }
+                    })?;
+                }
+                Ok(b.count())
+            });
+            match opened {
+                Ok(events) => c.events += events,
+                Err(StoreError::CorruptBlock { first, what }) => {
+                    self.note_damaged(first, what);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        c.damaged = self.damaged_blocks();
+        c.unsealed = lock(&self.pending).events.len() as u64;
+        c.damaged_unsealed = lock(&self.damaged_unsealed).clone();
+        c.journal_lost_at_open = self.integrity.journal_lost.load(Relaxed);
+        c.lost = self.lost_ranges()?;
+        Ok(c)
+    }
+
+    /// Removes what [`Store::check`] finds damaged — the damaged blocks and unsealed values — and
+    /// records the seqs they held as lost ([`Store::lost_ranges`]), in one durable write, so that
+    /// a server started on the store does not meet them again (`riptide store repair`). Returns
+    /// what was removed. (A server cannot have the directory open meanwhile: `crate::lock`.)
+    pub fn repair(&self) -> Result<Vec<LostRange>, StoreError> {
+        let c = self.check()?;
+        let mut removed = Vec::new();
+        let _writing = lock(&self.writing);
+        let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        for d in &c.damaged {
+            b.remove(&self.blocks, d.first.to_be_bytes());
+            removed.push(LostRange {
+                first: d.first,
+                end: d.end,
+                why: "corrupt block",
+            });
+        }
+        for &seq in &c.damaged_unsealed {
+            b.remove(&self.recent, seq.to_be_bytes());
+            removed.push(LostRange {
+                first: seq,
+                end: seq + 1,
+                why: "corrupt event",
+            });
+        }
+        for l in &removed {
+            b.insert(&self.meta, l.key(), l.value());
+        }
+        b.commit().map_err(|e| self.err(e))?;
+        lock(&self.damaged_unsealed).clear();
+        Ok(removed)
+    }
+
+    /// The seqs recorded as lost (module docs, "Journal" and "Checksums"), in seq order.
+    pub fn lost_ranges(&self) -> Result<Vec<LostRange>, StoreError> {
+        let mut out = Vec::new();
+        for kv in self.meta.prefix(LOST) {
+            let (k, v) = kv.map_err(|e| self.err(e))?;
+            if k.len() != LOST.len() + 8 || v.len() != 9 {
+                continue;
+            }
+            out.push(LostRange {
+                first: be64(&k[LOST.len()..]),
+                end: be64(&v[..8]),
+                why: LostRange::why_of(v[8]),
+            });
+        }
+        Ok(out)
     }
 
     /// Opens (creating as needed) the partitions of this layout, all of them: `open` and
@@ -881,7 +1386,7 @@ impl Store {
         let fj = fjall_at(dir);
         let (ks, meta, layout, _lock) = Store::open_dir(dir)?;
         let from = match layout {
-            None | Some(LAYOUT_VERSION) => {
+            None | Some(LAYOUT_VERSION | LAYOUT_UNCHECKED) => {
                 return Ok(Migrated {
                     from: LAYOUT_VERSION,
                     ..Migrated::default()
@@ -1032,6 +1537,16 @@ impl Store {
             for e in &unsealed {
                 b.remove(&self.recent, e.seq().to_be_bytes());
             }
+            // Damaged unsealed values found at open leave with the events around them.
+            for &seq in lock(&self.damaged_unsealed).iter() {
+                b.remove(&self.recent, seq.to_be_bytes());
+                let lost = LostRange {
+                    first: seq,
+                    end: seq + 1,
+                    why: "corrupt event",
+                };
+                b.insert(&self.meta, lost.key(), lost.value());
+            }
             sealed_end = all.last().map(|e| e.seq() + 1);
         } else {
             for e in events {
@@ -1055,12 +1570,14 @@ impl Store {
             b.insert(&self.meta, UPSTREAM, c.to_be_bytes());
         }
         b.commit().map_err(|e| self.err(e))?;
+        self.acked.record(resume.next_seq, resume.last_time_us);
         // Durable: now the in-memory view follows.
         let mut p = lock(&self.pending);
         match sealed_end {
             Some(end) => {
                 // Readers of the sealed seqs find them in blocks from here on.
                 self.sealed_end.store(end, Relaxed);
+                lock(&self.damaged_unsealed).clear();
                 p.events.clear();
                 p.bytes = 0;
             }
@@ -1156,6 +1673,78 @@ impl Store {
         }
     }
 
+    /// What the store found damaged or lost since it was opened (module docs, "Checksums").
+    pub fn integrity_stats(&self) -> IntegrityStats {
+        let c = &self.integrity;
+        IntegrityStats {
+            corrupt_blocks: c.corrupt_blocks.load(Relaxed),
+            corrupt_events: c.corrupt_events.load(Relaxed),
+            journal_lost_events: c.journal_lost.load(Relaxed),
+        }
+    }
+
+    /// The sealed blocks found damaged since the store was opened, in seq order.
+    pub fn damaged_blocks(&self) -> Vec<DamagedBlock> {
+        lock(&self.damaged).values().copied().collect()
+    }
+
+    /// An unsealed event whose stored value is not an event (found at open): logged at error,
+    /// counted with the damaged blocks' events, left out (module docs, "Checksums").
+    fn note_damaged_unsealed(&self, bad: CorruptEvent) {
+        tracing::error!(
+            store = %self.path,
+            seq = bad.seq,
+            what = bad.what,
+            "a stored unsealed event is corrupt: it is not served (the events before and after \
+             it are); `riptide store repair --data DIR` removes it (with the server stopped)"
+        );
+        self.integrity.corrupt_events.fetch_add(1, Relaxed);
+        lock(&self.damaged_unsealed).push(bad.seq);
+    }
+
+    /// Where the damaged block holding `seq` ends, if `seq` is in one.
+    fn damaged_end(&self, seq: u64) -> Option<u64> {
+        let d = lock(&self.damaged);
+        let (_, b) = d.range(..=seq).next_back()?;
+        (seq < b.end).then_some(b.end)
+    }
+
+    /// Records the block at `first` as damaged (once: logged at error and counted the first
+    /// time) and returns it. Its seqs end where the next block starts, or at the end of the
+    /// sealed events: its own header is not to be trusted.
+    fn note_damaged(&self, first: u64, what: &'static str) -> DamagedBlock {
+        if let Some(b) = lock(&self.damaged).get(&first) {
+            return *b;
+        }
+        let sealed_end = self.sealed_end.load(Relaxed);
+        let end = match self.blocks.range((first + 1).to_be_bytes()..).next() {
+            Some(Ok((k, _))) => be64(&k),
+            Some(Err(_)) => first + 1,
+            None => sealed_end,
+        }
+        .max(first + 1);
+        let b = DamagedBlock { first, end, what };
+        let mut d = lock(&self.damaged);
+        if d.insert(first, b).is_none() {
+            self.integrity.corrupt_blocks.fetch_add(1, Relaxed);
+            self.integrity.corrupt_events.fetch_add(b.events(), Relaxed);
+            tracing::error!(
+                store = %self.path,
+                block = first,
+                seqs = %format_args!("{first}..={}", end - 1),
+                events = b.events(),
+                what,
+                "a stored block is corrupt: its events are skipped by every reader (the events \
+                 before and after it are served); `riptide store check --data DIR` lists the \
+                 damage, `riptide store repair` drops it (with the server stopped)"
+            );
+        }
+        drop(d);
+        // Never served from the cache either.
+        lock(&self.cache).retain(|c| c.first != first);
+        b
+    }
+
     /// The cached block holding `seq`, made the most recently used.
     fn cached_block(&self, seq: u64) -> Option<Arc<Block>> {
         let mut c = lock(&self.cache);
@@ -1203,20 +1792,23 @@ impl Store {
         let found = match self.blocks.range(..=key).next_back() {
             Some(kv) => {
                 let (k, v) = kv.map_err(|e| self.err(e))?;
-                let (count, first, _, _) = block_header(be64(&k), &v)?;
-                (seq < first + count).then_some((k, v))
+                let h = block_header(be64(&k), &v)?;
+                (seq < h.first + h.count).then_some((h, v))
             }
             None => None,
         };
-        let (k, v) = match found {
-            Some(kv) => kv,
+        let (h, v) = match found {
+            Some(hv) => hv,
             None => match self.blocks.range(key..).next() {
-                Some(kv) => kv.map_err(|e| self.err(e))?,
+                Some(kv) => {
+                    let (k, v) = kv.map_err(|e| self.err(e))?;
+                    (block_header(be64(&k), &v)?, v)
+                }
                 None => return Ok(None),
             },
         };
         let spare = std::mem::take(&mut *lock(&self.spare));
-        let block = Arc::new(open_block(be64(&k), &v, spare)?);
+        let block = Arc::new(open_block(&h, &v, spare)?);
         self.cache_stats.loads.fetch_add(1, Relaxed);
         let mut c = lock(&self.cache);
         // Another reader may have loaded the same block meanwhile: keep one copy.
@@ -1258,6 +1850,10 @@ impl Store {
         // The first block not cached among the next `depth` (blocks are claimed one at a time,
         // so the loads stay up to that many blocks ahead).
         for _ in 0..depth {
+            // A damaged block is not loaded again: the one after it is next.
+            if let Some(end) = self.damaged_end(target) {
+                target = end;
+            }
             match c.iter().find(|b| b.holds(target)) {
                 Some(b) => target = b.end(),
                 None if target < sealed_end => {
@@ -1311,8 +1907,20 @@ impl Store {
                 if from >= sealed_end {
                     break;
                 }
+                // A block found damaged is skipped: the reader goes on with the next one.
+                if let Some(end) = self.damaged_end(from) {
+                    from = end;
+                    continue;
+                }
                 let block = if load {
-                    self.block_at(from)?
+                    match self.block_at(from) {
+                        Ok(b) => b,
+                        Err(StoreError::CorruptBlock { first, what }) => {
+                            from = self.note_damaged(first, what).end.max(from + 1);
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
                 } else {
                     match self.cached_block(from) {
                         Some(b) => Some(b),
@@ -1341,10 +1949,23 @@ impl Store {
                     let span = block.span(skip, end);
                     let base = span.start;
                     let copy = Bytes::copy_from_slice(&block.data[span]);
+                    let mark = out.len();
                     for i in skip..end {
                         let at = block.starts[i] as usize - base;
                         let raw = copy.slice(at..at + block.value(i).len());
-                        out.push(Event::decode(block.first + i as u64, raw)?);
+                        match Event::decode(block.first + i as u64, raw) {
+                            Ok(e) => out.push(e),
+                            // Only in a block from before checksums (a checksummed one holds
+                            // what was sealed): none of its events is served from here on.
+                            Err(_) => {
+                                out.truncate(mark);
+                                from = self.note_damaged(block.first, "event").end;
+                                break;
+                            }
+                        }
+                    }
+                    if out.len() == mark {
+                        continue;
                     }
                 }
                 if end < block.starts.len() {
@@ -1357,10 +1978,8 @@ impl Store {
             if from < self.sealed_end.load(Relaxed) {
                 continue;
             }
-            let Some(first) = p.events.first().map(Event::seq) else {
-                return Ok(true);
-            };
-            let skip = from.saturating_sub(first) as usize;
+            // By seq, not by offset: a damaged value dropped at open leaves a gap.
+            let skip = p.events.partition_point(|e| e.seq() < from);
             for e in p.events.iter().skip(skip) {
                 if limit.full(out, start, bytes) {
                     break;
@@ -1392,9 +2011,19 @@ impl Store {
     /// The oldest retained event's seq, if any.
     pub fn first_seq(&self) -> Result<Option<u64>, StoreError> {
         let floor = self.floor();
-        if floor < self.sealed_end.load(Relaxed) {
-            if let Some(b) = self.block_at(floor)? {
-                return Ok(Some(floor.max(b.first)));
+        let mut from = floor;
+        while from < self.sealed_end.load(Relaxed) {
+            if let Some(end) = self.damaged_end(from) {
+                from = end;
+                continue;
+            }
+            match self.block_at(from) {
+                Ok(Some(b)) => return Ok(Some(from.max(b.first))),
+                Ok(None) => break,
+                Err(StoreError::CorruptBlock { first, what }) => {
+                    from = self.note_damaged(first, what).end.max(from + 1);
+                }
+                Err(e) => return Err(e),
             }
         }
         let p = lock(&self.pending);
@@ -1797,7 +2426,7 @@ mod tests {
         let mut counts = Vec::new();
         for kv in s.blocks.iter() {
             let (k, v) = kv.unwrap();
-            counts.push(block_header(be64(&k), &v).unwrap().0);
+            counts.push(block_header(be64(&k), &v).unwrap().count);
         }
         assert_eq!(counts, [4, 5, 4, 4, 7]);
         assert_eq!(s.block_count().unwrap(), 5);
@@ -1892,28 +2521,333 @@ mod tests {
         check_reads(&s, 10, 11);
     }
 
-    #[test]
-    fn a_corrupt_block_is_a_typed_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let small = small(2, 2);
-        let s = filled(dir.path(), small, 4);
-        let (k, mut v) = s
-            .blocks
-            .first_key_value()
-            .unwrap()
-            .map(|(k, v)| (k, v.to_vec()))
-            .unwrap();
-        let last = v.len() - 1;
-        v[last] ^= 0xff;
-        s.blocks.insert(k, v).unwrap();
-        lock(&s.cache).clear();
+    /// Every event a read from 0 returns (all of them, in reads of 7), checked against what was
+    /// stored (`ev_z`): a damaged block may be skipped, never served altered.
+    fn read_all(s: &Store) -> Vec<u64> {
         let mut out = Vec::new();
-        let l = ReadLimit {
-            events: 10,
+        let mut from = 0;
+        loop {
+            let n = out.len();
+            let l = ReadLimit {
+                events: 7,
+                bytes: 1 << 20,
+            };
+            s.read_from(from, l, &mut out).unwrap();
+            match out.last() {
+                Some(e) if out.len() > n => from = e.seq() + 1,
+                _ => break,
+            }
+        }
+        for e in &out {
+            assert_eq!(e.json(), ev_z(e.seq()).json(), "seq {}", e.seq());
+        }
+        out.iter().map(Event::seq).collect()
+    }
+
+    /// Flips one bit of the stored value that starts with `needle`, in the `blocks` partition's
+    /// segment files of the (stopped) store at `dir`, `at` bytes into the value.
+    fn flip_on_disk(dir: &Path, needle: &[u8], at: usize) {
+        fn files(d: &Path, out: &mut Vec<std::path::PathBuf>) {
+            for f in std::fs::read_dir(d).unwrap() {
+                let p = f.unwrap().path();
+                if p.is_dir() {
+                    files(&p, out);
+                } else {
+                    out.push(p);
+                }
+            }
+        }
+        let mut all = Vec::new();
+        files(&dir.join("partitions").join("blocks"), &mut all);
+        for f in all {
+            let mut b = std::fs::read(&f).unwrap();
+            if let Some(i) = b.windows(needle.len()).position(|w| w == needle) {
+                b[i + at] ^= 0x10;
+                std::fs::write(&f, b).unwrap();
+                return;
+            }
+        }
+        panic!("no stored value starts with {needle:?}");
+    }
+
+    /// The first bytes of the block value of `count` events from `first` (format 2).
+    fn block_start(count: u32, first: u64) -> Vec<u8> {
+        let mut v = vec![BLOCK_FORMAT];
+        v.extend_from_slice(&count.to_be_bytes());
+        v.extend_from_slice(&first.to_be_bytes());
+        v
+    }
+
+    #[test]
+    fn a_flipped_bit_in_a_stopped_store_is_found_named_counted_and_skipped() {
+        let small = small(10, 8);
+        // Blocks 1, 11, 21, 31..=45. A bit flipped in block 11: in its count, its first seq, its
+        // raw length, inside its zstd frame, and in its checksum.
+        for at in [3, 10, 22, 40, usize::MAX] {
+            let dir = tempfile::tempdir().unwrap();
+            let s = filled(dir.path(), small, 45);
+            let len = s.blocks.get(11u64.to_be_bytes()).unwrap().unwrap().len();
+            s.flush().unwrap();
+            drop(s);
+            let at = at.min(len - 1);
+            flip_on_disk(dir.path(), &block_start(10, 11), at);
+            let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
+            assert_eq!(r.next_seq, 46);
+            // The events before and after it, exactly as stored; none of its own.
+            let want: Vec<u64> = (1..=10).chain(21..=45).collect();
+            assert_eq!(read_all(&s), want, "bit flipped at {at}");
+            let d = s.damaged_blocks();
+            assert_eq!(d.len(), 1, "{d:?}");
+            assert_eq!((d[0].first, d[0].end, d[0].events()), (11, 21, 10));
+            assert_eq!(d[0].what, "checksum", "bit flipped at {at}");
+            // Counted once, however many reads meet it.
+            assert_eq!(read_all(&s), want);
+            let st = s.integrity_stats();
+            assert_eq!((st.corrupt_blocks, st.corrupt_events), (1, 10));
+            // A read from inside it starts after it; the cache-only read skips it too.
+            assert_eq!(seqs(&s, 15)[0], 21);
+            let mut out = Vec::new();
+            let l = ReadLimit {
+                events: 3,
+                bytes: 1 << 20,
+            };
+            assert!(s.read_cached(12, l, &mut out).unwrap());
+            assert_eq!(out.iter().map(Event::seq).collect::<Vec<_>>(), [21, 22, 23]);
+            assert_eq!(s.first_seq().unwrap(), Some(1));
+        }
+    }
+
+    #[test]
+    fn a_damaged_block_is_loaded_ahead_once_then_passed_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = small(10, 8);
+        let s = filled(dir.path(), small, 45);
+        s.flush().unwrap();
+        drop(s);
+        flip_on_disk(dir.path(), &block_start(10, 11), 30);
+        let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
+        let three = ReadLimit {
+            events: 3,
             bytes: 1 << 20,
         };
-        match s.read_from(1, l, &mut out) {
-            Err(StoreError::CorruptBlock { first: 1, .. }) => {}
+        let mut out = Vec::new();
+        s.read_from(1, three, &mut out).unwrap();
+        // The load ahead of block 11 finds it damaged and records it.
+        let ahead = s.claim_ahead(4, 1).unwrap();
+        assert_eq!(ahead.0.seq, 11);
+        ahead.load();
+        assert_eq!(s.integrity_stats().corrupt_blocks, 1);
+        // The next load ahead is of the block after it, not of it again.
+        let ahead = s.claim_ahead(4, 1).unwrap();
+        assert_eq!(ahead.0.seq, 21);
+        ahead.load();
+        assert_eq!(s.block_cache_stats().ahead, 1);
+        out.clear();
+        let l = ReadLimit {
+            events: 100,
+            bytes: 1 << 20,
+        };
+        s.read_from(4, l, &mut out).unwrap();
+        let want: Vec<u64> = (4..=10).chain(21..=45).collect();
+        assert_eq!(out.iter().map(Event::seq).collect::<Vec<_>>(), want);
+        assert_eq!(s.integrity_stats().corrupt_blocks, 1);
+    }
+
+    #[test]
+    fn a_damaged_first_or_last_block_is_skipped_and_the_store_opens() {
+        let small = small(10, 8);
+        for (first, count) in [(1u64, 10u32), (31, 15)] {
+            let dir = tempfile::tempdir().unwrap();
+            let s = filled(dir.path(), small, 45);
+            // Two unsealed events after the blocks.
+            s.append(&[ev_z(46), ev_z(47)], &resume(48, 1047, 47))
+                .unwrap();
+            s.flush().unwrap();
+            drop(s);
+            // The header's count: the last block's end cannot be read from it.
+            flip_on_disk(dir.path(), &block_start(count, first), 4);
+            let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
+            assert_eq!(r.next_seq, 48);
+            let lost = first..first + u64::from(count);
+            let want: Vec<u64> = (1..=47).filter(|q| !lost.contains(q)).collect();
+            assert_eq!(read_all(&s), want, "block {first} damaged");
+            assert_eq!(s.integrity_stats().corrupt_events, u64::from(count));
+            assert_eq!(
+                s.first_seq().unwrap(),
+                Some(if first == 1 { 11 } else { 1 })
+            );
+            // Ingest goes on after it.
+            let evs: Vec<_> = (48..=60).map(ev_z).collect();
+            s.append(&evs, &resume(61, 1060, 60)).unwrap();
+            assert_eq!(read_all(&s).last(), Some(&60));
+        }
+    }
+
+    #[test]
+    fn a_block_from_before_checksums_still_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = small(10, 8);
+        let s = filled(dir.path(), small, 25);
+        // Block 11 as layout 3 sealed it: format 1, no checksum.
+        let mut v = s.blocks.get(11u64.to_be_bytes()).unwrap().unwrap().to_vec();
+        v.truncate(v.len() - BLOCK_CHECKSUM);
+        v[0] = BLOCK_FORMAT_1;
+        s.blocks.insert(11u64.to_be_bytes(), &v).unwrap();
+        lock(&s.cache).clear();
+        assert_eq!(read_all(&s), (1..=25).collect::<Vec<_>>());
+        // What such a block cannot say (no checksum) is still caught where it breaks the format:
+        // a value that is not an event is not served, nor is the rest of its block.
+        let at = v.len() - 10;
+        v[at] ^= 0xff;
+        s.blocks.insert(11u64.to_be_bytes(), &v).unwrap();
+        lock(&s.cache).clear();
+        let got = read_all(&s);
+        assert!(!got.iter().any(|q| (11..21).contains(q)), "{got:?}");
+        assert_eq!(s.damaged_blocks().len(), 1);
+    }
+
+    /// Cuts the journal files of the stopped store at `dir` to half of what they hold (a journal
+    /// file is preallocated: what it holds ends at its last non-zero byte).
+    fn cut_journals(dir: &Path) {
+        for f in std::fs::read_dir(dir.join("journals")).unwrap() {
+            let p = f.unwrap().path();
+            let b = std::fs::read(&p).unwrap();
+            let used = b.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
+            let file = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+            file.set_len(used as u64 / 2).unwrap();
+        }
+    }
+
+    #[test]
+    fn acknowledged_events_cut_from_the_journal_are_said_counted_and_not_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = small(10, 8);
+        {
+            let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
+            // Batches of 3: blocks are sealed at 12, 24 and 36; 37..=39 stay unsealed.
+            for first in (1..=37).step_by(3) {
+                let evs: Vec<_> = (first..first + 3).map(ev_z).collect();
+                let next = first + 3;
+                s.append(&evs, &resume(next, 1000 + next as i64 - 1, next - 1))
+                    .unwrap();
+            }
+            assert_eq!(lock(&s.pending).events.len(), 3);
+        }
+        cut_journals(dir.path());
+        let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
+        let lost = s.lost_ranges().unwrap();
+        assert_eq!(lost.len(), 1, "{lost:?}");
+        let kept = lost[0].first;
+        assert!(kept > 1 && kept < 40, "{lost:?}");
+        // The unsealed events left were sealed before the gap.
+        assert_eq!(s.sealed_end.load(Relaxed), kept);
+        assert_eq!((lost[0].end, lost[0].why), (40, "journal"));
+        assert_eq!(s.integrity_stats().journal_lost_events, 40 - kept);
+        // No seq or time_us the last run gave out is given again.
+        assert_eq!((r.next_seq, r.last_time_us), (40, 1039));
+        // What is left reads, and ingest goes on above the gap.
+        assert_eq!(read_all(&s), (1..kept).collect::<Vec<_>>());
+        let evs: Vec<_> = (40..=55).map(ev_z).collect();
+        s.append(&evs, &resume(56, 1055, 55)).unwrap();
+        let want: Vec<u64> = (1..kept).chain(40..=55).collect();
+        assert_eq!(read_all(&s), want);
+        drop(s);
+        // Said once: the next open finds the store where it was left, the range still recorded.
+        let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
+        assert_eq!(r.next_seq, 56);
+        assert_eq!(s.integrity_stats().journal_lost_events, 0);
+        assert_eq!(s.lost_ranges().unwrap(), lost);
+        assert_eq!(read_all(&s), want);
+    }
+
+    #[test]
+    fn check_lists_the_damage_and_repair_removes_it_for_good() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = small(10, 8);
+        {
+            let s = filled(dir.path(), small, 45);
+            s.append(&[ev_z(46), ev_z(47), ev_z(48)], &resume(49, 1048, 48))
+                .unwrap();
+            s.flush().unwrap();
+            // An unsealed value that is not an event.
+            s.recent
+                .insert(47u64.to_be_bytes(), b"\x07garbage")
+                .unwrap();
+            s.ks.persist(PersistMode::SyncAll).unwrap();
+        }
+        flip_on_disk(dir.path(), &block_start(10, 11), 30);
+        let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
+        assert_eq!(r.next_seq, 49);
+        let c = s.check().unwrap();
+        assert!(c.is_damaged());
+        assert_eq!((c.blocks, c.checksummed, c.events), (4, 4, 35));
+        assert_eq!(
+            c.damaged,
+            [DamagedBlock {
+                first: 11,
+                end: 21,
+                what: "checksum"
+            }]
+        );
+        assert_eq!((c.unsealed, &c.damaged_unsealed[..]), (2, &[47][..]));
+        // Until repaired, reads skip both.
+        let want: Vec<u64> = (1..=10).chain(21..=46).chain([48]).collect();
+        assert_eq!(read_all(&s), want);
+        let removed = s.repair().unwrap();
+        assert_eq!(
+            removed,
+            [
+                LostRange {
+                    first: 11,
+                    end: 21,
+                    why: "corrupt block"
+                },
+                LostRange {
+                    first: 47,
+                    end: 48,
+                    why: "corrupt event"
+                }
+            ]
+        );
+        drop(s);
+        let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
+        assert_eq!(r.next_seq, 49);
+        let c = s.check().unwrap();
+        assert!(!c.is_damaged(), "{c:?}");
+        assert_eq!((c.blocks, c.events, c.unsealed), (3, 35, 2));
+        assert_eq!(c.lost, removed);
+        assert_eq!(read_all(&s), want);
+        assert_eq!(s.integrity_stats(), IntegrityStats::default());
+        // Ingest goes on: the unsealed events on either side of the gap are sealed apart.
+        let evs: Vec<_> = (49..=60).map(ev_z).collect();
+        s.append(&evs, &resume(61, 1060, 60)).unwrap();
+        assert_eq!(s.recent.len().unwrap(), 0);
+        let want: Vec<u64> = want.into_iter().chain(49..=60).collect();
+        assert_eq!(read_all(&s), want);
+        drop(s);
+        let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
+        assert_eq!(read_all(&s), want);
+        assert!(!s.check().unwrap().is_damaged());
+    }
+
+    #[test]
+    fn a_layout_3_directory_is_read_and_recorded_as_4() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = filled(dir.path(), small(10, 8), 15);
+            s.meta.insert(LAYOUT, 3u64.to_be_bytes()).unwrap();
+            s.ks.persist(PersistMode::SyncAll).unwrap();
+        }
+        let (s, _) = Store::open_with(dir.path(), 0, small(10, 8)).unwrap();
+        assert_eq!(be64(&s.meta.get(LAYOUT).unwrap().unwrap()), LAYOUT_VERSION);
+        drop(s);
+        {
+            let (ks, meta, _, _lock) = Store::open_dir(dir.path()).unwrap();
+            meta.insert(LAYOUT, 9u64.to_be_bytes()).unwrap();
+            ks.persist(PersistMode::SyncAll).unwrap();
+        }
+        match Store::open(dir.path(), 0) {
+            Err(StoreError::NewerLayout { found: 9, .. }) => {}
             other => panic!("{other:?}"),
         }
     }

@@ -1,4 +1,4 @@
-//! The store's compressed blocks (`store.rs`, layout 3) on the wire: the real capture ingested
+//! The store's compressed blocks (`store.rs`, layout 3, checksummed since 4) on the wire: the real capture ingested
 //! into a store that seals small blocks, replayed from disk (sealed blocks and unsealed events)
 //! and from memory, on both wires, plain and compressed: byte for byte the same messages, and
 //! v1's zstd frames made at send time identical to the ones ingest made.

@@ -19,7 +19,7 @@ pub enum Dict {
 
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
-    /// The data directory of `riptide serve` (not while a server has it open).
+    /// The data directory of `riptide serve` (refused while a server has it open).
     #[arg(long, value_name = "DIR")]
     data: PathBuf,
     /// Output file.

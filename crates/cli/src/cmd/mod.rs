@@ -16,6 +16,7 @@ pub mod repo;
 pub mod serve;
 pub mod serve_kafka;
 pub mod sim;
+pub mod store;
 pub mod tail;
 pub mod verify;
 pub mod verify_handle;
