@@ -510,3 +510,44 @@ fn serve_with_its_port_taken_says_so_before_touching_the_store() {
     assert!(!e.contains("task was cancelled"), "{e}");
     assert!(!store.exists(), "the data directory was not created");
 }
+
+/// Issue 39: `serve` fed a looped capture logged one line per refused frame (421 in 10 s at 50
+/// frames/s). Now a verdict's refusals are said in full the first five times, then in a summary
+/// at most once a minute, while `riptide_verdicts_total` counts every one.
+#[test]
+fn a_flood_of_refused_frames_is_said_a_bounded_number_of_times() {
+    let Some(capture) = common::capture_dir() else {
+        return;
+    };
+    let data = scratch();
+    let (_server, rx) = spawn_lines(
+        common::serve_command(data.path())
+            .env("RUST_LOG", "warn")
+            .arg("--did-docs")
+            .arg(capture.join("did_docs.json"))
+            .arg("--no-resync")
+            .arg("--ingest-file")
+            .arg(capture.join("firehose-frames.bin"))
+            .args(["--ingest-repeat", "4"]),
+    );
+    let lines = wait_line(&rx, PATIENCE, |l| l.starts_with("riptide serve: ws://"));
+    let addr = lines
+        .last()
+        .unwrap()
+        .strip_prefix("riptide serve: ws://")
+        .unwrap()
+        .trim_end_matches("/subscribe")
+        .to_owned();
+    wait_for(&addr, "riptide_ingest_finished", 1.0);
+    // Every commit of passes 2 to 4 replays one of pass 1.
+    let refused = metric(&addr, "riptide_verdicts_total{verdict=\"rev-regression\"}");
+    assert!(refused >= 3.0 * 100.0, "{refused}");
+    std::thread::sleep(Duration::from_millis(500));
+    let said: Vec<String> = rx
+        .try_iter()
+        .chain(lines)
+        .filter(|l| l.contains("failed verification"))
+        .collect();
+    assert_eq!(said.len(), 5, "{said:#?}");
+    assert!(said.iter().all(|l| l.contains("rev-regression")), "{said:#?}");
+}

@@ -20,6 +20,7 @@
 //!
 //! The client reads only each frame's header and payload (not its CAR) to learn kind and seq.
 
+use riptide_throttle::{Say, Throttle};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -120,6 +121,9 @@ impl FirehoseEvent {
     }
 }
 
+/// The warning for text messages on the firehose (see [`FirehoseClient::next`]).
+static TEXT: std::sync::LazyLock<Throttle> = std::sync::LazyLock::new(Throttle::default);
+
 /// A reconnecting firehose consumer. See the crate docs for the delivery guarantees.
 #[derive(Debug)]
 pub struct FirehoseClient {
@@ -185,15 +189,23 @@ impl FirehoseClient {
             let bytes = match msg {
                 Message::Binary(b) => b,
                 other => {
-                    // Relays send binary frames only: count it, say it, and go on.
+                    // Relays send binary frames only: count it, say it (a few times, then a
+                    // summary a minute: a Jetstream URL sends nothing else), and go on.
                     self.session.stats().message(other.len());
                     self.session.stats().text_message();
-                    tracing::warn!(
-                        host = self.session.host(),
-                        len = other.len(),
-                        after = ?self.session.cursor(),
-                        "text message on the firehose: skipped (relays send binary frames)"
-                    );
+                    match TEXT.say("text") {
+                        Say::Quiet => {}
+                        Say::Full => tracing::warn!(
+                            host = self.session.host(),
+                            len = other.len(),
+                            after = ?self.session.cursor(),
+                            "text message on the firehose: skipped (relays send binary frames; is this a Jetstream URL?)"
+                        ),
+                        Say::Summary { suppressed, total } => tracing::warn!(
+                            host = self.session.host(),
+                            "text messages on the firehose: {suppressed} more skipped since the last line, {total} in all"
+                        ),
+                    }
                     continue;
                 }
             };

@@ -52,6 +52,7 @@ use riptide_cbor::{write_json_int, Arena};
 use riptide_firehose::verify::{peek, Verdict, Verifier};
 use riptide_firehose::{DecodeOptions, FrameDecoder};
 use riptide_jetstream::{EventKind, Projector};
+use riptide_throttle::{Say, Throttle};
 use tokio::sync::mpsc;
 
 use riptide_firehose::chain::{AccountState, ChainStore, SyncStatus, Tip};
@@ -65,6 +66,11 @@ use crate::metrics::Metrics;
 use crate::resync::{Held, Holds, Landing, ResyncWiring};
 use crate::store::PendingChange;
 use crate::store::{Resume, StoreError};
+
+/// The lines that say a frame was refused, per verdict: a few in full, then a summary a minute
+/// (a looped capture or a broken relay refuses every frame; `riptide_verdicts_total` counts
+/// them all).
+static REFUSED: std::sync::LazyLock<Throttle> = std::sync::LazyLock::new(Throttle::default);
 
 /// One upstream frame: the relay's seq (the cursor to resume from) and the message bytes.
 pub type UpstreamFrame = (u64, Bytes);
@@ -859,7 +865,18 @@ impl Worker {
                 Err(e) => {
                     let v = Verdict::of_frame_error(&e);
                     metrics.verdict(v);
-                    tracing::warn!(seq, verdict = %v, error = %e, "frame does not decode: not served");
+                    match REFUSED.say(v.as_str()) {
+                        Say::Quiet => {}
+                        Say::Full => {
+                            tracing::warn!(seq, verdict = %v, error = %e, "frame does not decode: not served")
+                        }
+                        Say::Summary { suppressed, total } => tracing::warn!(
+                            seq,
+                            verdict = %v,
+                            error = %e,
+                            "frames do not decode ({v}): {suppressed} more not served since the last line, {total} in all (riptide_verdicts_total)"
+                        ),
+                    }
                 }
                 Ok(frame) => project(projector, &frame, seq, metrics, out),
             }
@@ -878,23 +895,39 @@ impl Worker {
                     v.forget_key(did);
                 }
             }
-            let rev = self
-                .decoder
-                .decode(bytes)
-                .ok()
-                .and_then(|f| match f.body() {
-                    riptide_firehose::Body::Commit(c) => Some(c.rev.to_string()),
-                    _ => None,
-                });
-            tracing::warn!(
-                did = report.did.unwrap_or("?"),
-                seq = report.seq.unwrap_or(-1),
-                rev = rev.as_deref().unwrap_or("?"),
-                kind = report.kind,
-                verdict = %report.verdict,
-                reason = %report.failure.as_ref().map(ToString::to_string).unwrap_or_default(),
-                "frame failed verification: not served"
-            );
+            match REFUSED.say(report.verdict.as_str()) {
+                Say::Quiet => {}
+                Say::Full => {
+                    let rev = self
+                        .decoder
+                        .decode(bytes)
+                        .ok()
+                        .and_then(|f| match f.body() {
+                            riptide_firehose::Body::Commit(c) => Some(c.rev.to_string()),
+                            _ => None,
+                        });
+                    tracing::warn!(
+                        did = report.did.unwrap_or("?"),
+                        seq = report.seq.unwrap_or(-1),
+                        rev = rev.as_deref().unwrap_or("?"),
+                        kind = report.kind,
+                        verdict = %report.verdict,
+                        reason = %report.failure.as_ref().map(ToString::to_string).unwrap_or_default(),
+                        "frame failed verification: not served"
+                    );
+                }
+                Say::Summary { suppressed, total } => tracing::warn!(
+                    verdict = %report.verdict,
+                    suppressed,
+                    total,
+                    did = report.did.unwrap_or("?"),
+                    seq = report.seq.unwrap_or(-1),
+                    "frames failed verification ({}): {suppressed} more not served since the last line, {total} in all \
+                     (riptide_verdicts_total; each is said in full only the first {} times)",
+                    report.verdict,
+                    Throttle::FIRST,
+                ),
+            }
         }
         self.drain_chain(out)?;
         Ok(Some((report.verdict, report.kind, report.did)))
