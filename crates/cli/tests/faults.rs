@@ -39,6 +39,18 @@ fn spawn_lines(cmd: &mut Command) -> (KillOnDrop, mpsc::Receiver<String>) {
     (common::KillOnDrop::from_child(child), rx)
 }
 
+/// The address a server announced on stderr (`riptide serve: ws://ADDR/subscribe`), and every
+/// line up to it.
+fn announced(rx: &mpsc::Receiver<String>) -> (String, Vec<String>) {
+    let lines = wait_line(rx, PATIENCE, |l| l.starts_with("riptide serve: ws://"));
+    let addr = lines
+        .last()
+        .and_then(|l| l.strip_prefix("riptide serve: ws://"))
+        .map(|a| a.trim_end_matches("/subscribe").to_owned())
+        .expect("announced");
+    (addr, lines)
+}
+
 /// Waits (at most `within`) for a line satisfying `want`; every line seen so far.
 fn wait_line(
     rx: &mpsc::Receiver<String>,
@@ -71,16 +83,7 @@ fn serve_with_nothing_listening_warns_within_seconds_and_is_not_ready() {
         &format!("ws://127.0.0.1:{port}"),
         "--no-verify",
     ]));
-    let lines = wait_line(&rx, Duration::from_secs(60), |l| {
-        l.starts_with("riptide serve: ws://")
-    });
-    let addr = lines
-        .last()
-        .unwrap()
-        .strip_prefix("riptide serve: ws://")
-        .unwrap()
-        .trim_end_matches("/subscribe")
-        .to_owned();
+    let (addr, lines) = announced(&rx);
     assert!(
         lines.iter().any(|l| l.contains("starting live")),
         "no live notice: {lines:?}"
@@ -530,14 +533,7 @@ fn a_flood_of_refused_frames_is_said_a_bounded_number_of_times() {
             .arg(capture.join("firehose-frames.bin"))
             .args(["--ingest-repeat", "4"]),
     );
-    let lines = wait_line(&rx, PATIENCE, |l| l.starts_with("riptide serve: ws://"));
-    let addr = lines
-        .last()
-        .unwrap()
-        .strip_prefix("riptide serve: ws://")
-        .unwrap()
-        .trim_end_matches("/subscribe")
-        .to_owned();
+    let (addr, lines) = announced(&rx);
     wait_for(&addr, "riptide_ingest_finished", 1.0);
     // Every commit of passes 2 to 4 replays one of pass 1.
     let refused = metric(&addr, "riptide_verdicts_total{verdict=\"rev-regression\"}");
@@ -549,5 +545,8 @@ fn a_flood_of_refused_frames_is_said_a_bounded_number_of_times() {
         .filter(|l| l.contains("failed verification"))
         .collect();
     assert_eq!(said.len(), 5, "{said:#?}");
-    assert!(said.iter().all(|l| l.contains("rev-regression")), "{said:#?}");
+    assert!(
+        said.iter().all(|l| l.contains("rev-regression")),
+        "{said:#?}"
+    );
 }

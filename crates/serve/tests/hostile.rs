@@ -49,6 +49,28 @@ struct Hostile {
     cursors: Arc<Mutex<Vec<Option<u64>>>>,
 }
 
+/// Accepts a WebSocket upgrade, with the `cursor` its query asked for.
+async fn accept(
+    s: tokio::net::TcpStream,
+) -> Option<(
+    tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>,
+    Option<u64>,
+)> {
+    let cursor = Arc::new(Mutex::new(None));
+    let c = cursor.clone();
+    let cb = move |req: &Request, resp: Response| {
+        *c.lock().unwrap() = req.uri().query().and_then(|q| {
+            q.split('&')
+                .find_map(|kv| kv.strip_prefix("cursor="))
+                .and_then(|v| v.parse::<u64>().ok())
+        });
+        Ok(resp)
+    };
+    let ws = tokio_tungstenite::accept_hdr_async(s, cb).await.ok()?;
+    let cursor = *cursor.lock().unwrap();
+    Some((ws, cursor))
+}
+
 /// A relay that plays `script` on every connection from the client's cursor, then holds the
 /// connection open.
 async fn hostile(script: Vec<(u64, Out)>) -> Hostile {
@@ -62,20 +84,9 @@ async fn hostile(script: Vec<(u64, Out)>) -> Hostile {
             let Ok((s, _)) = l.accept().await else { return };
             let (script, seen) = (script.clone(), seen.clone());
             tokio::spawn(async move {
-                let cursor = Arc::new(Mutex::new(None));
-                let c = cursor.clone();
-                let cb = move |req: &Request, resp: Response| {
-                    *c.lock().unwrap() = req.uri().query().and_then(|q| {
-                        q.split('&')
-                            .find_map(|kv| kv.strip_prefix("cursor="))
-                            .and_then(|v| v.parse::<u64>().ok())
-                    });
-                    Ok(resp)
-                };
-                let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(s, cb).await else {
+                let Some((mut ws, cursor)) = accept(s).await else {
                     return;
                 };
-                let cursor = *cursor.lock().unwrap();
                 seen.lock().unwrap().push(cursor);
                 for (seq, out) in script.iter() {
                     if cursor.is_some_and(|c| *seq <= c) {
@@ -495,20 +506,9 @@ async fn relay_after_forgery(
             let Ok((s, _)) = l.accept().await else { return };
             let (first, log, seen) = (first.clone(), log.clone(), seen.clone());
             tokio::spawn(async move {
-                let cursor = Arc::new(Mutex::new(None));
-                let c = cursor.clone();
-                let cb = move |req: &Request, resp: Response| {
-                    *c.lock().unwrap() = req.uri().query().and_then(|q| {
-                        q.split('&')
-                            .find_map(|kv| kv.strip_prefix("cursor="))
-                            .and_then(|v| v.parse::<u64>().ok())
-                    });
-                    Ok(resp)
-                };
-                let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(s, cb).await else {
+                let Some((mut ws, cursor)) = accept(s).await else {
                     return;
                 };
-                let cursor = *cursor.lock().unwrap();
                 let n = {
                     let mut s = seen.lock().unwrap();
                     s.push(cursor);
