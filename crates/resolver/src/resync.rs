@@ -18,9 +18,12 @@
 //! Limits, as the peers learned them (Jetstream's stream stalled for hours behind one huge
 //! repository, issue #299): at most [`ResyncConfig::per_account_per_minute`] resyncs of one
 //! account per minute ([`ResyncError::RateLimited`]); at most [`ResyncConfig::per_host`] fetches
-//! from one host at once; a host that answered `429` with `Retry-After` is not asked again
-//! before then; each fetch has a timeout and a size bound; verification runs on a blocking
-//! thread, never on the async threads that carry live events.
+//! from one host at once; a host that answered `429` with `Retry-After` (seconds or an
+//! HTTP-date) is not asked again before then, but never for longer than
+//! [`ResyncConfig::max_retry_after`] (a header is input: `Retry-After: 18446744073709551615` once
+//! overflowed the clock and killed the resync task; it is now capped, and the cap logged); each
+//! fetch has a timeout and a size bound; verification runs on a blocking thread, never on the
+//! async threads that carry live events.
 //!
 //! Memory: a repository is verified from one contiguous byte slice (the CAR reader indexes its
 //! blocks and the MST walk reads them in tree order, not CAR order). Up to
@@ -59,6 +62,9 @@ pub struct ResyncConfig {
     /// Where spooled repositories go (default: the system's temporary directory). The files
     /// are unnamed: nothing is left behind, even after a crash.
     pub spool_dir: Option<std::path::PathBuf>,
+    /// The longest a host's `429 Retry-After` is honoured (default 1 h): a longer one (or one
+    /// that does not fit the clock) is cut to this, with a warning.
+    pub max_retry_after: Duration,
 }
 
 impl Default for ResyncConfig {
@@ -70,6 +76,7 @@ impl Default for ResyncConfig {
             per_host: 4,
             spool_above: 32 << 20,
             spool_dir: None,
+            max_retry_after: Duration::from_secs(3600),
         }
     }
 }
@@ -410,7 +417,7 @@ impl Resyncer {
                 .get(url)
                 // The client's own timeout is for DID documents; a repository gets ours (a
                 // second later, so that the bound below is the one that reports it).
-                .timeout(self.cfg.timeout + Duration::from_secs(1))
+                .timeout(self.cfg.timeout.saturating_add(Duration::from_secs(1)))
                 .send()
                 .await
                 .map_err(|e| Fail::Other(net(url, e)))?;
@@ -420,8 +427,8 @@ impl Resyncer {
                     .headers()
                     .get(reqwest::header::RETRY_AFTER)
                     .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .unwrap_or(60);
+                    .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()))
+                    .unwrap_or(MINUTE);
                 return Err(Fail::RateLimited(after));
             }
             if status != 200 {
@@ -436,14 +443,22 @@ impl Resyncer {
             Err(_) => Err(format!("timed out after {:?}", self.cfg.timeout)),
             Ok(Ok(car)) => Ok(car),
             Ok(Err(Fail::Other(e))) => Err(e.to_string()),
-            Ok(Err(Fail::RateLimited(after))) => {
+            Ok(Err(Fail::RateLimited(asked))) => {
+                let cap = self.cfg.max_retry_after;
+                let after = asked.min(cap);
+                if asked > cap {
+                    tracing::warn!(
+                        host, asked = ?asked, honoured = ?after,
+                        "getRepo: 429 with a Retry-After beyond the cap: the host is asked again after the cap"
+                    );
+                }
+                let until = later(Instant::now(), after);
                 let mut hosts = self
                     .hosts
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let until = Instant::now() + Duration::from_secs(after);
                 hosts.entry(host).or_default().not_before = Some(until);
-                Err(format!("HTTP 429, Retry-After {after} s"))
+                Err(format!("HTTP 429, Retry-After {} s", after.as_secs()))
             }
         }
     }
@@ -491,13 +506,33 @@ fn commit_block(car: &[u8], cid: &CidBuf) -> Option<Vec<u8>> {
 
 /// Why one fetch failed.
 enum Fail {
-    /// `429` with this `Retry-After` (seconds; 60 when absent).
-    RateLimited(u64),
+    /// `429` with this `Retry-After` (60 s when absent or unreadable), before the cap.
+    RateLimited(Duration),
     /// Anything else.
     Other(ResolveError),
 }
 
 const MINUTE: Duration = Duration::from_secs(60);
+
+/// A `Retry-After` value (RFC 9110 §10.2.3): delay-seconds, saturating (a number too large for
+/// `u64` is `u64::MAX` seconds, for the caller to cap), or an HTTP-date, as the time from `now`
+/// until then (zero if past). `None` if it is neither.
+pub fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let v = value.trim();
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::from_secs(v.parse::<u64>().unwrap_or(u64::MAX)));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// `now + d`, saturating: an instant the clock cannot represent becomes the latest one it can
+/// within a year (an input-fed `Instant + Duration` panics on overflow).
+pub(crate) fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(365 * 86_400)))
+        .unwrap_or(now)
+}
 
 #[cfg(test)]
 mod tests {
@@ -517,5 +552,34 @@ mod tests {
         assert_eq!(relay_http_base("ftp://x"), None);
         assert_eq!(relay_http_base("ws://"), None);
         assert_eq!(host_of("http://a.b:3/xrpc/x?did=y"), "a.b:3");
+    }
+
+    #[test]
+    fn retry_after_is_seconds_or_a_date_and_never_overflows() {
+        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        let p = |v: &str| parse_retry_after(v, now);
+        assert_eq!(p("120"), Some(Duration::from_secs(120)));
+        assert_eq!(p(" 0 "), Some(Duration::ZERO));
+        assert_eq!(
+            p("18446744073709551615"),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        assert_eq!(
+            p("99999999999999999999999"),
+            Some(Duration::from_secs(u64::MAX)),
+            "saturates"
+        );
+        assert_eq!(
+            p("Sun, 06 Nov 1994 08:51:37 GMT"),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(p("Sun, 06 Nov 1994 08:00:00 GMT"), Some(Duration::ZERO));
+        assert_eq!(p("-5"), None);
+        assert_eq!(p("soon"), None);
+        assert_eq!(p(""), None);
+        // The instant: saturated, not a panic.
+        let t = Instant::now();
+        assert!(later(t, Duration::from_secs(u64::MAX)) >= t);
+        assert_eq!(later(t, Duration::from_secs(5)), t + Duration::from_secs(5));
     }
 }
