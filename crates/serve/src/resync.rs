@@ -18,7 +18,9 @@
 //!    `resync-failed` verdict (counted, logged at warn with every source's reason) and is retried
 //!    with backoff, doubling from [`ResyncLimits::first_retry`] to [`ResyncLimits::max_retry`],
 //!    for as long as the account still needs it; the per-account rate limit (5 a minute) is
-//!    waited out, not counted as a failure.
+//!    waited out, not counted as a failure. A resync task that dies (a panic) is caught at its
+//!    boundary: `resync-failed` (reason `panicked`), logged at error, and run again with the
+//!    same backoff, so its account never stays "in flight" with no one working on it.
 //! 3. Meanwhile every frame of the account except `#sync` (commits, `#identity`, `#account`, in
 //!    upstream order) is **held**: in the worker's memory and, in the same batch as the upstream
 //!    cursor that passes it, in the `resync` partition. Nothing of the account is served. The
@@ -55,8 +57,8 @@
 //! at the crash is simply done again.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -67,7 +69,7 @@ use riptide_firehose::verify::Verdict;
 use riptide_resolver::{ResyncError, Resynced, Resyncer};
 use tokio::sync::{mpsc, Semaphore};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ResyncFailure};
 use crate::store::{PendingChange, Store, StoreError};
 
 /// Resync bounds.
@@ -175,7 +177,7 @@ impl ResyncService {
                     in_flight: in_flight.clone(),
                     stopped: stop.clone(),
                 };
-                tokio::spawn(job.run(did));
+                tokio::spawn(job.supervise(did));
             }
         });
         ResyncWiring {
@@ -191,6 +193,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+#[derive(Clone)]
 struct Job {
     resyncer: Resyncer,
     relays: Vec<String>,
@@ -204,6 +207,20 @@ struct Job {
 }
 
 impl Job {
+    /// Runs the account's resync on its own task, and again (with backoff) if that task dies.
+    async fn supervise(self, did: String) {
+        let job = self.clone();
+        supervise(
+            &did,
+            &self.limits,
+            &self.stopped,
+            &self.metrics,
+            &self.in_flight,
+            move |d| job.clone().run(d),
+        )
+        .await;
+    }
+
     async fn run(self, did: String) {
         let mut wait = self.limits.first_retry;
         while !self.stopped.load(Relaxed) {
@@ -211,10 +228,9 @@ impl Job {
                 let Ok(_slot) = self.slots.acquire().await else {
                     break;
                 };
-                self.metrics.resync_in_flight.fetch_add(1, Relaxed);
-                let r = self.resyncer.resync(&did, &self.relays).await;
-                self.metrics.resync_in_flight.fetch_sub(1, Relaxed);
-                r
+                // A guard, not a pair of adds: the gauge comes down even if the resync panics.
+                let _busy = Busy::new(&self.metrics.resync_in_flight);
+                self.resyncer.resync(&did, &self.relays).await
             };
             match outcome {
                 Ok(resynced) => {
@@ -235,13 +251,13 @@ impl Job {
                     tokio::time::sleep(retry_in).await;
                 }
                 Err(e) => {
-                    self.metrics.verdict(Verdict::ResyncFailed);
+                    self.metrics.resync_failed(ResyncFailure::Sources);
                     tracing::warn!(
                         did, error = %e, retry_in = ?wait,
                         "resync failed: the account's frames stay held, none served"
                     );
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(self.limits.max_retry);
+                    wait = wait.saturating_mul(2).min(self.limits.max_retry);
                 }
             }
             // Still needed? A `#sync` may have resynchronized the account meanwhile.
@@ -254,6 +270,68 @@ impl Job {
         }
         lock(&self.in_flight).remove(&did);
     }
+}
+
+/// One more on a gauge for as long as it lives.
+struct Busy<'a>(&'a AtomicU64);
+
+impl<'a> Busy<'a> {
+    fn new(gauge: &'a AtomicU64) -> Busy<'a> {
+        gauge.fetch_add(1, Relaxed);
+        Busy(gauge)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Runs `attempt(did)` on a task of its own until it returns, at the task boundary catching its
+/// death: a resync task that panics (issue 40: an input-fed `Instant + Duration` overflowed) is
+/// a `resync-failed` (`panicked`), logged at error (the first time; warn after), and run again
+/// after backoff as a failed fetch would be. The account leaves `in_flight` when the attempt
+/// does not (a panic, the runtime ending, the service stopped), so it can always be queued
+/// again; an attempt that returns has removed it itself (before its landing is sent).
+async fn supervise<F, Fut>(
+    did: &str,
+    limits: &ResyncLimits,
+    stopped: &AtomicBool,
+    metrics: &Metrics,
+    in_flight: &Mutex<HashSet<String>>,
+    mut attempt: F,
+) where
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut wait = limits.first_retry;
+    let mut deaths = 0u64;
+    loop {
+        let died = match tokio::spawn(attempt(did.to_owned())).await {
+            Ok(()) => return,
+            Err(e) if e.is_panic() => e.into_panic(),
+            Err(_) => break, // cancelled: the runtime is shutting down
+        };
+        deaths += 1;
+        metrics.resync_failed(ResyncFailure::Panicked);
+        let why = died
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| died.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        if deaths == 1 {
+            tracing::error!(did, panic = %why, retry_in = ?wait, "resync task died: retried after backoff; its frames stay held");
+        } else {
+            tracing::warn!(did, panic = %why, deaths, retry_in = ?wait, "resync task died again");
+        }
+        tokio::time::sleep(wait).await;
+        wait = wait.saturating_mul(2).min(limits.max_retry);
+        if stopped.load(Relaxed) {
+            break;
+        }
+    }
+    lock(in_flight).remove(did);
 }
 
 /// A frame held for an account awaiting resync.
@@ -401,4 +479,64 @@ pub(crate) fn sync_frame(r: &Resynced, upstream_seq: u64, time: &str) -> Vec<u8>
     write_text(&mut out, "blocks");
     write_bytes(&mut out, &car);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[tokio::test]
+    async fn a_resync_task_that_dies_is_counted_and_run_again() {
+        let limits = ResyncLimits {
+            first_retry: Duration::from_millis(10),
+            max_retry: Duration::from_millis(20),
+            ..ResyncLimits::default()
+        };
+        let metrics = Metrics::default();
+        let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
+        lock(&in_flight).insert("did:plc:a".to_owned());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (r, f) = (runs.clone(), in_flight.clone());
+        supervise(
+            "did:plc:a",
+            &limits,
+            &AtomicBool::new(false),
+            &metrics,
+            &in_flight,
+            move |did| {
+                let (r, f) = (r.clone(), f.clone());
+                async move {
+                    if r.fetch_add(1, Relaxed) < 2 {
+                        panic!("deliberately, in a test");
+                    }
+                    // A run that returns leaves the in-flight set itself.
+                    lock(&f).remove(&did);
+                }
+            },
+        )
+        .await;
+        assert_eq!(runs.load(Relaxed), 3, "run again after each death");
+        assert_eq!(metrics.resync_failure_count(ResyncFailure::Panicked), 2);
+        assert_eq!(metrics.verdict_count(Verdict::ResyncFailed), 2);
+        assert!(lock(&in_flight).is_empty());
+
+        // Stopped meanwhile: not run again, and the account leaves the in-flight set.
+        lock(&in_flight).insert("did:plc:b".to_owned());
+        supervise(
+            "did:plc:b",
+            &limits,
+            &AtomicBool::new(true),
+            &metrics,
+            &in_flight,
+            |_| async { panic!("deliberately, in a test") },
+        )
+        .await;
+        assert!(lock(&in_flight).is_empty(), "released");
+        assert_eq!(metrics.resync_failure_count(ResyncFailure::Panicked), 3);
+        assert!(metrics
+            .render(&[])
+            .contains("riptide_resync_failed_total{reason=\"panicked\"} 3"));
+    }
 }

@@ -20,6 +20,7 @@ use riptide_gen::network::did_docs;
 use riptide_gen::{Config, Network};
 use riptide_identity::DidDocs;
 use riptide_resolver::{Resolver, ResolverConfig, ResyncConfig, Resyncer};
+use riptide_serve::metrics::ResyncFailure;
 use riptide_serve::resync::{ResyncLimits, ResyncService};
 use riptide_serve::{
     ingest, IngestConfig, Keys, Log, Metrics, ReadLimit, Resume, Store, TailLimits,
@@ -158,6 +159,16 @@ struct Running {
 
 /// Ingest into `dir` with resync through `sim`'s PLC and PDS.
 fn start(dir: &std::path::Path, w: &World, sim: &SimHandle, resync: bool) -> Running {
+    start_with(dir, w, sim, resync.then(ResyncConfig::default))
+}
+
+/// [`start`] with the resolver's resync settings (`None`: no resync).
+fn start_with(
+    dir: &std::path::Path,
+    w: &World,
+    sim: &SimHandle,
+    resync: Option<ResyncConfig>,
+) -> Running {
     let (store, resume) = Store::open(dir, 0).unwrap();
     let log = Arc::new(Log::new(
         store.clone(),
@@ -168,7 +179,7 @@ fn start(dir: &std::path::Path, w: &World, sim: &SimHandle, resync: bool) -> Run
     let mut cfg = IngestConfig::verifying(keys(w));
     cfg.workers = 3;
     cfg.max_batch = 40;
-    let wiring = resync.then(|| {
+    let wiring = resync.map(|rcfg| {
         let resolver = Resolver::new(ResolverConfig {
             plc_url: sim.base_url(),
             timeout: Duration::from_secs(30),
@@ -176,7 +187,7 @@ fn start(dir: &std::path::Path, w: &World, sim: &SimHandle, resync: bool) -> Run
         })
         .unwrap();
         ResyncService::start(
-            Resyncer::new(resolver, ResyncConfig::default()),
+            Resyncer::new(resolver, rcfg),
             Vec::new(),
             limits(),
             store.clone(),
@@ -489,4 +500,59 @@ async fn an_upstream_sync_ends_the_resync_and_covers_the_held_commits() {
         got[&w.victim].iter().any(|(k, _)| k == "Sync"),
         "the upstream #sync is served"
     );
+}
+
+/// Issue 40: `Retry-After: 18446744073709551615` on `getRepo` overflowed `Instant + Duration`
+/// and killed the resync task, its account in flight forever and its frames never served. The
+/// header is now capped (here at a second): the attempt is a counted failure, the account is
+/// retried, and it recovers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_retry_after_is_capped_and_the_account_recovers() {
+    let w = world(31, false);
+    // Request 1 is the DID document; request 2, the first getRepo, is a 429.
+    let host = sim(
+        &w,
+        false,
+        Faults {
+            rate_limit_every: 2,
+            rate_limit_retry_after: Some(u64::MAX),
+            ..Faults::default()
+        },
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let r = start_with(
+        dir.path(),
+        &w,
+        &host,
+        Some(ResyncConfig {
+            max_retry_after: Duration::from_secs(1),
+            ..ResyncConfig::default()
+        }),
+    );
+    feed(&r, &w.frames, 1).await;
+    let m = r.metrics.clone();
+    wait_for("the resync to land after the 429", || {
+        m.resync_landed.load(Relaxed) == 1 && m.resync_held.load(Relaxed) == 0
+    })
+    .await;
+    let (m, store, _) = stop(r).await;
+    assert_eq!(
+        host.sim.counters().errors_injected.load(Relaxed),
+        1,
+        "one 429"
+    );
+    // The 429 and each retry while the host was left alone: counted, none a dead task.
+    assert!(m.resync_failure_count(ResyncFailure::Sources) >= 1);
+    assert_eq!(m.resync_failure_count(ResyncFailure::Panicked), 0);
+    assert_eq!(
+        count(&m, Verdict::ResyncFailed),
+        m.resync_failure_count(ResyncFailure::Sources)
+    );
+    assert!(store.held().unwrap().is_empty());
+    assert_eq!(
+        store.account(&w.victim).unwrap().unwrap().sync,
+        SyncStatus::Synchronized
+    );
+    assert_eq!(count(&m, Verdict::Ok), w.frames.len() as u64 - 1);
 }
