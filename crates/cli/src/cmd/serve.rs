@@ -133,6 +133,9 @@ pub struct Args {
     pub ingest_rate: Option<f64>,
 }
 
+/// The largest duration a flag takes (100 years).
+const MAX_DURATION_SECS: u64 = 36_500 * 86_400;
+
 /// `24h`, `90m`, `30s`, `2d`, or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
@@ -140,13 +143,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("bad duration {s:?} (use e.g. 24h, 90m, 30s, 2d)"))?;
     let secs = match unit {
-        "" | "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86400,
+        "" | "s" => Some(n),
+        "m" => n.checked_mul(60),
+        "h" => n.checked_mul(3600),
+        "d" => n.checked_mul(86400),
         _ => return Err(format!("bad duration unit in {s:?} (s, m, h or d)")),
     };
-    Ok(Duration::from_secs(secs))
+    // A hundred years at most: a deadline is `now +` it, which must not overflow the clock.
+    match secs {
+        Some(secs) if secs <= MAX_DURATION_SECS => Ok(Duration::from_secs(secs)),
+        _ => Err(format!("duration {s:?} is too large (at most 36500d)")),
+    }
 }
 
 pub fn init_tracing() {
@@ -626,7 +633,8 @@ pub async fn feed_file(
         }
         sent += 1;
         if let Some(r) = rate {
-            let due = Duration::from_secs_f64(sent as f64 / r);
+            // Saturating: a rate of 0 (or below) paces nothing rather than panicking.
+            let due = Duration::try_from_secs_f64(sent as f64 / r).unwrap_or(Duration::ZERO);
             let el = start.elapsed();
             if due > el + Duration::from_millis(2) {
                 tokio::time::sleep(due - el).await;
@@ -673,6 +681,25 @@ mod tests {
         match cli.command {
             crate::Command::Serve(a) => assert_eq!(a.serve.listen, at),
             _ => panic!("not serve"),
+        }
+    }
+
+    #[test]
+    fn durations_parse_and_an_absurd_one_is_refused_not_overflowed() {
+        assert_eq!(parse_duration("90m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
+        assert_eq!(
+            parse_duration("36500d"),
+            Ok(Duration::from_secs(MAX_DURATION_SECS))
+        );
+        for bad in [
+            "36501d",
+            "18446744073709551615d",
+            "18446744073709551615",
+            "5x",
+            "h",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }
 }
