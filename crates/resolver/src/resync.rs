@@ -15,6 +15,13 @@
 //! all fail, [`ResyncError::AllSourcesFailed`] lists every attempt. Nothing unverified is ever
 //! returned.
 //!
+//! Staleness: a mirror (a relay) may hold an older repository, validly signed. Only the caller
+//! knows what is too old (its stored chain tip), so it says so ([`Resyncer::resync_since`]): a
+//! repository whose `rev` is below that is a failed source like any other
+//! ([`Attempt::stale`]), and the next one is asked. Without this, a lagging relay answered first
+//! every time and the account's PDS, which had the right repository, was never asked (issue 40:
+//! 175 stale fetches in 70 s, no account recovered).
+//!
 //! Limits, as the peers learned them (Jetstream's stream stalled for hours behind one huge
 //! repository, issue #299): at most [`ResyncConfig::per_account_per_minute`] resyncs of one
 //! account per minute ([`ResyncError::RateLimited`]); at most [`ResyncConfig::per_host`] fetches
@@ -100,6 +107,8 @@ pub struct Resynced {
     pub bytes: u64,
     /// The `getRepo` URL it came from.
     pub source: String,
+    /// Sources asked before it whose repository was stale ([`Attempt::stale`]).
+    pub stale_sources: usize,
 }
 
 /// One source tried and why it did not do.
@@ -109,6 +118,8 @@ pub struct Attempt {
     pub url: String,
     /// What went wrong.
     pub why: String,
+    /// The repository verified but was older than the caller's minimum (a stale mirror).
+    pub stale: bool,
 }
 
 /// Why a resync gave no new state.
@@ -152,6 +163,17 @@ fn describe(attempts: &[Attempt]) -> String {
 }
 
 impl ResyncError {
+    /// How many sources answered with a stale repository ([`Attempt::stale`]): the account's
+    /// mirrors lag behind it.
+    pub fn stale_sources(&self) -> usize {
+        match self {
+            ResyncError::AllSourcesFailed { attempts, .. } => {
+                attempts.iter().filter(|a| a.stale).count()
+            }
+            _ => 0,
+        }
+    }
+
     /// Whether trying again later may succeed (everything but a DID that does not exist).
     pub fn is_transient(&self) -> bool {
         match self {
@@ -211,6 +233,18 @@ impl Resyncer {
     /// Fetches and verifies `did`'s repository from each relay of `relays` (their
     /// `subscribeRepos` URLs), then from its PDS, under the limits (module docs).
     pub async fn resync(&self, did: &str, relays: &[String]) -> Result<Resynced, ResyncError> {
+        self.resync_since(did, relays, None).await
+    }
+
+    /// [`Resyncer::resync`], refusing a repository whose `rev` (as a TID value,
+    /// `riptide_syntax::tid_value`) is below `min_rev`: that source is stale, and the next is
+    /// tried (module docs).
+    pub async fn resync_since(
+        &self,
+        did: &str,
+        relays: &[String],
+        min_rev: Option<u64>,
+    ) -> Result<Resynced, ResyncError> {
         self.admit(did)?;
         let doc = self
             .resolver
@@ -236,7 +270,11 @@ impl Resyncer {
         for base in urls {
             let url = format!("{base}/xrpc/com.atproto.sync.getRepo?did={did}");
             match self.fetch(&url).await {
-                Err(why) => attempts.push(Attempt { url, why }),
+                Err(why) => attempts.push(Attempt {
+                    url,
+                    why,
+                    stale: false,
+                }),
                 Ok(car) => {
                     let bytes = car.len() as u64;
                     let k = key.clone();
@@ -247,7 +285,26 @@ impl Resyncer {
                         })
                     })
                     .await;
+                    let too_old = |rev: &str| {
+                        min_rev.is_some_and(|min| {
+                            riptide_syntax::tid_value(rev).is_none_or(|v| v < min)
+                        })
+                    };
                     match verified {
+                        Ok(Ok((r, Some(_)))) if r.did == did && too_old(&r.rev) => {
+                            tracing::warn!(
+                                did, rev = %r.rev, url,
+                                "resync: the source's repository is older than a commit already seen (stale): trying the next"
+                            );
+                            attempts.push(Attempt {
+                                url,
+                                why: format!(
+                                    "stale: rev {} is older than a commit already seen",
+                                    r.rev
+                                ),
+                                stale: true,
+                            });
+                        }
                         Ok(Ok((r, Some(commit_block)))) if r.did == did => {
                             return Ok(Resynced {
                                 did: did.to_owned(),
@@ -258,23 +315,31 @@ impl Resyncer {
                                 records: r.records,
                                 bytes,
                                 source: url,
+                                stale_sources: attempts
+                                    .iter()
+                                    .filter(|a: &&Attempt| a.stale)
+                                    .count(),
                             })
                         }
                         Ok(Ok((r, Some(_)))) => attempts.push(Attempt {
                             url,
                             why: format!("the repository is {}'s", r.did),
+                            stale: false,
                         }),
                         Ok(Ok((_, None))) => attempts.push(Attempt {
                             url,
                             why: "the commit block is not in the CAR".to_owned(),
+                            stale: false,
                         }),
                         Ok(Err(e)) => attempts.push(Attempt {
                             url,
                             why: format!("does not verify: {e}"),
+                            stale: false,
                         }),
                         Err(e) => attempts.push(Attempt {
                             url,
                             why: format!("verification task failed: {e}"),
+                            stale: false,
                         }),
                     }
                 }

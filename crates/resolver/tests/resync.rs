@@ -226,3 +226,29 @@ async fn a_large_repository_is_spooled_to_disk_and_verified_the_same() {
     .unwrap_err();
     assert!(attempts(&e)[0].contains("spooling"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_older_than_asked_is_stale_and_the_next_source_is_tried() {
+    let w = world().await;
+    let rs = resyncer(&w, ResyncConfig::default());
+    let rev = riptide_repo::verify_repo(&w.alice.car, Some(&w.alice.key.public_key()))
+        .unwrap()
+        .rev;
+    let v = riptide_syntax::tid_value(&rev).unwrap();
+    // At its own rev it will do.
+    let got = rs
+        .resync_since(&w.alice.did, &[relay(&w)], Some(v))
+        .await
+        .unwrap();
+    assert_eq!((got.rev.as_str(), got.stale_sources), (rev.as_str(), 0));
+    // Newer asked: the relay's is stale (the PDS is the same URL here, asked once).
+    let e = rs
+        .resync_since(&w.alice.did, &[relay(&w)], Some(v + 1))
+        .await
+        .unwrap_err();
+    let why = attempts(&e);
+    assert_eq!(why.len(), 1, "{why:?}");
+    assert!(why[0].starts_with("stale"), "{why:?}");
+    assert_eq!(e.stale_sources(), 1);
+    assert!(e.is_transient());
+}

@@ -69,8 +69,8 @@ impl SlowDrop {
 pub enum ResyncFailure {
     /// No source gave a repository that verifies (or the DID document could not be had).
     Sources,
-    /// The only repositories that verified were older than a commit already seen (stale
-    /// mirrors).
+    /// A source's repository verified but was older than a commit already seen (a stale
+    /// mirror): counted per such answer, even when a later source had a good one.
     Stale,
     /// The resync task died (a panic, caught at the task's boundary); the account is retried.
     Panicked,

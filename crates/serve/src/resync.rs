@@ -30,8 +30,13 @@
 //!    resynced again: bounded memory, nothing silent).
 //! 4. The verified repository lands: it goes to the account's worker through the dispatcher, in
 //!    upstream order with the frames. Its commit becomes the account's state (`synchronized`),
-//!    unless it is older than the commit that broke the chain (a stale mirror: counted in
-//!    `riptide_resync_stale_total`, and the account is queued again). The held frames are then
+//!    unless it is older than the account's stored tip (a stale mirror). The resolver is told
+//!    that tip before each attempt and skips a source whose repository is older, asking the next
+//!    (relays, then the PDS); an attempt where no source had a recent enough one is
+//!    `resync-failed` (reason `stale`, once per stale answer, even when a later source had a
+//!    good one) and retried with backoff. One that still lands stale (the
+//!    tip moved meanwhile) is counted in `riptide_resync_stale_total` and as `resync-failed`
+//!    (`stale`), and the account is queued again. The held frames are then
 //!    verified against the new state in their order — those the repository already covers are
 //!    `rev-regression`, those that continue it are `ok` and served — and released from the store,
 //!    in one batch with the events they produce.
@@ -223,17 +228,44 @@ impl Job {
 
     async fn run(self, did: String) {
         let mut wait = self.limits.first_retry;
+        let mut first = true;
         while !self.stopped.load(Relaxed) {
+            // Still needed? A `#sync` may have resynchronized the account meanwhile. (The first
+            // time it is: ingest queued it once its state was durable.) And since when: a
+            // repository older than the stored tip is stale, and the next source is asked.
+            let store = self.store.clone();
+            let d = did.clone();
+            let state = match tokio::task::spawn_blocking(move || store.account(&d)).await {
+                Ok(Ok(s)) => s,
+                _ => break,
+            };
+            let resyncing = state.is_some_and(|s| s.sync == SyncStatus::Resyncing);
+            if !first && !resyncing {
+                break;
+            }
+            first = false;
+            // (Resynchronized before the first attempt: its tip says nothing about this resync,
+            // which lands "after the account was resynchronized" and is ignored, as ever.)
+            let min_rev = state
+                .filter(|_| resyncing)
+                .and_then(|s| s.tip)
+                .map(|t| t.rev);
             let outcome = {
                 let Ok(_slot) = self.slots.acquire().await else {
                     break;
                 };
                 // A guard, not a pair of adds: the gauge comes down even if the resync panics.
                 let _busy = Busy::new(&self.metrics.resync_in_flight);
-                self.resyncer.resync(&did, &self.relays).await
+                self.resyncer
+                    .resync_since(&did, &self.relays, min_rev)
+                    .await
             };
             match outcome {
                 Ok(resynced) => {
+                    // Each stale answer is a failure, even when a later source did better.
+                    for _ in 0..resynced.stale_sources {
+                        self.metrics.resync_failed(ResyncFailure::Stale);
+                    }
                     self.metrics.resync_bytes.fetch_add(resynced.bytes, Relaxed);
                     self.metrics
                         .resync_records
@@ -251,7 +283,10 @@ impl Job {
                     tokio::time::sleep(retry_in).await;
                 }
                 Err(e) => {
-                    self.metrics.resync_failed(ResyncFailure::Sources);
+                    match e.stale_sources() {
+                        0 => self.metrics.resync_failed(ResyncFailure::Sources),
+                        n => (0..n).for_each(|_| self.metrics.resync_failed(ResyncFailure::Stale)),
+                    }
                     tracing::warn!(
                         did, error = %e, retry_in = ?wait,
                         "resync failed: the account's frames stay held, none served"
@@ -259,13 +294,6 @@ impl Job {
                     tokio::time::sleep(wait).await;
                     wait = wait.saturating_mul(2).min(self.limits.max_retry);
                 }
-            }
-            // Still needed? A `#sync` may have resynchronized the account meanwhile.
-            let store = self.store.clone();
-            let d = did.clone();
-            let still = tokio::task::spawn_blocking(move || store.account(&d)).await;
-            if !matches!(still, Ok(Ok(Some(s))) if s.sync == SyncStatus::Resyncing) {
-                break;
             }
         }
         lock(&self.in_flight).remove(&did);
