@@ -252,3 +252,61 @@ async fn a_repository_older_than_asked_is_stale_and_the_next_source_is_tried() {
     assert_eq!(e.stale_sources(), 1);
     assert!(e.is_transient());
 }
+
+/// Issue 40: with `--did-docs`, frames were verified with the file's keys but a resynced
+/// repository with the PLC's. One identity source: a resolver given the documents takes the key
+/// and the PDS from them alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_documents_are_the_only_identity_source() {
+    let w = world().await;
+    let docs = |pairs: &[(&fixture::FixtureAccount, &serde_json::Value)]| {
+        let mut m = serde_json::Map::new();
+        for (a, doc) in pairs {
+            m.insert(a.did.clone(), (*doc).clone());
+        }
+        let d = riptide_identity::DidDocs::from_slice(&serde_json::to_vec(&m).unwrap()).unwrap();
+        Resyncer::new(
+            Resolver::new(ResolverConfig {
+                // Unreachable: any lookup there would fail the resync.
+                plc_url: "http://127.0.0.1:1".to_owned(),
+                did_docs: Some(riptide_resolver::StaticDocs(std::sync::Arc::new(d))),
+                ..ResolverConfig::default()
+            })
+            .unwrap(),
+            ResyncConfig::default(),
+        )
+    };
+    // alice's document as the PLC (the sim) serves it: the PDS is the sim.
+    let served: serde_json::Value =
+        reqwest_get(&format!("{}/{}", w.sim.base_url(), w.alice.did)).await;
+    let rs = docs(&[(&w.alice, &served)]);
+    let got = rs.resync(&w.alice.did, &[]).await.unwrap();
+    assert!(got.source.starts_with(&w.sim.base_url()), "the file's PDS");
+    // The file's key, not the PLC's: mallory's key for alice, and her repository is refused.
+    let mut forged = served.clone();
+    forged["verificationMethod"] = mallory_doc(&w)["verificationMethod"].clone();
+    forged["verificationMethod"][0]["id"] = serde_json::json!(format!("{}#atproto", w.alice.did));
+    forged["verificationMethod"][0]["controller"] = serde_json::json!(w.alice.did);
+    let e = docs(&[(&w.alice, &forged)])
+        .resync(&w.alice.did, &[])
+        .await
+        .unwrap_err();
+    assert!(attempts(&e)[0].contains("does not verify"), "{e}");
+    // Not in the file: not looked up elsewhere.
+    match docs(&[(&w.alice, &served)])
+        .resync(&w.mallory.did, &[])
+        .await
+    {
+        Err(ResyncError::Identity { .. }) => {}
+        other => panic!("expected an identity failure, got {other:?}"),
+    }
+}
+
+fn mallory_doc(w: &World) -> serde_json::Value {
+    w.mallory.doc.clone()
+}
+
+async fn reqwest_get(url: &str) -> serde_json::Value {
+    let body = reqwest::get(url).await.unwrap().bytes().await.unwrap();
+    serde_json::from_slice(&body).unwrap()
+}

@@ -7,7 +7,8 @@
 //! position in the file, repeated `--ingest-repeat` times).
 //!
 //! Keys: `--did-docs FILE`, or else PLC (`--plc-url`) and did:web resolution with a bounded
-//! cache (`--did-cache`), warmed before each frame is verified. [`start`] is also what `riptide
+//! cache (`--did-cache`), warmed before each frame is verified. One identity source: resync's
+//! key and PDS come from the same place as the frames' keys (the file, when given). [`start`] is also what `riptide
 //! demo` runs.
 //!
 //! Prints its URL (`ws://ADDR/subscribe`) as the first stdout line, as `relay` and `sim` do; logs
@@ -24,7 +25,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bytes::Bytes;
 use riptide_firehose::corpus::split_frames;
-use riptide_resolver::{Resolver, ResolverConfig, ResolverKeys, ResyncConfig, Resyncer};
+use riptide_resolver::{
+    Resolver, ResolverConfig, ResolverKeys, ResyncConfig, Resyncer, StaticDocs,
+};
 use riptide_serve::resync::{ResyncLimits, ResyncService};
 use riptide_serve::{
     ingest, router, upstream, App, ConnLimits, Dictionary, IngestConfig, Keys, LimitedListener,
@@ -80,9 +83,11 @@ pub struct Args {
     #[arg(long, value_name = "DUR", default_value = "120s", value_parser = parse_duration)]
     pub ready_max_idle: Duration,
     /// Static DID documents (DID → document JSON) for signature keys, instead of resolution.
+    /// Resync takes each account's key and PDS from them too (--plc-url is then unused).
     #[arg(long, value_name = "FILE")]
     pub did_docs: Option<PathBuf>,
-    /// PLC directory for key resolution (without --did-docs); did:web is resolved over HTTPS.
+    /// PLC directory for key and PDS resolution, frames' and resync's (without --did-docs);
+    /// did:web is resolved over HTTPS.
     #[arg(long, value_name = "URL", default_value = "https://plc.directory")]
     pub plc_url: String,
     /// Most DID documents cached (LRU), with negative entries.
@@ -340,12 +345,20 @@ impl Running {
 pub async fn start(args: &Args) -> anyhow::Result<Running> {
     let source_rt = SourceRuntime::new()?;
     let mut resolver = None;
-    // Keys (and, for resync, repositories) through PLC / did:web, as --plc-url says.
+    // An edge (--from) verifies nothing itself: the ingest node did.
+    let verifies = !(args.no_verify || args.from.is_some());
+    // One identity source for frames and resync: the --did-docs file, when given.
+    let docs = match &args.did_docs {
+        Some(p) if verifies => Some(Arc::new(super::load_did_docs(p)?)),
+        _ => None,
+    };
+    // Keys (and, for resync, repositories) through PLC / did:web as --plc-url says, or the file.
     let new_resolver = || {
         Resolver::new(ResolverConfig {
             plc_url: args.plc_url.trim_end_matches('/').to_owned(),
             cache_capacity: args.did_cache,
             timeout: Duration::from_secs(10),
+            did_docs: docs.clone().map(StaticDocs),
             ..ResolverConfig::default()
         })
     };
@@ -355,11 +368,10 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     } else {
         args.upstream.clone()
     };
-    // An edge (--from) verifies nothing itself: the ingest node did.
-    let keys = match (&args.did_docs, args.no_verify || args.from.is_some()) {
-        (_, true) => None,
-        (Some(p), false) => Some(Keys::from_docs(super::load_did_docs(p)?)),
-        (None, false) => {
+    let keys = match (&docs, verifies) {
+        (_, false) => None,
+        (Some(d), true) => Some(Keys::from_shared_docs(d.clone())),
+        (None, true) => {
             let r = new_resolver()?;
             resolver = Some(r.clone());
             let keys = ResolverKeys::new(r).resolving_on(source_rt.handle());
@@ -459,8 +471,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
             None
         } else {
             // Resync needs DID documents for the PDS and key: the resolver's, or one made for it
-            // (with --did-docs, frames are verified with the file's keys but a repository is
-            // fetched as any consumer would, through PLC / did:web).
+            // (with --did-docs, from the file: the same keys as the frames'; issue 40).
             let r = match &resolver {
                 Some(r) => r.clone(),
                 None => new_resolver()?,
