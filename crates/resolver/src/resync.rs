@@ -66,8 +66,9 @@ pub struct ResyncConfig {
     /// Repositories larger than this are spooled to a file and memory-mapped rather than read
     /// into memory (default 32 MiB).
     pub spool_above: usize,
-    /// Where spooled repositories go (default: the system's temporary directory). The files
-    /// are unnamed: nothing is left behind, even after a crash.
+    /// Where spooled repositories go (default: the system's temporary directory, which may be
+    /// a tmpfs, i.e. memory: `riptide serve` sets `DATA/spool/`). The files are unnamed:
+    /// nothing is left behind, even after a crash.
     pub spool_dir: Option<std::path::PathBuf>,
     /// The longest a host's `429 Retry-After` is honoured (default 1 h): a longer one (or one
     /// that does not fit the clock) is cut to this, with a warning.

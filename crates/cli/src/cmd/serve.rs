@@ -106,7 +106,7 @@ pub struct Args {
     /// held until it lands (`riptide_serve::resync`).
     #[arg(long)]
     pub no_resync: bool,
-    /// Data directory (the event store).
+    /// Data directory (the event store; resync spools large repositories in DIR/spool/).
     #[arg(long, value_name = "DIR", default_value = "riptide-data")]
     pub data: PathBuf,
     /// How long events are kept for replay (e.g. 24h, 90m, 2d).
@@ -136,6 +136,18 @@ pub struct Args {
     /// Not a contract: at most this many frames per second from the file.
     #[arg(long, requires = "ingest_file")]
     pub ingest_rate: Option<f64>,
+}
+
+/// Resync's settings: large repositories spool under `DATA/spool/` (created here), not the
+/// system's temporary directory, which on a tmpfs `/tmp` is memory (8 resyncs of up to 512 MiB
+/// at once; issue 40). The spool files are unnamed: nothing is left there, even after a crash.
+fn resync_config(data: &std::path::Path) -> anyhow::Result<ResyncConfig> {
+    let spool = data.join("spool");
+    std::fs::create_dir_all(&spool).with_context(|| format!("creating {}", spool.display()))?;
+    Ok(ResyncConfig {
+        spool_dir: Some(spool),
+        ..ResyncConfig::default()
+    })
 }
 
 /// The largest duration a flag takes (100 years).
@@ -482,7 +494,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                 hosts.clone()
             };
             Some(ResyncService::start(
-                Resyncer::new(r, ResyncConfig::default()),
+                Resyncer::new(r, resync_config(&args.data)?),
                 relays,
                 ResyncLimits::default(),
                 log.store().clone(),
@@ -712,5 +724,16 @@ mod tests {
         ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn resync_spools_under_the_data_directory() {
+        let data = tempfile::tempdir().unwrap();
+        let cfg = resync_config(data.path()).unwrap();
+        let spool = data.path().join("spool");
+        assert_eq!(cfg.spool_dir.as_deref(), Some(spool.as_path()));
+        assert!(spool.is_dir(), "created at start");
+        // Again (a restart): fine.
+        resync_config(data.path()).unwrap();
     }
 }
