@@ -32,6 +32,13 @@
 //! fetch has a timeout and a size bound; verification runs on a blocking thread, never on the
 //! async threads that carry live events.
 //!
+//! Redirects: a `getRepo` answer may redirect, but only to the same host (scheme, host and
+//! port), at most [`MAX_REDIRECTS`] times; anything else is refused as
+//! [`ResolveError::Redirect`], a failed source, and the next source is asked. Following a
+//! redirect to another host would fetch from a host whose per-host limit and `Retry-After` were
+//! never consulted (issue 40); a relay that points at the account's PDS loses nothing, since the
+//! PDS is the next source anyway, asked under its own limits.
+//!
 //! Memory: a repository is verified from one contiguous byte slice (the CAR reader indexes its
 //! blocks and the MST walk reads them in tree order, not CAR order). Up to
 //! [`ResyncConfig::spool_above`] it is read into memory; a larger one is streamed to an unnamed
@@ -190,13 +197,26 @@ struct Host {
     not_before: Option<Instant>,
 }
 
+/// Most redirects one `getRepo` follows, all to its own host (module docs).
+pub const MAX_REDIRECTS: usize = 3;
+
 /// Resyncs accounts under the limits of [`ResyncConfig`]. Cheap to share (`Arc` inside).
 #[derive(Clone, Debug)]
 pub struct Resyncer {
     resolver: Resolver,
+    /// The resolver's HTTP client but for redirects: same-host only, at most
+    /// [`MAX_REDIRECTS`] (module docs).
+    http: reqwest::Client,
     cfg: ResyncConfig,
     hosts: Arc<Mutex<HashMap<String, Host>>>,
     recent: Arc<Mutex<HashMap<String, VecDeque<Instant>>>>,
+}
+
+/// Whether two URLs have the same scheme, host and port (a redirect that may be followed).
+fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
 }
 
 /// `ws(s)://host[:port]/…` → `http(s)://host[:port]` (a relay's HTTP base).
@@ -223,7 +243,31 @@ fn host_of(url: &str) -> String {
 impl Resyncer {
     /// A resyncer resolving DIDs (and fetching) with `resolver`.
     pub fn new(resolver: Resolver, cfg: ResyncConfig) -> Resyncer {
+        let rc = resolver.config();
+        let http = reqwest::Client::builder()
+            .timeout(rc.timeout)
+            .connect_timeout(rc.timeout.min(Duration::from_secs(10)))
+            .redirect(reqwest::redirect::Policy::custom(|a| {
+                let elsewhere = a
+                    .previous()
+                    .first()
+                    .is_some_and(|f| !same_origin(f, a.url()));
+                if elsewhere || a.previous().len() > MAX_REDIRECTS {
+                    a.stop()
+                } else {
+                    a.follow()
+                }
+            }))
+            .user_agent(concat!("riptide/", env!("CARGO_PKG_VERSION")))
+            .build()
+            // The same settings built the resolver's client; should this one fail, the
+            // resolver's (redirects bounded, to any host) is better than no resync.
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "resync: HTTP client not built; using the resolver's");
+                resolver.http().clone()
+            });
         Resyncer {
+            http,
             resolver,
             cfg,
             hosts: Arc::default(),
@@ -478,8 +522,7 @@ impl Resyncer {
             .map_err(|_| "host slots closed".to_owned())?;
         let get = async {
             let resp = self
-                .resolver
-                .http()
+                .http
                 .get(url)
                 // The client's own timeout is for DID documents; a repository gets ours (a
                 // second later, so that the bound below is the one that reports it).
@@ -488,6 +531,25 @@ impl Resyncer {
                 .await
                 .map_err(|e| Fail::Other(net(url, e)))?;
             let status = resp.status().as_u16();
+            if resp.status().is_redirection() {
+                // Not followed (the policy stopped): another host, or too many hops.
+                let to = resp
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                let why = match resp.url().join(&to) {
+                    Ok(t) if same_origin(resp.url(), &t) => "more redirects than allowed",
+                    Ok(_) => "another host (its limits were not consulted)",
+                    Err(_) => "not a URL",
+                };
+                return Err(Fail::Other(ResolveError::Redirect {
+                    url: url.to_owned(),
+                    to,
+                    why,
+                }));
+            }
             if status == 429 {
                 let after = resp
                     .headers()

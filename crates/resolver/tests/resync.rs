@@ -310,3 +310,78 @@ async fn reqwest_get(url: &str) -> serde_json::Value {
     let body = reqwest::get(url).await.unwrap().bytes().await.unwrap();
     serde_json::from_slice(&body).unwrap()
 }
+
+/// Issue 40: `getRepo` redirects were followed to any host, the per-host limit charged to the
+/// first. Now a redirect is followed only to the same host, at most `MAX_REDIRECTS` times;
+/// anything else is a failed source (typed), and the next source is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects_are_followed_only_to_the_same_host_and_only_a_few_times() {
+    use axum::response::{IntoResponse, Redirect};
+    use axum::routing::get;
+    const GET_REPO: &str = "/xrpc/com.atproto.sync.getRepo";
+    async fn serve(app: axum::Router) -> String {
+        let listener = tokio::net::TcpListener::bind(LOOPBACK).await.unwrap();
+        let me = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("ws://{me}")
+    }
+    let w = world().await;
+    let sim = w.sim.base_url();
+    let car = w.alice.car.clone();
+    // To the sim: another host.
+    let other = serve(axum::Router::new().route(
+        GET_REPO,
+        get(move |q: axum::extract::RawQuery| async move {
+            Redirect::temporary(&format!("{sim}{GET_REPO}?{}", q.0.unwrap_or_default()))
+        }),
+    ))
+    .await;
+    // To itself, forever.
+    let looping =
+        serve(axum::Router::new().route(GET_REPO, get(|| async { Redirect::temporary(GET_REPO) })))
+            .await;
+    // Once, to a path of its own that serves alice's repository.
+    let moved = serve(
+        axum::Router::new()
+            .route(GET_REPO, get(|| async { Redirect::temporary("/car") }))
+            .route(
+                "/car",
+                get(move || async move { car.clone().into_response() }),
+            ),
+    )
+    .await;
+    let rs = resyncer(&w, ResyncConfig::default());
+    // Warm the document (one PLC request), so that getRepo counts are the sim's alone.
+    rs.resync(&w.alice.did, &[relay(&w)]).await.unwrap();
+    let repos = || w.sim.sim.counters().get_repo.load(Relaxed);
+
+    // Same host, one hop: followed.
+    let got = rs
+        .resync(&w.alice.did, std::slice::from_ref(&moved))
+        .await
+        .unwrap();
+    assert!(
+        got.source.starts_with(&moved.replace("ws:", "http:")),
+        "{}",
+        got.source
+    );
+
+    // Another host: refused, and the next source (the PDS, the sim itself) asked once.
+    let seen = repos();
+    let got = rs
+        .resync(&w.alice.did, std::slice::from_ref(&other))
+        .await
+        .unwrap();
+    assert!(got.source.starts_with(&w.sim.base_url()), "{}", got.source);
+    assert_eq!(repos(), seen + 1, "the redirect was not followed");
+
+    // A loop: refused after a few hops. (mallory's repository does not verify anyway: both
+    // sources fail, and the first says why.)
+    let e = rs.resync(&w.mallory.did, &[looping]).await.unwrap_err();
+    let why = attempts(&e);
+    assert!(why[0].contains("more redirects than allowed"), "{why:?}");
+    // The cross-host refusal, worded.
+    let e = rs.resync(&w.mallory.did, &[other]).await.unwrap_err();
+    let why = attempts(&e);
+    assert!(why[0].contains("another host"), "{why:?}");
+}
