@@ -6,7 +6,10 @@
 //! - Hosts are tried round-robin. A failed connection attempt, or a connection that ends before it
 //!   was healthy for [`Backoff::healthy_after`], moves to the next host and waits a jittered,
 //!   exponentially growing delay ([`Backoff`]). A connection that was healthy that long resets the
-//!   failure count and reconnects to the same host at once.
+//!   failure count and reconnects to the same host at once — unless it ended on a protocol or
+//!   size error (a message over [`ClientConfig::max_message_bytes`], a malformed frame): that is
+//!   a failure whatever its age, so a relay that sends the same bad message on every connection
+//!   gets backoff, not a reconnect loop (issue 40: 781 reconnects in 100 s).
 //! - Idle detection: when nothing arrives for [`ClientConfig::ping_interval`] a ping is sent; when
 //!   nothing (not even a pong) arrives for [`ClientConfig::idle_timeout`] the connection is
 //!   declared dead and dropped.
@@ -236,8 +239,14 @@ impl Session {
 
     /// Drops the current connection (the next read reconnects, after a backoff if it was young).
     pub(crate) fn disconnected(&mut self, why: &str) {
+        self.ended(why, false);
+    }
+
+    /// Drops the current connection; one that ended on a protocol or size error (`faulty`)
+    /// counts as a failure however long it was up (module docs: policy).
+    fn ended(&mut self, why: &str, faulty: bool) {
         if let Some(live) = self.live.take() {
-            let healthy = live.since.elapsed() >= self.cfg.backoff.healthy_after;
+            let healthy = !faulty && live.since.elapsed() >= self.cfg.backoff.healthy_after;
             let host = &self.cfg.hosts[self.host];
             tracing::warn!(host = %host, why, healthy, "disconnected; reconnecting");
             self.stats.set_connected(false);
@@ -299,12 +308,18 @@ impl Session {
                             ),
                         }
                     }
+                    // The peer broke the protocol (or sent more than we take): backoff applies,
+                    // even to a connection that was long healthy. A transport error (reset,
+                    // closed) is judged by the connection's age, as any other end.
+                    let faulty = matches!(
+                        e,
+                        WsError::Capacity(_)
+                            | WsError::Protocol(_)
+                            | WsError::Utf8(_)
+                            | WsError::AttackAttempt
+                    );
                     let why = e.to_string();
-                    self.disconnected(&why);
-                    if self.skip_oversized {
-                        // Not the relay's fault: no backoff for this one.
-                        self.failures = self.failures.saturating_sub(1);
-                    }
+                    self.ended(&why, faulty);
                 }
                 Ok(None) => self.disconnected("end of stream"),
                 Err(_) => {

@@ -278,3 +278,52 @@ async fn frames_are_slices_of_the_socket_read_buffer() {
     );
     relay.shutdown().await;
 }
+
+/// Issue 40: a relay that sends an oversized message on every connection got a reconnect loop
+/// with no backoff (781 reconnects in 100 s): the oversized message was "not the relay's
+/// fault". A connection that ends on a protocol or size error now counts as unhealthy, so the
+/// backoff grows. A local server that sends one oversized message per connection, then waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_repeating_an_oversized_message_gets_backoff() {
+    use futures_util::{SinkExt, StreamExt};
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    use tokio_tungstenite::tungstenite::Message;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    let connections = Arc::new(AtomicUsize::new(0));
+    let n = connections.clone();
+    let server = tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            n.fetch_add(1, Relaxed);
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(tcp).await else {
+                    return;
+                };
+                let _ = ws.send(Message::Binary(vec![0u8; 4096].into())).await;
+                while let Some(Ok(_)) = ws.next().await {}
+            });
+        }
+    });
+    let config = ClientConfig {
+        backoff: Backoff {
+            base: Duration::from_millis(100),
+            max: Duration::from_millis(400),
+            healthy_after: Duration::from_secs(60),
+        },
+        start_cursor: Some(0),
+        max_message_bytes: 1024,
+        ..ClientConfig::with_hosts([url])
+    };
+    let mut c = FirehoseClient::new(config).unwrap();
+    let stats = c.stats();
+    let waiter = tokio::spawn(async move { c.next().await });
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    waiter.abort();
+    server.abort();
+    let s = stats.snapshot();
+    let seen = connections.load(Relaxed);
+    // Backoff: delays up to 100, 200, then 400 ms (full jitter): about ten connections in 2 s.
+    // Without it, one every few milliseconds.
+    assert!(s.decode_errors >= 2, "oversized messages counted: {s:?}");
+    assert!(seen <= 40, "{seen} connections in 2 s: no backoff ({s:?})");
+}

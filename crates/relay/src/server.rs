@@ -313,7 +313,13 @@ async fn feed(shared: Arc<Shared>, frames: Vec<(SeqSlot, Bytes)>) {
                 .config
                 .rate
                 .filter(|r| *r > 0.0)
-                .map(|rate| start + Duration::from_secs_f64(n as f64 / rate))
+                .map(|rate| {
+                    // Saturating: an absurdly slow rate is a far deadline, not a panic.
+                    let d = Duration::try_from_secs_f64(n as f64 / rate).unwrap_or(Duration::MAX);
+                    start
+                        .checked_add(d)
+                        .unwrap_or_else(|| start + Duration::from_secs(365 * 86_400))
+                })
                 .filter(|at| *at > Instant::now());
             if let Some(at) = ahead {
                 tokio::select! {

@@ -180,7 +180,7 @@ impl DocCache {
             did.to_owned(),
             Entry {
                 value: value.clone(),
-                expires: Instant::now() + ttl,
+                expires: crate::resync::later(Instant::now(), ttl),
             },
         );
     }

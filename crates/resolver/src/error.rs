@@ -101,6 +101,17 @@ pub enum ResolveError {
         /// The limit.
         limit: usize,
     },
+    /// A repository host redirected elsewhere than to itself (or too many times). Refused, not
+    /// followed: each host's fetch limits must apply to the host that serves (`resync` docs).
+    #[error("{url}: redirected to {to}: {why}")]
+    Redirect {
+        /// What was asked.
+        url: String,
+        /// Where it pointed (the `Location`).
+        to: String,
+        /// Why it was not followed.
+        why: &'static str,
+    },
 }
 
 impl ResolveError {

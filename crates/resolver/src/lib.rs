@@ -30,6 +30,6 @@ pub mod trust;
 pub use cache::{CacheCounts, DocResult};
 pub use error::ResolveError;
 pub use keys::{peek_decoder, verify_resolving, DocKeys, ResolverKeys};
-pub use resolver::{Identity, Resolver, ResolverConfig, DEFAULT_PLC_URL};
-pub use resync::{ResyncConfig, ResyncError, Resynced, Resyncer};
+pub use resolver::{Identity, Resolver, ResolverConfig, StaticDocs, DEFAULT_PLC_URL};
+pub use resync::{parse_retry_after, ResyncConfig, ResyncError, Resynced, Resyncer, MAX_REDIRECTS};
 pub use trust::{verify_handle, Progress, TrustOptions, TrustReport, TrustTimings, TrustVerdict};

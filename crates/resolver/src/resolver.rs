@@ -13,6 +13,12 @@
 //! `{base}/.well-known/atproto-did` with the handle as the `Host` header (as a virtual-host
 //! server such as `riptide sim` answers it). It is an explicit option, not a fallback.
 //!
+//! One identity source: [`ResolverConfig::did_docs`] (a `--did-docs` file) replaces PLC and
+//! did:web for DID documents altogether, so that everything built on one resolver (the
+//! verifier's keys, resync's key and PDS) agrees on an account's identity. Before, `riptide
+//! serve --did-docs` verified frames with the file's keys but checked resynced repositories with
+//! the public PLC's (issue 40).
+//!
 //! Every response body is read with a size limit, so a hostile server cannot make us buffer
 //! without bound. Requests have a timeout.
 
@@ -57,6 +63,19 @@ pub struct ResolverConfig {
     pub ttl: Duration,
     /// How long a definite failure (no such DID, unusable document) is remembered.
     pub negative_ttl: Duration,
+    /// A fixed set of DID documents (a `--did-docs` file): when set, DID documents come from it
+    /// alone, never the network (a DID not in it is [`ResolveError::DidNotFound`]).
+    pub did_docs: Option<StaticDocs>,
+}
+
+/// A shared, fixed set of DID documents ([`ResolverConfig::did_docs`]); its `Debug` says how many.
+#[derive(Clone)]
+pub struct StaticDocs(pub Arc<riptide_identity::DidDocs>);
+
+impl std::fmt::Debug for StaticDocs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "StaticDocs({} documents)", self.0.len())
+    }
 }
 
 impl Default for ResolverConfig {
@@ -69,6 +88,7 @@ impl Default for ResolverConfig {
             cache_capacity: 100_000,
             ttl: Duration::from_secs(3600),
             negative_ttl: Duration::from_secs(60),
+            did_docs: None,
         }
     }
 }
@@ -148,6 +168,14 @@ pub(crate) async fn read_limited(
     Ok(body)
 }
 
+/// `did`'s document from a fixed set ([`ResolverConfig::did_docs`]).
+fn static_doc(docs: &StaticDocs, did: &str) -> DocResult {
+    docs.0
+        .get(did)
+        .map(|d| Arc::new(d.clone()))
+        .ok_or_else(|| ResolveError::DidNotFound(did.to_owned()))
+}
+
 impl Resolver {
     /// A resolver with `cfg`. Fails only if the HTTP client cannot be built (TLS setup).
     pub fn new(cfg: ResolverConfig) -> Result<Resolver, ResolveError> {
@@ -199,12 +227,18 @@ impl Resolver {
     /// The cached outcome for `did`, if live, without any I/O (for synchronous callers such as
     /// the firehose verifier's key lookup).
     pub fn try_get(&self, did: &str) -> Option<DocResult> {
+        if let Some(docs) = &self.inner.cfg.did_docs {
+            return Some(static_doc(docs, did));
+        }
         self.inner.cache.try_get(did)
     }
 
     /// `did`'s document: from the cache, by joining a lookup in flight, or fetched.
     pub async fn resolve_did(&self, did: &str) -> DocResult {
         let inner = &self.inner;
+        if let Some(docs) = &inner.cfg.did_docs {
+            return static_doc(docs, did);
+        }
         let lookup = inner.cache.lookup(did, |id| {
             let inner = Arc::clone(inner);
             let did = did.to_owned();

@@ -15,12 +15,29 @@
 //! all fail, [`ResyncError::AllSourcesFailed`] lists every attempt. Nothing unverified is ever
 //! returned.
 //!
+//! Staleness: a mirror (a relay) may hold an older repository, validly signed. Only the caller
+//! knows what is too old (its stored chain tip), so it says so ([`Resyncer::resync_since`]): a
+//! repository whose `rev` is below that is a failed source like any other
+//! ([`Attempt::stale`]), and the next one is asked. Without this, a lagging relay answered first
+//! every time and the account's PDS, which had the right repository, was never asked (issue 40:
+//! 175 stale fetches in 70 s, no account recovered).
+//!
 //! Limits, as the peers learned them (Jetstream's stream stalled for hours behind one huge
 //! repository, issue #299): at most [`ResyncConfig::per_account_per_minute`] resyncs of one
 //! account per minute ([`ResyncError::RateLimited`]); at most [`ResyncConfig::per_host`] fetches
-//! from one host at once; a host that answered `429` with `Retry-After` is not asked again
-//! before then; each fetch has a timeout and a size bound; verification runs on a blocking
-//! thread, never on the async threads that carry live events.
+//! from one host at once; a host that answered `429` with `Retry-After` (seconds or an
+//! HTTP-date) is not asked again before then, but never for longer than
+//! [`ResyncConfig::max_retry_after`] (a header is input: `Retry-After: 18446744073709551615` once
+//! overflowed the clock and killed the resync task; it is now capped, and the cap logged); each
+//! fetch has a timeout and a size bound; verification runs on a blocking thread, never on the
+//! async threads that carry live events.
+//!
+//! Redirects: a `getRepo` answer may redirect, but only to the same host (scheme, host and
+//! port), at most [`MAX_REDIRECTS`] times; anything else is refused as
+//! [`ResolveError::Redirect`], a failed source, and the next source is asked. Following a
+//! redirect to another host would fetch from a host whose per-host limit and `Retry-After` were
+//! never consulted (issue 40); a relay that points at the account's PDS loses nothing, since the
+//! PDS is the next source anyway, asked under its own limits.
 //!
 //! Memory: a repository is verified from one contiguous byte slice (the CAR reader indexes its
 //! blocks and the MST walk reads them in tree order, not CAR order). Up to
@@ -56,9 +73,13 @@ pub struct ResyncConfig {
     /// Repositories larger than this are spooled to a file and memory-mapped rather than read
     /// into memory (default 32 MiB).
     pub spool_above: usize,
-    /// Where spooled repositories go (default: the system's temporary directory). The files
-    /// are unnamed: nothing is left behind, even after a crash.
+    /// Where spooled repositories go (default: the system's temporary directory, which may be
+    /// a tmpfs, i.e. memory: `riptide serve` sets `DATA/spool/`). The files are unnamed:
+    /// nothing is left behind, even after a crash.
     pub spool_dir: Option<std::path::PathBuf>,
+    /// The longest a host's `429 Retry-After` is honoured (default 1 h): a longer one (or one
+    /// that does not fit the clock) is cut to this, with a warning.
+    pub max_retry_after: Duration,
 }
 
 impl Default for ResyncConfig {
@@ -70,6 +91,7 @@ impl Default for ResyncConfig {
             per_host: 4,
             spool_above: 32 << 20,
             spool_dir: None,
+            max_retry_after: Duration::from_secs(3600),
         }
     }
 }
@@ -93,6 +115,8 @@ pub struct Resynced {
     pub bytes: u64,
     /// The `getRepo` URL it came from.
     pub source: String,
+    /// Sources asked before it whose repository was stale ([`Attempt::stale`]).
+    pub stale_sources: usize,
 }
 
 /// One source tried and why it did not do.
@@ -102,6 +126,8 @@ pub struct Attempt {
     pub url: String,
     /// What went wrong.
     pub why: String,
+    /// The repository verified but was older than the caller's minimum (a stale mirror).
+    pub stale: bool,
 }
 
 /// Why a resync gave no new state.
@@ -145,6 +171,17 @@ fn describe(attempts: &[Attempt]) -> String {
 }
 
 impl ResyncError {
+    /// How many sources answered with a stale repository ([`Attempt::stale`]): the account's
+    /// mirrors lag behind it.
+    pub fn stale_sources(&self) -> usize {
+        match self {
+            ResyncError::AllSourcesFailed { attempts, .. } => {
+                attempts.iter().filter(|a| a.stale).count()
+            }
+            _ => 0,
+        }
+    }
+
     /// Whether trying again later may succeed (everything but a DID that does not exist).
     pub fn is_transient(&self) -> bool {
         match self {
@@ -160,13 +197,26 @@ struct Host {
     not_before: Option<Instant>,
 }
 
+/// Most redirects one `getRepo` follows, all to its own host (module docs).
+pub const MAX_REDIRECTS: usize = 3;
+
 /// Resyncs accounts under the limits of [`ResyncConfig`]. Cheap to share (`Arc` inside).
 #[derive(Clone, Debug)]
 pub struct Resyncer {
     resolver: Resolver,
+    /// The resolver's HTTP client but for redirects: same-host only, at most
+    /// [`MAX_REDIRECTS`] (module docs).
+    http: reqwest::Client,
     cfg: ResyncConfig,
     hosts: Arc<Mutex<HashMap<String, Host>>>,
     recent: Arc<Mutex<HashMap<String, VecDeque<Instant>>>>,
+}
+
+/// Whether two URLs have the same scheme, host and port (a redirect that may be followed).
+fn same_origin(a: &reqwest::Url, b: &reqwest::Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
 }
 
 /// `ws(s)://host[:port]/…` → `http(s)://host[:port]` (a relay's HTTP base).
@@ -193,7 +243,31 @@ fn host_of(url: &str) -> String {
 impl Resyncer {
     /// A resyncer resolving DIDs (and fetching) with `resolver`.
     pub fn new(resolver: Resolver, cfg: ResyncConfig) -> Resyncer {
+        let rc = resolver.config();
+        let http = reqwest::Client::builder()
+            .timeout(rc.timeout)
+            .connect_timeout(rc.timeout.min(Duration::from_secs(10)))
+            .redirect(reqwest::redirect::Policy::custom(|a| {
+                let elsewhere = a
+                    .previous()
+                    .first()
+                    .is_some_and(|f| !same_origin(f, a.url()));
+                if elsewhere || a.previous().len() > MAX_REDIRECTS {
+                    a.stop()
+                } else {
+                    a.follow()
+                }
+            }))
+            .user_agent(concat!("riptide/", env!("CARGO_PKG_VERSION")))
+            .build()
+            // The same settings built the resolver's client; should this one fail, the
+            // resolver's (redirects bounded, to any host) is better than no resync.
+            .unwrap_or_else(|e| {
+                tracing::error!(error = %e, "resync: HTTP client not built; using the resolver's");
+                resolver.http().clone()
+            });
         Resyncer {
+            http,
             resolver,
             cfg,
             hosts: Arc::default(),
@@ -204,6 +278,18 @@ impl Resyncer {
     /// Fetches and verifies `did`'s repository from each relay of `relays` (their
     /// `subscribeRepos` URLs), then from its PDS, under the limits (module docs).
     pub async fn resync(&self, did: &str, relays: &[String]) -> Result<Resynced, ResyncError> {
+        self.resync_since(did, relays, None).await
+    }
+
+    /// [`Resyncer::resync`], refusing a repository whose `rev` (as a TID value,
+    /// `riptide_syntax::tid_value`) is below `min_rev`: that source is stale, and the next is
+    /// tried (module docs).
+    pub async fn resync_since(
+        &self,
+        did: &str,
+        relays: &[String],
+        min_rev: Option<u64>,
+    ) -> Result<Resynced, ResyncError> {
         self.admit(did)?;
         let doc = self
             .resolver
@@ -229,7 +315,11 @@ impl Resyncer {
         for base in urls {
             let url = format!("{base}/xrpc/com.atproto.sync.getRepo?did={did}");
             match self.fetch(&url).await {
-                Err(why) => attempts.push(Attempt { url, why }),
+                Err(why) => attempts.push(Attempt {
+                    url,
+                    why,
+                    stale: false,
+                }),
                 Ok(car) => {
                     let bytes = car.len() as u64;
                     let k = key.clone();
@@ -240,7 +330,26 @@ impl Resyncer {
                         })
                     })
                     .await;
+                    let too_old = |rev: &str| {
+                        min_rev.is_some_and(|min| {
+                            riptide_syntax::tid_value(rev).is_none_or(|v| v < min)
+                        })
+                    };
                     match verified {
+                        Ok(Ok((r, Some(_)))) if r.did == did && too_old(&r.rev) => {
+                            tracing::warn!(
+                                did, rev = %r.rev, url,
+                                "resync: the source's repository is older than a commit already seen (stale): trying the next"
+                            );
+                            attempts.push(Attempt {
+                                url,
+                                why: format!(
+                                    "stale: rev {} is older than a commit already seen",
+                                    r.rev
+                                ),
+                                stale: true,
+                            });
+                        }
                         Ok(Ok((r, Some(commit_block)))) if r.did == did => {
                             return Ok(Resynced {
                                 did: did.to_owned(),
@@ -251,23 +360,31 @@ impl Resyncer {
                                 records: r.records,
                                 bytes,
                                 source: url,
+                                stale_sources: attempts
+                                    .iter()
+                                    .filter(|a: &&Attempt| a.stale)
+                                    .count(),
                             })
                         }
                         Ok(Ok((r, Some(_)))) => attempts.push(Attempt {
                             url,
                             why: format!("the repository is {}'s", r.did),
+                            stale: false,
                         }),
                         Ok(Ok((_, None))) => attempts.push(Attempt {
                             url,
                             why: "the commit block is not in the CAR".to_owned(),
+                            stale: false,
                         }),
                         Ok(Err(e)) => attempts.push(Attempt {
                             url,
                             why: format!("does not verify: {e}"),
+                            stale: false,
                         }),
                         Err(e) => attempts.push(Attempt {
                             url,
                             why: format!("verification task failed: {e}"),
+                            stale: false,
                         }),
                     }
                 }
@@ -405,23 +522,41 @@ impl Resyncer {
             .map_err(|_| "host slots closed".to_owned())?;
         let get = async {
             let resp = self
-                .resolver
-                .http()
+                .http
                 .get(url)
                 // The client's own timeout is for DID documents; a repository gets ours (a
                 // second later, so that the bound below is the one that reports it).
-                .timeout(self.cfg.timeout + Duration::from_secs(1))
+                .timeout(self.cfg.timeout.saturating_add(Duration::from_secs(1)))
                 .send()
                 .await
                 .map_err(|e| Fail::Other(net(url, e)))?;
             let status = resp.status().as_u16();
+            if resp.status().is_redirection() {
+                // Not followed (the policy stopped): another host, or too many hops.
+                let to = resp
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned();
+                let why = match resp.url().join(&to) {
+                    Ok(t) if same_origin(resp.url(), &t) => "more redirects than allowed",
+                    Ok(_) => "another host (its limits were not consulted)",
+                    Err(_) => "not a URL",
+                };
+                return Err(Fail::Other(ResolveError::Redirect {
+                    url: url.to_owned(),
+                    to,
+                    why,
+                }));
+            }
             if status == 429 {
                 let after = resp
                     .headers()
                     .get(reqwest::header::RETRY_AFTER)
                     .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .unwrap_or(60);
+                    .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()))
+                    .unwrap_or(MINUTE);
                 return Err(Fail::RateLimited(after));
             }
             if status != 200 {
@@ -436,14 +571,22 @@ impl Resyncer {
             Err(_) => Err(format!("timed out after {:?}", self.cfg.timeout)),
             Ok(Ok(car)) => Ok(car),
             Ok(Err(Fail::Other(e))) => Err(e.to_string()),
-            Ok(Err(Fail::RateLimited(after))) => {
+            Ok(Err(Fail::RateLimited(asked))) => {
+                let cap = self.cfg.max_retry_after;
+                let after = asked.min(cap);
+                if asked > cap {
+                    tracing::warn!(
+                        host, asked = ?asked, honoured = ?after,
+                        "getRepo: 429 with a Retry-After beyond the cap: the host is asked again after the cap"
+                    );
+                }
+                let until = later(Instant::now(), after);
                 let mut hosts = self
                     .hosts
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                let until = Instant::now() + Duration::from_secs(after);
                 hosts.entry(host).or_default().not_before = Some(until);
-                Err(format!("HTTP 429, Retry-After {after} s"))
+                Err(format!("HTTP 429, Retry-After {} s", after.as_secs()))
             }
         }
     }
@@ -491,13 +634,33 @@ fn commit_block(car: &[u8], cid: &CidBuf) -> Option<Vec<u8>> {
 
 /// Why one fetch failed.
 enum Fail {
-    /// `429` with this `Retry-After` (seconds; 60 when absent).
-    RateLimited(u64),
+    /// `429` with this `Retry-After` (60 s when absent or unreadable), before the cap.
+    RateLimited(Duration),
     /// Anything else.
     Other(ResolveError),
 }
 
 const MINUTE: Duration = Duration::from_secs(60);
+
+/// A `Retry-After` value (RFC 9110 §10.2.3): delay-seconds, saturating (a number too large for
+/// `u64` is `u64::MAX` seconds, for the caller to cap), or an HTTP-date, as the time from `now`
+/// until then (zero if past). `None` if it is neither.
+pub fn parse_retry_after(value: &str, now: std::time::SystemTime) -> Option<Duration> {
+    let v = value.trim();
+    if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::from_secs(v.parse::<u64>().unwrap_or(u64::MAX)));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// `now + d`, saturating: an instant the clock cannot represent becomes the latest one it can
+/// within a year (an input-fed `Instant + Duration` panics on overflow).
+pub(crate) fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(Duration::from_secs(365 * 86_400)))
+        .unwrap_or(now)
+}
 
 #[cfg(test)]
 mod tests {
@@ -517,5 +680,34 @@ mod tests {
         assert_eq!(relay_http_base("ftp://x"), None);
         assert_eq!(relay_http_base("ws://"), None);
         assert_eq!(host_of("http://a.b:3/xrpc/x?did=y"), "a.b:3");
+    }
+
+    #[test]
+    fn retry_after_is_seconds_or_a_date_and_never_overflows() {
+        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        let p = |v: &str| parse_retry_after(v, now);
+        assert_eq!(p("120"), Some(Duration::from_secs(120)));
+        assert_eq!(p(" 0 "), Some(Duration::ZERO));
+        assert_eq!(
+            p("18446744073709551615"),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        assert_eq!(
+            p("99999999999999999999999"),
+            Some(Duration::from_secs(u64::MAX)),
+            "saturates"
+        );
+        assert_eq!(
+            p("Sun, 06 Nov 1994 08:51:37 GMT"),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(p("Sun, 06 Nov 1994 08:00:00 GMT"), Some(Duration::ZERO));
+        assert_eq!(p("-5"), None);
+        assert_eq!(p("soon"), None);
+        assert_eq!(p(""), None);
+        // The instant: saturated, not a panic.
+        let t = Instant::now();
+        assert!(later(t, Duration::from_secs(u64::MAX)) >= t);
+        assert_eq!(later(t, Duration::from_secs(5)), t + Duration::from_secs(5));
     }
 }

@@ -226,3 +226,162 @@ async fn a_large_repository_is_spooled_to_disk_and_verified_the_same() {
     .unwrap_err();
     assert!(attempts(&e)[0].contains("spooling"), "{e}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repository_older_than_asked_is_stale_and_the_next_source_is_tried() {
+    let w = world().await;
+    let rs = resyncer(&w, ResyncConfig::default());
+    let rev = riptide_repo::verify_repo(&w.alice.car, Some(&w.alice.key.public_key()))
+        .unwrap()
+        .rev;
+    let v = riptide_syntax::tid_value(&rev).unwrap();
+    // At its own rev it will do.
+    let got = rs
+        .resync_since(&w.alice.did, &[relay(&w)], Some(v))
+        .await
+        .unwrap();
+    assert_eq!((got.rev.as_str(), got.stale_sources), (rev.as_str(), 0));
+    // Newer asked: the relay's is stale (the PDS is the same URL here, asked once).
+    let e = rs
+        .resync_since(&w.alice.did, &[relay(&w)], Some(v + 1))
+        .await
+        .unwrap_err();
+    let why = attempts(&e);
+    assert_eq!(why.len(), 1, "{why:?}");
+    assert!(why[0].starts_with("stale"), "{why:?}");
+    assert_eq!(e.stale_sources(), 1);
+    assert!(e.is_transient());
+}
+
+/// Issue 40: with `--did-docs`, frames were verified with the file's keys but a resynced
+/// repository with the PLC's. One identity source: a resolver given the documents takes the key
+/// and the PDS from them alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_documents_are_the_only_identity_source() {
+    let w = world().await;
+    let docs = |pairs: &[(&fixture::FixtureAccount, &serde_json::Value)]| {
+        let mut m = serde_json::Map::new();
+        for (a, doc) in pairs {
+            m.insert(a.did.clone(), (*doc).clone());
+        }
+        let d = riptide_identity::DidDocs::from_slice(&serde_json::to_vec(&m).unwrap()).unwrap();
+        Resyncer::new(
+            Resolver::new(ResolverConfig {
+                // Unreachable: any lookup there would fail the resync.
+                plc_url: "http://127.0.0.1:1".to_owned(),
+                did_docs: Some(riptide_resolver::StaticDocs(std::sync::Arc::new(d))),
+                ..ResolverConfig::default()
+            })
+            .unwrap(),
+            ResyncConfig::default(),
+        )
+    };
+    // alice's document as the PLC (the sim) serves it: the PDS is the sim.
+    let served: serde_json::Value =
+        reqwest_get(&format!("{}/{}", w.sim.base_url(), w.alice.did)).await;
+    let rs = docs(&[(&w.alice, &served)]);
+    let got = rs.resync(&w.alice.did, &[]).await.unwrap();
+    assert!(got.source.starts_with(&w.sim.base_url()), "the file's PDS");
+    // The file's key, not the PLC's: mallory's key for alice, and her repository is refused.
+    let mut forged = served.clone();
+    forged["verificationMethod"] = mallory_doc(&w)["verificationMethod"].clone();
+    forged["verificationMethod"][0]["id"] = serde_json::json!(format!("{}#atproto", w.alice.did));
+    forged["verificationMethod"][0]["controller"] = serde_json::json!(w.alice.did);
+    let e = docs(&[(&w.alice, &forged)])
+        .resync(&w.alice.did, &[])
+        .await
+        .unwrap_err();
+    assert!(attempts(&e)[0].contains("does not verify"), "{e}");
+    // Not in the file: not looked up elsewhere.
+    match docs(&[(&w.alice, &served)])
+        .resync(&w.mallory.did, &[])
+        .await
+    {
+        Err(ResyncError::Identity { .. }) => {}
+        other => panic!("expected an identity failure, got {other:?}"),
+    }
+}
+
+fn mallory_doc(w: &World) -> serde_json::Value {
+    w.mallory.doc.clone()
+}
+
+async fn reqwest_get(url: &str) -> serde_json::Value {
+    let body = reqwest::get(url).await.unwrap().bytes().await.unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+/// Issue 40: `getRepo` redirects were followed to any host, the per-host limit charged to the
+/// first. Now a redirect is followed only to the same host, at most `MAX_REDIRECTS` times;
+/// anything else is a failed source (typed), and the next source is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects_are_followed_only_to_the_same_host_and_only_a_few_times() {
+    use axum::response::{IntoResponse, Redirect};
+    use axum::routing::get;
+    const GET_REPO: &str = "/xrpc/com.atproto.sync.getRepo";
+    async fn serve(app: axum::Router) -> String {
+        let listener = tokio::net::TcpListener::bind(LOOPBACK).await.unwrap();
+        let me = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("ws://{me}")
+    }
+    let w = world().await;
+    let sim = w.sim.base_url();
+    let car = w.alice.car.clone();
+    // To the sim: another host.
+    let other = serve(axum::Router::new().route(
+        GET_REPO,
+        get(move |q: axum::extract::RawQuery| async move {
+            Redirect::temporary(&format!("{sim}{GET_REPO}?{}", q.0.unwrap_or_default()))
+        }),
+    ))
+    .await;
+    // To itself, forever.
+    let looping =
+        serve(axum::Router::new().route(GET_REPO, get(|| async { Redirect::temporary(GET_REPO) })))
+            .await;
+    // Once, to a path of its own that serves alice's repository.
+    let moved = serve(
+        axum::Router::new()
+            .route(GET_REPO, get(|| async { Redirect::temporary("/car") }))
+            .route(
+                "/car",
+                get(move || async move { car.clone().into_response() }),
+            ),
+    )
+    .await;
+    let rs = resyncer(&w, ResyncConfig::default());
+    // Warm the document (one PLC request), so that getRepo counts are the sim's alone.
+    rs.resync(&w.alice.did, &[relay(&w)]).await.unwrap();
+    let repos = || w.sim.sim.counters().get_repo.load(Relaxed);
+
+    // Same host, one hop: followed.
+    let got = rs
+        .resync(&w.alice.did, std::slice::from_ref(&moved))
+        .await
+        .unwrap();
+    assert!(
+        got.source.starts_with(&moved.replace("ws:", "http:")),
+        "{}",
+        got.source
+    );
+
+    // Another host: refused, and the next source (the PDS, the sim itself) asked once.
+    let seen = repos();
+    let got = rs
+        .resync(&w.alice.did, std::slice::from_ref(&other))
+        .await
+        .unwrap();
+    assert!(got.source.starts_with(&w.sim.base_url()), "{}", got.source);
+    assert_eq!(repos(), seen + 1, "the redirect was not followed");
+
+    // A loop: refused after a few hops. (mallory's repository does not verify anyway: both
+    // sources fail, and the first says why.)
+    let e = rs.resync(&w.mallory.did, &[looping]).await.unwrap_err();
+    let why = attempts(&e);
+    assert!(why[0].contains("more redirects than allowed"), "{why:?}");
+    // The cross-host refusal, worded.
+    let e = rs.resync(&w.mallory.did, &[other]).await.unwrap_err();
+    let why = attempts(&e);
+    assert!(why[0].contains("another host"), "{why:?}");
+}

@@ -992,6 +992,8 @@ impl Worker {
         };
         let Some(rev) = rev.filter(|_| !stale) else {
             self.metrics.resync_stale.fetch_add(1, Relaxed);
+            self.metrics
+                .resync_failed(crate::metrics::ResyncFailure::Stale);
             tracing::warn!(
                 did, rev = %r.rev, stored = ?state.tip.map(|t| t.rev_string()),
                 "resynced repository is older than a commit already seen: queued again"

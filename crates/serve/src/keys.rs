@@ -29,7 +29,7 @@ impl KeyLookup for Keys {
 /// A static set of DID documents (`--did-docs FILE`), owned for the workers' threads; the answers
 /// are [`DocKeys`]'s.
 #[derive(Debug)]
-struct OwnedDocs(DidDocs);
+struct OwnedDocs(Arc<DidDocs>);
 
 impl KeyLookup for OwnedDocs {
     fn key(&self, did: &str) -> Result<PublicKey, KeyUnavailable> {
@@ -40,6 +40,12 @@ impl KeyLookup for OwnedDocs {
 impl Keys {
     /// Keys from a set of DID documents.
     pub fn from_docs(docs: DidDocs) -> Keys {
+        Keys::from_shared_docs(Arc::new(docs))
+    }
+
+    /// Keys from a set of DID documents shared with others (resync's resolver, so that both
+    /// take an account's identity from the same documents).
+    pub fn from_shared_docs(docs: Arc<DidDocs>) -> Keys {
         Keys(Arc::new(OwnedDocs(docs)))
     }
 }

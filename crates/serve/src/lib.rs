@@ -43,6 +43,18 @@ pub mod upstream;
 pub mod v2;
 
 pub use compress::Dictionary;
+
+/// `now + d`, saturating: a deadline from configuration too far for the clock is the farthest
+/// it can hold within a century, never a panic (`Instant + Duration` panics on overflow; issue
+/// 40).
+pub(crate) fn deadline_after(
+    now: tokio::time::Instant,
+    d: std::time::Duration,
+) -> tokio::time::Instant {
+    now.checked_add(d)
+        .or_else(|| now.checked_add(std::time::Duration::from_secs(100 * 365 * 86_400)))
+        .unwrap_or(now)
+}
 pub use event::Event;
 pub use ingest::{
     default_workers, IngestConfig, IngestHandle, IngestSummary, Upstream, UpstreamFrame,

@@ -292,7 +292,7 @@ impl Limited {
             self.deadline = None;
             return;
         }
-        let at = tokio::time::Instant::now() + self.timeout;
+        let at = crate::deadline_after(tokio::time::Instant::now(), self.timeout);
         let d = self
             .deadline
             .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));

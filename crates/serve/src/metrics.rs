@@ -91,6 +91,38 @@ impl SlowDrop {
     }
 }
 
+/// Why a resync attempt failed (the `reason` label of `riptide_resync_failed_total`; each is
+/// also a `resync-failed` verdict). Counted per attempt, so an operator sees what keeps an
+/// account from recovering, not just that it does not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResyncFailure {
+    /// No source gave a repository that verifies (or the DID document could not be had).
+    Sources,
+    /// A source's repository verified but was older than a commit already seen (a stale
+    /// mirror): counted per such answer, even when a later source had a good one.
+    Stale,
+    /// The resync task died (a panic, caught at the task's boundary); the account is retried.
+    Panicked,
+}
+
+impl ResyncFailure {
+    /// Every reason, in counting order.
+    pub const ALL: [ResyncFailure; 3] = [
+        ResyncFailure::Sources,
+        ResyncFailure::Stale,
+        ResyncFailure::Panicked,
+    ];
+
+    /// `sources`, `stale` or `panicked`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResyncFailure::Sources => "sources",
+            ResyncFailure::Stale => "stale",
+            ResyncFailure::Panicked => "panicked",
+        }
+    }
+}
+
 /// Upper bounds of the latency buckets, in seconds (`le` labels): 50 µs to 10 s.
 pub const LATENCY_BOUNDS: [f64; 17] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -471,6 +503,8 @@ pub struct Metrics {
     pub resync_bytes: AtomicU64,
     /// Records in repositories fetched and verified by resyncs.
     pub resync_records: AtomicU64,
+    /// Failed resync attempts, by [`ResyncFailure`] reason ([`Metrics::resync_failed`]).
+    resync_failures: [AtomicU64; 3],
     /// Per frame: verifying it (a worker's time from starting the check to its verdict).
     pub verify_seconds: Histogram,
     /// Per frame: from receiving it to its events being durable and published to subscribers
@@ -493,6 +527,17 @@ impl Metrics {
     pub fn verdict_count(&self, v: Verdict) -> u64 {
         let i = Verdict::ALL.iter().position(|&x| x == v).unwrap_or(0);
         self.verdicts[i].load(Relaxed)
+    }
+
+    /// Counts one failed resync attempt: a `resync-failed` verdict, and its reason.
+    pub fn resync_failed(&self, why: ResyncFailure) {
+        self.verdict(Verdict::ResyncFailed);
+        self.resync_failures[why as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Failed resync attempts for `why` so far.
+    pub fn resync_failure_count(&self, why: ResyncFailure) -> u64 {
+        self.resync_failures[why as usize].load(Relaxed)
     }
 
     /// Counts one subscriber dropped as too slow.
@@ -887,6 +932,15 @@ impl Metrics {
                 "riptide_slow_consumer_drops_total{{reason=\"{}\"}} {}",
                 r.as_str(),
                 self.slow_drop_count(r)
+            );
+        }
+        let _ = writeln!(s, "# HELP riptide_resync_failed_total Failed resync attempts, by reason (each also a resync-failed verdict).\n# TYPE riptide_resync_failed_total counter");
+        for r in ResyncFailure::ALL {
+            let _ = writeln!(
+                s,
+                "riptide_resync_failed_total{{reason=\"{}\"}} {}",
+                r.as_str(),
+                self.resync_failure_count(r)
             );
         }
         for (h, name, help) in [

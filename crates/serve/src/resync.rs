@@ -18,7 +18,9 @@
 //!    `resync-failed` verdict (counted, logged at warn with every source's reason) and is retried
 //!    with backoff, doubling from [`ResyncLimits::first_retry`] to [`ResyncLimits::max_retry`],
 //!    for as long as the account still needs it; the per-account rate limit (5 a minute) is
-//!    waited out, not counted as a failure.
+//!    waited out, not counted as a failure. A resync task that dies (a panic) is caught at its
+//!    boundary: `resync-failed` (reason `panicked`), logged at error, and run again with the
+//!    same backoff, so its account never stays "in flight" with no one working on it.
 //! 3. Meanwhile every frame of the account except `#sync` (commits, `#identity`, `#account`, in
 //!    upstream order) is **held**: in the worker's memory and, in the same batch as the upstream
 //!    cursor that passes it, in the `resync` partition. Nothing of the account is served. The
@@ -28,8 +30,13 @@
 //!    resynced again: bounded memory, nothing silent).
 //! 4. The verified repository lands: it goes to the account's worker through the dispatcher, in
 //!    upstream order with the frames. Its commit becomes the account's state (`synchronized`),
-//!    unless it is older than the commit that broke the chain (a stale mirror: counted in
-//!    `riptide_resync_stale_total`, and the account is queued again). The held frames are then
+//!    unless it is older than the account's stored tip (a stale mirror). The resolver is told
+//!    that tip before each attempt and skips a source whose repository is older, asking the next
+//!    (relays, then the PDS); an attempt where no source had a recent enough one is
+//!    `resync-failed` (reason `stale`, once per stale answer, even when a later source had a
+//!    good one) and retried with backoff. One that still lands stale (the
+//!    tip moved meanwhile) is counted in `riptide_resync_stale_total` and as `resync-failed`
+//!    (`stale`), and the account is queued again. The held frames are then
 //!    verified against the new state in their order — those the repository already covers are
 //!    `rev-regression`, those that continue it are `ok` and served — and released from the store,
 //!    in one batch with the events they produce.
@@ -55,8 +62,8 @@
 //! at the crash is simply done again.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -67,7 +74,7 @@ use riptide_firehose::verify::Verdict;
 use riptide_resolver::{ResyncError, Resynced, Resyncer};
 use tokio::sync::{mpsc, Semaphore};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ResyncFailure};
 use crate::store::{PendingChange, Store, StoreError};
 
 /// Resync bounds.
@@ -175,7 +182,7 @@ impl ResyncService {
                     in_flight: in_flight.clone(),
                     stopped: stop.clone(),
                 };
-                tokio::spawn(job.run(did));
+                tokio::spawn(job.supervise(did));
             }
         });
         ResyncWiring {
@@ -191,6 +198,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+#[derive(Clone)]
 struct Job {
     resyncer: Resyncer,
     relays: Vec<String>,
@@ -204,20 +212,60 @@ struct Job {
 }
 
 impl Job {
+    /// Runs the account's resync on its own task, and again (with backoff) if that task dies.
+    async fn supervise(self, did: String) {
+        let job = self.clone();
+        supervise(
+            &did,
+            &self.limits,
+            &self.stopped,
+            &self.metrics,
+            &self.in_flight,
+            move |d| job.clone().run(d),
+        )
+        .await;
+    }
+
     async fn run(self, did: String) {
         let mut wait = self.limits.first_retry;
+        let mut first = true;
         while !self.stopped.load(Relaxed) {
+            // Still needed? A `#sync` may have resynchronized the account meanwhile. (The first
+            // time it is: ingest queued it once its state was durable.) And since when: a
+            // repository older than the stored tip is stale, and the next source is asked.
+            let store = self.store.clone();
+            let d = did.clone();
+            let state = match tokio::task::spawn_blocking(move || store.account(&d)).await {
+                Ok(Ok(s)) => s,
+                _ => break,
+            };
+            let resyncing = state.is_some_and(|s| s.sync == SyncStatus::Resyncing);
+            if !first && !resyncing {
+                break;
+            }
+            first = false;
+            // (Resynchronized before the first attempt: its tip says nothing about this resync,
+            // which lands "after the account was resynchronized" and is ignored, as ever.)
+            let min_rev = state
+                .filter(|_| resyncing)
+                .and_then(|s| s.tip)
+                .map(|t| t.rev);
             let outcome = {
                 let Ok(_slot) = self.slots.acquire().await else {
                     break;
                 };
-                self.metrics.resync_in_flight.fetch_add(1, Relaxed);
-                let r = self.resyncer.resync(&did, &self.relays).await;
-                self.metrics.resync_in_flight.fetch_sub(1, Relaxed);
-                r
+                // A guard, not a pair of adds: the gauge comes down even if the resync panics.
+                let _busy = Busy::new(&self.metrics.resync_in_flight);
+                self.resyncer
+                    .resync_since(&did, &self.relays, min_rev)
+                    .await
             };
             match outcome {
                 Ok(resynced) => {
+                    // Each stale answer is a failure, even when a later source did better.
+                    for _ in 0..resynced.stale_sources {
+                        self.metrics.resync_failed(ResyncFailure::Stale);
+                    }
                     self.metrics.resync_bytes.fetch_add(resynced.bytes, Relaxed);
                     self.metrics
                         .resync_records
@@ -235,25 +283,83 @@ impl Job {
                     tokio::time::sleep(retry_in).await;
                 }
                 Err(e) => {
-                    self.metrics.verdict(Verdict::ResyncFailed);
+                    match e.stale_sources() {
+                        0 => self.metrics.resync_failed(ResyncFailure::Sources),
+                        n => (0..n).for_each(|_| self.metrics.resync_failed(ResyncFailure::Stale)),
+                    }
                     tracing::warn!(
                         did, error = %e, retry_in = ?wait,
                         "resync failed: the account's frames stay held, none served"
                     );
                     tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(self.limits.max_retry);
+                    wait = wait.saturating_mul(2).min(self.limits.max_retry);
                 }
-            }
-            // Still needed? A `#sync` may have resynchronized the account meanwhile.
-            let store = self.store.clone();
-            let d = did.clone();
-            let still = tokio::task::spawn_blocking(move || store.account(&d)).await;
-            if !matches!(still, Ok(Ok(Some(s))) if s.sync == SyncStatus::Resyncing) {
-                break;
             }
         }
         lock(&self.in_flight).remove(&did);
     }
+}
+
+/// One more on a gauge for as long as it lives.
+struct Busy<'a>(&'a AtomicU64);
+
+impl<'a> Busy<'a> {
+    fn new(gauge: &'a AtomicU64) -> Busy<'a> {
+        gauge.fetch_add(1, Relaxed);
+        Busy(gauge)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Runs `attempt(did)` on a task of its own until it returns, at the task boundary catching its
+/// death: a resync task that panics (issue 40: an input-fed `Instant + Duration` overflowed) is
+/// a `resync-failed` (`panicked`), logged at error (the first time; warn after), and run again
+/// after backoff as a failed fetch would be. The account leaves `in_flight` when the attempt
+/// does not (a panic, the runtime ending, the service stopped), so it can always be queued
+/// again; an attempt that returns has removed it itself (before its landing is sent).
+async fn supervise<F, Fut>(
+    did: &str,
+    limits: &ResyncLimits,
+    stopped: &AtomicBool,
+    metrics: &Metrics,
+    in_flight: &Mutex<HashSet<String>>,
+    mut attempt: F,
+) where
+    F: FnMut(String) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut wait = limits.first_retry;
+    let mut deaths = 0u64;
+    loop {
+        let died = match tokio::spawn(attempt(did.to_owned())).await {
+            Ok(()) => return,
+            Err(e) if e.is_panic() => e.into_panic(),
+            Err(_) => break, // cancelled: the runtime is shutting down
+        };
+        deaths += 1;
+        metrics.resync_failed(ResyncFailure::Panicked);
+        let why = died
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| died.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        if deaths == 1 {
+            tracing::error!(did, panic = %why, retry_in = ?wait, "resync task died: retried after backoff; its frames stay held");
+        } else {
+            tracing::warn!(did, panic = %why, deaths, retry_in = ?wait, "resync task died again");
+        }
+        tokio::time::sleep(wait).await;
+        wait = wait.saturating_mul(2).min(limits.max_retry);
+        if stopped.load(Relaxed) {
+            break;
+        }
+    }
+    lock(in_flight).remove(did);
 }
 
 /// A frame held for an account awaiting resync.
@@ -401,4 +507,64 @@ pub(crate) fn sync_frame(r: &Resynced, upstream_seq: u64, time: &str) -> Vec<u8>
     write_text(&mut out, "blocks");
     write_bytes(&mut out, &car);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[tokio::test]
+    async fn a_resync_task_that_dies_is_counted_and_run_again() {
+        let limits = ResyncLimits {
+            first_retry: Duration::from_millis(10),
+            max_retry: Duration::from_millis(20),
+            ..ResyncLimits::default()
+        };
+        let metrics = Metrics::default();
+        let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
+        lock(&in_flight).insert("did:plc:a".to_owned());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let (r, f) = (runs.clone(), in_flight.clone());
+        supervise(
+            "did:plc:a",
+            &limits,
+            &AtomicBool::new(false),
+            &metrics,
+            &in_flight,
+            move |did| {
+                let (r, f) = (r.clone(), f.clone());
+                async move {
+                    if r.fetch_add(1, Relaxed) < 2 {
+                        panic!("deliberately, in a test");
+                    }
+                    // A run that returns leaves the in-flight set itself.
+                    lock(&f).remove(&did);
+                }
+            },
+        )
+        .await;
+        assert_eq!(runs.load(Relaxed), 3, "run again after each death");
+        assert_eq!(metrics.resync_failure_count(ResyncFailure::Panicked), 2);
+        assert_eq!(metrics.verdict_count(Verdict::ResyncFailed), 2);
+        assert!(lock(&in_flight).is_empty());
+
+        // Stopped meanwhile: not run again, and the account leaves the in-flight set.
+        lock(&in_flight).insert("did:plc:b".to_owned());
+        supervise(
+            "did:plc:b",
+            &limits,
+            &AtomicBool::new(true),
+            &metrics,
+            &in_flight,
+            |_| async { panic!("deliberately, in a test") },
+        )
+        .await;
+        assert!(lock(&in_flight).is_empty(), "released");
+        assert_eq!(metrics.resync_failure_count(ResyncFailure::Panicked), 3);
+        assert!(metrics
+            .render(&[])
+            .contains("riptide_resync_failed_total{reason=\"panicked\"} 3"));
+    }
 }

@@ -234,7 +234,7 @@ impl App {
 
     /// Waits until no subscriber is connected, up to `limit`.
     pub async fn drained(&self, limit: Duration) {
-        let until = tokio::time::Instant::now() + limit;
+        let until = crate::deadline_after(tokio::time::Instant::now(), limit);
         while self.metrics.subscribers.load(Relaxed) > 0 && tokio::time::Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -708,7 +708,7 @@ impl<'a> Writer<'a> {
             Some(Err(_)) => return Err(Outcome::Gone),
             None => {}
         }
-        let deadline = Instant::now() + self.app.config.write_timeout;
+        let deadline = crate::deadline_after(Instant::now(), self.app.config.write_timeout);
         loop {
             let wait = deadline
                 .saturating_duration_since(Instant::now())

@@ -22,6 +22,7 @@ use riptide_gen::network::did_docs;
 use riptide_gen::{Config, Network};
 use riptide_identity::DidDocs;
 use riptide_resolver::{Resolver, ResolverConfig, ResyncConfig, Resyncer};
+use riptide_serve::metrics::ResyncFailure;
 use riptide_serve::resync::{ResyncLimits, ResyncService};
 use riptide_serve::{
     ingest, IngestConfig, Keys, Log, Metrics, ReadLimit, Resume, Store, TailLimits,
@@ -45,38 +46,60 @@ struct World {
     victim_after: usize,
     /// Where, among them, the first upstream `#sync` of the victim is.
     victim_sync: Option<usize>,
+    /// With [`stale_world`]: the repositories as they were before the victim's chain tip (what
+    /// a lagging mirror holds).
+    old_repos: Vec<(String, Bytes)>,
 }
 
 /// A world whose victim has an upstream `#sync` after its break (`with_sync`) or none.
 fn world(seed: u64, with_sync: bool) -> World {
     (seed..seed + 50)
-        .filter_map(|s| world_of(s).filter(|w| w.victim_sync.is_some() == with_sync))
+        .filter_map(|s| world_of(s, false).filter(|w| w.victim_sync.is_some() == with_sync))
         .next()
         .expect("a seed that gives the world asked for")
 }
 
-fn world_of(seed: u64) -> Option<World> {
-    let mut cfg = Config::new(seed, 5, 300);
+/// A world (without an upstream `#sync` of the victim) whose `old_repos` were exported before
+/// the victim's last accepted commit: every one of them is older than its chain tip at the
+/// break.
+fn stale_world(seed: u64) -> World {
+    (seed..seed + 50)
+        .filter_map(|s| world_of(s, true).filter(|w| w.victim_sync.is_none()))
+        .next()
+        .expect("a seed that gives a stale world")
+}
+
+fn world_of(seed: u64, stale: bool) -> Option<World> {
+    let mut cfg = Config::new(seed, 5, if stale { 150 } else { 300 });
     cfg.keep_records = true;
     cfg.threads = 1;
     let mut net = Network::new(cfg).unwrap();
     let mut one = Vec::new();
-    net.run(|f: &[u8]| -> Result<(), riptide_gen::GenError> {
-        one.push(f.to_vec());
-        Ok(())
-    })
-    .unwrap();
+    let run = |net: &mut Network, out: &mut Vec<Vec<u8>>| {
+        net.run(|f: &[u8]| -> Result<(), riptide_gen::GenError> {
+            out.push(f.to_vec());
+            Ok(())
+        })
+        .unwrap();
+    };
+    run(&mut net, &mut one);
+    let mut old_repos = Vec::new();
+    let early = one.len();
+    if stale {
+        old_repos = net
+            .export_repos()
+            .map(|r| r.map(|(d, c)| (d.to_owned(), Bytes::from(c))).unwrap())
+            .collect();
+        net.extend(150);
+        run(&mut net, &mut one);
+    }
     let repos: Vec<(String, Bytes)> = net
         .export_repos()
         .map(|r| r.map(|(d, c)| (d.to_owned(), Bytes::from(c))).unwrap())
         .collect();
     net.extend(200);
     let mut two = Vec::new();
-    net.run(|f: &[u8]| -> Result<(), riptide_gen::GenError> {
-        two.push(f.to_vec());
-        Ok(())
-    })
-    .unwrap();
+    run(&mut net, &mut two);
     // The account with most commits in phase one, whose last event of phase one is a commit.
     let mut arena = riptide_cbor::Arena::new();
     let mut commits: BTreeMap<String, Vec<usize>> = BTreeMap::new();
@@ -92,6 +115,8 @@ fn world_of(seed: u64) -> Option<World> {
     let (victim, idx) = commits
         .iter()
         .filter(|(d, c)| c.len() >= 3 && last[*d] == "commit")
+        // A stale world's victim had its tip (the commit before the dropped one) after the export.
+        .filter(|(_, c)| !stale || c[c.len() - 3] >= early)
         .max_by_key(|(_, c)| c.len())
         .map(|(d, c)| (d.clone(), c.clone()))?;
     let dropped = idx[idx.len() - 2];
@@ -122,6 +147,7 @@ fn world_of(seed: u64) -> Option<World> {
         victim,
         victim_after,
         victim_sync,
+        old_repos,
     })
 }
 
@@ -160,6 +186,17 @@ struct Running {
 
 /// Ingest into `dir` with resync through `sim`'s PLC and PDS.
 async fn start(dir: &std::path::Path, w: &World, sim: &SimHandle, resync: bool) -> Running {
+    start_with(dir, w, sim, resync.then(ResyncConfig::default), Vec::new()).await
+}
+
+/// [`start`] with the resolver's resync settings (`None`: no resync).
+async fn start_with(
+    dir: &std::path::Path,
+    w: &World,
+    sim: &SimHandle,
+    resync: Option<ResyncConfig>,
+    relays: Vec<String>,
+) -> Running {
     // A restart in-process waits for the first run's resync service to let go of the store.
     let (store, resume) = common::reopen(dir, 0, riptide_serve::StoreOptions::default()).await;
     let log = Arc::new(Log::new(
@@ -171,7 +208,7 @@ async fn start(dir: &std::path::Path, w: &World, sim: &SimHandle, resync: bool) 
     let mut cfg = IngestConfig::verifying(keys(w));
     cfg.workers = 3;
     cfg.max_batch = 40;
-    let wiring = resync.then(|| {
+    let wiring = resync.map(|rcfg| {
         let resolver = Resolver::new(ResolverConfig {
             plc_url: sim.base_url(),
             timeout: Duration::from_secs(30),
@@ -179,8 +216,8 @@ async fn start(dir: &std::path::Path, w: &World, sim: &SimHandle, resync: bool) 
         })
         .unwrap();
         ResyncService::start(
-            Resyncer::new(resolver, ResyncConfig::default()),
-            Vec::new(),
+            Resyncer::new(resolver, rcfg),
+            relays.clone(),
             limits(),
             store.clone(),
             metrics.clone(),
@@ -492,4 +529,122 @@ async fn an_upstream_sync_ends_the_resync_and_covers_the_held_commits() {
         got[&w.victim].iter().any(|(k, _)| k == "Sync"),
         "the upstream #sync is served"
     );
+}
+
+/// Issue 40: `Retry-After: 18446744073709551615` on `getRepo` overflowed `Instant + Duration`
+/// and killed the resync task, its account in flight forever and its frames never served. The
+/// header is now capped (here at a second): the attempt is a counted failure, the account is
+/// retried, and it recovers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_retry_after_is_capped_and_the_account_recovers() {
+    let w = world(31, false);
+    // Request 1 is the DID document; request 2, the first getRepo, is a 429.
+    let host = sim(
+        &w,
+        false,
+        Faults {
+            rate_limit_every: 2,
+            rate_limit_retry_after: Some(u64::MAX),
+            ..Faults::default()
+        },
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let r = start_with(
+        dir.path(),
+        &w,
+        &host,
+        Some(ResyncConfig {
+            max_retry_after: Duration::from_secs(1),
+            ..ResyncConfig::default()
+        }),
+        Vec::new(),
+    )
+    .await;
+    feed(&r, &w.frames, 1).await;
+    let m = r.metrics.clone();
+    wait_for("the resync to land after the 429", || {
+        m.resync_landed.load(Relaxed) == 1 && m.resync_held.load(Relaxed) == 0
+    })
+    .await;
+    let (m, store, _) = stop(r).await;
+    assert_eq!(
+        host.sim.counters().errors_injected.load(Relaxed),
+        1,
+        "one 429"
+    );
+    // The 429 and each retry while the host was left alone: counted, none a dead task.
+    assert!(m.resync_failure_count(ResyncFailure::Sources) >= 1);
+    assert_eq!(m.resync_failure_count(ResyncFailure::Panicked), 0);
+    assert_eq!(
+        count(&m, Verdict::ResyncFailed),
+        m.resync_failure_count(ResyncFailure::Sources)
+    );
+    assert!(store.held().unwrap().is_empty());
+    assert_eq!(
+        store.account(&w.victim).unwrap().unwrap().sync,
+        SyncStatus::Synchronized
+    );
+    assert_eq!(count(&m, Verdict::Ok), w.frames.len() as u64 - 1);
+}
+
+/// Issue 40: a relay whose `getRepo` answered an older, validly signed repository was asked
+/// first, every time; the repository landed stale, the account was queued again, and the PDS,
+/// which had the right one, was never asked. A stale answer is now a failed source: the next
+/// (the PDS) is asked in the same attempt, and the stale answer is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_mirror_is_skipped_for_the_pds_and_counted() {
+    let w = stale_world(50);
+    // The "relay": a host whose getRepo serves the old repositories.
+    let old =
+        riptide_sim::Network::new(w.docs.values().cloned(), w.old_repos.iter().cloned()).unwrap();
+    let mirror = Sim::spawn(old, LOOPBACK, Faults::default()).await.unwrap();
+    // The PLC and the PDS (the documents name it): the repositories as they are. Its first
+    // getRepo (request 2, after the document) is a 429, so that one attempt fails whole.
+    let pds = sim(
+        &w,
+        false,
+        Faults {
+            rate_limit_every: 2,
+            ..Faults::default()
+        },
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let r = start_with(
+        dir.path(),
+        &w,
+        &pds,
+        Some(ResyncConfig::default()),
+        vec![format!(
+            "ws://{}/xrpc/com.atproto.sync.subscribeRepos",
+            mirror.addr
+        )],
+    )
+    .await;
+    feed(&r, &w.frames, 1).await;
+    let m = r.metrics.clone();
+    wait_for("the resync to land from the PDS", || {
+        m.resync_landed.load(Relaxed) == 1 && m.resync_held.load(Relaxed) == 0
+    })
+    .await;
+    let (m, store, _) = stop(r).await;
+    let asked = |s: &SimHandle| s.sim.counters().get_repo.load(Relaxed);
+    assert!(asked(&mirror) >= 2, "the mirror was asked first each time");
+    // Then the PDS: a 429 (not counted as a getRepo served), then the repository.
+    assert_eq!(pds.sim.counters().errors_injected.load(Relaxed), 1);
+    assert_eq!(asked(&pds), 1);
+    // Every stale answer counted as a failure; none landed.
+    assert_eq!(m.resync_failure_count(ResyncFailure::Stale), asked(&mirror));
+    assert_eq!(m.resync_stale.load(Relaxed), 0, "nothing stale landed");
+    assert_eq!(
+        count(&m, Verdict::ResyncFailed),
+        m.resync_failure_count(ResyncFailure::Stale)
+            + m.resync_failure_count(ResyncFailure::Sources)
+    );
+    assert_eq!(m.resync_queued.load(Relaxed), 1, "queued once");
+    let state = store.account(&w.victim).unwrap().unwrap();
+    assert_eq!(state.sync, SyncStatus::Synchronized);
+    assert!(store.held().unwrap().is_empty());
+    assert_eq!(count(&m, Verdict::Ok), w.frames.len() as u64 - 1);
 }

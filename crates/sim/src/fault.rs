@@ -29,6 +29,9 @@ pub struct Faults {
     /// Every Nth request is answered `429 Too Many Requests` with `Retry-After:`
     /// `RETRY_AFTER_SECS` (0: never). Checked after `error_every`, before `drop_every`.
     pub rate_limit_every: u64,
+    /// The `Retry-After` (seconds) of those 429s instead of `RETRY_AFTER_SECS` (1): any `u64`, so
+    /// a client's handling of an absurd one can be tested.
+    pub rate_limit_retry_after: Option<u64>,
 }
 
 /// The `Retry-After` of an injected 429, in seconds.
@@ -60,6 +63,11 @@ impl Faults {
             error_after: self.relay_error_after.map(|k| (k, RELAY_ERROR.to_owned())),
             ..riptide_relay::Faults::default()
         }
+    }
+
+    /// The `Retry-After` of an injected 429, in seconds.
+    pub(crate) fn retry_after(&self) -> u64 {
+        self.rate_limit_retry_after.unwrap_or(RETRY_AFTER_SECS)
     }
 
     pub(crate) fn action(&self, n: u64) -> Action {

@@ -295,10 +295,8 @@ async fn fault_layer(State(st): State<Arc<Shared>>, req: Request, next: Next) ->
                 "RateLimitExceeded",
                 "sim: injected rate limit",
             );
-            r.headers_mut().insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(crate::fault::RETRY_AFTER_SECS),
-            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(f.retry_after()));
             r
         }
         Action::Drop if is_upgrade(req.headers()) => {

@@ -261,7 +261,9 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     let resolver = running.resolver.clone();
     let data = serve_args.data.clone();
     let start = Instant::now();
-    let deadline = args.seconds.map(|s| start + Duration::from_secs(s));
+    let deadline = args
+        .seconds
+        .and_then(|s| start.checked_add(Duration::from_secs(s)));
     let report = async {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.tick().await;

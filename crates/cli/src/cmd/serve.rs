@@ -7,7 +7,8 @@
 //! position in the file, repeated `--ingest-repeat` times).
 //!
 //! Keys: `--did-docs FILE`, or else PLC (`--plc-url`) and did:web resolution with a bounded
-//! cache (`--did-cache`), warmed before each frame is verified. [`start`] is also what `riptide
+//! cache (`--did-cache`), warmed before each frame is verified. One identity source: resync's
+//! key and PDS come from the same place as the frames' keys (the file, when given). [`start`] is also what `riptide
 //! demo` runs.
 //!
 //! Prints its URL (`ws://ADDR/subscribe`) as the first stdout line, as `relay` and `sim` do; logs
@@ -24,7 +25,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use bytes::Bytes;
 use riptide_firehose::corpus::split_frames;
-use riptide_resolver::{Resolver, ResolverConfig, ResolverKeys, ResyncConfig, Resyncer};
+use riptide_resolver::{
+    Resolver, ResolverConfig, ResolverKeys, ResyncConfig, Resyncer, StaticDocs,
+};
 use riptide_serve::resync::{ResyncLimits, ResyncService};
 use riptide_serve::{
     ingest, router, upstream, App, ConnLimits, Dictionary, IngestConfig, Keys, LimitedListener,
@@ -80,9 +83,11 @@ pub struct Args {
     #[arg(long, value_name = "DUR", default_value = "120s", value_parser = parse_duration)]
     pub ready_max_idle: Duration,
     /// Static DID documents (DID → document JSON) for signature keys, instead of resolution.
+    /// Resync takes each account's key and PDS from them too (--plc-url is then unused).
     #[arg(long, value_name = "FILE")]
     pub did_docs: Option<PathBuf>,
-    /// PLC directory for key resolution (without --did-docs); did:web is resolved over HTTPS.
+    /// PLC directory for key and PDS resolution, frames' and resync's (without --did-docs);
+    /// did:web is resolved over HTTPS.
     #[arg(long, value_name = "URL", default_value = "https://plc.directory")]
     pub plc_url: String,
     /// Most DID documents cached (LRU), with negative entries.
@@ -101,7 +106,7 @@ pub struct Args {
     /// held until it lands (`riptide_serve::resync`).
     #[arg(long)]
     pub no_resync: bool,
-    /// Data directory (the event store).
+    /// Data directory (the event store; resync spools large repositories in DIR/spool/).
     #[arg(long, value_name = "DIR", default_value = "riptide-data")]
     pub data: PathBuf,
     /// How long events are kept for replay (e.g. 24h, 90m, 2d).
@@ -133,6 +138,21 @@ pub struct Args {
     pub ingest_rate: Option<f64>,
 }
 
+/// Resync's settings: large repositories spool under `DATA/spool/` (created here), not the
+/// system's temporary directory, which on a tmpfs `/tmp` is memory (8 resyncs of up to 512 MiB
+/// at once; issue 40). The spool files are unnamed: nothing is left there, even after a crash.
+fn resync_config(data: &std::path::Path) -> anyhow::Result<ResyncConfig> {
+    let spool = data.join("spool");
+    std::fs::create_dir_all(&spool).with_context(|| format!("creating {}", spool.display()))?;
+    Ok(ResyncConfig {
+        spool_dir: Some(spool),
+        ..ResyncConfig::default()
+    })
+}
+
+/// The largest duration a flag takes (100 years).
+const MAX_DURATION_SECS: u64 = 36_500 * 86_400;
+
 /// `24h`, `90m`, `30s`, `2d`, or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
@@ -140,13 +160,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .parse()
         .map_err(|_| format!("bad duration {s:?} (use e.g. 24h, 90m, 30s, 2d)"))?;
     let secs = match unit {
-        "" | "s" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86400,
+        "" | "s" => Some(n),
+        "m" => n.checked_mul(60),
+        "h" => n.checked_mul(3600),
+        "d" => n.checked_mul(86400),
         _ => return Err(format!("bad duration unit in {s:?} (s, m, h or d)")),
     };
-    Ok(Duration::from_secs(secs))
+    // A hundred years at most: a deadline is `now +` it, which must not overflow the clock.
+    match secs {
+        Some(secs) if secs <= MAX_DURATION_SECS => Ok(Duration::from_secs(secs)),
+        _ => Err(format!("duration {s:?} is too large (at most 36500d)")),
+    }
 }
 
 pub fn init_tracing() {
@@ -333,12 +357,20 @@ impl Running {
 pub async fn start(args: &Args) -> anyhow::Result<Running> {
     let source_rt = SourceRuntime::new()?;
     let mut resolver = None;
-    // Keys (and, for resync, repositories) through PLC / did:web, as --plc-url says.
+    // An edge (--from) verifies nothing itself: the ingest node did.
+    let verifies = !(args.no_verify || args.from.is_some());
+    // One identity source for frames and resync: the --did-docs file, when given.
+    let docs = match &args.did_docs {
+        Some(p) if verifies => Some(Arc::new(super::load_did_docs(p)?)),
+        _ => None,
+    };
+    // Keys (and, for resync, repositories) through PLC / did:web as --plc-url says, or the file.
     let new_resolver = || {
         Resolver::new(ResolverConfig {
             plc_url: args.plc_url.trim_end_matches('/').to_owned(),
             cache_capacity: args.did_cache,
             timeout: Duration::from_secs(10),
+            did_docs: docs.clone().map(StaticDocs),
             ..ResolverConfig::default()
         })
     };
@@ -348,11 +380,10 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     } else {
         args.upstream.clone()
     };
-    // An edge (--from) verifies nothing itself: the ingest node did.
-    let keys = match (&args.did_docs, args.no_verify || args.from.is_some()) {
-        (_, true) => None,
-        (Some(p), false) => Some(Keys::from_docs(super::load_did_docs(p)?)),
-        (None, false) => {
+    let keys = match (&docs, verifies) {
+        (_, false) => None,
+        (Some(d), true) => Some(Keys::from_shared_docs(d.clone())),
+        (None, true) => {
             let r = new_resolver()?;
             resolver = Some(r.clone());
             let keys = ResolverKeys::new(r).resolving_on(source_rt.handle());
@@ -457,8 +488,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
             None
         } else {
             // Resync needs DID documents for the PDS and key: the resolver's, or one made for it
-            // (with --did-docs, frames are verified with the file's keys but a repository is
-            // fetched as any consumer would, through PLC / did:web).
+            // (with --did-docs, from the file: the same keys as the frames'; issue 40).
             let r = match &resolver {
                 Some(r) => r.clone(),
                 None => new_resolver()?,
@@ -469,7 +499,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                 hosts.clone()
             };
             Some(ResyncService::start(
-                Resyncer::new(r, ResyncConfig::default()),
+                Resyncer::new(r, resync_config(&args.data)?),
                 relays,
                 ResyncLimits::default(),
                 log.store().clone(),
@@ -637,7 +667,8 @@ pub async fn feed_file(
         }
         sent += 1;
         if let Some(r) = rate {
-            let due = Duration::from_secs_f64(sent as f64 / r);
+            // Saturating: a rate of 0 (or below) paces nothing rather than panicking.
+            let due = Duration::try_from_secs_f64(sent as f64 / r).unwrap_or(Duration::ZERO);
             let el = start.elapsed();
             if due > el + Duration::from_millis(2) {
                 tokio::time::sleep(due - el).await;
@@ -685,5 +716,35 @@ mod tests {
             crate::Command::Serve(a) => assert_eq!(a.serve.listen, at),
             _ => panic!("not serve"),
         }
+    }
+
+    #[test]
+    fn durations_parse_and_an_absurd_one_is_refused_not_overflowed() {
+        assert_eq!(parse_duration("90m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
+        assert_eq!(
+            parse_duration("36500d"),
+            Ok(Duration::from_secs(MAX_DURATION_SECS))
+        );
+        for bad in [
+            "36501d",
+            "18446744073709551615d",
+            "18446744073709551615",
+            "5x",
+            "h",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn resync_spools_under_the_data_directory() {
+        let data = tempfile::tempdir().unwrap();
+        let cfg = resync_config(data.path()).unwrap();
+        let spool = data.path().join("spool");
+        assert_eq!(cfg.spool_dir.as_deref(), Some(spool.as_path()));
+        assert!(spool.is_dir(), "created at start");
+        // Again (a restart): fine.
+        resync_config(data.path()).unwrap();
     }
 }

@@ -7,12 +7,14 @@
 //! the same address serves `DIR/firehose-frames.bin` (crate `riptide-relay`: seqs from 1, cursor
 //! replay, pings; `--relay-rate`, `--relay-loop`).
 //!
-//! Faults: `--fault-5xx-every N`, `--fault-429-every N` (with `Retry-After: 1`),
+//! Faults: `--fault-5xx-every N`, `--fault-429-every N` (with `Retry-After: 1`, or
+//! `--fault-429-retry-after SECS`),
 //! `--fault-drop-every N`, `--fault-delay-ms MS` (every HTTP
 //! request, WebSocket upgrades included), `--fault-relay-drop-after N`, `--fault-relay-error-after
 //! N`, `--fault-relay-frame-delay-ms MS` (per relay connection), or at run time `POST
 //! /_sim/faults` with the same settings as JSON (`{"error_every","drop_every","delay_ms",
-//! "relay_drop_after","relay_error_after","relay_frame_delay_ms","rate_limit_every"}`).
+//! "relay_drop_after","relay_error_after","relay_frame_delay_ms","rate_limit_every",
+//! "rate_limit_retry_after"}`).
 //!
 //! Prints the base URL on stdout (one line, flushed: a test with `--listen 127.0.0.1:0` reads the
 //! port from it) and the relay URL on stderr, then serves until interrupted.
@@ -43,6 +45,9 @@ pub struct Args {
     /// Answer every Nth request with a 429 and `Retry-After: 1` (0: never).
     #[arg(long = "fault-429-every", default_value_t = 0)]
     fault_429_every: u64,
+    /// The `Retry-After` of those 429s, in seconds (default 1; any u64, to test a client's cap).
+    #[arg(long = "fault-429-retry-after")]
+    fault_429_retry_after: Option<u64>,
     /// Cut every Nth response half-way and drop the connection (0: never).
     #[arg(long, default_value_t = 0)]
     fault_drop_every: u64,
@@ -76,6 +81,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         relay_error_after: a.fault_relay_error_after,
         relay_frame_delay_ms: a.fault_relay_frame_delay_ms,
         rate_limit_every: a.fault_429_every,
+        rate_limit_retry_after: a.fault_429_retry_after,
     };
     anyhow::ensure!(
         a.relay_rate.is_none_or(|r| r > 0.0 && r.is_finite()),
