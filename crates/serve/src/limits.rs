@@ -9,7 +9,17 @@
 //! - **A budget**: at most [`ConnLimits::max_connections`] connections at once, never more than
 //!   the descriptor limit minus [`RESERVED_FDS`] (kept for the store, whose open-file cache is
 //!   capped at [`crate::store::STORE_MAX_OPEN_FILES`], and for the process's own files);
-//! - **a per-IP limit** ([`ConnLimits::per_ip`]), so one host cannot take the whole budget;
+//! - **a per-IP limit** ([`ConnLimits::per_ip`]), so one host cannot take the whole budget (an
+//!   IPv6 client counts per /64, the block one host is usually given: [`ip_key`]);
+//! - **a reserve for probes** ([`PROBE_RESERVE`]): connections beyond the budget are still
+//!   accepted, up to the reserve, and may ask only for `/healthz`, `/readyz` and `/metrics`
+//!   ([`PROBE_PATHS`]; anything else is answered `503` by [`guard`]). Without it 10,000 idle
+//!   subscribers (1,000 from each of ten addresses, inside the per-IP limit) made the probes
+//!   answer 503, and a liveness probe would have restarted a healthy server. The reserve is not
+//!   a defence against a client that sets out to hold it (it gets the header deadline like any
+//!   connection); for that, serve the probes on a listener of their own, on an address only the
+//!   monitoring can reach ([`LimitedListener::probes`], `riptide serve --metrics-listen`), as
+//!   Jetstream's debug listener does;
 //! - **a header deadline** ([`ConnLimits::header_timeout`]): a connection whose first request
 //!   headers are not complete in time is closed — slowloris, and idle connections that never
 //!   send a request (or never finish a WebSocket handshake), cost a descriptor for that long only.
@@ -27,7 +37,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
@@ -43,6 +53,28 @@ use crate::metrics::Metrics;
 /// ([`crate::store::STORE_MAX_OPEN_FILES`]) plus journals, the listener, the runtime's own
 /// (epoll, eventfd, pipes), the upstream connection, DID lookups and the binary's files.
 pub const RESERVED_FDS: u64 = crate::store::STORE_MAX_OPEN_FILES as u64 + 128;
+
+/// Connections the main listener accepts beyond the budget, for probes only (module docs); also
+/// the budget of a probes listener ([`LimitedListener::probes`]).
+pub const PROBE_RESERVE: usize = 8;
+
+/// Descriptors kept for probe connections: the main listener's reserve and a probes listener's
+/// budget.
+const PROBE_FDS: u64 = 2 * PROBE_RESERVE as u64;
+
+/// What a probe-only connection may ask for.
+pub const PROBE_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
+/// The key an address is counted under for the per-IP limit: an IPv4 address (also when it comes
+/// as an IPv4-mapped IPv6 address, as on a dual-stack listener) as is; an IPv6 address by its
+/// /64, since one host is usually given a whole /64 and could otherwise open the budget's worth
+/// from addresses of its own.
+pub fn ip_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !(u64::MAX as u128))),
+        v4 => v4,
+    }
+}
 
 /// The limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +116,7 @@ pub fn fd_limit() -> Option<u64> {
 #[non_exhaustive]
 pub enum LimitError {
     /// The descriptor limit leaves no room for connections after the store's reserve.
-    #[error("the open-file limit ({limit}) leaves no room for connections: the store and the process keep {RESERVED_FDS}; raise it (ulimit -n, or LimitNOFILE= in systemd) to at least {}", RESERVED_FDS + 64)]
+    #[error("the open-file limit ({limit}) leaves no room for connections: the store, the process and the probes keep {}; raise it (ulimit -n, or LimitNOFILE= in systemd) to at least {}", RESERVED_FDS + PROBE_FDS, RESERVED_FDS + PROBE_FDS + 64)]
     TooFewDescriptors {
         /// The soft limit.
         limit: u64,
@@ -93,7 +125,8 @@ pub enum LimitError {
 
 impl ConnLimits {
     /// The connection budget under the process's descriptor limit: `max_connections`, lowered
-    /// to the limit minus [`RESERVED_FDS`]. An error when fewer than 16 connections would fit.
+    /// to the limit minus [`RESERVED_FDS`] and the probes' descriptors (twice
+    /// [`PROBE_RESERVE`]). An error when fewer than 16 connections would fit.
     pub fn effective(&self) -> Result<ConnLimits, LimitError> {
         self.effective_under(fd_limit())
     }
@@ -101,7 +134,7 @@ impl ConnLimits {
     fn effective_under(&self, limit: Option<u64>) -> Result<ConnLimits, LimitError> {
         let mut l = *self;
         if let Some(limit) = limit {
-            let room = limit.saturating_sub(RESERVED_FDS);
+            let room = limit.saturating_sub(RESERVED_FDS + PROBE_FDS);
             if room < 16 {
                 return Err(LimitError::TooFewDescriptors { limit });
             }
@@ -119,68 +152,185 @@ struct Counts {
     per_ip: HashMap<IpAddr, usize>,
 }
 
+/// What a connection may ask for, decided when it is accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Everything: a connection inside the budget.
+    Full,
+    /// Only [`PROBE_PATHS`]: a connection in the main listener's reserve, beyond the budget
+    /// (anything else is answered 503, counted as refused for `max-connections`).
+    Reserve,
+    /// Only [`PROBE_PATHS`]: a connection to a probes listener (anything else is a 404).
+    Probes,
+}
+
 /// A listener that applies [`ConnLimits`] (an `axum::serve::Listener`).
+///
+/// Serve it with [`crate::router`] made into a service with [`ConnInfo`]
+/// (`into_make_service_with_connect_info::<ConnInfo>()`): that is how [`guard`] learns which
+/// connections may ask only for the probes. Without it the reserve would be open to everything.
 #[derive(Debug)]
 pub struct LimitedListener {
     inner: TcpListener,
     limits: ConnLimits,
+    /// [`PROBE_RESERVE`] on the main listener; 0 on a probes listener.
+    reserve: usize,
+    /// Every connection's access on a probes listener.
+    probes: bool,
     counts: Arc<Mutex<Counts>>,
     metrics: Arc<Metrics>,
     last_error_log: Option<Instant>,
 }
 
 impl LimitedListener {
-    /// Wraps `inner`; `limits` as given (see [`ConnLimits::effective`]).
+    /// Wraps `inner`; `limits` as given (see [`ConnLimits::effective`]), with the probes'
+    /// reserve beyond them ([`PROBE_RESERVE`]).
     pub fn new(inner: TcpListener, limits: ConnLimits, metrics: Arc<Metrics>) -> LimitedListener {
         LimitedListener {
             inner,
             limits,
+            reserve: PROBE_RESERVE,
+            probes: false,
             counts: Arc::default(),
             metrics,
             last_error_log: None,
         }
     }
 
+    /// A listener for the probes only (`/healthz`, `/readyz`, `/metrics`, `riptide serve
+    /// --metrics-listen`), outside the subscriber budget: at most [`PROBE_RESERVE`] connections,
+    /// with `header_timeout`. Its connections are not in `riptide_connections` (the main
+    /// listener's gauge); its refusals are counted with the main listener's.
+    pub fn probes(
+        inner: TcpListener,
+        header_timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> LimitedListener {
+        let limits = ConnLimits {
+            max_connections: PROBE_RESERVE,
+            per_ip: PROBE_RESERVE,
+            header_timeout,
+        };
+        LimitedListener {
+            reserve: 0,
+            probes: true,
+            ..LimitedListener::new(inner, limits, metrics)
+        }
+    }
+
     /// Takes a slot for `ip`, or says which limit refuses it (0: total, 1: per IP).
-    fn admit(&self, ip: IpAddr) -> Result<Slot, usize> {
+    fn admit(&self, ip: IpAddr) -> Result<(Slot, Access), usize> {
+        let key = ip_key(ip);
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-        if c.total >= self.limits.max_connections {
+        if c.total >= self.limits.max_connections + self.reserve {
             return Err(0);
         }
-        let n = c.per_ip.entry(ip).or_insert(0);
+        let access = if self.probes {
+            Access::Probes
+        } else if c.total >= self.limits.max_connections {
+            Access::Reserve
+        } else {
+            Access::Full
+        };
+        let n = c.per_ip.entry(key).or_insert(0);
         if *n >= self.limits.per_ip {
             return Err(1);
         }
         *n += 1;
         c.total += 1;
-        self.metrics.connections.store(c.total as i64, Relaxed);
-        Ok(Slot {
-            ip,
+        let gauge = (!self.probes).then(|| self.metrics.clone());
+        if let Some(m) = &gauge {
+            m.connections.store(c.total as i64, Relaxed);
+        }
+        let slot = Slot {
+            key,
             counts: self.counts.clone(),
-            metrics: self.metrics.clone(),
-        })
+            gauge,
+        };
+        Ok((slot, access))
     }
 }
 
 /// One connection's place in the counts, given back on drop.
 #[derive(Debug)]
 struct Slot {
-    ip: IpAddr,
+    /// The per-IP key ([`ip_key`]).
+    key: IpAddr,
     counts: Arc<Mutex<Counts>>,
-    metrics: Arc<Metrics>,
+    /// `riptide_connections`, kept by the main listener only.
+    gauge: Option<Arc<Metrics>>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
         c.total = c.total.saturating_sub(1);
-        if let Some(n) = c.per_ip.get_mut(&self.ip) {
+        if let Some(n) = c.per_ip.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
-                c.per_ip.remove(&self.ip);
+                c.per_ip.remove(&self.key);
             }
         }
-        self.metrics.connections.store(c.total as i64, Relaxed);
+        if let Some(m) = &self.gauge {
+            m.connections.store(c.total as i64, Relaxed);
+        }
+    }
+}
+
+/// What a handler learns about its connection (`axum::extract::ConnectInfo<ConnInfo>`, set when
+/// a [`LimitedListener`] is served with connect info).
+#[derive(Clone, Debug)]
+pub struct ConnInfo {
+    /// The peer.
+    pub addr: SocketAddr,
+    /// What the connection may ask for.
+    pub access: Access,
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, LimitedListener>>
+    for ConnInfo
+{
+    fn connect_info(s: axum::serve::IncomingStream<'_, LimitedListener>) -> ConnInfo {
+        ConnInfo {
+            addr: *s.remote_addr(),
+            access: s.io().access,
+        }
+    }
+}
+
+/// The router's gate (`crate::router` applies it to every route): a connection of the reserve
+/// or of a probes listener gets only [`PROBE_PATHS`]; anything else is refused, with
+/// `connection: close` so that the slot is given back at once. Requests without [`ConnInfo`]
+/// (a listener without limits, as in tests) pass.
+pub async fn guard(
+    axum::extract::State(metrics): axum::extract::State<Arc<Metrics>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let access = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<ConnInfo>>()
+        .map_or(Access::Full, |c| c.0.access);
+    if access == Access::Full || PROBE_PATHS.contains(&req.uri().path()) {
+        return next.run(req).await;
+    }
+    let close = [(axum::http::header::CONNECTION, "close")];
+    if access == Access::Reserve {
+        metrics.connections_refused[0].fetch_add(1, Relaxed);
+        (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            close,
+            "too many clients\n",
+        )
+            .into_response()
+    } else {
+        (
+            axum::http::StatusCode::NOT_FOUND,
+            close,
+            "only /healthz, /readyz and /metrics are served here\n",
+        )
+            .into_response()
     }
 }
 
@@ -211,13 +361,14 @@ impl axum::serve::Listener for LimitedListener {
                 }
             };
             match self.admit(addr.ip()) {
-                Ok(slot) => {
+                Ok((slot, access)) => {
                     let _ = stream.set_nodelay(true);
                     let deadline = Box::pin(tokio::time::sleep(timeout));
                     return (
                         Limited {
                             stream,
                             _slot: slot,
+                            access,
                             deadline: Some(deadline),
                             tail: 0,
                             timeout,
@@ -247,6 +398,8 @@ impl axum::serve::Listener for LimitedListener {
 pub struct Limited {
     stream: TcpStream,
     _slot: Slot,
+    /// What the connection may ask for ([`guard`]).
+    access: Access,
     /// Until the end of the headers of the request awaited; `None` while one is being served.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// How much of `\r\n\r\n` the bytes read so far end with.
@@ -381,7 +534,7 @@ mod tests {
     fn the_budget_keeps_the_reserve() {
         let l = ConnLimits::default();
         let e = l.effective_under(Some(1024)).unwrap();
-        assert_eq!(e.max_connections as u64, 1024 - RESERVED_FDS);
+        assert_eq!(e.max_connections as u64, 1024 - RESERVED_FDS - PROBE_FDS);
         assert!(e.per_ip <= e.max_connections);
         assert_eq!(
             l.effective_under(Some(1 << 20)).unwrap().max_connections,
@@ -389,6 +542,21 @@ mod tests {
         );
         assert!(l.effective_under(Some(RESERVED_FDS + 8)).is_err());
         assert_eq!(l.effective_under(None).unwrap(), l);
+    }
+
+    #[test]
+    fn ipv6_clients_count_per_64_and_ipv4_as_is() {
+        let k = |s: &str| ip_key(s.parse().unwrap());
+        // One /64, however its host bits are set.
+        assert_eq!(k("2001:db8:1:2:aaaa:bbbb:cccc:dddd"), k("2001:db8:1:2::1"));
+        assert_eq!(k("2001:db8:1:2::ffff").to_string(), "2001:db8:1:2::");
+        // The next /64 is another key.
+        assert_ne!(k("2001:db8:1:2::1"), k("2001:db8:1:3::1"));
+        // IPv4 addresses are not grouped, also when mapped into IPv6 (dual-stack listener).
+        assert_eq!(k("192.0.2.7").to_string(), "192.0.2.7");
+        assert_eq!(k("::ffff:192.0.2.7"), k("192.0.2.7"));
+        assert_ne!(k("::ffff:192.0.2.7"), k("::ffff:192.0.2.8"));
+        assert_eq!(k("::1").to_string(), "::");
     }
 
     #[test]
@@ -409,10 +577,11 @@ mod tests {
             let mut l = Limited {
                 stream: s,
                 _slot: Slot {
-                    ip: a.ip(),
+                    key: a.ip(),
                     counts: Arc::default(),
-                    metrics: m.clone(),
+                    gauge: Some(m.clone()),
                 },
+                access: Access::Full,
                 deadline: Some(Box::pin(tokio::time::sleep(Duration::from_secs(9)))),
                 tail: 0,
                 timeout: Duration::from_secs(9),

@@ -235,7 +235,9 @@ impl App {
     }
 }
 
-/// The router: `/subscribe`, the v2 endpoints (`v2.rs`), `/metrics`, `/healthz`, `/readyz`.
+/// The router: `/subscribe`, the v2 endpoints (`v2.rs`), `/metrics`, `/healthz`, `/readyz`;
+/// behind [`crate::limits::guard`], which keeps connections of the probes' reserve (and of a
+/// probes listener) to the last three.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/subscribe", get(subscribe))
@@ -243,6 +245,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
+        .layer(axum::middleware::from_fn_with_state(
+            app.metrics.clone(),
+            crate::limits::guard,
+        ))
         .with_state(app)
 }
 
