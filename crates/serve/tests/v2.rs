@@ -7,6 +7,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -252,6 +253,50 @@ async fn a_stalled_v2_subscriber_gets_consumer_too_slow() {
             .slow_drop_count(riptide_serve::metrics::SlowDrop::Behind),
         1
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v2_subscriber_dropped_behind_gives_its_connection_back_at_once() {
+    // Issue 40: a subscriber dropped by the slow rule that never reads again kept its connection
+    // (and its place in the connection budget) for the write timeout, 120 s, while the server
+    // waited to write it the terminal frame. Now it is given `TERMINAL_GRACE`.
+    let n = 2000;
+    let dir = tempfile::tempdir().unwrap();
+    let log = common::open_log(dir.path());
+    log.publish(&(1..=n).map(big_commit).collect::<Vec<_>>());
+    let config = ServerConfig {
+        slow: SlowPolicy {
+            max_behind: 100,
+            min_rate: 5.0,
+            window: Duration::from_secs(1),
+        },
+        ..ServerConfig::default()
+    };
+    assert_eq!(config.write_timeout, Duration::from_secs(120));
+    let app = App::new(log, Arc::new(Metrics::default()), config);
+    let addr = common::listen_limited(app.clone(), riptide_serve::ConnLimits::default()).await;
+    let _stalled = connect(addr, "cursor=1").await;
+    let until = tokio::time::Instant::now() + T;
+    while app
+        .v2
+        .metrics
+        .slow_drop_count(riptide_serve::metrics::SlowDrop::Behind)
+        < 1
+    {
+        assert!(tokio::time::Instant::now() < until, "not dropped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dropped = tokio::time::Instant::now();
+    let gone = |app: &App| {
+        app.metrics.connections.load(Relaxed) == 0 && app.metrics.subscribers.load(Relaxed) == 0
+    };
+    while !gone(&app) {
+        assert!(
+            dropped.elapsed() < riptide_serve::v2::TERMINAL_GRACE + Duration::from_secs(3),
+            "the dropped subscriber still holds its connection"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
