@@ -29,6 +29,18 @@
 //!   that long). A connection the server upgraded (its `101 Switching Protocols`: a WebSocket
 //!   subscriber, which may rightly send nothing for hours) has no deadline from then on.
 //!
+//! **Long queries.** A subscriber may name 10,000 DIDs (`dids` of `subscribeEvents`,
+//! `wantedDids` of `/subscribe`; protocol §1.2): about 400 KB of query string. hyper cannot take
+//! a request target that long: the `http` crate's `Uri` holds at most 65,534 bytes, and hyper
+//! answers `414` above it (from about 1,700 DIDs), whatever its buffer sizes. So the first
+//! request line of a connection, when it is a `GET` of one of those two paths with a query
+//! ([`LONG_QUERY_PATHS`]), is read here, up to [`MAX_REQUEST_LINE`]; a target longer than
+//! [`LONG_TARGET`] reaches hyper without its query, which goes beside it ([`LongQuery`], put in
+//! the request by [`guard`] and read by the handlers). Only the first request of a connection:
+//! a WebSocket client opens a connection for its subscription, and where the next request on a
+//! keep-alive connection starts is hyper's to know. A longer line goes to hyper as it came (and
+//! is refused there); lines being read here hold at most [`LONG_LINES_BUDGET`] bytes in all.
+//!
 //! Over a limit, the connection is answered `503` with `connection: close` (written without
 //! waiting: a client that does not read gets a plain close) and closed at once, and counted in
 //! `riptide_connections_refused_total{reason}`. Accept errors (`EMFILE` if the budget was still
@@ -39,6 +51,7 @@ use std::future::Future;
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -151,6 +164,34 @@ struct Counts {
     total: usize,
     per_ip: HashMap<IpAddr, usize>,
 }
+
+/// The paths whose first request line [`Limited`] reads itself (module docs, "Long queries"),
+/// each as the start of a request line with a query.
+pub const LONG_QUERY_PATHS: [&[u8]; 2] = [
+    b"GET /xrpc/network.bsky.jetstream.subscribeEvents?",
+    b"GET /subscribe?",
+];
+
+/// Request targets longer than this are given to hyper without their query ([`LongQuery`]).
+pub const LONG_TARGET: usize = 16 << 10;
+
+/// The longest first request line read for a long query: 10,000 DIDs of up to 90 bytes each,
+/// `dids=` repeated, with room to spare.
+pub const MAX_REQUEST_LINE: usize = 1 << 20;
+
+/// Bytes of first request lines being read at once, all connections together; past it a line
+/// goes to hyper as it came (and is refused there), so that slow clients sending long lines
+/// cannot make the server hold `MAX_REQUEST_LINE` for each of its connections.
+pub const LONG_LINES_BUDGET: usize = 64 << 20;
+
+/// Bytes of first request lines held now (see [`LONG_LINES_BUDGET`]).
+static LONG_LINE_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// A query taken out of a connection's first request line because it is too long for a URI
+/// (module docs, "Long queries"): the handler's query string, in place of the request's (which
+/// has none).
+#[derive(Clone, Debug)]
+pub struct LongQuery(pub String);
 
 /// What a connection may ask for, decided when it is accepted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -285,6 +326,8 @@ pub struct ConnInfo {
     pub addr: SocketAddr,
     /// What the connection may ask for.
     pub access: Access,
+    /// The first request's [`LongQuery`], until [`guard`] takes it.
+    long_query: Arc<Mutex<Option<String>>>,
 }
 
 impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, LimitedListener>>
@@ -294,6 +337,7 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Limi
         ConnInfo {
             addr: *s.remote_addr(),
             access: s.io().access,
+            long_query: s.io().long_query.clone(),
         }
     }
 }
@@ -301,17 +345,27 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Limi
 /// The router's gate (`crate::router` applies it to every route): a connection of the reserve
 /// or of a probes listener gets only [`PROBE_PATHS`]; anything else is refused, with
 /// `connection: close` so that the slot is given back at once. Requests without [`ConnInfo`]
-/// (a listener without limits, as in tests) pass.
+/// (a listener without limits, as in tests) pass. It also hands a request its [`LongQuery`].
 pub async fn guard(
     axum::extract::State(metrics): axum::extract::State<Arc<Metrics>>,
-    req: axum::extract::Request,
+    mut req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let access = req
+    let info = req
         .extensions()
         .get::<axum::extract::ConnectInfo<ConnInfo>>()
-        .map_or(Access::Full, |c| c.0.access);
+        .map(|c| c.0.clone());
+    let access = info.as_ref().map_or(Access::Full, |c| c.access);
+    let long = info.and_then(|c| {
+        c.long_query
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    });
+    if let Some(q) = long {
+        req.extensions_mut().insert(LongQuery(q));
+    }
     if access == Access::Full || PROBE_PATHS.contains(&req.uri().path()) {
         return next.run(req).await;
     }
@@ -374,6 +428,10 @@ impl axum::serve::Listener for LimitedListener {
                             timeout,
                             upgraded: false,
                             metrics: self.metrics.clone(),
+                            first_line: (!self.probes).then(FirstLine::default),
+                            pending: Vec::new(),
+                            pending_at: 0,
+                            long_query: Arc::default(),
                         },
                         addr,
                     );
@@ -409,6 +467,97 @@ pub struct Limited {
     /// The server answered `101 Switching Protocols`: no HTTP request follows, no deadline.
     upgraded: bool,
     metrics: Arc<Metrics>,
+    /// The first request line, while it is read here (module docs, "Long queries").
+    first_line: Option<FirstLine>,
+    /// Bytes read from the socket that hyper has yet to be given, from `pending_at`.
+    pending: Vec<u8>,
+    pending_at: usize,
+    /// The first request's [`LongQuery`], shared with its [`ConnInfo`].
+    long_query: Arc<Mutex<Option<String>>>,
+}
+
+/// A first request line being read, its bytes counted in [`LONG_LINE_BYTES`].
+#[derive(Debug, Default)]
+struct FirstLine {
+    buf: Vec<u8>,
+}
+
+impl FirstLine {
+    /// Takes `more`, or says that the line may not grow so far (then takes nothing).
+    fn push(&mut self, more: &[u8]) -> bool {
+        if self.buf.len() + more.len() > MAX_REQUEST_LINE {
+            return false;
+        }
+        let before = LONG_LINE_BYTES.fetch_add(more.len(), Relaxed);
+        if before + more.len() > LONG_LINES_BUDGET {
+            LONG_LINE_BYTES.fetch_sub(more.len(), Relaxed);
+            return false;
+        }
+        self.buf.extend_from_slice(more);
+        true
+    }
+
+    /// The bytes read, no longer counted.
+    fn take(&mut self) -> Vec<u8> {
+        let b = std::mem::take(&mut self.buf);
+        LONG_LINE_BYTES.fetch_sub(b.len(), Relaxed);
+        b
+    }
+}
+
+impl Drop for FirstLine {
+    fn drop(&mut self) {
+        LONG_LINE_BYTES.fetch_sub(self.buf.len(), Relaxed);
+    }
+}
+
+/// What to do with the first request line read so far.
+#[derive(Debug, PartialEq, Eq)]
+enum LineIs {
+    /// Not one of [`LONG_QUERY_PATHS`]: hand it over as it is.
+    Other,
+    /// One of them, not complete yet.
+    Partial,
+    /// Complete, ending at this index (its `\n`).
+    Complete(usize),
+}
+
+fn first_line_is(buf: &[u8]) -> LineIs {
+    let ours = LONG_QUERY_PATHS.iter().any(|p| {
+        let n = buf.len().min(p.len());
+        buf[..n] == p[..n]
+    });
+    if !ours {
+        return LineIs::Other;
+    }
+    match buf.iter().position(|&b| b == b'\n') {
+        Some(i) => LineIs::Complete(i),
+        None => LineIs::Partial,
+    }
+}
+
+/// The bytes to give hyper for a complete first line ending at `end` in `buf` (the bytes after it
+/// included): a target longer than [`LONG_TARGET`] without its query, which is returned beside;
+/// anything else as it is.
+fn split_long_query(mut buf: Vec<u8>, end: usize) -> (Vec<u8>, Option<String>) {
+    let line = &buf[..end];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    // `GET <target> HTTP/1.x`
+    let (Some(q), Some(sp)) = (
+        line.iter().position(|&b| b == b'?'),
+        line.iter().rposition(|&b| b == b' '),
+    ) else {
+        return (buf, None);
+    };
+    if sp < q || sp - 4 <= LONG_TARGET || !line[sp + 1..].starts_with(b"HTTP/1.") {
+        return (buf, None);
+    }
+    let Ok(query) = std::str::from_utf8(&line[q + 1..sp]) else {
+        return (buf, None);
+    };
+    let query = query.to_owned();
+    buf.drain(q..sp);
+    (buf, Some(query))
 }
 
 impl Limited {
@@ -456,6 +605,50 @@ impl Limited {
     }
 }
 
+impl Limited {
+    /// Reads the first request line (module docs, "Long queries") until it is complete, or known
+    /// not to be one of [`LONG_QUERY_PATHS`], or too long; then leaves what hyper is to get in
+    /// `pending` (empty at the end of the stream).
+    fn read_first_line(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let Some(line) = self.first_line.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let mut chunk = [0u8; 8192];
+        loop {
+            let mut rb = ReadBuf::new(&mut chunk);
+            match Pin::new(&mut self.stream).poll_read(cx, &mut rb) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Ready(Ok(())) => {}
+            }
+            let got = rb.filled();
+            let taken = !got.is_empty() && line.push(got);
+            let is = if taken {
+                first_line_is(&line.buf)
+            } else {
+                LineIs::Other
+            };
+            if is == LineIs::Partial {
+                continue;
+            }
+            let mut bytes = line.take();
+            if !taken {
+                // The end of the stream, or a line too long: as it came.
+                bytes.extend_from_slice(got);
+            }
+            if let LineIs::Complete(end) = is {
+                let (b, query) = split_long_query(bytes, end);
+                bytes = b;
+                *self.long_query.lock().unwrap_or_else(|e| e.into_inner()) = query;
+            }
+            self.first_line = None;
+            self.pending = bytes;
+            self.pending_at = 0;
+            return Poll::Ready(Ok(()));
+        }
+    }
+}
+
 impl AsyncRead for Limited {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -471,6 +664,27 @@ impl AsyncRead for Limited {
                     "request headers not complete in time",
                 )));
             }
+        }
+        if this.first_line.is_some() {
+            match this.read_first_line(cx) {
+                Poll::Ready(Ok(())) if this.pending.is_empty() => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => {}
+                other => return other,
+            }
+        }
+        if this.pending_at < this.pending.len() {
+            let n = buf.remaining().min(this.pending.len() - this.pending_at);
+            let given = this.pending[this.pending_at..this.pending_at + n].to_vec();
+            buf.put_slice(&given);
+            this.pending_at += n;
+            if this.pending_at == this.pending.len() {
+                this.pending = Vec::new();
+                this.pending_at = 0;
+            }
+            if this.deadline.is_some() {
+                this.scan(&given);
+            }
+            return Poll::Ready(Ok(()));
         }
         let before = buf.filled().len();
         let r = Pin::new(&mut this.stream).poll_read(cx, buf);
@@ -587,6 +801,10 @@ mod tests {
                 timeout: Duration::from_secs(9),
                 upgraded: false,
                 metrics: m,
+                first_line: None,
+                pending: Vec::new(),
+                pending_at: 0,
+                long_query: Arc::default(),
             };
             for part in [&b"GET / HTTP/1.1\r\nhost: x\r"[..], b"\n\r", b"\nbody"] {
                 assert!(l.deadline.is_some());

@@ -390,9 +390,12 @@ fn bad_request(msg: String) -> Response {
 async fn subscribe(
     State(app): State<Arc<App>>,
     RawQuery(query): RawQuery,
+    long: Option<axum::Extension<crate::limits::LongQuery>>,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
+    // A query too long for a URI comes beside the request (`crate::limits`, "Long queries").
+    let query = long.map(|axum::Extension(q)| q.0).or(query);
     let enc = headers.get("socket-encoding").and_then(|v| v.to_str().ok());
     let opts = match SubscribeOptions::parse(query.as_deref().unwrap_or(""), enc) {
         Ok(o) => o,

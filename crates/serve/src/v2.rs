@@ -960,9 +960,12 @@ async fn get_zstd_dictionary(State(app): State<Arc<App>>, RawQuery(q): RawQuery)
 async fn subscribe_events(
     State(app): State<Arc<App>>,
     RawQuery(query): RawQuery,
+    long: Option<axum::Extension<crate::limits::LongQuery>>,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
+    // A query too long for a URI comes beside the request (`crate::limits`, "Long queries").
+    let query = long.map(|axum::Extension(q)| q.0).or(query);
     let refuse = |e: XrpcError| {
         app.v2.metrics.reject(e.error);
         e.into_response()
