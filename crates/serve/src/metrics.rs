@@ -379,7 +379,8 @@ pub struct Metrics {
     pub upstream_gap_seqs: AtomicU64,
     /// Upstream error frames (e.g. `FutureCursor`, `ConsumerTooSlow`).
     pub upstream_errors: AtomicU64,
-    /// Upstream frames without a seq (not ingested).
+    /// Upstream frames without a seq that are not garbage otherwise (of an unknown type, or
+    /// decoding): not ingested. Garbage without a seq is a verdict (`upstream.rs`, "Garbage").
     pub upstream_unsequenced: AtomicU64,
     /// The upstream client's own counters (connections, failures, oversized and text messages),
     /// read live when `/metrics` is rendered: they move on every attempt, even while no frame
@@ -736,7 +737,7 @@ impl Metrics {
             (
                 "riptide_upstream_unsequenced_total",
                 "counter",
-                "Upstream frames without a seq, not ingested.",
+                "Upstream frames without a seq (of an unknown type, or decoding), not ingested; frames that do not decode are riptide_verdicts_total.",
                 &self.upstream_unsequenced,
             ),
             (
