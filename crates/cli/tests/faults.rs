@@ -328,6 +328,64 @@ fn verify_and_jetstream_of_millions_of_empty_frames_print_a_bounded_number_of_li
 }
 
 #[test]
+fn probes_answer_when_subscribers_fill_the_budget_and_on_metrics_listen() {
+    // Issue 40: subscribers filling the connection budget made /healthz, /readyz and /metrics
+    // answer 503 (a liveness probe would restart the server).
+    let data = scratch();
+    let probes = format!("127.0.0.1:{}", dead_port());
+    let upstream = format!("ws://127.0.0.1:{}", dead_port());
+    let (_server, addr) = common::spawn_serve(common::serve_command(data.path()).args([
+        "--no-verify",
+        "--upstream",
+        &upstream,
+        "--max-connections",
+        "16",
+        "--metrics-listen",
+        &probes,
+    ]));
+    // Sixteen idle subscribers (upgraded: no header deadline) take the whole budget.
+    let mut subs = Vec::new();
+    for _ in 0..16 {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        s.write_all(
+            b"GET /subscribe HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .unwrap();
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut b).unwrap();
+            head.push(b[0]);
+        }
+        assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+        subs.push(s);
+    }
+    // The probes answer on the main port (its reserve) and on --metrics-listen; the upstream is
+    // down, so /readyz says why (not "too many clients").
+    for at in [&addr, &probes] {
+        assert_eq!(http(at, "/healthz"), (200, "ok".into()), "{at}");
+        let (code, body) = http(at, "/readyz");
+        assert_eq!(code, 503, "{at}");
+        assert!(body.contains("upstream not connected"), "{at}: {body}");
+        let (code, body) = http(at, "/metrics");
+        assert_eq!(code, 200, "{at}");
+        assert!(body.contains("\nriptide_subscribers 16\n"), "{at}: {body}");
+    }
+    // Nothing else is served beyond the budget, nor on the probes' listener.
+    assert_eq!(http(&addr, "/subscribe").0, 503);
+    assert_eq!(http(&probes, "/subscribe").0, 404);
+    assert!(
+        metric(
+            &probes,
+            "riptide_connections_refused_total{reason=\"max-connections\"}"
+        ) >= 1.0
+    );
+    drop(subs);
+}
+
+#[test]
 fn fd_exhaustion_under_prlimit_is_refused_at_the_door() {
     // 300 connections against a server allowed 448 descriptors (the store and the process keep
     // 384): connections past the budget get 503, the store never runs out, ingest goes on and

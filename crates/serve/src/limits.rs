@@ -12,7 +12,8 @@
 //! - **a per-IP limit** ([`ConnLimits::per_ip`]), so one host cannot take the whole budget (an
 //!   IPv6 client counts per /64, the block one host is usually given: [`ip_key`]);
 //! - **a reserve for probes** ([`PROBE_RESERVE`]): connections beyond the budget are still
-//!   accepted, up to the reserve, and may ask only for `/healthz`, `/readyz` and `/metrics`
+//!   accepted, up to the reserve (whatever the per-IP count of their address), and may ask
+//!   only for `/healthz`, `/readyz` and `/metrics`
 //!   ([`PROBE_PATHS`]; anything else is answered `503` by [`guard`]). Without it 10,000 idle
 //!   subscribers (1,000 from each of ten addresses, inside the per-IP limit) made the probes
 //!   answer 503, and a liveness probe would have restarted a healthy server. The reserve is not
@@ -274,7 +275,9 @@ impl LimitedListener {
             Access::Full
         };
         let n = c.per_ip.entry(key).or_insert(0);
-        if *n >= self.limits.per_ip {
+        // The reserve has its own bound: a probe from an address at its limit (a sidecar, the
+        // host of a proxy) is still answered.
+        if *n >= self.limits.per_ip && access != Access::Reserve {
             return Err(1);
         }
         *n += 1;

@@ -355,6 +355,12 @@ async fn probes_answer_when_subscribers_fill_the_budget() {
             Some(200),
             "{path}"
         );
+        // Also from an address at its per-IP limit: the reserve has its own bound.
+        assert_eq!(
+            get_from([127, 0, 0, 2], addr, path).await,
+            Some(200),
+            "{path}"
+        );
     }
     // Anything else in the reserve is refused, and counted; the probes listener has nothing else.
     assert_eq!(
