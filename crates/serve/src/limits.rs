@@ -777,6 +777,38 @@ mod tests {
     }
 
     #[test]
+    fn only_a_long_query_of_a_subscription_is_taken_out_of_the_first_line() {
+        let v2 = "GET /xrpc/network.bsky.jetstream.subscribeEvents?";
+        assert_eq!(first_line_is(b"GET /xrpc/net"), LineIs::Partial);
+        assert_eq!(first_line_is(b"GET /metrics HTTP/1.1\r\n"), LineIs::Other);
+        assert_eq!(first_line_is(b"GET /subscribe HTTP/1.1\r\n"), LineIs::Other);
+        assert_eq!(first_line_is(b"GET /subscribe?x=1"), LineIs::Partial);
+        let long = "dids=did:plc:a&".repeat(2_000);
+        let line = format!("{v2}{long} HTTP/1.1\r\nhost: x\r\n\r\n");
+        let end = line.find('\n').unwrap();
+        assert_eq!(first_line_is(line.as_bytes()), LineIs::Complete(end));
+        let (given, query) = split_long_query(line.clone().into_bytes(), end);
+        assert_eq!(query.as_deref(), Some(&long[..]));
+        assert_eq!(
+            given,
+            b"GET /xrpc/network.bsky.jetstream.subscribeEvents HTTP/1.1\r\nhost: x\r\n\r\n"
+        );
+        // Short queries, lines that are not HTTP/1, and queries that are not UTF-8 go as they came.
+        let short = format!("{v2}dids=did:plc:a HTTP/1.1\r\n\r\n");
+        let (given, query) =
+            split_long_query(short.clone().into_bytes(), short.find('\n').unwrap());
+        assert_eq!((given, query), (short.into_bytes(), None));
+        let odd = format!("{v2}{long} SPDY/3\r\n\r\n");
+        let (given, query) = split_long_query(odd.clone().into_bytes(), odd.find('\n').unwrap());
+        assert_eq!((given, query), (odd.into_bytes(), None));
+        let mut bad = format!("{v2}{long}").into_bytes();
+        bad.push(0xff);
+        bad.extend_from_slice(b" HTTP/1.1\r\n\r\n");
+        let end = bad.iter().position(|&b| b == b'\n').unwrap();
+        assert_eq!(split_long_query(bad.clone(), end), (bad, None));
+    }
+
+    #[test]
     fn header_end_is_found_across_reads() {
         let (a, _b) = std::net::TcpListener::bind("127.0.0.1:0")
             .map(|l| {
