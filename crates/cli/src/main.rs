@@ -49,6 +49,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at startup: the size of the largest variant (`serve`'s many flags) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Decode every frame of a corpus file (block CIDs verified unless --no-verify).

@@ -278,6 +278,100 @@ fn decode_of_many_broken_frames_prints_a_bounded_number_of_lines() {
 }
 
 #[test]
+fn verify_and_jetstream_of_millions_of_empty_frames_print_a_bounded_number_of_lines() {
+    // Issue 40: 4,000,000 zero-length frames took `verify` 16 s and `jetstream` a minute in a
+    // debug build, one stderr line (and one write) per frame. Now as `decode`: the first 20 of
+    // each class, then a count.
+    let n = 4_000_000u32;
+    let mut file = n.to_be_bytes().to_vec();
+    file.resize(4 + 4 * n as usize, 0);
+    let dir = scratch();
+    let p = common::write(&dir, "zeros.bin", &file);
+    let docs = common::write(&dir, "docs.json", b"{}");
+    for args in [
+        &["verify", s(&p), "--did-docs", s(&docs)][..],
+        &["verify", s(&p), "--did-docs", s(&docs), "--threads", "2"],
+        &["jetstream", s(&p)],
+    ] {
+        let t = Instant::now();
+        let out = riptide(args);
+        eprintln!("{args:?}: {:.1} s", t.elapsed().as_secs_f64());
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let e = stderr(&out);
+        assert!(
+            e.lines().count() <= 30,
+            "{args:?}: {} lines",
+            e.lines().count()
+        );
+        assert!(e.contains(&format!("{} more", n - 20)), "{args:?}: {e}");
+        assert_eq!(e.lines().filter(|l| l.starts_with("frame ")).count(), 20);
+        if args[0] == "verify" {
+            assert!(e.contains(&format!("malformed {n}")), "{e}");
+        } else {
+            assert!(e.contains(&format!("{n} frames failed")), "{e}");
+        }
+    }
+}
+
+#[test]
+fn probes_answer_when_subscribers_fill_the_budget_and_on_metrics_listen() {
+    // Issue 40: subscribers filling the connection budget made /healthz, /readyz and /metrics
+    // answer 503 (a liveness probe would restart the server).
+    let data = scratch();
+    let probes = format!("127.0.0.1:{}", dead_port());
+    let upstream = format!("ws://127.0.0.1:{}", dead_port());
+    let (_server, addr) = common::spawn_serve(common::serve_command(data.path()).args([
+        "--no-verify",
+        "--upstream",
+        &upstream,
+        "--max-connections",
+        "16",
+        "--metrics-listen",
+        &probes,
+    ]));
+    // Sixteen idle subscribers (upgraded: no header deadline) take the whole budget.
+    let mut subs = Vec::new();
+    for _ in 0..16 {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(PATIENCE)).unwrap();
+        s.write_all(
+            b"GET /subscribe HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .unwrap();
+        let mut head = Vec::new();
+        let mut b = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut b).unwrap();
+            head.push(b[0]);
+        }
+        assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+        subs.push(s);
+    }
+    // The probes answer on the main port (its reserve) and on --metrics-listen; the upstream is
+    // down, so /readyz says why (not "too many clients").
+    for at in [&addr, &probes] {
+        assert_eq!(http(at, "/healthz"), (200, "ok".into()), "{at}");
+        let (code, body) = http(at, "/readyz");
+        assert_eq!(code, 503, "{at}");
+        assert!(body.contains("upstream not connected"), "{at}: {body}");
+        let (code, body) = http(at, "/metrics");
+        assert_eq!(code, 200, "{at}");
+        assert!(body.contains("\nriptide_subscribers 16\n"), "{at}: {body}");
+    }
+    // Nothing else is served beyond the budget, nor on the probes' listener.
+    assert_eq!(http(&addr, "/subscribe").0, 503);
+    assert_eq!(http(&probes, "/subscribe").0, 404);
+    assert!(
+        metric(
+            &probes,
+            "riptide_connections_refused_total{reason=\"max-connections\"}"
+        ) >= 1.0
+    );
+    drop(subs);
+}
+
+#[test]
 fn fd_exhaustion_under_prlimit_is_refused_at_the_door() {
     // 300 connections against a server allowed 448 descriptors (the store and the process keep
     // 384): connections past the budget get 503, the store never runs out, ingest goes on and

@@ -1056,3 +1056,99 @@ fn an_empty_edge_on_a_topic_whose_start_was_deleted_serves_from_its_floor() {
     });
     assert_eq!(first["payload"]["seq"].as_u64(), Some(floor));
 }
+
+/// `GET path` on `addr`: the status and body, or `None` when nothing answers (the process is
+/// gone).
+fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(PATIENCE)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut t = String::new();
+    s.read_to_string(&mut t).ok()?;
+    let code = t.get(9..12)?.parse().ok()?;
+    Some((
+        code,
+        t.split_once("\r\n\r\n").map_or("", |x| x.1).to_owned(),
+    ))
+}
+
+#[test]
+fn an_outage_of_two_brokers_of_three_is_seen_and_waited_out() {
+    // Issue 40: with two of three brokers down the publisher stopped while /readyz stayed 200,
+    // an edge started during the outage exited instead of waiting, and after a takeover
+    // riptide_kafka_published_seq read 0 until the first commit.
+    if !enabled() {
+        return;
+    }
+    let tmp = common::scratch();
+    let (frames, docs) = generated(tmp.path(), 3000);
+    let kafka = Cluster::start(3);
+    let done = topic("restart");
+    let done_url = format!("{}?partitions=3", kafka.url(&done));
+    let live = topic("outage");
+    let live_url = format!("{}?partitions=3", kafka.url(&live));
+    // One ingest node publishes the whole stream at once, another a slow stream.
+    let (_fast, fast_url) = relay(&frames, None);
+    let (_slow, slow_url) = relay(&frames, Some(40));
+    let data = tmp.path().join("a");
+    let (a, a_addr) = common::spawn_serve(&mut ingest_node(&data, &fast_url, &docs, &done_url));
+    let (_b, b_addr) = common::spawn_serve(&mut ingest_node(
+        &tmp.path().join("b"),
+        &slow_url,
+        &docs,
+        &live_url,
+    ));
+    // All the relay has, ingested and published (the relay holds its connection open): until
+    // the next seq stands still for three seconds.
+    let total = {
+        let until = Instant::now() + PATIENCE;
+        let (mut last, mut still) = (0.0, 0);
+        while still < 3 {
+            assert!(Instant::now() < until, "ingest never settled");
+            std::thread::sleep(Duration::from_secs(1));
+            let n = metric(&a_addr, "riptide_log_next_seq");
+            still = if n == last && n > 1.0 { still + 1 } else { 0 };
+            last = n;
+        }
+        last - 1.0
+    };
+    assert!(total > 1000.0, "{total}");
+    common::wait_for(&a_addr, "riptide_kafka_published_seq", total);
+    // A restart (as a takeover): the topic's last seq before anything new is committed.
+    a.kill();
+    let (_a, a_addr) = common::spawn_serve(&mut ingest_node(&data, &fast_url, &docs, &done_url));
+    assert_eq!(
+        metric(&a_addr, "riptide_kafka_transactions_committed_total"),
+        0.0
+    );
+    assert_eq!(metric(&a_addr, "riptide_kafka_published_seq"), total);
+    // Two brokers of three down while the slow stream is published: not ready, and why.
+    common::wait_for(&b_addr, "riptide_kafka_published_seq", 20.0);
+    assert_eq!(get(&b_addr, "/readyz").map(|r| r.0), Some(200));
+    kafka.kill_node(2);
+    kafka.kill_node(3);
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let (code, body) = get(&b_addr, "/readyz").expect("the ingest node answers");
+        if code == 503 && body.contains("Kafka publishing has not committed") {
+            break;
+        }
+        assert!(Instant::now() < until, "still {code} {body}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(metric(&b_addr, "riptide_kafka_publish_pending_seconds") > 10.0);
+    // An edge started now waits for the cluster: alive, not ready, for a minute.
+    let (_edge, edge_addr) = edge(&tmp.path().join("edge"), &live_url);
+    let until = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < until {
+        let health = get(&edge_addr, "/healthz");
+        assert_eq!(health.map(|r| r.0), Some(200), "the edge exited");
+        assert_eq!(get(&edge_addr, "/readyz").map(|r| r.0), Some(503));
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}

@@ -697,6 +697,44 @@ pub fn run_edge(
     )
 }
 
+/// Opens the follower, waiting out a cluster that cannot be read yet (brokers down, too few of
+/// them up, a timeout): an edge started during an outage used to exit; it now retries, with
+/// backoff from 1 s to 30 s and a warning each time, until the topic can be read or `stop` is
+/// set (`None`). Errors that waiting cannot mend (a damaged record, the store) end it.
+fn open_waiting(
+    url: &KafkaUrl,
+    resume: &Resume,
+    metrics: &Arc<Metrics>,
+    limits: AheadLimits,
+    stop: &AtomicBool,
+) -> Result<Option<Follower>, KafkaError> {
+    let mut wait = Duration::from_secs(1);
+    let mut failures = 0u32;
+    loop {
+        let e = match Follower::open_with(url, resume, metrics.clone(), limits) {
+            Ok(f) => {
+                if failures > 0 {
+                    tracing::warn!(failures, "the Kafka topic can be read again: following it");
+                }
+                return Ok(Some(f));
+            }
+            Err(e @ (KafkaError::Client { .. } | KafkaError::Timeout { .. })) => e,
+            Err(e) => return Err(e),
+        };
+        failures += 1;
+        tracing::warn!(error = %e, failures, retry_in = ?wait,
+            "cannot read the Kafka topic yet (brokers down?): waiting; /readyz says not ready");
+        let until = Instant::now() + wait;
+        while Instant::now() < until {
+            if stop.load(Relaxed) {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        wait = (wait * 2).min(Duration::from_secs(30));
+    }
+}
+
 /// [`run_edge`] with other bounds on the records held ahead (tests).
 pub fn run_edge_with(
     url: &KafkaUrl,
@@ -709,7 +747,10 @@ pub fn run_edge_with(
 ) -> Result<(), KafkaError> {
     metrics.kafka.set_role(riptide_serve::KafkaRole::Edge);
     let mut empty = resume.next_seq <= 1 && resume.last_time_us == 0;
-    let mut follower = Follower::open_with(url, resume, metrics.clone(), limits)?;
+    let Some(mut follower) = open_waiting(url, resume, metrics, limits, stop)? else {
+        return Ok(());
+    };
+    metrics.kafka.following.store(true, Relaxed);
     let mut zbuf = Vec::new();
     let mut events = Vec::with_capacity(4096);
     metrics

@@ -227,6 +227,9 @@ impl Publish for KafkaPublisher {
         let mut wait = Duration::from_millis(200);
         let mut failures = 0u32;
         let k = &self.metrics.kafka;
+        // Until it commits: `/readyz` fails when this lasts (brokers down, too few in sync).
+        k.publishing_since_us
+            .store(riptide_serve::now_us(), Relaxed);
         loop {
             let t0 = Instant::now();
             let e = match self.attempt(events, pending, &batch, ts) {
@@ -238,6 +241,7 @@ impl Publish for KafkaPublisher {
                         .fetch_add(pending.len() as u64, Relaxed);
                     k.published_seq
                         .store(resume.next_seq.saturating_sub(1), Relaxed);
+                    k.publishing_since_us.store(0, Relaxed);
                     if failures > 0 {
                         tracing::warn!(
                             failures,

@@ -60,7 +60,7 @@ pub use ingest::{
     default_workers, IngestConfig, IngestHandle, IngestSummary, Upstream, UpstreamFrame,
 };
 pub use keys::Keys;
-pub use limits::{ConnLimits, LimitedListener};
+pub use limits::{ConnInfo, ConnLimits, LimitedListener};
 pub use log::{Log, ReadLimit, TailLimits};
 pub use metrics::{KafkaMetrics, KafkaRole, Metrics};
 pub use publish::{Publish, PublishError};

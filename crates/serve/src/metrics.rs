@@ -212,10 +212,18 @@ pub struct KafkaMetrics {
     /// Ingest node: resync changes (queue marks, held frames, releases) committed on the batch
     /// topic.
     pub resync_changes_published: AtomicU64,
-    /// Ingest node: the last seq committed to the topic (0 before the first).
+    /// Ingest node: the last seq committed to the topic (0 before the first; at a start or
+    /// takeover, the topic's last committed seq once the store has caught up with it).
     pub published_seq: AtomicU64,
+    /// Ingest node: when the batch being published now was first tried (unix µs; 0 while no
+    /// publish is under way). A publish that has not committed for long (brokers down, too few
+    /// in sync) holds ingest back: `/readyz` says so ([`KafkaMetrics::publish_stalled_us`]).
+    pub publishing_since_us: AtomicI64,
     /// Ingest node: batches of the topic applied to the local store at start (catch-up).
     pub caught_up_batches: AtomicU64,
+    /// Edge: set once the topic is followed (clear while the cluster cannot be read at start:
+    /// `/readyz` says so).
+    pub following: AtomicBool,
     /// Edge: event records read from the topic.
     pub records_consumed: AtomicU64,
     /// Edge: records read again that the store already had (skipped).
@@ -239,6 +247,14 @@ pub struct KafkaMetrics {
 }
 
 impl KafkaMetrics {
+    /// How long the publish under way has been trying, at `now_us` (0: none is).
+    pub fn publish_stalled_us(&self, now_us: i64) -> i64 {
+        match self.publishing_since_us.load(Relaxed) {
+            0 => 0,
+            t => (now_us - t).max(0),
+        }
+    }
+
     /// Sets what this server is.
     pub fn set_role(&self, role: KafkaRole) {
         self.role.store(role as u8, Relaxed);
@@ -300,6 +316,12 @@ impl KafkaMetrics {
                 c(&self.published_seq),
             ),
             (
+                "riptide_kafka_publish_pending_seconds",
+                "gauge",
+                "Ingest node: how long the batch being published has been trying to commit (0: none is); ingest waits meanwhile.",
+                format!("{:.3}", self.publish_stalled_us(crate::now_us()) as f64 / 1e6),
+            ),
+            (
                 "riptide_kafka_caught_up_batches_total",
                 "counter",
                 "Ingest node: batches of the topic applied to the local store at start (after a crash, or taking over as standby).",
@@ -307,6 +329,12 @@ impl KafkaMetrics {
             ),
         ];
         let edge = [
+            (
+                "riptide_kafka_following",
+                "gauge",
+                "Edge: 1 once the topic is followed; 0 while the cluster cannot be read at start.",
+                (self.following.load(Relaxed) as u8).to_string(),
+            ),
             (
                 "riptide_kafka_records_consumed_total",
                 "counter",
@@ -440,7 +468,8 @@ pub struct Metrics {
     pub upstream_gap_seqs: AtomicU64,
     /// Upstream error frames (e.g. `FutureCursor`, `ConsumerTooSlow`).
     pub upstream_errors: AtomicU64,
-    /// Upstream frames without a seq (not ingested).
+    /// Upstream frames without a seq that are not garbage otherwise (of an unknown type, or
+    /// decoding): not ingested. Garbage without a seq is a verdict (`upstream.rs`, "Garbage").
     pub upstream_unsequenced: AtomicU64,
     /// The upstream client's own counters (connections, failures, oversized and text messages),
     /// read live when `/metrics` is rendered: they move on every attempt, even while no frame
@@ -841,7 +870,7 @@ impl Metrics {
             (
                 "riptide_upstream_unsequenced_total",
                 "counter",
-                "Upstream frames without a seq, not ingested.",
+                "Upstream frames without a seq (of an unknown type, or decoding), not ingested; frames that do not decode are riptide_verdicts_total.",
                 &self.upstream_unsequenced,
             ),
             (

@@ -241,7 +241,9 @@ impl App {
     }
 }
 
-/// The router: `/subscribe`, the v2 endpoints (`v2.rs`), `/metrics`, `/healthz`, `/readyz`.
+/// The router: `/subscribe`, the v2 endpoints (`v2.rs`), `/metrics`, `/healthz`, `/readyz`;
+/// behind [`crate::limits::guard`], which keeps connections of the probes' reserve (and of a
+/// probes listener) to the last three.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/subscribe", get(subscribe))
@@ -249,6 +251,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .layer(axum::middleware::from_fn_with_state(
+            app.metrics.clone(),
+            crate::limits::guard,
+        ))
         .with_state(app)
 }
 
@@ -276,9 +282,13 @@ async fn readyz(State(app): State<Arc<App>>) -> Response {
     }
 }
 
+/// A Kafka publish (`serve --publish`) trying this long without a commit makes `/readyz` fail.
+pub const KAFKA_PUBLISH_STALL: Duration = Duration::from_secs(15);
+
 /// Whether the server is ready to serve a fresh, verified stream, and if not, why (the body of a
 /// 503 from `/readyz`). Not ready while: the store is not open; ingest is paused because the
-/// store cannot be written; an upstream source is configured and not connected (the reason is
+/// store cannot be written; an edge cannot read its Kafka topic yet; a Kafka publish has not
+/// committed for [`KAFKA_PUBLISH_STALL`]; an upstream source is configured and not connected (the reason is
 /// the client's last error, with its host); the relay said our cursor is in its future
 /// (`FutureCursor`); or no upstream frame arrived for [`ServerConfig::ready_max_idle`].
 /// Subscribers are still served while not ready: stored history stays readable.
@@ -292,6 +302,16 @@ pub fn readiness(app: &App) -> Result<(), String> {
     }
     if m.ingest_paused.load(Relaxed) {
         return Err("ingest paused: the store cannot be written (disk full or read-only?)".into());
+    }
+    if m.kafka.role() == crate::KafkaRole::Edge && !m.kafka.following.load(Relaxed) {
+        return Err("waiting for the Kafka topic to be readable (brokers down?)".into());
+    }
+    let stalled = m.kafka.publish_stalled_us(crate::now_us());
+    if stalled > KAFKA_PUBLISH_STALL.as_micros() as i64 {
+        return Err(format!(
+            "Kafka publishing has not committed for {:.0}s (brokers down, or too few in sync?): ingest waits for it",
+            stalled as f64 / 1e6
+        ));
     }
     let Some(client) = m.upstream_client.get() else {
         return Ok(());
@@ -407,9 +427,12 @@ fn bad_request(msg: String) -> Response {
 async fn subscribe(
     State(app): State<Arc<App>>,
     RawQuery(query): RawQuery,
+    long: Option<axum::Extension<crate::limits::LongQuery>>,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
+    // A query too long for a URI comes beside the request (`crate::limits`, "Long queries").
+    let query = long.map(|axum::Extension(q)| q.0).or(query);
     let enc = headers.get("socket-encoding").and_then(|v| v.to_str().ok());
     let opts = match SubscribeOptions::parse(query.as_deref().unwrap_or(""), enc) {
         Ok(o) => o,

@@ -67,6 +67,15 @@
 //! them and the client reconnects) are logged and counted in [`Metrics`]; they carry no seq and
 //! are not ingested.
 //!
+//! **Garbage** (frames that are not ingested because they are not frames: they do not decode,
+//! or carry no seq) is counted by class where `/metrics` shows it: a frame of a known kind that
+//! does not decode is a verdict (`riptide_verdicts_total{verdict="malformed"|"limits"}`, as any
+//! frame that fails before verification), whether or not the client could read its seq; a frame
+//! that decodes but has no seq, or of a message type this version does not know, is
+//! `riptide_upstream_unsequenced_total`. A relay sending millions of them used to write a log
+//! line each; the first [`GARBAGE_LINES`] are said in full, then one summary with the counts by
+//! class at most every [`GARBAGE_SUMMARY_EVERY`] (`GarbageLog`).
+//!
 //! **`#info OutdatedCursor`** means the relay no longer holds our cursor: it goes on from the
 //! oldest event it kept, and what lay between is lost to us. What the server does: it keeps
 //! ingesting (stopping or reconnecting would not bring those events back, and would lose the
@@ -253,6 +262,8 @@ struct Seqs {
     resume: Option<Option<u64>>,
     /// The frames handed on lately (module docs, "Replays").
     recent: Recent,
+    /// What was said about garbage (module docs, "Garbage").
+    garbage: GarbageLog,
 }
 
 /// The fingerprints (xxh3 of the bytes) of the last [`Recent::CAP`] frames handed on, by seq:
@@ -290,12 +301,87 @@ impl Recent {
     }
 }
 
+/// Garbage frames said in full in the log before `GarbageLog` summarizes.
+pub const GARBAGE_LINES: u64 = 10;
+
+/// At most one summary of garbage frames in this long.
+pub const GARBAGE_SUMMARY_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How much of the upstream garbage is said in the log (module docs, "Garbage"): the first
+/// [`GARBAGE_LINES`] frames in full, then counts by class, said with the first garbage frame
+/// [`GARBAGE_SUMMARY_EVERY`] after the last summary. The metrics count every one.
+#[derive(Debug, Default)]
+struct GarbageLog {
+    said: u64,
+    /// Not said since the last summary, by class.
+    quiet: std::collections::BTreeMap<&'static str, u64>,
+    last_summary: Option<std::time::Instant>,
+}
+
+/// What to say about one garbage frame.
+#[derive(Debug, PartialEq, Eq)]
+enum Say {
+    /// The frame, in full.
+    Full,
+    /// Nothing now (counted for the next summary).
+    Quiet,
+    /// The summary: frames of each class not said since the last one (this one included).
+    Summary(Vec<(&'static str, u64)>),
+}
+
+impl GarbageLog {
+    fn say(&mut self, class: &'static str, now: std::time::Instant) -> Say {
+        if self.said < GARBAGE_LINES {
+            self.said += 1;
+            if self.said == GARBAGE_LINES {
+                self.last_summary = Some(now);
+            }
+            return Say::Full;
+        }
+        *self.quiet.entry(class).or_default() += 1;
+        if self
+            .last_summary
+            .is_some_and(|t| now.duration_since(t) < GARBAGE_SUMMARY_EVERY)
+        {
+            return Say::Quiet;
+        }
+        self.last_summary = Some(now);
+        Say::Summary(std::mem::take(&mut self.quiet).into_iter().collect())
+    }
+
+    /// Says (or counts) one garbage frame of `class`; `full` logs it in full.
+    fn frame(&mut self, class: &'static str, full: impl FnOnce()) {
+        match self.say(class, std::time::Instant::now()) {
+            Say::Full => full(),
+            Say::Quiet => {}
+            Say::Summary(counts) => {
+                let counts: Vec<String> = counts.iter().map(|(c, n)| format!("{c} {n}")).collect();
+                tracing::warn!(
+                    "upstream frames not ingested since the last said: {} (riptide_verdicts_total, \
+                     riptide_upstream_unsequenced_total; the next summary in {} s at the earliest)",
+                    counts.join(", "),
+                    GARBAGE_SUMMARY_EVERY.as_secs()
+                );
+            }
+        }
+    }
+}
+
 /// The relay's `time` of a frame, in Unix microseconds, if it has a readable one.
 fn frame_time_us(arena: &mut Arena, bytes: &[u8]) -> Option<i64> {
     let t = riptide_firehose::verify::peek_time(arena, bytes)?;
     riptide_syntax::Datetime::parse(t)
         .ok()
         .map(|d| d.timestamp_micros())
+}
+
+/// The verdict on a frame that is not ingested because it does not decode (as the decoder
+/// classes it); `None` when it does decode.
+fn garbage_verdict(bytes: &[u8]) -> Option<Verdict> {
+    match riptide_firehose::FrameDecoder::new().decode(bytes) {
+        Err(e) => Some(Verdict::of_frame_error(&e)),
+        Ok(_) => None,
+    }
 }
 
 /// What to hand ingest for one event.
@@ -379,17 +465,17 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
             // Not a frame (the client's peek could not read it): classified as the decoder
             // would, so it shows in `riptide_verdicts_total{malformed|limits}` like any other
             // frame that fails before verification.
-            let v = match riptide_firehose::FrameDecoder::new().decode(&ev.bytes) {
-                Err(e) => Verdict::of_frame_error(&e),
-                Ok(_) => Verdict::Malformed,
-            };
+            let v = garbage_verdict(&ev.bytes).unwrap_or(Verdict::Malformed);
             metrics.verdict(v);
-            tracing::warn!(
-                verdict = %v,
-                len = ev.bytes.len(),
-                after = seqs.last,
-                "upstream frame does not decode: not ingested"
-            );
+            let after = seqs.last;
+            seqs.garbage.frame(v.as_str(), || {
+                tracing::warn!(
+                    verdict = %v,
+                    len = ev.bytes.len(),
+                    after,
+                    "upstream frame does not decode: not ingested"
+                )
+            });
             None
         }
         _ => match ev.seq.and_then(|s| u64::try_from(s).ok()) {
@@ -494,13 +580,27 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
                 Some((reset, (seq, ev.bytes)))
             }
             None => {
-                // No seq: nothing to resume from and nothing a consumer could place.
-                metrics.upstream_unsequenced.fetch_add(1, Relaxed);
-                tracing::warn!(
-                    kind = ev.kind.as_str(),
-                    len = ev.bytes.len(),
-                    "upstream frame without a seq: not ingested"
-                );
+                // No seq: nothing to resume from and nothing a consumer could place. A frame of a
+                // known kind without one does not decode either: a verdict, as above.
+                let v = match ev.kind {
+                    FrameKind::Unknown => None,
+                    _ => garbage_verdict(&ev.bytes),
+                };
+                match v {
+                    Some(v) => metrics.verdict(v),
+                    None => {
+                        metrics.upstream_unsequenced.fetch_add(1, Relaxed);
+                    }
+                }
+                let class = v.map_or("unsequenced", Verdict::as_str);
+                seqs.garbage.frame(class, || {
+                    tracing::warn!(
+                        kind = ev.kind.as_str(),
+                        len = ev.bytes.len(),
+                        class,
+                        "upstream frame without a seq: not ingested"
+                    )
+                });
                 None
             }
         },
@@ -616,5 +716,45 @@ async fn warm(res: &Resolver, did: &str, retries: u32, delay: Duration, metrics:
                 wait = wait.saturating_mul(2);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn garbage_is_said_in_full_then_summarized_by_class_at_most_once_a_period() {
+        let mut g = GarbageLog::default();
+        let t0 = Instant::now();
+        for _ in 0..GARBAGE_LINES {
+            assert_eq!(g.say("malformed", t0), Say::Full);
+        }
+        // A million more within the period: nothing said.
+        for i in 0..1_000_000u64 {
+            let class = if i % 4 == 0 {
+                "unsequenced"
+            } else {
+                "malformed"
+            };
+            assert_eq!(g.say(class, t0 + Duration::from_secs(59)), Say::Quiet);
+        }
+        // The first after the period says them all, counted by class, this one included.
+        assert_eq!(
+            g.say("limits", t0 + GARBAGE_SUMMARY_EVERY),
+            Say::Summary(vec![
+                ("limits", 1),
+                ("malformed", 750_000),
+                ("unsequenced", 250_000)
+            ])
+        );
+        // Then quiet again for a period.
+        let t1 = t0 + GARBAGE_SUMMARY_EVERY;
+        assert_eq!(g.say("malformed", t1 + Duration::from_secs(1)), Say::Quiet);
+        assert_eq!(
+            g.say("malformed", t1 + GARBAGE_SUMMARY_EVERY),
+            Say::Summary(vec![("malformed", 2)])
+        );
     }
 }

@@ -960,9 +960,12 @@ async fn get_zstd_dictionary(State(app): State<Arc<App>>, RawQuery(q): RawQuery)
 async fn subscribe_events(
     State(app): State<Arc<App>>,
     RawQuery(query): RawQuery,
+    long: Option<axum::Extension<crate::limits::LongQuery>>,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Response {
+    // A query too long for a URI comes beside the request (`crate::limits`, "Long queries").
+    let query = long.map(|axum::Extension(q)| q.0).or(query);
     let refuse = |e: XrpcError| {
         app.v2.metrics.reject(e.error);
         e.into_response()
@@ -1022,6 +1025,13 @@ async fn subscribe_events(
         .on_upgrade(move |socket| run(app, socket, opts, start))
 }
 
+/// How long a subscriber dropped for being far behind gets to take its terminal
+/// `ConsumerTooSlow` frame and the close, in all. Its socket is slow to drain by definition:
+/// bounded by the write timeout (120 s) instead, a dropped subscriber kept its connection, and its
+/// place in the connection budget, for two minutes after the drop was counted (issue 40). One
+/// that still reads gets the frame within this; one that does not is closed without it.
+pub const TERMINAL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 async fn run(app: Arc<App>, socket: WebSocket, opts: V2Options, start: V2Start) {
     app.metrics.subscribers.fetch_add(1, Relaxed);
     app.v2.metrics.subscribers.fetch_add(1, Relaxed);
@@ -1072,20 +1082,27 @@ async fn run(app: Arc<App>, socket: WebSocket, opts: V2Options, start: V2Start) 
                 endpoint = "subscribeEvents",
                 "slow subscriber dropped"
             );
-            // Far behind but still reading: the terminal error frame, then the close, each
-            // bounded by the write timeout (the frame waits behind what the socket still holds).
-            // A socket that stopped taking writes (or pongs) gets neither.
+            // Far behind but still reading: the terminal error frame, then the close, within
+            // `TERMINAL_GRACE` in all (the frame waits behind what the socket still holds). A
+            // socket that stopped taking writes (or pongs) gets neither.
             if why == SlowDrop::Behind {
                 let text = error_frame(
                     "ConsumerTooSlow",
                     "far behind the live tip and reading below the floor rate; reconnect with your last seq as the cursor",
                 );
                 if let Some(m) = app.v2.control(text, zstd) {
-                    let wt = app.config.write_timeout;
-                    if let Ok(Ok(())) = tokio::time::timeout(wt, sink.send(m)).await {
-                        crate::server::send_close(&app, &mut sink, 1008, "ConsumerTooSlow".into())
+                    let _ = tokio::time::timeout(TERMINAL_GRACE, async {
+                        if sink.send(m).await.is_ok() {
+                            crate::server::send_close(
+                                &app,
+                                &mut sink,
+                                1008,
+                                "ConsumerTooSlow".into(),
+                            )
                             .await;
-                    }
+                        }
+                    })
+                    .await;
                 }
             }
         }

@@ -302,3 +302,118 @@ async fn connection_limits_refuse_before_anything_inside_fails() {
         }
     }
 }
+
+/// A TCP connection to `addr` from the loopback address `from`.
+async fn connect_from(from: [u8; 4], addr: SocketAddr) -> TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind(SocketAddr::from((from, 0))).unwrap();
+    sock.connect(addr).await.unwrap()
+}
+
+/// The status of `GET path` on a fresh connection from `from` (`None`: closed unanswered).
+async fn get_from(from: [u8; 4], addr: SocketAddr, path: &str) -> Option<u16> {
+    let mut s = connect_from(from, addr).await;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return None;
+    }
+    http_status(&mut s).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_answer_when_subscribers_fill_the_budget() {
+    use riptide_serve::limits::{PROBE_PATHS, PROBE_RESERVE};
+    // Issue 40's 10,000 idle subscribers, 1,000 from each of ten addresses, scaled down: three
+    // addresses fill a budget of 12, each inside its per-IP limit of 4.
+    let limits = ConnLimits {
+        max_connections: 12,
+        per_ip: 4,
+        header_timeout: Duration::from_secs(5),
+    };
+    let (addr, app, _dir) = serve(10, 10, ServerConfig::default(), limits).await;
+    let probes = common::listen_probes(app.clone(), Duration::from_secs(5)).await;
+    let mut subs = Vec::new();
+    for host in 2..=4u8 {
+        for _ in 0..4 {
+            let s = connect_from([127, 0, 0, host], addr).await;
+            let (ws, _) = tokio_tungstenite::client_async(format!("ws://{addr}/subscribe"), s)
+                .await
+                .unwrap();
+            subs.push(ws);
+        }
+    }
+    assert_eq!(app.metrics.connections.load(Relaxed), 12);
+    // The probes still answer, on the main port (the reserve) and on their own listener.
+    for path in PROBE_PATHS {
+        assert_eq!(
+            get_from([127, 0, 0, 1], addr, path).await,
+            Some(200),
+            "{path}"
+        );
+        assert_eq!(
+            get_from([127, 0, 0, 1], probes, path).await,
+            Some(200),
+            "{path}"
+        );
+        // Also from an address at its per-IP limit: the reserve has its own bound.
+        assert_eq!(
+            get_from([127, 0, 0, 2], addr, path).await,
+            Some(200),
+            "{path}"
+        );
+    }
+    // Anything else in the reserve is refused, and counted; the probes listener has nothing else.
+    assert_eq!(
+        get_from([127, 0, 0, 5], addr, "/subscribe").await,
+        Some(503)
+    );
+    let (status, _) = http_get(addr, "/xrpc/network.bsky.jetstream.subscribeEvents").await;
+    assert_eq!(status, 503);
+    let text = app.metrics.render(&[]);
+    assert!(
+        text.contains("riptide_connections_refused_total{reason=\"max-connections\"} 2\n"),
+        "{text}"
+    );
+    assert_eq!(
+        get_from([127, 0, 0, 1], probes, "/subscribe").await,
+        Some(404)
+    );
+    // The reserve is bounded: with it held by idle connections (four from each address), the
+    // next connection is refused before HTTP.
+    let mut held = Vec::new();
+    for i in 0..PROBE_RESERVE {
+        held.push(connect_from([127, 0, 1, (i / 4) as u8 + 1], addr).await);
+    }
+    let until = tokio::time::Instant::now() + T;
+    while app.metrics.connections.load(Relaxed) < (12 + PROBE_RESERVE) as i64 {
+        assert!(tokio::time::Instant::now() < until);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(get_from([127, 0, 0, 1], addr, "/healthz").await, Some(503));
+    // ... while the probes listener, outside both, still answers.
+    assert_eq!(
+        get_from([127, 0, 0, 1], probes, "/healthz").await,
+        Some(200)
+    );
+    // The subscribers were never disturbed.
+    for ws in &mut subs {
+        if let Ok(m) = tokio::time::timeout(Duration::from_millis(50), ws.next()).await {
+            assert!(matches!(m, Some(Ok(Message::Ping(_)))), "{m:?}");
+        }
+    }
+}
+
+/// `GET path` on a fresh connection from 127.0.0.1: the status and the body.
+async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(T, s.read_to_end(&mut buf))
+        .await
+        .expect("timed out");
+    let t = String::from_utf8_lossy(&buf).into_owned();
+    let status = t.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = t.split_once("\r\n\r\n").map_or("", |x| x.1).to_owned();
+    (status, body)
+}

@@ -205,6 +205,35 @@ async fn text_frames_and_garbage_are_counted_where_metrics_show_them() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_of_a_known_kind_without_a_seq_is_a_verdict_not_unsequenced() {
+    // Issue 40: a `#commit` header over a body that is not a commit (here: no seq, no repo) was
+    // counted only as "unsequenced"; it is a frame that does not decode, like any garbage.
+    let mut commit_without_seq = Vec::new();
+    riptide_firehose::encode::write_message_header(&mut commit_without_seq, "#commit");
+    write_map_header(&mut commit_without_seq, 1);
+    write_text(&mut commit_without_seq, "did");
+    write_text(&mut commit_without_seq, "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa");
+    let mut script = vec![(1, Out::Bin(identity(1)))];
+    for _ in 0..50 {
+        script.push((1, Out::Bin(commit_without_seq.clone())));
+        script.push((1, Out::Bin(vec![0xff, 0x00, 0x13])));
+    }
+    script.push((2, Out::Bin(identity(2))));
+    let relay = hostile(script).await;
+    let (got, m) = collect(&relay.url, None, |g| seqs(g).last() == Some(&2)).await;
+    assert_eq!(seqs(&got), [1, 2]);
+    let text = m.render(&[]);
+    assert!(
+        text.contains("riptide_verdicts_total{verdict=\"malformed\"} 100\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("riptide_upstream_unsequenced_total 0\n"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_upstream_is_counted_on_every_attempt_and_not_ready() {
     // A port nothing listens on (bound, then dropped).
     let port = {

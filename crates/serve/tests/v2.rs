@@ -7,6 +7,7 @@
 mod common;
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -255,6 +256,50 @@ async fn a_stalled_v2_subscriber_gets_consumer_too_slow() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v2_subscriber_dropped_behind_gives_its_connection_back_at_once() {
+    // Issue 40: a subscriber dropped by the slow rule that never reads again kept its connection
+    // (and its place in the connection budget) for the write timeout, 120 s, while the server
+    // waited to write it the terminal frame. Now it is given `TERMINAL_GRACE`.
+    let n = 2000;
+    let dir = tempfile::tempdir().unwrap();
+    let log = common::open_log(dir.path());
+    log.publish(&(1..=n).map(big_commit).collect::<Vec<_>>());
+    let config = ServerConfig {
+        slow: SlowPolicy {
+            max_behind: 100,
+            min_rate: 5.0,
+            window: Duration::from_secs(1),
+        },
+        ..ServerConfig::default()
+    };
+    assert_eq!(config.write_timeout, Duration::from_secs(120));
+    let app = App::new(log, Arc::new(Metrics::default()), config);
+    let addr = common::listen_limited(app.clone(), riptide_serve::ConnLimits::default()).await;
+    let _stalled = connect(addr, "cursor=1").await;
+    let until = tokio::time::Instant::now() + T;
+    while app
+        .v2
+        .metrics
+        .slow_drop_count(riptide_serve::metrics::SlowDrop::Behind)
+        < 1
+    {
+        assert!(tokio::time::Instant::now() < until, "not dropped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dropped = tokio::time::Instant::now();
+    let gone = |app: &App| {
+        app.metrics.connections.load(Relaxed) == 0 && app.metrics.subscribers.load(Relaxed) == 0
+    };
+    while !gone(&app) {
+        assert!(
+            dropped.elapsed() < riptide_serve::v2::TERMINAL_GRACE + Duration::from_secs(3),
+            "the dropped subscriber still holds its connection"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_closes_v2_subscribers_with_1001() {
     let (addr, app, _dir) = common::serve_events(&[], ServerConfig::default()).await;
     let mut ws = connect(addr, "").await;
@@ -289,4 +334,122 @@ async fn shutdown_closes_v2_subscribers_with_1001() {
         Some(Ok(Message::Close(Some(f)))) => assert_eq!(u16::from(f.code), 1001),
         other => panic!("{other:?}"),
     }
+}
+
+/// A WebSocket handshake by hand (a client library cannot send a target over 65,534 bytes: the
+/// `http` crate's `Uri` limit): the status, and the stream when it is 101.
+async fn raw_handshake(
+    addr: SocketAddr,
+    target: &str,
+) -> (
+    u16,
+    Option<tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "GET {target} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    );
+    // The server may answer (and close) before it has read everything.
+    let _ = s.write_all(head.as_bytes()).await;
+    let mut buf = Vec::new();
+    let mut b = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        match tokio::time::timeout(T, s.read(&mut b)).await.unwrap() {
+            Ok(1) => buf.push(b[0]),
+            _ => break,
+        }
+    }
+    let status = String::from_utf8_lossy(&buf)
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    if status != 101 {
+        return (status, None);
+    }
+    let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        s,
+        tokio_tungstenite::tungstenite::protocol::Role::Client,
+        None,
+    )
+    .await;
+    (status, Some(ws))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_dids_fit_in_the_query_string() {
+    // Issue 40: hyper answered 414 from about 1,700 DIDs (a URI holds at most 65,534 bytes);
+    // the lexicon allows 10,000 (protocol §1.2, on both wires).
+    let did = |i: usize| format!("did:plc:{i:0>24}");
+    let dir = tempfile::tempdir().unwrap();
+    let log = common::open_log(dir.path());
+    let evs: Vec<Event> = [did(0), "did:plc:other".into(), did(9_999), did(10_000)]
+        .iter()
+        .zip(1u64..)
+        .map(|(d, i)| {
+            let json = format!(
+                r#"{{"did":"{d}","time_us":{i},"cursor":{i},"kind":"commit","commit":{{"rev":"3l3qo2vutsw2b","operation":"create","collection":"a.b.c","rkey":"k{i}","record":{{"pad":"x"}},"cid":"bafyreib"}}}}"#
+            );
+            Event::encode(
+                i,
+                i as i64,
+                riptide_jetstream::EventKind::Commit,
+                d,
+                "a.b.c",
+                json.as_bytes(),
+                b"",
+            )
+        })
+        .collect();
+    log.publish(&evs);
+    let app = App::new(log, Arc::new(Metrics::default()), ServerConfig::default());
+    let addr = common::listen_limited(app.clone(), riptide_serve::ConnLimits::default()).await;
+    let query = |name: &str, n: usize| {
+        let mut q = String::from("cursor=1");
+        for i in 0..n {
+            q.push_str(&format!("&{name}={}", did(i)));
+        }
+        q
+    };
+    for (path, name) in [(V2, "dids"), ("/subscribe", "wantedDids")] {
+        let q = query(name, 10_000);
+        assert!(q.len() > 350_000, "{}", q.len());
+        let (status, ws) = raw_handshake(addr, &format!("{path}?{q}")).await;
+        assert_eq!(status, 101, "{path}");
+        let mut ws = ws.unwrap();
+        // Only the events of listed DIDs: seqs 1 and 3.
+        let mut seqs = Vec::new();
+        while seqs.len() < 2 {
+            let m = tokio::time::timeout(T, ws.next()).await.unwrap().unwrap();
+            let Message::Text(t) = m.unwrap() else {
+                continue;
+            };
+            let v: Value = serde_json::from_str(t.as_str()).unwrap();
+            seqs.push(if path == V2 {
+                v["payload"]["seq"].as_u64().unwrap()
+            } else {
+                v["time_us"].as_u64().unwrap()
+            });
+        }
+        assert_eq!(seqs, [1, 3], "{path}");
+        let quiet = tokio::time::timeout(Duration::from_millis(300), ws.next()).await;
+        assert!(
+            matches!(quiet, Err(_) | Ok(Some(Ok(Message::Ping(_))))),
+            "{path}: {quiet:?}"
+        );
+        // One DID more than the limit is the server's own refusal, not the transport's.
+        let (status, _) = raw_handshake(addr, &format!("{path}?{}", query(name, 10_001))).await;
+        assert_eq!(status, 400, "{path}");
+    }
+    // Still bounded: a line over `MAX_REQUEST_LINE` is refused (by hyper), and the server goes on.
+    let q = query("dids", 30_000);
+    assert!(q.len() > riptide_serve::limits::MAX_REQUEST_LINE);
+    let (status, _) = raw_handshake(addr, &format!("{V2}?{q}")).await;
+    assert!(
+        (400..500).contains(&status) || status == 0,
+        "status {status}"
+    );
+    let (status, _) = raw_handshake(addr, &format!("{V2}?{}", query("dids", 3))).await;
+    assert_eq!(status, 101);
 }

@@ -220,6 +220,7 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         data: root.join("data"),
         retention: Duration::from_secs(3600),
         listen: args.listen,
+        metrics_listen: None,
         zstd_dictionary: None,
         zstd_dictionary_v2: None,
         ingest_file: None,

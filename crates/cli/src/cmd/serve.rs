@@ -30,8 +30,8 @@ use riptide_resolver::{
 };
 use riptide_serve::resync::{ResyncLimits, ResyncService};
 use riptide_serve::{
-    ingest, router, upstream, App, ConnLimits, Dictionary, IngestConfig, Keys, LimitedListener,
-    Log, Metrics, ServerConfig, Store, TailLimits, UpstreamConfig,
+    ingest, router, upstream, App, ConnInfo, ConnLimits, Dictionary, IngestConfig, Keys,
+    LimitedListener, Log, Metrics, ServerConfig, Store, TailLimits, UpstreamConfig,
 };
 
 /// The public Bluesky relay.
@@ -115,6 +115,11 @@ pub struct Args {
     /// Listen address.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6008", value_parser = super::parse_listen)]
     pub listen: SocketAddr,
+    /// Also serve /metrics, /healthz and /readyz (only those) on this address, outside the
+    /// subscriber connection budget, so that probes answer however many subscribers there are
+    /// (the main port keeps a small reserve for them too). Bind it where only monitoring reaches.
+    #[arg(long, value_name = "ADDR", value_parser = super::parse_listen)]
+    pub metrics_listen: Option<SocketAddr>,
     /// zstd dictionary for compress=true (Jetstream's legacy_subscribe.zdict).
     #[arg(long, value_name = "PATH")]
     pub zstd_dictionary: Option<PathBuf>,
@@ -197,6 +202,9 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     // same on stderr, beside the log, for a person reading the terminal or a log file.
     println!("ws://{}/subscribe", running.addr);
     eprintln!("riptide serve: ws://{}/subscribe", running.addr);
+    if let Some(m) = running.metrics_addr {
+        eprintln!("riptide serve: probes at http://{m}/metrics, /healthz, /readyz");
+    }
     let addr = running.addr;
     match running.run_until(shutdown_signal()).await {
         Err(e) if needs_reopen(&e) => restart(e, addr),
@@ -264,6 +272,8 @@ fn listening_on(
 pub struct Running {
     /// The bound address.
     pub addr: SocketAddr,
+    /// The bound address of `--metrics-listen`.
+    pub metrics_addr: Option<SocketAddr>,
     /// The shared state (log, metrics).
     pub app: Arc<App>,
     /// The resolver, when keys come from PLC / did:web.
@@ -605,10 +615,27 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         "serving ws://{addr}/subscribe (metrics at http://{addr}/metrics)"
     );
     let listener = LimitedListener::new(listener, limits, metrics.clone());
+    // The probes' own listener: outside the subscriber budget (`riptide_serve::limits`). It
+    // lives as long as the process.
+    let metrics_addr = match args.metrics_listen {
+        Some(at) => {
+            let l = tokio::net::TcpListener::bind(at)
+                .await
+                .with_context(|| format!("listening on {at} (--metrics-listen)"))?;
+            let bound = l.local_addr()?;
+            tracing::info!("serving http://{bound}/metrics, /healthz, /readyz");
+            let l = LimitedListener::probes(l, limits.header_timeout, metrics.clone());
+            let svc = router(app.clone()).into_make_service_with_connect_info::<ConnInfo>();
+            tokio::spawn(async move { axum::serve(l, svc).await });
+            Some(bound)
+        }
+        None => None,
+    };
     let stop = Arc::new(tokio::sync::Notify::new());
     let shutdown_app = app.clone();
     let stopped = stop.clone();
-    let server = axum::serve(listener, router(app.clone())).with_graceful_shutdown(async move {
+    let service = router(app.clone()).into_make_service_with_connect_info::<ConnInfo>();
+    let server = axum::serve(listener, service).with_graceful_shutdown(async move {
         stopped.notified().await;
         tracing::info!("shutting down: closing subscribers with 1001");
         shutdown_app.shutdown();
@@ -617,6 +644,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     let server = tokio::spawn(async move { server.await });
     Ok(Running {
         addr,
+        metrics_addr,
         app,
         resolver,
         stop,

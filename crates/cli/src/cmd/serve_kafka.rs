@@ -51,9 +51,16 @@ mod imp {
         let publisher =
             tokio::task::spawn_blocking(move || KafkaPublisher::connect(&u, verified, m)).await??;
         let (u, s) = (url.clone(), store.clone());
+        let m = metrics.clone();
         let resume =
-            tokio::task::spawn_blocking(move || riptide_kafka::catch_up(&u, &s, resume, &metrics))
+            tokio::task::spawn_blocking(move || riptide_kafka::catch_up(&u, &s, resume, &m))
                 .await??;
+        // The store now holds what the topic committed: that is the last seq published, also
+        // after a takeover (it read 0 until this node's first commit).
+        metrics.kafka.published_seq.store(
+            resume.next_seq.saturating_sub(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         Ok(Publishing {
             publisher: Box::new(publisher),
             resume,
@@ -70,6 +77,8 @@ mod imp {
         dict: Option<&Dictionary>,
     ) -> anyhow::Result<Edge> {
         let url = KafkaUrl::parse(url)?;
+        // Now, not when the follower's thread starts: `/readyz` answers at once.
+        metrics.kafka.set_role(riptide_serve::KafkaRole::Edge);
         let compressor = dict.map(Dictionary::compressor).transpose()?;
         // A thread, not a blocking task: the runtime's shutdown must not wait for the follower.
         let (tx, rx) = tokio::sync::oneshot::channel();

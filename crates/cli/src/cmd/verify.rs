@@ -10,7 +10,9 @@
 //! run and writes it back after (atomically: a temporary file renamed over it), so successive runs
 //! over successive files continue one chain. With `--json`, one object per frame
 //! on stdout, in frame order: `{"index","seq","did","kind","verdict","reason"}` (`reason` null when
-//! ok). Otherwise each frame that is not ok is reported on stderr. A summary of verdict counts goes
+//! ok). Otherwise each frame that is not ok is reported on stderr, the first [`ERROR_LINES`] of
+//! each verdict (as `decode` does: a file of four million empty frames printed four million lines,
+//! one write each, and took 16 s), then how many more there were. A summary of verdict counts goes
 //! to stderr either way; the exit code is 1 if any frame is not ok.
 //!
 //! Threads: each DID is owned by one thread for the whole run (its frames are verified in order
@@ -35,7 +37,7 @@ use anyhow::Context;
 use riptide_cbor::{write_json_int, write_json_string, Arena};
 use riptide_firehose::chain::{ChainStore, NoChain, SharedChain};
 use riptide_firehose::corpus::CorpusFrame;
-use riptide_firehose::verify::{peek, Report, VerdictCounts, Verifier};
+use riptide_firehose::verify::{peek, Report, Verdict, VerdictCounts, Verifier};
 
 use super::DocKeys;
 use crate::out;
@@ -97,6 +99,9 @@ fn save_state(dir: &std::path::Path, chain: &SharedChain) -> anyhow::Result<()> 
     write().map_err(|e| anyhow::anyhow!("writing chain state {}: {e}", path.display()))
 }
 
+/// Lines printed per verdict without `--json`; the rest are counted.
+pub const ERROR_LINES: u64 = 20;
+
 /// Frames per batch: large enough that the per-batch barrier costs nothing (~0.3 s of work).
 const BATCH: usize = 8192;
 
@@ -126,8 +131,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let mut verifiers: Vec<CliVerifier<'_>> = (0..args.threads).map(|_| new_verifier()).collect();
     let mut router = Router::new(args.threads);
     let mut stdout = out::stdout();
-    let mut stderr = std::io::stderr().lock();
-    let mut lines: Vec<Option<String>> = Vec::new();
+    let mut stderr = std::io::BufWriter::new(std::io::stderr().lock());
+    let mut lines: Vec<Option<(Verdict, String)>> = Vec::new();
+    // Lines printed per verdict (without --json).
+    let mut printed: HashMap<Verdict, u64> = HashMap::new();
     // Counts of the verifiers retired when the router started afresh.
     let mut counts = VerdictCounts::new();
     for batch in frames.chunks(BATCH) {
@@ -145,11 +152,21 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         for (i, line) in results.into_iter().flatten() {
             lines[i] = Some(line);
         }
-        for line in lines.iter().flatten() {
+        for (verdict, line) in lines.iter().flatten() {
             if args.json {
                 out::line(&mut stdout, line.as_bytes())?;
-            } else {
+                continue;
+            }
+            let n = printed.entry(*verdict).or_default();
+            if *n < ERROR_LINES {
+                *n += 1;
                 writeln!(stderr, "{line}")?;
+                if *n == ERROR_LINES {
+                    writeln!(
+                        stderr,
+                        "(further '{verdict}' frames are counted, not printed)"
+                    )?;
+                }
             }
         }
     }
@@ -162,6 +179,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if let Some(dir) = &args.state {
         save_state(dir, &chain)?;
     }
+    for (v, n) in counts.iter() {
+        let shown = printed.get(&v).copied().unwrap_or(0);
+        if !args.json && n > shown && shown == ERROR_LINES {
+            writeln!(stderr, "{} more '{v}' frames not printed", n - shown)?;
+        }
+    }
     let secs = start.elapsed().as_secs_f64();
     writeln!(
         stderr,
@@ -172,6 +195,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         args.threads,
         if args.threads == 1 { "" } else { "s" },
     )?;
+    stderr.flush()?;
     Ok(if counts.failed() > 0 {
         ExitCode::from(1)
     } else {
@@ -180,28 +204,34 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 }
 
 /// Verifies each thread's share (frame indices within `batch`, ascending) on its own verifier.
-/// Returns, per thread, `(index in batch, line)` for every frame to print.
+/// Returns, per thread, `(index in batch, (verdict, line))` for every frame to print: with `json`
+/// every frame; otherwise the first [`ERROR_LINES`] frames of each failing verdict in the share
+/// (a superset of the batch's first [`ERROR_LINES`] of each verdict in frame order, which is all
+/// `run` may print; formatting a line for every one of millions of broken frames cost seconds).
 fn run_shares(
     verifiers: &mut [CliVerifier<'_>],
     shares: &[Vec<usize>],
     batch: &[CorpusFrame<'_>],
     json: bool,
-) -> Vec<Vec<(usize, String)>> {
-    let work = |v: &mut CliVerifier<'_>, share: &[usize]| -> Vec<(usize, String)> {
+) -> Vec<Vec<(usize, (Verdict, String))>> {
+    let work = |v: &mut CliVerifier<'_>, share: &[usize]| -> Vec<(usize, (Verdict, String))> {
         let mut out = Vec::with_capacity(if json { share.len() } else { 0 });
+        let mut lines: HashMap<Verdict, u64> = HashMap::new();
         for &i in share {
             let f = &batch[i];
             let r = v.check(f.bytes);
             if json {
-                out.push((i, json_line(f.index, &r)));
+                out.push((i, (r.verdict, json_line(f.index, &r))));
             } else if let Some(why) = &r.failure {
-                out.push((
-                    i,
-                    format!(
+                let n = lines.entry(r.verdict).or_default();
+                if *n < ERROR_LINES {
+                    *n += 1;
+                    let line = format!(
                         "frame {} at byte {}: {}: {why}",
                         f.index, f.offset, r.verdict
-                    ),
-                ));
+                    );
+                    out.push((i, (r.verdict, line)));
+                }
             }
         }
         out

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use riptide_jetstream::EventKind;
 use riptide_serve::{
-    router, App, ConnLimits, Event, LimitedListener, Log, Metrics, ServerConfig, Store, TailLimits,
+    router, App, ConnInfo, ConnLimits, Event, LimitedListener, Log, Metrics, ServerConfig, Store,
+    TailLimits,
 };
 
 /// Opens the store at `dir` once the store this process had open there has let go of it (a data
@@ -87,7 +88,17 @@ pub async fn listen_limited(app: Arc<App>, limits: ConnLimits) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let l = LimitedListener::new(listener, limits, app.metrics.clone());
-    let r = router(app);
+    let r = router(app).into_make_service_with_connect_info::<ConnInfo>();
+    tokio::spawn(async move { axum::serve(l, r).await });
+    addr
+}
+
+/// Serves `app`'s probes on a loopback port of their own (`LimitedListener::probes`).
+pub async fn listen_probes(app: Arc<App>, header_timeout: std::time::Duration) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let l = LimitedListener::probes(listener, header_timeout, app.metrics.clone());
+    let r = router(app).into_make_service_with_connect_info::<ConnInfo>();
     tokio::spawn(async move { axum::serve(l, r).await });
     addr
 }
