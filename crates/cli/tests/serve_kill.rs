@@ -195,9 +195,8 @@ fn spawn_resyncing(data: &Path, net: &Path, sim: &str, rate: u32) -> (KillOnDrop
     common::spawn_serve(
         common::serve_command(data)
             .args(["--ingest-rate", &rate.to_string(), "--workers", "3"])
-            .args(["--plc-url", sim])
             .arg("--did-docs")
-            .arg(net.join("did_docs.json"))
+            .arg(common::docs_with_pds(net, sim))
             .arg("--ingest-file")
             .arg(net.join("firehose-frames.bin")),
     )

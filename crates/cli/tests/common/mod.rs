@@ -241,6 +241,31 @@ pub fn spawn_serve_later(cmd: &mut Command) -> (KillOnDrop, Announced) {
     })
 }
 
+/// The DID documents of a generated network (`NET/did_docs.json`) with every account's PDS
+/// moved to `pds` (a `riptide sim`, as its PLC directory would serve them), written beside them:
+/// for a server given `--did-docs`, which resyncs from the documents' PDS too (one identity
+/// source).
+pub fn docs_with_pds(net: &Path, pds: &str) -> PathBuf {
+    let mut docs: serde_json::Map<String, Value> =
+        serde_json::from_slice(&std::fs::read(net.join("did_docs.json")).unwrap()).unwrap();
+    for doc in docs.values_mut() {
+        for svc in doc["service"].as_array_mut().into_iter().flatten() {
+            if svc["id"]
+                .as_str()
+                .is_some_and(|id| id.ends_with("#atproto_pds"))
+            {
+                svc["serviceEndpoint"] = Value::String(pds.trim_end_matches('/').to_owned());
+            }
+        }
+    }
+    let out = net.join(format!(
+        "did_docs.{}.json",
+        pds.rsplit(':').next().unwrap_or("sim")
+    ));
+    std::fs::write(&out, serde_json::to_vec(&docs).unwrap()).unwrap();
+    out
+}
+
 /// `GET path` on a server: the status code and the body.
 pub fn http_get(addr: &str, path: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
