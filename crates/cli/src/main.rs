@@ -92,6 +92,9 @@ enum Command {
     Completions(cmd::docs::CompletionsArgs),
     /// Print the man page (roff), or write one page per command with --out-dir.
     Man(cmd::docs::ManArgs),
+    /// Mutated frames for the fault suite: one field or a few bytes changed per frame, labelled.
+    #[command(hide = true)]
+    Mutate(cmd::mutate::Args),
 }
 
 fn main() -> ExitCode {
@@ -142,6 +145,7 @@ fn main() -> ExitCode {
         Command::Store(c) => cmd::store::run(c),
         Command::Completions(a) => cmd::docs::completions(a, Cli::command()),
         Command::Man(a) => cmd::docs::man(a, Cli::command()),
+        Command::Mutate(a) => cmd::mutate::run(a),
     };
     match result {
         Ok(code) => code,

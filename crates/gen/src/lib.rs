@@ -14,6 +14,8 @@
 //!   P-256), `did:plc` DIDs, handles, DID documents.
 //! - [`adversarial`]: frames broken in one labeled way each, with the expected verdict.
 //! - [`big_repo`](mod@big_repo): one large repository export.
+//! - [`mutate`](mod@mutate): real or generated frames with one field (or a few bytes) changed,
+//!   labelled, for the fault suite's mutation run.
 //! - [`stats`]: measuring a stream, and comparing it with the real capture (tolerances: shares
 //!   ±0.08 absolute, means within a factor of 1.5; see [`stats::Stats::compare`]).
 //! - [`output`]: the directory layout:
@@ -36,6 +38,7 @@ pub mod adversarial;
 pub mod big_repo;
 pub mod clock;
 pub mod error;
+pub mod mutate;
 pub mod network;
 pub mod output;
 pub mod records;

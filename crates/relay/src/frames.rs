@@ -91,6 +91,11 @@ impl SeqSlot {
         Ok(SeqSlot { range: None })
     }
 
+    /// A frame served as it is, its seq (if any) left alone.
+    pub fn verbatim() -> SeqSlot {
+        SeqSlot { range: None }
+    }
+
     /// Whether the frame carries a seq.
     pub fn has_seq(&self) -> bool {
         self.range.is_some()

@@ -110,4 +110,9 @@ pub struct Faults {
     pub reject_status: u16,
     /// After this many event frames, send an error frame with this `error` name and close.
     pub error_after: Option<(usize, String)>,
+    /// Serve every frame given at start exactly as it is: its `seq` not rewritten, and frames
+    /// that do not decode served too (nothing left out). For streams made to be hostile
+    /// (`riptide mutate`), whose seqs and bytes are part of what is tested. Each frame still takes
+    /// one position in the log, so `?cursor=N` resumes after the N-th frame.
+    pub verbatim: bool,
 }

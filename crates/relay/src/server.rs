@@ -127,6 +127,10 @@ fn setup(frames: Vec<Bytes>, config: RelayConfig) -> Setup {
     let stats = RelayStats::default();
     let mut left_out = Vec::new();
     for (i, f) in frames.into_iter().enumerate() {
+        if config.faults.verbatim {
+            slotted.push((SeqSlot::verbatim(), f));
+            continue;
+        }
         match SeqSlot::find(&mut dec, i, &f) {
             Ok(slot) => slotted.push((slot, f)),
             Err(e) => {

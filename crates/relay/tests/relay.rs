@@ -232,3 +232,35 @@ async fn frames_without_a_seq_to_renumber_are_left_out_and_counted() {
     assert_eq!(seqs(&got), (1..=150).map(Some).collect::<Vec<_>>());
     relay.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verbatim_serves_every_frame_as_it_is() {
+    let Some((mut frames, _)) = capture() else {
+        return;
+    };
+    // What the default mode leaves out or renumbers is sent byte for byte.
+    let cut = frames[3].slice(..frames[3].len() / 3);
+    frames.insert(3, cut);
+    frames.insert(10, Bytes::from_static(b"\xff\xff"));
+    frames.insert(11, Bytes::new());
+    let n = frames.len();
+    let cfg = RelayConfig {
+        faults: riptide_relay::Faults {
+            verbatim: true,
+            ..Default::default()
+        },
+        ..RelayConfig::default()
+    };
+    let relay = start(frames.clone(), cfg).await;
+    assert_eq!(
+        relay
+            .stats()
+            .unservable
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    relay.wait_for_head(n as u64).await;
+    let got = read(&format!("{}?cursor=0", relay.url()), n).await;
+    assert_eq!(got, frames);
+    relay.shutdown().await;
+}

@@ -11,6 +11,7 @@ pub mod dict;
 pub mod docs;
 pub mod gen;
 pub mod jetstream;
+pub mod mutate;
 pub mod relay;
 pub mod repo;
 pub mod serve;

@@ -39,6 +39,10 @@ pub struct Args {
     /// Test fault: answer the first K upgrades with 503.
     #[arg(long, hide = true, default_value_t = 0)]
     reject_upgrades: usize,
+    /// Test fault: serve every frame exactly as it is in the file (seqs not rewritten, frames
+    /// that do not decode not left out), for mutated streams (`riptide mutate`).
+    #[arg(long, hide = true)]
+    verbatim: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -67,6 +71,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             drop_after: args.drop_after,
             frame_delay: args.frame_delay_ms.map(Duration::from_millis),
             reject_upgrades: args.reject_upgrades,
+            verbatim: args.verbatim,
             ..Faults::default()
         },
         ..RelayConfig::default()
