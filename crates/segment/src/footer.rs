@@ -82,7 +82,8 @@ pub struct CollectionIndex {
     names: Vec<String>,
     counts: Vec<u32>,
     bitmap_bytes: usize,
-    /// `block_count * bitmap_bytes` bytes, block-major.
+    blocks: usize,
+    /// `blocks * bitmap_bytes` bytes, block-major.
     bitmaps: Vec<u8>,
 }
 
@@ -99,6 +100,7 @@ impl CollectionIndex {
             names,
             counts,
             bitmap_bytes,
+            blocks: blocks.len(),
             bitmaps,
         }
     }
@@ -117,10 +119,7 @@ impl CollectionIndex {
     }
     /// Blocks the index describes.
     pub fn block_count(&self) -> usize {
-        self.bitmaps
-            .len()
-            .checked_div(self.bitmap_bytes)
-            .unwrap_or(0)
+        self.blocks
     }
     /// Whether collection `id` occurs in block `block` (false when either is out of range).
     pub fn block_has(&self, block: usize, id: u32) -> bool {
@@ -247,6 +246,7 @@ impl CollectionIndex {
             names,
             counts,
             bitmap_bytes,
+            blocks: blocks as usize,
             bitmaps,
         })
     }
@@ -288,6 +288,10 @@ mod tests {
         assert!(back.block_has(1, 2) && !back.block_has(2, 2) && !back.block_has(9, 0));
         assert_eq!(back.id("x.y.z"), Some(2));
         assert!(CollectionIndex::parse(&bytes, 2).is_err());
+        // No collection at all (rows without one, no markers): the blocks are still counted.
+        let none = CollectionIndex::new(vec![], vec![], &[vec![], vec![]]);
+        let back = CollectionIndex::parse(&none.encode().unwrap(), 2).unwrap();
+        assert_eq!((back.block_count(), back.block_ids(1).count()), (2, 0));
         for cut in 0..bytes.len() {
             assert!(CollectionIndex::parse(&bytes[..cut], 3).is_err(), "{cut}");
         }

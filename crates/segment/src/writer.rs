@@ -267,3 +267,67 @@ pub fn write_segment(blocks: &[&[Row<'_>]]) -> Result<Vec<u8>> {
     file[..HEADER_BYTES].copy_from_slice(&sealed.header);
     Ok(file)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kind::Kind;
+    use crate::segment::Segment;
+
+    fn row(seq: u64, kind: Kind, collection: &'static str) -> Row<'static> {
+        Row {
+            seq,
+            witnessed_at: seq as i64,
+            indexed_at: 0,
+            kind,
+            did: "did:plc:a",
+            collection,
+            rkey: "",
+            rev: "",
+            payload: b"",
+        }
+    }
+
+    #[test]
+    fn blocks_without_any_collection_still_count_in_the_collection_index() {
+        let file =
+            write_segment(&[&[row(1, Kind::Create, "")], &[row(2, Kind::Delete, "")]]).unwrap();
+        let seg = Segment::open(&file).unwrap();
+        assert!(seg.collections().names().is_empty());
+        assert_eq!(seg.collections().block_count(), 2);
+    }
+
+    #[test]
+    fn sentinels_are_indexed_but_not_counted() {
+        let file = write_segment(&[&[
+            row(1, Kind::Create, "app.bsky.feed.post"),
+            row(2, Kind::Sync, ""),
+            row(3, Kind::Account, ""),
+        ]])
+        .unwrap();
+        let seg = Segment::open(&file).unwrap();
+        assert_eq!(
+            seg.collections().names(),
+            ["app.bsky.feed.post", "$sync", "$account"]
+        );
+        assert_eq!(seg.collections().counts(), [1, 0, 0]);
+        assert_eq!(
+            seg.collections().block_ids(0).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+    }
+
+    #[test]
+    fn empty_blocks_and_falling_seqs_are_refused() {
+        let mut w = SegmentWriter::new();
+        let mut out = Vec::new();
+        assert_eq!(w.append_rows(&[], &mut out), Err(Error::EmptyBlock));
+        w.append_rows(&[row(5, Kind::Create, "a.b.c")], &mut out)
+            .unwrap();
+        assert_eq!(w.len(), HEADER_BYTES as u64 + out.len() as u64);
+        assert!(matches!(
+            w.append_rows(&[row(5, Kind::Create, "a.b.c")], &mut out),
+            Err(Error::BlockMismatch { .. })
+        ));
+    }
+}
