@@ -15,7 +15,7 @@
 //! are read in place from the borrowed bytes (a memory map or a read buffer — I/O is the caller's).
 
 use crate::block::{decode_block, decompress, Row, MAX_BLOCK_ROWS};
-use crate::bloom::Bloom;
+use crate::bloom::{Bloom, BloomKey};
 use crate::error::{Error, Result};
 use crate::footer::{BlockInfo, CollectionIndex, BLOCK_INDEX_ENTRY};
 use crate::header::{checksum, u64_at, Header, HEADER_BYTES};
@@ -245,14 +245,16 @@ impl<'a> Segment<'a> {
 
     /// The blocks that may hold rows of `did`, ascending (no false negatives).
     pub fn blocks_with_did(&self, did: &str) -> Vec<usize> {
-        if !self.may_contain_did(did) {
+        self.blocks_with_key(BloomKey::new(did.as_bytes()))
+    }
+
+    /// [`Segment::blocks_with_did`] for a DID hashed once ([`BloomKey::new`]).
+    pub fn blocks_with_key(&self, key: BloomKey) -> Vec<usize> {
+        if self.did_bloom.is_some_and(|b| !b.contains_key(key)) {
             return Vec::new();
         }
         (0..self.blocks.len())
-            .filter(|&i| {
-                self.block_bloom(i)
-                    .is_ok_and(|b| b.contains(did.as_bytes()))
-            })
+            .filter(|&i| self.block_bloom(i).is_ok_and(|b| b.contains_key(key)))
             .collect()
     }
 }
