@@ -7,9 +7,11 @@
 //! collection index — so that what follows (serving a block, testing a bloom) cannot fail on
 //! structure. Blocks are decompressed on demand and checked against their index entries.
 //!
-//! The reader is stricter than Jetstream's in one place, on purpose: the footer sections must be
-//! contiguous (the segment bloom starts where the block index ends), which every file Jetstream's
-//! writer produces satisfies and a spliced file does not.
+//! The reader is stricter than Jetstream's in two places, on purpose: the blocks must be
+//! contiguous from offset 256 to the footer (the Python SDK walks the length prefixes without
+//! reading the index, so a file with a gap would read differently there), and so must the footer
+//! sections (the segment bloom starts where the block index ends). Every file Jetstream's writer
+//! and its compaction produce satisfies both; a spliced file does not.
 //!
 //! Memory: the block index, the collection index and nothing else are copied; blooms and frames
 //! are read in place from the borrowed bytes (a memory map or a read buffer — I/O is the caller's).
@@ -267,10 +269,12 @@ fn check_blocks(bytes: &[u8], blocks: &[BlockInfo], h: &Header) -> Result<()> {
     let mut bounds: Option<(u64, u64, i64, i64)> = None;
     for (i, b) in blocks.iter().enumerate() {
         let bad = |reason: String| Error::BlockIndex { block: i, reason };
-        if b.offset < prev_end || b.offset >= h.footer_offset {
+        // Contiguous from 256: Jetstream's writers produce nothing else, and the Python SDK
+        // walks the length prefixes from 256 without reading the index.
+        if b.offset != prev_end || b.offset >= h.footer_offset {
             return Err(bad(format!(
-                "offset {} outside [{prev_end}, {})",
-                b.offset, h.footer_offset
+                "offset {}, the previous block ends at {prev_end}",
+                b.offset
             )));
         }
         let end = b.offset + 8 + u64::from(b.compressed_size);
@@ -314,6 +318,12 @@ fn check_blocks(bytes: &[u8], blocks: &[BlockInfo], h: &Header) -> Result<()> {
         }
         events += u64::from(b.event_count);
         prev_end = end;
+    }
+    if prev_end != h.footer_offset {
+        return Err(footer(format!(
+            "blocks end at {prev_end}, the footer starts at {}",
+            h.footer_offset
+        )));
     }
     if events != u64::from(h.event_count) {
         return Err(footer(format!(

@@ -142,3 +142,52 @@ fn hostile_sizes_do_not_allocate() {
     body.extend_from_slice(&[0; 64]);
     assert!(matches!(decode_block(&body), Err(Error::Block { .. })));
 }
+
+/// A file with 8 bytes between its blocks, indexed and checksummed correctly: Jetstream's reader
+/// would serve it, and the Python SDK, walking length prefixes from 256, would misread it.
+#[test]
+fn a_gap_between_blocks_is_refused() {
+    use riptide_segment::{checksum, write_segment, Header, Kind, BLOCK_INDEX_ENTRY, HEADER_BYTES};
+    let row = |seq| Row {
+        seq,
+        witnessed_at: 1,
+        indexed_at: 0,
+        kind: Kind::Create,
+        did: "did:plc:a",
+        collection: "a.b.c",
+        rkey: "k",
+        rev: "r",
+        payload: b"p",
+    };
+    let file = write_segment(&[&[row(1)], &[row(2)]]).unwrap();
+    let seg = Segment::open(&file).unwrap();
+    let (b1, footer) = (
+        seg.blocks()[1].offset as usize,
+        seg.header().footer_offset as usize,
+    );
+    let mut h = *seg.header();
+    let mut out = file[..b1].to_vec();
+    out.extend_from_slice(&[0; 8]);
+    out.extend_from_slice(&file[b1..]);
+    let f = footer + 8;
+    let entry1 = f + BLOCK_INDEX_ENTRY;
+    out[entry1..entry1 + 8].copy_from_slice(&(b1 as u64 + 8).to_le_bytes());
+    for o in [
+        &mut h.footer_offset,
+        &mut h.block_index_offset,
+        &mut h.did_bloom_offset,
+        &mut h.block_did_bloom_offset,
+        &mut h.collection_index_offset,
+    ] {
+        *o += 8;
+    }
+    h.checksum = 0;
+    h.checksum = checksum(&h.encode(), &out[f..]);
+    out[..HEADER_BYTES].copy_from_slice(&h.encode());
+    assert_eq!(Header::parse(&out).unwrap(), h);
+    assert!(
+        matches!(Segment::open(&out), Err(Error::BlockIndex { block: 1, .. })),
+        "{:?}",
+        Segment::open(&out).err()
+    );
+}
