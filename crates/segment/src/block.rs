@@ -357,7 +357,7 @@ pub fn decompress(frame: &[u8], limit: usize) -> Result<Vec<u8>> {
     dec.window_log_max(31)
         .map_err(|e| Error::Zstd(e.to_string()))?;
     let mut out = Vec::new();
-    dec.take(limit as u64 + 1)
+    dec.take((limit as u64).saturating_add(1))
         .read_to_end(&mut out)
         .map_err(|e| Error::Zstd(e.to_string()))?;
     if out.len() > limit {
@@ -466,6 +466,7 @@ mod tests {
         let mut trailing = frame.clone();
         trailing.push(0);
         assert!(matches!(decode_block_frame(&trailing), Err(Error::Zstd(_))));
+        assert_eq!(decompress(&frame, usize::MAX).unwrap(), body);
         let zeros = compress(&vec![0u8; 1 << 20]).unwrap();
         assert!(matches!(
             decompress(&zeros, 1 << 10),
