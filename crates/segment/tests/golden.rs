@@ -12,8 +12,8 @@ mod common;
 use common::cross_check;
 use common::independent;
 use riptide_segment::{
-    decode_block, decode_block_frame, write_segment, Error, Kind, Row, Segment, SegmentWriter,
-    HEADER_BYTES,
+    decode_block, decode_block_frame, write_segment, BloomBuilder, Error, Kind, Row, Segment,
+    SegmentWriter, FP_RATE, HEADER_BYTES,
 };
 
 fn golden(name: &str) -> Option<Vec<u8>> {
@@ -343,6 +343,19 @@ fn legacy_segment_takes_its_bloom_size_from_the_footer() {
         ["did:plc:legacy-b1-u0"]
     );
     assert_eq!(seg.blocks_with_did("did:plc:legacy-b1-u0"), [1]);
+    // Our bloom sizing (gloom's OptimalParams, a Poisson-weighted estimate in floating point)
+    // against Jetstream's at two capacities: the 3 unique DIDs of the segment bloom (rebuilt
+    // byte for byte, bits and CRC included) and the legacy fixed capacity 4096 of the per-block
+    // blooms (version, k and block count).
+    let dids: std::collections::BTreeSet<&str> = rows.iter().map(|r| r.did.as_str()).collect();
+    let mut ours = BloomBuilder::new(dids.len() as u64, FP_RATE);
+    dids.iter().for_each(|d| ours.insert(d.as_bytes()));
+    let theirs = &bytes[h.did_bloom_offset as usize..h.block_did_bloom_offset as usize];
+    assert_eq!(ours.to_bytes(), theirs);
+    let legacy = BloomBuilder::new(4096, FP_RATE).to_bytes();
+    assert_eq!(legacy.len(), 8409);
+    let start = h.block_did_bloom_offset as usize + 8;
+    assert_eq!(legacy[..13], bytes[start..start + 13]);
     assert!(seg.blocks_with_did("did:plc:legacy-b0-u1").contains(&0));
     cross_check(&bytes);
 }
