@@ -306,16 +306,18 @@ fn check_blocks(bytes: &[u8], blocks: &[BlockInfo], h: &Header) -> Result<()> {
                 )));
             }
             prev_max = Some(b.max_seq);
-            bounds = Some(match bounds {
-                None => (b.min_seq, b.max_seq, b.min_witnessed_at, b.max_witnessed_at),
-                Some((a, z, t0, t1)) => (
-                    a.min(b.min_seq),
-                    z.max(b.max_seq),
-                    t0.min(b.min_witnessed_at),
-                    t1.max(b.max_witnessed_at),
-                ),
-            });
         }
+        // The header's bounds are the union of every block's envelope, emptied blocks included:
+        // compaction keeps both the envelopes and the header (Jetstream `segment/rewrite.go`).
+        bounds = Some(match bounds {
+            None => (b.min_seq, b.max_seq, b.min_witnessed_at, b.max_witnessed_at),
+            Some((a, z, t0, t1)) => (
+                a.min(b.min_seq),
+                z.max(b.max_seq),
+                t0.min(b.min_witnessed_at),
+                t1.max(b.max_witnessed_at),
+            ),
+        });
         events += u64::from(b.event_count);
         prev_end = end;
     }

@@ -41,6 +41,7 @@ pub struct Sealed {
 pub struct SegmentWriter {
     len: u64,
     blocks: Vec<BlockInfo>,
+    last_max_seq: Option<u64>,
     events: u32,
     dids: HashSet<String>,
     block_dids: Vec<usize>,
@@ -77,7 +78,7 @@ impl SegmentWriter {
         let mut body = Vec::new();
         encode_block(rows, &mut body)?;
         let frame = compress(&body)?;
-        self.add(rows, frame.len(), body.len())?;
+        self.add(rows, frame.len(), body.len(), None)?;
         out.extend_from_slice(&(frame.len() as u64).to_le_bytes());
         out.extend_from_slice(&frame);
         Ok(())
@@ -91,13 +92,38 @@ impl SegmentWriter {
         if rows.is_empty() {
             return Err(Error::EmptyBlock);
         }
-        self.add(&rows, frame.len(), body.len())?;
+        self.add(&rows, frame.len(), body.len(), None)?;
         out.extend_from_slice(&(frame.len() as u64).to_le_bytes());
         out.extend_from_slice(frame);
         Ok(())
     }
 
-    fn add(&mut self, rows: &[Row<'_>], frame: usize, body: usize) -> Result<()> {
+    /// Appends a block of a compacted segment: the rows of an `original` block that survive
+    /// folding, under the original's seq and time envelope, as Jetstream's compaction keeps it
+    /// (block numbers, cursors and the header's bounds stay as they were). No rows gives the
+    /// empty block (a `u32` 0) Jetstream writes for a block whose rows were all superseded.
+    pub fn append_compacted(
+        &mut self,
+        rows: &[Row<'_>],
+        original: &BlockInfo,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let mut body = Vec::new();
+        encode_block(rows, &mut body)?;
+        let frame = compress(&body)?;
+        self.add(rows, frame.len(), body.len(), Some(original))?;
+        out.extend_from_slice(&(frame.len() as u64).to_le_bytes());
+        out.extend_from_slice(&frame);
+        Ok(())
+    }
+
+    fn add(
+        &mut self,
+        rows: &[Row<'_>],
+        frame: usize,
+        body: usize,
+        envelope: Option<&BlockInfo>,
+    ) -> Result<()> {
         let too_many = |what, count: usize| Error::TooMany {
             what,
             count: count as u64,
@@ -109,14 +135,6 @@ impl SegmentWriter {
             .map_err(|_| too_many("rows", self.events as usize + rows.len()))?;
         let compressed_size = u32::try_from(frame).map_err(|_| too_many("frame bytes", frame))?;
         let uncompressed_size = u32::try_from(body).map_err(|_| too_many("block bytes", body))?;
-        if let Some(last) = self.blocks.last() {
-            if rows.iter().map(|r| r.seq).min() <= Some(last.max_seq) {
-                return Err(Error::BlockMismatch {
-                    block: self.blocks.len(),
-                    reason: "seqs must rise from block to block".into(),
-                });
-            }
-        }
         let mut info = BlockInfo {
             offset: self.len,
             compressed_size,
@@ -149,6 +167,33 @@ impl SegmentWriter {
             if let Some(s) = r.kind.sentinel_collection() {
                 ids.insert(self.intern(s, false)?);
             }
+        }
+        let mismatch = |reason: &str| Error::BlockMismatch {
+            block: self.blocks.len(),
+            reason: reason.into(),
+        };
+        if let Some(e) = envelope {
+            if !rows.is_empty()
+                && (info.min_seq < e.min_seq
+                    || info.max_seq > e.max_seq
+                    || info.min_witnessed_at < e.min_witnessed_at
+                    || info.max_witnessed_at > e.max_witnessed_at)
+            {
+                return Err(mismatch("rows outside the original block's envelope"));
+            }
+            if e.min_seq > e.max_seq || e.min_witnessed_at > e.max_witnessed_at {
+                return Err(mismatch("envelope reversed"));
+            }
+            (info.min_seq, info.max_seq) = (e.min_seq, e.max_seq);
+            (info.min_witnessed_at, info.max_witnessed_at) =
+                (e.min_witnessed_at, e.max_witnessed_at);
+        }
+        // Seqs rise from block to block; an emptied block is not ordered (the reader skips it).
+        if !rows.is_empty() {
+            if self.last_max_seq.is_some_and(|m| info.min_seq <= m) {
+                return Err(mismatch("seqs must rise from block to block"));
+            }
+            self.last_max_seq = Some(info.max_seq);
         }
         self.len += 8 + frame as u64;
         self.events = events;
@@ -220,21 +265,19 @@ impl SegmentWriter {
         let index = CollectionIndex::new(self.names, self.counts, &self.block_ids);
         footer.extend_from_slice(&index.encode()?);
 
-        let nonempty = self.blocks.iter().filter(|b| b.event_count > 0);
+        // The union of the blocks' envelopes: the rows' bounds for a fresh seal, the original
+        // header's for a compacted segment (its envelopes are kept).
+        let all = self.blocks.iter();
         let mut parsed = Header {
             checksum: 0,
             version: VERSION,
             block_count: self.blocks.len() as u32,
             event_count: self.events,
             unique_did_count: self.dids.len() as u32,
-            min_seq: nonempty.clone().map(|b| b.min_seq).min().unwrap_or(0),
-            max_seq: nonempty.clone().map(|b| b.max_seq).max().unwrap_or(0),
-            min_witnessed_at: nonempty
-                .clone()
-                .map(|b| b.min_witnessed_at)
-                .min()
-                .unwrap_or(0),
-            max_witnessed_at: nonempty.map(|b| b.max_witnessed_at).max().unwrap_or(0),
+            min_seq: all.clone().map(|b| b.min_seq).min().unwrap_or(0),
+            max_seq: all.clone().map(|b| b.max_seq).max().unwrap_or(0),
+            min_witnessed_at: all.clone().map(|b| b.min_witnessed_at).min().unwrap_or(0),
+            max_witnessed_at: all.map(|b| b.max_witnessed_at).max().unwrap_or(0),
             footer_offset,
             did_bloom_offset,
             block_did_bloom_offset,
@@ -329,5 +372,91 @@ mod tests {
             w.append_rows(&[row(5, Kind::Create, "a.b.c")], &mut out),
             Err(Error::BlockMismatch { .. })
         ));
+    }
+}
+
+#[cfg(test)]
+mod compaction_tests {
+    use super::*;
+    use crate::kind::Kind;
+    use crate::segment::Segment;
+
+    fn row(seq: u64, did: &'static str) -> Row<'static> {
+        Row {
+            seq,
+            witnessed_at: seq as i64 * 100,
+            indexed_at: 0,
+            kind: Kind::Create,
+            did,
+            collection: "app.bsky.feed.post",
+            rkey: "k",
+            rev: "r",
+            payload: b"p",
+        }
+    }
+
+    #[test]
+    fn a_compacted_segment_keeps_its_envelopes_and_header_bounds() {
+        let blocks: [&[Row<'_>]; 3] = [
+            &[row(1, "did:plc:gone"), row(2, "did:plc:gone")],
+            &[
+                row(3, "did:plc:a"),
+                row(4, "did:plc:gone"),
+                row(5, "did:plc:a"),
+            ],
+            &[row(6, "did:plc:b")],
+        ];
+        let file = write_segment(&blocks).unwrap();
+        let seg = Segment::open(&file).unwrap();
+
+        // Fold away did:plc:gone, as compaction after its account was deleted would.
+        let mut w = SegmentWriter::new();
+        let mut out = vec![0u8; HEADER_BYTES];
+        for (i, rows) in blocks.iter().enumerate() {
+            let kept: Vec<Row<'_>> = rows
+                .iter()
+                .copied()
+                .filter(|r| r.did != "did:plc:gone")
+                .collect();
+            if kept.len() == rows.len() {
+                w.append_frame(seg.block_frame(i).unwrap(), &mut out)
+                    .unwrap();
+            } else {
+                w.append_compacted(&kept, &seg.blocks()[i], &mut out)
+                    .unwrap();
+            }
+        }
+        let sealed = w.finish().unwrap();
+        out.extend_from_slice(&sealed.footer);
+        out[..HEADER_BYTES].copy_from_slice(&sealed.header);
+
+        let c = Segment::open(&out).unwrap();
+        let (a, b) = (c.header(), seg.header());
+        assert_eq!(
+            (a.min_seq, a.max_seq, a.min_witnessed_at),
+            (b.min_seq, b.max_seq, b.min_witnessed_at)
+        );
+        assert_eq!((a.event_count, a.unique_did_count), (3, 2));
+        assert_eq!(c.blocks()[0].event_count, 0);
+        assert_eq!((c.blocks()[0].min_seq, c.blocks()[0].max_seq), (1, 2));
+        assert_eq!((c.blocks()[1].min_seq, c.blocks()[1].max_seq), (3, 5));
+        assert_eq!(c.block_body(0).unwrap(), [0, 0, 0, 0]);
+        let body = c.block_body(1).unwrap();
+        assert_eq!(
+            c.rows(1, &body)
+                .unwrap()
+                .iter()
+                .map(|r| r.seq)
+                .collect::<Vec<_>>(),
+            [3, 5]
+        );
+        assert_eq!(c.collections().counts(), [3]);
+        assert!(c.blocks_with_did("did:plc:a") == [1]);
+
+        // Rows outside the original envelope are refused.
+        let mut w = SegmentWriter::new();
+        assert!(w
+            .append_compacted(&[row(9, "did:plc:a")], &seg.blocks()[0], &mut Vec::new())
+            .is_err());
     }
 }
