@@ -9,7 +9,7 @@ if [ ! -f "$src/README.md" ]; then
     echo "shared corpus not found at $src (pass its path or set RIPTIDE_CORPUS)" >&2
     exit 1
 fi
-mkdir -p "$here/corpus/cbor_decode" "$here/corpus/car_read" "$here/corpus/frame_decode" "$here/corpus/json_to_cbor" "$here/corpus/repo_verify" "$here/corpus/frame_batch" "$here/corpus/commit_proof"
+mkdir -p "$here/corpus/cbor_decode" "$here/corpus/car_read" "$here/corpus/frame_decode" "$here/corpus/json_to_cbor" "$here/corpus/repo_verify" "$here/corpus/frame_batch" "$here/corpus/commit_proof" "$here/corpus/segment_read"
 python3 - "$src" "$here/corpus" <<'PY'
 import base64, json, os, sys
 
@@ -76,7 +76,7 @@ def blocks_field(frame):
         i = skip(frame, i)
     return None
 
-counts = {"cbor_decode": 0, "car_read": 0, "frame_decode": 0, "frame_batch": 0, "json_to_cbor": 0, "repo_verify": 0, "commit_proof": 0}
+counts = {"cbor_decode": 0, "car_read": 0, "frame_decode": 0, "frame_batch": 0, "json_to_cbor": 0, "repo_verify": 0, "commit_proof": 0, "segment_read": 0}
 all_frames = []
 frames = open(os.path.join(src, "jetstream-2026-07/firehose-frames.bin"), "rb").read()
 count = int.from_bytes(frames[:4], "big")
@@ -127,6 +127,11 @@ for name in ("cid_syntax_valid.txt", "cid_syntax_invalid.txt"):
         if line.strip() and not line.startswith("#"):
             put("json_to_cbor", f"{name[:-4]}-{k}", line.strip().encode())
             counts["json_to_cbor"] += 1
+
+seg = os.path.join(src, "jetstream-v2/segments")
+for name in sorted(os.listdir(seg)):
+    put("segment_read", name, open(os.path.join(seg, name), "rb").read())
+    counts["segment_read"] += 1
 
 for t, c in counts.items():
     print(f"{t}: {c} seeds")
