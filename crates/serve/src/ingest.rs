@@ -24,7 +24,7 @@
 //! frames after the stored cursor are verified again against exactly the state they were first
 //! verified against.
 //!
-//! **When a thread fails.** Every pipeline thread runs under [`supervised`]: a panic or an error
+//! **When a thread fails.** Every pipeline thread runs under `supervised`: a panic or an error
 //! that ends it is logged once at error with the thread's name and cause, sets
 //! `riptide_ingest_failed` (so `/healthz` and `/readyz` answer 503 at once), and is announced on
 //! [`IngestHandle::failed`], which `riptide serve` waits on beside its source so that it stops
