@@ -423,7 +423,12 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
                 if since.elapsed() >= seqs.grace {
                     // Module docs: "A cursor no later frame can pass".
                     seqs.future_since = None;
-                    let to = seqs.confirmed.filter(|&c| seqs.last.is_some_and(|l| c < l));
+                    // Taken once: if the relay is behind even that (a relay reset to a lower
+                    // numbering), the next recovery goes live.
+                    let to = seqs
+                        .confirmed
+                        .take()
+                        .filter(|&c| seqs.last.is_some_and(|l| c < l));
                     seqs.follow = true;
                     seqs.resume = Some(to);
                     metrics.upstream_cursor_recoveries[0].fetch_add(1, Relaxed);

@@ -714,3 +714,57 @@ async fn a_relay_replaying_on_one_connection_is_not_served_twice() {
         "{text}"
     );
 }
+
+/// When the relay is behind even the last confirmed seq (it was reset to a lower numbering), the
+/// second recovery goes live and follows the relay from its first frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_behind_the_confirmed_seq_too_is_followed_live() {
+    let now = riptide_serve::now_us();
+    let relay = relay_after_forgery(
+        vec![
+            identity_at(9, now),
+            identity_at(10, now),
+            identity_at(i64::MAX, now),
+        ],
+        (1..=5).map(|s| (s, identity_at(s as i64, now))).collect(),
+        true,
+    )
+    .await;
+    let metrics = Arc::new(Metrics::default());
+    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
+    let mut cfg = fast(vec![relay.url.clone()]);
+    cfg.future_cursor_grace = Duration::from_secs(1);
+    let source = tokio::spawn(upstream::run(cfg, Some(8), metrics.clone(), tx));
+    let mut got = Vec::new();
+    while got.last() != Some(&(5, false)) {
+        let up = tokio::time::timeout(T, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("stalled after {got:?}"))
+            .unwrap();
+        got.push((up.seq(), matches!(up, Upstream::CursorReset(_))));
+    }
+    source.abort();
+    let forged = i64::MAX as u64;
+    assert_eq!(
+        got,
+        [
+            (9, false),
+            (10, false),
+            (forged, false),
+            (1, true),
+            (1, false),
+            (2, false),
+            (3, false),
+            (4, false),
+            (5, false)
+        ]
+    );
+    let cursors = relay.cursors.lock().unwrap().clone();
+    assert!(cursors.contains(&Some(10)), "{cursors:?}");
+    assert_eq!(cursors.last(), Some(&None), "{cursors:?}");
+    let text = metrics.render(&[]);
+    assert!(
+        text.contains("riptide_upstream_cursor_recoveries_total{reason=\"future-cursor\"} 2\n"),
+        "{text}"
+    );
+}
