@@ -484,106 +484,7 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
             None
         }
         _ => match ev.seq.and_then(|s| u64::try_from(s).ok()) {
-            Some(seq) => {
-                metrics.upstream_behind.store(false, Relaxed);
-                seqs.future_since = None;
-                let new_conn = ev.connection != seqs.conn;
-                if new_conn {
-                    seqs.conn = ev.connection;
-                    seqs.prev = None;
-                    seqs.below = 0;
-                }
-                let below = seqs.last.is_some_and(|c| seq <= c);
-                let fp = Recent::fingerprint(&ev.bytes);
-                let mut reset = false;
-                if seqs.recent.holds(seq, fp) {
-                    // A replay: the same frame at the same seq, handed on already. Skipped (and
-                    // counted) by ingest as a duplicate; no reset, whatever went before.
-                    metrics.upstream_replayed.fetch_add(1, Relaxed);
-                    if seqs.below == 0 {
-                        tracing::warn!(
-                            seq,
-                            cursor = seqs.last,
-                            host = ev.host,
-                            "the relay sent seq {seq} again, byte for byte: skipping its replay (riptide_upstream_replayed_total)"
-                        );
-                    }
-                    seqs.below += 1;
-                    seqs.prev = Some(seq);
-                    return Some((false, (seq, ev.bytes)));
-                } else if seqs.prev.is_some_and(|p| seq <= p) {
-                    reset = true;
-                    metrics.upstream_seq_resets.fetch_add(1, Relaxed);
-                    tracing::error!(
-                        seq,
-                        previous = seqs.prev,
-                        host = ev.host,
-                        "upstream seqs went backwards within one connection (the relay was reset, or the previous seq was forged): \
-                         following the relay's numbering from here (riptide_upstream_seq_resets_total)"
-                    );
-                } else if below && std::mem::take(&mut seqs.follow) {
-                    // The client resumed below the cursor on purpose (FutureCursor recovery).
-                    reset = true;
-                    tracing::warn!(
-                        seq,
-                        cursor = seqs.last,
-                        "following the relay's numbering from seq {seq}"
-                    );
-                } else if below {
-                    let t = frame_time_us(&mut Arena::new(), &ev.bytes);
-                    if t.is_some_and(|t| t > seqs.fresh_us.saturating_add(seqs.slack_us)) {
-                        reset = true;
-                        metrics.upstream_cursor_recoveries[1].fetch_add(1, Relaxed);
-                        tracing::error!(
-                            seq,
-                            cursor = seqs.last,
-                            skipped_before = seqs.below,
-                            host = ev.host,
-                            "the relay sent seq {seq}, at or below our cursor, for an event newer than anything stored: our cursor is \
-                             past the relay's numbering (a forged seq, or another relay). Following the relay from here \
-                             (riptide_upstream_cursor_recoveries_total{{reason=\"live-below-cursor\"}})"
-                        );
-                    } else {
-                        if seqs.below == 0 {
-                            // A relay honouring our cursor sends only seqs after it.
-                            tracing::warn!(
-                                seq,
-                                cursor = seqs.last,
-                                host = ev.host,
-                                "the relay sent seq {seq}, at or below our cursor: skipping what the store already holds \
-                                 (riptide_upstream_frames_duplicate_total)"
-                            );
-                        }
-                        seqs.below += 1;
-                    }
-                }
-                if reset {
-                    seqs.last = None;
-                    seqs.follow = false;
-                }
-                if !new_conn && !reset {
-                    if let Some(p) = seqs.prev {
-                        seqs.confirmed = Some(seqs.confirmed.map_or(p, |c| c.max(p)));
-                    }
-                }
-                seqs.prev = Some(seq);
-                if std::mem::take(&mut seqs.outdated) {
-                    let skipped = seq.saturating_sub(seqs.last.map_or(1, |c| c + 1));
-                    metrics.upstream_gap_seqs.fetch_add(skipped, Relaxed);
-                    tracing::error!(
-                        after = seqs.last,
-                        resumed_at = seq,
-                        skipped,
-                        "upstream gap: the relay resumed past our cursor"
-                    );
-                }
-                if reset || !below {
-                    seqs.fresh_us = crate::now_us();
-                    seqs.recent.insert(seq, fp);
-                }
-                seqs.last = Some(seqs.last.map_or(seq, |l| l.max(seq)));
-                Some((reset, (seq, ev.bytes)))
-            }
+            Some(seq) => sequenced(seq, ev, metrics, seqs),
             None => {
                 // No seq: nothing to resume from and nothing a consumer could place. A frame of a
                 // known kind without one does not decode either: a verdict, as above.
@@ -610,6 +511,112 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
             }
         },
     }
+}
+
+/// [`admit`] for a frame with a seq: the rules of the module docs ("Seqs that go backwards",
+/// "A cursor no later frame can pass", "Replays"), in that order of precedence: a replay is
+/// never a reset, a reset within a connection needs no more evidence, and a frame at or below
+/// the cursor on a new connection is new only when the client was told to resume below it or its
+/// time proves it.
+fn sequenced(seq: u64, ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
+    metrics.upstream_behind.store(false, Relaxed);
+    seqs.future_since = None;
+    let new_conn = ev.connection != seqs.conn;
+    if new_conn {
+        seqs.conn = ev.connection;
+        seqs.prev = None;
+        seqs.below = 0;
+    }
+    let below = seqs.last.is_some_and(|c| seq <= c);
+    let fp = Recent::fingerprint(&ev.bytes);
+    let mut reset = false;
+    if seqs.recent.holds(seq, fp) {
+        // A replay: the same frame at the same seq, handed on already. Skipped (and
+        // counted) by ingest as a duplicate; no reset, whatever went before.
+        metrics.upstream_replayed.fetch_add(1, Relaxed);
+        if seqs.below == 0 {
+            tracing::warn!(
+                seq,
+                cursor = seqs.last,
+                host = ev.host,
+                "the relay sent seq {seq} again, byte for byte: skipping its replay (riptide_upstream_replayed_total)"
+            );
+        }
+        seqs.below += 1;
+        seqs.prev = Some(seq);
+        return Some((false, (seq, ev.bytes)));
+    } else if seqs.prev.is_some_and(|p| seq <= p) {
+        reset = true;
+        metrics.upstream_seq_resets.fetch_add(1, Relaxed);
+        tracing::error!(
+            seq,
+            previous = seqs.prev,
+            host = ev.host,
+            "upstream seqs went backwards within one connection (the relay was reset, or the previous seq was forged): \
+             following the relay's numbering from here (riptide_upstream_seq_resets_total)"
+        );
+    } else if below && std::mem::take(&mut seqs.follow) {
+        // The client resumed below the cursor on purpose (FutureCursor recovery).
+        reset = true;
+        tracing::warn!(
+            seq,
+            cursor = seqs.last,
+            "following the relay's numbering from seq {seq}"
+        );
+    } else if below {
+        let t = frame_time_us(&mut Arena::new(), &ev.bytes);
+        if t.is_some_and(|t| t > seqs.fresh_us.saturating_add(seqs.slack_us)) {
+            reset = true;
+            metrics.upstream_cursor_recoveries[1].fetch_add(1, Relaxed);
+            tracing::error!(
+                seq,
+                cursor = seqs.last,
+                skipped_before = seqs.below,
+                host = ev.host,
+                "the relay sent seq {seq}, at or below our cursor, for an event newer than anything stored: our cursor is \
+                 past the relay's numbering (a forged seq, or another relay). Following the relay from here \
+                 (riptide_upstream_cursor_recoveries_total{{reason=\"live-below-cursor\"}})"
+            );
+        } else {
+            if seqs.below == 0 {
+                // A relay honouring our cursor sends only seqs after it.
+                tracing::warn!(
+                    seq,
+                    cursor = seqs.last,
+                    host = ev.host,
+                    "the relay sent seq {seq}, at or below our cursor: skipping what the store already holds \
+                     (riptide_upstream_frames_duplicate_total)"
+                );
+            }
+            seqs.below += 1;
+        }
+    }
+    if reset {
+        seqs.last = None;
+        seqs.follow = false;
+    }
+    if !new_conn && !reset {
+        if let Some(p) = seqs.prev {
+            seqs.confirmed = Some(seqs.confirmed.map_or(p, |c| c.max(p)));
+        }
+    }
+    seqs.prev = Some(seq);
+    if std::mem::take(&mut seqs.outdated) {
+        let skipped = seq.saturating_sub(seqs.last.map_or(1, |c| c + 1));
+        metrics.upstream_gap_seqs.fetch_add(skipped, Relaxed);
+        tracing::error!(
+            after = seqs.last,
+            resumed_at = seq,
+            skipped,
+            "upstream gap: the relay resumed past our cursor"
+        );
+    }
+    if reset || !below {
+        seqs.fresh_us = crate::now_us();
+        seqs.recent.insert(seq, fp);
+    }
+    seqs.last = Some(seqs.last.map_or(seq, |l| l.max(seq)));
+    Some((reset, (seq, ev.bytes)))
 }
 
 /// Reads and hands on until ingest stops. Never cancelled mid-read: it returns only when `tx`
