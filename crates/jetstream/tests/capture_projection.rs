@@ -139,38 +139,36 @@ fn identity_and_account_shapes_match_production() {
 }
 
 /// A DID that is not one (here `did:Plc:…`: the method must be lowercase) makes no event, on
-/// every kind of the real capture's frames, and each is counted once per op (a commit) or once
-/// (an identity or account event). The DID changed is the frame's own (`repo` / `did`, the first
-/// `did:` in the frame: DAG-CBOR orders keys by length, so `repo` comes before `blocks`).
+/// every kind of the real capture's frames: since issue 40 the decoder refuses the frame
+/// (`BadDid`, naming the field), so the projector never sees it (its own `InvalidDid` drop stays,
+/// a second line behind the decoder). The DID changed is the frame's own (`repo` / `did`, the
+/// first `did:` in the frame: DAG-CBOR orders keys by length, so `repo` comes before `blocks`).
 #[test]
 fn an_invalid_did_makes_no_event_and_is_counted() {
-    use riptide_firehose::Body;
-    use riptide_jetstream::DropReason;
+    use riptide_firehose::{Body, FrameErrorKind};
     let Some(file) = common::read("jetstream-2026-07/firehose-frames.bin") else {
         return;
     };
     let frames = split_frames(&file).unwrap();
     let mut dec = FrameDecoder::new();
-    let mut proj = Projector::new();
     let mut seen = [0usize; 3];
     for f in &frames {
-        let kind = match dec.decode(f.bytes).unwrap().body() {
-            Body::Commit(c) => (0, c.ops().count()),
-            Body::Identity(_) => (1, 1),
-            Body::Account(_) => (2, 1),
+        let (kind, field) = match dec.decode(f.bytes).unwrap().body() {
+            Body::Commit(_) => (0, "repo"),
+            Body::Identity(_) => (1, "did"),
+            Body::Account(_) => (2, "did"),
             _ => continue,
         };
         let mut bad = f.bytes.to_vec();
         let at = bad.windows(4).position(|w| w == b"did:").unwrap() + 4;
         bad[at] = bad[at].to_ascii_uppercase();
-        let frame = dec.decode(&bad).unwrap();
-        let p = proj.project(&frame);
-        assert!(p.is_empty(), "frame {}", f.index);
-        let want: Vec<_> = (0..kind.1)
-            .map(|i| (if kind.0 == 0 { i } else { 0 }, DropReason::InvalidDid))
-            .collect();
-        assert_eq!(p.drops(), &want[..], "frame {}", f.index);
-        seen[kind.0] += 1;
+        let e = dec.decode(&bad).expect_err("a frame whose DID is not one");
+        assert!(
+            matches!(e.kind(), FrameErrorKind::BadDid(name, _) if *name == field),
+            "frame {}: {e}",
+            f.index
+        );
+        seen[kind] += 1;
     }
     // The capture has every kind (manifest: 150 frames, commits, identity and account events).
     assert!(seen.iter().all(|&n| n > 0), "{seen:?}");

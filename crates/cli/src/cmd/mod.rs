@@ -218,11 +218,18 @@ pub fn read_file_large(path: &Path) -> anyhow::Result<FileBytes> {
 }
 
 /// A `--listen` address: `IP:PORT` or `HOST:PORT` (`localhost:0`), resolved once, at start; the
-/// first address the name resolves to is used.
+/// first address the name resolves to is used. `:PORT` (Jetstream's and Go's spelling) is every
+/// IPv4 interface, `0.0.0.0:PORT`.
 pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
     use std::net::ToSocketAddrs;
     if let Ok(a) = s.parse() {
         return Ok(a);
+    }
+    if let Some(port) = s.strip_prefix(':') {
+        return port
+            .parse::<u16>()
+            .map(|p| std::net::SocketAddr::from(([0, 0, 0, 0], p)))
+            .map_err(|_| format!("{s:?}: {port:?} is not a port"));
     }
     if !s.contains(':') {
         return Err(format!(

@@ -69,14 +69,14 @@ pub struct Args {
     pub migrate_store: bool,
     /// Most client connections at once (also capped by the open-file limit minus what the store
     /// needs); over it, new connections get 503 and are closed.
-    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    #[arg(long, value_name = "N", default_value_t = 10_000, value_parser = parse_positive)]
     pub max_connections: usize,
     /// Most client connections at once from one IP address.
-    #[arg(long, value_name = "N", default_value_t = 1_000)]
+    #[arg(long, value_name = "N", default_value_t = 1_000, value_parser = parse_positive)]
     pub max_connections_per_ip: usize,
     /// Time a connection has to send a request's headers: from accept, and on a keep-alive
     /// connection from the last response (slow or idle connections are closed after it).
-    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_nonzero_duration)]
     pub header_timeout: Duration,
     /// /readyz answers 503 when no upstream frame arrived for this long (0: never for
     /// idleness; an unconnected upstream is always not ready).
@@ -110,7 +110,7 @@ pub struct Args {
     #[arg(long, value_name = "DIR", default_value = "riptide-data")]
     pub data: PathBuf,
     /// How long events are kept for replay (e.g. 24h, 90m, 2d).
-    #[arg(long, value_name = "DUR", default_value = "24h", value_parser = parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = "24h", value_parser = parse_nonzero_duration)]
     pub retention: Duration,
     /// Listen address.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6008", value_parser = super::parse_listen)]
@@ -157,6 +157,27 @@ fn resync_config(data: &std::path::Path) -> anyhow::Result<ResyncConfig> {
 
 /// The largest duration a flag takes (100 years).
 const MAX_DURATION_SECS: u64 = 36_500 * 86_400;
+
+/// A count that must be at least 1: `0` would refuse every connection (or mean "no limit" to a
+/// reader who guesses), so it is refused with a reason rather than taken (issue 39).
+pub fn parse_positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("0 would refuse every connection; give at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a whole number")),
+    }
+}
+
+/// [`parse_duration`] for a setting where zero makes no sense (a retention that keeps nothing, a
+/// header timeout that closes every connection at once): refused with a reason (issue 39).
+pub fn parse_nonzero_duration(s: &str) -> Result<Duration, String> {
+    match parse_duration(s)? {
+        d if d.is_zero() => Err(format!(
+            "{s:?} is zero, which would keep nothing or close every connection at once; give a positive duration"
+        )),
+        d => Ok(d),
+    }
+}
 
 /// `24h`, `90m`, `30s`, `2d`, or plain seconds.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -712,6 +733,30 @@ mod tests {
 
     fn args(a: &[&str]) -> Vec<std::ffi::OsString> {
         a.iter().map(Into::into).collect()
+    }
+
+    /// Issue 39: values that would silently refuse every connection or keep nothing are refused
+    /// with a reason; Jetstream's `--listen :6008` is every IPv4 interface.
+    #[test]
+    fn zero_limits_are_refused_and_a_bare_port_listens_everywhere() {
+        assert!(parse_positive("0")
+            .unwrap_err()
+            .contains("refuse every connection"));
+        assert_eq!(parse_positive("12"), Ok(12));
+        assert!(parse_positive("x").is_err());
+        for zero in ["0", "0s", "0h"] {
+            assert!(
+                parse_nonzero_duration(zero).unwrap_err().contains("zero"),
+                "{zero}"
+            );
+        }
+        assert_eq!(parse_nonzero_duration("90m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(
+            super::super::parse_listen(":6008"),
+            Ok(SocketAddr::from(([0, 0, 0, 0], 6008)))
+        );
+        assert!(super::super::parse_listen(":99999").is_err());
+        assert!(super::super::parse_listen(":").is_err());
     }
 
     #[test]
