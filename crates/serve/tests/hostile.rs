@@ -128,14 +128,18 @@ async fn collect(
     cursor: Option<u64>,
     done: impl Fn(&[(u64, bool)]) -> bool,
 ) -> (Vec<(u64, bool)>, Arc<Metrics>) {
+    collect_with(fast(vec![url.to_owned()]), cursor, done).await
+}
+
+/// [`collect`] with the source's configuration.
+async fn collect_with(
+    cfg: UpstreamConfig,
+    cursor: Option<u64>,
+    done: impl Fn(&[(u64, bool)]) -> bool,
+) -> (Vec<(u64, bool)>, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::default());
     let (tx, mut rx) = tokio::sync::mpsc::channel(16);
-    let source = tokio::spawn(upstream::run(
-        fast(vec![url.to_owned()]),
-        cursor,
-        metrics.clone(),
-        tx,
-    ));
+    let source = tokio::spawn(upstream::run(cfg, cursor, metrics.clone(), tx));
     let mut got = Vec::new();
     while !done(&got) {
         let up = tokio::time::timeout(T, rx.recv())
@@ -592,20 +596,9 @@ async fn a_forged_last_seq_answered_with_future_cursor_is_recovered_from() {
         true,
     )
     .await;
-    let metrics = Arc::new(Metrics::default());
-    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
     let mut cfg = fast(vec![relay.url.clone()]);
     cfg.future_cursor_grace = Duration::from_secs(1);
-    let source = tokio::spawn(upstream::run(cfg, Some(8), metrics.clone(), tx));
-    let mut got = Vec::new();
-    while got.last() != Some(&(14, false)) {
-        let up = tokio::time::timeout(T, rx.recv())
-            .await
-            .unwrap_or_else(|_| panic!("stalled after {got:?}"))
-            .unwrap();
-        got.push((up.seq(), matches!(up, Upstream::CursorReset(_))));
-    }
-    source.abort();
+    let (got, metrics) = collect_with(cfg, Some(8), |g| g.last() == Some(&(14, false))).await;
     let forged = i64::MAX as u64;
     assert_eq!(
         got,
@@ -656,20 +649,9 @@ async fn frames_below_a_forged_cursor_that_are_newer_than_the_store_are_followed
         false,
     )
     .await;
-    let metrics = Arc::new(Metrics::default());
-    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
     let mut cfg = fast(vec![relay.url.clone()]);
     cfg.clock_slack = Duration::from_secs(1);
-    let source = tokio::spawn(upstream::run(cfg, None, metrics.clone(), tx));
-    let mut got = Vec::new();
-    while got.last() != Some(&(13, false)) {
-        let up = tokio::time::timeout(T, rx.recv())
-            .await
-            .unwrap_or_else(|_| panic!("stalled after {got:?}"))
-            .unwrap();
-        got.push((up.seq(), matches!(up, Upstream::CursorReset(_))));
-    }
-    source.abort();
+    let (got, metrics) = collect_with(cfg, None, |g| g.last() == Some(&(13, false))).await;
     let forged = i64::MAX as u64;
     assert_eq!(
         got,
@@ -730,20 +712,9 @@ async fn a_relay_behind_the_confirmed_seq_too_is_followed_live() {
         true,
     )
     .await;
-    let metrics = Arc::new(Metrics::default());
-    let (tx, mut rx) = tokio::sync::mpsc::channel(16);
     let mut cfg = fast(vec![relay.url.clone()]);
     cfg.future_cursor_grace = Duration::from_secs(1);
-    let source = tokio::spawn(upstream::run(cfg, Some(8), metrics.clone(), tx));
-    let mut got = Vec::new();
-    while got.last() != Some(&(5, false)) {
-        let up = tokio::time::timeout(T, rx.recv())
-            .await
-            .unwrap_or_else(|_| panic!("stalled after {got:?}"))
-            .unwrap();
-        got.push((up.seq(), matches!(up, Upstream::CursorReset(_))));
-    }
-    source.abort();
+    let (got, metrics) = collect_with(cfg, Some(8), |g| g.last() == Some(&(5, false))).await;
     let forged = i64::MAX as u64;
     assert_eq!(
         got,
