@@ -33,9 +33,14 @@
 
 mod fault;
 pub mod fixture;
+pub mod limit;
 mod network;
+mod pds;
+pub mod plan;
 mod server;
+pub mod tamper;
 
 pub use fault::{Faults, RELAY_ERROR};
 pub use network::{Account, Network, SimError};
-pub use server::{Counters, Sim, SimHandle};
+pub use plan::{HostFault, PlanConfig, RepoFault};
+pub use server::{Counters, Listeners, Sim, SimHandle};
