@@ -214,11 +214,13 @@ pub struct Plan {
 
 impl Plan {
     /// Decides for `dids` (every account with a repository), of which `deactivated` are
-    /// deactivated by the stream itself (they get [`RepoFault::Deactivated`] and no other).
+    /// deactivated by the stream itself (they get [`RepoFault::Deactivated`] and no other) and
+    /// `spared` get no fault (the repository generated on demand).
     pub fn new(
         cfg: &PlanConfig,
         dids: &[String],
         deactivated: &[String],
+        spared: &[String],
     ) -> Result<Plan, PlanError> {
         let n = cfg.hosts.max(1);
         let split = HostSplit::new(n, cfg.host_share, cfg.seed);
@@ -262,7 +264,7 @@ impl Plan {
         let mut candidates: Vec<&String> = sorted
             .iter()
             .filter(|d| plan.host_faults[plan.host_of[*d]].is_none())
-            .filter(|d| !plan.repo_faults.contains_key(*d))
+            .filter(|d| !plan.repo_faults.contains_key(*d) && !spared.contains(d))
             .collect();
         candidates.sort_by_key(|d| hash(cfg.seed ^ 0x7265_706f, d.as_bytes()));
         let asked: usize = cfg.repo_faults.iter().map(|(_, c)| c).sum();
@@ -320,18 +322,19 @@ mod tests {
             repo_faults: rf,
             ..PlanConfig::default()
         };
-        let plan = Plan::new(&cfg, &dids, &dids[..1]).unwrap();
+        let plan = Plan::new(&cfg, &dids, &dids[..1], &dids[1..2]).unwrap();
         assert_eq!(plan.host_faults[0], None);
         assert_eq!(plan.host_faults.iter().flatten().count(), 2);
         assert_eq!(plan.repo_faults.len(), 5);
         assert_eq!(plan.repo_faults[&dids[0]], RepoFault::Deactivated);
+        assert!(!plan.repo_faults.contains_key(&dids[1]));
         for d in plan.repo_faults.keys() {
             if d != &dids[0] {
                 assert_eq!(plan.host_faults[plan.host_of[d]], None, "{d}");
             }
         }
         assert_eq!(plan.accounts.iter().map(Vec::len).sum::<usize>(), 200);
-        let again = Plan::new(&cfg, &dids, &dids[..1]).unwrap();
+        let again = Plan::new(&cfg, &dids, &dids[..1], &dids[1..2]).unwrap();
         assert_eq!(again.repo_faults, plan.repo_faults);
         assert_eq!(again.host_faults, plan.host_faults);
         let too_many = PlanConfig {
@@ -339,7 +342,7 @@ mod tests {
             ..cfg
         };
         assert!(matches!(
-            Plan::new(&too_many, &dids, &[]),
+            Plan::new(&too_many, &dids, &[], &[]),
             Err(PlanError::TooMany { what: "host", .. })
         ));
     }

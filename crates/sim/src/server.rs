@@ -175,7 +175,7 @@ impl Sim {
         let dids = net.repo_dids();
         let config = PlanConfig::default();
         // One host, no fault asked for: the plan cannot fail (only stream deactivations).
-        let plan = Plan::new(&config, &dids, &net.deactivated).unwrap_or_default();
+        let plan = Plan::new(&config, &dids, &net.deactivated, &[]).unwrap_or_default();
         Sim::build(net, base.clone(), faults, relay, plan, config, vec![base])
             .unwrap_or_else(|(sim, _)| sim)
     }
@@ -295,7 +295,8 @@ impl Sim {
             }
         };
         let dids = net.repo_dids();
-        let decided = Plan::new(&plan, &dids, &net.deactivated)?;
+        let spared: Vec<String> = net.huge.iter().map(|h| h.account.did.clone()).collect();
+        let decided = Plan::new(&plan, &dids, &net.deactivated, &spared)?;
         let relay = Sim::start_relay(&net, relay);
         let main = TcpListener::bind(addr).await.map_err(bind_err(addr))?;
         let local = main.local_addr().map_err(bind_err(addr))?;
