@@ -84,7 +84,6 @@ pub fn write_network(cfg: &Config, dir: &Path) -> Result<(Summary, Network), Gen
     }
     net.extend(cfg.events - as_of);
     net.run(&mut emit)?;
-    drop(emit);
     w.flush().map_err(io)?;
     summary.repos = repos_written;
 

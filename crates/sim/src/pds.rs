@@ -138,7 +138,7 @@ async fn host_layer(State(ctx): State<Ctx>, req: Request, next: Next) -> Respons
     let ip = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map_or(IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
+        .map_or_else(|| IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
     let Some(decision) = limiter.check(ip) else {
         return next.run(req).await;
     };

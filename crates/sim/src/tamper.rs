@@ -21,7 +21,10 @@ impl TamperError {
     }
 }
 
-fn blocks(car: &[u8]) -> Result<(CidBuf, Vec<(CidBuf, Vec<u8>)>), TamperError> {
+/// A CAR's blocks, owned.
+type Blocks = Vec<(CidBuf, Vec<u8>)>;
+
+fn blocks(car: &[u8]) -> Result<(CidBuf, Blocks), TamperError> {
     let mut reader = CarReader::new();
     let opts = CarOptions {
         verify: false,
@@ -33,7 +36,7 @@ fn blocks(car: &[u8]) -> Result<(CidBuf, Vec<(CidBuf, Vec<u8>)>), TamperError> {
     let root = parsed
         .roots()
         .next()
-        .map(|c| CidBuf::from(c))
+        .map(CidBuf::from)
         .ok_or_else(|| TamperError("no root".into()))?;
     let all = parsed
         .blocks()
