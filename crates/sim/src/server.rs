@@ -175,7 +175,8 @@ impl Sim {
         let dids = net.repo_dids();
         let config = PlanConfig::default();
         // One host, no fault asked for: the plan cannot fail (only stream deactivations).
-        let plan = Plan::new(&config, &dids, &net.deactivated, &[]).unwrap_or_default();
+        // One host serves every repository as before (stream deactivations included).
+        let plan = Plan::new(&config, &dids, &[], &[]).unwrap_or_default();
         Sim::build(net, base.clone(), faults, relay, plan, config, vec![base])
             .unwrap_or_else(|(sim, _)| sim)
     }
@@ -296,7 +297,14 @@ impl Sim {
         };
         let dids = net.repo_dids();
         let spared: Vec<String> = net.huge.iter().map(|h| h.account.did.clone()).collect();
-        let decided = Plan::new(&plan, &dids, &net.deactivated, &spared)?;
+        // With one host every repository is served as before; with more, the accounts the
+        // stream deactivated answer as a PDS does.
+        let deactivated: &[String] = if plan.hosts > 1 {
+            &net.deactivated
+        } else {
+            &[]
+        };
+        let decided = Plan::new(&plan, &dids, deactivated, &spared)?;
         let relay = Sim::start_relay(&net, relay);
         let main = TcpListener::bind(addr).await.map_err(bind_err(addr))?;
         let local = main.local_addr().map_err(bind_err(addr))?;
@@ -593,6 +601,15 @@ async fn fault_layer(State(st): State<Arc<Shared>>, req: Request, next: Next) ->
         Action::Drop => {
             st.counters.drops_injected.fetch_add(1, Ordering::Relaxed);
             let (mut parts, body) = next.run(req).await.into_parts();
+            let announced = parts
+                .headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            if let Some(len) = announced {
+                // A streamed body (a repository generated as it is sent may be gigabytes): pass
+                // the first half through as it comes, then fail, holding nothing.
+                return Response::from_parts(parts, cut_stream(body, len / 2));
+            }
             let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
                 return xrpc_error(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -605,14 +622,44 @@ async fn fault_layer(State(st): State<Arc<Shared>>, req: Request, next: Next) ->
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-            let half = bytes.slice(..bytes.len() / 2);
-            let chunks: [Result<bytes::Bytes, std::io::Error>; 2] = [
-                Ok(half),
-                Err(std::io::Error::other("sim: injected connection drop")),
-            ];
-            Response::from_parts(parts, Body::from_stream(futures_util::stream::iter(chunks)))
+            let half = bytes.len() as u64 / 2;
+            Response::from_parts(parts, cut_stream(Body::from(bytes), half))
         }
     }
+}
+
+/// `body`'s first `keep` bytes, then an error (hyper drops the connection).
+fn cut_stream(body: Body, keep: u64) -> Body {
+    use futures_util::StreamExt;
+    let cut = body
+        .into_data_stream()
+        .map(|r| r.map_err(std::io::Error::other))
+        .chain(futures_util::stream::once(async {
+            Err(std::io::Error::other("sim: injected connection drop"))
+        }))
+        .scan(keep, |left, item| {
+            let out = match item {
+                Ok(_) if *left == 0 => {
+                    Some(Err(std::io::Error::other("sim: injected connection drop")))
+                }
+                Ok(mut b) => {
+                    if b.len() as u64 > *left {
+                        b.truncate(*left as usize);
+                    }
+                    *left -= b.len() as u64;
+                    Some(Ok(b))
+                }
+                Err(e) => Some(Err(e)),
+            };
+            std::future::ready(out)
+        });
+    // Stop after the first error: nothing follows a dropped connection.
+    let mut failed = false;
+    Body::from_stream(cut.take_while(move |r| {
+        let go = !failed;
+        failed |= r.is_err();
+        std::future::ready(go)
+    }))
 }
 
 async fn get_faults(State(st): State<Arc<Shared>>) -> Json<Faults> {
