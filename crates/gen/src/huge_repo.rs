@@ -16,12 +16,10 @@
 //! The CAR: root = the signed commit; blocks = the commit, every MST node, then every record in
 //! key order (`app.bsky.feed.post/<TID>`, TIDs increasing with the index).
 
-use std::collections::BTreeMap;
-
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use riptide_car::CarWriter;
-use riptide_cbor::{write_varint, CidBuf, OwnedValue, DAG_CBOR};
+use riptide_cbor::{write_map_header, write_text, write_varint, CidBuf, DAG_CBOR};
 use riptide_repo::mst::{self, Leaves};
 
 use crate::account::Account;
@@ -49,6 +47,10 @@ pub struct HugeRepo {
     clock: u16,
     /// Number of records.
     count: usize,
+    /// Letters and spaces drawn from the seed; each record's text is a window of it.
+    pool: String,
+    /// Every record's `createdAt`.
+    created_at: String,
     /// Per record, its CID (the key is recomputed from the index).
     cids: Vec<CidBuf>,
     /// The CAR header, the commit block and every MST node, framed.
@@ -96,6 +98,8 @@ impl HugeRepo {
             record_bytes,
             clock,
             count,
+            pool: letter_pool(seed, POOL + record_bytes),
+            created_at: datetime(EPOCH_MICROS - 3_600_000_000),
             cids: Vec::with_capacity(count),
             head: Vec::new(),
             len: 0,
@@ -156,35 +160,28 @@ impl HugeRepo {
         format!("app.bsky.feed.post/{}", tid(t, self.clock))
     }
 
-    /// The DAG-CBOR of record `i`: a post whose text is `record_bytes` of words drawn from
-    /// (seed, i).
+    /// The DAG-CBOR of record `i`: a post whose text is `record_bytes` long, `post <i> `
+    /// then a window of the letter pool chosen by (seed, i). Copying from the pool keeps the
+    /// second generation (every time the repository is served) cheap.
     pub fn record(&self, i: usize) -> Vec<u8> {
-        const LETTERS: &[u8; 32] = b"etaoinshrdlucmfwypvbgkqjxz      ";
-        let mut text = Vec::with_capacity(self.record_bytes);
-        text.extend_from_slice(format!("post {i} ").as_bytes());
-        let mut h = mix(self.seed ^ (i as u64).wrapping_mul(0x9e37_79b9));
-        while text.len() < self.record_bytes {
-            h = mix(h);
-            for b in h.to_le_bytes() {
-                text.push(LETTERS[usize::from(b & 31)]);
-            }
-        }
-        text.truncate(self.record_bytes);
-        let mut m = BTreeMap::new();
-        m.insert(
-            "$type".to_owned(),
-            OwnedValue::Text("app.bsky.feed.post".into()),
-        );
-        m.insert(
-            "createdAt".to_owned(),
-            OwnedValue::Text(datetime(EPOCH_MICROS - 3_600_000_000)),
-        );
-        m.insert(
-            "text".to_owned(),
-            // Only ASCII letters and spaces were pushed.
-            OwnedValue::Text(String::from_utf8_lossy(&text).into_owned()),
-        );
-        OwnedValue::Map(m).to_cbor()
+        let prefix = format!("post {i} ");
+        let want = self.record_bytes.saturating_sub(prefix.len());
+        let span = self.pool.len() - want;
+        let off = (mix(self.seed ^ (i as u64).wrapping_mul(0x9e37_79b9)) % span as u64) as usize;
+        let mut text = String::with_capacity(self.record_bytes);
+        text.push_str(&prefix);
+        // The pool is ASCII: every index is a char boundary.
+        text.push_str(self.pool.get(off..off + want).unwrap_or_default());
+        let mut out = Vec::with_capacity(text.len() + 64);
+        // DAG-CBOR's key order: shorter keys first.
+        write_map_header(&mut out, 3);
+        write_text(&mut out, "text");
+        write_text(&mut out, &text);
+        write_text(&mut out, "$type");
+        write_text(&mut out, "app.bsky.feed.post");
+        write_text(&mut out, "createdAt");
+        write_text(&mut out, &self.created_at);
+        out
     }
 
     /// Number of pieces [`HugeRepo::piece`] gives: the head, then one per record.
@@ -208,6 +205,23 @@ impl HugeRepo {
         out.extend_from_slice(&rec);
         Some(out)
     }
+}
+
+/// Size of the letter pool beyond one record's text (windows start anywhere in it).
+const POOL: usize = 64 << 10;
+
+/// `len` letters and spaces (English-like frequencies) drawn from `seed`.
+fn letter_pool(seed: u64, len: usize) -> String {
+    const LETTERS: &[u8; 32] = b"etaoinshrdlucmfwypvbgkqjxz      ";
+    let mut h = mix(seed ^ SALT);
+    (0..len)
+        .map(|k| {
+            if k % 8 == 0 {
+                h = mix(h);
+            }
+            char::from(LETTERS[usize::from((h >> (8 * (k % 8))) as u8 & 31)])
+        })
+        .collect()
 }
 
 /// Bytes of a CAR section whose CID and data are `n` bytes (varint length prefix included).
