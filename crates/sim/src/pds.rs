@@ -312,18 +312,17 @@ fn repo_entry(st: &Shared, did: &str) -> Value {
     e
 }
 
-/// A page of `items` after `cursor` (exclusive), at most `limit`; the cursor of the next page
-/// when this one is full.
-fn page<'a, T: AsRef<str> + 'a>(
-    items: impl Iterator<Item = &'a T>,
+/// A page of the ascending `items` after `cursor` (exclusive), at most `limit`, found by
+/// binary search (a million accounts page in O(log n) each); the cursor of the next page when
+/// this one is full.
+fn page<'a>(
+    items: &'a [String],
     cursor: Option<&str>,
     limit: usize,
-) -> (Vec<&'a T>, Option<String>) {
-    let start = cursor.unwrap_or_default();
-    let got: Vec<&T> = items.filter(|d| d.as_ref() > start).take(limit).collect();
-    let next = (got.len() == limit)
-        .then(|| got.last().map(|d| d.as_ref().to_owned()))
-        .flatten();
+) -> (&'a [String], Option<String>) {
+    let start = cursor.map_or(0, |c| items.partition_point(|d| d.as_str() <= c));
+    let got = &items[start..(start + limit).min(items.len())];
+    let next = (got.len() == limit).then(|| got.last().cloned()).flatten();
     (got, next)
 }
 
@@ -334,11 +333,24 @@ async fn list_repos(State(ctx): State<Ctx>, Query(q): Query<ListQuery>) -> Respo
     let (dids, cursor): (Vec<&String>, _) = match ctx.host {
         Some(h) if st.hosts.len() > 1 => {
             let own = st.plan.accounts.get(h).map_or(&[][..], Vec::as_slice);
-            page(own.iter(), q.cursor.as_deref(), limit)
+            let (got, next) = page(own, q.cursor.as_deref(), limit);
+            (got.iter().collect(), next)
         }
         _ => {
-            let all = st.net.accounts.keys().filter(|d| st.net.has_repo(d));
-            page(all, q.cursor.as_deref(), limit)
+            // Every account with a repository, from the cursor on (a range of the DID map).
+            let from = q.cursor.clone().unwrap_or_default();
+            let got: Vec<&String> = st
+                .net
+                .accounts
+                .range::<String, _>((std::ops::Bound::Excluded(&from), std::ops::Bound::Unbounded))
+                .map(|(d, _)| d)
+                .filter(|d| st.net.has_repo(d))
+                .take(limit)
+                .collect();
+            let next = (got.len() == limit)
+                .then(|| got.last().map(|d| (*d).clone()))
+                .flatten();
+            (got, next)
         }
     };
     let repos: Vec<Value> = dids.iter().map(|d| repo_entry(st, d)).collect();
@@ -498,7 +510,7 @@ pub(crate) async fn list_repos_by_collection(
         .await;
     let limit = q.limit.unwrap_or(500).clamp(1, 2000);
     let dids = index.get(&collection).map_or(&[][..], Vec::as_slice);
-    let (got, cursor) = page(dids.iter(), q.cursor.as_deref(), limit);
+    let (got, cursor) = page(dids, q.cursor.as_deref(), limit);
     let repos: Vec<Value> = got.iter().map(|d| json!({ "did": d })).collect();
     let mut out = json!({ "repos": repos });
     if let Some(c) = cursor {
@@ -604,4 +616,23 @@ pub(crate) async fn get_manifest(State(st): State<Arc<Shared>>) -> Json<Value> {
 
 pub(crate) async fn get_stats(State(st): State<Arc<Shared>>) -> Json<Value> {
     Json(stats(&st))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::page;
+
+    #[test]
+    fn pages_by_binary_search() {
+        let items: Vec<String> = ["a", "c", "e", "g", "i"].map(str::to_owned).to_vec();
+        let (got, next) = page(&items, None, 2);
+        assert_eq!((got, next.as_deref()), (&items[..2], Some("c")));
+        let (got, next) = page(&items, Some("c"), 2);
+        assert_eq!((got, next.as_deref()), (&items[2..4], Some("g")));
+        // A cursor that is not an item (an account gone since) resumes after it.
+        let (got, next) = page(&items, Some("d"), 10);
+        assert_eq!((got, next), (&items[2..], None));
+        let (got, next) = page(&items, Some("z"), 2);
+        assert!(got.is_empty() && next.is_none());
+    }
 }
