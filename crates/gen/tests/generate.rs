@@ -503,3 +503,40 @@ fn repos_at_k_are_the_state_after_frame_k() {
         let _ = std::fs::remove_dir_all(&d);
     }
 }
+
+/// `--sizes heavy`: the exported repositories' record counts (read back from the CARs) are
+/// heavy-tailed: most a few dozen, a few near the cap.
+#[test]
+fn heavy_sizes_in_the_exported_repositories() {
+    let mut cfg = Config::new(17, 200, 10);
+    cfg.keep_records = true;
+    cfg.sizes = riptide_gen::network::Sizes::Heavy {
+        min: 20,
+        alpha: 0.75,
+        max: 3000,
+    };
+    let dir = temp("heavy");
+    write_dir(&cfg, &dir).unwrap();
+    let mut counts: Vec<usize> = std::fs::read_dir(dir.join("repos"))
+        .unwrap()
+        .map(|e| {
+            let car = std::fs::read(e.unwrap().path()).unwrap();
+            let mut reader = riptide_car::CarReader::new();
+            let car = reader
+                .read(&car, &riptide_car::CarOptions::repository())
+                .unwrap();
+            riptide_repo::list_records(&car).unwrap().len()
+        })
+        .collect();
+    counts.sort_unstable();
+    assert_eq!(counts.len(), 200);
+    let median = counts[100];
+    // Pareto(20, 0.75): median ≈ 50 (plus the profile and the few records of 10 frames).
+    assert!((35..90).contains(&median), "median {median}");
+    let small = counts.iter().filter(|&&c| c < 100).count();
+    assert!(small > 120, "{small} under 100 records");
+    let big = counts.iter().filter(|&&c| c >= 1000).count();
+    assert!((1..20).contains(&big), "{big} of 1000 or more: {counts:?}");
+    assert!(counts[199] >= 2900, "largest {}", counts[199]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
