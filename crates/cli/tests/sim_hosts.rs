@@ -150,3 +150,46 @@ fn hosts_manifest_and_repo_verify() {
         assert_eq!(seen.iter().flatten().filter(|s| *s == f).count(), 1, "{f}");
     }
 }
+
+/// Bad host or fault arguments are refused with one clear line, before anything is served.
+#[test]
+fn bad_arguments_are_refused() {
+    let tmp = common::scratch();
+    let dir = tmp.path().join("net");
+    let out = common::riptide(&[
+        "gen",
+        "--seed",
+        "1",
+        "--accounts",
+        "3",
+        "--events",
+        "5",
+        "--repos",
+        "--out",
+        common::s(&dir),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    for (args, says) in [
+        (&["--repo-faults", "nope=1"][..], "unknown fault \"nope\""),
+        (&["--host-faults", "offline"][..], "is not KIND=COUNT"),
+        (&["--hosts", "0"][..], "--hosts must be at least 1"),
+        (
+            &["--host-faults", "offline=1"][..],
+            "1 host faults asked for, but only 0 can have one",
+        ),
+        (
+            &["--hosts", "2", "--repo-faults", "bad-signature=9"][..],
+            "9 repository faults asked for, but only 3 can have one",
+        ),
+    ] {
+        let out = Command::new(common::BIN)
+            .args(["sim", "--from", common::s(&dir), "--listen", "127.0.0.1:0"])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = common::stderr(&out);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: served anyway");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}

@@ -134,7 +134,7 @@ pub enum PlanError {
     #[error("{0:?} is not KIND=COUNT")]
     BadItem(String),
     /// More faults asked for than there are hosts or repositories to give them to.
-    #[error("{asked} {what} faults asked for, only {available} {what}s can have one")]
+    #[error("{asked} {what} faults asked for, but only {available} can have one")]
     TooMany {
         /// `host` or `repository`.
         what: &'static str,

@@ -118,8 +118,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let mut net =
-        Network::load(&a.from).with_context(|| format!("loading {}", a.from.display()))?;
+    // Arguments first: a bad one is said before a large network is loaded.
     anyhow::ensure!(a.hosts >= 1, "--hosts must be at least 1");
     anyhow::ensure!(
         (0.0..=1.0).contains(&a.host_share),
@@ -140,6 +139,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         repo_faults: parse_counts(&a.repo_faults).context("--repo-faults")?,
         trickle_bytes_per_sec: a.trickle_bytes_per_sec,
     };
+    let mut net =
+        Network::load(&a.from).with_context(|| format!("loading {}", a.from.display()))?;
     if let Some(bytes) = a.huge_repo_bytes {
         let huge = riptide_gen::HugeRepo::new(a.seed, bytes, a.huge_repo_record_bytes)
             .context("generating the huge repository")?;
