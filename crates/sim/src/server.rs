@@ -1,4 +1,6 @@
-//! The HTTP server: routes, the fault layer, request counters.
+//! The HTTP server: routes, the fault layer, request counters, and the listeners of a
+//! many-host network ([`Sim::bind_network`]: the simulator's own address for the PLC directory
+//! and the relay, one loopback port per PDS host; the PDS endpoints themselves are in `pds`).
 //!
 //! Concurrency: one [`Sim`] is shared by every connection (an `Arc`); the network is immutable
 //! once served, faults sit behind a mutex held for a copy, counters are atomics.
