@@ -13,7 +13,9 @@
 //! - [`records`]: record shapes and the collection mix; [`account`]: keys (97% secp256k1, 3%
 //!   P-256), `did:plc` DIDs, handles, DID documents.
 //! - [`adversarial`]: frames broken in one labeled way each, with the expected verdict.
-//! - [`big_repo`](mod@big_repo): one large repository export.
+//! - [`big_repo`](mod@big_repo): one large repository export; [`huge_repo`]: one of 1 GiB and
+//!   more, generated piece by piece on demand (never held in memory).
+//! - [`hosts`]: which PDS host each account lives on (skewed: one large host, a long tail).
 //! - [`mutate`](mod@mutate): real or generated frames with one field (or a few bytes) changed,
 //!   labelled, for the fault suite's mutation run.
 //! - [`stats`]: measuring a stream, and comparing it with the real capture (tolerances: shares
@@ -38,6 +40,8 @@ pub mod adversarial;
 pub mod big_repo;
 pub mod clock;
 pub mod error;
+pub mod hosts;
+pub mod huge_repo;
 pub mod mutate;
 pub mod network;
 pub mod output;
@@ -50,6 +54,8 @@ pub use account::Account;
 pub use adversarial::{AdversarialEntry, Defect};
 pub use big_repo::{big_repo, BigRepo};
 pub use error::GenError;
+pub use hosts::HostSplit;
+pub use huge_repo::HugeRepo;
 pub use network::{Config, Network};
 pub use output::{write_dir, write_network, Summary};
 pub use stats::{measure, Stats};

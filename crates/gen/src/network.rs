@@ -65,6 +65,56 @@ pub struct Config {
     /// Records in each account's repository before the stream starts, within this range: the
     /// most active accounts get the largest (real repositories make real proof paths).
     pub initial_records: (usize, usize),
+    /// How starting repository sizes are drawn (default: [`Sizes::Ranked`], today's shape).
+    pub sizes: Sizes,
+    /// With [`Config::keep_records`]: export the repositories after this many frames instead of
+    /// at the end, then go on with the stream (`--repos-at K`): the repositories are as of
+    /// frame K, and frames K + 1 … are the live tail after them.
+    pub repos_at: Option<u64>,
+}
+
+/// How the starting repository sizes are drawn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Sizes {
+    /// Within [`Config::initial_records`], falling off as rank^-1/2 (the default; a stream's
+    /// proof paths are as long as the network's, and setup stays cheap).
+    Ranked,
+    /// Heavy-tailed, as the network's repositories are (`--sizes heavy`): Pareto with minimum
+    /// `min` and tail index `alpha`, capped at `max`; with the defaults ([`Sizes::HEAVY`]) the
+    /// median is ≈ 50 records, one account in ≈ 500 has 100k or more.
+    Heavy {
+        /// The smallest size.
+        min: usize,
+        /// The tail index (smaller: heavier tail).
+        alpha: f64,
+        /// The cap.
+        max: usize,
+    },
+}
+
+impl Sizes {
+    /// The heavy-tailed defaults: min 20, alpha 0.75, cap 250,000.
+    pub const HEAVY: Sizes = Sizes::Heavy {
+        min: 20,
+        alpha: 0.75,
+        max: 250_000,
+    };
+
+    /// The size for a draw `u` in (0, 1] (heavy) or rank `r` with factor `u` in [0.5, 1.5)
+    /// (ranked), within `(lo, hi)` for the ranked shape.
+    fn size(&self, r: usize, u: f64, (lo, hi): (usize, usize)) -> usize {
+        match *self {
+            Sizes::Ranked => {
+                let n = hi as f64 / ((r + 1) as f64).sqrt() * u;
+                (n as usize).clamp(lo, hi)
+            }
+            Sizes::Heavy { min, alpha, max } => {
+                // Inverse CDF of Pareto(min, alpha) at 1 - u.
+                let n = min as f64 / u.max(f64::MIN_POSITIVE).powf(1.0 / alpha.max(0.01));
+                (n.min(max as f64) as usize).clamp(min.max(1), max.max(1))
+            }
+        }
+    }
 }
 
 impl Config {
@@ -79,6 +129,8 @@ impl Config {
             big_repo: None,
             threads: 1,
             initial_records: (50, 6000),
+            sizes: Sizes::Ranked,
+            repos_at: None,
         }
     }
 }
@@ -194,9 +246,9 @@ impl Network {
         // Sizes fall off as rank^-1/2 (times a random factor), so the total grows as
         // max * sqrt(accounts), not linearly: setup stays cheap for thousands of accounts.
         let mut sizes: Vec<usize> = (0..cfg.accounts)
-            .map(|r| {
-                let n = hi as f64 / ((r + 1) as f64).sqrt() * rng.gen_range(0.5..1.5);
-                (n as usize).clamp(lo, hi)
+            .map(|r| match cfg.sizes {
+                Sizes::Ranked => cfg.sizes.size(r, rng.gen_range(0.5..1.5), (lo, hi)),
+                Sizes::Heavy { .. } => cfg.sizes.size(r, 1.0 - rng.gen::<f64>(), (lo, hi)),
             })
             .collect();
         sizes.sort_unstable_by(|a, b| b.cmp(a));
@@ -247,6 +299,19 @@ impl Network {
     /// The accounts' identities, in generation order.
     pub fn accounts(&self) -> impl Iterator<Item = &Account> + '_ {
         self.accounts.iter().map(|a| &a.account)
+    }
+
+    /// The DIDs of the accounts deactivated now (by an `#account` frame, not yet reactivated).
+    pub fn inactive(&self) -> impl Iterator<Item = &str> + '_ {
+        self.accounts
+            .iter()
+            .filter(|a| !a.active)
+            .map(|a| a.account.did.as_str())
+    }
+
+    /// Frames generated so far.
+    pub fn produced(&self) -> u64 {
+        self.produced
     }
 
     /// Lets the next [`Network::run`] generate `frames` more, continuing the same stream (seqs,
@@ -1113,4 +1178,27 @@ pub fn did_docs<'a>(
         .into_iter()
         .map(|a| (a.did.clone(), a.did_doc()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sizes;
+
+    #[test]
+    fn heavy_sizes_are_heavy_tailed() {
+        let n = 100_000;
+        let mut sizes: Vec<usize> = (0..n)
+            .map(|i| Sizes::HEAVY.size(0, (i as f64 + 0.5) / n as f64, (1, 1)))
+            .collect();
+        sizes.sort_unstable();
+        // Pareto(20, 0.75): median 20 * 2^(4/3) ≈ 50; P(≥ 100k) = (20/100k)^0.75 ≈ 0.17%.
+        assert!((45..56).contains(&sizes[n / 2]), "{}", sizes[n / 2]);
+        let big = sizes.iter().filter(|&&s| s >= 100_000).count();
+        assert!((150..185).contains(&big), "{big}");
+        assert_eq!(sizes[0], 20);
+        assert_eq!(sizes[n - 1], 250_000);
+        // The ranked shape is today's: hi / sqrt(rank + 1) times the factor, within bounds.
+        assert_eq!(Sizes::Ranked.size(3, 1.0, (50, 6000)), 3000);
+        assert_eq!(Sizes::Ranked.size(10_000, 0.5, (50, 6000)), 50);
+    }
 }

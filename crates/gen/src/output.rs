@@ -4,7 +4,9 @@
 //! DIR/firehose-frames.bin   the stream, corpus format (shared/docs/formats.md)
 //! DIR/did_docs.json         DID -> DID document, every account (and the big repo's)
 //! DIR/adversarial.json      [{"index","defect","expected_verdict"}] (with --adversarial)
-//! DIR/repos/<did>.car       each account's full repository at the end (with --repos)
+//! DIR/repos/<did>.car       each account's full repository at the end (with --repos), or after
+//!                           frame K (with --repos-at K)
+//! DIR/repos.json            {"as_of_frame": K, "deactivated": [DID…]} (with --repos)
 //! DIR/big-repo.car          one large repository export (with --big-repo)
 //! DIR/big-repo.did.json     its DID document (one object; `id` is its DID)
 //! ```
@@ -57,10 +59,11 @@ pub fn write_network(cfg: &Config, dir: &Path) -> Result<(Summary, Network), Gen
     let file = File::create(&path).map_err(|e| GenError::io(&path, e))?;
     let mut w = BufWriter::with_capacity(1 << 20, file);
     let mut summary = Summary::default();
+    let mut repos_written = 0;
     let io = |e| GenError::io(&path, e);
     w.write_all(&count.to_be_bytes()).map_err(io)?;
     summary.frame_bytes = 4;
-    net.run(|frame: &[u8]| -> Result<(), GenError> {
+    let mut emit = |frame: &[u8]| -> Result<(), GenError> {
         let len = u32::try_from(frame.len())
             .map_err(|_| GenError::Internal("frame over 4 GiB".into()))?;
         w.write_all(&len.to_be_bytes()).map_err(io)?;
@@ -68,8 +71,21 @@ pub fn write_network(cfg: &Config, dir: &Path) -> Result<(Summary, Network), Gen
         summary.frames += 1;
         summary.frame_bytes += 4 + frame.len() as u64;
         Ok(())
-    })?;
+    };
+    // The repositories are exported after `as_of` frames: the end, or `--repos-at K`.
+    let as_of = match cfg.repos_at {
+        Some(k) if cfg.keep_records => k.min(cfg.events),
+        _ => cfg.events,
+    };
+    net.extend(as_of);
+    net.run(&mut emit)?;
+    if cfg.keep_records {
+        write_repos(&net, dir, as_of, &mut repos_written)?;
+    }
+    net.extend(cfg.events - as_of);
+    net.run(&mut emit)?;
     w.flush().map_err(io)?;
+    summary.repos = repos_written;
 
     let mut accounts: Vec<crate::Account> = net.accounts().cloned().collect();
     if let Some(n) = cfg.big_repo {
@@ -93,14 +109,32 @@ pub fn write_network(cfg: &Config, dir: &Path) -> Result<(Summary, Network), Gen
         write_file(&dir.join("adversarial.json"), &json)?;
         summary.adversarial = net.adversarial().len();
     }
-    if cfg.keep_records {
-        let repos = dir.join("repos");
-        std::fs::create_dir_all(&repos).map_err(|e| GenError::io(&repos, e))?;
-        for r in net.export_repos() {
-            let (did, car) = r?;
-            write_file(&repos.join(format!("{did}.car")), &car)?;
-            summary.repos += 1;
-        }
-    }
     Ok((summary, net))
+}
+
+/// What `DIR/repos.json` says about the exported repositories.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReposStatus {
+    /// The repositories are as of this many frames of `firehose-frames.bin` (all of them
+    /// unless `--repos-at K`): frame `as_of_frame + 1` is the first one after them.
+    pub as_of_frame: u64,
+    /// Accounts deactivated (`#account` with `status: deactivated`) at that point.
+    pub deactivated: Vec<String>,
+}
+
+/// Writes `DIR/repos/<did>.car` for every account as the network stands, and `DIR/repos.json`.
+fn write_repos(net: &Network, dir: &Path, as_of: u64, written: &mut usize) -> Result<(), GenError> {
+    let repos = dir.join("repos");
+    std::fs::create_dir_all(&repos).map_err(|e| GenError::io(&repos, e))?;
+    for r in net.export_repos() {
+        let (did, car) = r?;
+        write_file(&repos.join(format!("{did}.car")), &car)?;
+        *written += 1;
+    }
+    let status = ReposStatus {
+        as_of_frame: as_of,
+        deactivated: net.inactive().map(str::to_owned).collect(),
+    };
+    let json = serde_json::to_vec_pretty(&status).map_err(|e| GenError::Internal(e.to_string()))?;
+    write_file(&dir.join("repos.json"), &json)
 }

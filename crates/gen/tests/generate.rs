@@ -207,7 +207,7 @@ fn same_arguments_same_bytes() {
     threaded.threads = 3;
     write_dir(&threaded, &b).unwrap();
     let fa = files(&a);
-    assert_eq!(fa.len(), 5 + 6, "{:?}", fa.keys());
+    assert_eq!(fa.len(), 6 + 6, "{:?}", fa.keys());
     assert_eq!(fa, files(&b));
     let mut other = cfg.clone();
     other.seed = 4;
@@ -443,4 +443,100 @@ fn multi_op_proofs_invert_in_any_order() {
     }
     assert!(commits >= 40, "only {commits} multi-op commits");
     eprintln!("{commits} multi-op commits inverted in {orders} orders");
+}
+
+/// `--repos-at K`: the stream is byte for byte the same as without it, and each exported
+/// repository's commit is the account's last commit (or `#sync`) among the first K frames.
+#[test]
+fn repos_at_k_are_the_state_after_frame_k() {
+    const K: u64 = 150;
+    let mut cfg = Config::new(9, 8, 400);
+    cfg.keep_records = true;
+    cfg.initial_records = (20, 300);
+    let (a, b) = (temp("at-a"), temp("at-b"));
+    write_dir(&cfg, &a).unwrap();
+    let mut at = cfg.clone();
+    at.repos_at = Some(K);
+    write_dir(&at, &b).unwrap();
+    let (fa, fb) = (files(&a), files(&b));
+    assert_eq!(fa["firehose-frames.bin"], fb["firehose-frames.bin"]);
+    let status: serde_json::Value = serde_json::from_slice(&fb["repos.json"]).unwrap();
+    assert_eq!(status["as_of_frame"], K);
+    let end: serde_json::Value = serde_json::from_slice(&fa["repos.json"]).unwrap();
+    assert_eq!(end["as_of_frame"], 400);
+
+    let corpus = split_frames(&fb["firehose-frames.bin"]).unwrap();
+    let mut dec = FrameDecoder::new();
+    let mut at_k: HashMap<String, Vec<u8>> = HashMap::new();
+    let mut after_k = std::collections::HashSet::new();
+    for (i, f) in corpus.iter().enumerate() {
+        let frame = dec.decode(f.bytes).unwrap();
+        let car = frame.car();
+        let (did, root) = match frame.body() {
+            Body::Commit(c) => (c.repo, c.commit),
+            Body::Sync(s) => (s.did, car.unwrap().roots().next().unwrap()),
+            _ => continue,
+        };
+        if (i as u64) < K {
+            at_k.insert(did.to_owned(), car.unwrap().get(root).unwrap().to_vec());
+        } else {
+            after_k.insert(did.to_owned());
+        }
+    }
+    let mut checked = 0;
+    for (did, block) in &at_k {
+        let export = &fb[&format!("repos/{did}.car")];
+        let mut reader = riptide_car::CarReader::new();
+        let car = reader
+            .read(export, &riptide_car::CarOptions::repository())
+            .unwrap();
+        let root = car.roots().next().unwrap();
+        assert_eq!(car.get(root).unwrap(), block.as_slice(), "{did}");
+        // An account that committed after K has another repository at the end.
+        if after_k.contains(did) {
+            assert_ne!(export, &fa[&format!("repos/{did}.car")], "{did}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 0);
+    for d in [a, b] {
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
+
+/// `--sizes heavy`: the exported repositories' record counts (read back from the CARs) are
+/// heavy-tailed: most a few dozen, a few near the cap.
+#[test]
+fn heavy_sizes_in_the_exported_repositories() {
+    let mut cfg = Config::new(17, 200, 10);
+    cfg.keep_records = true;
+    cfg.sizes = riptide_gen::network::Sizes::Heavy {
+        min: 20,
+        alpha: 0.75,
+        max: 3000,
+    };
+    let dir = temp("heavy");
+    write_dir(&cfg, &dir).unwrap();
+    let mut counts: Vec<usize> = std::fs::read_dir(dir.join("repos"))
+        .unwrap()
+        .map(|e| {
+            let car = std::fs::read(e.unwrap().path()).unwrap();
+            let mut reader = riptide_car::CarReader::new();
+            let car = reader
+                .read(&car, &riptide_car::CarOptions::repository())
+                .unwrap();
+            riptide_repo::list_records(&car).unwrap().len()
+        })
+        .collect();
+    counts.sort_unstable();
+    assert_eq!(counts.len(), 200);
+    let median = counts[100];
+    // Pareto(20, 0.75): median ≈ 50 (plus the profile and the few records of 10 frames).
+    assert!((35..90).contains(&median), "median {median}");
+    let small = counts.iter().filter(|&&c| c < 100).count();
+    assert!(small > 120, "{small} under 100 records");
+    let big = counts.iter().filter(|&&c| c >= 1000).count();
+    assert!((1..20).contains(&big), "{big} of 1000 or more: {counts:?}");
+    assert!(counts[199] >= 2900, "largest {}", counts[199]);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -20,6 +20,15 @@
 //!   set at start or at run time with `POST /_sim/faults` (JSON [`Faults`]), and read back with
 //!   `GET /_sim/faults`.
 //!
+//! Many hosts (issue 37: a network to test a backfill against; `riptide sim --hosts N`,
+//! [`Sim::bind_network`]): N PDS hosts, each on its own loopback port with its own accounts'
+//! `getRepo`/`listRepos`/`describeRepo`/`describeServer`, listed by the relay's `listHosts`;
+//! per-host rate limits per client IP ([`limit`]) with the PDS's headers; host and repository
+//! faults chosen up front ([`plan`], broken exports from [`tamper`]) and listed in a manifest
+//! (`GET /_sim/manifest`); `listReposByCollection`; one repository of any size generated as it
+//! is sent ([`riptide_gen::HugeRepo`]); repositories as of a relay seq (`repos.json`). The
+//! endpoints, the manifest's format and the consistency guarantee are in the crate's README.
+//!
 //! [`fixture`] builds small signed accounts in memory for tests.
 //!
 //! Why the relay is mounted rather than on a second port: one base URL is then PLC, PDS and relay,
@@ -33,9 +42,14 @@
 
 mod fault;
 pub mod fixture;
+pub mod limit;
 mod network;
+mod pds;
+pub mod plan;
 mod server;
+pub mod tamper;
 
 pub use fault::{Faults, RELAY_ERROR};
 pub use network::{Account, Network, SimError};
-pub use server::{Counters, Sim, SimHandle};
+pub use plan::{HostFault, PlanConfig, RepoFault};
+pub use server::{Counters, Listeners, Sim, SimHandle};

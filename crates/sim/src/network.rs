@@ -4,14 +4,18 @@
 //! Directory layout (what `riptide gen` writes): `did_docs.json` (DID → document), `repos/<did>.car`
 //! (each account's repository export), optionally `big-repo.car` with `big-repo.did.json` (the
 //! document of its account) and `firehose-frames.bin` (the stream the relay serves; frames are
-//! slices of the one file buffer, not copies). Every repository is read into memory once, and its commit read (no
-//! hash check here: serving is not verifying) for `listRepos`.
+//! slices of the one file buffer, not copies), `repos.json` (the point of the stream the
+//! repositories are as of, and the accounts deactivated there). Every repository is read into
+//! memory once, and its commit read (no hash check here: serving is not verifying) for
+//! `listRepos`; the one repository generated on demand ([`Network::set_huge_repo`]) never is.
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use riptide_car::{CarOptions, CarReader};
+use riptide_gen::HugeRepo;
 use riptide_identity::DidDoc;
 use serde_json::Value;
 
@@ -34,6 +38,25 @@ pub enum SimError {
         path: String,
         /// What is wrong.
         why: String,
+    },
+    /// Binding a listener failed.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The hosts and faults asked for cannot be arranged.
+    #[error("{0}")]
+    Plan(#[from] crate::plan::PlanError),
+    /// A repository could not be broken as its fault asks.
+    #[error("{did}: {source}")]
+    Tamper {
+        /// The account.
+        did: String,
+        /// Why.
+        source: crate::tamper::TamperError,
     },
 }
 
@@ -58,6 +81,12 @@ pub struct Network {
     pub(crate) accounts: BTreeMap<String, Account>,
     pub(crate) handles: BTreeMap<String, String>,
     pub(crate) frames: Vec<Bytes>,
+    /// The repository generated on demand, if any ([`Network::set_huge_repo`]).
+    pub(crate) huge: Option<Arc<HugeRepo>>,
+    /// `repos.json`'s `as_of_frame`: the repositories are as of this many frames.
+    pub(crate) as_of_frame: Option<u64>,
+    /// `repos.json`'s `deactivated`: accounts deactivated by the stream at that point.
+    pub(crate) deactivated: Vec<String>,
 }
 
 fn invalid(path: impl Into<String>, why: impl std::fmt::Display) -> SimError {
@@ -161,9 +190,55 @@ impl Network {
         &self.frames
     }
 
+    /// Adds a repository generated on demand (`riptide sim --huge-repo-bytes`): its account's
+    /// document is added, `getRepo` streams it piece by piece ([`HugeRepo::piece`]).
+    pub fn set_huge_repo(&mut self, huge: HugeRepo) -> Result<(), SimError> {
+        self.add_doc(huge.account.did_doc())?;
+        if let Some(a) = self.accounts.get_mut(&huge.account.did) {
+            a.head = Some((huge.commit.to_string(), huge.rev.clone()));
+            a.repo = None;
+        }
+        self.huge = Some(Arc::new(huge));
+        Ok(())
+    }
+
+    /// The repository generated on demand, if any.
+    pub fn huge_repo(&self) -> Option<&Arc<HugeRepo>> {
+        self.huge.as_ref()
+    }
+
+    /// Whether `did`'s repository is served (a loaded export or the one generated on demand).
+    pub fn has_repo(&self, did: &str) -> bool {
+        self.accounts.get(did).is_some_and(|a| a.repo.is_some())
+            || self.huge.as_ref().is_some_and(|h| h.account.did == did)
+    }
+
+    /// The DIDs whose repository is served, ascending.
+    pub fn repo_dids(&self) -> Vec<String> {
+        self.accounts
+            .keys()
+            .filter(|d| self.has_repo(d))
+            .cloned()
+            .collect()
+    }
+
+    /// Says the repositories are as of `frames` frames of the stream, and which accounts are
+    /// deactivated at that point (what `riptide gen` writes to `repos.json`).
+    pub fn set_as_of(&mut self, frames: u64, deactivated: Vec<String>) {
+        self.as_of_frame = Some(frames);
+        self.deactivated = deactivated;
+    }
+
     /// Loads a `riptide gen` directory.
     pub fn load(dir: &Path) -> Result<Network, SimError> {
         let mut net = Network::default();
+        let status_path = dir.join("repos.json");
+        if status_path.exists() {
+            let status: riptide_gen::output::ReposStatus =
+                serde_json::from_slice(&read(&status_path)?)
+                    .map_err(|e| invalid(status_path.display().to_string(), e))?;
+            net.set_as_of(status.as_of_frame, status.deactivated);
+        }
         let frames_path = dir.join("firehose-frames.bin");
         if frames_path.exists() {
             let file = Bytes::from(read(&frames_path)?);

@@ -1,4 +1,6 @@
-//! The HTTP server: routes, the fault layer, request counters.
+//! The HTTP server: routes, the fault layer, request counters, and the listeners of a
+//! many-host network ([`Sim::bind_network`]: the simulator's own address for the PLC directory
+//! and the relay, one loopback port per PDS host; the PDS endpoints themselves are in `pds`).
 //!
 //! Concurrency: one [`Sim`] is shared by every connection (an `Arc`); the network is immutable
 //! once served, faults sit behind a mutex held for a copy, counters are atomics.
@@ -10,19 +12,20 @@
 //! implementation, with its cursor semantics, pings and faults, whether it listens on its own
 //! port (`riptide relay`) or here.
 
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use bytes::Bytes;
 use riptide_relay::{Relay, RelayConfig, RelayService};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
@@ -30,7 +33,9 @@ use tokio_tungstenite::tungstenite::protocol::Role;
 use tokio_tungstenite::WebSocketStream;
 
 use crate::fault::{Action, Faults};
-use crate::network::Network;
+use crate::network::{Network, SimError};
+use crate::pds::{self, HostState};
+use crate::plan::{HostFault, Plan, PlanConfig, RepoFault};
 
 /// Requests served, per endpoint (faulted ones included), and faults injected.
 #[derive(Debug, Default)]
@@ -60,13 +65,35 @@ impl Counters {
     }
 }
 
-struct Shared {
-    net: Network,
-    base: String,
+pub(crate) struct Shared {
+    pub(crate) net: Network,
+    pub(crate) base: String,
     faults: Mutex<Faults>,
     seen: AtomicU64,
-    counters: Counters,
+    pub(crate) counters: Counters,
     relay: Option<RelayService>,
+    /// Hosts, limits and faults (one host, no limit, no fault unless [`Sim::bind_network`]).
+    pub(crate) plan: Plan,
+    pub(crate) config: PlanConfig,
+    /// Per host: its address, limiters and counters.
+    pub(crate) hosts: Vec<HostState>,
+    /// The broken exports of the faulty repositories that have one.
+    pub(crate) tampered: HashMap<String, Bytes>,
+    /// Collection → DIDs having records in it, built on the first `listReposByCollection`.
+    pub(crate) collections: tokio::sync::OnceCell<BTreeMap<String, Vec<String>>>,
+    /// The relay seq the repositories are as of, if the network says (`repos.json`).
+    pub(crate) as_of_seq: Option<u64>,
+}
+
+impl Shared {
+    /// The PDS URL the documents name for `did`: its host's.
+    pub(crate) fn pds_of(&self, did: &str) -> &str {
+        self.plan
+            .host_of
+            .get(did)
+            .and_then(|&h| self.hosts.get(h))
+            .map_or(&self.base, |h| &h.url)
+    }
 }
 
 /// A simulator: a [`Network`] served at a base URL.
@@ -92,6 +119,7 @@ pub struct SimHandle {
     /// The simulator (counters, faults).
     pub sim: Sim,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
+    hosts: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 impl SimHandle {
@@ -100,19 +128,30 @@ impl SimHandle {
         self.sim.base_url().to_owned()
     }
 
-    /// Stops serving.
+    /// Stops serving (the relay and every host).
     pub fn abort(&self) {
         self.task.abort();
+        for h in &self.hosts {
+            h.abort();
+        }
     }
 }
 
 impl Drop for SimHandle {
     fn drop(&mut self) {
-        self.task.abort();
+        self.abort();
     }
 }
 
-fn xrpc_error(status: StatusCode, error: &str, message: impl Into<String>) -> Response {
+/// The listeners of [`Sim::bind_network`]: the simulator's own (PLC, relay) and, with more than
+/// one host, one per PDS host (`None` for an offline host, whose port is closed).
+#[derive(Debug)]
+pub struct Listeners {
+    main: TcpListener,
+    hosts: Vec<Option<TcpListener>>,
+}
+
+pub(crate) fn xrpc_error(status: StatusCode, error: &str, message: impl Into<String>) -> Response {
     (
         status,
         Json(json!({"error": error, "message": message.into()})),
@@ -134,16 +173,232 @@ impl Sim {
         faults: Faults,
         relay: Option<RelayService>,
     ) -> Sim {
-        Sim {
+        let base = base_url.into().trim_end_matches('/').to_owned();
+        let dids = net.repo_dids();
+        let config = PlanConfig::default();
+        // One host, no fault asked for: the plan cannot fail (only stream deactivations).
+        // One host serves every repository as before (stream deactivations included).
+        let plan = Plan::new(&config, &dids, &[], &[]).unwrap_or_default();
+        Sim::build(net, base.clone(), faults, relay, plan, config, vec![base])
+            .unwrap_or_else(|(sim, _)| sim)
+    }
+
+    /// The simulator, with `urls[h]` the address of host `h`. On a repository that cannot be
+    /// broken as its fault asks, the error (and a simulator that serves it unbroken).
+    fn build(
+        net: Network,
+        base: String,
+        faults: Faults,
+        relay: Option<RelayService>,
+        plan: Plan,
+        config: PlanConfig,
+        urls: Vec<String>,
+    ) -> Result<Sim, (Sim, SimError)> {
+        let hosts = urls
+            .into_iter()
+            .enumerate()
+            .map(|(i, url)| {
+                HostState::new(url, plan.host_faults.get(i).copied().flatten(), &config)
+            })
+            .collect();
+        let mut tampered = HashMap::new();
+        let mut failed = None;
+        let dids = net.repo_dids();
+        for (did, fault) in &plan.repo_faults {
+            let Some(car) = net.accounts.get(did).and_then(|a| a.repo.as_ref()) else {
+                continue;
+            };
+            let broken = match fault {
+                RepoFault::CutAtBlock => crate::tamper::cut_at_block(car),
+                RepoFault::MissingBlock => crate::tamper::missing_block(car),
+                RepoFault::BadSignature => crate::tamper::bad_signature(car),
+                RepoFault::OtherDid => {
+                    // The next account (in DID order) that has a loaded export.
+                    let pos = dids.iter().position(|d| d == did).unwrap_or(0);
+                    let other = dids
+                        .iter()
+                        .cycle()
+                        .skip(pos + 1)
+                        .take(dids.len())
+                        .filter(|d| *d != did)
+                        .find_map(|d| net.accounts.get(d).and_then(|a| a.repo.clone()));
+                    match other {
+                        Some(o) => {
+                            tampered.insert(did.clone(), o);
+                        }
+                        None => {
+                            failed = Some(SimError::Tamper {
+                                did: did.clone(),
+                                source: crate::tamper::TamperError::new(
+                                    "no other repository to serve instead",
+                                ),
+                            })
+                        }
+                    }
+                    continue;
+                }
+                _ => continue,
+            };
+            match broken {
+                Ok(b) => {
+                    tampered.insert(did.clone(), Bytes::from(b));
+                }
+                Err(source) => {
+                    failed = Some(SimError::Tamper {
+                        did: did.clone(),
+                        source,
+                    })
+                }
+            }
+        }
+        let as_of_seq = match (&relay, net.as_of_frame) {
+            (Some(r), Some(k)) => {
+                let left_out = r.left_out().iter().filter(|&&p| (p as u64) < k).count() as u64;
+                Some(r.config().first_seq + k.saturating_sub(left_out) - 1)
+            }
+            _ => None,
+        };
+        let sim = Sim {
             shared: Arc::new(Shared {
                 net,
-                base: base_url.into().trim_end_matches('/').to_owned(),
+                base,
                 faults: Mutex::new(faults),
                 seen: AtomicU64::new(0),
                 counters: Counters::default(),
                 relay,
+                plan,
+                config,
+                hosts,
+                tampered,
+                collections: tokio::sync::OnceCell::new(),
+                as_of_seq,
             }),
+        };
+        match failed {
+            Some(e) => Err((sim, e)),
+            None => Ok(sim),
         }
+    }
+
+    /// Binds the simulator's own address `addr` (PLC directory, relay, `listHosts`, the
+    /// relay's `listRepos`/`getRepo`) and, when `plan.hosts` > 1, one loopback port per PDS host
+    /// (an offline host's port is bound and closed again, so connections to it are refused).
+    /// With one host the simulator's own address is the PDS, as with [`Sim::bind_with`].
+    pub async fn bind_network(
+        net: Network,
+        addr: SocketAddr,
+        faults: Faults,
+        relay: RelayConfig,
+        plan: PlanConfig,
+    ) -> Result<(Sim, Listeners), SimError> {
+        let bind_err = |addr: SocketAddr| {
+            move |source| SimError::Bind {
+                addr: addr.to_string(),
+                source,
+            }
+        };
+        let dids = net.repo_dids();
+        let spared: Vec<String> = net.huge.iter().map(|h| h.account.did.clone()).collect();
+        // With one host every repository is served as before; with more, the accounts the
+        // stream deactivated answer as a PDS does.
+        let deactivated: &[String] = if plan.hosts > 1 {
+            &net.deactivated
+        } else {
+            &[]
+        };
+        let decided = Plan::new(&plan, &dids, deactivated, &spared)?;
+        let relay = Sim::start_relay(&net, relay);
+        let main = TcpListener::bind(addr).await.map_err(bind_err(addr))?;
+        let local = main.local_addr().map_err(bind_err(addr))?;
+        let ip = if local.ip().is_unspecified() {
+            std::net::IpAddr::from([127, 0, 0, 1])
+        } else {
+            local.ip()
+        };
+        let base = format!("http://{}", SocketAddr::new(ip, local.port()));
+        let mut urls = vec![];
+        let mut hosts = vec![];
+        if plan.hosts > 1 {
+            for h in 0..plan.hosts {
+                let at = SocketAddr::new(ip, 0);
+                let l = TcpListener::bind(at).await.map_err(bind_err(at))?;
+                let a = l.local_addr().map_err(bind_err(at))?;
+                urls.push(format!("http://{a}"));
+                let offline = decided.host_faults[h] == Some(HostFault::Offline);
+                hosts.push((!offline).then_some(l));
+            }
+        } else {
+            urls.push(base.clone());
+        }
+        let sim = Sim::build(net, base, faults, relay, decided, plan, urls).map_err(|(_, e)| e)?;
+        Ok((sim, Listeners { main, hosts }))
+    }
+
+    /// Serves every listener of [`Sim::bind_network`] until one fails or the task is dropped.
+    pub async fn serve_network(self, listeners: Listeners) -> std::io::Result<()> {
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, l) in listeners.hosts.into_iter().enumerate() {
+            if let Some(l) = l {
+                tasks.spawn(serve_router(l, self.host_router(i)));
+            }
+        }
+        tasks.spawn(serve_router(listeners.main, self.router()));
+        match tasks.join_next().await {
+            Some(Ok(r)) => r,
+            Some(Err(e)) => Err(std::io::Error::other(e)),
+            None => Ok(()),
+        }
+    }
+
+    /// [`Sim::bind_network`], then served on spawned tasks (stopped when the handle drops).
+    pub async fn spawn_network(
+        net: Network,
+        addr: SocketAddr,
+        faults: Faults,
+        relay: RelayConfig,
+        plan: PlanConfig,
+    ) -> Result<SimHandle, SimError> {
+        let (sim, listeners) = Sim::bind_network(net, addr, faults, relay, plan).await?;
+        let local = listeners
+            .main
+            .local_addr()
+            .map_err(|source| SimError::Bind {
+                addr: addr.to_string(),
+                source,
+            })?;
+        let mut hosts = Vec::new();
+        for (i, l) in listeners.hosts.into_iter().enumerate() {
+            if let Some(l) = l {
+                hosts.push(tokio::spawn(serve_router(l, sim.host_router(i))));
+            }
+        }
+        let task = tokio::spawn(serve_router(listeners.main, sim.router()));
+        Ok(SimHandle {
+            addr: local,
+            sim,
+            task,
+            hosts,
+        })
+    }
+
+    /// The PDS hosts' base URLs, by index (with one host, the simulator's own).
+    pub fn host_urls(&self) -> Vec<String> {
+        self.shared.hosts.iter().map(|h| h.url.clone()).collect()
+    }
+
+    /// The manifest: hosts, limits, faults (see [`crate::manifest`](crate) in the crate docs).
+    pub fn manifest(&self) -> Value {
+        pds::manifest(&self.shared)
+    }
+
+    /// Per-host counters (requests, 429s, injected errors) as JSON (`GET /_sim/stats`).
+    pub fn stats(&self) -> Value {
+        pds::stats(&self.shared)
+    }
+
+    /// The relay seq the repositories are as of (`repos.json`), if known.
+    pub fn repos_as_of_seq(&self) -> Option<u64> {
+        self.shared.as_of_seq
     }
 
     /// A relay for the network's frames ([`Network::frames`]; those it cannot serve are left
@@ -195,7 +450,7 @@ impl Sim {
 
     /// Serves on `listener` until the task is dropped or the listener fails.
     pub async fn serve(self, listener: TcpListener) -> std::io::Result<()> {
-        axum::serve(listener, self.router()).await
+        serve_router(listener, self.router()).await
     }
 
     /// [`Sim::bind`], then [`Sim::serve`] on a spawned task (stopped when the handle drops).
@@ -211,6 +466,7 @@ impl Sim {
             addr: local,
             sim,
             task,
+            hosts: Vec::new(),
         })
     }
 
@@ -258,18 +514,52 @@ impl Sim {
     /// The routes, with the fault layer. Other services (a relay) can be merged into it.
     pub fn router(&self) -> Router {
         let st = Arc::clone(&self.shared);
+        // With one host the simulator's own address is that PDS (limits and all); with more,
+        // it is the relay, whose `listRepos`/`getRepo` cover every account.
+        let host = (st.hosts.len() == 1).then_some(0);
+        let pds = pds::pds_routes(&st, host)
+            .route("/xrpc/com.atproto.sync.listHosts", get(pds::list_hosts))
+            .route(
+                "/xrpc/com.atproto.sync.listReposByCollection",
+                get(pds::list_repos_by_collection),
+            )
+            .with_state(pds::Ctx {
+                st: Arc::clone(&st),
+                host,
+            });
         Router::new()
-            .route("/xrpc/com.atproto.sync.getRepo", get(get_repo))
-            .route("/xrpc/com.atproto.sync.listRepos", get(list_repos))
-            .route("/xrpc/com.atproto.repo.describeRepo", get(describe_repo))
+            .merge(pds)
             .route(riptide_relay::SUBSCRIBE_PATH, get(subscribe_repos))
             .route("/.well-known/atproto-did", get(well_known_host))
             .route("/{handle}/.well-known/atproto-did", get(well_known_path))
             .route("/{did}", get(plc))
             .layer(middleware::from_fn_with_state(Arc::clone(&st), fault_layer))
             .route("/_sim/faults", get(get_faults).post(set_faults))
+            .route("/_sim/manifest", get(pds::get_manifest))
+            .route("/_sim/stats", get(pds::get_stats))
             .with_state(st)
     }
+
+    /// The routes of PDS host `index` (`getRepo`, `listRepos`, `describeRepo`,
+    /// `describeServer`), with its limits and faults, under the simulator's fault layer.
+    pub fn host_router(&self, index: usize) -> Router {
+        let st = Arc::clone(&self.shared);
+        pds::pds_routes(&st, Some(index))
+            .with_state(pds::Ctx {
+                st: Arc::clone(&st),
+                host: Some(index),
+            })
+            .layer(middleware::from_fn_with_state(Arc::clone(&st), fault_layer))
+    }
+}
+
+/// Serves `router` with each connection's peer address (the rate limits are per client IP).
+async fn serve_router(listener: TcpListener, router: Router) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await
 }
 
 async fn fault_layer(State(st): State<Arc<Shared>>, req: Request, next: Next) -> Response {
@@ -313,6 +603,15 @@ async fn fault_layer(State(st): State<Arc<Shared>>, req: Request, next: Next) ->
         Action::Drop => {
             st.counters.drops_injected.fetch_add(1, Ordering::Relaxed);
             let (mut parts, body) = next.run(req).await.into_parts();
+            let announced = parts
+                .headers
+                .get(header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            if let Some(len) = announced {
+                // A streamed body (a repository generated as it is sent may be gigabytes): pass
+                // the first half through as it comes, then fail, holding nothing.
+                return Response::from_parts(parts, cut_stream(body, len / 2));
+            }
             let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
                 return xrpc_error(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -325,14 +624,44 @@ async fn fault_layer(State(st): State<Arc<Shared>>, req: Request, next: Next) ->
             parts
                 .headers
                 .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-            let half = bytes.slice(..bytes.len() / 2);
-            let chunks: [Result<bytes::Bytes, std::io::Error>; 2] = [
-                Ok(half),
-                Err(std::io::Error::other("sim: injected connection drop")),
-            ];
-            Response::from_parts(parts, Body::from_stream(futures_util::stream::iter(chunks)))
+            let half = bytes.len() as u64 / 2;
+            Response::from_parts(parts, cut_stream(Body::from(bytes), half))
         }
     }
+}
+
+/// `body`'s first `keep` bytes, then an error (hyper drops the connection).
+fn cut_stream(body: Body, keep: u64) -> Body {
+    use futures_util::StreamExt;
+    let cut = body
+        .into_data_stream()
+        .map(|r| r.map_err(std::io::Error::other))
+        .chain(futures_util::stream::once(async {
+            Err(std::io::Error::other("sim: injected connection drop"))
+        }))
+        .scan(keep, |left, item| {
+            let out = match item {
+                Ok(_) if *left == 0 => {
+                    Some(Err(std::io::Error::other("sim: injected connection drop")))
+                }
+                Ok(mut b) => {
+                    if b.len() as u64 > *left {
+                        b.truncate(*left as usize);
+                    }
+                    *left -= b.len() as u64;
+                    Some(Ok(b))
+                }
+                Err(e) => Some(Err(e)),
+            };
+            std::future::ready(out)
+        });
+    // Stop after the first error: nothing follows a dropped connection.
+    let mut failed = false;
+    Body::from_stream(cut.take_while(move |r| {
+        let go = !failed;
+        failed |= r.is_err();
+        std::future::ready(go)
+    }))
 }
 
 async fn get_faults(State(st): State<Arc<Shared>>) -> Json<Faults> {
@@ -352,8 +681,8 @@ impl Shared {
     }
 }
 
-/// The document with its `#atproto_pds` endpoint pointed at the simulator.
-fn rewritten(doc: &Value, base: &str) -> Value {
+/// The document with its `#atproto_pds` endpoint pointed at the account's host.
+pub(crate) fn rewritten(doc: &Value, base: &str) -> Value {
     let mut doc = doc.clone();
     if let Some(Value::Array(services)) = doc.get_mut("service") {
         for s in services {
@@ -374,7 +703,7 @@ fn rewritten(doc: &Value, base: &str) -> Value {
 async fn plc(State(st): State<Arc<Shared>>, Path(did): Path<String>) -> Response {
     st.counters.plc.fetch_add(1, Ordering::Relaxed);
     match st.net.accounts.get(&did).filter(|a| !a.doc.is_null()) {
-        Some(a) => Json(rewritten(&a.doc, &st.base)).into_response(),
+        Some(a) => Json(rewritten(&a.doc, st.pds_of(&did))).into_response(),
         None => (
             StatusCode::NOT_FOUND,
             Json(json!({"message": format!("DID not registered: {did}")})),
@@ -403,115 +732,6 @@ async fn well_known_host(State(st): State<Arc<Shared>>, headers: HeaderMap) -> R
 
 async fn well_known_path(State(st): State<Arc<Shared>>, Path(handle): Path<String>) -> Response {
     well_known(&st, &handle)
-}
-
-#[derive(Deserialize)]
-struct DidQuery {
-    did: Option<String>,
-}
-
-async fn get_repo(State(st): State<Arc<Shared>>, Query(q): Query<DidQuery>) -> Response {
-    st.counters.get_repo.fetch_add(1, Ordering::Relaxed);
-    let Some(did) = q.did else {
-        return xrpc_error(StatusCode::BAD_REQUEST, "InvalidRequest", "missing did");
-    };
-    match st.net.accounts.get(&did).and_then(|a| a.repo.clone()) {
-        Some(car) => ([(header::CONTENT_TYPE, "application/vnd.ipld.car")], car).into_response(),
-        None => xrpc_error(
-            StatusCode::BAD_REQUEST,
-            "RepoNotFound",
-            format!("Could not find repo for DID: {did}"),
-        ),
-    }
-}
-
-#[derive(Deserialize)]
-struct ListQuery {
-    limit: Option<usize>,
-    cursor: Option<String>,
-}
-
-async fn list_repos(State(st): State<Arc<Shared>>, Query(q): Query<ListQuery>) -> Response {
-    st.counters.list_repos.fetch_add(1, Ordering::Relaxed);
-    let limit = q.limit.unwrap_or(500).clamp(1, 1000);
-    let start = q.cursor.unwrap_or_default();
-    let mut repos = Vec::new();
-    let mut last = None;
-    let after = st.net.accounts.range::<String, _>((
-        std::ops::Bound::Excluded(&start),
-        std::ops::Bound::Unbounded,
-    ));
-    for (did, a) in after.filter(|(_, a)| a.repo.is_some()) {
-        if repos.len() == limit {
-            break;
-        }
-        let (head, rev) = a.head.clone().unwrap_or_default();
-        repos.push(json!({"did": did, "head": head, "rev": rev, "active": true}));
-        last = Some(did.clone());
-    }
-    // A full page may have more after it: give the cursor to ask for them.
-    let full = repos.len() == limit;
-    let mut out = json!({ "repos": repos });
-    if full {
-        out["cursor"] = json!(last);
-    }
-    Json(out).into_response()
-}
-
-#[derive(Deserialize)]
-struct RepoQuery {
-    repo: Option<String>,
-}
-
-async fn describe_repo(State(st): State<Arc<Shared>>, Query(q): Query<RepoQuery>) -> Response {
-    st.counters.describe_repo.fetch_add(1, Ordering::Relaxed);
-    let Some(repo) = q.repo else {
-        return xrpc_error(StatusCode::BAD_REQUEST, "InvalidRequest", "missing repo");
-    };
-    let did = if repo.starts_with("did:") {
-        Some(repo.as_str())
-    } else {
-        st.net.did_of_handle(&repo)
-    };
-    let Some(a) = did
-        .and_then(|d| st.net.accounts.get(d))
-        .filter(|a| a.repo.is_some())
-    else {
-        return xrpc_error(
-            StatusCode::BAD_REQUEST,
-            "RepoNotFound",
-            format!("Could not find repo: {repo}"),
-        );
-    };
-    let car = a.repo.clone().unwrap_or_default();
-    // Listing walks the whole MST: off the async threads.
-    let collections = tokio::task::spawn_blocking(move || {
-        let mut reader = riptide_car::CarReader::new();
-        let opts = riptide_car::CarOptions {
-            verify: false,
-            ..riptide_car::CarOptions::repository()
-        };
-        let car = reader.read(&car, &opts).ok()?;
-        let records = riptide_repo::list_records(&car).ok()?;
-        let mut cols: Vec<String> = records
-            .iter()
-            .filter_map(|(k, _)| k.split_once('/').map(|(c, _)| c.to_owned()))
-            .collect();
-        cols.dedup();
-        Some(cols)
-    })
-    .await
-    .ok()
-    .flatten()
-    .unwrap_or_default();
-    Json(json!({
-        "handle": a.handle.clone().unwrap_or_else(|| "handle.invalid".to_owned()),
-        "did": a.did,
-        "didDoc": rewritten(&a.doc, &st.base),
-        "collections": collections,
-        "handleIsCorrect": a.handle.is_some(),
-    }))
-    .into_response()
 }
 
 /// Whether a request asks for a WebSocket upgrade.

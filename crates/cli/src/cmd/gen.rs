@@ -1,5 +1,6 @@
 //! `riptide gen --seed S --accounts N --events M --out DIR [--big-repo RECORDS]
-//! [--adversarial RATE]` (a contract), plus `--repos` and `--threads`: a synthetic network,
+//! [--adversarial RATE]` (a contract), plus `--repos [--repos-at K]`, `--sizes ranked|heavy
+//! [--size-max N]` and `--threads`: a synthetic network,
 //! deterministic from its arguments (`riptide-gen`; layout in its crate docs and the README).
 //!
 //! Prints what was written and the rate on stderr; exit 2 on a bad argument or I/O error.
@@ -38,6 +39,24 @@ pub struct Args {
     /// (output identical for any count).
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// Starting repository sizes: `ranked` (50 to 6,000 records by activity rank, the default)
+    /// or `heavy` (heavy-tailed as the network's: median ≈ 50 records, one in ≈ 500 with 100k+,
+    /// capped at `--size-max`).
+    #[arg(long, value_enum, default_value_t = SizesArg::Ranked)]
+    sizes: SizesArg,
+    /// With `--sizes heavy`: the largest repository, in records.
+    #[arg(long, default_value_t = 250_000)]
+    size_max: usize,
+    /// With `--repos`: export the repositories after frame K instead of at the end (the rest of
+    /// the stream is the live tail after them; DIR/repos.json says K).
+    #[arg(long, value_name = "K", requires = "repos")]
+    repos_at: Option<u64>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum SizesArg {
+    Ranked,
+    Heavy,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
@@ -50,6 +69,22 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     cfg.keep_records = a.repos;
     cfg.big_repo = a.big_repo;
     cfg.threads = a.threads.max(1);
+    cfg.repos_at = a.repos_at;
+    if a.sizes == SizesArg::Heavy {
+        let riptide_gen::network::Sizes::Heavy { min, alpha, .. } =
+            riptide_gen::network::Sizes::HEAVY
+        else {
+            bail!("internal: the heavy defaults are not heavy");
+        };
+        if a.size_max < min {
+            bail!("--size-max must be at least {min}");
+        }
+        cfg.sizes = riptide_gen::network::Sizes::Heavy {
+            min,
+            alpha,
+            max: a.size_max,
+        };
+    }
     let start = Instant::now();
     let s =
         write_dir(&cfg, &a.out).with_context(|| format!("generating into {}", a.out.display()))?;

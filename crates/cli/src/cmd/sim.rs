@@ -16,6 +16,14 @@
 //! "relay_drop_after","relay_error_after","relay_frame_delay_ms","rate_limit_every",
 //! "rate_limit_retry_after"}`).
 //!
+//! Hosts (issue 37): `--hosts N` serves N PDS hosts, each on its own loopback port (accounts
+//! split by `--host-share` and `--seed`: one large host, a long tail), listed by the relay's
+//! `com.atproto.sync.listHosts` on the base URL; per-host limits per client IP
+//! (`--limit-get-repo`, `--limit-list-repos`: 20 and 10 per second with `--hosts` > 1);
+//! `--host-faults KIND=N,…`, `--repo-faults KIND=N,…`, `--trickle-bytes-per-sec`;
+//! `--huge-repo-bytes` for one repository streamed as it is generated; `--manifest FILE` writes
+//! what went where (also `GET /_sim/manifest`; counters at `GET /_sim/stats`).
+//!
 //! Prints the base URL on stdout (one line, flushed: a test with `--listen 127.0.0.1:0` reads the
 //! port from it) and the relay URL on stderr, then serves until interrupted.
 
@@ -27,7 +35,8 @@ use std::sync::atomic::Ordering;
 
 use anyhow::Context;
 use riptide_relay::RelayConfig;
-use riptide_sim::{Faults, Network, Sim};
+use riptide_sim::plan::parse_counts;
+use riptide_sim::{Faults, Network, PlanConfig, Sim};
 
 use crate::out;
 
@@ -69,10 +78,80 @@ pub struct Args {
     /// Relay: repeat the stream forever, seqs still increasing.
     #[arg(long)]
     relay_loop: bool,
+    /// PDS hosts, each on its own loopback port (1: this address is the one PDS, as before).
+    #[arg(long, default_value_t = 1)]
+    hosts: usize,
+    /// Share of the accounts on host 0 (the rest spread over hosts 1… with weights 1/k).
+    #[arg(long, default_value_t = riptide_gen::hosts::DEFAULT_SHARE)]
+    host_share: f64,
+    /// Seed of the host split and of which hosts and repositories get the faults.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// getRepo requests per second per client IP per host (0: off). Default: 20 with
+    /// `--hosts` > 1, off with one host (as before).
+    #[arg(long)]
+    limit_get_repo: Option<u32>,
+    /// listRepos requests per second per client IP per host (0: off). Default: 10 with
+    /// `--hosts` > 1, off with one host.
+    #[arg(long)]
+    limit_list_repos: Option<u32>,
+    /// Host faults, `KIND=COUNT,…` (offline, 5xx, trickle); never host 0.
+    #[arg(long, default_value = "")]
+    host_faults: String,
+    /// Repository faults, `KIND=COUNT,…` (cut-at-block, other-did, bad-signature,
+    /// missing-block, 5xx, trickle, deactivated, takendown).
+    #[arg(long, default_value = "")]
+    repo_faults: String,
+    /// Bytes per second of a trickling body.
+    #[arg(long, default_value_t = 2048)]
+    trickle_bytes_per_sec: u64,
+    /// Also serve one repository of about this many bytes, generated as it is sent (never held
+    /// in memory), for an extra account (on the host the split gives it; never faulty).
+    #[arg(long, value_name = "BYTES")]
+    huge_repo_bytes: Option<u64>,
+    /// The text size of each record of that repository.
+    #[arg(long, default_value_t = riptide_gen::huge_repo::DEFAULT_RECORD_BYTES)]
+    huge_repo_record_bytes: usize,
+    /// Write the manifest (hosts, limits, faults; also at GET /_sim/manifest) to this file.
+    #[arg(long)]
+    manifest: Option<PathBuf>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
-    let net = Network::load(&a.from).with_context(|| format!("loading {}", a.from.display()))?;
+    // Arguments first: a bad one is said before a large network is loaded.
+    anyhow::ensure!(a.hosts >= 1, "--hosts must be at least 1");
+    anyhow::ensure!(
+        (0.0..=1.0).contains(&a.host_share),
+        "--host-share is a share from 0 to 1"
+    );
+    anyhow::ensure!(
+        a.trickle_bytes_per_sec > 0,
+        "--trickle-bytes-per-sec must be positive"
+    );
+    let many = a.hosts > 1;
+    let plan = PlanConfig {
+        hosts: a.hosts,
+        host_share: a.host_share,
+        seed: a.seed,
+        get_repo_per_sec: a.limit_get_repo.unwrap_or(if many { 20 } else { 0 }),
+        list_repos_per_sec: a.limit_list_repos.unwrap_or(if many { 10 } else { 0 }),
+        host_faults: parse_counts(&a.host_faults).context("--host-faults")?,
+        repo_faults: parse_counts(&a.repo_faults).context("--repo-faults")?,
+        trickle_bytes_per_sec: a.trickle_bytes_per_sec,
+    };
+    let mut net =
+        Network::load(&a.from).with_context(|| format!("loading {}", a.from.display()))?;
+    if let Some(bytes) = a.huge_repo_bytes {
+        let huge = riptide_gen::HugeRepo::new(a.seed, bytes, a.huge_repo_record_bytes)
+            .context("generating the huge repository")?;
+        eprintln!(
+            "riptide sim: huge repository {} of {} bytes, {} records (streamed on demand)",
+            huge.account.did,
+            huge.car_len(),
+            huge.records()
+        );
+        net.set_huge_repo(huge)?;
+    }
     let faults = Faults {
         error_every: a.fault_5xx_every,
         drop_every: a.fault_drop_every,
@@ -97,9 +176,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let (sim, listener) = Sim::bind_with(net, a.listen, faults, relay)
+        let (sim, listeners) = Sim::bind_network(net, a.listen, faults, relay, plan)
             .await
-            .with_context(|| format!("binding {}", a.listen))?;
+            .with_context(|| format!("starting on {}", a.listen))?;
+        let manifest = sim.manifest();
+        if let Some(path) = &a.manifest {
+            std::fs::write(path, serde_json::to_vec_pretty(&manifest)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
         let accounts = sim.network().accounts().count();
         let repos = sim
             .network()
@@ -130,9 +214,35 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             }
             None => eprintln!("riptide sim: no firehose-frames.bin, no relay"),
         }
+        if many {
+            for h in manifest["hosts"].as_array().into_iter().flatten() {
+                eprintln!(
+                    "riptide sim: host {} at {}: {} accounts{}",
+                    h["index"],
+                    h["url"].as_str().unwrap_or_default(),
+                    h["accounts"],
+                    h["fault"]
+                        .as_str()
+                        .map(|f| format!(", fault {f}"))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        let faults = manifest["faults"].as_array().map_or(0, Vec::len);
+        if faults > 0 {
+            eprintln!("riptide sim: {faults} faulty repositories (see the manifest)");
+        }
+        if let Some(seq) = sim.repos_as_of_seq() {
+            eprintln!("riptide sim: repositories are as of relay seq {seq}");
+        }
+        let stats_sim = sim.clone();
         tokio::select! {
-            r = sim.serve(listener) => r.context("serving")?,
+            r = sim.serve_network(listeners) => r.context("serving")?,
             _ = tokio::signal::ctrl_c() => eprintln!("riptide sim: interrupted"),
+        }
+        let stats = stats_sim.stats();
+        if stats["rate_limited"].as_u64().unwrap_or(0) > 0 {
+            eprintln!("riptide sim: 429s served per host: {}", stats["hosts"]);
         }
         Ok(ExitCode::SUCCESS)
     })
