@@ -267,6 +267,10 @@ struct Seqs {
     recent: Recent,
     /// What was said about garbage (module docs, "Garbage").
     garbage: Throttle,
+    /// Tape storage for reading frames' `time` below the cursor (and, when resolving, their
+    /// DIDs), kept here with the loop's state so a relay replaying a long stretch below our
+    /// cursor costs no allocation per frame.
+    arena: Arena,
 }
 
 /// The fingerprints (xxh3 of the bytes) of the last [`Recent::CAP`] frames handed on, by seq:
@@ -523,7 +527,7 @@ fn sequenced(seq: u64, ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) ->
             "following the relay's numbering from seq {seq}"
         );
     } else if below {
-        let t = frame_time_us(&mut Arena::new(), &ev.bytes);
+        let t = frame_time_us(&mut seqs.arena, &ev.bytes);
         if t.is_some_and(|t| t > seqs.fresh_us.saturating_add(seqs.slack_us)) {
             reset = true;
             metrics.upstream_cursor_recoveries[1].fetch_add(1, Relaxed);
@@ -613,7 +617,6 @@ async fn forward_resolving(
     resume: &std::sync::Mutex<Option<Option<u64>>>,
     tx: &mpsc::Sender<Upstream>,
 ) {
-    let mut arena = Arena::new();
     let mut pending: FuturesOrdered<BoxFuture<'static, Upstream>> = FuturesOrdered::new();
     let depth = cfg.lookahead.max(1);
     let mut open = true;
@@ -635,7 +638,7 @@ async fn forward_resolving(
                 if reset {
                     pending.push_back(std::future::ready(Upstream::CursorReset(seq)).boxed());
                 }
-                let p = peek(&mut arena, &bytes);
+                let p = peek(&mut seqs.arena, &bytes);
                 let did = p.did.map(str::to_owned);
                 if p.kind == "identity" {
                     if let Some(d) = &did {
