@@ -143,8 +143,8 @@ fn main() -> ExitCode {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Dict(d) => cmd::dict::run(d),
         Command::Store(c) => cmd::store::run(c),
-        Command::Completions(a) => cmd::docs::completions(a, Cli::command()),
-        Command::Man(a) => cmd::docs::man(a, Cli::command()),
+        Command::Completions(a) => cmd::docs::completions(a, command()),
+        Command::Man(a) => cmd::docs::man(a, command()),
         Command::Mutate(a) => cmd::mutate::run(a),
     };
     match result {
@@ -159,9 +159,15 @@ fn main() -> ExitCode {
     }
 }
 
+/// The command line's definition: the derived one, with every `serve` flag also read from its
+/// `RIPTIDE_*` environment variable (`cmd::config`, "Environment").
+fn command() -> clap::Command {
+    Cli::command().mut_subcommand("serve", cmd::config::with_env)
+}
+
 /// Parses the command line (`cmd::config` adds a `serve --config` file's settings first).
 fn parse_args(argv: &[std::ffi::OsString]) -> Result<(Cli, clap::ArgMatches), clap::Error> {
-    let matches = Cli::command().try_get_matches_from(argv)?;
+    let matches = command().try_get_matches_from(argv)?;
     let cli = Cli::from_arg_matches(&matches)?;
     Ok((cli, matches))
 }

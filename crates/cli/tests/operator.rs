@@ -510,6 +510,65 @@ fn the_example_config_covers_every_serve_flag_and_parses() {
     assert!(err.contains("no-dictionary.zdict"), "{err}");
 }
 
+/// Issue 39: every `serve` flag is also `RIPTIDE_<FLAG>`, shown in `--help`; the command line
+/// wins over the environment, and the environment over a `--config` file.
+#[test]
+fn serve_flags_are_read_from_riptide_environment_variables() {
+    let out = riptide(&["serve", "--help"]);
+    let help = String::from_utf8(out.stdout).unwrap();
+    let flags = serve_flags();
+    assert!(flags.len() >= 10, "{flags:?}");
+    for f in flags.iter().map(String::as_str).chain(["config"]) {
+        let var = format!("RIPTIDE_{}", f.to_uppercase().replace('-', "_"));
+        assert!(help.contains(&format!("[env: {var}=")), "--{f}: {help}");
+    }
+    let Some(cap) = capture() else { return };
+    let tmp = scratch();
+    let data = tmp.path().join("from-env");
+    let file_data = tmp.path().join("from-file");
+    let cfg = config(&tmp, &format!("data = {file_data:?}\n"));
+    // A port held here: were the environment's `--listen` taken over the command line's, the
+    // server could not start.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // No key source and a PLC that refuses: only `RIPTIDE_NO_VERIFY=1` lets every frame in.
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let plc = format!("http://{}", refused.local_addr().unwrap());
+    drop(refused);
+    let (_serve, addr) = common::spawn_serve(
+        Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("RIPTIDE_CONFIG", &cfg)
+            .env("RIPTIDE_DATA", &data)
+            .env("RIPTIDE_LISTEN", held.local_addr().unwrap().to_string())
+            .env("RIPTIDE_INGEST_FILE", cap.join("firehose-frames.bin"))
+            .env("RIPTIDE_PLC_URL", &plc)
+            .env("RIPTIDE_NO_VERIFY", "1")
+            .env("RUST_LOG", "warn"),
+    );
+    assert_ne!(addr, held.local_addr().unwrap().to_string());
+    common::wait_for(&addr, "riptide_events_stored_total", 152.0);
+    assert!(
+        data.join("riptide.lock").exists(),
+        "the store is in RIPTIDE_DATA's directory"
+    );
+    assert!(
+        !file_data.exists(),
+        "the config file's data lost to RIPTIDE_DATA"
+    );
+    // A value the flag's parser refuses is refused from the environment too, naming it.
+    let out = Command::new(BIN)
+        .args(["serve"])
+        .env("RIPTIDE_MAX_CONNECTIONS", "0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("refuse every connection") && err.contains("--max-connections"),
+        "{err}"
+    );
+}
+
 /// `riptide serve` on the capture with `flags`, killed once it printed its URL; its stderr.
 fn serve_stderr(cap: &Path, flags: &[&str]) -> String {
     let tmp = scratch();
