@@ -36,7 +36,8 @@ const VERSION: &str = concat!(
     version = VERSION,
     about = "The AT Protocol event stream, decoded and verified",
     after_help = "Logs go to stderr: -v/-q move the level one step (RUST_LOG, when set, is used instead). \
-                  Colour only on a terminal, never with NO_COLOR set. A FILE argument of - reads stdin."
+                  Colour only on a terminal, never with NO_COLOR set; --log-format json writes one JSON object a line. \
+                  A FILE argument of - reads stdin."
 )]
 struct Cli {
     /// More log output (repeat for more); RUST_LOG overrides.
@@ -45,6 +46,9 @@ struct Cli {
     /// Less log output (repeat for less); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "verbose")]
     quiet: u8,
+    /// Log lines as text, or one JSON object per line (for log shippers).
+    #[arg(long, global = true, value_enum, value_name = "FORMAT", default_value_t = log::Format::Text, env = "RIPTIDE_LOG_FORMAT")]
+    log_format: log::Format,
     #[command(subcommand)]
     command: Command,
 }
@@ -115,6 +119,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     log::set_verbosity(cli.verbose, cli.quiet);
+    log::set_format(cli.log_format);
     log::init(match cli.command {
         Command::Serve(_) => "info",
         Command::Demo(_) => "error",
@@ -153,7 +158,7 @@ fn main() -> ExitCode {
             if out::is_broken_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("riptide: {}", log::error_text(&e));
+            log::fatal(&log::error_text(&e));
             ExitCode::from(2)
         }
     }

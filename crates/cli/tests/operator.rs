@@ -588,6 +588,57 @@ fn serve_stderr(cap: &Path, flags: &[&str]) -> String {
     std::fs::read_to_string(&log).unwrap()
 }
 
+/// Issue 39: `--log-format json` (for log shippers) writes one JSON object per line, with the
+/// event's fields beside `timestamp`, `level`, `target` and `message`; the error a command ends
+/// with is such a line too.
+#[test]
+fn json_logs_are_one_object_per_line_with_the_fields() {
+    let Some(cap) = capture() else { return };
+    let logs = serve_stderr(&cap, &["--log-format", "json"]);
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
+        .collect();
+    let find = |start: &str| {
+        lines
+            .iter()
+            .find(|v| v["message"].as_str().is_some_and(|m| m.starts_with(start)))
+            .unwrap_or_else(|| panic!("no {start:?} line in {logs}"))
+    };
+    let serving = find("serving ws://127.0.0.1:");
+    assert_eq!(serving["level"], "INFO");
+    assert_eq!(serving["target"], "riptide::cmd::serve");
+    assert!(
+        serving["max_connections"].as_u64().is_some_and(|n| n > 0),
+        "{serving}"
+    );
+    assert!(
+        serving["per_ip"].as_u64().is_some_and(|n| n > 0),
+        "{serving}"
+    );
+    let t = serving["timestamp"].as_str().unwrap();
+    assert!(t.starts_with("20") && t.ends_with('Z'), "{t}");
+    let store = find("store open");
+    assert_eq!(store["next_seq"], 1);
+    assert!(store["data"].as_str().unwrap().ends_with("data"), "{store}");
+    assert!(!logs.contains('\u{1b}'), "no colour in JSON: {logs:?}");
+    // The last error, as an object (RIPTIDE_LOG_FORMAT as well as the flag).
+    let out = Command::new(BIN)
+        .args(["decode", "no-such-file.bin"])
+        .env("RIPTIDE_LOG_FORMAT", "json")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    let v: serde_json::Value = serde_json::from_str(err.trim())
+        .unwrap_or_else(|e| panic!("not one JSON line ({e}): {err:?}"));
+    assert_eq!(v["level"], "ERROR");
+    assert!(
+        v["message"].as_str().unwrap().contains("no-such-file.bin"),
+        "{v}"
+    );
+}
+
 #[test]
 fn verbose_and_quiet_move_the_log_level_and_storage_lines_are_debug() {
     let Some(cap) = capture() else { return };

@@ -113,7 +113,9 @@ fn settings(path: &Path, on_command_line: impl Fn(&str) -> bool) -> anyhow::Resu
     let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
         anyhow::anyhow!("{}: not TOML: {}", path.display(), e.message())
     })?;
-    let cmd = crate::command();
+    // Built, so that the global flags (`--log-format`) are among serve's.
+    let mut cmd = crate::command();
+    cmd.build();
     let serve = cmd
         .find_subcommand("serve")
         .context("no serve subcommand")?;

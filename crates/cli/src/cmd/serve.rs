@@ -222,9 +222,12 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     // The first stdout line is the URL, as `relay` and `sim` print theirs (scripts read it); the
     // same on stderr, beside the log, for a person reading the terminal or a log file.
     println!("ws://{}/subscribe", running.addr);
-    eprintln!("riptide serve: ws://{}/subscribe", running.addr);
-    if let Some(m) = running.metrics_addr {
-        eprintln!("riptide serve: probes at http://{m}/metrics, /healthz, /readyz");
+    // With JSON logs, stderr is the log's alone (the log says both addresses already).
+    if !crate::log::json() {
+        eprintln!("riptide serve: ws://{}/subscribe", running.addr);
+        if let Some(m) = running.metrics_addr {
+            eprintln!("riptide serve: probes at http://{m}/metrics, /healthz, /readyz");
+        }
     }
     let addr = running.addr;
     match running.run_until(shutdown_signal()).await {
