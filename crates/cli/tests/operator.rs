@@ -639,6 +639,84 @@ fn json_logs_are_one_object_per_line_with_the_fields() {
     );
 }
 
+/// The status lines of a JSON log file so far.
+fn status_lines(log: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "status" && v["target"] == "riptide_serve::status")
+        .collect()
+}
+
+/// Issue 39: `serve` says a status line at INFO every `--status-interval` (a minute by
+/// default), so a quiet journal means a quiet network: the events of the lines add up to what
+/// was stored, the refusals to the non-ok verdicts of `/metrics`, and the last says the upstream
+/// seq `/metrics` says.
+#[test]
+fn serve_says_a_status_line_with_what_changed_since_the_last() {
+    let Some(cap) = capture() else { return };
+    let tmp = scratch();
+    let log = tmp.path().join("stderr.log");
+    let (_server, addr) = common::spawn_serve(
+        Command::new(BIN)
+            .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
+            .args(["--status-interval", "1s", "--data"])
+            .arg(tmp.path().join("data"))
+            .arg("--ingest-file")
+            .arg(cap.join("firehose-frames.bin"))
+            .arg("--did-docs")
+            .arg(cap.join("did_docs.json"))
+            .env_remove("RUST_LOG")
+            .stderr(std::fs::File::create(&log).unwrap()),
+    );
+    common::wait_for(&addr, "riptide_events_stored_total", 152.0);
+    let stored = common::metric(&addr, "riptide_events_stored_total") as u64;
+    // Every event stored is in one line's `events`; wait for the line that completes them.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let lines = loop {
+        let lines = status_lines(&log);
+        let said: u64 = lines.iter().map(|v| v["events"].as_u64().unwrap()).sum();
+        assert!(said <= stored, "{said} > {stored}: {lines:?}");
+        if said == stored {
+            break lines;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{said} of {stored} events said: {lines:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let metrics = common::metrics(&addr);
+    let not_ok: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("riptide_verdicts_total{") && !l.contains("\"ok\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    let refused: u64 = lines.iter().map(|v| v["refused"].as_u64().unwrap()).sum();
+    assert_eq!(refused, not_ok, "{lines:?}\n{metrics}");
+    let last = lines.last().unwrap();
+    assert_eq!(last["level"], "INFO");
+    assert_eq!(
+        last["upstream_seq"].as_u64().unwrap(),
+        common::metric(&addr, "riptide_upstream_seq") as u64
+    );
+    assert_eq!(last["subscribers_v1"], 0);
+    assert_eq!(last["subscribers_v2"], 0);
+    assert!(last["store_bytes"].as_u64().is_some(), "{last}");
+    assert!(last["events_per_s"].as_f64().is_some(), "{last}");
+    for field in [
+        "upstream_lag_s",
+        "duplicates",
+        "upstream_dropped",
+        "ops_dropped",
+        "subscribers_dropped",
+        "connections_refused",
+    ] {
+        assert!(last[field].is_number(), "{field}: {last}");
+    }
+}
+
 #[test]
 fn verbose_and_quiet_move_the_log_level_and_storage_lines_are_debug() {
     let Some(cap) = capture() else { return };
