@@ -677,17 +677,29 @@ fn answering(status: &'static str, body: &'static str) -> (String, Arc<AtomicUsi
     (url, n)
 }
 
+/// `riptide tail --WIRE URL --cursor CURSOR [--json]`, which must give up: exit 1, nothing on
+/// stdout, one line on stderr (returned).
+fn tail_gives_up(wire: &str, url: &str, cursor: &str) -> String {
+    let out = riptide(&["tail", wire, url, "--cursor", cursor, "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        out.stdout.is_empty(),
+        "no events: {:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let e = stderr(&out);
+    assert_eq!(e.lines().count(), 1, "one line: {e}");
+    e
+}
+
 /// Issue 39: a permanent error at the upgrade (a 4xx other than 408/429) ends `tail --jetstream`
 /// at once with exit 1 and one line giving the server's reason; it is not retried.
 #[test]
 fn tail_gives_up_on_a_4xx_with_one_line_and_exit_1() {
     let (url, connections) = answering("404 Not Found", "no such endpoint here");
     let start = Instant::now();
-    let out = riptide(&["tail", "--jetstream", &url, "--cursor", "0"]);
+    let e = tail_gives_up("--jetstream", &url, "0");
     assert!(start.elapsed() < PATIENCE);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let e = stderr(&out);
-    assert_eq!(e.lines().count(), 1, "one line: {e}");
     assert!(
         e.contains("404") && e.contains("no such endpoint here") && e.contains(&url[5..]),
         "{e}"
@@ -698,21 +710,12 @@ fn tail_gives_up_on_a_4xx_with_one_line_and_exit_1() {
         "400 Bad Request",
         r#"{"error":"InvalidRequest","message":"unknown kind"}"#,
     );
-    let out = riptide(&[
-        "tail",
-        "--jetstream",
-        &format!("{v2}/xrpc/network.bsky.jetstream.subscribeEvents"),
-        "--cursor",
-        "0",
-    ]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let e = stderr(&out);
-    assert_eq!(e.lines().count(), 1, "one line: {e}");
+    let v2 = format!("{v2}/xrpc/network.bsky.jetstream.subscribeEvents");
+    let e = tail_gives_up("--jetstream", &v2, "0");
     assert!(e.contains("InvalidRequest: unknown kind"), "{e}");
     let (relay, _) = answering("403 Forbidden", "not for you");
-    let out = riptide(&["tail", "--relay", &relay, "--cursor", "0"]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(stderr(&out).contains("403"), "{}", stderr(&out));
+    let e = tail_gives_up("--relay", &relay, "0");
+    assert!(e.contains("403") && e.contains("not for you"), "{e}");
 }
 
 /// A 5xx (and a 429) is the server's passing trouble: retried with backoff, said each time.
@@ -751,16 +754,7 @@ fn tail_gives_up_on_a_host_name_that_does_not_exist() {
             return;
         }
     }
-    let out = riptide(&[
-        "tail",
-        "--jetstream",
-        &format!("ws://{host}"),
-        "--cursor",
-        "0",
-    ]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let e = stderr(&out);
-    assert_eq!(e.lines().count(), 1, "one line: {e}");
+    let e = tail_gives_up("--jetstream", &format!("ws://{host}"), "0");
     assert!(
         e.contains("riptide-tail-test.invalid") && e.contains("does not resolve"),
         "{e}"
@@ -805,21 +799,6 @@ fn scripted_relay(scripts: Vec<Vec<Vec<u8>>>) -> String {
     url
 }
 
-/// An `#identity` frame with this seq.
-fn identity(seq: i64) -> Vec<u8> {
-    use riptide_cbor::{write_int, write_map_header, write_text};
-    let mut out = Vec::new();
-    riptide_firehose::encode::write_message_header(&mut out, "#identity");
-    write_map_header(&mut out, 3);
-    write_text(&mut out, "did");
-    write_text(&mut out, "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa");
-    write_text(&mut out, "seq");
-    write_int(&mut out, seq);
-    write_text(&mut out, "time");
-    write_text(&mut out, "2026-07-04T14:38:07.517Z");
-    out
-}
-
 /// Issue 39: `tail --relay --cursor` past the relay's head printed its `FutureCursor` error frame
 /// as an event and exited 0. An error frame is an error: `FutureCursor` (waiting will not change
 /// it) ends the run with exit 1 and one line; `ConsumerTooSlow` is said once on stderr, never
@@ -828,31 +807,33 @@ fn identity(seq: i64) -> Vec<u8> {
 fn tail_relay_error_frames_are_errors_not_events() {
     let future = riptide_firehose::encode::error_frame("FutureCursor", "Cursor in the future.");
     let url = scripted_relay(vec![vec![future]]);
-    let out = riptide(&["tail", "--relay", &url, "--cursor", "999999", "--json"]);
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(
-        out.stdout.is_empty(),
-        "not an event: {:?}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let e = stderr(&out);
-    assert_eq!(e.lines().count(), 1, "one line: {e}");
+    let e = tail_gives_up("--relay", &url, "999999");
     assert!(
         e.contains("FutureCursor") && e.contains("Cursor in the future.") && e.contains("999999"),
         "{e}"
     );
 
+    // Two real frames of the capture, the relay dropping us as too slow between them.
+    let Some(capture) = common::capture_dir() else {
+        return;
+    };
+    let file = std::fs::read(capture.join("firehose-frames.bin")).unwrap();
+    let frames = riptide_firehose::corpus::split_frames(&file).unwrap();
+    let (first, second) = (frames[0].bytes.to_vec(), frames[1].bytes.to_vec());
+    let mut dec = riptide_firehose::FrameDecoder::new();
+    let mut seq = |f: &[u8]| dec.decode(f).unwrap().body().seq().unwrap();
+    let want = [seq(&first), seq(&second)];
     let slow = riptide_firehose::encode::error_frame("ConsumerTooSlow", "you are too slow");
-    let url = scripted_relay(vec![vec![identity(5), slow], vec![identity(6)]]);
+    let url = scripted_relay(vec![vec![first, slow], vec![second]]);
     let out = riptide(&[
-        "tail", "--relay", &url, "--cursor", "4", "--json", "--count", "2",
+        "tail", "--relay", &url, "--cursor", "0", "--json", "--count", "2",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let seqs: Vec<i64> = common::json_lines(&out)
         .iter()
         .map(|v| v["seq"].as_i64().unwrap())
         .collect();
-    assert_eq!(seqs, [5, 6], "the error frame is not an event");
+    assert_eq!(seqs, want, "the error frame is not an event");
     let e = stderr(&out);
     assert_eq!(e.matches("ConsumerTooSlow").count(), 1, "said once: {e}");
     assert!(e.contains("you are too slow"), "{e}");

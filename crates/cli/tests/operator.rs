@@ -569,21 +569,27 @@ fn serve_flags_are_read_from_riptide_environment_variables() {
     );
 }
 
-/// `riptide serve` on the capture with `flags`, killed once it printed its URL; its stderr.
-fn serve_stderr(cap: &Path, flags: &[&str]) -> String {
-    let tmp = scratch();
-    let log = tmp.path().join("stderr.log");
+/// `riptide FLAGS serve` ingesting the capture (verified, with its documents) into `dir/data`,
+/// at the default log level, its stderr written to `log`; the caller may add `serve` flags.
+fn capture_serve(cap: &Path, dir: &Path, flags: &[&str], log: &Path) -> Command {
     let mut cmd = Command::new(BIN);
     cmd.args(flags)
         .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-        .arg(tmp.path().join("data"))
+        .arg(dir.join("data"))
         .arg("--ingest-file")
         .arg(cap.join("firehose-frames.bin"))
         .arg("--did-docs")
         .arg(cap.join("did_docs.json"))
         .env_remove("RUST_LOG")
-        .stderr(std::fs::File::create(&log).unwrap());
-    let (server, _) = common::spawn_serve(&mut cmd);
+        .stderr(std::fs::File::create(log).unwrap());
+    cmd
+}
+
+/// `riptide serve` on the capture with `flags`, killed once it printed its URL; its stderr.
+fn serve_stderr(cap: &Path, flags: &[&str]) -> String {
+    let tmp = scratch();
+    let log = tmp.path().join("stderr.log");
+    let (server, _) = common::spawn_serve(&mut capture_serve(cap, tmp.path(), flags, &log));
     server.kill();
     std::fs::read_to_string(&log).unwrap()
 }
@@ -659,16 +665,8 @@ fn serve_says_a_status_line_with_what_changed_since_the_last() {
     let tmp = scratch();
     let log = tmp.path().join("stderr.log");
     let (_server, addr) = common::spawn_serve(
-        Command::new(BIN)
-            .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
-            .args(["--status-interval", "1s", "--data"])
-            .arg(tmp.path().join("data"))
-            .arg("--ingest-file")
-            .arg(cap.join("firehose-frames.bin"))
-            .arg("--did-docs")
-            .arg(cap.join("did_docs.json"))
-            .env_remove("RUST_LOG")
-            .stderr(std::fs::File::create(&log).unwrap()),
+        capture_serve(&cap, tmp.path(), &["--log-format", "json"], &log)
+            .args(["--status-interval", "1s"]),
     );
     common::wait_for(&addr, "riptide_events_stored_total", 152.0);
     let stored = common::metric(&addr, "riptide_events_stored_total") as u64;
