@@ -6,12 +6,42 @@
 //! one step per `-v` and down one per `-q`. The storage library's (fjall's) start-up lines are
 //! INFO in its own terms and noise in ours: they show from `debug` on. Colour only when stderr is
 //! a terminal and `NO_COLOR` is unset or empty (<https://no-color.org>).
+//!
+//! `--log-format json` (or `RIPTIDE_LOG_FORMAT=json`; issue 39) is for log shippers: each line is
+//! one JSON object, tracing-subscriber's own JSON formatter with the event's fields at the top
+//! level beside `timestamp`, `level`, `target` and `message` (`{"timestamp":"…","level":"INFO",
+//! "message":"store open","data":"d","next_seq":1,"target":"riptide::cmd::serve"}`), never
+//! coloured. Then the process's last error line is such an object too ([`fatal`]), and `serve`
+//! writes nothing else on stderr (its URL is in the log already).
 
 use std::io::IsTerminal;
-use std::sync::atomic::{AtomicI8, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicI8, Ordering::Relaxed};
 
 /// `-v` count minus `-q` count, set once by `main`.
 static VERBOSITY: AtomicI8 = AtomicI8::new(0);
+
+/// Whether lines are JSON (`--log-format json`), set once by `main`.
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// How log lines are written (`--log-format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Lines for a person: time, level, target, message, fields.
+    #[default]
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
+}
+
+/// Records the `--log-format` for [`init`] and [`fatal`].
+pub fn set_format(format: Format) {
+    JSON.store(format == Format::Json, Relaxed);
+}
+
+/// Whether log lines are JSON: a command that writes other lines on stderr leaves them out then.
+pub fn json() -> bool {
+    JSON.load(Relaxed)
+}
 
 /// Records the `-v`/`-q` counts for [`init`].
 pub fn set_verbosity(verbose: u8, quiet: u8) {
@@ -46,11 +76,33 @@ pub fn init(default: &str) {
         Ok(s) if !s.is_empty() => tracing_subscriber::EnvFilter::new(s),
         _ => tracing_subscriber::EnvFilter::new(default_filter(default, VERBOSITY.load(Relaxed))),
     };
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(colour())
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = if json() {
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .try_init()
+    } else {
+        builder.with_ansi(colour()).try_init()
+    };
+}
+
+/// Says the error a command ends with: `riptide: TEXT` on stderr, or with `--log-format json` an
+/// ERROR event like every other line (written by hand when the filter is `off`, so that it is
+/// never lost).
+pub fn fatal(text: &str) {
+    if !json() {
+        eprintln!("riptide: {text}");
+    } else if tracing::enabled!(target: "riptide", tracing::Level::ERROR) {
+        tracing::error!(target: "riptide", "{text}");
+    } else {
+        let line = serde_json::json!({"level": "ERROR", "message": text, "target": "riptide"});
+        eprintln!("{line}");
+    }
 }
 
 /// An error and its causes on one line, each said once: a cause whose text its parent already

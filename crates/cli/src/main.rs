@@ -36,7 +36,8 @@ const VERSION: &str = concat!(
     version = VERSION,
     about = "The AT Protocol event stream, decoded and verified",
     after_help = "Logs go to stderr: -v/-q move the level one step (RUST_LOG, when set, is used instead). \
-                  Colour only on a terminal, never with NO_COLOR set. A FILE argument of - reads stdin."
+                  Colour only on a terminal, never with NO_COLOR set; --log-format json writes one JSON object a line. \
+                  A FILE argument of - reads stdin."
 )]
 struct Cli {
     /// More log output (repeat for more); RUST_LOG overrides.
@@ -45,6 +46,9 @@ struct Cli {
     /// Less log output (repeat for less); RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "verbose")]
     quiet: u8,
+    /// Log lines as text, or one JSON object per line (for log shippers).
+    #[arg(long, global = true, value_enum, value_name = "FORMAT", default_value_t = log::Format::Text, env = "RIPTIDE_LOG_FORMAT")]
+    log_format: log::Format,
     #[command(subcommand)]
     command: Command,
 }
@@ -115,6 +119,7 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     log::set_verbosity(cli.verbose, cli.quiet);
+    log::set_format(cli.log_format);
     log::init(match cli.command {
         Command::Serve(_) => "info",
         Command::Demo(_) => "error",
@@ -143,8 +148,8 @@ fn main() -> ExitCode {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Dict(d) => cmd::dict::run(d),
         Command::Store(c) => cmd::store::run(c),
-        Command::Completions(a) => cmd::docs::completions(a, Cli::command()),
-        Command::Man(a) => cmd::docs::man(a, Cli::command()),
+        Command::Completions(a) => cmd::docs::completions(a, command()),
+        Command::Man(a) => cmd::docs::man(a, command()),
         Command::Mutate(a) => cmd::mutate::run(a),
     };
     match result {
@@ -153,15 +158,21 @@ fn main() -> ExitCode {
             if out::is_broken_pipe(&e) {
                 return ExitCode::SUCCESS;
             }
-            eprintln!("riptide: {}", log::error_text(&e));
+            log::fatal(&log::error_text(&e));
             ExitCode::from(2)
         }
     }
 }
 
+/// The command line's definition: the derived one, with every `serve` flag also read from its
+/// `RIPTIDE_*` environment variable (`cmd::config`, "Environment").
+fn command() -> clap::Command {
+    Cli::command().mut_subcommand("serve", cmd::config::with_env)
+}
+
 /// Parses the command line (`cmd::config` adds a `serve --config` file's settings first).
 fn parse_args(argv: &[std::ffi::OsString]) -> Result<(Cli, clap::ArgMatches), clap::Error> {
-    let matches = Cli::command().try_get_matches_from(argv)?;
+    let matches = command().try_get_matches_from(argv)?;
     let cli = Cli::from_arg_matches(&matches)?;
     Ok((cli, matches))
 }

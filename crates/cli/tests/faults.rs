@@ -7,8 +7,11 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
 
 use common::{
     http_get as http, metric, riptide, s, scratch, stderr, wait_for, KillOnDrop, BIN, PATIENCE,
@@ -643,4 +646,195 @@ fn a_flood_of_refused_frames_is_said_a_bounded_number_of_times() {
         said.iter().all(|l| l.contains("rev-regression")),
         "{said:#?}"
     );
+}
+
+/// A local HTTP server that answers every request with `status` and `body` (no WebSocket
+/// upgrade), counting the connections: `ws://ADDR`.
+fn answering(status: &'static str, body: &'static str) -> (String, Arc<AtomicUsize>) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("ws://{}", l.local_addr().unwrap());
+    let n = Arc::new(AtomicUsize::new(0));
+    let count = n.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            count.fetch_add(1, Ordering::SeqCst);
+            let mut req = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !req.ends_with(b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => req.extend_from_slice(&buf[..k]),
+                }
+            }
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (url, n)
+}
+
+/// `riptide tail --WIRE URL --cursor CURSOR [--json]`, which must give up: exit 1, nothing on
+/// stdout, one line on stderr (returned).
+fn tail_gives_up(wire: &str, url: &str, cursor: &str) -> String {
+    let out = riptide(&["tail", wire, url, "--cursor", cursor, "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        out.stdout.is_empty(),
+        "no events: {:?}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let e = stderr(&out);
+    assert_eq!(e.lines().count(), 1, "one line: {e}");
+    e
+}
+
+/// Issue 39: a permanent error at the upgrade (a 4xx other than 408/429) ends `tail --jetstream`
+/// at once with exit 1 and one line giving the server's reason; it is not retried.
+#[test]
+fn tail_gives_up_on_a_4xx_with_one_line_and_exit_1() {
+    let (url, connections) = answering("404 Not Found", "no such endpoint here");
+    let start = Instant::now();
+    let e = tail_gives_up("--jetstream", &url, "0");
+    assert!(start.elapsed() < PATIENCE);
+    assert!(
+        e.contains("404") && e.contains("no such endpoint here") && e.contains(&url[5..]),
+        "{e}"
+    );
+    assert_eq!(connections.load(Ordering::SeqCst), 1, "not retried");
+    // The same rule on v2's wire (a 400 with its XRPC reason) and on the relay's.
+    let (v2, _) = answering(
+        "400 Bad Request",
+        r#"{"error":"InvalidRequest","message":"unknown kind"}"#,
+    );
+    let v2 = format!("{v2}/xrpc/network.bsky.jetstream.subscribeEvents");
+    let e = tail_gives_up("--jetstream", &v2, "0");
+    assert!(e.contains("InvalidRequest: unknown kind"), "{e}");
+    let (relay, _) = answering("403 Forbidden", "not for you");
+    let e = tail_gives_up("--relay", &relay, "0");
+    assert!(e.contains("403") && e.contains("not for you"), "{e}");
+}
+
+/// A 5xx (and a 429) is the server's passing trouble: retried with backoff, said each time.
+#[test]
+fn tail_retries_a_5xx() {
+    for status in ["503 Service Unavailable", "429 Too Many Requests"] {
+        let (url, connections) = answering(status, "busy");
+        let (_tail, rx) =
+            spawn_lines(Command::new(BIN).args(["tail", "--jetstream", &url, "--cursor", "0"]));
+        let lines = wait_line(&rx, Duration::from_secs(30), |l| {
+            l.contains("retrying") && connections.load(Ordering::SeqCst) >= 2
+        });
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains(&status[..3]) && l.contains("retrying")),
+            "{status}: {lines:?}"
+        );
+    }
+}
+
+/// A host name that does not exist is permanent too (a resolver that cannot be reached is not:
+/// the machine may be offline for a moment).
+#[test]
+fn tail_gives_up_on_a_host_name_that_does_not_exist() {
+    // RFC 6761: `.invalid` never resolves. Where this machine's resolver cannot even be asked
+    // (no DNS at all), the answer is "try again", which is transient by design: not tested then.
+    let host = "riptide-tail-test.invalid:6008";
+    match std::net::ToSocketAddrs::to_socket_addrs(host) {
+        Err(e) if !e.to_string().to_ascii_lowercase().contains("temporary") => {}
+        other => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "note: the resolver answered {other:?} for {host}: unknown-host exit not tested"
+            );
+            return;
+        }
+    }
+    let e = tail_gives_up("--jetstream", &format!("ws://{host}"), "0");
+    assert!(
+        e.contains("riptide-tail-test.invalid") && e.contains("does not resolve"),
+        "{e}"
+    );
+}
+
+/// A relay on loopback: each connection gets the next script's frames, then a close (or, for
+/// the last script, the connection held open).
+fn scripted_relay(scripts: Vec<Vec<Vec<u8>>>) -> String {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let l = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let url = format!("ws://{}", l.local_addr().unwrap());
+    std::thread::spawn(move || {
+        rt.block_on(async move {
+            let mut scripts = scripts.into_iter().peekable();
+            loop {
+                let Ok((s, _)) = l.accept().await else { return };
+                let Ok(mut ws) = tokio_tungstenite::accept_async(s).await else {
+                    continue;
+                };
+                let script = scripts.next().unwrap_or_default();
+                let last = scripts.peek().is_none();
+                for f in script {
+                    let _ = ws
+                        .send(tokio_tungstenite::tungstenite::Message::binary(f))
+                        .await;
+                }
+                if last {
+                    tokio::spawn(async move { while let Some(Ok(_)) = ws.next().await {} });
+                } else {
+                    let _ = ws.close(None).await;
+                }
+            }
+        });
+    });
+    url
+}
+
+/// Issue 39: `tail --relay --cursor` past the relay's head printed its `FutureCursor` error frame
+/// as an event and exited 0. An error frame is an error: `FutureCursor` (waiting will not change
+/// it) ends the run with exit 1 and one line; `ConsumerTooSlow` is said once on stderr, never
+/// printed as an event, and the stream goes on after the reconnect.
+#[test]
+fn tail_relay_error_frames_are_errors_not_events() {
+    let future = riptide_firehose::encode::error_frame("FutureCursor", "Cursor in the future.");
+    let url = scripted_relay(vec![vec![future]]);
+    let e = tail_gives_up("--relay", &url, "999999");
+    assert!(
+        e.contains("FutureCursor") && e.contains("Cursor in the future.") && e.contains("999999"),
+        "{e}"
+    );
+
+    // Two real frames of the capture, the relay dropping us as too slow between them.
+    let Some(capture) = common::capture_dir() else {
+        return;
+    };
+    let file = std::fs::read(capture.join("firehose-frames.bin")).unwrap();
+    let frames = riptide_firehose::corpus::split_frames(&file).unwrap();
+    let (first, second) = (frames[0].bytes.to_vec(), frames[1].bytes.to_vec());
+    let mut dec = riptide_firehose::FrameDecoder::new();
+    let mut seq = |f: &[u8]| dec.decode(f).unwrap().body().seq().unwrap();
+    let want = [seq(&first), seq(&second)];
+    let slow = riptide_firehose::encode::error_frame("ConsumerTooSlow", "you are too slow");
+    let url = scripted_relay(vec![vec![first, slow], vec![second]]);
+    let out = riptide(&[
+        "tail", "--relay", &url, "--cursor", "0", "--json", "--count", "2",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let seqs: Vec<i64> = common::json_lines(&out)
+        .iter()
+        .map(|v| v["seq"].as_i64().unwrap())
+        .collect();
+    assert_eq!(seqs, want, "the error frame is not an event");
+    let e = stderr(&out);
+    assert_eq!(e.matches("ConsumerTooSlow").count(), 1, "said once: {e}");
+    assert!(e.contains("you are too slow"), "{e}");
 }

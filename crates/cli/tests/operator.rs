@@ -510,23 +510,209 @@ fn the_example_config_covers_every_serve_flag_and_parses() {
     assert!(err.contains("no-dictionary.zdict"), "{err}");
 }
 
-/// `riptide serve` on the capture with `flags`, killed once it printed its URL; its stderr.
-fn serve_stderr(cap: &Path, flags: &[&str]) -> String {
+/// Issue 39: every `serve` flag is also `RIPTIDE_<FLAG>`, shown in `--help`; the command line
+/// wins over the environment, and the environment over a `--config` file.
+#[test]
+fn serve_flags_are_read_from_riptide_environment_variables() {
+    let out = riptide(&["serve", "--help"]);
+    let help = String::from_utf8(out.stdout).unwrap();
+    let flags = serve_flags();
+    assert!(flags.len() >= 10, "{flags:?}");
+    for f in flags.iter().map(String::as_str).chain(["config"]) {
+        let var = format!("RIPTIDE_{}", f.to_uppercase().replace('-', "_"));
+        assert!(help.contains(&format!("[env: {var}=")), "--{f}: {help}");
+    }
+    let Some(cap) = capture() else { return };
     let tmp = scratch();
-    let log = tmp.path().join("stderr.log");
+    let data = tmp.path().join("from-env");
+    let file_data = tmp.path().join("from-file");
+    let cfg = config(&tmp, &format!("data = {file_data:?}\n"));
+    // A port held here: were the environment's `--listen` taken over the command line's, the
+    // server could not start.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    // No key source and a PLC that refuses: only `RIPTIDE_NO_VERIFY=1` lets every frame in.
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let plc = format!("http://{}", refused.local_addr().unwrap());
+    drop(refused);
+    let (_serve, addr) = common::spawn_serve(
+        Command::new(BIN)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("RIPTIDE_CONFIG", &cfg)
+            .env("RIPTIDE_DATA", &data)
+            .env("RIPTIDE_LISTEN", held.local_addr().unwrap().to_string())
+            .env("RIPTIDE_INGEST_FILE", cap.join("firehose-frames.bin"))
+            .env("RIPTIDE_PLC_URL", &plc)
+            .env("RIPTIDE_NO_VERIFY", "1")
+            .env("RUST_LOG", "warn"),
+    );
+    assert_ne!(addr, held.local_addr().unwrap().to_string());
+    common::wait_for(&addr, "riptide_events_stored_total", 152.0);
+    assert!(
+        data.join("riptide.lock").exists(),
+        "the store is in RIPTIDE_DATA's directory"
+    );
+    assert!(
+        !file_data.exists(),
+        "the config file's data lost to RIPTIDE_DATA"
+    );
+    // A value the flag's parser refuses is refused from the environment too, naming it.
+    let out = Command::new(BIN)
+        .args(["serve"])
+        .env("RIPTIDE_MAX_CONNECTIONS", "0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("refuse every connection") && err.contains("--max-connections"),
+        "{err}"
+    );
+}
+
+/// `riptide FLAGS serve` ingesting the capture (verified, with its documents) into `dir/data`,
+/// at the default log level, its stderr written to `log`; the caller may add `serve` flags.
+fn capture_serve(cap: &Path, dir: &Path, flags: &[&str], log: &Path) -> Command {
     let mut cmd = Command::new(BIN);
     cmd.args(flags)
         .args(["serve", "--listen", "127.0.0.1:0", "--data"])
-        .arg(tmp.path().join("data"))
+        .arg(dir.join("data"))
         .arg("--ingest-file")
         .arg(cap.join("firehose-frames.bin"))
         .arg("--did-docs")
         .arg(cap.join("did_docs.json"))
         .env_remove("RUST_LOG")
-        .stderr(std::fs::File::create(&log).unwrap());
-    let (server, _) = common::spawn_serve(&mut cmd);
+        .stderr(std::fs::File::create(log).unwrap());
+    cmd
+}
+
+/// `riptide serve` on the capture with `flags`, killed once it printed its URL; its stderr.
+fn serve_stderr(cap: &Path, flags: &[&str]) -> String {
+    let tmp = scratch();
+    let log = tmp.path().join("stderr.log");
+    let (server, _) = common::spawn_serve(&mut capture_serve(cap, tmp.path(), flags, &log));
     server.kill();
     std::fs::read_to_string(&log).unwrap()
+}
+
+/// Issue 39: `--log-format json` (for log shippers) writes one JSON object per line, with the
+/// event's fields beside `timestamp`, `level`, `target` and `message`; the error a command ends
+/// with is such a line too.
+#[test]
+fn json_logs_are_one_object_per_line_with_the_fields() {
+    let Some(cap) = capture() else { return };
+    let logs = serve_stderr(&cap, &["--log-format", "json"]);
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
+        .collect();
+    let find = |start: &str| {
+        lines
+            .iter()
+            .find(|v| v["message"].as_str().is_some_and(|m| m.starts_with(start)))
+            .unwrap_or_else(|| panic!("no {start:?} line in {logs}"))
+    };
+    let serving = find("serving ws://127.0.0.1:");
+    assert_eq!(serving["level"], "INFO");
+    assert_eq!(serving["target"], "riptide::cmd::serve");
+    assert!(
+        serving["max_connections"].as_u64().is_some_and(|n| n > 0),
+        "{serving}"
+    );
+    assert!(
+        serving["per_ip"].as_u64().is_some_and(|n| n > 0),
+        "{serving}"
+    );
+    let t = serving["timestamp"].as_str().unwrap();
+    assert!(t.starts_with("20") && t.ends_with('Z'), "{t}");
+    let store = find("store open");
+    assert_eq!(store["next_seq"], 1);
+    assert!(store["data"].as_str().unwrap().ends_with("data"), "{store}");
+    assert!(!logs.contains('\u{1b}'), "no colour in JSON: {logs:?}");
+    // The last error, as an object (RIPTIDE_LOG_FORMAT as well as the flag).
+    let out = Command::new(BIN)
+        .args(["decode", "no-such-file.bin"])
+        .env("RIPTIDE_LOG_FORMAT", "json")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    let v: serde_json::Value = serde_json::from_str(err.trim())
+        .unwrap_or_else(|e| panic!("not one JSON line ({e}): {err:?}"));
+    assert_eq!(v["level"], "ERROR");
+    assert!(
+        v["message"].as_str().unwrap().contains("no-such-file.bin"),
+        "{v}"
+    );
+}
+
+/// The status lines of a JSON log file so far.
+fn status_lines(log: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(log)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "status" && v["target"] == "riptide_serve::status")
+        .collect()
+}
+
+/// Issue 39: `serve` says a status line at INFO every `--status-interval` (a minute by
+/// default), so a quiet journal means a quiet network: the events of the lines add up to what
+/// was stored, the refusals to the non-ok verdicts of `/metrics`, and the last says the upstream
+/// seq `/metrics` says.
+#[test]
+fn serve_says_a_status_line_with_what_changed_since_the_last() {
+    let Some(cap) = capture() else { return };
+    let tmp = scratch();
+    let log = tmp.path().join("stderr.log");
+    let (_server, addr) = common::spawn_serve(
+        capture_serve(&cap, tmp.path(), &["--log-format", "json"], &log)
+            .args(["--status-interval", "1s"]),
+    );
+    common::wait_for(&addr, "riptide_events_stored_total", 152.0);
+    let stored = common::metric(&addr, "riptide_events_stored_total") as u64;
+    // Every event stored is in one line's `events`; wait for the line that completes them.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let lines = loop {
+        let lines = status_lines(&log);
+        let said: u64 = lines.iter().map(|v| v["events"].as_u64().unwrap()).sum();
+        assert!(said <= stored, "{said} > {stored}: {lines:?}");
+        if said == stored {
+            break lines;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{said} of {stored} events said: {lines:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let metrics = common::metrics(&addr);
+    let not_ok: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("riptide_verdicts_total{") && !l.contains("\"ok\""))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    let refused: u64 = lines.iter().map(|v| v["refused"].as_u64().unwrap()).sum();
+    assert_eq!(refused, not_ok, "{lines:?}\n{metrics}");
+    let last = lines.last().unwrap();
+    assert_eq!(last["level"], "INFO");
+    assert_eq!(
+        last["upstream_seq"].as_u64().unwrap(),
+        common::metric(&addr, "riptide_upstream_seq") as u64
+    );
+    assert_eq!(last["subscribers_v1"], 0);
+    assert_eq!(last["subscribers_v2"], 0);
+    assert!(last["store_bytes"].as_u64().is_some(), "{last}");
+    assert!(last["events_per_s"].as_f64().is_some(), "{last}");
+    for field in [
+        "upstream_lag_s",
+        "duplicates",
+        "upstream_dropped",
+        "ops_dropped",
+        "subscribers_dropped",
+        "connections_refused",
+    ] {
+        assert!(last[field].is_number(), "{field}: {last}");
+    }
 }
 
 #[test]

@@ -95,6 +95,17 @@ pub struct Notice {
     pub message: Option<String>,
 }
 
+impl Notice {
+    /// Whether this error frame says something waiting will not change: `FutureCursor` (the
+    /// cursor asked for is past the relay's newest event; asking again asks the same). The
+    /// others are transient: `ConsumerTooSlow` (the relay dropped us; reconnecting resumes
+    /// where we were), and any name this version does not know (the relay closes after an
+    /// error frame; the reconnect gets backoff).
+    pub fn is_permanent(&self) -> bool {
+        self.name == "FutureCursor"
+    }
+}
+
 /// One message of the firehose.
 #[derive(Clone, Debug)]
 pub struct FirehoseEvent {
@@ -178,12 +189,32 @@ impl FirehoseClient {
     }
 
     /// The next event. Waits through disconnects (reconnecting with backoff and host rotation);
-    /// never ends on its own.
+    /// never ends on its own. (With [`ClientConfig::give_up_on_permanent`], use
+    /// [`FirehoseClient::next_checked`]: here a permanent failure is passed over and retried.)
     pub async fn next(&mut self) -> FirehoseEvent {
+        loop {
+            if let Ok(e) = self.next_checked().await {
+                return e;
+            }
+        }
+    }
+
+    /// [`FirehoseClient::next`], ending with the error on a permanent failure when
+    /// [`ClientConfig::give_up_on_permanent`] is set: a connection the relay refuses with a 4xx
+    /// ([`ClientError::Refused`]), a host name that does not exist
+    /// ([`ClientError::UnknownHost`]), or an error frame that waiting will not change
+    /// ([`Notice::is_permanent`]: `FutureCursor`, as [`ClientError::Relay`]). Other error frames
+    /// are delivered as events, as without it. Without the setting, never an error.
+    pub async fn next_checked(&mut self) -> Result<FirehoseEvent, ClientError> {
         let query = |c: Option<i64>| c.map(|c| format!("cursor={c}")).unwrap_or_default();
         loop {
             let msg = match self.session.next(&query).await {
-                Step::Connected => continue,
+                Step::Connected => {
+                    if let Some(e) = self.session.permanent.take() {
+                        return Err(e);
+                    }
+                    continue;
+                }
                 Step::Message(m) => m,
             };
             let bytes = match msg {
@@ -210,7 +241,16 @@ impl FirehoseClient {
                 }
             };
             self.session.stats().message(bytes.len());
-            return self.event(bytes);
+            let event = self.event(bytes);
+            if let Some(n) = event.notice.as_ref().filter(|n| {
+                self.session.give_up && event.kind == FrameKind::Error && n.is_permanent()
+            }) {
+                return Err(ClientError::Relay {
+                    name: n.name.clone(),
+                    message: n.message.clone().unwrap_or_default(),
+                });
+            }
+            return Ok(event);
         }
     }
 

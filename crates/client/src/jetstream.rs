@@ -209,6 +209,9 @@ impl JetstreamClient {
     /// The next event, or [`ClientError::Undecodable`] once `max_undecodable` messages in a row
     /// did not decode (0: never) — a wrong zstd dictionary, or a server that is not Jetstream,
     /// fails loudly instead of dropping every message. The count starts again after an error.
+    /// With [`ClientConfig::give_up_on_permanent`], a permanent failure to connect (a 4xx, a host
+    /// name that does not exist) is returned too ([`ClientError::Refused`],
+    /// [`ClientError::UnknownHost`]).
     pub async fn next_checked(
         &mut self,
         max_undecodable: u32,
@@ -236,6 +239,9 @@ impl JetstreamClient {
                     continue;
                 }
                 Ok(Step::Connected) => {
+                    if let Some(e) = self.session.permanent.take() {
+                        return Err(e);
+                    }
                     if self.hello_needed() {
                         self.send_options().await;
                     }

@@ -148,7 +148,7 @@ impl JetstreamV2Client {
         let max_bytes = config.client.max_message_bytes;
         let mut session = Session::new(config.client, SUBSCRIBE_EVENTS)?;
         session.subprotocol = Some(SUBPROTOCOL);
-        session.stop_on_refusal = true;
+        session.give_up = true;
         let (dictionary_id, decompressor) = match &config.dictionary {
             Some(d) => {
                 if d.len() < 8 || d[..4] != [0x37, 0xA4, 0x30, 0xEC] {
@@ -206,8 +206,8 @@ impl JetstreamV2Client {
             };
             let msg = match step {
                 Step::Connected => {
-                    if let Some((status, body)) = self.session.refused.take() {
-                        return Err(refusal(status, &body));
+                    if let Some(e) = self.session.permanent.take() {
+                        return Err(e);
                     }
                     continue;
                 }
@@ -272,25 +272,6 @@ impl JetstreamV2Client {
     }
 }
 
-/// A 4xx answer as an error (the XRPC envelope's `error` and `message` when it has one).
-fn refusal(status: u16, body: &str) -> ClientError {
-    #[derive(Deserialize)]
-    struct Envelope {
-        error: Option<String>,
-        message: Option<String>,
-    }
-    let e: Option<Envelope> = serde_json::from_str(body).ok();
-    let (error, message) = match e {
-        Some(e) => (e.error.unwrap_or_default(), e.message.unwrap_or_default()),
-        None => (String::new(), body.to_string()),
-    };
-    ClientError::Refused {
-        status,
-        error,
-        message,
-    }
-}
-
 /// The query string (without `?`) of a connection with these filters, resuming at `cursor`.
 fn query(f: &V2Filter, dictionary: Option<u32>, cursor: Option<i64>) -> String {
     let mut q: Vec<String> = Vec::new();
@@ -318,6 +299,7 @@ fn query(f: &V2Filter, dictionary: Option<u32>, cursor: Option<i64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::session::refusal;
 
     #[test]
     fn queries_and_refusals() {

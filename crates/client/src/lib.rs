@@ -59,7 +59,9 @@ pub use perdid::PerDid;
 pub use session::ClientConfig;
 pub use stats::{ClientStats, StatsSnapshot};
 
-/// What can stop a client (network trouble never does: it is retried).
+/// What can stop a client. Network trouble never does (it is retried), except a permanent
+/// failure ([`ClientError::Refused`], [`ClientError::UnknownHost`], [`ClientError::Relay`]) when
+/// the client was told to give up on those ([`ClientConfig::give_up_on_permanent`]).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ClientError {
@@ -87,15 +89,36 @@ pub enum ClientError {
     /// The client or pool this handle talks to is gone.
     #[error("closed")]
     Closed,
-    /// The server refused the request itself (an HTTP 4xx before the WebSocket upgrade, e.g.
-    /// Jetstream v2's `InvalidRequest`, `CursorTooOld`, `UnknownZstdDictionary`): not retried.
-    #[error("refused with HTTP {status} {error}: {message}")]
+    /// The server refused the request itself (an HTTP 4xx other than 408 and 429 before the
+    /// WebSocket upgrade, e.g. Jetstream v2's `InvalidRequest`, `CursorTooOld`,
+    /// `UnknownZstdDictionary`, or a 404 for a wrong path): not retried when giving up on
+    /// permanent failures ([`ClientConfig::give_up_on_permanent`]; Jetstream v2 always).
+    #[error("refused with HTTP {status}{}: {message}", if .error.is_empty() { String::new() } else { format!(" {}", .error) })]
     Refused {
         /// The HTTP status.
         status: u16,
         /// The XRPC error name (empty when the body was not an XRPC envelope).
         error: String,
         /// The error message (or the body).
+        message: String,
+    },
+    /// The host name does not exist (the resolver answered so; a resolver that cannot be reached
+    /// is transient): not retried when giving up on permanent failures.
+    #[error("{url}: the host name does not resolve ({reason})")]
+    UnknownHost {
+        /// The URL tried.
+        url: String,
+        /// The resolver's answer.
+        reason: String,
+    },
+    /// The relay answered with an error frame that waiting will not change (`FutureCursor`: the
+    /// cursor is past its newest event; see
+    /// [`FirehoseClient::next_checked`](crate::FirehoseClient::next_checked)).
+    #[error("the relay answered {name}: {message}")]
+    Relay {
+        /// The error's name.
+        name: String,
+        /// Its message (empty when it had none).
         message: String,
     },
 }

@@ -10,6 +10,13 @@
 //!   size error (a message over [`ClientConfig::max_message_bytes`], a malformed frame): that is
 //!   a failure whatever its age, so a relay that sends the same bad message on every connection
 //!   gets backoff, not a reconnect loop (issue 40: 781 reconnects in 100 s).
+//! - Permanent failures (issue 39): a connection that cannot succeed however long one waits — the
+//!   server refuses the upgrade with a 4xx other than 408 (timeout) and 429 (rate limit), or the
+//!   host name does not exist — ends the stream with the error when
+//!   [`ClientConfig::give_up_on_permanent`] is set (Jetstream v2 always), instead of being retried
+//!   forever. Everything else (refused or reset connections, 5xx, timeouts, a resolver that cannot
+//!   be reached) is transient: retried with backoff. A caller that goes on after the error gets
+//!   the retries.
 //! - Idle detection: when nothing arrives for [`ClientConfig::ping_interval`] a ping is sent; when
 //!   nothing (not even a pong) arrives for [`ClientConfig::idle_timeout`] the connection is
 //!   declared dead and dropped.
@@ -61,6 +68,10 @@ pub struct ClientConfig {
     /// Acknowledged cursors are written to the store at most this often (`Session::flush`
     /// writes at once).
     pub persist_every: Duration,
+    /// End the stream with the error on a permanent failure (module docs: policy) instead of
+    /// retrying it: the stream's `next_checked` returns it once. For a program a person runs
+    /// (`riptide tail`); a server keeps retrying (default `false`).
+    pub give_up_on_permanent: bool,
 }
 
 impl Default for ClientConfig {
@@ -75,6 +86,7 @@ impl Default for ClientConfig {
             cursor_store: None,
             start_cursor: None,
             persist_every: Duration::from_secs(1),
+            give_up_on_permanent: false,
         }
     }
 }
@@ -128,11 +140,15 @@ pub(crate) struct Session {
     skip_oversized: bool,
     /// The WebSocket subprotocol offered (`Sec-WebSocket-Protocol`), if any.
     pub(crate) subprotocol: Option<&'static str>,
-    /// Stop retrying when the server refuses the upgrade with a 4xx (its answer is kept in
-    /// `refused`): for endpoints whose 400s mean the request itself is wrong.
-    pub(crate) stop_on_refusal: bool,
-    /// The last 4xx refusal, when `stop_on_refusal` is set: (status, body).
-    pub(crate) refused: Option<(u16, String)>,
+    /// Stop at a permanent failure (module docs: policy), keeping it in `permanent`:
+    /// [`ClientConfig::give_up_on_permanent`], or always for an endpoint whose 400s mean the
+    /// request itself is wrong (Jetstream v2).
+    pub(crate) give_up: bool,
+    /// The permanent failure that ended the stream, for the stream to return once.
+    pub(crate) permanent: Option<ClientError>,
+    /// A permanent failure was handed out already: a caller that goes on gets retries with
+    /// backoff, never a loop of instant failures.
+    gave_up: bool,
 }
 
 impl Session {
@@ -149,6 +165,7 @@ impl Session {
             None => None,
         };
         let seen = stored.or(cfg.start_cursor);
+        let give_up = cfg.give_up_on_permanent;
         Ok(Session {
             cfg,
             path,
@@ -164,8 +181,9 @@ impl Session {
             persisted_at: Instant::now(),
             skip_oversized: false,
             subprotocol: None,
-            stop_on_refusal: false,
-            refused: None,
+            give_up,
+            permanent: None,
+            gave_up: false,
         })
     }
 
@@ -262,9 +280,9 @@ impl Session {
     }
 
     /// The next binary or text message, connecting and reconnecting as needed. `query` gives the
-    /// query string (without `?`) for a connection resuming at a cursor. With
-    /// `stop_on_refusal`, a 4xx refusal also ends in `Step::Connected`, with no connection and
-    /// the answer in `refused`.
+    /// query string (without `?`) for a connection resuming at a cursor. With `give_up`, a
+    /// permanent failure also ends in `Step::Connected`, with no connection and the error in
+    /// `permanent`.
     pub(crate) async fn next(&mut self, query: &(dyn Fn(Option<i64>) -> String + Sync)) -> Step {
         loop {
             let Some(live) = &mut self.live else {
@@ -396,20 +414,20 @@ impl Session {
                     }
                     return;
                 }
-                Ok(Err(WsError::Http(resp)))
-                    if self.stop_on_refusal && resp.status().is_client_error() =>
-                {
-                    let body = resp
-                        .body()
-                        .as_ref()
-                        .map(|b| String::from_utf8_lossy(b).into_owned())
-                        .unwrap_or_default();
-                    tracing::warn!(%url, status = resp.status().as_u16(), %body, "refused by the server: not retrying");
-                    self.stats.connect_failure();
-                    self.refused = Some((resp.status().as_u16(), body));
-                    return;
+                Ok(Err(e)) => {
+                    match permanent(&e, &url).filter(|_| self.give_up && !self.gave_up) {
+                        Some(p) => {
+                            // Said by whoever receives it (once), not here as well.
+                            tracing::debug!(%url, error = %p, "permanent failure: not retrying");
+                            self.stats.connect_failure();
+                            self.stats.set_error(Some(format!("{url}: {p}")));
+                            self.permanent = Some(p);
+                            self.gave_up = true;
+                            return;
+                        }
+                        None => e.to_string(),
+                    }
                 }
-                Ok(Err(e)) => e.to_string(),
                 Err(_) => format!("no connection within {:?}", self.cfg.connect_timeout),
             };
             // Every failed attempt is counted and said, with what comes next: a dead or wrong
@@ -426,6 +444,75 @@ impl Session {
             );
             self.stats.set_error(Some(format!("{url}: {why}")));
         }
+    }
+}
+
+/// The most of an error body kept in [`ClientError::Refused`] (an HTML error page is long).
+const MAX_REFUSAL_TEXT: usize = 300;
+
+/// A failure of a connection attempt that waiting cannot mend (module docs: policy), as the
+/// error the stream ends with; `None` for a transient one.
+fn permanent(e: &WsError, url: &str) -> Option<ClientError> {
+    match e {
+        WsError::Http(resp) => {
+            let status = resp.status().as_u16();
+            // 408 Request Timeout and 429 Too Many Requests ask to try again later.
+            if !resp.status().is_client_error() || status == 408 || status == 429 {
+                return None;
+            }
+            let body = resp
+                .body()
+                .as_ref()
+                .map(|b| String::from_utf8_lossy(b).into_owned())
+                .unwrap_or_default();
+            Some(refusal(status, &body))
+        }
+        WsError::Io(io) => unknown_host(io).map(|reason| ClientError::UnknownHost {
+            url: url.to_owned(),
+            reason,
+        }),
+        _ => None,
+    }
+}
+
+/// Why a host name does not resolve, when the resolver said it does not exist (`EAI_NONAME`,
+/// `EAI_NODATA`); `None` for any other error, including a resolver that could not be asked
+/// (`EAI_AGAIN`: offline, or DNS down, which passes). The standard library reports
+/// `getaddrinfo` failures only as text (`failed to lookup address information: DETAIL`, DETAIL
+/// being the C library's `gai_strerror`), so the text is what is read.
+pub(crate) fn unknown_host(e: &std::io::Error) -> Option<String> {
+    let text = e.to_string();
+    let detail = text.strip_prefix("failed to lookup address information: ")?;
+    let lower = detail.to_ascii_lowercase();
+    if lower.contains("temporary") || lower.contains("try again") {
+        return None;
+    }
+    Some(detail.to_owned())
+}
+
+/// A 4xx answer as an error (the XRPC envelope's `error` and `message` when it has one, else
+/// the body, cut to [`MAX_REFUSAL_TEXT`] bytes).
+pub(crate) fn refusal(status: u16, body: &str) -> ClientError {
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        error: Option<String>,
+        message: Option<String>,
+    }
+    let e: Option<Envelope> = serde_json::from_str(body).ok();
+    let (error, message) = match e {
+        Some(e) => (e.error.unwrap_or_default(), e.message.unwrap_or_default()),
+        None => {
+            let mut end = body.len().min(MAX_REFUSAL_TEXT);
+            while !body.is_char_boundary(end) {
+                end -= 1;
+            }
+            (String::new(), body[..end].trim().to_string())
+        }
+    };
+    ClientError::Refused {
+        status,
+        error,
+        message,
     }
 }
 
@@ -472,6 +559,81 @@ pub(crate) fn endpoint_url(host: &str, path: &str) -> Result<String, ClientError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn http(status: u16, body: &str) -> WsError {
+        let resp = tokio_tungstenite::tungstenite::http::Response::builder()
+            .status(status)
+            .body(Some(body.as_bytes().to_vec()))
+            .unwrap();
+        WsError::Http(Box::new(resp))
+    }
+
+    /// Issue 39: what waiting cannot mend is permanent, the rest transient.
+    #[test]
+    fn permanent_failures_are_the_4xx_but_408_and_429_and_unknown_hosts() {
+        let url = "ws://h:1/subscribe";
+        match permanent(&http(404, "no such endpoint"), url) {
+            Some(ClientError::Refused {
+                status: 404,
+                error,
+                message,
+            }) => assert_eq!((error.as_str(), message.as_str()), ("", "no such endpoint")),
+            other => panic!("{other:?}"),
+        }
+        match permanent(
+            &http(400, r#"{"error":"InvalidRequest","message":"bad"}"#),
+            url,
+        ) {
+            Some(e @ ClientError::Refused { .. }) => {
+                assert_eq!(e.to_string(), "refused with HTTP 400 InvalidRequest: bad")
+            }
+            other => panic!("{other:?}"),
+        }
+        for transient in [408, 429, 500, 502, 503] {
+            assert!(
+                permanent(&http(transient, "x"), url).is_none(),
+                "{transient}"
+            );
+        }
+        // A long error page is cut, on a character boundary.
+        let page = "é".repeat(1000);
+        match permanent(&http(404, &page), url) {
+            Some(ClientError::Refused { message, .. }) => {
+                assert!(message.len() <= MAX_REFUSAL_TEXT && message.starts_with("éé"))
+            }
+            other => panic!("{other:?}"),
+        }
+        // The standard library's words for getaddrinfo's answers (glibc's gai_strerror).
+        let lookup = |detail: &str| {
+            std::io::Error::other(format!("failed to lookup address information: {detail}"))
+        };
+        match permanent(&WsError::Io(lookup("Name or service not known")), url) {
+            Some(e @ ClientError::UnknownHost { .. }) => assert_eq!(
+                e.to_string(),
+                "ws://h:1/subscribe: the host name does not resolve (Name or service not known)"
+            ),
+            other => panic!("{other:?}"),
+        }
+        assert!(unknown_host(&lookup("No address associated with hostname")).is_some());
+        assert!(unknown_host(&lookup("Temporary failure in name resolution")).is_none());
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(permanent(&WsError::Io(refused), url).is_none());
+        assert!(permanent(&WsError::ConnectionClosed, url).is_none());
+    }
+
+    /// The words the resolver of this machine gives for a name that cannot exist are read as an
+    /// unknown host (when it can be asked at all: offline it says "try again").
+    #[test]
+    fn this_machines_resolver_answer_for_an_invalid_name_is_understood() {
+        let Err(e) = std::net::ToSocketAddrs::to_socket_addrs("riptide-test.invalid:80") else {
+            panic!(".invalid resolved");
+        };
+        let text = e.to_string();
+        if text.to_ascii_lowercase().contains("temporary") {
+            return;
+        }
+        assert!(unknown_host(&e).is_some(), "{text}");
+    }
 
     #[test]
     fn host_forms_become_endpoint_urls() {

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use riptide_client::{Backoff, ClientConfig, FileCursorStore, FirehoseClient, FrameKind};
+use riptide_client::{
+    Backoff, ClientConfig, ClientError, FileCursorStore, FirehoseClient, FrameKind,
+};
 use riptide_firehose::corpus::split_frames;
 use riptide_relay::{Relay, RelayConfig, RelayHandle};
 
@@ -326,4 +328,62 @@ async fn a_relay_repeating_an_oversized_message_gets_backoff() {
     // Without it, one every few milliseconds.
     assert!(s.decode_errors >= 2, "oversized messages counted: {s:?}");
     assert!(seen <= 40, "{seen} connections in 2 s: no backoff ({s:?})");
+}
+
+/// Issue 39: a client told to give up on permanent failures ends with the error once —
+/// `FutureCursor` for a cursor past the relay's head, a 4xx at the upgrade — and without that
+/// setting sees the same as before (the error frame as an event); a 5xx is retried either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permanent_failures_end_the_stream_when_asked_and_transient_ones_are_retried() {
+    let Some(relay) = start(RelayConfig::default()).await else {
+        return;
+    };
+    let past_head = || ClientConfig {
+        start_cursor: Some(1_000_000),
+        ..fast(vec![relay.url()])
+    };
+    let mut c = FirehoseClient::new(ClientConfig {
+        give_up_on_permanent: true,
+        ..past_head()
+    })
+    .unwrap();
+    match tokio::time::timeout(T, c.next_checked()).await.unwrap() {
+        Err(ClientError::Relay { name, .. }) => assert_eq!(name, "FutureCursor"),
+        other => panic!("{other:?}"),
+    }
+    let mut c = FirehoseClient::new(past_head()).unwrap();
+    let e = tokio::time::timeout(T, c.next_checked())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(e.kind, FrameKind::Error, "an event, as before");
+    assert_eq!(e.notice.unwrap().name, "FutureCursor");
+    relay.shutdown().await;
+
+    for (status, permanent) in [(404, true), (503, false), (429, false)] {
+        let mut cfg = RelayConfig::default();
+        cfg.faults.reject_upgrades = usize::MAX;
+        cfg.faults.reject_status = status;
+        let Some(relay) = start(cfg).await else {
+            return;
+        };
+        let mut c = FirehoseClient::new(ClientConfig {
+            give_up_on_permanent: true,
+            ..fast(vec![relay.url()])
+        })
+        .unwrap();
+        let r = tokio::time::timeout(Duration::from_secs(2), c.next_checked()).await;
+        let failures = c.stats().snapshot().connect_failures;
+        if permanent {
+            match r {
+                Ok(Err(ClientError::Refused { status: s, .. })) => assert_eq!(s, status),
+                other => panic!("{status}: {other:?}"),
+            }
+            assert_eq!(failures, 1, "{status}: not retried");
+        } else {
+            assert!(r.is_err(), "{status}: still waiting, not ended: {r:?}");
+            assert!(failures >= 3, "{status}: retried ({failures} attempts)");
+        }
+        relay.shutdown().await;
+    }
 }

@@ -14,7 +14,7 @@
 
 use crate::block::{decompress, MAX_BLOCK_BYTES};
 use crate::error::{Error, Result};
-use crate::header::u64_at;
+use crate::header::{bounds_at, u32_at, u64_at};
 
 /// Bytes of one block index entry.
 pub const BLOCK_INDEX_ENTRY: usize = 52;
@@ -44,23 +44,18 @@ pub struct BlockInfo {
     pub max_witnessed_at: i64,
 }
 
-fn u32_at(b: &[u8], o: usize) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[o..o + 4]);
-    u32::from_le_bytes(a)
-}
-
 impl BlockInfo {
     pub(crate) fn parse(e: &[u8]) -> BlockInfo {
+        let (min_seq, max_seq, min_witnessed_at, max_witnessed_at) = bounds_at(e, 20);
         BlockInfo {
             offset: u64_at(e, 0),
             compressed_size: u32_at(e, 8),
             uncompressed_size: u32_at(e, 12),
             event_count: u32_at(e, 16),
-            min_seq: u64_at(e, 20),
-            max_seq: u64_at(e, 28),
-            min_witnessed_at: u64_at(e, 36) as i64,
-            max_witnessed_at: u64_at(e, 44) as i64,
+            min_seq,
+            max_seq,
+            min_witnessed_at,
+            max_witnessed_at,
         }
     }
 

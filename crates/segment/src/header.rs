@@ -49,7 +49,7 @@ pub struct Header {
 fn u16_at(b: &[u8], o: usize) -> u16 {
     u16::from_le_bytes([b[o], b[o + 1]])
 }
-fn u32_at(b: &[u8], o: usize) -> u32 {
+pub(crate) fn u32_at(b: &[u8], o: usize) -> u32 {
     let mut a = [0u8; 4];
     a.copy_from_slice(&b[o..o + 4]);
     u32::from_le_bytes(a)
@@ -58,6 +58,18 @@ pub(crate) fn u64_at(b: &[u8], o: usize) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[o..o + 8]);
     u64::from_le_bytes(a)
+}
+
+/// The seq and time bounds as the header and each block index entry store them, 32 bytes from
+/// `o`: min seq, max seq, min and max `witnessed_at` (Unix µs, two's complement), each a
+/// little-endian `u64`. One reader, so the two tables cannot come to disagree on the layout.
+pub(crate) fn bounds_at(b: &[u8], o: usize) -> (u64, u64, i64, i64) {
+    (
+        u64_at(b, o),
+        u64_at(b, o + 8),
+        u64_at(b, o + 16) as i64,
+        u64_at(b, o + 24) as i64,
+    )
 }
 
 impl Header {
@@ -80,16 +92,17 @@ impl Header {
         if version != VERSION {
             return Err(Error::Version(version));
         }
+        let (min_seq, max_seq, min_witnessed_at, max_witnessed_at) = bounds_at(b, 26);
         Ok(Header {
             checksum,
             version,
             block_count: u32_at(b, 14),
             event_count: u32_at(b, 18),
             unique_did_count: u32_at(b, 22),
-            min_seq: u64_at(b, 26),
-            max_seq: u64_at(b, 34),
-            min_witnessed_at: u64_at(b, 42) as i64,
-            max_witnessed_at: u64_at(b, 50) as i64,
+            min_seq,
+            max_seq,
+            min_witnessed_at,
+            max_witnessed_at,
             footer_offset: u64_at(b, 58),
             did_bloom_offset: u64_at(b, 66),
             block_did_bloom_offset: u64_at(b, 74),
@@ -160,6 +173,18 @@ mod tests {
         assert_eq!(b[14], 3);
         assert_eq!(&b[42..50], &(-5i64).to_le_bytes());
         assert!(b[98..].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn bounds_are_four_little_endian_words_from_the_offset() {
+        // Written by hand, byte by byte, at an odd offset (the block index's is 20).
+        let mut b = vec![0xAAu8; 3];
+        b.extend_from_slice(&[0x01, 0x02, 0, 0, 0, 0, 0, 0]); // 0x0201
+        b.extend_from_slice(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]); // u64::MAX
+        b.extend_from_slice(&[0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]); // -2
+        b.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0x80]); // i64::MIN
+        b.push(0xAA);
+        assert_eq!(bounds_at(&b, 3), (0x0201, u64::MAX, -2, i64::MIN));
     }
 
     #[test]

@@ -21,7 +21,8 @@
 //!   stored (riptide-kafka implements it);
 //! - [`options`]: subscriber options and client messages, validated as Jetstream does;
 //! - [`upstream`]: the relay source (riptide-client), warming DID lookups before verification
-//!   (the verifier's keys are then `riptide_resolver::ResolverKeys::resolving_on`).
+//!   (the verifier's keys are then `riptide_resolver::ResolverKeys::resolving_on`);
+//! - [`status`]: the status line said once a minute in the log, from the metrics.
 
 pub mod chain;
 pub mod compress;
@@ -38,6 +39,7 @@ pub mod publish;
 pub mod resync;
 pub mod server;
 pub mod slow;
+pub mod status;
 pub mod store;
 pub mod upstream;
 pub mod v2;

@@ -579,6 +579,11 @@ impl Metrics {
         self.slow_drops[why as usize].load(Relaxed)
     }
 
+    /// Ops dropped so far, all reasons.
+    pub fn ops_dropped(&self) -> u64 {
+        self.drops.iter().map(|d| d.load(Relaxed)).sum()
+    }
+
     /// Counts one dropped op.
     pub fn drop_op(&self, r: DropReason) {
         let i = DROPS.iter().position(|&x| x == r).unwrap_or(0);

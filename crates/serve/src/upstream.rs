@@ -73,8 +73,10 @@
 //! frame that fails before verification), whether or not the client could read its seq; a frame
 //! that decodes but has no seq, or of a message type this version does not know, is
 //! `riptide_upstream_unsequenced_total`. A relay sending millions of them used to write a log
-//! line each; the first [`GARBAGE_LINES`] are said in full, then one summary with the counts by
-//! class at most every [`GARBAGE_SUMMARY_EVERY`] (`GarbageLog`).
+//! line each; now each class (`malformed`, `limits`, `unsequenced`) follows the rule of
+//! [`riptide_throttle`] as every repeated warning of riptide does: the first
+//! [`Throttle::FIRST`] in full, then at most one summary line a [`Throttle::EVERY`] with the
+//! count not said.
 //!
 //! **`#info OutdatedCursor`** means the relay no longer holds our cursor: it goes on from the
 //! oldest event it kept, and what lay between is lost to us. What the server does: it keeps
@@ -89,7 +91,7 @@
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::{FuturesOrdered, StreamExt};
@@ -100,6 +102,7 @@ use riptide_client::{
 };
 use riptide_firehose::verify::{peek, Verdict};
 use riptide_resolver::Resolver;
+use riptide_throttle::{Say, Throttle};
 use tokio::sync::mpsc;
 
 use crate::ingest::{Upstream, UpstreamFrame};
@@ -263,7 +266,11 @@ struct Seqs {
     /// The frames handed on lately (module docs, "Replays").
     recent: Recent,
     /// What was said about garbage (module docs, "Garbage").
-    garbage: GarbageLog,
+    garbage: Throttle,
+    /// Tape storage for reading frames' `time` below the cursor (and, when resolving, their
+    /// DIDs), kept here with the loop's state so a relay replaying a long stretch below our
+    /// cursor costs no allocation per frame.
+    arena: Arena,
 }
 
 /// The fingerprints (xxh3 of the bytes) of the last [`Recent::CAP`] frames handed on, by seq:
@@ -301,70 +308,26 @@ impl Recent {
     }
 }
 
-/// Garbage frames said in full in the log before `GarbageLog` summarizes.
-pub const GARBAGE_LINES: u64 = 10;
-
-/// At most one summary of garbage frames in this long.
-pub const GARBAGE_SUMMARY_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
-
-/// How much of the upstream garbage is said in the log (module docs, "Garbage"): the first
-/// [`GARBAGE_LINES`] frames in full, then counts by class, said with the first garbage frame
-/// [`GARBAGE_SUMMARY_EVERY`] after the last summary. The metrics count every one.
-#[derive(Debug, Default)]
-struct GarbageLog {
-    said: u64,
-    /// Not said since the last summary, by class.
-    quiet: std::collections::BTreeMap<&'static str, u64>,
-    last_summary: Option<std::time::Instant>,
-}
-
-/// What to say about one garbage frame.
-#[derive(Debug, PartialEq, Eq)]
-enum Say {
-    /// The frame, in full.
-    Full,
-    /// Nothing now (counted for the next summary).
-    Quiet,
-    /// The summary: frames of each class not said since the last one (this one included).
-    Summary(Vec<(&'static str, u64)>),
-}
-
-impl GarbageLog {
-    fn say(&mut self, class: &'static str, now: std::time::Instant) -> Say {
-        if self.said < GARBAGE_LINES {
-            self.said += 1;
-            if self.said == GARBAGE_LINES {
-                self.last_summary = Some(now);
-            }
-            return Say::Full;
-        }
-        *self.quiet.entry(class).or_default() += 1;
-        if self
-            .last_summary
-            .is_some_and(|t| now.duration_since(t) < GARBAGE_SUMMARY_EVERY)
-        {
-            return Say::Quiet;
-        }
-        self.last_summary = Some(now);
-        Say::Summary(std::mem::take(&mut self.quiet).into_iter().collect())
+/// Says (or counts) one garbage frame of `class` (module docs, "Garbage"), by the rule of
+/// [`Throttle`] per class: `full` logs the frame in full, a summary says how many of the class
+/// went unsaid. The metrics count every one.
+fn say_garbage(throttle: &Throttle, class: &'static str, now: Instant, full: impl FnOnce()) -> Say {
+    let say = throttle.say_at(class, now);
+    match say {
+        Say::Full => full(),
+        Say::Quiet => {}
+        Say::Summary { suppressed, total } => tracing::warn!(
+            class,
+            suppressed,
+            total,
+            "upstream frames not ingested ({class}): {suppressed} more not said since the last line, {total} in all \
+             (riptide_verdicts_total, riptide_upstream_unsequenced_total; each class is said in full only the first {} times, \
+             then at most once every {} s)",
+            Throttle::FIRST,
+            Throttle::EVERY.as_secs(),
+        ),
     }
-
-    /// Says (or counts) one garbage frame of `class`; `full` logs it in full.
-    fn frame(&mut self, class: &'static str, full: impl FnOnce()) {
-        match self.say(class, std::time::Instant::now()) {
-            Say::Full => full(),
-            Say::Quiet => {}
-            Say::Summary(counts) => {
-                let counts: Vec<String> = counts.iter().map(|(c, n)| format!("{c} {n}")).collect();
-                tracing::warn!(
-                    "upstream frames not ingested since the last said: {} (riptide_verdicts_total, \
-                     riptide_upstream_unsequenced_total; the next summary in {} s at the earliest)",
-                    counts.join(", "),
-                    GARBAGE_SUMMARY_EVERY.as_secs()
-                );
-            }
-        }
-    }
+    say
 }
 
 /// The relay's `time` of a frame, in Unix microseconds, if it has a readable one.
@@ -473,7 +436,7 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
             let v = garbage_verdict(&ev.bytes).unwrap_or(Verdict::Malformed);
             metrics.verdict(v);
             let after = seqs.last;
-            seqs.garbage.frame(v.as_str(), || {
+            say_garbage(&seqs.garbage, v.as_str(), Instant::now(), || {
                 tracing::warn!(
                     verdict = %v,
                     len = ev.bytes.len(),
@@ -499,7 +462,7 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
                     }
                 }
                 let class = v.map_or("unsequenced", Verdict::as_str);
-                seqs.garbage.frame(class, || {
+                say_garbage(&seqs.garbage, class, Instant::now(), || {
                     tracing::warn!(
                         kind = ev.kind.as_str(),
                         len = ev.bytes.len(),
@@ -564,7 +527,7 @@ fn sequenced(seq: u64, ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) ->
             "following the relay's numbering from seq {seq}"
         );
     } else if below {
-        let t = frame_time_us(&mut Arena::new(), &ev.bytes);
+        let t = frame_time_us(&mut seqs.arena, &ev.bytes);
         if t.is_some_and(|t| t > seqs.fresh_us.saturating_add(seqs.slack_us)) {
             reset = true;
             metrics.upstream_cursor_recoveries[1].fetch_add(1, Relaxed);
@@ -654,7 +617,6 @@ async fn forward_resolving(
     resume: &std::sync::Mutex<Option<Option<u64>>>,
     tx: &mpsc::Sender<Upstream>,
 ) {
-    let mut arena = Arena::new();
     let mut pending: FuturesOrdered<BoxFuture<'static, Upstream>> = FuturesOrdered::new();
     let depth = cfg.lookahead.max(1);
     let mut open = true;
@@ -676,7 +638,7 @@ async fn forward_resolving(
                 if reset {
                     pending.push_back(std::future::ready(Upstream::CursorReset(seq)).boxed());
                 }
-                let p = peek(&mut arena, &bytes);
+                let p = peek(&mut seqs.arena, &bytes);
                 let did = p.did.map(str::to_owned);
                 if p.kind == "identity" {
                     if let Some(d) = &did {
@@ -734,39 +696,60 @@ async fn warm(res: &Resolver, did: &str, retries: u32, delay: Duration, metrics:
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::{Duration, Instant};
 
     #[test]
-    fn garbage_is_said_in_full_then_summarized_by_class_at_most_once_a_period() {
-        let mut g = GarbageLog::default();
+    fn garbage_is_said_in_full_then_summarized_per_class_at_most_once_a_period() {
+        let t = Throttle::default();
         let t0 = Instant::now();
-        for _ in 0..GARBAGE_LINES {
-            assert_eq!(g.say("malformed", t0), Say::Full);
+        let mut full = 0u64;
+        // The throttle's rule, per class: the first few of each class in full.
+        for class in ["malformed", "unsequenced"] {
+            for _ in 0..Throttle::FIRST {
+                assert_eq!(say_garbage(&t, class, t0, || full += 1), Say::Full);
+            }
         }
-        // A million more within the period: nothing said.
+        assert_eq!(full, 2 * Throttle::FIRST);
+        // A million more within the period: nothing said, nothing logged in full.
         for i in 0..1_000_000u64 {
             let class = if i % 4 == 0 {
                 "unsequenced"
             } else {
                 "malformed"
             };
-            assert_eq!(g.say(class, t0 + Duration::from_secs(59)), Say::Quiet);
+            let at = t0 + Duration::from_secs(59);
+            assert_eq!(say_garbage(&t, class, at, || full += 1), Say::Quiet);
         }
-        // The first after the period says them all, counted by class, this one included.
+        assert_eq!(full, 2 * Throttle::FIRST);
+        // A class not seen before is said in full, whatever the others did.
+        let at = t0 + Duration::from_secs(59);
+        assert_eq!(say_garbage(&t, "limits", at, || full += 1), Say::Full);
+        // The first of a class after the period says how many of it went unsaid (this one not
+        // included) and how many there were in all.
+        let t1 = t0 + Throttle::EVERY;
         assert_eq!(
-            g.say("limits", t0 + GARBAGE_SUMMARY_EVERY),
-            Say::Summary(vec![
-                ("limits", 1),
-                ("malformed", 750_000),
-                ("unsequenced", 250_000)
-            ])
+            say_garbage(&t, "malformed", t1, || full += 1),
+            Say::Summary {
+                suppressed: 750_000,
+                total: Throttle::FIRST + 750_000 + 1
+            }
+        );
+        assert_eq!(
+            say_garbage(&t, "unsequenced", t1, || full += 1),
+            Say::Summary {
+                suppressed: 250_000,
+                total: Throttle::FIRST + 250_000 + 1
+            }
         );
         // Then quiet again for a period.
-        let t1 = t0 + GARBAGE_SUMMARY_EVERY;
-        assert_eq!(g.say("malformed", t1 + Duration::from_secs(1)), Say::Quiet);
+        let soon = t1 + Duration::from_secs(1);
+        assert_eq!(say_garbage(&t, "malformed", soon, || full += 1), Say::Quiet);
         assert_eq!(
-            g.say("malformed", t1 + GARBAGE_SUMMARY_EVERY),
-            Say::Summary(vec![("malformed", 2)])
+            say_garbage(&t, "malformed", t1 + Throttle::EVERY, || full += 1),
+            Say::Summary {
+                suppressed: 1,
+                total: Throttle::FIRST + 750_000 + 3
+            }
         );
+        assert_eq!(full, 2 * Throttle::FIRST + 1);
     }
 }

@@ -579,26 +579,40 @@ async fn relay_after_forgery(
     Hostile { url, cursors }
 }
 
-/// Issue 40: a forged seq (2^63 − 1) that is the *last* frame of its connection became the cursor,
-/// and a real relay then answered every reconnection with `FutureCursor` until an operator reset
-/// it. Now, after the grace, the client resumes from the last seq the relay confirmed (10) and
-/// ingest follows the relay's numbering from its next frame: nothing after 10 is lost.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forged_last_seq_answered_with_future_cursor_is_recovered_from() {
+/// The forgery of issue 40 against a relay that honours cursors: the first connection (asked
+/// from 8) sends seqs 9, 10 and a forged 2^63 − 1 last, then closes; later connections serve
+/// `log` (an `#identity` a seq) after their cursor, or `FutureCursor` past its end. The source
+/// runs with a one-second `FutureCursor` grace until the last of `log` arrives: what it handed
+/// ingest, its metrics, and the cursor of each connection.
+async fn forged_last_seq_then(
+    log: std::ops::RangeInclusive<u64>,
+) -> (Vec<(u64, bool)>, Arc<Metrics>, Vec<Option<u64>>) {
     let now = riptide_serve::now_us();
+    let last = *log.end();
     let relay = relay_after_forgery(
         vec![
             identity_at(9, now),
             identity_at(10, now),
             identity_at(i64::MAX, now),
         ],
-        (9..=14).map(|s| (s, identity_at(s as i64, now))).collect(),
+        log.map(|s| (s, identity_at(s as i64, now))).collect(),
         true,
     )
     .await;
     let mut cfg = fast(vec![relay.url.clone()]);
     cfg.future_cursor_grace = Duration::from_secs(1);
-    let (got, metrics) = collect_with(cfg, Some(8), |g| g.last() == Some(&(14, false))).await;
+    let (got, metrics) = collect_with(cfg, Some(8), |g| g.last() == Some(&(last, false))).await;
+    let cursors = relay.cursors.lock().unwrap().clone();
+    (got, metrics, cursors)
+}
+
+/// Issue 40: a forged seq (2^63 − 1) that is the *last* frame of its connection became the cursor,
+/// and a real relay then answered every reconnection with `FutureCursor` until an operator reset
+/// it. Now, after the grace, the client resumes from the last seq the relay confirmed (10) and
+/// ingest follows the relay's numbering from its next frame: nothing after 10 is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_last_seq_answered_with_future_cursor_is_recovered_from() {
+    let (got, metrics, cursors) = forged_last_seq_then(9..=14).await;
     let forged = i64::MAX as u64;
     assert_eq!(
         got,
@@ -613,7 +627,6 @@ async fn a_forged_last_seq_answered_with_future_cursor_is_recovered_from() {
             (14, false)
         ]
     );
-    let cursors = relay.cursors.lock().unwrap().clone();
     assert_eq!(cursors[0], Some(8));
     assert_eq!(
         cursors[1],
@@ -701,20 +714,7 @@ async fn a_relay_replaying_on_one_connection_is_not_served_twice() {
 /// second recovery goes live and follows the relay from its first frame.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_behind_the_confirmed_seq_too_is_followed_live() {
-    let now = riptide_serve::now_us();
-    let relay = relay_after_forgery(
-        vec![
-            identity_at(9, now),
-            identity_at(10, now),
-            identity_at(i64::MAX, now),
-        ],
-        (1..=5).map(|s| (s, identity_at(s as i64, now))).collect(),
-        true,
-    )
-    .await;
-    let mut cfg = fast(vec![relay.url.clone()]);
-    cfg.future_cursor_grace = Duration::from_secs(1);
-    let (got, metrics) = collect_with(cfg, Some(8), |g| g.last() == Some(&(5, false))).await;
+    let (got, metrics, cursors) = forged_last_seq_then(1..=5).await;
     let forged = i64::MAX as u64;
     assert_eq!(
         got,
@@ -730,7 +730,6 @@ async fn a_relay_behind_the_confirmed_seq_too_is_followed_live() {
             (5, false)
         ]
     );
-    let cursors = relay.cursors.lock().unwrap().clone();
     assert!(cursors.contains(&Some(10)), "{cursors:?}");
     assert_eq!(cursors.last(), Some(&None), "{cursors:?}");
     let text = metrics.render(&[]);

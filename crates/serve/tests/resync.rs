@@ -243,6 +243,30 @@ async fn feed(r: &Running, frames: &[Vec<u8>], first: u64) {
     }
 }
 
+/// An honest host (PLC and PDS) with `faults`, and ingest into a fresh directory resyncing
+/// through it with `resync` (asking `relays` first), fed every frame of `w` from seq 1: the host,
+/// the directory (both kept alive by the caller) and the running ingest.
+async fn fed(
+    w: &World,
+    faults: Faults,
+    resync: ResyncConfig,
+    relays: Vec<String>,
+) -> (SimHandle, tempfile::TempDir, Running) {
+    let host = sim(w, false, faults).await;
+    let dir = tempfile::tempdir().unwrap();
+    let r = start_with(dir.path(), w, &host, Some(resync), relays).await;
+    feed(&r, &w.frames, 1).await;
+    (host, dir, r)
+}
+
+/// A host that answers each request after `delay_ms`.
+fn slowed(delay_ms: u64) -> Faults {
+    Faults {
+        delay_ms,
+        ..Faults::default()
+    }
+}
+
 /// Ends the source and waits for ingest (which waits for the resyncs it caused).
 async fn stop(r: Running) -> (Arc<Metrics>, Store, Resume) {
     drop(r.tx);
@@ -314,18 +338,7 @@ async fn a_broken_chain_is_resynced_and_held_frames_are_released_in_order() {
     let reference = per_did(&rstore);
 
     // The sim answers slowly, so the victim's phase-two frames arrive while it is resyncing.
-    let slow = sim(
-        &w,
-        false,
-        Faults {
-            delay_ms: 3000,
-            ..Faults::default()
-        },
-    )
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let r = start(dir.path(), &w, &slow, true).await;
-    feed(&r, &w.frames, 1).await;
+    let (slow, _dir, r) = fed(&w, slowed(3000), ResyncConfig::default(), Vec::new()).await;
     let m = r.metrics.clone();
     let all = w.victim_after as u64;
     wait_for("the victim's later frames held", || {
@@ -493,18 +506,7 @@ async fn an_upstream_sync_ends_the_resync_and_covers_the_held_commits() {
     let w = world(40, true);
     let at = w.victim_sync.unwrap();
     // The host is too slow for the resync to land before the #sync is ingested.
-    let slow = sim(
-        &w,
-        false,
-        Faults {
-            delay_ms: 4000,
-            ..Faults::default()
-        },
-    )
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let r = start(dir.path(), &w, &slow, true).await;
-    feed(&r, &w.frames, 1).await;
+    let (_slow, _dir, r) = fed(&w, slowed(4000), ResyncConfig::default(), Vec::new()).await;
     let m = r.metrics.clone();
     wait_for("the late resync to be found stale", || {
         m.resync_stale.load(Relaxed) == 1
@@ -539,29 +541,16 @@ async fn an_upstream_sync_ends_the_resync_and_covers_the_held_commits() {
 async fn an_absurd_retry_after_is_capped_and_the_account_recovers() {
     let w = world(31, false);
     // Request 1 is the DID document; request 2, the first getRepo, is a 429.
-    let host = sim(
-        &w,
-        false,
-        Faults {
-            rate_limit_every: 2,
-            rate_limit_retry_after: Some(u64::MAX),
-            ..Faults::default()
-        },
-    )
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let r = start_with(
-        dir.path(),
-        &w,
-        &host,
-        Some(ResyncConfig {
-            max_retry_after: Duration::from_secs(1),
-            ..ResyncConfig::default()
-        }),
-        Vec::new(),
-    )
-    .await;
-    feed(&r, &w.frames, 1).await;
+    let faults = Faults {
+        rate_limit_every: 2,
+        rate_limit_retry_after: Some(u64::MAX),
+        ..Faults::default()
+    };
+    let capped = ResyncConfig {
+        max_retry_after: Duration::from_secs(1),
+        ..ResyncConfig::default()
+    };
+    let (host, _dir, r) = fed(&w, faults, capped, Vec::new()).await;
     let m = r.metrics.clone();
     wait_for("the resync to land after the 429", || {
         m.resync_landed.load(Relaxed) == 1 && m.resync_held.load(Relaxed) == 0
@@ -601,28 +590,12 @@ async fn a_stale_mirror_is_skipped_for_the_pds_and_counted() {
     let mirror = Sim::spawn(old, LOOPBACK, Faults::default()).await.unwrap();
     // The PLC and the PDS (the documents name it): the repositories as they are. Its first
     // getRepo (request 2, after the document) is a 429, so that one attempt fails whole.
-    let pds = sim(
-        &w,
-        false,
-        Faults {
-            rate_limit_every: 2,
-            ..Faults::default()
-        },
-    )
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let r = start_with(
-        dir.path(),
-        &w,
-        &pds,
-        Some(ResyncConfig::default()),
-        vec![format!(
-            "ws://{}/xrpc/com.atproto.sync.subscribeRepos",
-            mirror.addr
-        )],
-    )
-    .await;
-    feed(&r, &w.frames, 1).await;
+    let faults = Faults {
+        rate_limit_every: 2,
+        ..Faults::default()
+    };
+    let relay = format!("ws://{}/xrpc/com.atproto.sync.subscribeRepos", mirror.addr);
+    let (pds, _dir, r) = fed(&w, faults, ResyncConfig::default(), vec![relay]).await;
     let m = r.metrics.clone();
     wait_for("the resync to land from the PDS", || {
         m.resync_landed.load(Relaxed) == 1 && m.resync_held.load(Relaxed) == 0

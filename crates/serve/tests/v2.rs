@@ -198,26 +198,28 @@ fn big_commit(i: u64) -> Event {
     common::v1_commit(i, &"x".repeat(16 << 10))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_v2_subscriber_gets_consumer_too_slow() {
-    // The slow-consumer rule scaled down (as in serve.rs's v1 test); the write timeout is long,
-    // so only the rule drops, and a client that reads again soon gets the terminal frame.
-    let n = 2000;
-    let dir = tempfile::tempdir().unwrap();
-    let log = common::open_log(dir.path());
-    log.publish(&(1..=n).map(big_commit).collect::<Vec<_>>());
-    let config = ServerConfig {
-        write_timeout: Duration::from_secs(30),
-        slow: SlowPolicy {
-            max_behind: 100,
-            min_rate: 5.0,
-            window: Duration::from_secs(1),
-        },
-        ..ServerConfig::default()
-    };
-    let app = App::new(log, Arc::new(Metrics::default()), config);
-    let addr = serve(app.clone()).await;
-    let mut stalled = connect(addr, "cursor=1").await;
+/// Events in [`big_log`]: far more than a stalled subscriber's buffers hold.
+const STALL_EVENTS: u64 = 2000;
+
+/// A fresh store at `dir` holding [`STALL_EVENTS`] big commits (seqs 1 to 2,000).
+fn big_log(dir: &std::path::Path) -> Arc<Log> {
+    let log = common::open_log(dir);
+    log.publish(&(1..=STALL_EVENTS).map(big_commit).collect::<Vec<_>>());
+    log
+}
+
+/// The slow-consumer rule scaled down (as in serve.rs's v1 test): more than 100 events behind
+/// and reading under 5 events/s over a second.
+fn scaled_down_slow() -> SlowPolicy {
+    SlowPolicy {
+        max_behind: 100,
+        min_rate: 5.0,
+        window: Duration::from_secs(1),
+    }
+}
+
+/// Waits (at most [`T`]) until `app` has dropped a v2 subscriber for being behind.
+async fn wait_dropped_behind(app: &App) {
     let until = tokio::time::Instant::now() + T;
     while app
         .v2
@@ -226,8 +228,24 @@ async fn a_stalled_v2_subscriber_gets_consumer_too_slow() {
         < 1
     {
         assert!(tokio::time::Instant::now() < until, "not dropped");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_v2_subscriber_gets_consumer_too_slow() {
+    // The slow-consumer rule scaled down (as in serve.rs's v1 test); the write timeout is long,
+    // so only the rule drops, and a client that reads again soon gets the terminal frame.
+    let dir = tempfile::tempdir().unwrap();
+    let config = ServerConfig {
+        write_timeout: Duration::from_secs(30),
+        slow: scaled_down_slow(),
+        ..ServerConfig::default()
+    };
+    let app = App::new(big_log(dir.path()), Arc::new(Metrics::default()), config);
+    let addr = serve(app.clone()).await;
+    let mut stalled = connect(addr, "cursor=1").await;
+    wait_dropped_behind(&app).await;
     // What was buffered arrives in order, then the error frame, then the close.
     let mut seqs = Vec::new();
     let error = loop {
@@ -243,7 +261,7 @@ async fn a_stalled_v2_subscriber_gets_consumer_too_slow() {
     };
     assert_eq!(error["error"], "ConsumerTooSlow");
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
-    assert!(seqs.len() < n as usize - 100);
+    assert!(seqs.len() < STALL_EVENTS as usize - 100);
     match tokio::time::timeout(T, stalled.next()).await.unwrap() {
         Some(Ok(Message::Close(Some(f)))) => assert_eq!(u16::from(f.code), 1008),
         other => panic!("{other:?}"),
@@ -260,32 +278,16 @@ async fn a_v2_subscriber_dropped_behind_gives_its_connection_back_at_once() {
     // Issue 40: a subscriber dropped by the slow rule that never reads again kept its connection
     // (and its place in the connection budget) for the write timeout, 120 s, while the server
     // waited to write it the terminal frame. Now it is given `TERMINAL_GRACE`.
-    let n = 2000;
     let dir = tempfile::tempdir().unwrap();
-    let log = common::open_log(dir.path());
-    log.publish(&(1..=n).map(big_commit).collect::<Vec<_>>());
     let config = ServerConfig {
-        slow: SlowPolicy {
-            max_behind: 100,
-            min_rate: 5.0,
-            window: Duration::from_secs(1),
-        },
+        slow: scaled_down_slow(),
         ..ServerConfig::default()
     };
     assert_eq!(config.write_timeout, Duration::from_secs(120));
-    let app = App::new(log, Arc::new(Metrics::default()), config);
+    let app = App::new(big_log(dir.path()), Arc::new(Metrics::default()), config);
     let addr = common::listen_limited(app.clone(), riptide_serve::ConnLimits::default()).await;
     let _stalled = connect(addr, "cursor=1").await;
-    let until = tokio::time::Instant::now() + T;
-    while app
-        .v2
-        .metrics
-        .slow_drop_count(riptide_serve::metrics::SlowDrop::Behind)
-        < 1
-    {
-        assert!(tokio::time::Instant::now() < until, "not dropped");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_dropped_behind(&app).await;
     let dropped = tokio::time::Instant::now();
     let gone = |app: &App| {
         app.metrics.connections.load(Relaxed) == 0 && app.metrics.subscribers.load(Relaxed) == 0

@@ -8,13 +8,24 @@
 //! config key at once, with the same parser and the same checks, and a flag always wins over the
 //! file. Unknown keys are errors that name the key and the file. Relative paths are relative to
 //! the working directory, as on the command line. `deploy/riptide.toml` lists every key.
+//!
+//! **Environment** (issue 39; Jetstream reads `JETSTREAM_*` the same way): every `serve` flag is
+//! also read from an environment variable named after it mechanically, `RIPTIDE_` and the long
+//! name in capitals with `-` as `_` (`--data` is `RIPTIDE_DATA`, `--max-connections-per-ip`
+//! `RIPTIDE_MAX_CONNECTIONS_PER_IP`, `--config` `RIPTIDE_CONFIG`), by clap's `env` feature, so
+//! `--help` shows each name and the parser and checks are the flag's own. Names are made here
+//! from the flags, not written out beside each one, so a new flag has its variable at once. An
+//! on/off flag takes `true`/`false` (also `1`/`0`, `yes`/`no`, `on`/`off`); a repeatable one
+//! (`--upstream`) a comma-separated list. Precedence: the command line, then the environment,
+//! then the `--config` file, then the default (a file's setting is left out when its flag came
+//! from either of the first two).
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::parser::ValueSource;
-use clap::{ArgAction, CommandFactory};
+use clap::ArgAction;
 
 /// `riptide serve`'s arguments: `--config` and the server's own flags.
 #[derive(clap::Args, Debug)]
@@ -37,8 +48,12 @@ pub fn parse_with_config(argv: Vec<OsString>) -> anyhow::Result<crate::Cli> {
     let Some(path) = sm.get_one::<PathBuf>("config") else {
         return Ok(cli);
     };
+    // The command line and the environment win over the file (module docs).
     let settings = settings(path, |id| {
-        sm.value_source(id) == Some(ValueSource::CommandLine)
+        matches!(
+            sm.value_source(id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        )
     })?;
     // The subcommand's token: the first `serve` after the program name (global flags take no
     // values, so nothing before it can be the word `serve` as a value).
@@ -65,14 +80,42 @@ pub fn parse_with_config(argv: Vec<OsString>) -> anyhow::Result<crate::Cli> {
     }
 }
 
-/// The file's settings as `--flag=value` arguments, leaving out those `on_command_line`.
+/// The environment variable of `serve`'s flag `--long` (module docs, "Environment").
+pub fn env_name(long: &str) -> String {
+    format!("RIPTIDE_{}", long.to_ascii_uppercase().replace('-', "_"))
+}
+
+/// `serve` with each of its flags also read from [`env_name`] (module docs, "Environment").
+pub fn with_env(serve: clap::Command) -> clap::Command {
+    serve.mut_args(|a| {
+        let Some(long) = a.get_long().filter(|l| !matches!(*l, "help" | "version")) else {
+            return a;
+        };
+        let name = env_name(long);
+        match a.get_action() {
+            // `RIPTIDE_NO_VERIFY=1` as well as `=true`; the command line's `--no-verify` is
+            // `true` to this parser too.
+            ArgAction::SetTrue => a
+                .env(name)
+                .value_parser(clap::builder::BoolishValueParser::new()),
+            // One variable for a repeatable flag: its values separated by commas.
+            ArgAction::Append => a.env(name).value_delimiter(','),
+            _ => a.env(name),
+        }
+    })
+}
+
+/// The file's settings as `--flag=value` arguments, leaving out those `on_command_line` (given
+/// there or in the environment).
 fn settings(path: &Path, on_command_line: impl Fn(&str) -> bool) -> anyhow::Result<Vec<OsString>> {
     let text = String::from_utf8(super::read_file(path)?)
         .map_err(|_| anyhow::anyhow!("{}: not UTF-8 text", path.display()))?;
     let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
         anyhow::anyhow!("{}: not TOML: {}", path.display(), e.message())
     })?;
-    let cmd = crate::Cli::command();
+    // Built, so that the global flags (`--log-format`) are among serve's.
+    let mut cmd = crate::command();
+    cmd.build();
     let serve = cmd
         .find_subcommand("serve")
         .context("no serve subcommand")?;
@@ -142,5 +185,39 @@ fn scalar(v: &toml::Value) -> Option<String> {
         toml::Value::Boolean(b) => Some(b.to_string()),
         toml::Value::Datetime(d) => Some(d.to_string()),
         toml::Value::Array(_) | toml::Value::Table(_) => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_serve_flag_has_its_environment_variable() {
+        assert_eq!(env_name("data"), "RIPTIDE_DATA");
+        assert_eq!(
+            env_name("max-connections-per-ip"),
+            "RIPTIDE_MAX_CONNECTIONS_PER_IP"
+        );
+        assert_eq!(env_name("zstd-dictionary-v2"), "RIPTIDE_ZSTD_DICTIONARY_V2");
+        let cmd = crate::command();
+        let serve = cmd.find_subcommand("serve").unwrap();
+        let mut named = 0;
+        for a in serve.get_arguments() {
+            let Some(long) = a.get_long() else { continue };
+            if long == "help" {
+                assert_eq!(a.get_env(), None);
+                continue;
+            }
+            let want = env_name(long);
+            assert_eq!(
+                a.get_env().and_then(|e| e.to_str()),
+                Some(want.as_str()),
+                "--{long}"
+            );
+            named += 1;
+        }
+        // The flags of issue 39's examples are among them.
+        assert!(named >= 25, "{named}");
     }
 }

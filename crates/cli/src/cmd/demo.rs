@@ -227,6 +227,8 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         ingest_repeat: 1,
         ingest_rate: None,
         workers: None,
+        // The demo prints its own line a second; the server's (INFO) is below its log level.
+        status_interval: riptide_serve::status::EVERY,
     };
     let running = super::serve::start(&serve_args).await?;
     let addr = running.addr;

@@ -132,6 +132,9 @@ pub struct Args {
     /// does not leave a core idle; frames are assigned to threads by DID).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
     pub workers: Option<u8>,
+    /// How often the status line is logged (a minute; shorter for tests).
+    #[arg(long, value_name = "DUR", default_value = "60s", value_parser = parse_nonzero_duration, hide = true)]
+    pub status_interval: Duration,
     /// Not a contract: ingest this corpus file instead of an upstream relay.
     #[arg(long, value_name = "FILE")]
     pub ingest_file: Option<PathBuf>,
@@ -222,9 +225,12 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     // The first stdout line is the URL, as `relay` and `sim` print theirs (scripts read it); the
     // same on stderr, beside the log, for a person reading the terminal or a log file.
     println!("ws://{}/subscribe", running.addr);
-    eprintln!("riptide serve: ws://{}/subscribe", running.addr);
-    if let Some(m) = running.metrics_addr {
-        eprintln!("riptide serve: probes at http://{m}/metrics, /healthz, /readyz");
+    // With JSON logs, stderr is the log's alone (the log says both addresses already).
+    if !crate::log::json() {
+        eprintln!("riptide serve: ws://{}/subscribe", running.addr);
+        if let Some(m) = running.metrics_addr {
+            eprintln!("riptide serve: probes at http://{m}/metrics, /healthz, /readyz");
+        }
     }
     let addr = running.addr;
     match running.run_until(shutdown_signal()).await {
@@ -494,6 +500,11 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         ..ServerConfig::default()
     };
     let app = App::new(log.clone(), metrics.clone(), config);
+    // Counting from here, before ingest starts: the status lines add up to the whole run.
+    tokio::spawn(riptide_serve::status::run(
+        app.clone(),
+        args.status_interval,
+    ));
 
     let ingest_done = if let Some(url) = &args.from {
         // Edge: the topic is the source; the store and both wires are as on a single node.

@@ -15,8 +15,17 @@
 //! `--collection`/`--did` are v2's `collections`/`dids`, `--kind` its `kinds`, `--cursor` a seq
 //! (inclusive), `--zstd-dictionary` asks for `zstdDictionary=<the file's id>`. `--json` prints each
 //! frame as received (decompressed); the readable view is `seq kind did [operation
-//! collection/rkey]`. A refusal (HTTP 400: bad filter, `CursorTooOld`, unknown dictionary) is an
-//! error, exit 2.
+//! collection/rkey]`.
+//!
+//! Errors (issue 39), the same on every wire: a permanent one ends `tail` with one line on stderr
+//! and exit 1, because waiting would not change it — the server refusing the connection with a
+//! 4xx other than 408/429 (its reason given: v2's `InvalidRequest`, `CursorTooOld`, an unknown
+//! dictionary; a 404 for a wrong path), a host name that does not exist, or a relay's
+//! `FutureCursor` error frame (the cursor is past its newest event). A transient one is said on
+//! stderr and retried with backoff: a refused or reset connection, a 5xx, 408 or 429, a timeout,
+//! a resolver that cannot be reached, and a relay's other error frames (`ConsumerTooSlow`: it
+//! dropped us; the reconnect resumes after the last event printed). Error frames are never
+//! printed as events. (`riptide_client`'s `give_up_on_permanent` is the rule.)
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -25,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use riptide_cbor::{write_json_int, write_json_string};
 use riptide_client::{
-    ClientConfig, FirehoseClient, FirehoseEvent, FrameKind, JetstreamClient, JetstreamConfig,
-    JetstreamEvent, JetstreamOptions,
+    ClientConfig, ClientError, FirehoseClient, FirehoseEvent, FrameKind, JetstreamClient,
+    JetstreamConfig, JetstreamEvent, JetstreamOptions,
 };
 use riptide_firehose::verify::{Verdict, Verifier};
 use riptide_firehose::{Body, DecodeOptions, FrameDecoder};
@@ -132,7 +141,10 @@ async fn jetstream_v2(args: Args) -> anyhow::Result<ExitCode> {
     tokio::pin!(ctrl_c);
     while printer.wants_more() {
         let m = tokio::select! {
-            m = client.next() => m?,
+            m = client.next() => match m {
+                Ok(m) => m,
+                Err(e) => return gave_up(printer, &args.jetstream, &e, args.cursor),
+            },
             _ = &mut ctrl_c => break,
         };
         if args.json {
@@ -223,8 +235,36 @@ impl Printer {
 fn config(hosts: Vec<String>, cursor: Option<i64>) -> ClientConfig {
     ClientConfig {
         start_cursor: cursor,
+        // A person waits for this: a failure that waiting cannot mend ends it (module docs).
+        give_up_on_permanent: true,
         ..ClientConfig::with_hosts(hosts)
     }
+}
+
+/// Ends `tail` on a permanent error (module docs): what was printed is flushed, then one line
+/// on stderr says why, with what to change where that is known; exit 1.
+fn gave_up(
+    printer: Printer,
+    urls: &[String],
+    e: &ClientError,
+    cursor: Option<i64>,
+) -> anyhow::Result<ExitCode> {
+    printer.finish()?;
+    let hint = match e {
+        ClientError::Relay { name, .. } if name == "FutureCursor" => cursor.map_or_else(
+            String::new,
+            |c| format!(" (--cursor {c} is past the relay's newest event: give a lower one, or none to start live)"),
+        ),
+        ClientError::Refused { .. } => " (the server refuses this request: not retried)".into(),
+        _ => " (not retried)".into(),
+    };
+    // Refusals and relay errors do not name the server; an unknown host does already.
+    let at = match e {
+        ClientError::UnknownHost { .. } => String::new(),
+        _ => format!("{}: ", urls.join(", ")),
+    };
+    crate::log::fatal(&format!("{at}{e}{hint}"));
+    Ok(ExitCode::from(1))
 }
 
 async fn relay(args: Args) -> anyhow::Result<ExitCode> {
@@ -249,9 +289,25 @@ async fn relay(args: Args) -> anyhow::Result<ExitCode> {
     tokio::pin!(ctrl_c);
     while printer.wants_more() {
         let event = tokio::select! {
-            e = client.next() => e,
+            e = client.next_checked() => match e {
+                Ok(e) => e,
+                Err(e) => return gave_up(printer, &args.relay, &e, args.cursor),
+            },
             _ = &mut ctrl_c => break,
         };
+        if event.kind == FrameKind::Error {
+            // Transient (a permanent one ended the run above): said, not printed as an event.
+            // The relay closes after it; the client reconnects after the last event printed.
+            let (name, message) = event.notice.as_ref().map_or(("?", ""), |n| {
+                (n.name.as_str(), n.message.as_deref().unwrap_or(""))
+            });
+            tracing::warn!(
+                host = client.host(),
+                resume_after = client.cursor(),
+                "the relay sent the error {name}: {message}; reconnecting"
+            );
+            continue;
+        }
         let verdict = match &mut verifier {
             Some(v)
                 if matches!(
@@ -453,6 +509,9 @@ async fn jetstream(args: Args) -> anyhow::Result<ExitCode> {
         let JetstreamEvent { raw, event } = tokio::select! {
             e = client.next_checked(MAX_UNDECODABLE) => match e {
                 Ok(e) => e,
+                Err(e @ (ClientError::Refused { .. } | ClientError::UnknownHost { .. })) => {
+                    return gave_up(printer, &args.jetstream, &e, args.cursor);
+                }
                 Err(e) => {
                     printer.finish()?;
                     let hint = if args.zstd_dictionary.is_some() {
