@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use common::{riptide, s, scratch, stderr};
 use riptide_jetstream::EventKind;
-use riptide_serve::store::Resume;
 use riptide_serve::{Event, Store, StoreOptions};
+use riptide_store::store::Resume;
 use serde_json::{json, Value};
 
 /// Blocks of 16 events: 1, 17, 33, …

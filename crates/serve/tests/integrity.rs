@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use riptide_serve::store::Resume;
 use riptide_serve::{App, Log, Metrics, ServerConfig, Store, StoreOptions, TailLimits};
+use riptide_store::store::Resume;
 use tokio_tungstenite::tungstenite::Message;
 
 const T: Duration = Duration::from_secs(60);

@@ -13,12 +13,12 @@ use riptide_serve::{
 };
 
 /// Opens the store at `dir` once the store this process had open there has let go of it (a data
-/// directory is one store's at a time, `riptide_serve::lock`): a test that "restarts" in-process
+/// directory is one store's at a time, `riptide_store::lock`): a test that "restarts" in-process
 /// waits for the tasks of the first run (a server's last connections, a resync service) to end.
 pub async fn reopen(
     dir: &Path,
     dict_id: u32,
-    options: riptide_serve::store::StoreOptions,
+    options: riptide_store::store::StoreOptions,
 ) -> (Store, riptide_serve::Resume) {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
