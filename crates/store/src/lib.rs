@@ -11,11 +11,15 @@
 //!
 //! - [`event`]: one stored v1 event, the store's value format;
 //! - [`store`]: the fjall partitions, blocks, checksums, durability point and retention;
-//! - [`lock`]: one process per data directory.
+//! - [`lock`]: one process per data directory;
+//! - `testing` (feature `testing`, for dev-dependencies): what tests of the store and of its
+//!   users share.
 
 pub mod event;
 pub mod lock;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use event::{CorruptEvent, Event, Text, Utf8Text};
 pub use lock::{DirLock, LockError};

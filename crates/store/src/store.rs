@@ -720,7 +720,7 @@ const RECENT_MEMTABLE: u32 = 32 << 20;
 /// The block value's format byte and header: format, event count, first seq, last time_us,
 /// length of the values before compression; then one zstd frame of `[u32 len][value]…`; then
 /// (format 2, module docs "Checksums") the xxh3-64 of everything before it, big-endian.
-const BLOCK_FORMAT: u8 = 2;
+pub(crate) const BLOCK_FORMAT: u8 = 2;
 /// Blocks sealed before checksums (layout 3): the same without the trailing checksum.
 const BLOCK_FORMAT_1: u8 = 1;
 const BLOCK_HEADER: usize = 1 + 4 + 8 + 8 + 4;
@@ -2159,6 +2159,8 @@ mod tests {
     use super::*;
     use riptide_jetstream::EventKind;
 
+    use crate::testing::{cut_journals, flip_block};
+
     /// The store of these tests: its events carry [`Utf8Text`].
     type Store = super::Store<Utf8Text>;
 
@@ -2561,40 +2563,6 @@ mod tests {
         out.iter().map(Event::seq).collect()
     }
 
-    /// Flips one bit of the stored value that starts with `needle`, in the `blocks` partition's
-    /// segment files of the (stopped) store at `dir`, `at` bytes into the value.
-    fn flip_on_disk(dir: &Path, needle: &[u8], at: usize) {
-        fn files(d: &Path, out: &mut Vec<std::path::PathBuf>) {
-            for f in std::fs::read_dir(d).unwrap() {
-                let p = f.unwrap().path();
-                if p.is_dir() {
-                    files(&p, out);
-                } else {
-                    out.push(p);
-                }
-            }
-        }
-        let mut all = Vec::new();
-        files(&dir.join("partitions").join("blocks"), &mut all);
-        for f in all {
-            let mut b = std::fs::read(&f).unwrap();
-            if let Some(i) = b.windows(needle.len()).position(|w| w == needle) {
-                b[i + at] ^= 0x10;
-                std::fs::write(&f, b).unwrap();
-                return;
-            }
-        }
-        panic!("no stored value starts with {needle:?}");
-    }
-
-    /// The first bytes of the block value of `count` events from `first` (format 2).
-    fn block_start(count: u32, first: u64) -> Vec<u8> {
-        let mut v = vec![BLOCK_FORMAT];
-        v.extend_from_slice(&count.to_be_bytes());
-        v.extend_from_slice(&first.to_be_bytes());
-        v
-    }
-
     #[test]
     fn a_flipped_bit_in_a_stopped_store_is_found_named_counted_and_skipped() {
         let small = small(10, 8);
@@ -2607,7 +2575,7 @@ mod tests {
             s.flush().unwrap();
             drop(s);
             let at = at.min(len - 1);
-            flip_on_disk(dir.path(), &block_start(10, 11), at);
+            flip_block(dir.path(), 10, 11, at);
             let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
             assert_eq!(r.next_seq, 46);
             // The events before and after it, exactly as stored; none of its own.
@@ -2641,7 +2609,7 @@ mod tests {
         let s = filled(dir.path(), small, 45);
         s.flush().unwrap();
         drop(s);
-        flip_on_disk(dir.path(), &block_start(10, 11), 30);
+        flip_block(dir.path(), 10, 11, 30);
         let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
         let three = ReadLimit {
             events: 3,
@@ -2682,7 +2650,7 @@ mod tests {
             s.flush().unwrap();
             drop(s);
             // The header's count: the last block's end cannot be read from it.
-            flip_on_disk(dir.path(), &block_start(count, first), 4);
+            flip_block(dir.path(), count, first, 4);
             let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
             assert_eq!(r.next_seq, 48);
             let lost = first..first + u64::from(count);
@@ -2721,18 +2689,6 @@ mod tests {
         let got = read_all(&s);
         assert!(!got.iter().any(|q| (11..21).contains(q)), "{got:?}");
         assert_eq!(s.damaged_blocks().len(), 1);
-    }
-
-    /// Cuts the journal files of the stopped store at `dir` to half of what they hold (a journal
-    /// file is preallocated: what it holds ends at its last non-zero byte).
-    fn cut_journals(dir: &Path) {
-        for f in std::fs::read_dir(dir.join("journals")).unwrap() {
-            let p = f.unwrap().path();
-            let b = std::fs::read(&p).unwrap();
-            let used = b.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
-            let file = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-            file.set_len(used as u64 / 2).unwrap();
-        }
     }
 
     #[test]
@@ -2792,7 +2748,7 @@ mod tests {
                 .unwrap();
             s.ks.persist(PersistMode::SyncAll).unwrap();
         }
-        flip_on_disk(dir.path(), &block_start(10, 11), 30);
+        flip_block(dir.path(), 10, 11, 30);
         let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
         assert_eq!(r.next_seq, 49);
         let c = s.check().unwrap();

@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use riptide_jetstream::EventKind;
 use riptide_serve::{
     router, App, ConnInfo, ConnLimits, Event, LimitedListener, Log, Metrics, ServerConfig, Store,
     TailLimits,
@@ -47,15 +46,7 @@ pub fn open_log(dir: &Path) -> Arc<Log> {
 
 /// Event `i` (seq and `time_us` both `i`): a commit by `did:plc:a` in `a.b.c` with this JSON.
 pub fn commit(i: u64, json: &str) -> Event {
-    Event::encode(
-        i,
-        i as i64,
-        EventKind::Commit,
-        "did:plc:a",
-        "a.b.c",
-        json.as_bytes(),
-        b"",
-    )
+    riptide_store::testing::commit(i, json)
 }
 
 /// Event `i` as a bare `{"i":…,"pad":…}` object: enough for v1, which sends the stored JSON.
