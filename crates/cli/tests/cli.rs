@@ -180,6 +180,46 @@ fn bench_decode_json_has_the_contract_fields() {
     assert!(v.get("sha_bound_fps").is_none());
 }
 
+/// `bench rows` (issue 38) on the capture: every event rendered again from its row, checked
+/// byte for byte by the command itself (it fails otherwise); in blocks of 64 so that today's
+/// store seals blocks to compare with.
+#[test]
+fn bench_rows_renders_every_event_of_the_capture_and_reports_both_sizes() {
+    let Some(file) = capture() else { return };
+    let out = riptide(&[
+        "bench",
+        "rows",
+        s(&file),
+        "--block-rows",
+        "64",
+        "--warmup",
+        "0",
+        "--passes",
+        "1",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The manifest's 152 events (148 commits of 150 ops, an identity and an account event).
+    assert_eq!(
+        (v["events"].as_u64(), v["rendered_identical"].as_u64()),
+        (Some(152), Some(152))
+    );
+    let f = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("no {k} in {v}"));
+    // Blocks of 64 of both kinds; a segment adds its header and footer to its blocks.
+    assert!(f("rows_block_bytes_per_event") > 0.0 && f("v1_block_bytes_per_event") > 0.0);
+    assert!(f("rows_segment_bytes_per_event") > f("rows_block_bytes_per_event"));
+    let ratio = f("rows_block_bytes_per_event") / f("v1_block_bytes_per_event");
+    assert!((ratio - f("rows_to_v1_block_bytes")).abs() < 1e-9);
+    for k in [
+        "render_rows_events_per_s",
+        "replay_rows_events_per_s",
+        "replay_v1_store_events_per_s",
+    ] {
+        assert!(v[k]["median"].as_f64().unwrap() > 0.0, "{k}");
+    }
+}
+
 #[test]
 fn the_sha_kernel_cap_is_followed_reported_and_checked() {
     let Some(dir) = capture().and_then(|f| f.parent().map(|d| d.to_path_buf())) else {

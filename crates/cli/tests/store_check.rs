@@ -5,70 +5,22 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::{riptide, s, scratch, stderr};
-use riptide_jetstream::EventKind;
-use riptide_serve::store::Resume;
-use riptide_serve::{Event, Store, StoreOptions};
+use riptide_store::testing::{commit, cut_journals, flip_block, resume, SMALL};
+use riptide_store::{Event, Utf8Text};
 use serde_json::{json, Value};
 
-/// Blocks of 16 events: 1, 17, 33, …
-const SMALL: StoreOptions = StoreOptions {
-    block_events: 16,
-    block_bytes: 1 << 20,
-    block_cache: 2,
-};
+/// The store as a tool opens it (`riptide store check|repair`).
+type Store = riptide_store::Store<Utf8Text>;
 
+/// Event `i`: a commit whose JSON names its seq.
 fn ev(i: u64) -> Event {
-    let json = format!("{{\"did\":\"did:plc:a\",\"time_us\":{i},\"kind\":\"commit\"}}");
-    Event::encode(
+    commit(
         i,
-        i as i64,
-        EventKind::Commit,
-        "did:plc:a",
-        "a.b.c",
-        json.as_bytes(),
-        b"",
+        &format!("{{\"did\":\"did:plc:a\",\"time_us\":{i},\"kind\":\"commit\"}}"),
     )
-}
-
-fn resume(next: u64) -> Resume {
-    Resume {
-        next_seq: next,
-        last_time_us: next as i64 - 1,
-        upstream_cursor: Some(next - 1),
-    }
-}
-
-fn files(d: &Path, out: &mut Vec<PathBuf>) {
-    for f in std::fs::read_dir(d).unwrap() {
-        let p = f.unwrap().path();
-        if p.is_dir() {
-            files(&p, out);
-        } else {
-            out.push(p);
-        }
-    }
-}
-
-/// Flips one bit inside the stored block of `count` events from `first` (its value starts with
-/// format 2, the count and the first seq), in the segment files of the stopped store at `dir`.
-fn flip_block(dir: &Path, count: u32, first: u64) {
-    let mut needle = vec![2u8];
-    needle.extend_from_slice(&count.to_be_bytes());
-    needle.extend_from_slice(&first.to_be_bytes());
-    let mut all = Vec::new();
-    files(&dir.join("partitions").join("blocks"), &mut all);
-    for f in all {
-        let mut b = std::fs::read(&f).unwrap();
-        if let Some(i) = b.windows(needle.len()).position(|w| w == needle) {
-            b[i + 33] ^= 0x01;
-            std::fs::write(&f, b).unwrap();
-            return;
-        }
-    }
-    panic!("block {first} not found on disk");
 }
 
 /// `riptide store CMD --data DIR --json`: its exit code and report.
@@ -97,7 +49,7 @@ fn a_flipped_bit_is_named_by_check_and_removed_by_repair() {
         (Some(6), Some(100))
     );
 
-    flip_block(dir.path(), 16, 17);
+    flip_block(dir.path(), 16, 17, 33);
     let out = riptide(&["store", "check", "--data", s(dir.path())]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
@@ -129,7 +81,7 @@ fn a_flipped_bit_is_named_by_check_and_removed_by_repair() {
     let (store, r) = Store::open_any(dir.path()).unwrap();
     assert_eq!(r.next_seq, 101);
     let mut out = Vec::new();
-    let all = riptide_serve::ReadLimit {
+    let all = riptide_store::ReadLimit {
         events: 1000,
         bytes: 1 << 30,
     };
@@ -149,13 +101,7 @@ fn a_journal_cut_short_is_said_at_open_and_listed() {
             store.append(&evs, &resume(first + 10)).unwrap();
         }
     }
-    for f in std::fs::read_dir(dir.path().join("journals")).unwrap() {
-        let p = f.unwrap().path();
-        let b = std::fs::read(&p).unwrap();
-        let used = b.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
-        let file = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-        file.set_len(used as u64 / 2).unwrap();
-    }
+    cut_journals(dir.path());
     let (code, v, err) = store_json("check", dir.path());
     assert_eq!(code, 1, "{v}\n{err}");
     let lost = v["journal_lost_at_open"].as_u64().unwrap();

@@ -21,9 +21,10 @@
 use std::ops::Range;
 
 use riptide_cbor::{
-    write_json, write_json_bytes, write_json_int, write_json_string, Arena, Options,
+    encode_value, write_int, write_json, write_json_bytes, write_json_int, write_json_string,
+    write_map_header, write_text, Arena, Cid, CidBuf, Options, Value, DAG_CBOR,
 };
-use riptide_firehose::{Action, Body, Frame};
+use riptide_firehose::{Action, Body, Frame, FrameDecoder};
 use riptide_syntax::{is_valid_did, is_valid_nsid, is_valid_record_key, is_valid_tid};
 
 /// The `kind` of a v1 event.
@@ -176,6 +177,10 @@ pub struct Projector {
     arena: Arena,
     out: Projection,
     sync: bool,
+    /// Decodes stored identity, account and sync rows ([`Projector::project_row`]).
+    rows: FrameDecoder,
+    /// The frame a stored event row is decoded from: header, then the row's payload.
+    row_frame: Vec<u8>,
 }
 
 impl Projector {
@@ -199,152 +204,381 @@ impl Projector {
     /// them, otherwise decoded here strictly, one at a time, so that one bad record drops one op
     /// and not the frame.
     pub fn project(&mut self, frame: &Frame<'_>) -> &Projection {
-        let Projector { arena, out, sync } = self;
+        project_into(&mut self.arena, &mut self.out, self.sync, frame);
+        &self.out
+    }
+
+    /// Projects one stored row (issue 38: the store keeps rows, not JSON) to its v1 event: byte
+    /// for byte what [`Projector::project`] made of the frame the row came from. A commit row's
+    /// record is rendered from its DAG-CBOR and its `cid` is the SHA-256 of those bytes, which is
+    /// the op's CID in a verified frame (the CAR's blocks are checked against their CIDs). An
+    /// identity, account or sync row's payload is the upstream event's DAG-CBOR, decoded as the
+    /// frame's payload was.
+    pub fn project_row(&mut self, row: &StoredRow<'_>) -> Result<&Projection, RowError> {
+        let Projector {
+            arena,
+            out,
+            rows,
+            row_frame,
+            ..
+        } = self;
         out.buf.clear();
         out.parts.clear();
         out.drops.clear();
-        match frame.body() {
-            Body::Commit(c) => {
-                let did_ok = is_valid_did(c.repo);
-                let rev_ok = is_valid_tid(c.rev);
-                for (i, op) in c.ops().enumerate() {
-                    if !did_ok {
-                        out.drops.push((i, DropReason::InvalidDid));
-                        continue;
-                    }
-                    if !rev_ok {
-                        out.drops.push((i, DropReason::InvalidRev));
-                        continue;
-                    }
-                    let (collection, rkey) = (op.collection(), op.rkey());
-                    if !is_valid_nsid(collection) {
-                        out.drops.push((i, DropReason::InvalidCollection));
-                        continue;
-                    }
-                    if !is_valid_record_key(rkey) {
-                        out.drops.push((i, DropReason::InvalidRkey));
-                        continue;
-                    }
-                    let mark = out.buf.len();
-                    let did = push(&mut out.buf, c.repo);
-                    let coll = push(&mut out.buf, collection);
-                    let body_start = out.buf.len();
-                    let b = &mut out.buf;
-                    b.extend_from_slice(b"\"commit\":{\"rev\":");
-                    write_json_string(b, c.rev);
-                    b.extend_from_slice(b",\"operation\":\"");
-                    b.extend_from_slice(op.action.as_str().as_bytes());
-                    b.extend_from_slice(b"\",\"collection\":");
-                    write_json_string(b, collection);
-                    b.extend_from_slice(b",\"rkey\":");
-                    write_json_string(b, rkey);
-                    if op.action != Action::Delete {
-                        let Some(cid) = op.cid else {
-                            // The decoder refuses creates and updates without a CID.
-                            out.buf.truncate(mark);
-                            out.drops.push((i, DropReason::MissingRecord));
-                            continue;
-                        };
-                        b.extend_from_slice(b",\"record\":");
-                        let rendered = match frame.block_by_cid(cid) {
-                            Some(v) => write_json(v, b).is_ok(),
-                            None => match frame.block_bytes(cid) {
-                                None => {
-                                    out.buf.truncate(mark);
-                                    out.drops.push((i, DropReason::MissingRecord));
-                                    continue;
-                                }
-                                Some(bytes) => {
-                                    let mut tape = arena.tape(bytes);
-                                    match tape.decode(0..bytes.len(), &Options::strict()) {
-                                        Ok(item) => write_json(tape.value(item), b).is_ok(),
-                                        Err(_) => false,
-                                    }
-                                }
-                            },
-                        };
-                        if !rendered {
-                            out.buf.truncate(mark);
-                            out.drops.push((i, DropReason::BadRecord));
-                            continue;
-                        }
-                        b.extend_from_slice(b",\"cid\":\"");
-                        cid.write_string(b);
-                        b.push(b'"');
-                    }
-                    b.push(b'}');
-                    let body = body_start..out.buf.len();
-                    out.parts.push(Part {
-                        kind: EventKind::Commit,
-                        did,
-                        collection: coll,
-                        body,
-                    });
+        match *row {
+            StoredRow::Commit {
+                did,
+                rev,
+                action,
+                collection,
+                rkey,
+                record,
+            } => {
+                let cid = record.map(|r| CidBuf::sha256(DAG_CBOR, r));
+                let record = cid
+                    .as_ref()
+                    .zip(record)
+                    .map(|(c, r)| (c.as_cid(), Some(Record::Bytes(r))));
+                let op = OpRow {
+                    did,
+                    rev,
+                    action,
+                    collection,
+                    rkey,
+                };
+                out.push_commit(arena, &op, record)
+                    .map_err(RowError::Record)?;
+            }
+            StoredRow::Event { kind, payload } => {
+                let t = match kind {
+                    EventKind::Identity => "#identity",
+                    EventKind::Account => "#account",
+                    EventKind::Sync => "#sync",
+                    EventKind::Commit => return Err(RowError::CommitPayload),
+                };
+                // The frame header `{"t": t, "op": 1}` (keys in DAG-CBOR's order), then the payload.
+                row_frame.clear();
+                write_map_header(row_frame, 2);
+                write_text(row_frame, "t");
+                write_text(row_frame, t);
+                write_text(row_frame, "op");
+                write_int(row_frame, 1);
+                row_frame.extend_from_slice(payload);
+                let frame = rows.decode(row_frame).map_err(RowError::Payload)?;
+                project_into(arena, out, true, &frame);
+                if out.parts.len() != 1 {
+                    return Err(RowError::NoEvent(kind));
                 }
             }
-            Body::Identity(id) if !is_valid_did(id.did) => {
-                out.drops.push((0, DropReason::InvalidDid));
-            }
-            Body::Account(a) if !is_valid_did(a.did) => {
-                out.drops.push((0, DropReason::InvalidDid));
-            }
-            Body::Sync(s) if *sync && !is_valid_did(s.did) => {
-                out.drops.push((0, DropReason::InvalidDid));
-            }
-            Body::Identity(id) => {
-                let did = push(&mut out.buf, id.did);
-                let start = out.buf.len();
-                let b = &mut out.buf;
-                b.extend_from_slice(b"\"identity\":{\"did\":");
-                write_json_string(b, id.did);
-                if let Some(h) = id.handle {
-                    b.extend_from_slice(b",\"handle\":");
-                    write_json_string(b, h);
-                }
-                b.extend_from_slice(b",\"seq\":");
-                write_json_int(b, id.seq);
-                out.end_part(EventKind::Identity, did, start, id.time);
-            }
-            Body::Account(a) => {
-                let did = push(&mut out.buf, a.did);
-                let start = out.buf.len();
-                let b = &mut out.buf;
-                b.extend_from_slice(if a.active {
-                    b"\"account\":{\"active\":true,\"did\":"
-                } else {
-                    b"\"account\":{\"active\":false,\"did\":"
-                });
-                write_json_string(b, a.did);
-                b.extend_from_slice(b",\"seq\":");
-                write_json_int(b, a.seq);
-                if let Some(s) = a.status {
-                    b.extend_from_slice(b",\"status\":");
-                    write_json_string(b, s);
-                }
-                out.end_part(EventKind::Account, did, start, a.time);
-            }
-            Body::Sync(s) if *sync => {
-                let did = push(&mut out.buf, s.did);
-                let start = out.buf.len();
-                let b = &mut out.buf;
-                b.extend_from_slice(b"\"sync\":{\"blocks\":");
-                write_json_bytes(b, s.blocks);
-                b.extend_from_slice(b",\"did\":");
-                write_json_string(b, s.did);
-                b.extend_from_slice(b",\"rev\":");
-                write_json_string(b, s.rev);
-                b.extend_from_slice(b",\"seq\":");
-                write_json_int(b, s.seq);
-                out.end_part(EventKind::Sync, did, start, s.time);
-            }
-            // Never emitted on v1 (§4.1, §7.8).
-            Body::Sync(_) | Body::Info(_) | Body::Error(_) | Body::Unknown { .. } => {}
         }
-        out
+        Ok(out)
     }
 }
 
 impl Projection {
+    /// The stored row of each of this projection's events, in event order, borrowed from the
+    /// `frame` it was projected from (issue 38: what the store keeps instead of the JSON;
+    /// [`Projector::project_row`] makes the JSON again). A commit op's row holds the record's
+    /// block as the CAR carries it; an identity, account or sync event's row the frame's payload
+    /// bytes.
+    pub fn stored_rows<'f>(&self, frame: &Frame<'f>) -> Result<Vec<StoredRow<'f>>, RowError> {
+        let mut rows = Vec::with_capacity(self.len());
+        match frame.body() {
+            Body::Commit(c) => {
+                for (i, op) in c.ops().enumerate() {
+                    if self.drops.iter().any(|&(d, _)| d == i) {
+                        continue;
+                    }
+                    let record = match (op.action, op.cid) {
+                        (Action::Delete, _) => None,
+                        (_, cid) => Some(
+                            cid.and_then(|cid| frame.block_bytes(cid))
+                                .ok_or(RowError::Record(DropReason::MissingRecord))?,
+                        ),
+                    };
+                    rows.push(StoredRow::Commit {
+                        did: c.repo,
+                        rev: c.rev,
+                        action: op.action,
+                        collection: op.collection(),
+                        rkey: op.rkey(),
+                        record,
+                    });
+                }
+            }
+            _ => {
+                if let Some(p) = self.parts.first() {
+                    rows.push(StoredRow::Event {
+                        kind: p.kind,
+                        payload: payload_bytes(frame)?,
+                    });
+                }
+            }
+        }
+        if rows.len() != self.len() {
+            return Err(RowError::Unpaired {
+                rows: rows.len(),
+                events: self.len(),
+            });
+        }
+        Ok(rows)
+    }
+}
+
+/// The payload's bytes in `frame`: what follows the header, whose strict DAG-CBOR encoding is
+/// its bytes.
+fn payload_bytes<'f>(frame: &Frame<'f>) -> Result<&'f [u8], RowError> {
+    let mut header = Vec::new();
+    encode_value(frame.header(), &mut header).map_err(|_| RowError::Header)?;
+    let bytes = frame.bytes();
+    match bytes.strip_prefix(&header[..]) {
+        Some(payload) => Ok(payload),
+        None => Err(RowError::Header),
+    }
+}
+
+/// One row as the store keeps it (the columns of a `.jss` row that make its v1 event).
+#[derive(Clone, Copy, Debug)]
+pub enum StoredRow<'a> {
+    /// A create, update or delete.
+    Commit {
+        /// The account.
+        did: &'a str,
+        /// The commit's rev.
+        rev: &'a str,
+        /// What the op did.
+        action: Action,
+        /// The record's collection.
+        collection: &'a str,
+        /// The record key.
+        rkey: &'a str,
+        /// The record's DAG-CBOR as signed (`None` for a delete).
+        record: Option<&'a [u8]>,
+    },
+    /// An `#identity`, `#account` or `#sync` event.
+    Event {
+        /// Which.
+        kind: EventKind,
+        /// The upstream event's DAG-CBOR (the frame's payload).
+        payload: &'a [u8],
+    },
+}
+
+/// Why a stored row has no v1 event: the store is damaged (ingest stores only rows that project).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RowError {
+    /// A commit row's record does not render ([`DropReason::BadRecord`]).
+    #[error("stored row: record not rendered ({})", .0.as_str())]
+    Record(DropReason),
+    /// An event row's payload does not decode as its upstream event.
+    #[error("stored row: payload does not decode: {0}")]
+    Payload(riptide_firehose::FrameError),
+    /// An event row's payload decodes but gives no event (its DID is not one).
+    #[error("stored {} row: payload gives no event", .0.as_str())]
+    NoEvent(EventKind),
+    /// An event row said to be a commit: commits are stored as commit rows.
+    #[error("stored row: a commit payload is not an event row")]
+    CommitPayload,
+    /// A frame's header is not in strict DAG-CBOR, so its payload's bytes cannot be told apart.
+    #[error("frame header not in strict DAG-CBOR: its payload cannot be stored as a row")]
+    Header,
+    /// The rows of a frame do not pair with its events (a bug, said rather than stored).
+    #[error("{rows} rows for {events} events of a frame")]
+    Unpaired {
+        /// Rows made.
+        rows: usize,
+        /// Events projected.
+        events: usize,
+    },
+}
+
+/// [`Projector::project`] into `out`, with `#sync` frames projected when `sync`.
+fn project_into(arena: &mut Arena, out: &mut Projection, sync: bool, frame: &Frame<'_>) {
+    out.buf.clear();
+    out.parts.clear();
+    out.drops.clear();
+    match frame.body() {
+        Body::Commit(c) => {
+            let did_ok = is_valid_did(c.repo);
+            let rev_ok = is_valid_tid(c.rev);
+            for (i, op) in c.ops().enumerate() {
+                if !did_ok {
+                    out.drops.push((i, DropReason::InvalidDid));
+                    continue;
+                }
+                if !rev_ok {
+                    out.drops.push((i, DropReason::InvalidRev));
+                    continue;
+                }
+                let (collection, rkey) = (op.collection(), op.rkey());
+                if !is_valid_nsid(collection) {
+                    out.drops.push((i, DropReason::InvalidCollection));
+                    continue;
+                }
+                if !is_valid_record_key(rkey) {
+                    out.drops.push((i, DropReason::InvalidRkey));
+                    continue;
+                }
+                let record = match (op.action, op.cid) {
+                    (Action::Delete, _) => None,
+                    // The decoder refuses creates and updates without a CID.
+                    (_, None) => {
+                        out.drops.push((i, DropReason::MissingRecord));
+                        continue;
+                    }
+                    (_, Some(cid)) => Some((
+                        cid,
+                        match frame.block_by_cid(cid) {
+                            Some(v) => Some(Record::Value(v)),
+                            None => frame.block_bytes(cid).map(Record::Bytes),
+                        },
+                    )),
+                };
+                let op_row = OpRow {
+                    did: c.repo,
+                    rev: c.rev,
+                    action: op.action,
+                    collection,
+                    rkey,
+                };
+                if let Err(why) = out.push_commit(arena, &op_row, record) {
+                    out.drops.push((i, why));
+                }
+            }
+        }
+        Body::Identity(id) if !is_valid_did(id.did) => {
+            out.drops.push((0, DropReason::InvalidDid));
+        }
+        Body::Account(a) if !is_valid_did(a.did) => {
+            out.drops.push((0, DropReason::InvalidDid));
+        }
+        Body::Sync(s) if sync && !is_valid_did(s.did) => {
+            out.drops.push((0, DropReason::InvalidDid));
+        }
+        Body::Identity(id) => {
+            let did = push(&mut out.buf, id.did);
+            let start = out.buf.len();
+            let b = &mut out.buf;
+            b.extend_from_slice(b"\"identity\":{\"did\":");
+            write_json_string(b, id.did);
+            if let Some(h) = id.handle {
+                b.extend_from_slice(b",\"handle\":");
+                write_json_string(b, h);
+            }
+            b.extend_from_slice(b",\"seq\":");
+            write_json_int(b, id.seq);
+            out.end_part(EventKind::Identity, did, start, id.time);
+        }
+        Body::Account(a) => {
+            let did = push(&mut out.buf, a.did);
+            let start = out.buf.len();
+            let b = &mut out.buf;
+            b.extend_from_slice(if a.active {
+                b"\"account\":{\"active\":true,\"did\":"
+            } else {
+                b"\"account\":{\"active\":false,\"did\":"
+            });
+            write_json_string(b, a.did);
+            b.extend_from_slice(b",\"seq\":");
+            write_json_int(b, a.seq);
+            if let Some(s) = a.status {
+                b.extend_from_slice(b",\"status\":");
+                write_json_string(b, s);
+            }
+            out.end_part(EventKind::Account, did, start, a.time);
+        }
+        Body::Sync(s) if sync => {
+            let did = push(&mut out.buf, s.did);
+            let start = out.buf.len();
+            let b = &mut out.buf;
+            b.extend_from_slice(b"\"sync\":{\"blocks\":");
+            write_json_bytes(b, s.blocks);
+            b.extend_from_slice(b",\"did\":");
+            write_json_string(b, s.did);
+            b.extend_from_slice(b",\"rev\":");
+            write_json_string(b, s.rev);
+            b.extend_from_slice(b",\"seq\":");
+            write_json_int(b, s.seq);
+            out.end_part(EventKind::Sync, did, start, s.time);
+        }
+        // Never emitted on v1 (§4.1, §7.8).
+        Body::Sync(_) | Body::Info(_) | Body::Error(_) | Body::Unknown { .. } => {}
+    }
+}
+
+/// A commit op's fields, from a frame or a stored row.
+struct OpRow<'a> {
+    did: &'a str,
+    rev: &'a str,
+    action: Action,
+    collection: &'a str,
+    rkey: &'a str,
+}
+
+/// A create's or update's record: decoded with the frame's blocks, or bytes to decode.
+enum Record<'v> {
+    Value(Value<'v>),
+    Bytes(&'v [u8]),
+}
+
+impl Projection {
+    /// Renders one commit op's event. `record` is `None` for a delete, else the op's CID and its
+    /// record (`None` if the CAR does not hold it). Nothing is left in the buffer on an error.
+    fn push_commit(
+        &mut self,
+        arena: &mut Arena,
+        op: &OpRow<'_>,
+        record: Option<(Cid<'_>, Option<Record<'_>>)>,
+    ) -> Result<(), DropReason> {
+        let mark = self.buf.len();
+        let did = push(&mut self.buf, op.did);
+        let collection = push(&mut self.buf, op.collection);
+        let body_start = self.buf.len();
+        let b = &mut self.buf;
+        b.extend_from_slice(b"\"commit\":{\"rev\":");
+        write_json_string(b, op.rev);
+        b.extend_from_slice(b",\"operation\":\"");
+        b.extend_from_slice(op.action.as_str().as_bytes());
+        b.extend_from_slice(b"\",\"collection\":");
+        write_json_string(b, op.collection);
+        b.extend_from_slice(b",\"rkey\":");
+        write_json_string(b, op.rkey);
+        if let Some((cid, source)) = record {
+            b.extend_from_slice(b",\"record\":");
+            let rendered = match source {
+                None => {
+                    b.truncate(mark);
+                    return Err(DropReason::MissingRecord);
+                }
+                Some(Record::Value(v)) => write_json(v, b).is_ok(),
+                Some(Record::Bytes(bytes)) => {
+                    let mut tape = arena.tape(bytes);
+                    match tape.decode(0..bytes.len(), &Options::strict()) {
+                        Ok(item) => write_json(tape.value(item), b).is_ok(),
+                        Err(_) => false,
+                    }
+                }
+            };
+            if !rendered {
+                b.truncate(mark);
+                return Err(DropReason::BadRecord);
+            }
+            b.extend_from_slice(b",\"cid\":\"");
+            cid.write_string(b);
+            b.push(b'"');
+        }
+        b.push(b'}');
+        let body = body_start..b.len();
+        self.parts.push(Part {
+            kind: EventKind::Commit,
+            did,
+            collection,
+            body,
+        });
+        Ok(())
+    }
+
     /// Ends the body of an identity or account event begun at `start` (all its fields written but
     /// the last, `time`) and records its part.
     fn end_part(&mut self, kind: EventKind, did: Range<usize>, start: usize, time: &str) {

@@ -26,8 +26,8 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use riptide_firehose::chain::AccountState;
 use riptide_jetstream::EventKind;
-use riptide_serve::store::PendingChange;
 use riptide_serve::{Event, Metrics, Publish, PublishError, Resume};
+use riptide_store::store::PendingChange;
 
 use crate::record::{self, Batch};
 use crate::{KafkaError, KafkaUrl, Quiet};

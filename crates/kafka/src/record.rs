@@ -19,8 +19,8 @@
 use bytes::Bytes;
 use riptide_firehose::chain::{decode_state, encode_state, AccountState};
 use riptide_jetstream::EventKind;
-use riptide_serve::store::PendingChange;
 use riptide_serve::{Event, Resume};
+use riptide_store::store::PendingChange;
 
 /// Header: the event's seq (the v1 `cursor`, the v2 `seq`), decimal ASCII.
 pub const H_SEQ: &str = "riptide-seq";

@@ -92,7 +92,7 @@ fn render(all: &[Event], passes: usize) {
         per_event(hot, passes, 3000, frame)
     );
     let copy = |e: &Event| {
-        std::hint::black_box(e.text().map(|t| String::from(t.as_str())));
+        std::hint::black_box(e.text().map(|t| String::from(t.0.as_str())));
     };
     println!(
         "copy,   32 in cache: {}",

@@ -23,7 +23,8 @@ use std::collections::HashMap;
 
 use riptide_firehose::chain::{AccountState, ChainStore};
 
-use crate::store::{Store, StoreError};
+use crate::Store;
+use riptide_store::StoreError;
 
 /// The most frames a worker can have verified that the store does not hold yet: its answer
 /// channel's chunks, plus the writer's batch being built (`max_batch` frames and one chunk more).
@@ -132,8 +133,8 @@ impl ChainStore for ServeChain {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Resume;
     use riptide_firehose::chain::{Hosting, SyncStatus};
+    use riptide_store::store::Resume;
 
     fn state(h: Hosting) -> AccountState {
         AccountState {

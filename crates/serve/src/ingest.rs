@@ -59,13 +59,13 @@ use riptide_firehose::chain::{AccountState, ChainStore, SyncStatus, Tip};
 
 use crate::chain::{max_in_flight, ServeChain};
 use crate::compress::{compress_into, DictError, Dictionary};
-use crate::event::Event;
 use crate::keys::Keys;
 use crate::log::Log;
 use crate::metrics::Metrics;
 use crate::resync::{Held, Holds, Landing, ResyncWiring};
-use crate::store::PendingChange;
-use crate::store::{Resume, StoreError};
+use crate::Event;
+use riptide_store::store::PendingChange;
+use riptide_store::store::{Resume, StoreError};
 
 /// The lines that say a frame was refused, per verdict: a few in full, then a summary a minute
 /// (a looped capture or a broken relay refuses every frame; `riptide_verdicts_total` counts

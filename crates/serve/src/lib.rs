@@ -7,8 +7,9 @@
 //!   rendered (JSON and zstd) once;
 //! - [`chain`]: each verifier's account chain state, cached over the store's `accounts`;
 //! - [`resync`]: a broken account's repository fetched and verified, its frames held meanwhile;
-//! - [`store`]: the fjall event store, with the upstream cursor committed atomically with the
-//!   events it covers (the durability point is documented there);
+//! - the store (`riptide-store`): the fjall event store, with the upstream cursor committed
+//!   atomically with the events it covers; [`Store`] and [`Event`] are its types with the text
+//!   this server sends ([`WsText`]);
 //! - [`log`]: the shared log subscribers pull from at their own cursor (memory tail + store);
 //! - [`server`]: `/subscribe`, `/metrics`, `/healthz`, `/readyz`, with constant memory per
 //!   subscriber;
@@ -26,12 +27,10 @@
 
 pub mod chain;
 pub mod compress;
-pub mod event;
 mod faults;
 pub mod ingest;
 pub mod keys;
 pub mod limits;
-pub mod lock;
 pub mod log;
 pub mod metrics;
 pub mod options;
@@ -40,7 +39,6 @@ pub mod resync;
 pub mod server;
 pub mod slow;
 pub mod status;
-pub mod store;
 pub mod upstream;
 pub mod v2;
 
@@ -57,7 +55,6 @@ pub(crate) fn deadline_after(
         .or_else(|| now.checked_add(std::time::Duration::from_secs(100 * 365 * 86_400)))
         .unwrap_or(now)
 }
-pub use event::Event;
 pub use ingest::{
     default_workers, IngestConfig, IngestHandle, IngestSummary, Upstream, UpstreamFrame,
 };
@@ -66,9 +63,34 @@ pub use limits::{ConnInfo, ConnLimits, LimitedListener};
 pub use log::{Log, ReadLimit, TailLimits};
 pub use metrics::{KafkaMetrics, KafkaRole, Metrics};
 pub use publish::{Publish, PublishError};
+pub use riptide_store::{Resume, StoreError, StoreOptions};
 pub use server::{router, App, ServerConfig};
 pub use slow::SlowPolicy;
-pub use store::{Resume, Store, StoreError, StoreOptions};
+
+/// An event's text as this server sends it: axum's WebSocket text, checked to be UTF-8 once when
+/// the event is made or read from the store (`riptide_store::Text`), never per subscriber.
+#[derive(Clone, Debug)]
+pub struct WsText(pub axum::extract::ws::Utf8Bytes);
+
+impl riptide_store::Text for WsText {
+    fn from_utf8(bytes: bytes::Bytes) -> Option<Self> {
+        axum::extract::ws::Utf8Bytes::try_from(bytes)
+            .ok()
+            .map(WsText)
+    }
+    fn from_string(s: String) -> Self {
+        WsText(s.into())
+    }
+    fn byte_len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// One v1 event as this server holds and sends it.
+pub type Event = riptide_store::Event<WsText>;
+
+/// The event store, its events carrying this server's text.
+pub type Store = riptide_store::Store<WsText>;
 pub use upstream::UpstreamConfig;
 
 /// Wall-clock unix microseconds.

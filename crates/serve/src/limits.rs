@@ -8,7 +8,7 @@
 //!
 //! - **A budget**: at most [`ConnLimits::max_connections`] connections at once, never more than
 //!   the descriptor limit minus [`RESERVED_FDS`] (kept for the store, whose open-file cache is
-//!   capped at [`crate::store::STORE_MAX_OPEN_FILES`], and for the process's own files);
+//!   capped at [`riptide_store::store::STORE_MAX_OPEN_FILES`], and for the process's own files);
 //! - **a per-IP limit** ([`ConnLimits::per_ip`]), so one host cannot take the whole budget (an
 //!   IPv6 client counts per /64, the block one host is usually given: [`ip_key`]);
 //! - **a reserve for probes** ([`PROBE_RESERVE`]): connections beyond the budget are still
@@ -64,9 +64,9 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::metrics::Metrics;
 
 /// Descriptors kept out of the connection budget: the store's open-file cache
-/// ([`crate::store::STORE_MAX_OPEN_FILES`]) plus journals, the listener, the runtime's own
+/// ([`riptide_store::store::STORE_MAX_OPEN_FILES`]) plus journals, the listener, the runtime's own
 /// (epoll, eventfd, pipes), the upstream connection, DID lookups and the binary's files.
-pub const RESERVED_FDS: u64 = crate::store::STORE_MAX_OPEN_FILES as u64 + 128;
+pub const RESERVED_FDS: u64 = riptide_store::store::STORE_MAX_OPEN_FILES as u64 + 128;
 
 /// Connections the main listener accepts beyond the budget, for probes only (module docs); also
 /// the budget of a probes listener ([`LimitedListener::probes`]).

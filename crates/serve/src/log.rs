@@ -30,8 +30,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::event::Event;
-use crate::store::{Store, StoreError};
+use crate::Event;
+use crate::Store;
+pub use riptide_store::ReadLimit;
+use riptide_store::StoreError;
 
 /// The tail's bounds (whichever is reached first evicts the oldest events).
 #[derive(Clone, Copy, Debug)]
@@ -49,38 +51,6 @@ impl Default for TailLimits {
             // The capture's events take ~1.6 KB each with their v2 frames: room for the 65,536.
             max_bytes: 104 << 20,
         }
-    }
-}
-
-/// How much one subscriber read may return: at most `events` events and, past the first event,
-/// at most `bytes` bytes of stored values. The byte cap is what keeps a subscriber's memory
-/// constant: a read from the store copies every value it returns, and a subscriber holds its
-/// batch until the socket has taken it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReadLimit {
-    /// Most events.
-    pub events: usize,
-    /// Most bytes of stored values (JSON + zstd); a single larger event is still returned.
-    pub bytes: usize,
-}
-
-impl Default for ReadLimit {
-    /// 256 events or 16 KiB: a replay read fills about two WebSocket write buffers. A subscriber
-    /// that has fallen out of the tail is the only holder of its batch, so this is most of what
-    /// a lagging subscriber costs (at 64 KiB, 1,000 lagging subscribers took 100+ MB).
-    fn default() -> Self {
-        ReadLimit {
-            events: 256,
-            bytes: 16 << 10,
-        }
-    }
-}
-
-impl ReadLimit {
-    /// Whether `out` (which had `start` entries before this read) is full.
-    pub(crate) fn full(&self, out: &[Event], start: usize, bytes: usize) -> bool {
-        let n = out.len() - start;
-        n >= self.events.max(1) || (n > 0 && bytes >= self.bytes)
     }
 }
 
@@ -220,7 +190,10 @@ impl Log {
         let Some(last) = events.last() else { return };
         // Each event's `subscribeEvents` frame, made once here (outside the lock) rather than
         // once per v2 subscriber and send (`v2.rs`).
-        let events: Vec<Event> = events.iter().map(Event::with_v2_frame).collect();
+        let events: Vec<Event> = events
+            .iter()
+            .map(|e| e.with_v2_frame(crate::v2::render))
+            .collect();
         {
             let mut t = self.tail.write().unwrap_or_else(|p| p.into_inner());
             for e in events {
@@ -404,5 +377,5 @@ mod tests {
             assert_eq!(out.iter().map(Event::seq).collect::<Vec<_>>(), [9, 10]);
         }
     }
-    use crate::store::Resume;
+    use riptide_store::store::Resume;
 }

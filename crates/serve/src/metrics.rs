@@ -27,7 +27,7 @@ pub(crate) fn sample(
 /// skips (`store.rs`, "Checksums"), and acknowledged events a journal cut short lost at open
 /// (`store.rs`, "Journal"). Kept by the store itself (it finds them, on any reader's path) and
 /// written here, all in one place.
-pub(crate) fn render_store_integrity(s: &mut String, st: crate::store::IntegrityStats) {
+pub(crate) fn render_store_integrity(s: &mut String, st: riptide_store::store::IntegrityStats) {
     for (name, kind, help, v) in [
         (
             "riptide_store_corrupt_blocks_total",

@@ -7,7 +7,7 @@ use riptide_jetstream::EventKind;
 use riptide_syntax::{is_valid_did, is_valid_nsid};
 use serde_json::Value;
 
-use crate::event::Event;
+use crate::Event;
 
 /// Most collections (exact and prefixes together, after de-duplication).
 pub const MAX_COLLECTIONS: usize = 100;

@@ -18,8 +18,8 @@
 
 use riptide_firehose::chain::AccountState;
 
-use crate::event::Event;
-use crate::store::{PendingChange, Resume};
+use crate::Event;
+use riptide_store::store::{PendingChange, Resume};
 
 /// Where verified batches are published before they are stored.
 pub trait Publish: Send + std::fmt::Debug {

@@ -75,7 +75,8 @@ use riptide_resolver::{ResyncError, Resynced, Resyncer};
 use tokio::sync::{mpsc, Semaphore};
 
 use crate::metrics::{Metrics, ResyncFailure};
-use crate::store::{PendingChange, Store, StoreError};
+use crate::Store;
+use riptide_store::store::{PendingChange, StoreError};
 
 /// Resync bounds.
 #[derive(Clone, Debug)]

@@ -70,11 +70,11 @@ use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::time::Instant;
 
-use crate::event::Event;
 use crate::log::{Log, ReadFrom, ReadLimit};
 use crate::metrics::{Metrics, SlowDrop};
 use crate::options::{parse_client_message, ClientMessage, Cursor, Filter, SubscribeOptions};
 use crate::slow::{SlowPolicy, SlowWatch};
+use crate::Event;
 
 /// Largest client message (v2 closes with 1009 above it).
 pub const MAX_CLIENT_MESSAGE: usize = 10_000_000;
@@ -476,7 +476,7 @@ async fn subscribe(
 
 /// Resolves a cursor to a start seq (`None` = live), §4.3: inclusive; below the retention floor
 /// it simply starts at the oldest retained event; in the future, live.
-fn resolve(log: &Log, c: Cursor) -> Result<Option<u64>, crate::store::StoreError> {
+fn resolve(log: &Log, c: Cursor) -> Result<Option<u64>, riptide_store::store::StoreError> {
     let next = log.next_seq();
     Ok(match c {
         Cursor::Live => None,
@@ -941,7 +941,7 @@ impl Frames for V1Frames<'_> {
             return Ok(Some((Message::Binary(z), len)));
         }
         match e.text() {
-            Some(t) => Ok(Some((Message::Text(t.clone()), e.json_len()))),
+            Some(t) => Ok(Some((Message::Text(t.0.clone()), e.json_len()))),
             None => {
                 unsendable(app, e, "stored JSON is not UTF-8");
                 Ok(None)

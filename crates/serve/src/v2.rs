@@ -86,13 +86,13 @@ use riptide_jetstream::EventKind;
 use tokio::sync::{mpsc, watch};
 
 use crate::compress::{CompressorPool, Dictionary};
-use crate::event::Event;
 use crate::metrics::{Metrics, SlowDrop};
 use crate::options::{Filter, CURSOR_SPLIT, MAX_COLLECTIONS, MAX_DIDS};
 use crate::server::{
     stream, unsendable, App, Ctl, Frames, Op, Outcome, Writer, MAX_CLIENT_MESSAGE,
     WS_MAX_WRITE_BUFFER, WS_READ_BUFFER, WS_WRITE_BUFFER,
 };
+use crate::Event;
 
 /// The subscription's path.
 pub const SUBSCRIBE_EVENTS: &str = "/xrpc/network.bsky.jetstream.subscribeEvents";
@@ -599,7 +599,7 @@ pub fn render(e: &Event) -> Option<String> {
 /// one slice, for another kind its name, then its object and the closing `}`, as one slice, then
 /// the last `}`.
 pub fn render_with(e: &Event, times: &mut TimeFormat) -> Option<String> {
-    let json = e.text()?.as_str();
+    let json = e.text()?.0.as_str();
     let p = v1_parts(e, json.as_bytes())?;
     let kind = kind_text(e.kind());
     let time = times.field(e.time_us());
@@ -746,7 +746,7 @@ impl V2 {
     fn frame(&self, e: &Event, zstd: bool, cache: bool, times: &mut TimeFormat) -> Option<Message> {
         // Made when the event entered the in-memory tail.
         if let (Some(t), false) = (e.v2_frame(), zstd) {
-            return Some(Message::Text(t.clone()));
+            return Some(Message::Text(t.0.clone()));
         }
         if !cache {
             let text = self.render_counted(e, times)?;
@@ -770,7 +770,7 @@ impl V2 {
         if let (Some(z), true) = (z, zstd) {
             return Some(Message::Binary(z));
         }
-        let text = match text.or_else(|| e.v2_frame().cloned()) {
+        let text = match text.or_else(|| e.v2_frame().map(|t| t.0.clone())) {
             Some(t) => t,
             None => self.render_counted(e, times)?,
         };

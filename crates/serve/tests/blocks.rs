@@ -180,7 +180,7 @@ async fn sealed_blocks_replay_byte_for_byte_on_both_wires() {
     );
 
     // Reopened: the unsealed events come back from `recent`, the rest from the blocks. The
-    // servers go first: a data directory is one store's at a time (`riptide_serve::lock`), and
+    // servers go first: a data directory is one store's at a time (`riptide_store::lock`), and
     // their last connections end a moment after the clients close them.
     let store = log.store().clone();
     drop(log);

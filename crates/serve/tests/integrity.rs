@@ -6,54 +6,15 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use riptide_serve::store::Resume;
-use riptide_serve::{App, Log, Metrics, ServerConfig, Store, StoreOptions, TailLimits};
+use riptide_serve::{App, Log, Metrics, ServerConfig, Store, TailLimits};
+use riptide_store::testing::{cut_journals, flip_block, resume, SMALL};
 use tokio_tungstenite::tungstenite::Message;
 
 const T: Duration = Duration::from_secs(60);
-
-/// Blocks of 16 events: 1, 17, 33, … (100 events: the last block holds 85..=100).
-const SMALL: StoreOptions = StoreOptions {
-    block_events: 16,
-    block_bytes: 1 << 20,
-    block_cache: 2,
-};
-
-fn files(d: &Path, out: &mut Vec<PathBuf>) {
-    for f in std::fs::read_dir(d).unwrap() {
-        let p = f.unwrap().path();
-        if p.is_dir() {
-            files(&p, out);
-        } else {
-            out.push(p);
-        }
-    }
-}
-
-/// Flips one bit in the zstd frame of the stored block of `count` events from `first`, in the
-/// segment files of the stopped store at `dir`.
-fn flip_block(dir: &Path, count: u32, first: u64) {
-    // The block's value starts with its format (2), count and first seq.
-    let mut needle = vec![2u8];
-    needle.extend_from_slice(&count.to_be_bytes());
-    needle.extend_from_slice(&first.to_be_bytes());
-    let mut all = Vec::new();
-    files(&dir.join("partitions").join("blocks"), &mut all);
-    for f in all {
-        let mut b = std::fs::read(&f).unwrap();
-        if let Some(i) = b.windows(needle.len()).position(|w| w == needle) {
-            b[i + 40] ^= 0x04;
-            std::fs::write(&f, b).unwrap();
-            return;
-        }
-    }
-    panic!("block {first} not found on disk");
-}
 
 /// Every message of `path` until none comes for a second; panics on a close or an error.
 async fn all_messages(addr: SocketAddr, path: &str) -> Vec<String> {
@@ -75,21 +36,37 @@ fn num(v: &serde_json::Value, k: &str) -> u64 {
     v[k].as_u64().unwrap_or_else(|| panic!("no {k} in {v}"))
 }
 
+/// The seq of each v1 event (its `cursor`).
+fn v1_seqs(messages: &[String]) -> Vec<u64> {
+    messages
+        .iter()
+        .map(|m| num(&serde_json::from_str(m).unwrap(), "cursor"))
+        .collect()
+}
+
+/// The seq of each `subscribeEvents` message (`payload.seq`).
+fn v2_seqs(messages: &[String]) -> Vec<u64> {
+    messages
+        .iter()
+        .map(|m| {
+            num(
+                &serde_json::from_str::<serde_json::Value>(m).unwrap()["payload"],
+                "seq",
+            )
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_corrupt_block_is_skipped_on_both_wires_and_named_in_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let evs: Vec<_> = (1..=100).map(|i| common::v1_commit(i, "x")).collect();
     {
         let (store, _) = Store::open_with(dir.path(), 0, SMALL).unwrap();
-        let resume = Resume {
-            next_seq: 101,
-            last_time_us: 100,
-            upstream_cursor: Some(100),
-        };
-        store.append(&evs, &resume).unwrap();
+        store.append(&evs, &resume(101)).unwrap();
         store.flush().unwrap();
     }
-    flip_block(dir.path(), 16, 17);
+    flip_block(dir.path(), 16, 17, 40);
 
     let (store, resume) = Store::open_with(dir.path(), 0, SMALL).unwrap();
     assert_eq!(resume.next_seq, 101);
@@ -109,10 +86,7 @@ async fn a_corrupt_block_is_skipped_on_both_wires_and_named_in_metrics() {
     let v1 = tokio::time::timeout(T, all_messages(addr, "/subscribe?cursor=0"))
         .await
         .unwrap();
-    let got: Vec<u64> = v1
-        .iter()
-        .map(|m| num(&serde_json::from_str(m).unwrap(), "cursor"))
-        .collect();
+    let got = v1_seqs(&v1);
     assert_eq!(got, want);
     // Byte for byte what was stored.
     for (m, &seq) in v1.iter().zip(&want) {
@@ -128,15 +102,7 @@ async fn a_corrupt_block_is_skipped_on_both_wires_and_named_in_metrics() {
     )
     .await
     .unwrap();
-    let got: Vec<u64> = v2
-        .iter()
-        .map(|m| {
-            num(
-                &serde_json::from_str::<serde_json::Value>(m).unwrap()["payload"],
-                "seq",
-            )
-        })
-        .collect();
+    let got = v2_seqs(&v2);
     assert_eq!(got, want);
 
     // Named once in /metrics, though two replays met it.
@@ -164,11 +130,6 @@ async fn metrics(addr: SocketAddr) -> String {
 async fn a_journal_cut_short_is_in_metrics_and_its_seqs_are_not_given_again() {
     let dir = tempfile::tempdir().unwrap();
     let evs: Vec<_> = (1..=100).map(|i| common::v1_commit(i, "x")).collect();
-    let resume = |next: u64| Resume {
-        next_seq: next,
-        last_time_us: next as i64 - 1,
-        upstream_cursor: Some(next - 1),
-    };
     {
         // Ten acknowledged batches, never flushed: all in the journal.
         let (store, _) = Store::open_with(dir.path(), 0, SMALL).unwrap();
@@ -176,13 +137,7 @@ async fn a_journal_cut_short_is_in_metrics_and_its_seqs_are_not_given_again() {
             store.append(b, &resume(b[9].seq() + 1)).unwrap();
         }
     }
-    for f in std::fs::read_dir(dir.path().join("journals")).unwrap() {
-        let p = f.unwrap().path();
-        let b = std::fs::read(&p).unwrap();
-        let used = b.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
-        let file = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-        file.set_len(used as u64 / 2).unwrap();
-    }
+    cut_journals(dir.path());
     let (store, r) = Store::open_with(dir.path(), 0, SMALL).unwrap();
     // Nothing the last run gave out is given again.
     assert_eq!((r.next_seq, r.last_time_us), (101, 100));
@@ -214,23 +169,12 @@ async fn a_journal_cut_short_is_in_metrics_and_its_seqs_are_not_given_again() {
     let v2 = tokio::time::timeout(T, all_messages(addr, &path))
         .await
         .unwrap();
-    let got: Vec<u64> = v2
-        .iter()
-        .map(|m| {
-            num(
-                &serde_json::from_str::<serde_json::Value>(m).unwrap()["payload"],
-                "seq",
-            )
-        })
-        .collect();
+    let got = v2_seqs(&v2);
     assert_eq!(got, (101..=110).collect::<Vec<_>>());
     let v1 = tokio::time::timeout(T, all_messages(addr, "/subscribe?cursor=0"))
         .await
         .unwrap();
-    let got: Vec<u64> = v1
-        .iter()
-        .map(|m| num(&serde_json::from_str(m).unwrap(), "cursor"))
-        .collect();
+    let got = v1_seqs(&v1);
     let want: Vec<u64> = (1..kept).chain(101..=110).collect();
     assert_eq!(got, want);
 }

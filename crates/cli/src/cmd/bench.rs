@@ -56,6 +56,9 @@ pub enum Bench {
     Serve(super::bench_serve::ServeArgs),
     /// Resync throughput against `riptide sim`: repositories/s and MB/s fetched and verified.
     Resync(super::bench_resync::ResyncArgs),
+    /// The store as Jetstream v2 `.jss` rows (issue 38): bytes/event against today's v1 JSON
+    /// blocks, and v1 JSON rendered again from the rows (events/s, checked byte for byte).
+    Rows(super::bench_rows::RowsArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -95,7 +98,7 @@ pub struct Passes {
 }
 
 impl Passes {
-    fn check(&self) -> anyhow::Result<()> {
+    pub(super) fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(self.passes > 0, "--passes must be at least 1");
         Ok(())
     }
@@ -124,7 +127,7 @@ impl Passes {
     }
 
     /// Runs `pass` `warmup` times, then `passes` times; what the measured passes returned.
-    fn time(&self, mut pass: impl FnMut() -> f64) -> Vec<f64> {
+    pub(super) fn time(&self, mut pass: impl FnMut() -> f64) -> Vec<f64> {
         for _ in 0..self.warmup {
             pass();
         }
@@ -139,6 +142,7 @@ pub fn run(b: Bench) -> anyhow::Result<ExitCode> {
         Bench::Repo(a) => repo(a),
         Bench::Serve(a) => super::bench_serve::run(a),
         Bench::Resync(a) => super::bench_resync::run(a),
+        Bench::Rows(a) => super::bench_rows::run(a),
     }
 }
 

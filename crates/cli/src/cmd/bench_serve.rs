@@ -22,7 +22,7 @@
 //!    goes to the socket as is (no re-encoding). Twice: from the in-memory tail (what does not
 //!    fit in it, from the store) and from disk (a log over the same store with an empty tail, as
 //!    for a cursor older than the tail); each plain and with `compress=true`. The zstd frames
-//!    are made at send time: sealed events keep only their JSON (`riptide_serve::store`), and
+//!    are made at send time: sealed events keep only their JSON (`riptide_store::store`), and
 //!    ingest ran with no `compress=true` subscriber, so it made none (`riptide_serve::log`).
 //!    With `--zstd-at-ingest` (as if a compressed subscriber were connected during ingest),
 //!    ingest makes them (~2.8 CPU-µs an event) and a replay from memory sends them as they are.
@@ -309,7 +309,7 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
         // The same events as the previous layout kept them (both forms each), for the ratio.
         let all = all_events(&log, &dict)?;
         let old_dir = tempfile::tempdir()?;
-        let old = riptide_serve::store::layout2_bytes(old_dir.path(), &all)?;
+        let old = riptide_store::store::layout2_bytes(old_dir.path(), &all)?;
         drop((all, old_dir));
         store_bytes_layout2.push(per(old));
         eprintln!(
@@ -432,7 +432,7 @@ async fn bench(a: ServeArgs) -> anyhow::Result<ExitCode> {
             .collect::<serde_json::Map<_, _>>(),
         "store_block_bytes_per_event": Stats::of(store_block_bytes).json(),
         "store_bytes_per_event_layout2": Stats::of(store_bytes_layout2).json(),
-        "store_layout": riptide_serve::store::LAYOUT_VERSION,
+        "store_layout": riptide_store::store::LAYOUT_VERSION,
         "chain": format!("{chain:?}").to_lowercase(),
     });
     // Null when the stream was too short to fill the tail and run STEADY_MIN_EVENTS past it.

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_resync;
+pub mod bench_rows;
 pub mod bench_serve;
 pub mod config;
 pub mod corpus;

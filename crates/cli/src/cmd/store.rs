@@ -1,5 +1,5 @@
 //! `riptide store check --data DIR [--json]` and `riptide store repair --data DIR [--json]`: the
-//! integrity of a `riptide serve` data directory (issue 40; `riptide_serve::store`, "Checksums"
+//! integrity of a `riptide serve` data directory (issue 40; `riptide_store::store`, "Checksums"
 //! and "Journal").
 //!
 //! `check` reads every sealed block (its checksum, its zstd frame, every event's format) and the
@@ -9,13 +9,13 @@
 //! and records the seqs they held, so that a server started on the directory does not meet them
 //! again (it would skip them anyway, once per start, logging each at error). Both open the
 //! store as the server does, so with a server running they are refused with its pid
-//! (`riptide_serve::lock`): stop the server first.
+//! (`riptide_store::lock`): stop the server first.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use riptide_serve::store::{Checked, LostRange};
-use riptide_serve::Store;
+use riptide_store::store::{Checked, LostRange};
+use riptide_store::Utf8Text;
 use serde_json::json;
 
 #[derive(clap::Subcommand, Debug)]
@@ -48,7 +48,7 @@ pub fn run(c: StoreCmd) -> anyhow::Result<ExitCode> {
         "{}: not a riptide serve data directory (give the --data directory of a riptide serve)",
         a.data.display()
     );
-    let (store, _) = Store::open_any(&a.data)?;
+    let (store, _) = riptide_store::Store::<Utf8Text>::open_any(&a.data)?;
     let checked = store.check()?;
     let removed = if repair { store.repair()? } else { Vec::new() };
     if a.json {

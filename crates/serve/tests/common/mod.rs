@@ -6,19 +6,18 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
-use riptide_jetstream::EventKind;
 use riptide_serve::{
     router, App, ConnInfo, ConnLimits, Event, LimitedListener, Log, Metrics, ServerConfig, Store,
     TailLimits,
 };
 
 /// Opens the store at `dir` once the store this process had open there has let go of it (a data
-/// directory is one store's at a time, `riptide_serve::lock`): a test that "restarts" in-process
+/// directory is one store's at a time, `riptide_store::lock`): a test that "restarts" in-process
 /// waits for the tasks of the first run (a server's last connections, a resync service) to end.
 pub async fn reopen(
     dir: &Path,
     dict_id: u32,
-    options: riptide_serve::store::StoreOptions,
+    options: riptide_store::store::StoreOptions,
 ) -> (Store, riptide_serve::Resume) {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
@@ -47,15 +46,7 @@ pub fn open_log(dir: &Path) -> Arc<Log> {
 
 /// Event `i` (seq and `time_us` both `i`): a commit by `did:plc:a` in `a.b.c` with this JSON.
 pub fn commit(i: u64, json: &str) -> Event {
-    Event::encode(
-        i,
-        i as i64,
-        EventKind::Commit,
-        "did:plc:a",
-        "a.b.c",
-        json.as_bytes(),
-        b"",
-    )
+    riptide_store::testing::commit(i, json)
 }
 
 /// Event `i` as a bare `{"i":…,"pad":…}` object: enough for v1, which sends the stored JSON.

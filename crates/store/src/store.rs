@@ -29,7 +29,7 @@
 //! by every reader): a replay reads each block in many small reads and decompresses it once, and a
 //! thousand subscribers that fell out of the in-memory tail together share the blocks they read
 //! instead of decompressing each a thousand times. A read that finds its block cached needs no I/O,
-//! so the server serves it on the spot ([`Store::read_cached`]); only a read that must load a block
+//! so the server serves it on the spot ([`Self::read_cached`]); only a read that must load a block
 //! goes to the blocking pool. Hits, loads and the cache's bytes are in `/metrics`
 //! (`riptide_block_cache_*`). Events leave a cached block as copies, as they left fjall's blocks
 //! before: the byte cap of a read still bounds what a subscriber's batch holds.
@@ -65,7 +65,7 @@
 //! <a id="read-ahead"></a>**Read-ahead.** A replay reads blocks in order, and decompressing one
 //! took about half of a replay's time per event on the reader's own path: the subscriber waited
 //! for each block, then sent it. Now a reader of a cached block claims the next block not cached
-//! (up to `AHEAD` blocks on, [`Store::claim_ahead`]) and the server loads it on the blocking
+//! (up to `AHEAD` blocks on, [`Self::claim_ahead`]) and the server loads it on the blocking
 //! pool while the reader sends (`server::read_ahead`, only when a store reader is free). A
 //! reader that catches up with its load ahead waits for it (`Claim`) rather than decompressing
 //! the block again. It is for a few replays: when the subscribers
@@ -86,7 +86,7 @@
 //! only read at open. `recent` is a small leveled tree: its values are mostly removed before its
 //! memtable is flushed, so flushes write little more than tombstones, and compaction drops them.
 //!
-//! **Durability point.** [`Store::append_with_accounts`] writes a whole ingest batch — its
+//! **Durability point.** [`Self::append_with_accounts`] writes a whole ingest batch — its
 //! events, their time index entries, the chain state of every account the batch's frames changed,
 //! the next seq, the last time_us and the upstream cursor that covers them, and any block sealed —
 //! as ONE fjall batch committed with `PersistMode::SyncAll` (journal written and fsynced) before
@@ -129,7 +129,7 @@
 //! they have no bloom filters either; `blocks` is not compressed again by fjall (its values are
 //! zstd frames already).
 //!
-//! **Retention** has two halves. [`Store::expire`] moves the *floor*: the first seq whose
+//! **Retention** has two halves. [`Self::expire`] moves the *floor*: the first seq whose
 //! `time_us` is inside the window. Reads never go below it, so retention is exact to the event
 //! whatever the segment boundaries. Then it drops every segment file created longer ago than the
 //! window (fjall's FIFO time-to-live, run with the window given now, so a restart with another
@@ -151,7 +151,7 @@
 //! **Older layouts.** A data directory written by layout 1 (leveled partitions, deletes by
 //! tombstone) or layout 2 (one `events` value per event, both forms) is refused with
 //! [`StoreError::OldLayout`], which says what to do: `riptide serve --migrate-store` rewrites a
-//! layout-2 directory into blocks in place ([`Store::migrate`]); layout 1 needs a new `--data`
+//! layout-2 directory into blocks in place ([`Self::migrate`]); layout 1 needs a new `--data`
 //! directory.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -170,8 +170,8 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use riptide_firehose::chain::{decode_state, encode_state, AccountState, CorruptState};
 
-use crate::event::{CorruptEvent, Event};
-use crate::log::ReadLimit;
+use crate::event::{CorruptEvent, Event, Text, Utf8Text};
+use crate::ReadLimit;
 
 /// Most files the store keeps open (fjall's descriptor cache; its default is 900). Kept small
 /// and fixed so the connection budget can leave room for it (`limits.rs`): a store that cannot
@@ -370,21 +370,21 @@ impl Block {
     }
 }
 
-/// How many blocks a reader's loads ahead keep ahead of it (`Store::claim_ahead`).
+/// How many blocks a reader's loads ahead keep ahead of it (`Self::claim_ahead`).
 const AHEAD: usize = 2;
 
 /// A claim on loading the block at a seq ahead of its reader: while it is held, a reader that
-/// needs that block waits for it ([`Store::block_at`]) instead of decompressing it a second
+/// needs that block waits for it ([`Self::block_at`]) instead of decompressing it a second
 /// time. Released (and the waiters woken) when dropped.
 #[derive(Debug)]
-struct Claim {
-    store: Store,
+struct Claim<T: Text> {
+    store: Store<T>,
     seq: u64,
 }
 
-impl Claim {
+impl<T: Text> Claim<T> {
     /// Claims `seq`, unless it is claimed already.
-    fn take(store: &Store, seq: u64) -> Option<Claim> {
+    fn take(store: &Store<T>, seq: u64) -> Option<Self> {
         let mut claims = lock(&store.loading.0);
         if claims.contains(&seq) {
             return None;
@@ -397,7 +397,7 @@ impl Claim {
     }
 }
 
-impl Drop for Claim {
+impl<T: Text> Drop for Claim<T> {
     fn drop(&mut self) {
         let (claims, loaded) = &*self.store.loading;
         lock(claims).retain(|&s| s != self.seq);
@@ -405,11 +405,11 @@ impl Drop for Claim {
     }
 }
 
-/// A block to load ahead of its reader ([`Store::claim_ahead`]).
+/// A block to load ahead of its reader ([`Self::claim_ahead`]).
 #[derive(Debug)]
-pub struct Ahead(Claim);
+pub struct Ahead<T: Text>(Claim<T>);
 
-impl Ahead {
+impl<T: Text> Ahead<T> {
     /// Decompresses the block into the shared cache (blocking I/O and ~2 ms of CPU: for the
     /// blocking pool). A damaged block is recorded (module docs, "Checksums"); another failure is
     /// not said here: the reader's own read of the block meets it and says it.
@@ -432,10 +432,19 @@ impl Ahead {
 }
 
 /// The unsealed events, in seq order (module docs), and their bytes without zstd forms.
-#[derive(Debug, Default)]
-struct Pending {
-    events: Vec<Event>,
+#[derive(Debug)]
+struct Pending<T> {
+    events: Vec<Event<T>>,
     bytes: usize,
+}
+
+impl<T> Default for Pending<T> {
+    fn default() -> Self {
+        Pending {
+            events: Vec::new(),
+            bytes: 0,
+        }
+    }
 }
 
 /// The partitions of this layout (module docs).
@@ -447,9 +456,10 @@ struct Partitions {
     resync: PartitionHandle,
 }
 
-/// The event store. Cheap to share (`Arc`); all methods take `&self`.
+/// The event store. Cheap to share (`Arc`); all methods take `&self`. `T` is the text type its
+/// events carry ([`Text`]).
 #[derive(Clone)]
-pub struct Store {
+pub struct Store<T = Utf8Text> {
     path: String,
     ks: Keyspace,
     blocks: PartitionHandle,
@@ -463,7 +473,7 @@ pub struct Store {
     floor: Arc<AtomicU64>,
     /// One past the last sealed seq (1 when nothing is sealed).
     sealed_end: Arc<AtomicU64>,
-    pending: Arc<Mutex<Pending>>,
+    pending: Arc<Mutex<Pending<T>>>,
     /// Held by a writer for the whole of an append (one writer at a time).
     writing: Arc<Mutex<()>>,
     /// Decompressed blocks, least recently used first.
@@ -509,7 +519,7 @@ impl DamagedBlock {
     }
 }
 
-/// What [`Store::check`] found.
+/// What [`Self::check`] found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Checked {
     /// Sealed blocks.
@@ -574,13 +584,13 @@ pub struct BlockCacheStats {
     pub hits: u64,
     /// Blocks decompressed (a read that did not find its block, or a load ahead).
     pub loads: u64,
-    /// Of `loads`, the blocks loaded ahead of their readers ([`Store::claim_ahead`]).
+    /// Of `loads`, the blocks loaded ahead of their readers ([`Self::claim_ahead`]).
     pub ahead: u64,
     /// Bytes of decompressed blocks held by the cache now.
     pub bytes: u64,
 }
 
-impl std::fmt::Debug for Store {
+impl<T> std::fmt::Debug for Store<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Store").field("path", &self.path).finish()
     }
@@ -599,7 +609,7 @@ const LOST: &[u8] = b"lost";
 /// The file beside fjall's that says how far the last run acknowledged (module docs, "Journal").
 const ACKED_FILE: &str = "riptide-acked";
 
-/// Seqs the store acknowledged or held and lost, recorded in `meta` ([`Store::lost_ranges`]).
+/// Seqs the store acknowledged or held and lost, recorded in `meta` ([`Self::lost_ranges`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LostRange {
     /// The first seq lost.
@@ -710,7 +720,7 @@ const RECENT_MEMTABLE: u32 = 32 << 20;
 /// The block value's format byte and header: format, event count, first seq, last time_us,
 /// length of the values before compression; then one zstd frame of `[u32 len][value]…`; then
 /// (format 2, module docs "Checksums") the xxh3-64 of everything before it, big-endian.
-const BLOCK_FORMAT: u8 = 2;
+pub(crate) const BLOCK_FORMAT: u8 = 2;
 /// Blocks sealed before checksums (layout 3): the same without the trailing checksum.
 const BLOCK_FORMAT_1: u8 = 1;
 const BLOCK_HEADER: usize = 1 + 4 + 8 + 8 + 4;
@@ -752,7 +762,7 @@ pub struct DiskUsage {
     pub recent_bytes: u64,
 }
 
-/// What [`Store::migrate`] did.
+/// What [`Self::migrate`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Migrated {
     /// The layout found.
@@ -763,7 +773,7 @@ pub struct Migrated {
     pub blocks: u64,
 }
 
-/// A change to the resync partition, written with an ingest batch ([`Store::append_with_pending`]).
+/// A change to the resync partition, written with an ingest batch ([`Self::append_with_pending`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PendingChange {
     /// Hold `frame` (upstream `seq`) for `did` until its resync lands; seq 0 with an empty frame
@@ -803,7 +813,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// An event's stored value without its zstd form (what a block keeps).
-fn sealed_value(e: &Event) -> &[u8] {
+fn sealed_value<T: Text>(e: &Event<T>) -> &[u8] {
     &e.raw()[..e.raw().len() - e.zstd_len()]
 }
 
@@ -812,7 +822,10 @@ fn sealed_value(e: &Event) -> &[u8] {
 /// within `opts.block_bytes`: sealing all the unsealed events once a block's worth has come
 /// used to leave the batch's last few (~100) as a block of their own, every other block, which
 /// compressed worse and cost a replay a load each.
-fn seal(events: &[Event], opts: StoreOptions) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+fn seal<T: Text>(
+    events: &[Event<T>],
+    opts: StoreOptions,
+) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
     let per = opts.block_events.max(1);
     let mut out = Vec::new();
     let mut rest = events;
@@ -956,9 +969,9 @@ fn open_block(h: &BlockHeader, v: &[u8], mut buf: Vec<u8>) -> Result<Block, Stor
 /// fjall's lz4 blocks, plus the time index) keeps on disk for `events` (with their zstd forms),
 /// written into a fresh keyspace at `dir` and flushed: bytes of segment files. For
 /// `riptide bench serve`'s before/after figure in one run.
-pub fn layout2_bytes(dir: &Path, events: &[Event]) -> Result<u64, StoreError> {
+pub fn layout2_bytes<T: Text>(dir: &Path, events: &[Event<T>]) -> Result<u64, StoreError> {
     let fj = fjall_at(dir);
-    let (ks, _lock) = Store::keyspace(dir)?;
+    let (ks, _lock) = Store::<T>::keyspace(dir)?;
     let old = ks
         .open_partition("events", log_partition().max_memtable_size(BLOCKS_MEMTABLE))
         .map_err(fj)?;
@@ -981,7 +994,7 @@ pub fn layout2_bytes(dir: &Path, events: &[Event]) -> Result<u64, StoreError> {
     Ok(old.disk_space() + times.disk_space())
 }
 
-impl Store {
+impl<T: Text> Store<T> {
     fn err(&self, source: fjall::Error) -> StoreError {
         StoreError::Fjall {
             path: self.path.clone(),
@@ -991,22 +1004,22 @@ impl Store {
 
     /// Opens (or creates) the store under `dir`. `dict_id` is the zstd dictionary id events are
     /// compressed with (0 = none); a store written with another is refused.
-    pub fn open(dir: &Path, dict_id: u32) -> Result<(Store, Resume), StoreError> {
-        Store::open_inner(dir, Some(dict_id), StoreOptions::default())
+    pub fn open(dir: &Path, dict_id: u32) -> Result<(Self, Resume), StoreError> {
+        Self::open_inner(dir, Some(dict_id), StoreOptions::default())
     }
 
-    /// [`Store::open`] with other block sizes (tests seal small blocks).
+    /// [`Self::open`] with other block sizes (tests seal small blocks).
     pub fn open_with(
         dir: &Path,
         dict_id: u32,
         options: StoreOptions,
-    ) -> Result<(Store, Resume), StoreError> {
-        Store::open_inner(dir, Some(dict_id), options)
+    ) -> Result<(Self, Resume), StoreError> {
+        Self::open_inner(dir, Some(dict_id), options)
     }
 
     /// Opens an existing store whatever its dictionary (for reading: `riptide dict train`).
-    pub fn open_any(dir: &Path) -> Result<(Store, Resume), StoreError> {
-        Store::open_inner(dir, None, StoreOptions::default())
+    pub fn open_any(dir: &Path) -> Result<(Self, Resume), StoreError> {
+        Self::open_inner(dir, None, StoreOptions::default())
     }
 
     /// Locks `dir` for this process (`crate::lock`), then opens its keyspace.
@@ -1030,7 +1043,7 @@ impl Store {
         dir: &Path,
     ) -> Result<(Keyspace, PartitionHandle, Option<u64>, crate::lock::DirLock), StoreError> {
         let fj = fjall_at(dir);
-        let (ks, lock) = Store::keyspace(dir)?;
+        let (ks, lock) = Self::keyspace(dir)?;
         let meta = ks
             .open_partition("meta", PartitionCreateOptions::default())
             .map_err(fj)?;
@@ -1043,10 +1056,10 @@ impl Store {
         dir: &Path,
         dict_id: Option<u32>,
         options: StoreOptions,
-    ) -> Result<(Store, Resume), StoreError> {
+    ) -> Result<(Self, Resume), StoreError> {
         let path = dir.display().to_string();
         let fj = fjall_at(dir);
-        let (ks, meta, layout, dir_lock) = Store::open_dir(dir)?;
+        let (ks, meta, layout, dir_lock) = Self::open_dir(dir)?;
         // A partition keeps the options it was created with: an old directory would stay as it
         // was.
         match layout {
@@ -1082,7 +1095,7 @@ impl Store {
             times,
             accounts,
             resync,
-        } = Store::partitions(&ks).map_err(fj)?;
+        } = Self::partitions(&ks).map_err(fj)?;
         let floor = meta.get(FLOOR).map_err(fj)?.map_or(0, |v| be64(&v));
         let (acked, said) = Acked::open(dir);
         let store = Store {
@@ -1160,7 +1173,7 @@ impl Store {
             let mut p = lock(&store.pending);
             for kv in store.recent.iter() {
                 let (k, v) = kv.map_err(|e| store.err(e))?;
-                let e = match Event::decode(be64(&k), Bytes::from(v)) {
+                let e = match Event::<T>::decode(be64(&k), Bytes::from(v)) {
                     Ok(e) => e,
                     Err(bad) => {
                         store.note_damaged_unsealed(bad);
@@ -1281,7 +1294,7 @@ impl Store {
                 let b = open_block(&h, &v, Vec::new())?;
                 for i in 0..b.starts.len() {
                     let raw = Bytes::copy_from_slice(b.value(i));
-                    Event::decode(b.first + i as u64, raw).map_err(|_| {
+                    Event::<T>::decode(b.first + i as u64, raw).map_err(|_| {
                         StoreError::CorruptBlock {
                             first: key,
                             what: "event",
@@ -1306,8 +1319,8 @@ impl Store {
         Ok(c)
     }
 
-    /// Removes what [`Store::check`] finds damaged — the damaged blocks and unsealed values — and
-    /// records the seqs they held as lost ([`Store::lost_ranges`]), in one durable write, so that
+    /// Removes what [`Self::check`] finds damaged — the damaged blocks and unsealed values — and
+    /// records the seqs they held as lost ([`Self::lost_ranges`]), in one durable write, so that
     /// a server started on the store does not meet them again (`riptide store repair`). Returns
     /// what was removed. (A server cannot have the directory open meanwhile: `crate::lock`.)
     pub fn repair(&self) -> Result<Vec<LostRange>, StoreError> {
@@ -1384,7 +1397,7 @@ impl Store {
     pub fn migrate(dir: &Path) -> Result<Migrated, StoreError> {
         let path = dir.display().to_string();
         let fj = fjall_at(dir);
-        let (ks, meta, layout, _lock) = Store::open_dir(dir)?;
+        let (ks, meta, layout, _lock) = Self::open_dir(dir)?;
         let from = match layout {
             None | Some(LAYOUT_VERSION | LAYOUT_UNCHECKED) => {
                 return Ok(Migrated {
@@ -1405,15 +1418,15 @@ impl Store {
             }
         }
         let events = ks.open_partition("events", log_partition()).map_err(fj)?;
-        let blocks = Store::partitions(&ks).map_err(fj)?.blocks;
+        let blocks = Self::partitions(&ks).map_err(fj)?.blocks;
         let opts = StoreOptions::default();
         let mut done = Migrated {
             from,
             ..Migrated::default()
         };
-        let mut chunk: Vec<Event> = Vec::with_capacity(opts.block_events);
+        let mut chunk: Vec<Event<T>> = Vec::with_capacity(opts.block_events);
         let mut bytes = 0;
-        let flush = |chunk: &mut Vec<Event>, done: &mut Migrated| -> Result<(), StoreError> {
+        let flush = |chunk: &mut Vec<Event<T>>, done: &mut Migrated| -> Result<(), StoreError> {
             for (first, v) in seal(chunk, opts)? {
                 blocks.insert(first.to_be_bytes(), v).map_err(fj)?;
                 done.blocks += 1;
@@ -1424,7 +1437,7 @@ impl Store {
         };
         for kv in events.iter() {
             let (k, v) = kv.map_err(fj)?;
-            let e = Event::decode(be64(&k), Bytes::from(v))?;
+            let e = Event::<T>::decode(be64(&k), Bytes::from(v))?;
             if chunk.last().is_some_and(|l| l.seq() + 1 != e.seq()) {
                 // Blocks hold consecutive seqs; a gap (never written) starts a new one.
                 flush(&mut chunk, &mut done)?;
@@ -1448,16 +1461,16 @@ impl Store {
 
     /// Writes one ingest batch atomically and durably (see the module docs). `events` are in seq
     /// order; `resume` is the state after them.
-    pub fn append(&self, events: &[Event], resume: &Resume) -> Result<(), StoreError> {
+    pub fn append(&self, events: &[Event<T>], resume: &Resume) -> Result<(), StoreError> {
         self.append_with_accounts(events, &[], resume)
     }
 
-    /// [`Store::append_with_accounts`], with changes to the resync partition in the same
+    /// [`Self::append_with_accounts`], with changes to the resync partition in the same
     /// atomic, durable write: accounts queued for resync, the frames held for them, and those
     /// released.
     pub fn append_with_pending(
         &self,
-        events: &[Event],
+        events: &[Event<T>],
         accounts: &[(Box<str>, AccountState)],
         resync: &[PendingChange],
         resume: &Resume,
@@ -1482,11 +1495,11 @@ impl Store {
         Ok(out)
     }
 
-    /// [`Store::append`], with the chain state of the accounts the batch's frames changed, in
+    /// [`Self::append`], with the chain state of the accounts the batch's frames changed, in
     /// the same atomic, durable write (at most one state per DID: the last).
     pub fn append_with_accounts(
         &self,
-        events: &[Event],
+        events: &[Event<T>],
         accounts: &[(Box<str>, AccountState)],
         resume: &Resume,
     ) -> Result<(), StoreError> {
@@ -1495,7 +1508,7 @@ impl Store {
 
     fn append_batch(
         &self,
-        events: &[Event],
+        events: &[Event<T>],
         accounts: &[(Box<str>, AccountState)],
         resync: &[PendingChange],
         resume: &Resume,
@@ -1530,7 +1543,7 @@ impl Store {
         };
         let mut sealed_end = None;
         if let Some(unsealed) = unsealed {
-            let all: Vec<Event> = unsealed.iter().chain(events).cloned().collect();
+            let all: Vec<Event<T>> = unsealed.iter().chain(events).cloned().collect();
             for (first, v) in seal(&all, self.options)? {
                 b.insert(&self.blocks, first.to_be_bytes(), v);
             }
@@ -1616,9 +1629,10 @@ impl Store {
         })
     }
 
-    /// Writes raw bytes as an account's state (tests of corruption handling).
-    #[cfg(test)]
-    pub(crate) fn put_raw_account_for_tests(&self, did: &str, value: &[u8]) {
+    /// Writes raw bytes as an account's state (tests of corruption handling, here and in the
+    /// server's chain cache: the `testing` feature).
+    #[cfg(any(test, feature = "testing"))]
+    pub fn put_raw_account_for_tests(&self, did: &str, value: &[u8]) {
         #[allow(clippy::expect_used)]
         self.accounts.insert(did, value).expect("insert");
     }
@@ -1836,7 +1850,7 @@ impl Store {
     /// this one included) and the blocks each would keep (its own and those ahead) do not fit
     /// in the cache: loads ahead would then evict blocks other readers are reading (measured:
     /// 200 concurrent replays took 15% longer). Claimed until the [`Ahead`] is loaded or dropped.
-    pub fn claim_ahead(&self, next: u64, readers: usize) -> Option<Ahead> {
+    pub fn claim_ahead(&self, next: u64, readers: usize) -> Option<Ahead<T>> {
         // One block ahead in a cache too small to hold a reader's block and two more besides
         // others'.
         let depth = AHEAD.min(self.options.block_cache / 4).max(1);
@@ -1874,12 +1888,12 @@ impl Store {
         &self,
         from: u64,
         limit: ReadLimit,
-        out: &mut Vec<Event>,
+        out: &mut Vec<Event<T>>,
     ) -> Result<(), StoreError> {
         self.read_inner(from, limit, out, true).map(|_| ())
     }
 
-    /// [`Store::read_from`] without I/O: `false` (and nothing read) when the first event wanted
+    /// [`Self::read_from`] without I/O: `false` (and nothing read) when the first event wanted
     /// is in a sealed block that is not cached. Otherwise it reads what the cache and the
     /// unsealed events hold (possibly fewer events than a full read, none at the end of the
     /// store) and says `true`. For the server's async tasks (module docs).
@@ -1887,7 +1901,7 @@ impl Store {
         &self,
         from: u64,
         limit: ReadLimit,
-        out: &mut Vec<Event>,
+        out: &mut Vec<Event<T>>,
     ) -> Result<bool, StoreError> {
         self.read_inner(from, limit, out, false)
     }
@@ -1896,7 +1910,7 @@ impl Store {
         &self,
         from: u64,
         limit: ReadLimit,
-        out: &mut Vec<Event>,
+        out: &mut Vec<Event<T>>,
         load: bool,
     ) -> Result<bool, StoreError> {
         let (start, mut bytes) = (out.len(), 0);
@@ -1953,7 +1967,7 @@ impl Store {
                     for i in skip..end {
                         let at = block.starts[i] as usize - base;
                         let raw = copy.slice(at..at + block.value(i).len());
-                        match Event::decode(block.first + i as u64, raw) {
+                        match Event::<T>::decode(block.first + i as u64, raw) {
                             Ok(e) => out.push(e),
                             // Only in a block from before checksums (a checksummed one holds
                             // what was sealed): none of its events is served from here on.
@@ -2097,7 +2111,7 @@ impl Store {
         }
     }
 
-    /// Flushes every memtable to its segment files and waits (so [`Store::disk_usage`] counts
+    /// Flushes every memtable to its segment files and waits (so [`Self::disk_usage`] counts
     /// what the store keeps, not what its journals hold until the next flush: `bench serve`).
     pub fn flush(&self) -> Result<(), StoreError> {
         for p in [
@@ -2144,6 +2158,11 @@ impl Store {
 mod tests {
     use super::*;
     use riptide_jetstream::EventKind;
+
+    use crate::testing::{cut_journals, flip_block};
+
+    /// The store of these tests: its events carry [`Utf8Text`].
+    type Store = super::Store<Utf8Text>;
 
     fn ev(seq: u64, t: i64) -> Event {
         Event::encode(
@@ -2544,40 +2563,6 @@ mod tests {
         out.iter().map(Event::seq).collect()
     }
 
-    /// Flips one bit of the stored value that starts with `needle`, in the `blocks` partition's
-    /// segment files of the (stopped) store at `dir`, `at` bytes into the value.
-    fn flip_on_disk(dir: &Path, needle: &[u8], at: usize) {
-        fn files(d: &Path, out: &mut Vec<std::path::PathBuf>) {
-            for f in std::fs::read_dir(d).unwrap() {
-                let p = f.unwrap().path();
-                if p.is_dir() {
-                    files(&p, out);
-                } else {
-                    out.push(p);
-                }
-            }
-        }
-        let mut all = Vec::new();
-        files(&dir.join("partitions").join("blocks"), &mut all);
-        for f in all {
-            let mut b = std::fs::read(&f).unwrap();
-            if let Some(i) = b.windows(needle.len()).position(|w| w == needle) {
-                b[i + at] ^= 0x10;
-                std::fs::write(&f, b).unwrap();
-                return;
-            }
-        }
-        panic!("no stored value starts with {needle:?}");
-    }
-
-    /// The first bytes of the block value of `count` events from `first` (format 2).
-    fn block_start(count: u32, first: u64) -> Vec<u8> {
-        let mut v = vec![BLOCK_FORMAT];
-        v.extend_from_slice(&count.to_be_bytes());
-        v.extend_from_slice(&first.to_be_bytes());
-        v
-    }
-
     #[test]
     fn a_flipped_bit_in_a_stopped_store_is_found_named_counted_and_skipped() {
         let small = small(10, 8);
@@ -2590,7 +2575,7 @@ mod tests {
             s.flush().unwrap();
             drop(s);
             let at = at.min(len - 1);
-            flip_on_disk(dir.path(), &block_start(10, 11), at);
+            flip_block(dir.path(), 10, 11, at);
             let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
             assert_eq!(r.next_seq, 46);
             // The events before and after it, exactly as stored; none of its own.
@@ -2624,7 +2609,7 @@ mod tests {
         let s = filled(dir.path(), small, 45);
         s.flush().unwrap();
         drop(s);
-        flip_on_disk(dir.path(), &block_start(10, 11), 30);
+        flip_block(dir.path(), 10, 11, 30);
         let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
         let three = ReadLimit {
             events: 3,
@@ -2665,7 +2650,7 @@ mod tests {
             s.flush().unwrap();
             drop(s);
             // The header's count: the last block's end cannot be read from it.
-            flip_on_disk(dir.path(), &block_start(count, first), 4);
+            flip_block(dir.path(), count, first, 4);
             let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
             assert_eq!(r.next_seq, 48);
             let lost = first..first + u64::from(count);
@@ -2704,18 +2689,6 @@ mod tests {
         let got = read_all(&s);
         assert!(!got.iter().any(|q| (11..21).contains(q)), "{got:?}");
         assert_eq!(s.damaged_blocks().len(), 1);
-    }
-
-    /// Cuts the journal files of the stopped store at `dir` to half of what they hold (a journal
-    /// file is preallocated: what it holds ends at its last non-zero byte).
-    fn cut_journals(dir: &Path) {
-        for f in std::fs::read_dir(dir.join("journals")).unwrap() {
-            let p = f.unwrap().path();
-            let b = std::fs::read(&p).unwrap();
-            let used = b.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
-            let file = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-            file.set_len(used as u64 / 2).unwrap();
-        }
     }
 
     #[test]
@@ -2775,7 +2748,7 @@ mod tests {
                 .unwrap();
             s.ks.persist(PersistMode::SyncAll).unwrap();
         }
-        flip_on_disk(dir.path(), &block_start(10, 11), 30);
+        flip_block(dir.path(), 10, 11, 30);
         let (s, r) = Store::open_with(dir.path(), 0, small).unwrap();
         assert_eq!(r.next_seq, 49);
         let c = s.check().unwrap();

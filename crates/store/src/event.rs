@@ -1,4 +1,4 @@
-//! One stored v1 event: its JSON and (while a `compress=true` subscriber wants it: `crate::log`)
+//! One stored v1 event: its JSON and (while a `compress=true` subscriber wants it: the server's `log.rs`)
 //! its zstd form, produced once at ingest, in one buffer.
 //! (Kind `sync` (3) is stored in the same shape for v2's `subscribeEvents` and never sent on v1.)
 //!
@@ -10,6 +10,10 @@
 //! ([`Event::text`]): a WebSocket text message must be, and checking it per subscriber and send
 //! was, with a thousand subscribers, a thousand checks of every event.
 //!
+//! The checked text's type is the server's ([`Text`]): the store does no HTTP, and a WebSocket
+//! library's UTF-8 type has no way in but a check, so the server names the type it sends and the
+//! check made here is the only one. Tools that send nothing use [`Utf8Text`].
+//!
 //! Layout (the store's value format, version 1):
 //! `[u8 version=1][u8 kind][i64 time_us][u16 did len][did][u16 collection len][collection]`
 //! `[u32 json len][json][zstd frame (may be empty: no dictionary, or not wanted at ingest)]`,
@@ -17,7 +21,6 @@
 
 use std::ops::Range;
 
-use axum::extract::ws::Utf8Bytes;
 use bytes::Bytes;
 use riptide_jetstream::EventKind;
 
@@ -31,9 +34,46 @@ pub struct CorruptEvent {
     pub what: &'static str,
 }
 
-/// One v1 event as served. Cheap to clone.
+/// UTF-8 text as the server sends it (module docs): made from bytes by one check, or from a
+/// `String` without one. Cheap to clone.
+pub trait Text: Clone + std::fmt::Debug + Send + Sync + 'static {
+    /// `bytes` as text, if they are UTF-8.
+    fn from_utf8(bytes: Bytes) -> Option<Self>;
+    /// A string as text (no check: it is UTF-8).
+    fn from_string(s: String) -> Self;
+    /// Its length in bytes.
+    fn byte_len(&self) -> usize;
+}
+
+/// [`Text`] for what sends nothing (tools, tests): bytes checked to be UTF-8.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Utf8Text(Bytes);
+
+impl Utf8Text {
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        // Checked when made (`from_utf8`) or made from a `String`; never fails.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl Text for Utf8Text {
+    fn from_utf8(bytes: Bytes) -> Option<Self> {
+        std::str::from_utf8(&bytes)
+            .is_ok()
+            .then_some(Utf8Text(bytes))
+    }
+    fn from_string(s: String) -> Self {
+        Utf8Text(Bytes::from(s))
+    }
+    fn byte_len(&self) -> usize {
+        self.0.len()
+    }
+}
+
+/// One v1 event as served. Cheap to clone. `T` is the text type the server sends ([`Text`]).
 #[derive(Clone, Debug)]
-pub struct Event {
+pub struct Event<T = Utf8Text> {
     seq: u64,
     time_us: i64,
     kind: EventKind,
@@ -42,10 +82,10 @@ pub struct Event {
     collection: Range<usize>,
     json: Range<usize>,
     /// The JSON as text (`None`: not UTF-8, which what ingest writes always is).
-    text: Option<Utf8Bytes>,
+    text: Option<T>,
     /// Its `subscribeEvents` frame, made once when the event enters the in-memory tail
     /// ([`Event::with_v2_frame`]); `None` for an event read from the store.
-    v2: Option<Utf8Bytes>,
+    v2: Option<T>,
 }
 
 const VERSION: u8 = 1;
@@ -71,7 +111,7 @@ fn kind_byte(k: EventKind) -> u8 {
     }
 }
 
-impl Event {
+impl<T: Text> Event<T> {
     /// Builds the stored form, and the event over it (the ranges are known as it is written: it
     /// is not parsed back). `did` and `collection` longer than 65,535 bytes are cut, on a
     /// character boundary so the value still decodes (they are only filter keys; the JSON keeps
@@ -84,7 +124,7 @@ impl Event {
         collection: &str,
         json: &[u8],
         zstd: &[u8],
-    ) -> Event {
+    ) -> Self {
         let did = cut(did).as_bytes();
         let collection = cut(collection).as_bytes();
         // Exactly the layout's size: a buffer even one byte short is reallocated (copied) at the
@@ -110,7 +150,7 @@ impl Event {
             seq,
             time_us,
             kind,
-            text: Utf8Bytes::try_from(raw.slice(json_at.clone())).ok(),
+            text: T::from_utf8(raw.slice(json_at.clone())),
             v2: None,
             raw,
             did: did_at,
@@ -120,7 +160,7 @@ impl Event {
     }
 
     /// Parses a stored value.
-    pub fn decode(seq: u64, raw: Bytes) -> Result<Event, CorruptEvent> {
+    pub fn decode(seq: u64, raw: Bytes) -> Result<Self, CorruptEvent> {
         let bad = |what| CorruptEvent { seq, what };
         let b = &raw[..];
         if b.len() < 12 || b[0] != VERSION {
@@ -157,7 +197,7 @@ impl Event {
             seq,
             time_us,
             kind,
-            text: Utf8Bytes::try_from(raw.slice(json.clone())).ok(),
+            text: T::from_utf8(raw.slice(json.clone())),
             v2: None,
             raw,
             did,
@@ -198,28 +238,29 @@ impl Event {
 
     /// The JSON as a text message's payload, checked once (module docs); `None` if it is not
     /// UTF-8 (never for what ingest writes; such an event is not sent, and counted).
-    pub fn text(&self) -> Option<&Utf8Bytes> {
+    pub fn text(&self) -> Option<&T> {
         self.text.as_ref()
     }
 
-    /// This event with its `subscribeEvents` frame made (`crate::v2`): for the in-memory tail,
-    /// so that replay and fan-out on v2 send a frame made once, as v1 sends the stored JSON.
-    pub fn with_v2_frame(&self) -> Event {
+    /// This event with its `subscribeEvents` frame made by `render` (the server's `v2::render`):
+    /// for the in-memory tail, so that replay and fan-out on v2 send a frame made once, as v1
+    /// sends the stored JSON.
+    pub fn with_v2_frame(&self, render: impl FnOnce(&Self) -> Option<String>) -> Self {
         let mut e = self.clone();
         if e.v2.is_none() {
-            e.v2 = crate::v2::render(self).map(Utf8Bytes::from);
+            e.v2 = render(self).map(T::from_string);
         }
         e
     }
 
     /// The `subscribeEvents` frame made by [`Event::with_v2_frame`], if it was.
-    pub fn v2_frame(&self) -> Option<&Utf8Bytes> {
+    pub fn v2_frame(&self) -> Option<&T> {
         self.v2.as_ref()
     }
 
     /// Bytes this event holds in memory: the stored value and the v2 frame, if made.
     pub fn memory_len(&self) -> usize {
-        self.raw.len() + self.v2.as_ref().map_or(0, |f| f.len())
+        self.raw.len() + self.v2.as_ref().map_or(0, T::byte_len)
     }
 
     /// Length of the JSON (what `maxMessageSizeBytes` compares against).
@@ -250,7 +291,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let e = Event::encode(
+        let e: Event = Event::encode(
             7,
             99,
             EventKind::Account,
@@ -259,7 +300,7 @@ mod tests {
             b"{\"a\":1}",
             b"zz",
         );
-        let d = Event::decode(7, e.raw().clone()).unwrap();
+        let d: Event = Event::decode(7, e.raw().clone()).unwrap();
         assert_eq!(d.did(), b"did:plc:x");
         assert_eq!(d.collection(), b"");
         assert_eq!(&d.json()[..], b"{\"a\":1}");
@@ -268,18 +309,18 @@ mod tests {
         let raw = e.raw().clone();
         for cut in 0..raw.len() - 2 {
             // Truncations inside the fixed fields or the JSON are caught.
-            let _ = Event::decode(1, raw.slice(..cut));
+            let _ = Event::<Utf8Text>::decode(1, raw.slice(..cut));
         }
-        assert!(Event::decode(1, raw.slice(..12)).is_err());
+        assert!(Event::<Utf8Text>::decode(1, raw.slice(..12)).is_err());
 
         // An over-long collection is cut on a character boundary, and the value still decodes
         // to what the encoder's event says.
         // 80,000 bytes of two-byte characters: byte 65,535 falls inside one.
         let long = "é".repeat(40_000);
-        let e = Event::encode(8, 1, EventKind::Commit, "did:plc:x", &long, b"{}", b"");
+        let e: Event = Event::encode(8, 1, EventKind::Commit, "did:plc:x", &long, b"{}", b"");
         assert_eq!(e.collection().len(), 65_534);
         assert!(long.as_bytes().starts_with(e.collection()));
-        let d = Event::decode(8, e.raw().clone()).unwrap();
+        let d: Event = Event::decode(8, e.raw().clone()).unwrap();
         assert_eq!(d.collection(), e.collection());
         assert_eq!((d.did(), &d.json()[..]), (e.did(), &e.json()[..]));
         // The layout's size, byte for byte: the fixed fields, then did, collection, JSON, zstd.
