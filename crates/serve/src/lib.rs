@@ -14,6 +14,8 @@
 //!   subscriber;
 //! - [`v2`]: Jetstream v2's `/xrpc/network.bsky.jetstream.subscribeEvents` and
 //!   `getZstdDictionary`, served from the same log with the same seqs;
+//! - [`archive`]: Jetstream v2's archive (`planSnapshot`, `listSegments`, `getSegment`,
+//!   `getBlock`) over the sealed `.jss` segment files;
 //! - [`slow`]: when a subscriber far behind is dropped (Jetstream v2's rule);
 //! - [`limits`]: connection budget, per-IP limit and header deadline, so no client can exhaust
 //!   the descriptors the store needs;
@@ -23,6 +25,7 @@
 //! - [`upstream`]: the relay source (riptide-client), warming DID lookups before verification
 //!   (the verifier's keys are then `riptide_resolver::ResolverKeys::resolving_on`).
 
+pub mod archive;
 pub mod chain;
 pub mod compress;
 pub mod event;
