@@ -75,7 +75,8 @@ pub fn run(c: CorpusCmd) -> anyhow::Result<ExitCode> {
 /// `riptide corpus segments`: rows as [`riptide_jetstream::rows`] makes them, sealed with
 /// [`riptide_segment::SegmentWriter`], one file per `segment_blocks` blocks.
 fn segments(a: SegmentsArgs) -> anyhow::Result<ExitCode> {
-    let file = std::fs::read(&a.frames).with_context(|| format!("reading {}", a.frames.display()))?;
+    let file =
+        std::fs::read(&a.frames).with_context(|| format!("reading {}", a.frames.display()))?;
     let frames = super::corpus_frames(&a.frames, &file)?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut dec = FrameDecoder::new();
@@ -110,7 +111,9 @@ fn segments(a: SegmentsArgs) -> anyhow::Result<ExitCode> {
         let refs: Vec<&[riptide_segment::Row<'_>]> = blocks.iter().map(Vec::as_slice).collect();
         let bytes = riptide_segment::write_segment(&refs)?;
         let path = a.out.join(riptide_segment::segment_name(index));
-        let tmp = a.out.join(format!(".{}.tmp", riptide_segment::segment_name(index)));
+        let tmp = a
+            .out
+            .join(format!(".{}.tmp", riptide_segment::segment_name(index)));
         std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
         std::fs::rename(&tmp, &path).with_context(|| format!("renaming to {}", path.display()))?;
         files += 1;
