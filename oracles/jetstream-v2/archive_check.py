@@ -19,7 +19,8 @@ Scenarios (each must yield exactly the expected events, each once, in seq order)
      kinds=identity+account, after_seq/before_seq;
   3. --archive-token: the right key reads, a wrong key raises the SDK's UnauthorizedError;
   4. --archive-quota-bytes below what a snapshot downloads: the SDK waits out the 429's
-     Retry-After (the window is 2 s) and still yields every event once.
+     Retry-After (the window is 2 s) and still yields every event once;
+  5. kind 7 (create-resync) rows: the SDK drops them silently (checked on its own functions).
 
 Environment: RIPTIDE (the binary), RIPTIDE_CORPUS.
 """
@@ -158,6 +159,24 @@ def check_quota(tmp, want):
         srv.kill()
 
 
+def check_kind7():
+    """What this SDK does with a kind-7 (`create-resync`) row, which a riptide archive holds
+    after a resync or a backfill: `SegmentEvent.is_commit` counts only kinds 1-3, `to_message`
+    has no model for 7 and raises, and `to_messages` skips the row without a word. Checked on the
+    SDK's own functions, so that a version that changes it fails here and the README is updated."""
+    from atproto_jetstream.archive.events import to_messages
+    from atproto_jetstream.archive.segment import SegmentEvent
+
+    record = libipld.encode_dag_cbor({"$type": "app.bsky.feed.like", "createdAt": "2026-07-04T00:00:00Z"})
+    rows = [SegmentEvent(seq=s, witnessed_at=FIRST_TIME_US, indexed_at=0, kind=k, did="did:plc:abc",
+                         collection="app.bsky.feed.like", rkey="3kabc", rev="3labc", payload=record)
+            for s, k in [(1, 1), (2, 7)]]
+    got = list(to_messages(rows))
+    expect([m.seq for m in got] == [1], f"kind 7 through the SDK: {[m.seq for m in got]}")
+    expect(not rows[1].is_commit and rows[1].operation is None, "kind 7 became a commit")
+    log("5. kind 7 (create-resync): the SDK drops the row silently (documented in the README)")
+
+
 def main():
     p = subprocess.run([RIPTIDE, "jetstream", FRAMES], check=True, stdout=subprocess.PIPE, text=True)
     want = [strip(json.loads(line)) for line in p.stdout.splitlines() if line.strip()]
@@ -171,6 +190,7 @@ def main():
         check_filters(tmp, want)
         check_token(tmp, want)
         check_quota(tmp, want)
+        check_kind7()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"archive: all checks passed in {time.monotonic() - t0:.0f} s")
