@@ -253,9 +253,9 @@ impl App {
     }
 }
 
-/// The router: `/subscribe`, the v2 endpoints (`v2.rs`), the archive (`archive.rs`), `/metrics`, `/healthz`, `/readyz`;
-/// behind [`crate::limits::guard`], which keeps connections of the probes' reserve (and of a
-/// probes listener) to the last three.
+/// The router: `/subscribe`, the v2 endpoints (`v2.rs`), the archive (`archive.rs`),
+/// `/metrics`, `/healthz`, `/readyz`; behind [`crate::limits::guard`], which keeps connections of
+/// the probes' reserve (and of a probes listener) to the last three.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/subscribe", get(subscribe))
