@@ -1012,25 +1012,32 @@ async fn get_segment(
 fn stream_file(a: Arc<Archive>, file: std::fs::File, start: u64, end: u64) -> Body {
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(CHUNKS_IN_FLIGHT);
     tokio::task::spawn_blocking(move || {
+        let fail = |e: std::io::Error| {
+            a.metrics.read_errors.fetch_add(1, Relaxed);
+            tracing::error!(error = %e, "archive: segment read failed mid-download");
+            let _ = tx.blocking_send(Err(e));
+        };
+        // Sequential reads into fresh capacity (`read_to_end` does not zero it first).
+        let mut f = &file;
+        if let Err(e) = std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(start)) {
+            return fail(e);
+        }
         let mut at = start;
         while at < end {
             let n = CHUNK.min((end - at) as usize);
-            let mut buf = vec![0u8; n];
-            let r = match read_full_at(&file, &mut buf, at) {
-                Ok(k) if k == n => Ok(Bytes::from(buf)),
-                Ok(k) => Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    format!("file ended {k} bytes into a {n}-byte read at {at}"),
-                )),
-                Err(e) => Err(e),
-            };
-            let failed = r.is_err();
-            if let Err(e) = &r {
-                a.metrics.read_errors.fetch_add(1, Relaxed);
-                tracing::error!(error = %e, "archive: segment read failed mid-download");
+            let mut buf = Vec::with_capacity(n);
+            match f.take(n as u64).read_to_end(&mut buf) {
+                Ok(k) if k == n => {}
+                Ok(k) => {
+                    return fail(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        format!("file ended {k} bytes into a {n}-byte read at {at}"),
+                    ))
+                }
+                Err(e) => return fail(e),
             }
-            if tx.blocking_send(r).is_err() || failed {
-                return;
+            if tx.blocking_send(Ok(Bytes::from(buf))).is_err() {
+                return; // the client is gone
             }
             at += n as u64;
         }
