@@ -37,9 +37,10 @@
 //! else a `401 AuthRequired` (compared in constant time over SHA-256 digests). The byte quota
 //! ([`ArchiveConfig::quota`], `--archive-quota-bytes` per `--archive-quota-window`, default
 //! window 1 h) charges what `getSegment` and `getBlock` send to a client, named by its bearer
-//! key, or by its IP without one: a response that would take the client past its quota in the
-//! current window is a `429 RateLimitExceeded` with `Retry-After` (seconds to the window's
-//! end). At most [`MAX_QUOTA_CLIENTS`] clients are tracked per window; past that, new clients
+//! key, or by its IP without one: a client that has used its quota in the current window gets
+//! `429 RateLimitExceeded` with `Retry-After` (seconds to the window's end). A response is
+//! admitted while the client is under its quota, so it can go over by at most one response:
+//! refusing a response larger than the whole quota would refuse it forever. At most [`MAX_QUOTA_CLIENTS`] clients are tracked per window; past that, new clients
 //! share one bucket, and each such charge is counted.
 
 use std::collections::HashMap;
@@ -435,7 +436,7 @@ impl Archive {
             client
         };
         let used = st.used.get(key).copied().unwrap_or(0);
-        if used.saturating_add(bytes) > q.bytes {
+        if used >= q.bytes {
             drop(st);
             self.metrics.over_quota.fetch_add(1, Relaxed);
             let left = (start + q.window).saturating_duration_since(now);
@@ -444,7 +445,7 @@ impl Archive {
                 429,
                 "RateLimitExceeded",
                 &format!(
-                    "download quota of {} bytes per {} s used ({used} bytes); this response is {bytes} bytes",
+                    "download quota of {} bytes per {} s used ({used} bytes)",
                     q.bytes,
                     q.window.as_secs()
                 ),
@@ -841,10 +842,7 @@ fn parse_range(v: &str, len: u64) -> Ranged {
         // Suffix: the last b bytes.
         return match num(b) {
             Some(0) => Ranged::Unsatisfiable,
-            Some(n) if len == 0 => {
-                let _ = n;
-                Ranged::Unsatisfiable
-            }
+            Some(_) if len == 0 => Ranged::Unsatisfiable,
             Some(n) => Ranged::Part(len.saturating_sub(n), len),
             None => Ranged::Whole,
         };
@@ -1168,7 +1166,8 @@ mod tests {
             },
         );
         assert!(a.charge("k", 60).is_ok());
-        assert!(a.charge("k", 40).is_ok());
+        // Under the quota: admitted, even past it; then refused.
+        assert!(a.charge("k", 50).is_ok());
         let r = a.charge("k", 1).unwrap_err();
         assert_eq!(r.status(), 429);
         let after: u64 = r.headers()[header::RETRY_AFTER]
@@ -1177,9 +1176,10 @@ mod tests {
             .parse()
             .unwrap();
         assert!((1..=60).contains(&after), "{after}");
-        // Another client has its own budget.
-        assert!(a.charge("j", 100).is_ok());
-        assert_eq!(a.metrics.over_quota.load(Relaxed), 1);
+        // Another client has its own budget; one response larger than all of it is served once.
+        assert!(a.charge("j", 1000).is_ok());
+        assert!(a.charge("j", 1).is_err());
+        assert_eq!(a.metrics.over_quota.load(Relaxed), 2);
     }
 
     #[test]
