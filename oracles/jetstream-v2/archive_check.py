@@ -20,7 +20,9 @@ Scenarios (each must yield exactly the expected events, each once, in seq order)
   3. --archive-token: the right key reads, a wrong key raises the SDK's UnauthorizedError;
   4. --archive-quota-bytes below what a snapshot downloads: the SDK waits out the 429's
      Retry-After (the window is 2 s) and still yields every event once;
-  5. kind 7 (create-resync) rows: the SDK drops them silently (checked on its own functions).
+  5. kind 7 (create-resync) rows: the SDK drops them silently (checked on its own functions);
+  6. replay(): an archive of the first 100 frames' events, the live store all 152: the archive,
+     then the live tail from the archive's end, every event once.
 
 Environment: RIPTIDE (the binary), RIPTIDE_CORPUS.
 """
@@ -32,7 +34,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 
 import libipld
 from atproto_client.exceptions import UnauthorizedError
@@ -41,6 +45,7 @@ from atproto_jetstream import JetstreamClient
 from sdk_check import FRAMES, NSID, RIPTIDE, CheckFailed, Server, as_v1, expect, expected, log, strip
 
 FIRST_TIME_US = 1_783_123_200_000_000
+LIST = "network.bsky.jetstream.listSegments"
 
 
 def make_data(tmp, name):
@@ -159,6 +164,59 @@ def check_quota(tmp, want):
         srv.kill()
 
 
+def check_replay(tmp, want):
+    """`replay()`: the archive, then the live tail from the archive's end, every event once. The
+    archive holds the capture's first 100 frames' events (as the store will have sealed them);
+    the server's live store has all 152 (the same seqs: both are numbered from 1 in frame
+    order), so the SDK must switch at the archive's last seq and dedup the inclusive cursor."""
+    data = os.path.join(tmp, "replay")
+    head = os.path.join(tmp, "head.bin")
+    with open(FRAMES, "rb") as f:
+        raw = f.read()
+    n, at, frames = int.from_bytes(raw[:4], "big"), 4, []
+    for _ in range(n):
+        ln = int.from_bytes(raw[at:at + 4], "big")
+        frames.append(raw[at:at + 4 + ln])
+        at += 4 + ln
+    with open(head, "wb") as f:
+        f.write((100).to_bytes(4, "big") + b"".join(frames[:100]))
+    subprocess.run([RIPTIDE, "corpus", "segments", head, "--out", os.path.join(data, "segments"),
+                    "--block-rows", "8", "--segment-blocks", "5", "--first-time-us", str(FIRST_TIME_US)],
+                   check=True, stderr=subprocess.DEVNULL)
+    srv = Server(data, ["--no-verify", "--ingest-file", FRAMES])
+    try:
+        srv.wait_metric("riptide_ingest_finished", 1)
+        with urllib.request.urlopen(f"http://{srv.addr}/xrpc/{LIST}?limit=1000", timeout=60) as r:
+            sealed = max(s["maxSeq"] for s in json.load(r)["segments"])
+        expect(0 < sealed < len(want), f"archive ends at {sealed}")
+        c = JetstreamClient(base_uri=f"ws://{srv.addr}/xrpc", api_key="k", recv_timeout=60)
+        got, errors = [], []
+
+        def run():
+            it = c.replay()
+            try:
+                for m in it:
+                    if getattr(m, "seq", None) is not None:
+                        got.append(m)
+                    if len(got) >= len(want):
+                        break
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+            finally:
+                it.close()
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(120)
+        expect(not t.is_alive(), f"replay() stalled after {len(got)} events")
+        expect(not errors, f"replay() failed: {errors!r}")
+        check_events("replay", got, want)
+        log(f"6. replay(): seqs 1..{sealed} from the archive, then {sealed + 1}..{len(want)} live, "
+            f"each once, equal to v1's")
+    finally:
+        srv.kill()
+
+
 def check_kind7():
     """What this SDK does with a kind-7 (`create-resync`) row, which a riptide archive holds
     after a resync or a backfill: `SegmentEvent.is_commit` counts only kinds 1-3, `to_message`
@@ -191,6 +249,7 @@ def main():
         check_token(tmp, want)
         check_quota(tmp, want)
         check_kind7()
+        check_replay(tmp, want)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log(f"archive: all checks passed in {time.monotonic() - t0:.0f} s")
