@@ -332,3 +332,55 @@ fn a_record_missing_from_its_car_is_counted_not_silent() {
         .unwrap()
         .contains("record block not in the CAR"));
 }
+
+/// `riptide corpus segments` (test fixtures for the archive): the capture's events as sealed
+/// segments, counted against the capture's manifest, seqs 1..=152 in order across the files.
+#[test]
+fn corpus_segments_seal_the_captures_events() {
+    let Some(file) = capture() else { return };
+    let dir = scratch();
+    let out_dir = dir.path().join("segments");
+    let out = riptide(&[
+        "corpus",
+        "segments",
+        s(&file),
+        "--out",
+        s(&out_dir),
+        "--block-rows",
+        "8",
+        "--segment-blocks",
+        "5",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut names: Vec<String> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        (0..4)
+            .map(riptide_segment::segment_name)
+            .collect::<Vec<_>>()
+    );
+    let mut kinds = std::collections::BTreeMap::new();
+    let mut seq = 0;
+    for n in &names {
+        let bytes = std::fs::read(out_dir.join(n)).unwrap();
+        let seg = riptide_segment::Segment::open(&bytes).unwrap();
+        for b in 0..seg.blocks().len() {
+            assert!(seg.blocks()[b].event_count <= 8);
+            let body = seg.block_body(b).unwrap();
+            for r in seg.rows(b, &body).unwrap() {
+                seq += 1;
+                assert_eq!(r.seq, seq);
+                *kinds.entry(r.kind as u8).or_insert(0) += 1;
+            }
+        }
+    }
+    // manifest.json: 144 creates, 2 updates, 4 deletes, 1 identity, 1 account.
+    assert_eq!(
+        kinds.into_iter().collect::<Vec<_>>(),
+        [(1, 144), (2, 2), (3, 4), (4, 1), (5, 1)]
+    );
+}

@@ -4,9 +4,11 @@
 //! depend on (`shared/docs/jetstream-protocol.md`). This crate owns that format; the server, the
 //! `riptide jetstream` command and the clients all go through it, so there is one definition.
 //!
-//! Today it holds the projection of relay frames to v1 events ([`project`]). The server, filters
+//! Today it holds the projection of relay frames to v1 events ([`project`]) and to Jetstream v2
+//! archive rows ([`rows`]). The server, filters
 //! and zstd framing will live beside it.
 
 pub mod project;
+pub mod rows;
 
 pub use project::{DropReason, EventKind, Projection, Projector, RowError, StoredRow};

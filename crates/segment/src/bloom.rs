@@ -152,6 +152,18 @@ impl<'a> Bloom<'a> {
         })
     }
 
+    /// A filter [`Bloom::parse`] already accepted, read again without recomputing its CRC:
+    /// metadata kept in memory (`SegmentMeta`) is tested millions of times per plan.
+    pub(crate) fn validated(bytes: &'a [u8]) -> Bloom<'a> {
+        let k = u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+        Bloom {
+            k,
+            num_blocks: crate::header::u64_at(bytes, 5),
+            count: crate::header::u64_at(bytes, 13),
+            words: &bytes[SERIAL_HEADER..bytes.len() - SERIAL_TRAILER],
+        }
+    }
+
     /// Whether `item` may have been added (no false negatives).
     pub fn contains(&self, item: &[u8]) -> bool {
         self.contains_key(BloomKey::new(item))
@@ -159,12 +171,21 @@ impl<'a> Bloom<'a> {
 
     /// [`Bloom::contains`] for an item hashed once with [`BloomKey::new`].
     pub fn contains_key(&self, key: BloomKey) -> bool {
+        // The positions of `key_positions`, tested as they are computed: no allocation, since
+        // a plan makes millions of these tests.
         let parts = partitions(self.k).unwrap_or(&[]);
-        let (block, bits) = key_positions(key, self.num_blocks, parts);
-        let base = block * BLOCK_BYTES;
+        let h = key.0;
+        let (hi, lo) = ((h >> 64) as u64, h as u64);
+        let block = ((u128::from(hi) * u128::from(self.num_blocks)) >> 64) as usize;
+        let intra = (lo as u32) ^ ((lo >> 32) as u32);
+        let words = &self.words[block * BLOCK_BYTES..(block + 1) * BLOCK_BYTES];
+        let mut base = 0u32;
         // Word w of the block, bit b, little-endian: byte w*8 + b/8 = bit/8.
-        bits.into_iter()
-            .all(|bit| self.words[base + (bit / 8) as usize] & (1 << (bit % 8)) != 0)
+        parts.iter().all(|&p| {
+            let bit = base + intra % p;
+            base += p;
+            words[(bit / 8) as usize] & (1 << (bit % 8)) != 0
+        })
     }
 
     /// The number of hash partitions.

@@ -17,6 +17,8 @@
 //! size has been checked against the file); [`Segment::block_body`] and [`Segment::rows`] give a
 //! block's rows, borrowing from its decompressed body. A bare frame (`getBlock`) decodes with
 //! [`decode_block_frame`] and [`decode_block`]. Writing: [`SegmentWriter`] or [`write_segment`].
+//! A server keeps each segment's [`SegmentMeta`] (header and footer only) and answers
+//! `planSnapshot` with [`plan::plan`].
 
 mod block;
 mod bloom;
@@ -24,6 +26,8 @@ mod error;
 mod footer;
 mod header;
 mod kind;
+mod name;
+pub mod plan;
 mod segment;
 mod writer;
 
@@ -38,5 +42,6 @@ pub use footer::{
 };
 pub use header::{checksum, Header, HEADER_BYTES, MAGIC, VERSION};
 pub use kind::{Kind, SENTINEL_ACCOUNT, SENTINEL_IDENTITY, SENTINEL_SYNC};
-pub use segment::{Segment, MAX_BLOCKS};
+pub use name::{parse_segment_name, segment_name};
+pub use segment::{Segment, SegmentMeta, MAX_BLOCKS};
 pub use writer::{write_segment, Sealed, SegmentWriter};

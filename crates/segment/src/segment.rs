@@ -44,107 +44,15 @@ impl<'a> Segment<'a> {
     /// Opens and validates a sealed segment, its checksum included.
     pub fn open(bytes: &'a [u8]) -> Result<Segment<'a>> {
         let header = Header::parse(bytes)?;
-        let len = bytes.len() as u64;
-        let h = &header;
-        if h.footer_offset < HEADER_BYTES as u64 || h.footer_offset > len {
-            return Err(footer(format!(
-                "footer offset {} outside [256, {len}]",
-                h.footer_offset
-            )));
-        }
-        if h.block_index_offset != h.footer_offset {
-            return Err(footer(format!(
-                "block index at {}, footer at {}",
-                h.block_index_offset, h.footer_offset
-            )));
-        }
-        if h.block_count > MAX_BLOCKS {
-            return Err(Error::TooMany {
-                what: "blocks",
-                count: h.block_count.into(),
-            });
-        }
-        let index_end = h.block_index_offset + u64::from(h.block_count) * BLOCK_INDEX_ENTRY as u64;
-        if h.did_bloom_offset != index_end
-            || h.block_did_bloom_offset < h.did_bloom_offset
-            || h.collection_index_offset < h.block_did_bloom_offset
-            || h.collection_index_offset > len
-        {
-            return Err(footer(format!(
-                "sections out of order: index {}..{index_end}, bloom {}, block blooms {}, \
-                 collections {}, file {len}",
-                h.block_index_offset,
-                h.did_bloom_offset,
-                h.block_did_bloom_offset,
-                h.collection_index_offset
-            )));
-        }
-        // Every offset is now within the file, so the casts below are in range.
-        let at = |o: u64| o as usize;
-
-        // The checksum first: past this point a failure is a writer's bug, not rot.
-        let mut hb = [0u8; HEADER_BYTES];
-        hb.copy_from_slice(&bytes[..HEADER_BYTES]);
-        let computed = checksum(&hb, &bytes[at(h.footer_offset)..]);
-        if computed != h.checksum {
-            return Err(Error::ChecksumMismatch {
-                stored: h.checksum,
-                computed,
-            });
-        }
-
-        let index = &bytes[at(h.block_index_offset)..at(index_end)];
-        let blocks: Vec<BlockInfo> = index
-            .chunks_exact(BLOCK_INDEX_ENTRY)
-            .map(BlockInfo::parse)
-            .collect();
-        check_blocks(bytes, &blocks, h)?;
-
-        let seg_bloom = &bytes[at(h.did_bloom_offset)..at(h.block_did_bloom_offset)];
-        let did_bloom = if seg_bloom.is_empty() {
-            None
-        } else {
-            Some(Bloom::parse(seg_bloom)?)
-        };
-
-        let region = &bytes[at(h.block_did_bloom_offset)..at(h.collection_index_offset)];
-        if region.len() < 8 {
-            return Err(footer(format!(
-                "per-block bloom region of {} bytes",
-                region.len()
-            )));
-        }
-        let count = u64::from(u32::from_le_bytes([
-            region[0], region[1], region[2], region[3],
-        ]));
-        let size = u64::from(u32::from_le_bytes([
-            region[4], region[5], region[6], region[7],
-        ]));
-        if count != u64::from(h.block_count) || 8 + count * size != region.len() as u64 {
-            return Err(footer(format!(
-                "per-block bloom region: {count} × {size} bytes in {} for {} blocks",
-                region.len(),
-                h.block_count
-            )));
-        }
-        let block_bloom_bytes = size as usize;
-        if count > 0 {
-            for i in 0..count as usize {
-                let at = 8 + i * block_bloom_bytes;
-                Bloom::parse(&region[at..at + block_bloom_bytes])?;
-            }
-        }
-
-        let collections =
-            CollectionIndex::parse(&bytes[at(h.collection_index_offset)..], h.block_count)?;
-
+        let (hb, footer) = split(bytes, &header)?;
+        let parts = Footer::parse(&hb, &header, footer, Some(bytes))?;
         Ok(Segment {
             bytes,
             header,
-            blocks,
-            did_bloom,
-            block_bloom_bytes,
-            collections,
+            blocks: parts.blocks,
+            did_bloom: parts.did_bloom,
+            block_bloom_bytes: parts.block_bloom_bytes,
+            collections: parts.collections,
         })
     }
 
@@ -261,8 +169,231 @@ impl<'a> Segment<'a> {
     }
 }
 
-/// The block index against the file and the header.
-fn check_blocks(bytes: &[u8], blocks: &[BlockInfo], h: &Header) -> Result<()> {
+/// The header's 256 bytes and the footer's slice of a whole file, the footer offset checked
+/// against the file's length.
+fn split<'a>(bytes: &'a [u8], h: &Header) -> Result<([u8; HEADER_BYTES], &'a [u8])> {
+    let len = bytes.len() as u64;
+    if h.footer_offset < HEADER_BYTES as u64 || h.footer_offset > len {
+        return Err(footer(format!(
+            "footer offset {} outside [256, {len}]",
+            h.footer_offset
+        )));
+    }
+    let mut hb = [0u8; HEADER_BYTES];
+    hb.copy_from_slice(&bytes[..HEADER_BYTES]);
+    Ok((hb, &bytes[h.footer_offset as usize..]))
+}
+
+/// The footer's sections, validated: what both [`Segment`] and [`SegmentMeta`] keep.
+struct Footer<'a> {
+    blocks: Vec<BlockInfo>,
+    did_bloom: Option<Bloom<'a>>,
+    /// Start of the first per-block filter within the footer.
+    block_blooms_at: usize,
+    block_bloom_bytes: usize,
+    collections: CollectionIndex,
+}
+
+impl<'a> Footer<'a> {
+    /// Validates the footer (`footer_offset` to the end of the file) against the header, the
+    /// checksum first. `file`, when given, is the whole file, for the blocks' length prefixes.
+    fn parse(
+        hb: &[u8; HEADER_BYTES],
+        h: &Header,
+        foot: &'a [u8],
+        file: Option<&[u8]>,
+    ) -> Result<Footer<'a>> {
+        let len = h.footer_offset + foot.len() as u64;
+        if h.footer_offset < HEADER_BYTES as u64 {
+            return Err(footer(format!(
+                "footer offset {} outside [256, {len}]",
+                h.footer_offset
+            )));
+        }
+        if h.block_index_offset != h.footer_offset {
+            return Err(footer(format!(
+                "block index at {}, footer at {}",
+                h.block_index_offset, h.footer_offset
+            )));
+        }
+        if h.block_count > MAX_BLOCKS {
+            return Err(Error::TooMany {
+                what: "blocks",
+                count: h.block_count.into(),
+            });
+        }
+        let index_end = h.block_index_offset + u64::from(h.block_count) * BLOCK_INDEX_ENTRY as u64;
+        if h.did_bloom_offset != index_end
+            || h.block_did_bloom_offset < h.did_bloom_offset
+            || h.collection_index_offset < h.block_did_bloom_offset
+            || h.collection_index_offset > len
+        {
+            return Err(footer(format!(
+                "sections out of order: index {}..{index_end}, bloom {}, block blooms {}, \
+                 collections {}, file {len}",
+                h.block_index_offset,
+                h.did_bloom_offset,
+                h.block_did_bloom_offset,
+                h.collection_index_offset
+            )));
+        }
+        // Every offset is now within [footer_offset, len], so the casts below are in range.
+        let at = |o: u64| (o - h.footer_offset) as usize;
+
+        // The checksum first: past this point a failure is a writer's bug, not rot.
+        let computed = checksum(hb, foot);
+        if computed != h.checksum {
+            return Err(Error::ChecksumMismatch {
+                stored: h.checksum,
+                computed,
+            });
+        }
+
+        let index = &foot[at(h.block_index_offset)..at(index_end)];
+        let blocks: Vec<BlockInfo> = index
+            .chunks_exact(BLOCK_INDEX_ENTRY)
+            .map(BlockInfo::parse)
+            .collect();
+        check_blocks(file, &blocks, h)?;
+
+        let seg_bloom = &foot[at(h.did_bloom_offset)..at(h.block_did_bloom_offset)];
+        let did_bloom = if seg_bloom.is_empty() {
+            None
+        } else {
+            Some(Bloom::parse(seg_bloom)?)
+        };
+
+        let region = &foot[at(h.block_did_bloom_offset)..at(h.collection_index_offset)];
+        if region.len() < 8 {
+            return Err(footer(format!(
+                "per-block bloom region of {} bytes",
+                region.len()
+            )));
+        }
+        let count = u64::from(u32::from_le_bytes([
+            region[0], region[1], region[2], region[3],
+        ]));
+        let size = u64::from(u32::from_le_bytes([
+            region[4], region[5], region[6], region[7],
+        ]));
+        if count != u64::from(h.block_count) || 8 + count * size != region.len() as u64 {
+            return Err(footer(format!(
+                "per-block bloom region: {count} × {size} bytes in {} for {} blocks",
+                region.len(),
+                h.block_count
+            )));
+        }
+        let block_bloom_bytes = size as usize;
+        for i in 0..count as usize {
+            let at = 8 + i * block_bloom_bytes;
+            Bloom::parse(&region[at..at + block_bloom_bytes])?;
+        }
+
+        let collections =
+            CollectionIndex::parse(&foot[at(h.collection_index_offset)..], h.block_count)?;
+
+        Ok(Footer {
+            blocks,
+            did_bloom,
+            block_blooms_at: at(h.block_did_bloom_offset) + 8,
+            block_bloom_bytes,
+            collections,
+        })
+    }
+}
+
+/// A sealed segment's metadata read from its header and footer alone — what a server keeps in
+/// memory per segment to list it, plan over it and serve its blocks, without reading (or
+/// holding) the blocks: the header, the block index, both kinds of DID bloom and the collection
+/// index, all validated and the checksum verified, as [`Segment::open`] does. The one check it
+/// cannot make is each block's `u64` length prefix (it lies in the blocks); a server reading a
+/// block's bytes checks that prefix itself.
+#[derive(Debug, Clone)]
+pub struct SegmentMeta {
+    header: Header,
+    blocks: Vec<BlockInfo>,
+    /// The footer's bytes (the blooms are read in place from them).
+    footer: Vec<u8>,
+    did_bloom: Option<std::ops::Range<usize>>,
+    block_blooms_at: usize,
+    block_bloom_bytes: usize,
+    collections: CollectionIndex,
+}
+
+impl SegmentMeta {
+    /// Validates a segment's metadata from the file's first 256 bytes (`head`; more are
+    /// ignored) and its footer (from the header's `footer_offset` to the end of the file).
+    pub fn from_parts(head: &[u8], footer: Vec<u8>) -> Result<SegmentMeta> {
+        let header = Header::parse(head)?;
+        let mut hb = [0u8; HEADER_BYTES];
+        hb.copy_from_slice(&head[..HEADER_BYTES]);
+        let parts = Footer::parse(&hb, &header, &footer, None)?;
+        let did_bloom = parts.did_bloom.map(|_| {
+            (header.did_bloom_offset - header.footer_offset) as usize
+                ..(header.block_did_bloom_offset - header.footer_offset) as usize
+        });
+        let (blocks, block_blooms_at, block_bloom_bytes, collections) = (
+            parts.blocks,
+            parts.block_blooms_at,
+            parts.block_bloom_bytes,
+            parts.collections,
+        );
+        Ok(SegmentMeta {
+            header,
+            blocks,
+            footer,
+            did_bloom,
+            block_blooms_at,
+            block_bloom_bytes,
+            collections,
+        })
+    }
+
+    /// The metadata of a whole file in memory (for tests and tools; a server reads the two
+    /// parts with [`Header::parse`] and `footer_offset`).
+    pub fn from_file(bytes: &[u8]) -> Result<SegmentMeta> {
+        let header = Header::parse(bytes)?;
+        let (_, foot) = split(bytes, &header)?;
+        SegmentMeta::from_parts(bytes, foot.to_vec())
+    }
+
+    /// The header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+    /// The block index.
+    pub fn blocks(&self) -> &[BlockInfo] {
+        &self.blocks
+    }
+    /// The collection index.
+    pub fn collections(&self) -> &CollectionIndex {
+        &self.collections
+    }
+    /// The file's length: the footer ends it.
+    pub fn file_len(&self) -> u64 {
+        self.header.footer_offset + self.footer.len() as u64
+    }
+    /// The segment-level DID bloom, if the segment has one.
+    pub fn did_bloom(&self) -> Option<Bloom<'_>> {
+        self.did_bloom
+            .clone()
+            .map(|r| Bloom::validated(&self.footer[r]))
+    }
+    /// Block `index`'s DID bloom (`None` past the last block).
+    pub fn block_bloom(&self, index: usize) -> Option<Bloom<'_>> {
+        if index >= self.blocks.len() {
+            return None;
+        }
+        let start = self.block_blooms_at + index * self.block_bloom_bytes;
+        Some(Bloom::validated(
+            &self.footer[start..start + self.block_bloom_bytes],
+        ))
+    }
+}
+
+/// The block index against the header and, given the file's bytes, each block's length prefix
+/// (metadata read from the header and footer alone, [`SegmentMeta`], cannot check those).
+fn check_blocks(bytes: Option<&[u8]>, blocks: &[BlockInfo], h: &Header) -> Result<()> {
     let mut prev_end = HEADER_BYTES as u64;
     let mut prev_max: Option<u64> = None;
     let mut events = 0u64;
@@ -284,12 +415,14 @@ fn check_blocks(bytes: &[u8], blocks: &[BlockInfo], h: &Header) -> Result<()> {
                 h.footer_offset
             )));
         }
-        let prefix = u64_at(bytes, b.offset as usize);
-        if prefix != u64::from(b.compressed_size) {
-            return Err(bad(format!(
-                "length prefix {prefix}, the entry says {}",
-                b.compressed_size
-            )));
+        if let Some(bytes) = bytes {
+            let prefix = u64_at(bytes, b.offset as usize);
+            if prefix != u64::from(b.compressed_size) {
+                return Err(bad(format!(
+                    "length prefix {prefix}, the entry says {}",
+                    b.compressed_size
+                )));
+            }
         }
         if b.max_seq < b.min_seq || b.max_witnessed_at < b.min_witnessed_at {
             return Err(bad("bounds reversed".into()));

@@ -15,6 +15,8 @@
 //!   subscriber;
 //! - [`v2`]: Jetstream v2's `/xrpc/network.bsky.jetstream.subscribeEvents` and
 //!   `getZstdDictionary`, served from the same log with the same seqs;
+//! - [`archive`]: Jetstream v2's archive (`planSnapshot`, `listSegments`, `getSegment`,
+//!   `getBlock`) over the sealed `.jss` segment files;
 //! - [`slow`]: when a subscriber far behind is dropped (Jetstream v2's rule);
 //! - [`limits`]: connection budget, per-IP limit and header deadline, so no client can exhaust
 //!   the descriptors the store needs;
@@ -25,6 +27,7 @@
 //!   (the verifier's keys are then `riptide_resolver::ResolverKeys::resolving_on`);
 //! - [`status`]: the status line said once a minute in the log, from the metrics.
 
+pub mod archive;
 pub mod chain;
 pub mod compress;
 mod faults;

@@ -154,6 +154,8 @@ pub struct ServerConfig {
     /// The dictionary of `/xrpc/network.bsky.jetstream.subscribeEvents`'s compression
     /// (`--zstd-dictionary-v2`); `None`: `zstdDictionary` is refused (see `v2.rs`).
     pub v2_dictionary: Option<crate::compress::Dictionary>,
+    /// The archive endpoints' state (`archive.rs`); `None`: an archive with nothing sealed.
+    pub archive: Option<Arc<crate::archive::Archive>>,
 }
 
 impl Default for ServerConfig {
@@ -168,6 +170,7 @@ impl Default for ServerConfig {
             ready_max_idle: Some(Duration::from_secs(120)),
             v1_dictionary: None,
             v2_dictionary: None,
+            archive: None,
         }
     }
 }
@@ -187,6 +190,8 @@ pub struct App {
     pub ingest_finished: AtomicBool,
     /// The v2 endpoint's state (frame cache, compressors, its metrics).
     pub v2: crate::v2::V2,
+    /// The archive endpoints' state: sealed segments, authorization, quota (`archive.rs`).
+    pub archive: Arc<crate::archive::Archive>,
     pub(crate) shutdown: watch::Sender<bool>,
     store_reads: Arc<Semaphore>,
     /// Compressors of `config.v1_dictionary` (see there).
@@ -202,6 +207,12 @@ impl App {
     pub fn new(log: Arc<Log>, metrics: Arc<Metrics>, config: ServerConfig) -> Arc<App> {
         let store_reads = Arc::new(Semaphore::new(config.store_readers.max(1)));
         let v2 = crate::v2::V2::new(config.v2_dictionary.clone());
+        let archive = config.archive.clone().unwrap_or_else(|| {
+            Arc::new(crate::archive::Archive::new(
+                Arc::new(crate::archive::SealedSegments::empty()),
+                crate::archive::ArchiveConfig::default(),
+            ))
+        });
         let v1_compressors = config
             .v1_dictionary
             .clone()
@@ -211,6 +222,7 @@ impl App {
             v1_zstd_at_send: AtomicU64::new(0),
             replaying: AtomicUsize::new(0),
             v2,
+            archive,
             store_reads,
             log,
             metrics,
@@ -241,13 +253,14 @@ impl App {
     }
 }
 
-/// The router: `/subscribe`, the v2 endpoints (`v2.rs`), `/metrics`, `/healthz`, `/readyz`;
-/// behind [`crate::limits::guard`], which keeps connections of the probes' reserve (and of a
-/// probes listener) to the last three.
+/// The router: `/subscribe`, the v2 endpoints (`v2.rs`), the archive (`archive.rs`),
+/// `/metrics`, `/healthz`, `/readyz`; behind [`crate::limits::guard`], which keeps connections of
+/// the probes' reserve (and of a probes listener) to the last three.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/subscribe", get(subscribe))
         .merge(crate::v2::routes())
+        .merge(crate::archive::routes())
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -412,6 +425,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     }
     crate::metrics::render_store_integrity(&mut text, app.log.store().integrity_stats());
     app.v2.render_metrics(&app.metrics, &mut text);
+    app.archive.render_metrics(&mut text);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }
 

@@ -1,4 +1,6 @@
 //! `riptide corpus sigs FRAMES --did-docs DOCS -o OUT` (a contract): make benchmark corpora.
+//! `riptide corpus segments FRAMES --out DIR` (not a contract: test fixtures until the store
+//! seals its own): the frames' events as `.jss` archive segments.
 //!
 //! `sigs` writes the signature corpus of `shared/docs/formats.md` from the `#commit` frames of a
 //! frame corpus: `[u32 count]`, then per entry `[u8 curve: 0 = P-256, 1 = secp256k1]`
@@ -24,6 +26,31 @@ use super::DocKeys;
 pub enum CorpusCmd {
     /// Write the signature corpus (formats.md `*.sigs`) from the verified commits of a frame corpus.
     Sigs(SigsArgs),
+    /// Not a contract (test fixtures): write the frames' events, unverified, as sealed .jss
+    /// segments `DIR/seg_XXXXXXXXXX.jss` (seqs from 1, as `riptide serve` numbers them), for
+    /// `riptide serve --data D` to serve from `D/segments/`.
+    Segments(SegmentsArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct SegmentsArgs {
+    /// Frame corpus (formats.md).
+    frames: PathBuf,
+    /// Directory to write the segments into (created).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Rows per block.
+    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = super::serve::parse_positive)]
+    block_rows: usize,
+    /// Blocks per segment.
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = super::serve::parse_positive)]
+    segment_blocks: usize,
+    /// Witnessed time of seq 1, unix µs; each later row is 1 µs later.
+    #[arg(long, value_name = "US", default_value_t = 1_783_123_200_000_000)]
+    first_time_us: i64,
+    /// Write #sync events as rows (as `riptide serve` stores them).
+    #[arg(long)]
+    with_sync: bool,
 }
 
 #[derive(clap::Args, Debug)]
@@ -41,7 +68,65 @@ pub struct SigsArgs {
 pub fn run(c: CorpusCmd) -> anyhow::Result<ExitCode> {
     match c {
         CorpusCmd::Sigs(a) => sigs(a),
+        CorpusCmd::Segments(a) => segments(a),
     }
+}
+
+/// `riptide corpus segments`: rows as [`riptide_jetstream::rows`] makes them, sealed with
+/// [`riptide_segment::SegmentWriter`], one file per `segment_blocks` blocks.
+fn segments(a: SegmentsArgs) -> anyhow::Result<ExitCode> {
+    let file =
+        std::fs::read(&a.frames).with_context(|| format!("reading {}", a.frames.display()))?;
+    let frames = super::corpus_frames(&a.frames, &file)?;
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let mut dec = FrameDecoder::new();
+    let mut arena = riptide_cbor::Arena::new();
+    let mut rows: Vec<riptide_segment::OwnedRow> = Vec::new();
+    let mut dropped: BTreeMap<&'static str, u64> = BTreeMap::new();
+    for f in &frames {
+        let frame = match dec.decode(f.bytes) {
+            Ok(fr) => fr,
+            Err(e) => {
+                *dropped.entry("undecodable-frame").or_default() += 1;
+                eprintln!("frame {}: {e}", f.index);
+                continue;
+            }
+        };
+        let (got, drops) = riptide_jetstream::rows::frame_rows(&frame, &mut arena, a.with_sync);
+        for (_, why) in drops {
+            *dropped.entry(why.as_str()).or_default() += 1;
+        }
+        for r in got {
+            let seq = rows.len() as u64 + 1;
+            rows.push(r.row(seq, a.first_time_us + seq as i64 - 1).to_owned_row());
+        }
+    }
+    let (mut files, mut index) = (0u64, 0u64);
+    let per_segment = a.block_rows.saturating_mul(a.segment_blocks);
+    for chunk in rows.chunks(per_segment) {
+        let blocks: Vec<Vec<riptide_segment::Row<'_>>> = chunk
+            .chunks(a.block_rows)
+            .map(|b| b.iter().map(riptide_segment::OwnedRow::as_row).collect())
+            .collect();
+        let refs: Vec<&[riptide_segment::Row<'_>]> = blocks.iter().map(Vec::as_slice).collect();
+        let bytes = riptide_segment::write_segment(&refs)?;
+        let path = a.out.join(riptide_segment::segment_name(index));
+        let tmp = a
+            .out
+            .join(format!(".{}.tmp", riptide_segment::segment_name(index)));
+        std::fs::write(&tmp, &bytes).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("renaming to {}", path.display()))?;
+        files += 1;
+        index += 1;
+    }
+    eprintln!(
+        "{} rows (seqs 1..={}) in {files} segments under {}; dropped: {:?}",
+        rows.len(),
+        rows.len(),
+        a.out.display(),
+        dropped
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// One entry of a signature corpus.

@@ -128,6 +128,17 @@ pub struct Args {
     /// stored: it may change across restarts.
     #[arg(long = "zstd-dictionary-v2", value_name = "PATH")]
     pub zstd_dictionary_v2: Option<PathBuf>,
+    /// Require this bearer key (`Authorization: Bearer TOKEN`) on the archive endpoints
+    /// (planSnapshot, listSegments, getSegment, getBlock); others get 401. Default: any key.
+    #[arg(long, value_name = "TOKEN")]
+    pub archive_token: Option<String>,
+    /// Bytes each archive client (its bearer key, else its IP) may download with getSegment and
+    /// getBlock per --archive-quota-window; past it, 429 with Retry-After. Default: no quota.
+    #[arg(long, value_name = "N", value_parser = parse_positive_u64)]
+    pub archive_quota_bytes: Option<u64>,
+    /// The window of --archive-quota-bytes (e.g. 1h, 10m).
+    #[arg(long, value_name = "DUR", default_value = "1h", value_parser = parse_nonzero_duration)]
+    pub archive_quota_window: Duration,
     /// Verification threads (default: two per core, so that a busy account's share of the work
     /// does not leave a core idle; frames are assigned to threads by DID).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..))]
@@ -160,6 +171,15 @@ fn resync_config(data: &std::path::Path) -> anyhow::Result<ResyncConfig> {
 
 /// The largest duration a flag takes (100 years).
 const MAX_DURATION_SECS: u64 = 36_500 * 86_400;
+
+/// A byte count that must be at least 1 (`--archive-quota-bytes`), as [`parse_positive`].
+pub fn parse_positive_u64(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("0 would refuse every download; give at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{s:?}: {e}")),
+    }
+}
 
 /// A count that must be at least 1: `0` would refuse every connection (or mean "no limit" to a
 /// reader who guesses), so it is refused with a reason rather than taken (issue 39).
@@ -493,7 +513,24 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         None => None,
     };
     let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+    // The archive: sealed segments under DATA/segments/, verified at start (`archive.rs`).
+    let sealed = riptide_serve::archive::SealedSegments::scan(&args.data.join("segments"))
+        .with_context(|| format!("scanning {}", args.data.join("segments").display()))?;
+    let archive = Arc::new(riptide_serve::archive::Archive::new(
+        Arc::new(sealed),
+        riptide_serve::archive::ArchiveConfig {
+            token: args.archive_token.clone(),
+            quota: args
+                .archive_quota_bytes
+                .map(|bytes| riptide_serve::archive::Quota {
+                    bytes,
+                    window: args.archive_quota_window,
+                }),
+            ..Default::default()
+        },
+    ));
     let config = ServerConfig {
+        archive: Some(archive),
         v1_dictionary: dict.clone(),
         ready_max_idle: Some(args.ready_max_idle).filter(|d| !d.is_zero()),
         v2_dictionary,

@@ -1,0 +1,263 @@
+"""Runs inside the venv `check` makes (atproto 0.0.73 from PyPI): the SDK's archive reader,
+`JetstreamClient.snapshot()`, against `riptide serve`'s archive endpoints on loopback.
+
+`snapshot()` calls exactly `planSnapshot` (paged until `plannedThroughSeq` reaches the pinned
+`sealedTipSeq`), `getSegment` in 8 MiB `Range` slices for `mode: "segment"` units, `getBlock`
+for `mode: "blocks"` units, always with `Authorization: Bearer <api_key>`; it decodes the `.jss`
+bytes itself (`atproto_jetstream.archive.segment`) and filters rows exactly (`RowMatcher`).
+
+The segments are riptide's: `riptide corpus segments` writes the real capture's 152 events
+(jetstream-2026-07) as `.jss` files, 8 rows a block, 5 blocks a segment (4 segments), seqs
+1..152 as `riptide serve` numbers them. The expected events are not read from those files: they
+are `riptide jetstream`'s v1 projection of the capture made into v2 payloads through the SDK's
+models (`sdk_check.expected`), so a record must survive DAG-CBOR → .jss → HTTP → the SDK's
+decoder → libipld and equal its JSON rendering.
+
+Scenarios (each must yield exactly the expected events, each once, in seq order):
+  1. no filter: every event; whole segments (getSegment) were downloaded;
+  2. filters: one DID (blocks via getBlock), a collection with kinds=commit, a wildcard,
+     kinds=identity+account, after_seq/before_seq;
+  3. --archive-token: the right key reads, a wrong key raises the SDK's UnauthorizedError;
+  4. --archive-quota-bytes below what a snapshot downloads: the SDK waits out the 429's
+     Retry-After (the window is 2 s) and still yields every event once;
+  5. kind 7 (create-resync) rows: the SDK drops them silently (checked on its own functions);
+  6. replay(): an archive of the first 100 frames' events, the live store all 152: the archive,
+     then the live tail from the archive's end, every event once.
+
+Environment: RIPTIDE (the binary), RIPTIDE_CORPUS.
+"""
+
+import collections
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+import libipld
+from atproto_client.exceptions import UnauthorizedError
+from atproto_jetstream import JetstreamClient
+
+from sdk_check import FRAMES, NSID, RIPTIDE, CheckFailed, Server, as_v1, expect, expected, log, strip
+
+FIRST_TIME_US = 1_783_123_200_000_000
+LIST = "network.bsky.jetstream.listSegments"
+
+
+def make_data(tmp, name):
+    data = os.path.join(tmp, name)
+    subprocess.run(
+        [RIPTIDE, "corpus", "segments", FRAMES, "--out", os.path.join(data, "segments"),
+         "--block-rows", "8", "--segment-blocks", "5", "--first-time-us", str(FIRST_TIME_US)],
+        check=True, stderr=subprocess.DEVNULL)
+    expect(len(os.listdir(os.path.join(data, "segments"))) == 4, "four segment files")
+    return data
+
+
+def snapshot(addr, key, params=None, **kw):
+    c = JetstreamClient(params=params, base_uri=f"ws://{addr}/xrpc", api_key=key)
+    return list(c.snapshot(**kw)), c
+
+
+def links_as_json(v):
+    """The SDK's archive reader hands a record over as libipld decodes it, CID links as raw CID
+    bytes, where its live reader (and v1's JSON) gives `{"$link": "<cid>"}`; the same link either
+    way. Records are compared in the live form."""
+    if isinstance(v, dict):
+        return {k: links_as_json(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [links_as_json(x) for x in v]
+    if isinstance(v, bytes) and v[:1] == b"\x01":
+        try:
+            return {"$link": libipld.encode_cid(v)}
+        except Exception:  # noqa: BLE001 (not a CID: left as bytes)
+            return v
+    return v
+
+
+def check_events(label, got, want):
+    seqs = [m.seq for m in got]
+    expect(seqs == [e["seq"] for e in want], f"{label}: seqs {seqs[:8]}..., want {[e['seq'] for e in want][:8]}...")
+    for m, e in zip(got, want):
+        a = as_v1(m)
+        if "record" in a:
+            a["record"] = links_as_json(a["record"])
+        if a != e:
+            diff = {k: (a.get(k), e.get(k)) for k in set(a) | set(e) if a.get(k) != e.get(k)}
+            raise CheckFailed(f"{label}: seq {m.seq}: archive ≠ v1 in {sorted(diff)}: {str(diff)[-700:]}")
+
+
+def archive_metric(srv, endpoint):
+    return srv.metric(f'riptide_archive_requests_total{{endpoint="{endpoint}"}}')
+
+
+def check_filters(tmp, want):
+    srv = Server(make_data(tmp, "archive"), ["--no-verify", "--ingest-file", FRAMES])
+    try:
+        got, c = snapshot(srv.addr, "any-key")
+        check_events("no filter", got, want)
+        expect(archive_metric(srv, "getSegment") >= 4, "whole segments were not downloaded")
+        log(f"1. snapshot(), no filter: {len(got)} events, each once, equal to v1's "
+            f"({c.bytes_downloaded} bytes, whole segments in 8 MiB ranges)")
+
+        commit = NSID + "#commit"
+        # The account with the most events, and a cut through the middle of them.
+        counts = collections.Counter(e["did"] for e in want)
+        did = counts.most_common(1)[0][0]
+        mid = [e["seq"] for e in want if e["did"] == did][counts[did] // 2]
+        blocks_before = archive_metric(srv, "getBlock")
+        cases = [
+            ({"dids": [did]}, {}, lambda e: e["did"] == did),
+            ({"kinds": ["commit"], "collections": ["app.bsky.feed.like"]}, {},
+             lambda e: e["$type"] == commit and e["collection"] == "app.bsky.feed.like"),
+            ({"collections": ["app.bsky.graph.*"]}, {},
+             lambda e: e["$type"] != commit or e["collection"].startswith("app.bsky.graph.")),
+            ({"kinds": ["identity", "account"]}, {}, lambda e: e["$type"] != commit),
+            ({}, {"after_seq": 37, "before_seq": 120}, lambda e: 37 < e["seq"] <= 120),
+            ({"dids": [did]}, {"after_seq": mid}, lambda e: e["did"] == did and e["seq"] > mid),
+        ]
+        for params, kw, pred in cases:
+            exp = [e for e in want if pred(e)]
+            expect(exp, f"{params} {kw}: nothing expected")
+            got, c = snapshot(srv.addr, "any-key", params, **kw)
+            check_events(f"{params} {kw}", got, exp)
+            log(f"2. snapshot({params}, {kw}): {len(got)} events ({c.bytes_downloaded} bytes)")
+        expect(archive_metric(srv, "getBlock") > blocks_before, "no block was fetched with getBlock")
+    finally:
+        srv.kill()
+
+
+def check_token(tmp, want):
+    srv = Server(make_data(tmp, "token"), ["--no-verify", "--ingest-file", FRAMES, "--archive-token", "s3cret-key"])
+    try:
+        got, _ = snapshot(srv.addr, "s3cret-key")
+        check_events("right key", got, want)
+        try:
+            snapshot(srv.addr, "wrong-key")
+            raise CheckFailed("a wrong key read the archive")
+        except UnauthorizedError:
+            pass
+        expect(srv.metric("riptide_archive_unauthorized_total") >= 1, "401 not counted")
+        log(f"3. --archive-token: the key reads {len(got)} events; a wrong key is refused (401)")
+    finally:
+        srv.kill()
+
+
+def check_quota(tmp, want):
+    data = make_data(tmp, "quota")
+    sizes = [os.path.getsize(os.path.join(data, "segments", f)) for f in os.listdir(os.path.join(data, "segments"))]
+    quota = max(sizes) + 1
+    srv = Server(data, ["--no-verify", "--ingest-file", FRAMES, "--archive-quota-bytes", str(quota), "--archive-quota-window", "2s"])
+    try:
+        t0 = time.monotonic()
+        got, c = snapshot(srv.addr, "quota-key")
+        check_events("quota", got, want)
+        refused = srv.metric("riptide_archive_over_quota_total")
+        expect(refused >= 1, "the quota never refused a download")
+        log(f"4. quota {quota} bytes per 2 s: {int(refused)} downloads refused with 429 + Retry-After, "
+            f"waited out by the SDK; {len(got)} events in {time.monotonic() - t0:.1f} s")
+    finally:
+        srv.kill()
+
+
+def check_replay(tmp, want):
+    """`replay()`: the archive, then the live tail from the archive's end, every event once. The
+    archive holds the capture's first 100 frames' events (as the store will have sealed them);
+    the server's live store has all 152 (the same seqs: both are numbered from 1 in frame
+    order), so the SDK must switch at the archive's last seq and dedup the inclusive cursor."""
+    data = os.path.join(tmp, "replay")
+    head = os.path.join(tmp, "head.bin")
+    with open(FRAMES, "rb") as f:
+        raw = f.read()
+    n, at, frames = int.from_bytes(raw[:4], "big"), 4, []
+    for _ in range(n):
+        ln = int.from_bytes(raw[at:at + 4], "big")
+        frames.append(raw[at:at + 4 + ln])
+        at += 4 + ln
+    with open(head, "wb") as f:
+        f.write((100).to_bytes(4, "big") + b"".join(frames[:100]))
+    subprocess.run([RIPTIDE, "corpus", "segments", head, "--out", os.path.join(data, "segments"),
+                    "--block-rows", "8", "--segment-blocks", "5", "--first-time-us", str(FIRST_TIME_US)],
+                   check=True, stderr=subprocess.DEVNULL)
+    srv = Server(data, ["--no-verify", "--ingest-file", FRAMES])
+    try:
+        srv.wait_metric("riptide_ingest_finished", 1)
+        with urllib.request.urlopen(f"http://{srv.addr}/xrpc/{LIST}?limit=1000", timeout=60) as r:
+            sealed = max(s["maxSeq"] for s in json.load(r)["segments"])
+        expect(0 < sealed < len(want), f"archive ends at {sealed}")
+        c = JetstreamClient(base_uri=f"ws://{srv.addr}/xrpc", api_key="k", recv_timeout=60)
+        got, errors = [], []
+
+        def run():
+            it = c.replay()
+            try:
+                for m in it:
+                    if getattr(m, "seq", None) is not None:
+                        got.append(m)
+                    if len(got) >= len(want):
+                        break
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+            finally:
+                it.close()
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(120)
+        expect(not t.is_alive(), f"replay() stalled after {len(got)} events")
+        expect(not errors, f"replay() failed: {errors!r}")
+        check_events("replay", got, want)
+        log(f"6. replay(): seqs 1..{sealed} from the archive, then {sealed + 1}..{len(want)} live, "
+            f"each once, equal to v1's")
+    finally:
+        srv.kill()
+
+
+def check_kind7():
+    """What this SDK does with a kind-7 (`create-resync`) row, which a riptide archive holds
+    after a resync or a backfill: `SegmentEvent.is_commit` counts only kinds 1-3, `to_message`
+    has no model for 7 and raises, and `to_messages` skips the row without a word. Checked on the
+    SDK's own functions, so that a version that changes it fails here and the README is updated."""
+    from atproto_jetstream.archive.events import to_messages
+    from atproto_jetstream.archive.segment import SegmentEvent
+
+    record = libipld.encode_dag_cbor({"$type": "app.bsky.feed.like", "createdAt": "2026-07-04T00:00:00Z"})
+    rows = [SegmentEvent(seq=s, witnessed_at=FIRST_TIME_US, indexed_at=0, kind=k, did="did:plc:abc",
+                         collection="app.bsky.feed.like", rkey="3kabc", rev="3labc", payload=record)
+            for s, k in [(1, 1), (2, 7)]]
+    got = list(to_messages(rows))
+    expect([m.seq for m in got] == [1], f"kind 7 through the SDK: {[m.seq for m in got]}")
+    expect(not rows[1].is_commit and rows[1].operation is None, "kind 7 became a commit")
+    log("5. kind 7 (create-resync): the SDK drops the row silently (documented in the README)")
+
+
+def main():
+    p = subprocess.run([RIPTIDE, "jetstream", FRAMES], check=True, stdout=subprocess.PIPE, text=True)
+    want = [strip(json.loads(line)) for line in p.stdout.splitlines() if line.strip()]
+    expect(len(want) == 152, f"the capture projects to {len(want)} events")
+    for i, e in enumerate(want):
+        e["cursor"] = i + 1
+    want = [expected(e) for e in want]
+    tmp = tempfile.mkdtemp(prefix="jetstream-v2-archive-oracle-")
+    t0 = time.monotonic()
+    try:
+        check_filters(tmp, want)
+        check_token(tmp, want)
+        check_quota(tmp, want)
+        check_kind7()
+        check_replay(tmp, want)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log(f"archive: all checks passed in {time.monotonic() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except CheckFailed as e:
+        log(f"FAILED: {e}")
+        sys.exit(1)
