@@ -249,7 +249,7 @@ impl Projector {
                 out.push_commit(arena, &op, record)
                     .map_err(RowError::Record)?;
             }
-            StoredRow::Event { kind, payload } => {
+            StoredRow::Event { kind, payload, .. } => {
                 let t = match kind {
                     EventKind::Identity => "#identity",
                     EventKind::Account => "#account",
@@ -308,8 +308,15 @@ impl Projection {
             }
             _ => {
                 if let Some(p) = self.parts.first() {
+                    let did = match frame.body() {
+                        Body::Identity(e) => e.did,
+                        Body::Account(e) => e.did,
+                        Body::Sync(e) => e.did,
+                        _ => return Err(RowError::NoEvent(p.kind)),
+                    };
                     rows.push(StoredRow::Event {
                         kind: p.kind,
+                        did,
                         payload: payload_bytes(frame)?,
                     });
                 }
@@ -359,6 +366,8 @@ pub enum StoredRow<'a> {
     Event {
         /// Which.
         kind: EventKind,
+        /// The account (the payload's `did`; the `.jss` row's DID column).
+        did: &'a str,
         /// The upstream event's DAG-CBOR (the frame's payload).
         payload: &'a [u8],
     },

@@ -5,154 +5,116 @@
 //! commit op's row carries the record's DAG-CBOR exactly as signed (its CID is the hash of those
 //! bytes), an `#identity`, `#account` or `#sync` row the upstream event's DAG-CBOR (as Jetstream's
 //! `internal/ingest/live/events.go`). Which events become rows, and which are dropped and why, is
-//! the same as the v1 projection ([`DropReason`]: a DID that is not a DID, a `rev` that is not a
-//! TID, a bad collection or record key, a record missing from the CAR or not strict DAG-CBOR), so
-//! that the archive and both live wires hold the same events under the same seqs.
+//! decided in one place, the v1 projection ([`Projector::project`], [`DropReason`]); the rows are
+//! its events' [`StoredRow`]s ([`crate::Projection::stored_rows`]), so the archive and both live
+//! wires hold the same events under the same seqs, and [`Projector::project_row`] renders a row
+//! back into the v1 event byte for byte.
 //!
-//! Seqs and times are the server's: the caller assigns them ([`FrameRow::row`]).
+//! Seqs and times are the server's: the caller assigns them ([`StoredRow::row`]).
 
-use riptide_cbor::{Arena, Options};
-use riptide_firehose::{Action, Body, Frame};
+use riptide_firehose::{Action, Frame};
 use riptide_segment::{Kind, Row};
-use riptide_syntax::{is_valid_did, is_valid_nsid, is_valid_record_key, is_valid_tid};
 
-use crate::DropReason;
+use crate::{DropReason, EventKind, Projector, RowError, StoredRow};
 
-/// One row of a frame, borrowing from the frame; seq and times are added by [`FrameRow::row`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FrameRow<'a> {
-    /// What it records.
-    pub kind: Kind,
-    /// The account.
-    pub did: &'a str,
-    /// The collection (commits; empty otherwise).
-    pub collection: &'a str,
-    /// The record key (commits; empty otherwise).
-    pub rkey: &'a str,
-    /// The commit's rev (commits; empty otherwise).
-    pub rev: &'a str,
-    /// The record's DAG-CBOR (create, update), nothing (delete), or the upstream event's
-    /// DAG-CBOR payload (identity, account, sync).
-    pub payload: &'a [u8],
-}
+impl<'a> StoredRow<'a> {
+    /// The segment row's kind: the op's action for a commit, the event's kind otherwise.
+    pub fn segment_kind(&self) -> Kind {
+        match self {
+            StoredRow::Commit { action, .. } => match action {
+                Action::Create => Kind::Create,
+                Action::Update => Kind::Update,
+                Action::Delete => Kind::Delete,
+            },
+            StoredRow::Event { kind, .. } => match kind {
+                EventKind::Identity => Kind::Identity,
+                EventKind::Account => Kind::Account,
+                // `stored_rows` makes commit rows of commits, never event rows.
+                EventKind::Sync | EventKind::Commit => Kind::Sync,
+            },
+        }
+    }
 
-impl<'a> FrameRow<'a> {
     /// The segment row with the server's seq and witnessed time (no imported display time).
     pub fn row(&self, seq: u64, witnessed_at: i64) -> Row<'a> {
+        let kind = self.segment_kind();
+        let (did, collection, rkey, rev, payload) = match *self {
+            StoredRow::Commit {
+                did,
+                rev,
+                collection,
+                rkey,
+                record,
+                ..
+            } => (did, collection, rkey, rev, record.unwrap_or(&[])),
+            StoredRow::Event { did, payload, .. } => (did, "", "", "", payload),
+        };
         Row {
             seq,
             witnessed_at,
             indexed_at: 0,
-            kind: self.kind,
-            did: self.did,
-            collection: self.collection,
-            rkey: self.rkey,
-            rev: self.rev,
-            payload: self.payload,
+            kind,
+            did,
+            collection,
+            rkey,
+            rev,
+            payload,
+        }
+    }
+
+    /// A segment row as the stored row [`Projector::project_row`] renders (the inverse of
+    /// [`StoredRow::row`]; a `create-resync` row renders as the create it replays).
+    pub fn from_row(row: &Row<'a>) -> StoredRow<'a> {
+        let event = |kind| StoredRow::Event {
+            kind,
+            did: row.did,
+            payload: row.payload,
+        };
+        match row.kind {
+            Kind::Create | Kind::Update | Kind::Delete | Kind::CreateResync => StoredRow::Commit {
+                did: row.did,
+                rev: row.rev,
+                action: match row.kind {
+                    Kind::Update => Action::Update,
+                    Kind::Delete => Action::Delete,
+                    _ => Action::Create,
+                },
+                collection: row.collection,
+                rkey: row.rkey,
+                record: (row.kind != Kind::Delete).then_some(row.payload),
+            },
+            Kind::Identity => event(EventKind::Identity),
+            Kind::Account => event(EventKind::Account),
+            Kind::Sync => event(EventKind::Sync),
         }
     }
 }
 
-/// The frame's payload (the CBOR item after the header), as the relay sent it.
-fn payload_bytes<'a>(frame: &Frame<'a>, arena: &mut Arena) -> Option<&'a [u8]> {
-    let bytes = frame.bytes();
-    let mut tape = arena.tape(bytes);
-    let (_, end) = tape
-        .decode_prefix(0..bytes.len(), &Options::lenient())
-        .ok()?;
-    bytes.get(end..)
+/// A frame's rows in event order (seq and time 0: the caller's to assign), and the ops or events
+/// dropped (by op index, 0 for a non-commit event), exactly as `proj` projects the frame
+/// (`#sync` gives a row only from a [`Projector::with_sync`]).
+pub fn frame_rows<'f>(proj: &mut Projector, frame: &Frame<'f>) -> Result<FrameRows<'f>, RowError> {
+    let p = proj.project(frame);
+    let rows = p.stored_rows(frame)?.iter().map(|r| r.row(0, 0)).collect();
+    Ok(FrameRows {
+        rows,
+        drops: p.drops().to_vec(),
+    })
 }
 
-/// A frame's rows in event order, and the ops or events dropped (by op index, 0 for a
-/// non-commit event), as [`crate::Projector::project`] drops them. `#sync` gives a row when
-/// `with_sync` (as [`crate::Projector::with_sync`]); `#info`, errors and unknown types none.
-pub fn frame_rows<'a>(
-    frame: &Frame<'a>,
-    arena: &mut Arena,
-    with_sync: bool,
-) -> (Vec<FrameRow<'a>>, Vec<(usize, DropReason)>) {
-    let (mut rows, mut drops) = (Vec::new(), Vec::new());
-    let marker = |kind, did: &'a str, arena: &mut Arena, rows: &mut Vec<_>, drops: &mut Vec<_>| {
-        if !is_valid_did(did) {
-            drops.push((0, DropReason::InvalidDid));
-            return;
-        }
-        match payload_bytes(frame, arena) {
-            Some(payload) => rows.push(FrameRow {
-                kind,
-                did,
-                collection: "",
-                rkey: "",
-                rev: "",
-                payload,
-            }),
-            // The decoder already read the payload: unreachable for a decoded frame.
-            None => drops.push((0, DropReason::BadRecord)),
-        }
-    };
-    match frame.body() {
-        Body::Commit(c) => {
-            let did_ok = is_valid_did(c.repo);
-            let rev_ok = is_valid_tid(c.rev);
-            for (i, op) in c.ops().enumerate() {
-                let (collection, rkey) = (op.collection(), op.rkey());
-                let why = if !did_ok {
-                    Some(DropReason::InvalidDid)
-                } else if !rev_ok {
-                    Some(DropReason::InvalidRev)
-                } else if !is_valid_nsid(collection) {
-                    Some(DropReason::InvalidCollection)
-                } else if !is_valid_record_key(rkey) {
-                    Some(DropReason::InvalidRkey)
-                } else {
-                    None
-                };
-                if let Some(why) = why {
-                    drops.push((i, why));
-                    continue;
-                }
-                let (kind, payload) = match op.action {
-                    Action::Delete => (Kind::Delete, &[][..]),
-                    action => {
-                        let Some(bytes) = op.cid.and_then(|cid| frame.block_bytes(cid)) else {
-                            drops.push((i, DropReason::MissingRecord));
-                            continue;
-                        };
-                        let mut tape = arena.tape(bytes);
-                        if tape.decode(0..bytes.len(), &Options::strict()).is_err() {
-                            drops.push((i, DropReason::BadRecord));
-                            continue;
-                        }
-                        let kind = if action == Action::Create {
-                            Kind::Create
-                        } else {
-                            Kind::Update
-                        };
-                        (kind, bytes)
-                    }
-                };
-                rows.push(FrameRow {
-                    kind,
-                    did: c.repo,
-                    collection,
-                    rkey,
-                    rev: c.rev,
-                    payload,
-                });
-            }
-        }
-        Body::Identity(id) => marker(Kind::Identity, id.did, arena, &mut rows, &mut drops),
-        Body::Account(a) => marker(Kind::Account, a.did, arena, &mut rows, &mut drops),
-        Body::Sync(s) if with_sync => marker(Kind::Sync, s.did, arena, &mut rows, &mut drops),
-        Body::Sync(_) | Body::Info(_) | Body::Error(_) | Body::Unknown { .. } => {}
-    }
-    (rows, drops)
+/// What [`frame_rows`] makes of a frame.
+#[derive(Clone, Debug, Default)]
+pub struct FrameRows<'f> {
+    /// The rows, in event order.
+    pub rows: Vec<Row<'f>>,
+    /// The ops (by index; 0 for a non-commit event) dropped, and why.
+    pub drops: Vec<(usize, DropReason)>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{EventKind, Projector};
+    use riptide_cbor::{Arena, Options};
     use riptide_firehose::FrameDecoder;
 
     /// Over the real capture: the same events as the v1 projection, in the same order, each
@@ -164,12 +126,12 @@ mod tests {
             return;
         };
         let frames = riptide_firehose::corpus::split_frames(&file).unwrap();
-        let (mut dec, mut proj, mut arena) = (FrameDecoder::new(), Projector::new(), Arena::new());
+        let (mut dec, mut proj, mut v1) = (FrameDecoder::new(), Projector::new(), Projector::new());
         let (mut n, mut markers) = (0, 0);
         for f in &frames {
             let frame = dec.decode(f.bytes).unwrap();
-            let (rows, drops) = frame_rows(&frame, &mut arena, false);
-            let p = proj.project(&frame);
+            let FrameRows { rows, drops } = frame_rows(&mut proj, &frame).unwrap();
+            let p = v1.project(&frame);
             assert_eq!(drops, p.drops());
             assert_eq!(rows.len(), p.len());
             for (i, r) in rows.iter().enumerate() {
@@ -183,14 +145,13 @@ mod tests {
                         assert_eq!(c["rkey"], r.rkey);
                         assert_eq!(c["rev"], r.rev);
                         let op = c["operation"].as_str().unwrap();
-                        assert_eq!(
-                            op,
-                            match r.kind {
-                                Kind::Create => "create",
-                                Kind::Update => "update",
-                                _ => "delete",
-                            }
-                        );
+                        let want = match r.kind {
+                            Kind::Create => "create",
+                            Kind::Update => "update",
+                            Kind::Delete => "delete",
+                            k => panic!("a commit event as a {k:?} row"),
+                        };
+                        assert_eq!(op, want);
                         if let Some(cid) = c["cid"].as_str() {
                             let digest = riptide_sha::sha256(r.payload);
                             let mut raw = vec![0x01, 0x71, 0x12, 0x20];

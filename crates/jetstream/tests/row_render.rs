@@ -136,6 +136,7 @@ fn a_damaged_row_is_a_typed_error_not_an_event() {
     // An identity payload that is not one.
     let junk = StoredRow::Event {
         kind: EventKind::Identity,
+        did: "did:plc:a",
         payload: b"not cbor",
     };
     assert!(matches!(proj.project_row(&junk), Err(RowError::Payload(_))));
@@ -156,6 +157,7 @@ fn a_damaged_row_is_a_typed_error_not_an_event() {
     }
     let bad_did = StoredRow::Event {
         kind: EventKind::Identity,
+        did: "nope",
         payload: &payload,
     };
     let e = proj.project_row(&bad_did).map(|p| p.len()).unwrap_err();

@@ -112,18 +112,21 @@ fn corpus_rows() -> Option<Vec<OwnedRow>> {
     let file = riptide_testdata::read("jetstream-2026-07/firehose-frames.bin")?;
     let frames = riptide_firehose::corpus::split_frames(&file).unwrap();
     let mut dec = riptide_firehose::FrameDecoder::new();
-    let mut arena = riptide_cbor::Arena::new();
+    let mut proj = riptide_jetstream::Projector::new();
     let mut rows = Vec::new();
     for f in &frames {
         let frame = dec.decode(f.bytes).unwrap();
-        let (got, drops) = riptide_jetstream::rows::frame_rows(&frame, &mut arena, false);
+        let riptide_jetstream::rows::FrameRows { rows: got, drops } =
+            riptide_jetstream::rows::frame_rows(&mut proj, &frame).unwrap();
         assert!(drops.is_empty());
         for r in got {
             let seq = rows.len() as u64 + 1;
-            rows.push(
-                r.row(seq, 1_783_123_200_000_000 + seq as i64)
-                    .to_owned_row(),
-            );
+            let row = Row {
+                seq,
+                witnessed_at: 1_783_123_200_000_000 + seq as i64,
+                ..r
+            };
+            rows.push(row.to_owned_row());
         }
     }
     assert_eq!(rows.len(), 152);

@@ -34,7 +34,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
-use riptide_firehose::{Action, FrameDecoder};
+use riptide_firehose::FrameDecoder;
 use riptide_jetstream::{EventKind, Projector, StoredRow};
 use riptide_segment::{
     decode_block, decode_block_frame, encode_block_frame, Kind, OwnedRow, Row, SegmentWriter,
@@ -234,32 +234,7 @@ pub fn run(a: RowsArgs) -> anyhow::Result<ExitCode> {
 
 /// v1 JSON of `row` into `out` (cleared), as [`riptide_jetstream::Projection::render`] stamps it.
 fn render(proj: &mut Projector, row: &Row<'_>, out: &mut Vec<u8>) -> anyhow::Result<()> {
-    let stored = match row.kind {
-        Kind::Create | Kind::Update | Kind::Delete | Kind::CreateResync => StoredRow::Commit {
-            did: row.did,
-            rev: row.rev,
-            action: match row.kind {
-                Kind::Update => Action::Update,
-                Kind::Delete => Action::Delete,
-                _ => Action::Create,
-            },
-            collection: row.collection,
-            rkey: row.rkey,
-            record: (row.kind != Kind::Delete).then_some(row.payload),
-        },
-        Kind::Identity => StoredRow::Event {
-            kind: EventKind::Identity,
-            payload: row.payload,
-        },
-        Kind::Account => StoredRow::Event {
-            kind: EventKind::Account,
-            payload: row.payload,
-        },
-        Kind::Sync => StoredRow::Event {
-            kind: EventKind::Sync,
-            payload: row.payload,
-        },
-    };
+    let stored = StoredRow::from_row(row);
     let p = proj.project_row(&stored)?;
     out.clear();
     p.render(0, row.display_time_us(), Some(row.seq), out);
@@ -289,44 +264,9 @@ fn project(
                 let time_us = t0 + seq as i64;
                 let mut json = Vec::new();
                 p.render(i, time_us, Some(seq), &mut json);
-                let (kind, rev, rkey, payload) = match *r {
-                    StoredRow::Commit {
-                        rev,
-                        action,
-                        rkey,
-                        record,
-                        ..
-                    } => {
-                        let kind = match action {
-                            Action::Create => Kind::Create,
-                            Action::Update => Kind::Update,
-                            Action::Delete => Kind::Delete,
-                        };
-                        (kind, rev, rkey, record.unwrap_or_default())
-                    }
-                    StoredRow::Event { kind, payload } => {
-                        let kind = match kind {
-                            EventKind::Identity => Kind::Identity,
-                            EventKind::Account => Kind::Account,
-                            EventKind::Sync => Kind::Sync,
-                            EventKind::Commit => anyhow::bail!("a commit as an event row"),
-                        };
-                        (kind, "", "", payload)
-                    }
-                };
                 made.push(Made {
                     json,
-                    row: OwnedRow {
-                        seq,
-                        witnessed_at: time_us,
-                        indexed_at: 0,
-                        kind,
-                        did: p.did(i).to_owned(),
-                        collection: p.collection(i).to_owned(),
-                        rkey: rkey.to_owned(),
-                        rev: rev.to_owned(),
-                        payload: payload.to_vec(),
-                    },
+                    row: r.row(seq, time_us).to_owned_row(),
                 });
             }
         }

@@ -80,7 +80,11 @@ fn segments(a: SegmentsArgs) -> anyhow::Result<ExitCode> {
     let frames = super::corpus_frames(&a.frames, &file)?;
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut dec = FrameDecoder::new();
-    let mut arena = riptide_cbor::Arena::new();
+    let mut proj = if a.with_sync {
+        riptide_jetstream::Projector::with_sync()
+    } else {
+        riptide_jetstream::Projector::new()
+    };
     let mut rows: Vec<riptide_segment::OwnedRow> = Vec::new();
     let mut dropped: BTreeMap<&'static str, u64> = BTreeMap::new();
     for f in &frames {
@@ -92,13 +96,19 @@ fn segments(a: SegmentsArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
         };
-        let (got, drops) = riptide_jetstream::rows::frame_rows(&frame, &mut arena, a.with_sync);
+        let riptide_jetstream::rows::FrameRows { rows: got, drops } =
+            riptide_jetstream::rows::frame_rows(&mut proj, &frame)?;
         for (_, why) in drops {
             *dropped.entry(why.as_str()).or_default() += 1;
         }
         for r in got {
             let seq = rows.len() as u64 + 1;
-            rows.push(r.row(seq, a.first_time_us + seq as i64 - 1).to_owned_row());
+            let row = riptide_segment::Row {
+                seq,
+                witnessed_at: a.first_time_us + seq as i64 - 1,
+                ..r
+            };
+            rows.push(row.to_owned_row());
         }
     }
     let (mut files, mut index) = (0u64, 0u64);
