@@ -9,4 +9,4 @@
 
 pub mod project;
 
-pub use project::{DropReason, EventKind, Projection, Projector};
+pub use project::{write_record_json, DropReason, EventKind, Projection, Projector};
