@@ -571,7 +571,7 @@ impl Crawl {
             }
             Err((f, attempts)) => {
                 self.progress.failed.fetch_add(1, Relaxed);
-                tracing::info!(did, reason = f.kind.reason(), attempts, detail = %f.detail, "backfill: repository failed");
+                tracing::debug!(did, reason = f.kind.reason(), attempts, detail = %f.detail, "backfill: repository failed (counted in status by reason)");
             }
         }
         let (ack, done) = oneshot::channel();

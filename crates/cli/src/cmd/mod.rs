@@ -1,5 +1,6 @@
 //! Subcommands, one module each.
 
+pub mod backfill;
 pub mod bench;
 pub mod bench_resync;
 pub mod bench_serve;
