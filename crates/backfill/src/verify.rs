@@ -10,7 +10,7 @@
 
 use riptide_car::{CarErrorKind, CarOptions, CarReader};
 use riptide_crypto::PublicKey;
-use riptide_repo::{MstError, RepoError};
+use riptide_repo::{MstError, RepoError, RepoOptions};
 
 use crate::collections::Collections;
 use crate::outcome::{FailKind, Failure, RecordAt, RepoBytes, Verified};
@@ -25,14 +25,18 @@ pub fn verify_car(
     source: &str,
 ) -> Result<Verified, Failure> {
     let fail = |kind, detail: String| Failure::new(did, kind, format!("{source}: {detail}"));
-    let report =
-        riptide_repo::verify_repo(&car, key).map_err(|e| fail(kind_of(&e), e.to_string()))?;
-    if report.did != did {
+    let mut progress = riptide_repo::Progress::default();
+    let verified =
+        riptide_repo::verify_repo_traced(&car, key, &RepoOptions::default(), &mut progress);
+    // Another account's repository fails its signature too (it is signed with the other key):
+    // the commit's DID, known as soon as the commit decoded, is the truer reason.
+    if let Some(other) = progress.did.as_deref().filter(|d| *d != did) {
         return Err(fail(
             FailKind::WrongDid,
-            format!("the repository's commit is {}'s", report.did),
+            format!("the repository's commit is {other}'s"),
         ));
     }
+    let report = verified.map_err(|e| fail(kind_of(&e), e.to_string()))?;
     let records = {
         let mut reader = CarReader::new();
         // Every block was hashed by the verification above.

@@ -82,6 +82,13 @@ fn each_broken_repository_fails_with_its_own_reason() {
         FailKind::Truncated
     );
     // A header that is not a CAR header.
+    // Another account's repository: its commit names the other DID (and is signed with the
+    // other key): reported as the wrong DID, not as a bad signature.
+    let other_account = fixture::account(5, "dave.test", 3);
+    assert_eq!(
+        kind(check(other_account.car.to_vec(), &key)),
+        FailKind::WrongDid
+    );
     assert_eq!(kind(check(b"\x04nope".to_vec(), &key)), FailKind::BadCar);
     // A record block left out (the last block is a record): the CAR ends at a block boundary.
     let mut reader = riptide_car::CarReader::new();
