@@ -130,6 +130,9 @@ struct RunArgs {
     /// Where large repositories are spooled (default: DIR/spool under --state).
     #[arg(long)]
     spool_dir: Option<PathBuf>,
+    /// The first retry's delay in milliseconds (then ×4 each attempt).
+    #[arg(long, default_value_t = 1000)]
+    retry_backoff_ms: u64,
     /// Fetch again the repositories that failed in an earlier run.
     #[arg(long)]
     retry_failed: bool,
@@ -305,6 +308,7 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         global: a.concurrency.max(1),
         window: a.per_host.max(1) * 2,
         attempts: a.attempts.max(1),
+        backoff: Duration::from_millis(a.retry_backoff_ms),
         retry_failed: a.retry_failed,
         ..Config::default()
     };
