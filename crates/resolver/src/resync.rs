@@ -649,6 +649,23 @@ impl Resyncer {
                     error: xrpc_error_name(&body),
                 });
             }
+            // The last request of the host's window (`RateLimit-Remaining: 0`): it is not asked
+            // again before the window resets, rather than asked and refused with a 429.
+            let spent = resp
+                .headers()
+                .get("ratelimit-remaining")
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim() == "0");
+            if spent {
+                if let Some(wait) = rate_limit_wait(resp.headers(), std::time::SystemTime::now()) {
+                    let until = later(Instant::now(), wait.min(self.cfg.max_retry_after));
+                    let mut hosts = self
+                        .hosts
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    hosts.entry(host.clone()).or_default().not_before = Some(until);
+                }
+            }
             self.read_body(url, resp, started).await
         };
         match tokio::time::timeout(self.cfg.timeout, get).await {

@@ -19,10 +19,26 @@ const LOOPBACK: SocketAddr =
 /// A host with one route per behaviour; its base URL.
 async fn host(car: bytes::Bytes) -> String {
     let ok = car.clone();
+    let last = car.clone();
     let cut = car.clone();
     let trickle = car.clone();
     let app = axum::Router::new()
         .route("/ok", get(move || async move { ok.clone().into_response() }))
+        .route(
+            "/last",
+            get(move || {
+                let car = last.clone();
+                async move {
+                    // Served, but the window is spent until it resets in 2 s.
+                    Response::builder()
+                        .header("ratelimit-limit", "20")
+                        .header("ratelimit-remaining", "0")
+                        .header("ratelimit-reset", "2")
+                        .body(Body::from(car))
+                        .unwrap()
+                }
+            }),
+        )
         .route(
             "/deactivated",
             get(|| async {
@@ -201,4 +217,22 @@ async fn a_timeout_and_a_spooled_body() {
         rs.fetch_repo(&format!("{base}/ok")).await,
         Err(FetchError::TooLarge { limit: 1024, .. })
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_window_is_waited_out_before_asking_again() {
+    let alice = fixture::account(1, "alice.test", 20);
+    let base = host(alice.car.clone()).await;
+    let rs = resyncer(ResyncConfig::default());
+    let got = rs.fetch_repo(&format!("{base}/last")).await.unwrap();
+    assert_eq!(&got[..], &alice.car[..]);
+    match rs.fetch_repo(&format!("{base}/ok")).await {
+        Err(FetchError::RateLimited {
+            retry_in, asked, ..
+        }) => {
+            assert!(!asked, "not asked: the window was spent");
+            assert!(retry_in > Duration::from_secs(1) && retry_in <= Duration::from_secs(2));
+        }
+        other => panic!("{other:?}"),
+    }
 }
