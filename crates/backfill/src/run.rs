@@ -35,6 +35,9 @@ use crate::outcome::{FailKind, Failure, Verified};
 use crate::sink::{Sink, SinkError};
 use crate::state::{is_final, Done, Listing, State, StateError};
 
+/// Verified repositories queued for the writer at most.
+pub const WRITER_QUEUE: usize = 16;
+
 /// Most `429`s waited out for one repository before it fails as `rate_limited`.
 pub const MAX_WAITS: u32 = 20;
 
@@ -159,7 +162,10 @@ pub async fn run(
 ) -> Result<(), BackfillError> {
     sink.recover(state.sink_position()?.as_deref())?;
     let state = Arc::new(state);
-    let (tx, rx) = mpsc::channel::<Job>(cfg.global.max(4));
+    // Verified repositories waiting for the writer: with the ones being fetched, this bounds
+    // the repositories held at once (each in memory up to the spool threshold, beyond it mapped
+    // from its spool file).
+    let (tx, rx) = mpsc::channel::<Job>(WRITER_QUEUE);
     let writer = {
         let state = state.clone();
         std::thread::Builder::new()
