@@ -124,8 +124,10 @@ struct RunArgs {
     /// Largest repository fetched, in bytes (default 2 GiB).
     #[arg(long, default_value_t = 2 << 30)]
     max_repo_bytes: usize,
-    /// Repositories larger than this go to an unnamed file in --spool-dir, not memory.
-    #[arg(long, default_value_t = 32 << 20)]
+    /// Repositories larger than this go to an unnamed file in --spool-dir, not memory. With
+    /// --concurrency, it bounds the memory that repositories take: at most (concurrency + 16)
+    /// repositories are held at once, fetched or waiting to be written.
+    #[arg(long, default_value_t = 8 << 20)]
     spool_above: usize,
     /// Where large repositories are spooled (default: DIR/spool under --state).
     #[arg(long)]
@@ -160,7 +162,8 @@ fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
     let Some(dir) = a.state else {
         anyhow::bail!("--state DIR is required");
     };
-    if !dir.join("version").exists() && !dir.exists() {
+    // Status reads; it must not create a state where there was none (fjall would).
+    if !dir.join("version").exists() {
         anyhow::bail!("{}: no backfill state here", dir.display());
     }
     let state = State::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
