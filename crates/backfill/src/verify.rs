@@ -4,11 +4,11 @@
 //! never on the async threads), and it is tested on real CARs without a network. It is
 //! `riptide_repo::verify_repo`, the whole-repository verifier `riptide repo verify` uses (every
 //! block's CID while the CAR is read, the commit's signature with the given key, the MST walk
-//! and its rebuild against the commit's `data`), then one listing walk over the verified CAR
-//! (`riptide_repo::list_records`, blocks not hashed again) that records where each kept
-//! record's block is. Its errors map onto [`FailKind`]s.
+//! and its rebuild against the commit's `data`), told of each record as its walk visits it
+//! (`riptide_repo::verify_repo_visiting`), so that where each kept record's block is comes with
+//! no second walk. Its errors map onto [`FailKind`]s.
 
-use riptide_car::{CarErrorKind, CarOptions, CarReader};
+use riptide_car::CarErrorKind;
 use riptide_crypto::PublicKey;
 use riptide_repo::{MstError, RepoError, RepoOptions};
 
@@ -26,8 +26,40 @@ pub fn verify_car(
 ) -> Result<Verified, Failure> {
     let fail = |kind, detail: String| Failure::new(did, kind, format!("{source}: {detail}"));
     let mut progress = riptide_repo::Progress::default();
-    let verified =
-        riptide_repo::verify_repo_traced(&car, key, &RepoOptions::default(), &mut progress);
+    // The records are indexed as the verification's walk visits them (one walk, one CAR
+    // index): each kept record's key, CID and place in `car` (the reader does not copy, so a
+    // block is a slice of `car`). Kept only if the whole repository verifies.
+    let base = car.as_ptr() as usize;
+    let mut records = Vec::new();
+    let mut bad_key: Option<String> = None;
+    let verified = riptide_repo::verify_repo_visiting(
+        &car,
+        key,
+        &RepoOptions::default(),
+        &mut progress,
+        |parsed, k, cid| {
+            let Some((k, slash)) = std::str::from_utf8(k)
+                .ok()
+                .and_then(|k| Some((k, k.find('/')?)))
+            else {
+                bad_key.get_or_insert_with(|| String::from_utf8_lossy(k).into_owned());
+                return;
+            };
+            if !keep.matches(&k[..slash]) {
+                return;
+            }
+            // A missing block fails the verification (`MissingRecord`).
+            if let Some(block) = parsed.get(cid) {
+                let start = block.as_ptr() as usize - base;
+                records.push(RecordAt {
+                    key: k.to_owned(),
+                    slash,
+                    cid: cid.to_buf(),
+                    at: start..start + block.len(),
+                });
+            }
+        },
+    );
     // Another account's repository fails its signature too (it is signed with the other key):
     // the commit's DID, known as soon as the commit decoded, is the truer reason.
     if let Some(other) = progress.did.as_deref().filter(|d| *d != did) {
@@ -37,47 +69,12 @@ pub fn verify_car(
         ));
     }
     let report = verified.map_err(|e| fail(kind_of(&e), e.to_string()))?;
-    let records = {
-        let mut reader = CarReader::new();
-        // Every block was hashed by the verification above.
-        let opts = CarOptions {
-            verify: false,
-            ..CarOptions::repository()
-        };
-        let parsed = reader
-            .read(&car, &opts)
-            .map_err(|e| fail(FailKind::BadCar, e.to_string()))?;
-        let base = car.as_ptr() as usize;
-        let listed =
-            riptide_repo::list_records(&parsed).map_err(|e| fail(kind_of(&e), e.to_string()))?;
-        let mut kept = Vec::with_capacity(if keep.is_all() { listed.len() } else { 0 });
-        for (key, cid) in listed {
-            let Some(slash) = key.find('/') else {
-                return Err(fail(
-                    FailKind::MstInvalid,
-                    format!("MST key {key:?} is not collection/rkey"),
-                ));
-            };
-            if !keep.matches(&key[..slash]) {
-                continue;
-            }
-            let Some(block) = parsed.get(cid.as_cid()) else {
-                return Err(fail(
-                    FailKind::MissingBlock,
-                    format!("record {key} ({cid}) is not in the CAR"),
-                ));
-            };
-            // The block is a slice of `car` (the reader does not copy): its place in it.
-            let start = block.as_ptr() as usize - base;
-            kept.push(RecordAt {
-                key,
-                slash,
-                cid,
-                at: start..start + block.len(),
-            });
-        }
-        kept
-    };
+    if let Some(k) = bad_key {
+        return Err(fail(
+            FailKind::MstInvalid,
+            format!("MST key {k:?} is not collection/rkey"),
+        ));
+    }
     Ok(Verified {
         did: did.to_owned(),
         rev: report.rev,
