@@ -56,6 +56,9 @@ pub enum Bench {
     Serve(super::bench_serve::ServeArgs),
     /// Resync throughput against `riptide sim`: repositories/s and MB/s fetched and verified.
     Resync(super::bench_resync::ResyncArgs),
+    /// Backfill throughput against `riptide sim` without rate limits, and its CPU per GB
+    /// against `riptide repo verify`'s on the same repositories.
+    Backfill(super::bench_backfill::BackfillArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -139,6 +142,7 @@ pub fn run(b: Bench) -> anyhow::Result<ExitCode> {
         Bench::Repo(a) => repo(a),
         Bench::Serve(a) => super::bench_serve::run(a),
         Bench::Resync(a) => super::bench_resync::run(a),
+        Bench::Backfill(a) => super::bench_backfill::run(a),
     }
 }
 
