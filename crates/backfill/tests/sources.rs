@@ -239,3 +239,86 @@ async fn a_did_list_and_the_relay_when_the_pds_is_down() {
     assert_eq!(relay.sim.counters().get_repo.load(Relaxed), 3);
     assert!(down.sim.counters().errors_injected.load(Relaxed) >= 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_host_does_not_stall_the_others() {
+    // Host A answers each request after 700 ms; host B at once. Two global slots, one per
+    // host: A can hold only one of them, so B's accounts are done while A's still trickle in.
+    let all = accounts(8);
+    let (slow, fast) = all.split_at(3);
+    let a = sim(
+        slow,
+        Faults {
+            delay_ms: 700,
+            ..Faults::default()
+        },
+    )
+    .await;
+    let b = sim(fast, Faults::default()).await;
+    let mut docs = docs(slow, &a.base_url());
+    for x in fast {
+        let doc = fixture::doc(&x.did, &x.handle, &x.key.public_key(), &b.base_url());
+        docs.insert(DidDoc::from_value(&doc).unwrap());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.jsonl");
+    let resolver = Resolver::new(ResolverConfig {
+        did_docs: Some(StaticDocs(Arc::new(docs))),
+        ..ResolverConfig::default()
+    })
+    .unwrap();
+    let resync = Resyncer::new(resolver.clone(), ResyncConfig::default());
+    let fetcher = Fetcher::new(resolver, resync, None, Collections::all());
+    // Slow accounts first in the list, so they are asked first.
+    let dids: Vec<String> = all.iter().map(|x| x.did.clone()).collect();
+    let cfg = Config {
+        relay: b.base_url(),
+        discovery: Discovery::Dids(dids),
+        global: 2,
+        ..Config::default()
+    };
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&out)
+        .unwrap();
+    let hosts = Hosts::new(
+        HostLimits {
+            per_host: 1,
+            ..HostLimits::default()
+        },
+        2,
+    );
+    let t0 = std::time::Instant::now();
+    let run = tokio::spawn(riptide_backfill::run(
+        cfg,
+        fetcher,
+        hosts,
+        State::open(&dir.path().join("state")).unwrap(),
+        Box::new(JsonlSink::file(f, "out")),
+        Arc::new(Progress::default()),
+    ));
+    let done = |xs: &[fixture::FixtureAccount]| {
+        let got = read_lines(&out);
+        xs.iter().all(|x| got.contains_key(&x.did))
+    };
+    let mut fast_done = None;
+    while !run.is_finished() {
+        if fast_done.is_none() && done(fast) {
+            fast_done = Some(t0.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    run.await.unwrap().unwrap();
+    let total = t0.elapsed();
+    assert!(done(slow) && done(fast));
+    let fast_done = fast_done.expect("the fast host's accounts were done before the end");
+    // A's three accounts, one at a time, 700 ms each: at least 2.1 s. B's five came first.
+    assert!(total >= Duration::from_millis(2100), "{total:?}");
+    assert!(
+        fast_done < Duration::from_millis(1400),
+        "the fast host waited for the slow one: {fast_done:?} of {total:?}"
+    );
+}
