@@ -151,17 +151,17 @@ struct Crawl {
     fatal: Mutex<Option<String>>,
 }
 
-/// Runs a backfill to the end: every listing crawled, every account done or failed.
+/// Runs a backfill to the end: every listing crawled, every account done or failed. The state
+/// is shared so that the caller can report from it meanwhile ([`crate::status`]).
 pub async fn run(
     cfg: Config,
     fetcher: Fetcher,
     hosts: Hosts,
-    state: State,
+    state: Arc<State>,
     mut sink: Box<dyn Sink>,
     progress: Arc<Progress>,
 ) -> Result<(), BackfillError> {
     sink.recover(state.sink_position()?.as_deref())?;
-    let state = Arc::new(state);
     // Verified repositories waiting for the writer: with the ones being fetched, this bounds
     // the repositories held at once (each in memory up to the spool threshold, beyond it mapped
     // from its spool file).
@@ -457,6 +457,10 @@ impl Crawl {
         let mut listing = self.state.listing(&unit.key)?;
         if listing.done {
             return Ok(());
+        }
+        if listing == Listing::default() {
+            // Known from its start (`status`: a listing left), not from its first page's end.
+            self.state.set_listing(&unit.key, &listing)?;
         }
         if let Some(dids) = &unit.dids {
             let page = Page {

@@ -6,12 +6,12 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::state::{State, StateError};
 
 /// A backfill's progress as committed.
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Status {
     /// Listings (hosts, the relay, collections, a DID file) known.
     pub listings: u64,

@@ -152,7 +152,7 @@ async fn list_hosts_then_each_hosts_repos_exactly_once_with_faults_reported() {
             backoff: Duration::from_millis(50),
             ..Config::default()
         };
-        let state = State::open(&dir.path().join("state")).unwrap();
+        let state = Arc::new(State::open(&dir.path().join("state")).unwrap());
         let out = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)

@@ -110,7 +110,7 @@ async fn run(
         cfg,
         fetcher,
         Hosts::new(HostLimits::default(), 8),
-        State::open(&dir.join("state")).unwrap(),
+        Arc::new(State::open(&dir.join("state")).unwrap()),
         Box::new(JsonlSink::file(f, "out")),
         Arc::new(Progress::default()),
     )
@@ -296,7 +296,7 @@ async fn a_slow_host_does_not_stall_the_others() {
         cfg,
         fetcher,
         hosts,
-        State::open(&dir.path().join("state")).unwrap(),
+        Arc::new(State::open(&dir.path().join("state")).unwrap()),
         Box::new(JsonlSink::file(f, "out")),
         Arc::new(Progress::default()),
     ));

@@ -256,6 +256,21 @@ fn killed_at_random_moments_and_resumed_every_record_is_written_once() {
         let after = Duration::from_millis(150 + (x >> 33) % 1050);
         let mut child = run().spawn().unwrap();
         let t = Instant::now();
+        if kills == 0 {
+            // One run per state: a second is refused, and `status` does not open the state
+            // beside the run (it reads the run's snapshot, not yet written this early).
+            std::thread::sleep(Duration::from_millis(100));
+            let second = run().stderr(Stdio::piped()).output().unwrap();
+            assert!(!second.status.success());
+            let err = common::stderr(&second);
+            assert!(err.contains("another backfill is running"), "{err}");
+            let st = riptide(&["backfill", "status", "--state", s(&state), "--json"]);
+            let err = common::stderr(&st);
+            assert!(
+                !st.status.success() && err.contains("has not written"),
+                "{err}"
+            );
+        }
         while t.elapsed() < after {
             if child.try_wait().unwrap().is_some() {
                 break;

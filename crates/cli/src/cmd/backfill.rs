@@ -13,6 +13,10 @@
 //! refused with "not yet": the store is becoming its own crate (`riptide-store`) and the sink
 //! into it lands with it.
 //!
+//! One run per state directory (a lock, `DIR/lock`): a second is refused. `status` never opens
+//! the keyspace beside a running backfill (fjall is one process's); it reads the snapshot the run
+//! writes every five seconds (`DIR/status.json`) and says it is running.
+//!
 //! An interactive run (stderr a terminal) shows a progress bar; otherwise a progress line is
 //! logged once a minute. Exit codes: 0 when every repository was backfilled or failed with a
 //! reason (failures are the network's, listed by `status`), 1 on a local failure (state,
@@ -166,13 +170,34 @@ fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
     if !dir.join("version").exists() {
         anyhow::bail!("{}: no backfill state here", dir.display());
     }
-    let state = State::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
-    let s = riptide_backfill::status(&state, a.failures)?;
+    let lock = lock_file(&dir)?;
+    let running = matches!(lock.try_lock(), Err(std::fs::TryLockError::WouldBlock));
+    let s = if running {
+        // A backfill holds the state: its last snapshot (at most five seconds old).
+        let path = dir.join(SNAPSHOT);
+        let text = std::fs::read(&path).with_context(|| {
+            format!(
+                "a backfill is running on {} and has not written {} yet",
+                dir.display(),
+                path.display()
+            )
+        })?;
+        serde_json::from_slice::<riptide_backfill::Status>(&text)
+            .with_context(|| format!("reading {}", path.display()))?
+    } else {
+        let state = State::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
+        riptide_backfill::status(&state, a.failures)?
+    };
     let mut w = out::stdout();
     if a.json {
-        serde_json::to_writer(&mut w, &s)?;
+        let mut v = serde_json::to_value(&s)?;
+        v["running"] = serde_json::Value::Bool(running);
+        serde_json::to_writer(&mut w, &v)?;
         writeln!(w)?;
     } else {
+        if running {
+            writeln!(w, "running (as of its last snapshot, at most 5 s old)")?;
+        }
         writeln!(
             w,
             "listings: {} done, {} left, {} with problems (of {})",
@@ -264,8 +289,23 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| state_dir.join("spool"));
     std::fs::create_dir_all(&spool).with_context(|| format!("creating {}", spool.display()))?;
-    let state =
-        State::open(&state_dir).with_context(|| format!("opening {}", state_dir.display()))?;
+    // One run per state directory: a second one (or a `status` opening the keyspace) beside a
+    // running backfill would open fjall twice. Held until the process ends.
+    let lock = lock_file(&state_dir)?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "{}: another backfill is running on this state (`riptide backfill status --state {}` reports it)",
+            state_dir.display(),
+            state_dir.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("locking {}", state_dir.display()))
+        }
+    }
+    let state = Arc::new(
+        State::open(&state_dir).with_context(|| format!("opening {}", state_dir.display()))?,
+    );
     let sink: Box<dyn Sink> = match &a.out {
         Some(path) => {
             let f = std::fs::OpenOptions::new()
@@ -341,8 +381,13 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         let fetcher = Fetcher::new(resolver, resync, Some(relay), keep);
         let hosts = Hosts::new(limits, cfg.global);
         let shown = tokio::spawn(show_progress(progress.clone()));
-        let r = riptide_backfill::run(cfg, fetcher, hosts, state, sink, progress.clone()).await;
+        let snapshots = tokio::spawn(snapshot_status(state.clone(), state_dir.clone()));
+        let r =
+            riptide_backfill::run(cfg, fetcher, hosts, state.clone(), sink, progress.clone()).await;
         shown.abort();
+        snapshots.abort();
+        // The last word: the final counts, for `status` after the run.
+        write_snapshot(&state, &state_dir);
         r.map_err(anyhow::Error::from)
     });
     result?;
@@ -357,6 +402,45 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         "backfill: done (riptide backfill status --state DIR for failures by reason)"
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The lock file of a state directory.
+fn lock_file(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let path = dir.join("lock");
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+/// Where a running backfill leaves its status for `status` (which must not open the keyspace
+/// beside it).
+const SNAPSHOT: &str = "status.json";
+
+/// Writes the status snapshot (atomically: a temporary file renamed over it).
+fn write_snapshot(state: &State, dir: &std::path::Path) {
+    let Ok(s) = riptide_backfill::status(state, 20) else {
+        return;
+    };
+    let tmp = dir.join("status.json.tmp");
+    let r = serde_json::to_vec(&s)
+        .map_err(std::io::Error::other)
+        .and_then(|b| std::fs::write(&tmp, b))
+        .and_then(|()| std::fs::rename(&tmp, dir.join(SNAPSHOT)));
+    if let Err(e) = r {
+        tracing::warn!(dir = %dir.display(), error = %e, "backfill: status snapshot not written");
+    }
+}
+
+/// The status snapshot every five seconds while the run lasts.
+async fn snapshot_status(state: Arc<State>, dir: PathBuf) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (state, dir) = (state.clone(), dir.clone());
+        let _ = tokio::task::spawn_blocking(move || write_snapshot(&state, &dir)).await;
+    }
 }
 
 /// A progress bar on a terminal, else a log line once a minute.

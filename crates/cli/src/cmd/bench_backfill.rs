@@ -134,7 +134,7 @@ async fn bench(a: BackfillArgs) -> anyhow::Result<ExitCode> {
             global: a.concurrency.max(1),
             ..Config::default()
         };
-        let state = State::open(&dir.path().join("state"))?;
+        let state = Arc::new(State::open(&dir.path().join("state"))?);
         let progress = Arc::new(Progress::default());
         let (t0, c0) = (Instant::now(), cpu_secs());
         riptide_backfill::run(
