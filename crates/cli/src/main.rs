@@ -82,6 +82,8 @@ enum Command {
     VerifyHandle(cmd::verify_handle::Args),
     /// Serve a generated network (PLC directory, PDS, handles) on loopback, with faults.
     Sim(cmd::sim::Args),
+    /// Backfill the network's repositories, each verified whole: JSON lines, resumable.
+    Backfill(cmd::backfill::Args),
     /// Serve the verified stream as a Jetstream-compatible /subscribe endpoint.
     Serve(cmd::config::ServeArgs),
     /// Offline, live: generate a network, replay it through a local relay, serve it verified.
@@ -121,7 +123,7 @@ fn main() -> ExitCode {
     log::set_verbosity(cli.verbose, cli.quiet);
     log::set_format(cli.log_format);
     log::init(match cli.command {
-        Command::Serve(_) => "info",
+        Command::Serve(_) | Command::Backfill(_) => "info",
         Command::Demo(_) => "error",
         _ => "warn",
     });
@@ -144,6 +146,7 @@ fn main() -> ExitCode {
         Command::Gen(a) => cmd::gen::run(a),
         Command::VerifyHandle(a) => cmd::verify_handle::run(a),
         Command::Sim(a) => cmd::sim::run(a),
+        Command::Backfill(a) => cmd::backfill::run(a),
         Command::Serve(a) => cmd::serve::run(a.serve),
         Command::Demo(a) => cmd::demo::run(a),
         Command::Dict(d) => cmd::dict::run(d),

@@ -11,4 +11,6 @@
 pub mod project;
 pub mod rows;
 
-pub use project::{DropReason, EventKind, Projection, Projector, RowError, StoredRow};
+pub use project::{
+    write_record_json, DropReason, EventKind, Projection, Projector, RowError, StoredRow,
+};

@@ -561,13 +561,7 @@ impl Projection {
                     return Err(DropReason::MissingRecord);
                 }
                 Some(Record::Value(v)) => write_json(v, b).is_ok(),
-                Some(Record::Bytes(bytes)) => {
-                    let mut tape = arena.tape(bytes);
-                    match tape.decode(0..bytes.len(), &Options::strict()) {
-                        Ok(item) => write_json(tape.value(item), b).is_ok(),
-                        Err(_) => false,
-                    }
-                }
+                Some(Record::Bytes(bytes)) => write_record_json(arena, bytes, b),
             };
             if !rendered {
                 b.truncate(mark);
@@ -605,8 +599,57 @@ impl Projection {
     }
 }
 
+/// Renders one record block (DAG-CBOR bytes) as the JSON of an event's `record` field: decoded
+/// strictly, keys sorted bytewise, strings escaped as Go does. `false` (and `out` as it was) for
+/// a record outside the atproto data model or not strict DAG-CBOR, which v1 drops
+/// ([`DropReason::BadRecord`]). For the projection and for anyone else who emits records as
+/// Jetstream does (the backfill's JSON lines), so that a record reads the same everywhere.
+pub fn write_record_json(arena: &mut Arena, bytes: &[u8], out: &mut Vec<u8>) -> bool {
+    let mark = out.len();
+    let mut tape = arena.tape(bytes);
+    let ok = match tape.decode(0..bytes.len(), &Options::strict()) {
+        Ok(item) => write_json(tape.value(item), out).is_ok(),
+        Err(_) => false,
+    };
+    if !ok {
+        out.truncate(mark);
+    }
+    ok
+}
+
 fn push(buf: &mut Vec<u8>, s: &str) -> Range<usize> {
     let start = buf.len();
     buf.extend_from_slice(s.as_bytes());
     start..buf.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_record_renders_as_jetstream_does_or_not_at_all() {
+        let mut arena = Arena::new();
+        // {"text": "hi \"x\"", "$type": "app.bsky.feed.post", "n": 3}, keys in CBOR's order
+        // (length first): rendered bytewise-sorted.
+        let rec = [
+            0xa3, 0x61, b'n', 0x03, 0x64, b't', b'e', b'x', b't', 0x66, b'h', b'i', b' ', b'"',
+            b'x', b'"', 0x65, b'$', b't', b'y', b'p', b'e', 0x72, b'a', b'p', b'p', b'.', b'b',
+            b's', b'k', b'y', b'.', b'f', b'e', b'e', b'd', b'.', b'p', b'o', b's', b't',
+        ];
+        let mut out = b"prefix".to_vec();
+        assert!(write_record_json(&mut arena, &rec, &mut out));
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"prefix{"$type":"app.bsky.feed.post","n":3,"text":"hi \"x\""}"#
+        );
+        // A float is outside the data model: nothing written.
+        let float = [0xa1, 0x61, b'f', 0xfb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0];
+        let mut out = b"prefix".to_vec();
+        assert!(!write_record_json(&mut arena, &float, &mut out));
+        assert_eq!(out, b"prefix");
+        // Truncated CBOR: nothing written.
+        assert!(!write_record_json(&mut arena, &rec[..10], &mut out));
+        assert_eq!(out, b"prefix");
+    }
 }

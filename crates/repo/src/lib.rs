@@ -42,8 +42,8 @@ pub use error::{
 };
 pub use mst::{Action, ProofOp, Tree};
 pub use repo::{
-    commit_of, inspect, list_records, verify_repo, verify_repo_traced, verify_repo_with,
-    CommitInfo, Progress, RepoOptions, RepoReport, Timings,
+    commit_of, inspect, list_records, verify_repo, verify_repo_traced, verify_repo_visiting,
+    verify_repo_with, CommitInfo, Progress, RepoOptions, RepoReport, Timings,
 };
 pub use source::{BlockSource, NoBlocks};
 pub use verify::{verify_commit_proof, verify_commit_proof_in, Verified};

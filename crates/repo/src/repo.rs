@@ -115,8 +115,10 @@ pub struct CommitInfo {
 /// What [`verify_repo`] does with what the walk hands over: every record must be in the CAR,
 /// and every leaf goes to the rebuild while the walk still holds it (and the node it came from)
 /// in cache.
-struct Verifying<'a, 'r> {
+struct Verifying<'a, 'r, L> {
     car: &'r Car<'a>,
+    /// Told of every leaf as the walk visits it ([`verify_repo_visiting`]); a no-op otherwise.
+    on_leaf: L,
     rebuild: StreamBuilder<'a>,
     /// Every node in post-order, with its block: the CAR reader has checked each block against
     /// its CID, which lets the rebuild compare encodings instead of hashing them again.
@@ -169,7 +171,7 @@ fn note_missing(count: &mut usize, first: &mut Option<(String, CidBuf)>, key: &[
     }
 }
 
-impl<'a> Verifying<'a, '_> {
+impl<'a, L> Verifying<'a, '_, L> {
     /// Checks the oldest queued record.
     #[inline]
     fn check_oldest(&mut self) {
@@ -249,7 +251,7 @@ impl RecordCursor {
     }
 }
 
-impl<'a> Visit<'a, 'a> for Verifying<'a, '_> {
+impl<'a, L: FnMut(&Car<'a>, &[u8], Cid<'a>)> Visit<'a, 'a> for Verifying<'a, '_, L> {
     #[inline]
     fn leaf(&mut self, key: &[u8], cid: Cid<'a>, height: u32) {
         if self.records.in_order {
@@ -266,6 +268,7 @@ impl<'a> Visit<'a, 'a> for Verifying<'a, '_> {
             self.enqueue(key, cid);
         }
         self.rebuild.leaf(key, cid, height, &self.nodes);
+        (self.on_leaf)(self.car, key, cid);
     }
 
     #[inline]
@@ -355,6 +358,24 @@ pub fn verify_repo_traced(
     opts: &RepoOptions,
     progress: &mut Progress,
 ) -> Result<RepoReport, RepoError> {
+    verify_repo_visiting(car_bytes, key, opts, progress, |_, _, _| {})
+}
+
+/// [`verify_repo_traced`], telling `on_leaf` of every record as the walk visits it (key order):
+/// the CAR (to look the record's block up), the key and the record's CID. Why: a backfill
+/// needs every record of a repository it verifies, and a second walk over the verified CAR (a
+/// second index, every node decoded again) cost it as much as the verification's own walk.
+/// The leaves are only a repository's records if the result is `Ok`.
+pub fn verify_repo_visiting<L>(
+    car_bytes: &[u8],
+    key: Option<&PublicKey>,
+    opts: &RepoOptions,
+    progress: &mut Progress,
+    on_leaf: L,
+) -> Result<RepoReport, RepoError>
+where
+    L: FnMut(&Car<'_>, &[u8], Cid<'_>),
+{
     let t = Instant::now();
     let mut reader = CarReader::new();
     let car = reader.read(car_bytes, &CarOptions::repository());
@@ -382,6 +403,7 @@ pub fn verify_repo_traced(
     // `CarOptions::repository()` verifies every block, so `nodes` are verified blocks.
     let mut v = Verifying {
         car: &car,
+        on_leaf,
         rebuild: StreamBuilder::new(),
         nodes: Vec::with_capacity(car.len() / 3),
         missing_records: 0,
@@ -720,6 +742,42 @@ mod tests {
             }
             assert_eq!(verdicts.len(), 4);
         }
+    }
+
+    #[test]
+    fn visiting_gives_every_record_as_listed_with_its_block() {
+        // In key order and in CID order (a PDS's): the leaves visited are `list_records`'
+        // listing, each with its block; a failed verification still ends in its error.
+        let key = PrivateKey::from_bytes(Curve::Secp256k1, &[1; 32]).unwrap();
+        let (records, leaves) = numbered(300, "app.bsky.feed.post", |i| i);
+        for cid_order in [false, true] {
+            let car = repo_in(&leaves, &records, &key, None, cid_order);
+            let mut seen = Vec::new();
+            let r = verify_repo_visiting(
+                &car,
+                Some(&key.public_key()),
+                &RepoOptions::default(),
+                &mut Progress::default(),
+                |c, k, cid| {
+                    let block = c.get(cid).unwrap();
+                    assert_eq!(CidBuf::sha256(DAG_CBOR, block), cid.to_buf());
+                    seen.push((String::from_utf8(k.to_vec()).unwrap(), cid.to_buf()));
+                },
+            )
+            .unwrap();
+            assert_eq!(r.records, 300);
+            assert_eq!(seen, leaves, "cid order {cid_order}");
+        }
+        let other = PrivateKey::from_bytes(Curve::Secp256k1, &[2; 32]).unwrap();
+        let car = repo_in(&leaves, &records, &key, None, false);
+        let e = verify_repo_visiting(
+            &car,
+            Some(&other.public_key()),
+            &RepoOptions::default(),
+            &mut Progress::default(),
+            |_, _, _| panic!("no walk after a bad signature"),
+        );
+        assert!(matches!(e, Err(RepoError::Signature(_))), "{e:?}");
     }
 
     #[test]

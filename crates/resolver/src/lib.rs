@@ -31,5 +31,8 @@ pub use cache::{CacheCounts, DocResult};
 pub use error::ResolveError;
 pub use keys::{peek_decoder, verify_resolving, DocKeys, ResolverKeys};
 pub use resolver::{Identity, Resolver, ResolverConfig, StaticDocs, DEFAULT_PLC_URL};
-pub use resync::{parse_retry_after, ResyncConfig, ResyncError, Resynced, Resyncer, MAX_REDIRECTS};
+pub use resync::{
+    parse_retry_after, rate_limit_wait, FetchError, RepoBytes, ResyncConfig, ResyncError, Resynced,
+    Resyncer, MAX_REDIRECTS,
+};
 pub use trust::{verify_handle, Progress, TrustOptions, TrustReport, TrustTimings, TrustVerdict};

@@ -39,6 +39,14 @@
 //! never consulted (issue 40); a relay that points at the account's PDS loses nothing, since the
 //! PDS is the next source anyway, asked under its own limits.
 //!
+//! One fetch on its own: [`Resyncer::fetch_repo`] is the `getRepo` underneath, public for the
+//! backfill (`riptide-backfill`), which schedules its own sources and needs each failure's
+//! kind ([`FetchError`]: a `429` and its wait — `Retry-After`, else `RateLimit-Reset` —, an
+//! XRPC error such as `RepoDeactivated`, a timeout, a body too large, cut short, or slower than
+//! [`ResyncConfig::min_bytes_per_sec`]), not a sentence. A trickling body is a failure of its
+//! own because a host that sends a byte a second otherwise holds a fetch slot for the whole
+//! timeout.
+//!
 //! Memory: a repository is verified from one contiguous byte slice (the CAR reader indexes its
 //! blocks and the MST walk reads them in tree order, not CAR order). Up to
 //! [`ResyncConfig::spool_above`] it is read into memory; a larger one is streamed to an unnamed
@@ -57,7 +65,7 @@ use riptide_cbor::CidBuf;
 use tokio::sync::Semaphore;
 
 use crate::error::ResolveError;
-use crate::resolver::{net, read_limited, Resolver};
+use crate::resolver::{net, Resolver};
 
 /// Resync limits.
 #[derive(Clone, Debug)]
@@ -80,6 +88,13 @@ pub struct ResyncConfig {
     /// The longest a host's `429 Retry-After` is honoured (default 1 h): a longer one (or one
     /// that does not fit the clock) is cut to this, with a warning.
     pub max_retry_after: Duration,
+    /// The slowest body accepted, in bytes per second averaged from the request's start, once
+    /// [`ResyncConfig::min_rate_grace`] has passed (default 0: no minimum). A host that trickles
+    /// a body keeps a fetch slot for the whole timeout otherwise ([`FetchError::TooSlow`]).
+    pub min_bytes_per_sec: u64,
+    /// How long a fetch may take before [`ResyncConfig::min_bytes_per_sec`] applies (default
+    /// 10 s: connection set-up and a slow first byte are not a trickle).
+    pub min_rate_grace: Duration,
 }
 
 impl Default for ResyncConfig {
@@ -92,6 +107,8 @@ impl Default for ResyncConfig {
             spool_above: 32 << 20,
             spool_dir: None,
             max_retry_after: Duration::from_secs(3600),
+            min_bytes_per_sec: 0,
+            min_rate_grace: Duration::from_secs(10),
         }
     }
 }
@@ -425,15 +442,17 @@ impl Resyncer {
         Ok(())
     }
 
-    /// A response body within [`ResyncConfig::max_repo_bytes`]: in memory, or spooled to a file
-    /// past [`ResyncConfig::spool_above`] (module docs).
+    /// A response body within [`ResyncConfig::max_repo_bytes`] and above
+    /// [`ResyncConfig::min_bytes_per_sec`]: in memory, or spooled to a file past
+    /// [`ResyncConfig::spool_above`] (module docs).
     async fn read_body(
         &self,
         url: &str,
         mut resp: reqwest::Response,
-    ) -> Result<Body, ResolveError> {
+        started: Instant,
+    ) -> Result<RepoBytes, FetchError> {
         let limit = self.cfg.max_repo_bytes;
-        let too_large = || ResolveError::TooLarge {
+        let too_large = || FetchError::TooLarge {
             url: url.to_owned(),
             limit,
         };
@@ -441,26 +460,55 @@ impl Resyncer {
         if total.is_some_and(|n| n > limit as u64) {
             return Err(too_large());
         }
-        if total.is_some_and(|n| n <= self.cfg.spool_above as u64) {
-            let mut nothing = |_: u64, _: Option<u64>| {};
-            return read_limited(url, resp, limit, &mut nothing)
-                .await
-                .map(Body::Memory);
-        }
-        let io = |e: std::io::Error| ResolveError::Io {
-            path: self
-                .cfg
+        let spool_dir = || {
+            self.cfg
                 .spool_dir
                 .clone()
                 .unwrap_or_else(std::env::temp_dir)
-                .display()
-                .to_string(),
-            error: e.to_string(),
         };
-        let mut head = Vec::new();
+        let io = |e: std::io::Error| {
+            FetchError::Other(ResolveError::Io {
+                path: spool_dir().display().to_string(),
+                error: e.to_string(),
+            })
+        };
+        // Capacity from `Content-Length` is a claim of the server's: reserved only up to the
+        // spool threshold, beyond which the body goes to a file anyway.
+        let mut head =
+            Vec::with_capacity(total.unwrap_or(0).min(self.cfg.spool_above as u64) as usize);
         let mut file: Option<std::fs::File> = None;
         let mut len = 0usize;
-        while let Some(chunk) = resp.chunk().await.map_err(|e| net(url, e))? {
+        loop {
+            let chunk = match self.rate_deadline(started, len) {
+                None => resp.chunk().await,
+                Some(deadline) => {
+                    match tokio::time::timeout_at(deadline.into(), resp.chunk()).await {
+                        Ok(c) => c,
+                        Err(_) => {
+                            return Err(FetchError::TooSlow {
+                                url: url.to_owned(),
+                                bytes: len as u64,
+                                after: started.elapsed(),
+                                min_bytes_per_sec: self.cfg.min_bytes_per_sec,
+                            })
+                        }
+                    }
+                }
+            };
+            let chunk = match chunk {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                // Cut after some of the body arrived: a truncated repository, not a refusal.
+                Err(e) if len > 0 => {
+                    return Err(FetchError::Truncated {
+                        url: url.to_owned(),
+                        got: len as u64,
+                        announced: total,
+                        why: e.to_string(),
+                    })
+                }
+                Err(e) => return Err(FetchError::Other(net(url, e))),
+            };
             len += chunk.len();
             if len > limit {
                 return Err(too_large());
@@ -472,12 +520,7 @@ impl Resyncer {
                     head.extend_from_slice(&chunk);
                 }
                 None => {
-                    let dir = self
-                        .cfg
-                        .spool_dir
-                        .clone()
-                        .unwrap_or_else(std::env::temp_dir);
-                    let mut f = tempfile::tempfile_in(dir).map_err(io)?;
+                    let mut f = tempfile::tempfile_in(spool_dir()).map_err(io)?;
                     f.write_all(&head).map_err(io)?;
                     f.write_all(&chunk).map_err(io)?;
                     head = Vec::new();
@@ -486,16 +529,42 @@ impl Resyncer {
             }
         }
         if total.is_some_and(|n| n != len as u64) {
-            return Err(net(url, "connection closed early"));
+            return Err(FetchError::Truncated {
+                url: url.to_owned(),
+                got: len as u64,
+                announced: total,
+                why: "connection closed early".to_owned(),
+            });
         }
         match file {
-            None => Ok(Body::Memory(head)),
-            Some(f) => map_file(f).map_err(io),
+            None => Ok(RepoBytes(Body::Memory(head))),
+            Some(f) => map_file(f).map(RepoBytes).map_err(io),
         }
     }
 
+    /// When the body must have more than `len` bytes to keep the minimum rate (`None`: no
+    /// minimum): `len / min` seconds after the start, and never before the grace period ends.
+    fn rate_deadline(&self, started: Instant, len: usize) -> Option<Instant> {
+        let min = self.cfg.min_bytes_per_sec;
+        if min == 0 {
+            return None;
+        }
+        let needed = Duration::from_secs_f64(len as f64 / min as f64);
+        Some(later(started, needed.max(self.cfg.min_rate_grace)))
+    }
+
     /// One `getRepo`, within the host's limits, the timeout and the size bound.
-    async fn fetch(&self, url: &str) -> Result<Body, String> {
+    async fn fetch(&self, url: &str) -> Result<RepoBytes, String> {
+        self.fetch_repo(url).await.map_err(|e| e.to_string())
+    }
+
+    /// One `getRepo` of `url` (the whole request URL), within the host's concurrency and
+    /// `Retry-After`, the timeout, the size bound and the minimum rate, spooled past
+    /// [`ResyncConfig::spool_above`]; failures typed for a caller that acts on the kind (a
+    /// backfill schedules a `429`'s host later, and counts each kind). Nothing is verified
+    /// here. A `429` also keeps this resyncer from asking the host again before its
+    /// `Retry-After` ([`FetchError::RateLimited`] without asking, until then).
+    pub async fn fetch_repo(&self, url: &str) -> Result<RepoBytes, FetchError> {
         let host = host_of(url);
         let slots = {
             let mut hosts = self
@@ -506,20 +575,24 @@ impl Resyncer {
             if let Some(t) = h.not_before {
                 let now = Instant::now();
                 if t > now {
-                    return Err(format!(
-                        "host rate-limited us; not asked again for {:?}",
-                        t - now
-                    ));
+                    return Err(FetchError::RateLimited {
+                        url: url.to_owned(),
+                        retry_in: t - now,
+                        asked: false,
+                    });
                 }
             }
             h.slots
                 .get_or_insert_with(|| Arc::new(Semaphore::new(self.cfg.per_host.max(1))))
                 .clone()
         };
-        let _slot = slots
-            .acquire_owned()
-            .await
-            .map_err(|_| "host slots closed".to_owned())?;
+        let _slot = slots.acquire_owned().await.map_err(|_| {
+            FetchError::Other(ResolveError::Network {
+                url: url.to_owned(),
+                why: "host slots closed".to_owned(),
+            })
+        })?;
+        let started = Instant::now();
         let get = async {
             let resp = self
                 .http
@@ -529,7 +602,7 @@ impl Resyncer {
                 .timeout(self.cfg.timeout.saturating_add(Duration::from_secs(1)))
                 .send()
                 .await
-                .map_err(|e| Fail::Other(net(url, e)))?;
+                .map_err(|e| FetchError::Other(net(url, e)))?;
             let status = resp.status().as_u16();
             if resp.status().is_redirection() {
                 // Not followed (the policy stopped): another host, or too many hops.
@@ -544,34 +617,68 @@ impl Resyncer {
                     Ok(_) => "another host (its limits were not consulted)",
                     Err(_) => "not a URL",
                 };
-                return Err(Fail::Other(ResolveError::Redirect {
+                return Err(FetchError::Other(ResolveError::Redirect {
                     url: url.to_owned(),
                     to,
                     why,
                 }));
             }
             if status == 429 {
-                let after = resp
-                    .headers()
-                    .get(reqwest::header::RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()))
-                    .unwrap_or(MINUTE);
-                return Err(Fail::RateLimited(after));
+                let after =
+                    rate_limit_wait(resp.headers(), std::time::SystemTime::now()).unwrap_or(MINUTE);
+                return Err(FetchError::RateLimited {
+                    url: url.to_owned(),
+                    retry_in: after,
+                    asked: true,
+                });
             }
             if status != 200 {
-                return Err(Fail::Other(ResolveError::Status {
+                // The XRPC error name (`RepoNotFound`, `RepoDeactivated`, …) says why; a body
+                // is input, so only its first few KiB are read.
+                let mut body = Vec::new();
+                let mut resp = resp;
+                while let Ok(Some(c)) = resp.chunk().await {
+                    body.extend_from_slice(&c[..c.len().min(XRPC_ERROR_BYTES - body.len())]);
+                    if body.len() >= XRPC_ERROR_BYTES {
+                        break;
+                    }
+                }
+                return Err(FetchError::Status {
                     url: url.to_owned(),
                     status,
-                }));
+                    error: xrpc_error_name(&body),
+                });
             }
-            self.read_body(url, resp).await.map_err(Fail::Other)
+            // The last request of the host's window (`RateLimit-Remaining: 0`): it is not asked
+            // again before the window resets, rather than asked and refused with a 429.
+            let spent = resp
+                .headers()
+                .get("ratelimit-remaining")
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.trim() == "0");
+            if spent {
+                if let Some(wait) = rate_limit_wait(resp.headers(), std::time::SystemTime::now()) {
+                    let until = later(Instant::now(), wait.min(self.cfg.max_retry_after));
+                    let mut hosts = self
+                        .hosts
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    hosts.entry(host.clone()).or_default().not_before = Some(until);
+                }
+            }
+            self.read_body(url, resp, started).await
         };
         match tokio::time::timeout(self.cfg.timeout, get).await {
-            Err(_) => Err(format!("timed out after {:?}", self.cfg.timeout)),
+            Err(_) => Err(FetchError::Timeout {
+                url: url.to_owned(),
+                after: self.cfg.timeout,
+            }),
             Ok(Ok(car)) => Ok(car),
-            Ok(Err(Fail::Other(e))) => Err(e.to_string()),
-            Ok(Err(Fail::RateLimited(asked))) => {
+            Ok(Err(FetchError::RateLimited {
+                url,
+                retry_in: asked,
+                asked: true,
+            })) => {
                 let cap = self.cfg.max_retry_after;
                 let after = asked.min(cap);
                 if asked > cap {
@@ -586,13 +693,147 @@ impl Resyncer {
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
                 hosts.entry(host).or_default().not_before = Some(until);
-                Err(format!("HTTP 429, Retry-After {} s", after.as_secs()))
+                Err(FetchError::RateLimited {
+                    url,
+                    retry_in: after,
+                    asked: true,
+                })
             }
+            Ok(Err(e)) => Err(e),
         }
     }
 }
 
-/// A fetched repository's bytes (module docs: memory).
+/// Most bytes of an error response read for its XRPC error name.
+const XRPC_ERROR_BYTES: usize = 4096;
+
+/// The `error` of an XRPC error body (`{"error":"RepoNotFound","message":…}`), if it has one.
+fn xrpc_error_name(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let name = v.get("error")?.as_str()?;
+    // A name, not a message: bounded, and only the characters XRPC error names use.
+    (name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric())).then(|| name.to_owned())
+}
+
+/// How long a `429` asks us to wait: `Retry-After` ([`parse_retry_after`]), else the
+/// `RateLimit-Reset` header (seconds until the window resets, as the IETF draft and the
+/// Bluesky PDS send it, or an epoch time in seconds as some servers do). `None` when neither
+/// is readable.
+pub fn rate_limit_wait(
+    headers: &reqwest::header::HeaderMap,
+    now: std::time::SystemTime,
+) -> Option<Duration> {
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(d) = text("retry-after").and_then(|v| parse_retry_after(v, now)) {
+        return Some(d);
+    }
+    let reset: u64 = text("ratelimit-reset")?.trim().parse().ok()?;
+    let epoch = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    // A value past 2001 in epoch seconds is a time, not a delay of 31 years.
+    Some(if reset > 1_000_000_000 {
+        Duration::from_secs(reset.saturating_sub(epoch))
+    } else {
+        Duration::from_secs(reset)
+    })
+}
+
+/// Why one `getRepo` fetch failed ([`Resyncer::fetch_repo`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FetchError {
+    /// The host answered `429` (`asked`), or did so lately and is not asked again before
+    /// `retry_in` (not `asked`). `retry_in` is capped at [`ResyncConfig::max_retry_after`].
+    #[error("{url}: {}", if *.asked {
+        format!("HTTP 429 (rate-limited), asked to wait {retry_in:?}")
+    } else {
+        format!("the host rate-limited us; not asked again for {retry_in:?}")
+    })]
+    RateLimited {
+        /// The request.
+        url: String,
+        /// How long to wait.
+        retry_in: Duration,
+        /// Whether the host said so now (else it said so before, and was not asked).
+        asked: bool,
+    },
+    /// A status other than 200 (and 429), with the XRPC error name when the body had one.
+    #[error("{url}: HTTP {status}{}", .error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default())]
+    Status {
+        /// The request.
+        url: String,
+        /// The status.
+        status: u16,
+        /// The XRPC `error` (`RepoNotFound`, `RepoDeactivated`, `RepoTakendown`, …).
+        error: Option<String>,
+    },
+    /// The whole fetch took longer than [`ResyncConfig::timeout`].
+    #[error("{url}: timed out after {after:?}")]
+    Timeout {
+        /// The request.
+        url: String,
+        /// The timeout.
+        after: Duration,
+    },
+    /// The body arrived slower than [`ResyncConfig::min_bytes_per_sec`].
+    #[error("{url}: {bytes} bytes in {after:?}, below the minimum of {min_bytes_per_sec} bytes/s")]
+    TooSlow {
+        /// The request.
+        url: String,
+        /// Bytes received.
+        bytes: u64,
+        /// Time since the request started.
+        after: Duration,
+        /// The minimum.
+        min_bytes_per_sec: u64,
+    },
+    /// The repository is larger than [`ResyncConfig::max_repo_bytes`] (announced or as it
+    /// arrived).
+    #[error("{url}: repository larger than {limit} bytes")]
+    TooLarge {
+        /// The request.
+        url: String,
+        /// The limit.
+        limit: usize,
+    },
+    /// The body ended before its `Content-Length`, or the connection failed mid-body.
+    #[error("{url}: body cut after {got} bytes{}: {why}", .announced.map(|n| format!(" of {n}")).unwrap_or_default())]
+    Truncated {
+        /// The request.
+        url: String,
+        /// Bytes received.
+        got: u64,
+        /// The `Content-Length`, if any.
+        announced: Option<u64>,
+        /// What ended it.
+        why: String,
+    },
+    /// Anything else: network, a refused redirect, the spool file.
+    #[error(transparent)]
+    Other(ResolveError),
+}
+
+/// A fetched repository's bytes, in memory or mapped from its spool file (module docs:
+/// memory). Dereferences to the CAR's bytes; `Send`, so it can go to a blocking thread.
+#[derive(Debug)]
+pub struct RepoBytes(Body);
+
+impl std::ops::Deref for RepoBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl RepoBytes {
+    /// Whether the bytes were spooled to a file (larger than [`ResyncConfig::spool_above`]).
+    pub fn is_spooled(&self) -> bool {
+        matches!(self.0, Body::Mapped(_))
+    }
+}
+
+#[derive(Debug)]
 enum Body {
     /// Read into memory.
     Memory(Vec<u8>),
@@ -630,14 +871,6 @@ fn commit_block(car: &[u8], cid: &CidBuf) -> Option<Vec<u8>> {
     };
     let c = reader.read(car, &opts).ok()?;
     c.get(cid.as_cid()).map(<[u8]>::to_vec)
-}
-
-/// Why one fetch failed.
-enum Fail {
-    /// `429` with this `Retry-After` (60 s when absent or unreadable), before the cap.
-    RateLimited(Duration),
-    /// Anything else.
-    Other(ResolveError),
 }
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -709,5 +942,50 @@ mod tests {
         let t = Instant::now();
         assert!(later(t, Duration::from_secs(u64::MAX)) >= t);
         assert_eq!(later(t, Duration::from_secs(5)), t + Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_429_wait_is_retry_after_else_ratelimit_reset() {
+        use reqwest::header::{HeaderMap, HeaderValue};
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let h = |pairs: &[(&'static str, &'static str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.insert(*k, HeaderValue::from_static(v));
+            }
+            rate_limit_wait(&m, now)
+        };
+        assert_eq!(h(&[]), None);
+        assert_eq!(h(&[("retry-after", "7")]), Some(Duration::from_secs(7)));
+        // Retry-After wins over RateLimit-Reset.
+        assert_eq!(
+            h(&[("retry-after", "7"), ("ratelimit-reset", "30")]),
+            Some(Duration::from_secs(7))
+        );
+        // A delay in seconds (the IETF draft), or an epoch time (the Bluesky PDS).
+        assert_eq!(
+            h(&[("ratelimit-reset", "30")]),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            h(&[("ratelimit-reset", "1800000045")]),
+            Some(Duration::from_secs(45))
+        );
+        assert_eq!(
+            h(&[("ratelimit-reset", "1700000000")]),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(h(&[("ratelimit-reset", "soon")]), None);
+    }
+
+    #[test]
+    fn xrpc_error_names_are_read_and_bounded() {
+        assert_eq!(
+            xrpc_error_name(br#"{"error":"RepoTakendown","message":"x"}"#).as_deref(),
+            Some("RepoTakendown")
+        );
+        assert_eq!(xrpc_error_name(b"<html>"), None);
+        assert_eq!(xrpc_error_name(br#"{"error":"a b"}"#), None);
+        assert_eq!(xrpc_error_name(br#"{"error":7}"#), None);
     }
 }

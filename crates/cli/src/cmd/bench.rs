@@ -59,6 +59,9 @@ pub enum Bench {
     /// The store as Jetstream v2 `.jss` rows (issue 38): bytes/event against today's v1 JSON
     /// blocks, and v1 JSON rendered again from the rows (events/s, checked byte for byte).
     Rows(super::bench_rows::RowsArgs),
+    /// Backfill throughput against `riptide sim` without rate limits, and its CPU per GB
+    /// against `riptide repo verify`'s on the same repositories.
+    Backfill(super::bench_backfill::BackfillArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -143,6 +146,7 @@ pub fn run(b: Bench) -> anyhow::Result<ExitCode> {
         Bench::Serve(a) => super::bench_serve::run(a),
         Bench::Resync(a) => super::bench_resync::run(a),
         Bench::Rows(a) => super::bench_rows::run(a),
+        Bench::Backfill(a) => super::bench_backfill::run(a),
     }
 }
 

@@ -1,6 +1,8 @@
 //! Subcommands, one module each.
 
+pub mod backfill;
 pub mod bench;
+pub mod bench_backfill;
 pub mod bench_resync;
 pub mod bench_rows;
 pub mod bench_serve;

@@ -1,0 +1,155 @@
+//! One repository from the network: the account's identity, its sources, one `getRepo` each,
+//! verification off the async threads.
+//!
+//! Why this shape: the scheduler (`run`) must wait on a host's limits *between* learning which
+//! host serves an account and asking it, so the fetch is in two steps: [`Fetcher::identity`]
+//! (the DID document: key and PDS; then the relay as the fallback source) and
+//! [`Fetcher::fetch_verify`] (one source). The HTTP fetch is `riptide_resolver::resync`'s
+//! ([`Resyncer::fetch_repo`]: size bound, spooling of large repositories to an unnamed file,
+//! timeout, minimum rate, `429` bookkeeping), extended rather than copied; verification is
+//! [`crate::verify::verify_car`] on a blocking thread.
+
+use std::sync::Arc;
+
+use riptide_crypto::PublicKey;
+use riptide_resolver::{FetchError, ResolveError, Resolver, Resyncer};
+
+use crate::collections::Collections;
+use crate::outcome::{FailKind, Failure, Verified};
+use crate::verify::verify_car;
+
+/// An account's key and where its repository can be fetched, best first.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    /// The DID document's signing key.
+    pub key: PublicKey,
+    /// `http(s)://host[:port]` bases: the account's PDS, then the relay.
+    pub sources: Vec<String>,
+}
+
+/// Resolves accounts and fetches their repositories.
+#[derive(Clone, Debug)]
+pub struct Fetcher {
+    resolver: Resolver,
+    resync: Resyncer,
+    relay: Option<String>,
+    keep: Arc<Collections>,
+}
+
+/// The host (`host[:port]`) of a URL or base: the unit of rate limits.
+pub fn host_of(url: &str) -> &str {
+    url.split_once("://")
+        .map_or(url, |(_, r)| r)
+        .split(['/', '?'])
+        .next()
+        .unwrap_or_default()
+}
+
+impl Fetcher {
+    /// A fetcher resolving with `resolver`, fetching with `resync`, falling back to `relay`
+    /// (an `http(s)://` base), keeping the records `keep` matches.
+    pub fn new(
+        resolver: Resolver,
+        resync: Resyncer,
+        relay: Option<String>,
+        keep: Collections,
+    ) -> Fetcher {
+        Fetcher {
+            resolver,
+            resync,
+            relay: relay.map(|r| r.trim_end_matches('/').to_owned()),
+            keep: Arc::new(keep),
+        }
+    }
+
+    /// `did`'s key and sources.
+    pub async fn identity(&self, did: &str) -> Result<Identity, Failure> {
+        let doc = self.resolver.resolve_did(did).await.map_err(|e| {
+            let kind = match &e {
+                ResolveError::DidNotFound(_) => FailKind::NotFound,
+                e if e.is_transient() => FailKind::Network,
+                _ => FailKind::Identity,
+            };
+            Failure::new(did, kind, format!("DID document: {e}"))
+        })?;
+        let key = doc
+            .signing_key()
+            .map_err(|e| Failure::new(did, FailKind::Identity, format!("DID document: {e}")))?;
+        let mut sources = Vec::new();
+        if let Some(pds) = doc.pds() {
+            sources.push(pds.trim_end_matches('/').to_owned());
+        }
+        if let Some(r) = &self.relay {
+            if !sources.contains(r) {
+                sources.push(r.clone());
+            }
+        }
+        if sources.is_empty() {
+            return Err(Failure::new(
+                did,
+                FailKind::Identity,
+                "the DID document names no PDS and no relay was given",
+            ));
+        }
+        Ok(Identity { key, sources })
+    }
+
+    /// `did`'s repository from `base` (one source), verified with `key`.
+    pub async fn fetch_verify(
+        &self,
+        base: &str,
+        did: &str,
+        key: &PublicKey,
+    ) -> Result<Verified, Fetched> {
+        let url = format!("{base}/xrpc/com.atproto.sync.getRepo?did={did}");
+        let car = match self.resync.fetch_repo(&url).await {
+            Ok(car) => car,
+            Err(FetchError::RateLimited { retry_in, .. }) => {
+                return Err(Fetched::Wait(retry_in));
+            }
+            Err(e) => return Err(Fetched::Failed(fetch_failure(did, &e))),
+        };
+        let (did2, key, keep) = (did.to_owned(), key.clone(), self.keep.clone());
+        tokio::task::spawn_blocking(move || {
+            verify_car(Box::new(car), &did2, Some(&key), &keep, &url)
+        })
+        .await
+        .map_err(|e| {
+            Fetched::Failed(Failure::new(
+                did,
+                FailKind::BadCar,
+                format!("verification task failed: {e}"),
+            ))
+        })?
+        .map_err(Fetched::Failed)
+    }
+}
+
+/// Why [`Fetcher::fetch_verify`] gave no repository.
+#[derive(Debug)]
+pub enum Fetched {
+    /// The host rate-limited us: ask it again after this long (not a failed attempt).
+    Wait(std::time::Duration),
+    /// A failure.
+    Failed(Failure),
+}
+
+/// The failure kind of a fetch error.
+pub fn fetch_failure(did: &str, e: &FetchError) -> Failure {
+    let kind = match e {
+        FetchError::RateLimited { .. } => FailKind::RateLimited,
+        FetchError::Status { status, error, .. } => match (error.as_deref(), status) {
+            (Some("RepoNotFound"), _) | (None, 404) => FailKind::NotFound,
+            (Some("RepoDeactivated"), _) => FailKind::Deactivated,
+            (Some("RepoTakendown"), _) => FailKind::TakenDown,
+            (Some("RepoSuspended"), _) => FailKind::Suspended,
+            _ => FailKind::Http,
+        },
+        FetchError::Timeout { .. } => FailKind::Timeout,
+        FetchError::TooSlow { .. } => FailKind::TooSlow,
+        FetchError::TooLarge { .. } => FailKind::TooLarge,
+        FetchError::Truncated { .. } => FailKind::Truncated,
+        _ => FailKind::Network,
+    };
+    Failure::new(did, kind, e.to_string())
+}

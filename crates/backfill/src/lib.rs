@@ -1,0 +1,45 @@
+//! Verified backfill of the whole network: every repository fetched from its PDS, verified
+//! whole, written once, resumable.
+//!
+//! Why a crate: a new consumer needs the network's existing records, and the live stream only
+//! has what arrives while it runs. Others backfill without verifying signatures (Jetstream v2's
+//! "relay-trusted default") or slowly (Tap); this crate verifies every repository (CIDs, the
+//! commit's signature with the key of the account's DID document, the MST's structure and
+//! root) as fast as the PDSes' rate limits allow (issue 37).
+//!
+//! The parts, each a module:
+//! - [`discover`]: where the accounts come from (the relay's `listHosts` then each host's
+//!   `listRepos`; the relay's `listRepos`; `listReposByCollection`; a DID file);
+//! - [`limits`]: per-host token buckets and concurrency, `429` pauses, the global bound;
+//! - [`fetch`]: identity (key, PDS), then one `getRepo` per source through
+//!   `riptide_resolver::resync`'s fetch (size bound, spooling, timeout, minimum rate);
+//! - [`verify`]: the whole-repository check (`riptide_repo::verify_repo`) and the record index,
+//!   no I/O;
+//! - [`outcome`]: [`Verified`] or a typed [`Failure`] with a stable reason name;
+//! - [`sink`]: where records go ([`JsonlSink`]; a store-backed sink comes with `riptide-store`);
+//! - [`state`]: durable progress (fjall): statuses, cursors, counters, the sink's position;
+//! - [`run`]: the crawl that ties them, and [`status`]: the operator's report.
+//!
+//! What it does not do (yet): write into `riptide serve`'s store (`--data`), hold live commits
+//! while an account is backfilled, or spread the crawl over Kafka (issue 37's later parts).
+
+pub mod collections;
+pub mod discover;
+pub mod fetch;
+pub mod limits;
+pub mod outcome;
+pub mod run;
+pub mod sink;
+pub mod state;
+pub mod status;
+pub mod verify;
+
+pub use collections::{BadPattern, Collections};
+pub use fetch::{Fetcher, Identity};
+pub use limits::{HostLimits, Hosts};
+pub use outcome::{FailKind, Failure, Record, Verified};
+pub use run::{run, BackfillError, Config, Discovery, Progress};
+pub use sink::{JsonlSink, Sink, SinkError, Written};
+pub use state::{Counters, Listing, RepoStatus, State, StateError};
+pub use status::{status, Status};
+pub use verify::verify_car;

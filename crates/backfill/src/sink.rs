@@ -1,0 +1,349 @@
+//! Where verified records go: the [`Sink`] trait, and [`JsonlSink`] (one JSON line per record).
+//!
+//! Why a trait: the backfill's output is a pipeline's input today (`--jsonl`) and the store that
+//! `riptide serve` reads tomorrow (`--data`, a store-backed sink once the store is its own
+//! crate); the crawl, the limits and the durable progress are the same for both.
+//!
+//! The contract with the state ([`crate::state`]): [`Sink::write`] buffers; [`Sink::commit`]
+//! makes everything written durable and returns a position; the state stores that position with
+//! the statuses of the repositories written; at start, [`Sink::recover`] rolls the output back
+//! to the position stored, so that a repository whose status was not committed leaves nothing
+//! behind and is written again, once.
+//!
+//! [`JsonlSink`] on a regular file (`--out FILE`, or standard output redirected to a file) is
+//! exact: the position is the file's length, fsynced, and recovery truncates to it. On a pipe
+//! nothing can be taken back: after a crash, the repositories whose output was written but whose
+//! status was not committed (at most one writer batch) are written again. The lines carry the
+//! DID and rev, so a consumer can drop those; the run says so in a warning.
+
+use std::fs::File;
+use std::io::{Seek, SeekFrom, Write};
+
+use riptide_cbor::{write_json_string, Arena};
+use riptide_jetstream::write_record_json;
+
+use crate::outcome::Verified;
+
+/// Why the output failed: it stops the run (the state is not advanced past it).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SinkError {
+    /// Writing or syncing failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being written.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The output is shorter than the state says was written durably: someone truncated or
+    /// replaced it, and records would be lost.
+    #[error("{what} is {len} bytes but the backfill state says {expected} bytes were written: the output was truncated or replaced (to resume into a file, append to it: `>> FILE` or --out FILE; or start over with a new --state)")]
+    Shorter {
+        /// The output.
+        what: String,
+        /// Its length.
+        len: u64,
+        /// What the state says.
+        expected: u64,
+    },
+    /// The position in the state is not one this sink writes.
+    #[error("the backfill state's output position is not this sink's ({0} bytes)")]
+    BadPosition(usize),
+    /// Not yet there (the store-backed sink).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// What a [`Sink::write`] did with one repository.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Written {
+    /// Records written.
+    pub records: u64,
+    /// Records not written: outside the atproto data model (as Jetstream's projection drops
+    /// them); counted in the state.
+    pub dropped: u64,
+}
+
+/// An output for verified repositories (module docs: the durability contract).
+pub trait Sink: Send {
+    /// Rolls the output back to `position` (from the state; `None`: nothing was committed).
+    fn recover(&mut self, position: Option<&[u8]>) -> Result<(), SinkError>;
+    /// Writes one repository's records (buffered: not yet durable).
+    fn write(&mut self, repo: &Verified) -> Result<Written, SinkError>;
+    /// Makes everything written durable; the position to store.
+    fn commit(&mut self) -> Result<Vec<u8>, SinkError>;
+    /// Whether a crash can repeat output ([`JsonlSink`] on a pipe).
+    fn exact(&self) -> bool;
+}
+
+/// JSON lines: `{"did","rev","collection","rkey","cid","record"}` per record, the record
+/// rendered as Jetstream's projection renders it ([`write_record_json`]).
+pub struct JsonlSink {
+    out: Output,
+    what: String,
+    buf: Vec<u8>,
+    arena: Arena,
+    /// Bytes written since the output's start (a file's length).
+    len: u64,
+}
+
+enum Output {
+    File(File),
+    Pipe(Box<dyn Write + Send>),
+}
+
+impl std::fmt::Debug for JsonlSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JsonlSink")
+            .field("what", &self.what)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+/// Flush to the output past this many buffered bytes.
+const FLUSH_AT: usize = 1 << 20;
+
+impl JsonlSink {
+    /// Lines appended to a regular file (exact across crashes).
+    pub fn file(file: File, what: impl Into<String>) -> JsonlSink {
+        JsonlSink::new(Output::File(file), what.into())
+    }
+
+    /// Lines to a pipe or terminal (module docs: a crash may repeat the last batch).
+    pub fn pipe(w: Box<dyn Write + Send>, what: impl Into<String>) -> JsonlSink {
+        JsonlSink::new(Output::Pipe(w), what.into())
+    }
+
+    fn new(out: Output, what: String) -> JsonlSink {
+        JsonlSink {
+            out,
+            what,
+            buf: Vec::with_capacity(FLUSH_AT * 2),
+            arena: Arena::new(),
+            len: 0,
+        }
+    }
+
+    fn io(&self, source: std::io::Error) -> SinkError {
+        SinkError::Io {
+            what: self.what.clone(),
+            source,
+        }
+    }
+
+    fn flush_buf(&mut self) -> Result<(), SinkError> {
+        let r = match &mut self.out {
+            Output::File(f) => f.write_all(&self.buf),
+            Output::Pipe(w) => w.write_all(&self.buf),
+        };
+        r.map_err(|e| self.io(e))?;
+        self.len += self.buf.len() as u64;
+        self.buf.clear();
+        Ok(())
+    }
+}
+
+impl Sink for JsonlSink {
+    fn recover(&mut self, position: Option<&[u8]>) -> Result<(), SinkError> {
+        let expected = match position {
+            None => 0,
+            Some(p) => {
+                u64::from_le_bytes(p.try_into().map_err(|_| SinkError::BadPosition(p.len()))?)
+            }
+        };
+        match &mut self.out {
+            Output::File(f) => {
+                let len = f.metadata().map_err(|e| SinkError::Io {
+                    what: self.what.clone(),
+                    source: e,
+                })?;
+                let len = len.len();
+                if len < expected {
+                    return Err(SinkError::Shorter {
+                        what: self.what.clone(),
+                        len,
+                        expected,
+                    });
+                }
+                if len > expected {
+                    tracing::info!(
+                        output = %self.what, committed = expected, found = len,
+                        "backfill: dropping output written after the last commit (it is written again)"
+                    );
+                }
+                let r = f
+                    .set_len(expected)
+                    .and_then(|()| f.seek(SeekFrom::Start(expected)).map(drop))
+                    .and_then(|()| f.sync_all());
+                r.map_err(|e| SinkError::Io {
+                    what: self.what.clone(),
+                    source: e,
+                })?;
+            }
+            Output::Pipe(_) => {
+                if expected > 0 {
+                    tracing::warn!(
+                        output = %self.what,
+                        "backfill: resuming to a pipe: records of the repositories in flight at the last stop may be written twice (lines carry did and rev to tell); write to a file (--out) for exactly once"
+                    );
+                }
+            }
+        }
+        self.len = expected;
+        Ok(())
+    }
+
+    fn write(&mut self, repo: &Verified) -> Result<Written, SinkError> {
+        let mut w = Written::default();
+        for r in repo.records() {
+            let mark = self.buf.len();
+            self.buf.extend_from_slice(b"{\"did\":");
+            write_json_string(&mut self.buf, &repo.did);
+            self.buf.extend_from_slice(b",\"rev\":");
+            write_json_string(&mut self.buf, &repo.rev);
+            self.buf.extend_from_slice(b",\"collection\":");
+            write_json_string(&mut self.buf, r.collection);
+            self.buf.extend_from_slice(b",\"rkey\":");
+            write_json_string(&mut self.buf, r.rkey);
+            self.buf.extend_from_slice(b",\"cid\":\"");
+            r.cid.as_cid().write_string(&mut self.buf);
+            self.buf.extend_from_slice(b"\",\"record\":");
+            if write_record_json(&mut self.arena, r.bytes, &mut self.buf) {
+                self.buf.extend_from_slice(b"}\n");
+                w.records += 1;
+            } else {
+                self.buf.truncate(mark);
+                w.dropped += 1;
+            }
+            if self.buf.len() >= FLUSH_AT {
+                self.flush_buf()?;
+            }
+        }
+        if w.dropped > 0 {
+            tracing::warn!(
+                did = %repo.did, rev = %repo.rev, dropped = w.dropped,
+                "backfill: records outside the atproto data model not written (counted as records_dropped)"
+            );
+        }
+        Ok(w)
+    }
+
+    fn commit(&mut self) -> Result<Vec<u8>, SinkError> {
+        self.flush_buf()?;
+        let r = match &mut self.out {
+            // Data only: the length is part of the data for an appended file.
+            Output::File(f) => f.sync_data(),
+            Output::Pipe(w) => w.flush(),
+        };
+        r.map_err(|e| self.io(e))?;
+        Ok(self.len.to_le_bytes().to_vec())
+    }
+
+    fn exact(&self) -> bool {
+        matches!(self.out, Output::File(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collections::Collections;
+    use crate::verify::verify_car;
+    use riptide_sim::fixture;
+
+    fn verified(seed: u8, records: usize) -> Verified {
+        let a = fixture::account(seed, "x.test", records);
+        let key = a.key.public_key();
+        verify_car(
+            Box::new(a.car.to_vec()),
+            &a.did,
+            Some(&key),
+            &Collections::all(),
+            "t",
+        )
+        .unwrap()
+    }
+
+    fn open(path: &std::path::Path) -> File {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_file_is_cut_back_to_its_last_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        let (a, b) = (verified(1, 30), verified(2, 12));
+        let mut sink = JsonlSink::file(open(&path), "out");
+        sink.recover(None).unwrap();
+        assert_eq!(
+            sink.write(&a).unwrap(),
+            Written {
+                records: 30,
+                dropped: 0
+            }
+        );
+        let pos = sink.commit().unwrap();
+        let committed = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(pos, (committed.len() as u64).to_le_bytes().to_vec());
+        let lines: Vec<serde_json::Value> = committed
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 30);
+        let first = a.records().next().unwrap();
+        assert_eq!(lines[0]["did"], a.did.as_str());
+        assert_eq!(lines[0]["rev"], a.rev.as_str());
+        assert_eq!(lines[0]["collection"], first.collection);
+        assert_eq!(lines[0]["rkey"], first.rkey);
+        assert_eq!(lines[0]["cid"], first.cid.to_string());
+        assert_eq!(lines[0]["record"]["$type"], first.collection);
+        // b written and flushed but its commit never made: a crash. At restart it is gone.
+        sink.write(&b).unwrap();
+        sink.flush_buf().unwrap();
+        drop(sink);
+        assert!(std::fs::metadata(&path).unwrap().len() > committed.len() as u64);
+        let mut sink = JsonlSink::file(open(&path), "out");
+        sink.recover(Some(&pos)).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), committed);
+        // Written again, once.
+        sink.write(&b).unwrap();
+        sink.commit().unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 42);
+        assert!(sink.exact());
+    }
+
+    #[test]
+    fn an_output_shorter_than_the_state_says_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.jsonl");
+        std::fs::write(&path, b"{}\n").unwrap();
+        let mut sink = JsonlSink::file(open(&path), "out");
+        let e = sink.recover(Some(&100u64.to_le_bytes())).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SinkError::Shorter {
+                    len: 3,
+                    expected: 100,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(matches!(
+            sink.recover(Some(b"\x01\x02")),
+            Err(SinkError::BadPosition(2))
+        ));
+        let mut pipe = JsonlSink::pipe(Box::new(std::io::sink()), "pipe");
+        pipe.recover(Some(&100u64.to_le_bytes())).unwrap();
+        assert!(!pipe.exact());
+    }
+}

@@ -1,0 +1,484 @@
+//! `riptide backfill --relay URL [--plc-url URL] --jsonl --state DIR` and
+//! `riptide backfill status --state DIR [--json]` (contract names, issue 37): the network's
+//! existing repositories, each fetched from its PDS and verified whole, as JSON lines.
+//!
+//! Output: one line per record on stdout, `{"did","rev","collection","rkey","cid","record"}`
+//! (the record rendered as Jetstream renders it), or into `--out FILE`. Progress is durable in
+//! `--state DIR` (fjall): stopped at any moment and started again with the same arguments, the
+//! run resumes and writes each repository once. Exactly once holds for a regular file (`--out`,
+//! or stdout redirected to a file): the file is cut back to the last committed length at start.
+//! On a pipe, the repositories in flight at a crash may be written again (a warning says so).
+//!
+//! `--data DIR` (the store-backed mode that `serve --data DIR` would serve) is accepted and
+//! refused with "not yet": the store is becoming its own crate (`riptide-store`) and the sink
+//! into it lands with it.
+//!
+//! One run per state directory (a lock, `DIR/lock`): a second is refused. `status` never opens
+//! the keyspace beside a running backfill (fjall is one process's); it reads the snapshot the run
+//! writes every five seconds (`DIR/status.json`) and says it is running.
+//!
+//! An interactive run (stderr a terminal) shows a progress bar; otherwise a progress line is
+//! logged once a minute. Exit codes: 0 when every repository was backfilled or failed with a
+//! reason (failures are the network's, listed by `status`), 1 on a local failure (state,
+//! output), 2 on bad arguments.
+
+use std::io::{IsTerminal, Write};
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use riptide_backfill::{
+    Collections, Config, Discovery, Fetcher, HostLimits, Hosts, JsonlSink, Progress, Sink, State,
+};
+use riptide_resolver::{Resolver, ResolverConfig, ResyncConfig, Resyncer};
+
+use crate::out;
+
+#[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct Args {
+    #[command(subcommand)]
+    cmd: Option<Sub>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Sub {
+    /// What a backfill's state says: hosts done and left, repositories by outcome, rate, ETA.
+    Status(StatusArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct StatusArgs {
+    /// The backfill's state directory.
+    #[arg(long, required_unless_present = "data")]
+    state: Option<PathBuf>,
+    /// The data directory of a store-backed backfill (not yet).
+    #[arg(long, conflicts_with = "state")]
+    data: Option<PathBuf>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+    /// Failed repositories listed (with --json, or below the summary).
+    #[arg(long, default_value_t = 20)]
+    failures: usize,
+}
+
+#[derive(clap::Args, Debug)]
+struct RunArgs {
+    /// The relay (its `listHosts`, `listRepos`, `listReposByCollection`, and the fallback
+    /// `getRepo`): `https://…` or `wss://…`.
+    #[arg(long)]
+    relay: Option<String>,
+    /// The PLC directory.
+    #[arg(long, default_value = riptide_resolver::DEFAULT_PLC_URL)]
+    plc_url: String,
+    /// Print each record as one JSON line (on stdout, or into --out).
+    #[arg(long)]
+    jsonl: bool,
+    /// Write the JSON lines into this file (appended; exactly once across restarts).
+    #[arg(long, requires = "jsonl")]
+    out: Option<PathBuf>,
+    /// Backfill into a data directory that `riptide serve --data DIR` serves (not yet).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Progress (per-repository status, cursors): resume by running again with the same DIR.
+    #[arg(long)]
+    state: Option<PathBuf>,
+    /// Where accounts come from: the relay's `listHosts` then each host's `listRepos`
+    /// (`hosts`), or the relay's own `listRepos` (`relay`).
+    #[arg(long, value_enum, default_value_t = Source::Hosts)]
+    discovery: Source,
+    /// Only these collections: exact NSIDs (accounts found with `listReposByCollection`) or
+    /// `prefix.*` (every account crawled, records filtered). Comma-separated or repeated.
+    #[arg(long, value_delimiter = ',')]
+    collections: Vec<String>,
+    /// Only the DIDs in this file (one a line).
+    #[arg(long, conflicts_with = "collections")]
+    dids: Option<PathBuf>,
+    /// `getRepo` requests per second per host.
+    #[arg(long, default_value_t = 20.0)]
+    get_repo_rate: f64,
+    /// Listing requests per second per host.
+    #[arg(long, default_value_t = 10.0)]
+    list_rate: f64,
+    /// No per-host rates (benchmarks against a local network).
+    #[arg(long)]
+    no_rate_limits: bool,
+    /// Requests to one host at once.
+    #[arg(long, default_value_t = 8)]
+    per_host: usize,
+    /// Requests in flight over all hosts.
+    #[arg(long, default_value_t = 64)]
+    concurrency: usize,
+    /// Attempts per repository for transient failures.
+    #[arg(long, default_value_t = 3)]
+    attempts: u32,
+    /// Seconds a `getRepo` may take.
+    #[arg(long, default_value_t = 300)]
+    timeout_secs: u64,
+    /// Slowest body accepted, bytes per second (after 10 s).
+    #[arg(long, default_value_t = 16 * 1024)]
+    min_bytes_per_sec: u64,
+    /// Largest repository fetched, in bytes (default 2 GiB).
+    #[arg(long, default_value_t = 2 << 30)]
+    max_repo_bytes: usize,
+    /// Repositories larger than this go to an unnamed file in --spool-dir, not memory. With
+    /// --concurrency, it bounds the memory that repositories take: at most (concurrency + 16)
+    /// repositories are held at once, fetched or waiting to be written.
+    #[arg(long, default_value_t = 8 << 20)]
+    spool_above: usize,
+    /// Where large repositories are spooled (default: DIR/spool under --state).
+    #[arg(long)]
+    spool_dir: Option<PathBuf>,
+    /// The first retry's delay in milliseconds (then ×4 each attempt).
+    #[arg(long, default_value_t = 1000)]
+    retry_backoff_ms: u64,
+    /// Fetch again the repositories that failed in an earlier run.
+    #[arg(long)]
+    retry_failed: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    Hosts,
+    Relay,
+}
+
+const NOT_YET: &str = "--data: the store-backed backfill is not there yet (it lands with the store crate, riptide-store); use --jsonl --state DIR";
+
+pub fn run(a: Args) -> anyhow::Result<ExitCode> {
+    match a.cmd {
+        Some(Sub::Status(s)) => status(s),
+        None => backfill(a.run),
+    }
+}
+
+fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
+    if a.data.is_some() {
+        anyhow::bail!("{NOT_YET}");
+    }
+    let Some(dir) = a.state else {
+        anyhow::bail!("--state DIR is required");
+    };
+    // Status reads; it must not create a state where there was none (fjall would).
+    if !dir.join("version").exists() {
+        anyhow::bail!("{}: no backfill state here", dir.display());
+    }
+    let lock = lock_file(&dir)?;
+    let running = matches!(lock.try_lock(), Err(std::fs::TryLockError::WouldBlock));
+    let s = if running {
+        // A backfill holds the state: its last snapshot (at most five seconds old).
+        let path = dir.join(SNAPSHOT);
+        let text = std::fs::read(&path).with_context(|| {
+            format!(
+                "a backfill is running on {} and has not written {} yet",
+                dir.display(),
+                path.display()
+            )
+        })?;
+        serde_json::from_slice::<riptide_backfill::Status>(&text)
+            .with_context(|| format!("reading {}", path.display()))?
+    } else {
+        let state = State::open(&dir).with_context(|| format!("opening {}", dir.display()))?;
+        riptide_backfill::status(&state, a.failures)?
+    };
+    let mut w = out::stdout();
+    if a.json {
+        let mut v = serde_json::to_value(&s)?;
+        v["running"] = serde_json::Value::Bool(running);
+        serde_json::to_writer(&mut w, &v)?;
+        writeln!(w)?;
+    } else {
+        if running {
+            writeln!(w, "running (as of its last snapshot, at most 5 s old)")?;
+        }
+        writeln!(
+            w,
+            "listings: {} done, {} left, {} with problems (of {})",
+            s.listings_done,
+            s.listings_left,
+            s.listing_problems.len(),
+            s.listings
+        )?;
+        for (l, p) in &s.listing_problems {
+            writeln!(w, "  {l}: {p}")?;
+        }
+        writeln!(
+            w,
+            "repositories: {} ok, {} failed",
+            s.repos_ok, s.repos_failed_total
+        )?;
+        for (reason, n) in &s.repos_failed {
+            writeln!(w, "  {reason}: {n}")?;
+        }
+        writeln!(
+            w,
+            "records: {} ({} not written: outside the data model)",
+            s.records, s.records_dropped
+        )?;
+        writeln!(w, "bytes: {:.1} MB", s.bytes as f64 / 1e6)?;
+        writeln!(
+            w,
+            "rate: {:.1} repositories/s, {:.0} records/s over {:.0} s",
+            s.repos_per_sec, s.records_per_sec, s.elapsed_secs
+        )?;
+        match (s.expected_repos, s.eta_secs) {
+            (Some(n), Some(eta)) => writeln!(w, "eta: {:.0} s ({n} accounts expected)", eta)?,
+            _ => writeln!(w, "eta: unknown (the total is not known)")?,
+        }
+        for (did, reason, detail) in &s.failures {
+            writeln!(w, "failed {did} {reason}: {detail}")?;
+        }
+    }
+    w.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `wss://host/…` or `https://host` → `https://host` (the relay's XRPC base).
+fn relay_base(url: &str) -> anyhow::Result<String> {
+    riptide_resolver::resync::relay_http_base(url)
+        .with_context(|| format!("--relay {url}: not an http(s):// or ws(s):// URL"))
+}
+
+fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
+    if a.data.is_some() {
+        anyhow::bail!("{NOT_YET}");
+    }
+    let Some(relay) = a.relay.as_deref() else {
+        anyhow::bail!("--relay URL is required (or `riptide backfill status --state DIR`)");
+    };
+    let relay = relay_base(relay)?;
+    if !a.jsonl {
+        anyhow::bail!("an output is required: --jsonl (the store-backed --data is not there yet)");
+    }
+    let Some(state_dir) = a.state.clone() else {
+        anyhow::bail!("--state DIR is required: the backfill's progress, to resume from");
+    };
+    let keep =
+        Collections::parse(&a.collections).map_err(|e| anyhow::anyhow!("--collections: {e}"))?;
+    let discovery = if let Some(file) = &a.dids {
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        let (dids, bad) = riptide_backfill::discover::parse_did_file(&text);
+        if !bad.is_empty() {
+            anyhow::bail!(
+                "{}: {} lines are not DIDs (first: {:?})",
+                file.display(),
+                bad.len(),
+                bad[0]
+            );
+        }
+        Discovery::Dids(dids)
+    } else if let Some(nsids) = keep.discoverable() {
+        Discovery::Collections(nsids.to_vec())
+    } else if a.discovery == Source::Relay {
+        Discovery::RelayRepos
+    } else {
+        Discovery::Hosts
+    };
+    std::fs::create_dir_all(&state_dir)
+        .with_context(|| format!("creating {}", state_dir.display()))?;
+    let spool = a
+        .spool_dir
+        .clone()
+        .unwrap_or_else(|| state_dir.join("spool"));
+    std::fs::create_dir_all(&spool).with_context(|| format!("creating {}", spool.display()))?;
+    // One run per state directory: a second one (or a `status` opening the keyspace) beside a
+    // running backfill would open fjall twice. Held until the process ends.
+    let lock = lock_file(&state_dir)?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "{}: another backfill is running on this state (`riptide backfill status --state {}` reports it)",
+            state_dir.display(),
+            state_dir.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("locking {}", state_dir.display()))
+        }
+    }
+    let state = Arc::new(
+        State::open(&state_dir).with_context(|| format!("opening {}", state_dir.display()))?,
+    );
+    let sink: Box<dyn Sink> = match &a.out {
+        Some(path) => {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .read(true)
+                .write(true)
+                .open(path)
+                .with_context(|| format!("opening {}", path.display()))?;
+            Box::new(JsonlSink::file(f, path.display().to_string()))
+        }
+        None => {
+            // Standard output redirected to a regular file is as good as --out.
+            let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
+            let f = std::fs::File::from(fd);
+            if f.metadata().is_ok_and(|m| m.is_file()) {
+                Box::new(JsonlSink::file(f, "stdout"))
+            } else {
+                Box::new(JsonlSink::pipe(Box::new(std::io::stdout()), "stdout"))
+            }
+        }
+    };
+    let unlimited = a.no_rate_limits;
+    let limits = HostLimits {
+        get_repo_per_sec: if unlimited {
+            f64::INFINITY
+        } else {
+            a.get_repo_rate
+        },
+        list_per_sec: if unlimited {
+            f64::INFINITY
+        } else {
+            a.list_rate
+        },
+        per_host: a.per_host.max(1),
+    };
+    if !unlimited && (a.get_repo_rate <= 0.0 || a.list_rate <= 0.0) {
+        anyhow::bail!("--get-repo-rate and --list-rate must be above 0 (or --no-rate-limits)");
+    }
+    let cfg = Config {
+        relay: relay.clone(),
+        discovery,
+        global: a.concurrency.max(1),
+        window: a.per_host.max(1) * 2,
+        attempts: a.attempts.max(1),
+        backoff: Duration::from_millis(a.retry_backoff_ms),
+        retry_failed: a.retry_failed,
+        ..Config::default()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let progress = Arc::new(Progress::default());
+    let started = Instant::now();
+    let result = rt.block_on(async {
+        let resolver = Resolver::new(ResolverConfig {
+            plc_url: a.plc_url.trim_end_matches('/').to_owned(),
+            ..ResolverConfig::default()
+        })?;
+        let resync = Resyncer::new(
+            resolver.clone(),
+            ResyncConfig {
+                timeout: Duration::from_secs(a.timeout_secs.max(1)),
+                max_repo_bytes: a.max_repo_bytes,
+                per_host: a.per_host.max(1),
+                spool_above: a.spool_above,
+                spool_dir: Some(spool),
+                min_bytes_per_sec: a.min_bytes_per_sec,
+                ..ResyncConfig::default()
+            },
+        );
+        let fetcher = Fetcher::new(resolver, resync, Some(relay), keep);
+        let hosts = Hosts::new(limits, cfg.global);
+        let shown = tokio::spawn(show_progress(progress.clone()));
+        let snapshots = tokio::spawn(snapshot_status(state.clone(), state_dir.clone()));
+        let r =
+            riptide_backfill::run(cfg, fetcher, hosts, state.clone(), sink, progress.clone()).await;
+        shown.abort();
+        snapshots.abort();
+        // The last word: the final counts, for `status` after the run.
+        write_snapshot(&state, &state_dir);
+        r.map_err(anyhow::Error::from)
+    });
+    result?;
+    let p = &progress;
+    tracing::info!(
+        ok = p.ok.load(Relaxed),
+        failed = p.failed.load(Relaxed),
+        skipped = p.skipped.load(Relaxed),
+        records = p.records.load(Relaxed),
+        bytes = p.bytes.load(Relaxed),
+        secs = started.elapsed().as_secs_f64(),
+        "backfill: done (riptide backfill status --state DIR for failures by reason)"
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The lock file of a state directory.
+fn lock_file(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let path = dir.join("lock");
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+/// Where a running backfill leaves its status for `status` (which must not open the keyspace
+/// beside it).
+const SNAPSHOT: &str = "status.json";
+
+/// Writes the status snapshot (atomically: a temporary file renamed over it).
+fn write_snapshot(state: &State, dir: &std::path::Path) {
+    let Ok(s) = riptide_backfill::status(state, 20) else {
+        return;
+    };
+    let tmp = dir.join("status.json.tmp");
+    let r = serde_json::to_vec(&s)
+        .map_err(std::io::Error::other)
+        .and_then(|b| std::fs::write(&tmp, b))
+        .and_then(|()| std::fs::rename(&tmp, dir.join(SNAPSHOT)));
+    if let Err(e) = r {
+        tracing::warn!(dir = %dir.display(), error = %e, "backfill: status snapshot not written");
+    }
+}
+
+/// The status snapshot every five seconds while the run lasts.
+async fn snapshot_status(state: Arc<State>, dir: PathBuf) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let (state, dir) = (state.clone(), dir.clone());
+        let _ = tokio::task::spawn_blocking(move || write_snapshot(&state, &dir)).await;
+    }
+}
+
+/// A progress bar on a terminal, else a log line once a minute.
+async fn show_progress(p: Arc<Progress>) {
+    let started = Instant::now();
+    let line = |p: &Progress| {
+        let secs = started.elapsed().as_secs_f64().max(1e-3);
+        let ok = p.ok.load(Relaxed);
+        let failed = p.failed.load(Relaxed);
+        format!(
+            "{ok} ok, {failed} failed, {} skipped (done before); {} records; {:.1} MB; {:.1} repos/s; listings {}/{}",
+            p.skipped.load(Relaxed),
+            p.records.load(Relaxed),
+            p.bytes.load(Relaxed) as f64 / 1e6,
+            (ok + failed) as f64 / secs,
+            p.listings_done.load(Relaxed),
+            p.listings.load(Relaxed),
+        )
+    };
+    if std::io::stderr().is_terminal() {
+        let bar = indicatif::ProgressBar::new(0);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} repositories (eta {eta}) {msg}",
+        ) {
+            bar.set_style(style);
+        }
+        loop {
+            let expected = p.expected.load(Relaxed);
+            let done = p.ok.load(Relaxed) + p.failed.load(Relaxed) + p.skipped.load(Relaxed);
+            bar.set_length(expected.max(done));
+            bar.set_position(done);
+            bar.set_message(line(&p));
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    } else {
+        loop {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            tracing::info!("backfill: {}", line(&p));
+        }
+    }
+}

@@ -1,0 +1,324 @@
+//! `riptide backfill` end to end, as a user runs it: a generated network served by the
+//! `riptide sim` binary (PLC directory, PDS `listRepos` and `getRepo`, with its HTTP faults),
+//! faulty repositories planted in the network's directory, and the `riptide backfill` binary
+//! writing JSON lines.
+//!
+//! Oracles: `riptide repo ls` of each good repository's CAR (the repo crate's listing, the
+//! same as goat's on the real export), and the faults planted. Each good repository's records
+//! arrive exactly once; each faulty one is reported by `backfill status` with its reason and
+//! none of its records is written; killed with SIGKILL at random moments and started again, the
+//! backfill still writes every record exactly once.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{riptide, s, scratch, start_sim, BIN};
+
+/// A generated network in `dir` with four faults planted; returns (good DIDs, bad DID →
+/// reason).
+fn network(dir: &Path, seed: u64, accounts: usize) -> (Vec<String>, BTreeMap<String, String>) {
+    let mut cfg = riptide_gen::Config::new(seed, accounts, 300);
+    cfg.keep_records = true;
+    cfg.initial_records = (5, 60);
+    cfg.threads = 2;
+    riptide_gen::write_dir(&cfg, dir).unwrap();
+    let repos = dir.join("repos");
+    let mut dids: Vec<String> = std::fs::read_dir(&repos)
+        .unwrap()
+        .map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".car").unwrap().to_owned()
+        })
+        .collect();
+    dids.sort();
+    assert_eq!(dids.len(), accounts);
+    let car = |d: &str| repos.join(format!("{d}.car"));
+    let mut bad = BTreeMap::new();
+    // A block that does not hash to its CID.
+    let mut b = std::fs::read(car(&dids[0])).unwrap();
+    let last = b.len() - 1;
+    b[last] ^= 1;
+    std::fs::write(car(&dids[0]), b).unwrap();
+    bad.insert(dids[0].clone(), "bad_cid".to_owned());
+    // Cut at a block boundary: the last block (a record) left out.
+    let b = std::fs::read(car(&dids[1])).unwrap();
+    let mut reader = riptide_car::CarReader::new();
+    let parsed = reader
+        .read(&b, &riptide_car::CarOptions::repository())
+        .unwrap();
+    let roots: Vec<_> = parsed.roots().map(|r| r.to_buf()).collect();
+    let blocks: Vec<_> = parsed.blocks().map(|b| (b.cid, b.data)).collect();
+    let cut = riptide_car::write_car(&roots, blocks[..blocks.len() - 1].iter().copied());
+    std::fs::write(car(&dids[1]), cut).unwrap();
+    bad.insert(dids[1].clone(), "missing_block".to_owned());
+    // Another account's repository.
+    std::fs::copy(car(&dids[3]), car(&dids[2])).unwrap();
+    bad.insert(dids[2].clone(), "wrong_did".to_owned());
+    // A document naming another account's key.
+    let docs_path = dir.join("did_docs.json");
+    let mut docs: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&docs_path).unwrap()).unwrap();
+    let other = docs[&dids[5]]["verificationMethod"][0]["publicKeyMultibase"].clone();
+    docs[&dids[4]]["verificationMethod"][0]["publicKeyMultibase"] = other;
+    std::fs::write(&docs_path, serde_json::to_vec(&docs).unwrap()).unwrap();
+    bad.insert(dids[4].clone(), "bad_signature".to_owned());
+    let good = dids.into_iter().filter(|d| !bad.contains_key(d)).collect();
+    (good, bad)
+}
+
+/// `riptide repo ls` of a good account's CAR: `collection/rkey\tcid` lines.
+fn repo_ls(dir: &Path, did: &str) -> BTreeSet<String> {
+    let out = riptide(&[
+        "repo",
+        "ls",
+        s(&dir.join("repos").join(format!("{did}.car"))),
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// JSON lines → DID → every `collection/rkey\tcid`, in order of arrival; every line parses
+/// and has the fields of the contract.
+fn by_did(text: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in text.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        let field = |k: &str| v[k].as_str().unwrap_or_else(|| panic!("{k}: {line}"));
+        assert!(riptide_syntax::is_valid_tid(field("rev")), "{line}");
+        let collection = field("collection");
+        // Generated records carry their type: the rendering is the record's.
+        assert_eq!(v["record"]["$type"].as_str(), Some(collection), "{line}");
+        out.entry(field("did").to_owned())
+            .or_default()
+            .push(format!("{collection}/{}\t{}", field("rkey"), field("cid")));
+    }
+    out
+}
+
+/// Each good account's records exactly once and equal to `repo ls`; nothing of the others.
+fn assert_exactly_once(dir: &Path, good: &[String], text: &str) {
+    let mut got = by_did(text);
+    for did in good {
+        let lines = got.remove(did).unwrap_or_default();
+        let set: BTreeSet<String> = lines.iter().cloned().collect();
+        assert_eq!(set.len(), lines.len(), "{did}: a record written twice");
+        assert_eq!(set, repo_ls(dir, did), "{did}");
+    }
+    assert!(
+        got.is_empty(),
+        "records of faulty accounts: {:?}",
+        got.keys()
+    );
+}
+
+fn status_json(state: &Path) -> serde_json::Value {
+    let out = riptide(&["backfill", "status", "--state", s(state), "--json"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn assert_failures(state: &Path, good: usize, bad: &BTreeMap<String, String>) {
+    let st = status_json(state);
+    assert_eq!(st["repos_ok"], good as u64, "{st}");
+    let mut want: BTreeMap<String, u64> = BTreeMap::new();
+    for r in bad.values() {
+        *want.entry(r.clone()).or_default() += 1;
+    }
+    let got: BTreeMap<String, u64> = serde_json::from_value(st["repos_failed"].clone()).unwrap();
+    assert_eq!(got, want, "{st}");
+    let listed: BTreeMap<String, String> = st["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f[0].as_str().unwrap().into(), f[1].as_str().unwrap().into()))
+        .collect();
+    assert_eq!(&listed, bad);
+}
+
+fn backfill(base: &str, state: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.args([
+        "backfill",
+        "--relay",
+        base,
+        "--plc-url",
+        base,
+        "--jsonl",
+        "--state",
+        s(state),
+        "--retry-backoff-ms",
+        "20",
+        "--attempts",
+        "6",
+    ]);
+    c
+}
+
+#[test]
+fn a_faulty_network_gives_exactly_its_good_repositories_and_names_the_rest() {
+    let tmp = scratch();
+    let net = tmp.path().join("net");
+    let (good, bad) = network(&net, 7, 24);
+    let (_sim, base) = start_sim(&net);
+    // The sim's HTTP faults on every request, PLC lookups included: a 503, a 429 with
+    // Retry-After: 1, a response cut half-way. All transient: retried or waited out.
+    let faults = serde_json::json!({"error_every": 11, "rate_limit_every": 7, "drop_every": 13});
+    let set = reqwest_post(&format!("{base}/_sim/faults"), &faults);
+    assert!(set.contains("\"error_every\":11"), "{set}");
+    let state = tmp.path().join("state");
+    // To a pipe (the test reads stdout).
+    let out = backfill(&base, &state).output().unwrap();
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("does not implement listHosts"), "{err}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_exactly_once(&net, &good, &text);
+    assert_failures(&state, good.len(), &bad);
+    let st = status_json(&state);
+    assert_eq!(st["listings_done"], 1);
+    assert!(st["records"].as_u64().unwrap() > 0);
+
+    // Again: everything has a status; nothing is written.
+    let out = backfill(&base, &state).output().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(out.stdout.is_empty());
+}
+
+/// POSTs JSON with a std TCP stream (the tests have no HTTP client of their own).
+fn reqwest_post(url: &str, body: &serde_json::Value) -> String {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_once('/').unwrap();
+    let body = body.to_string();
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    write!(
+        s,
+        "POST /{path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn killed_at_random_moments_and_resumed_every_record_is_written_once() {
+    let tmp = scratch();
+    let net = tmp.path().join("net");
+    let (good, bad) = network(&net, 8, 40);
+    let (_sim, base) = start_sim(&net);
+    // Slow enough that every kill lands mid-run: 200 ms per request, two at a time, two
+    // requests per account (its document, its repository): about 8 s of work for six kills
+    // within 1.2 s each.
+    reqwest_post(
+        &format!("{base}/_sim/faults"),
+        &serde_json::json!({"delay_ms": 200}),
+    );
+    let state = tmp.path().join("state");
+    let out_file = tmp.path().join("out.jsonl");
+    let run = || {
+        let mut c = backfill(&base, &state);
+        c.args([
+            "--out",
+            s(&out_file),
+            "--concurrency",
+            "2",
+            "--per-host",
+            "2",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        c
+    };
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("kill moments from seed {seed}");
+    let mut x = seed | 1;
+    let mut kills = 0;
+    for _ in 0..6 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let after = Duration::from_millis(150 + (x >> 33) % 1050);
+        let mut child = run().spawn().unwrap();
+        let t = Instant::now();
+        if kills == 0 {
+            // One run per state: a second is refused, and `status` does not open the state
+            // beside the run (it reads the run's snapshot, not yet written this early).
+            std::thread::sleep(Duration::from_millis(100));
+            let second = run().stderr(Stdio::piped()).output().unwrap();
+            assert!(!second.status.success());
+            let err = common::stderr(&second);
+            assert!(err.contains("another backfill is running"), "{err}");
+            let st = riptide(&["backfill", "status", "--state", s(&state), "--json"]);
+            let err = common::stderr(&st);
+            assert!(
+                !st.status.success() && err.contains("has not written"),
+                "{err}"
+            );
+        }
+        while t.elapsed() < after {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if child.try_wait().unwrap().is_none() {
+            child.kill().unwrap(); // SIGKILL
+            kills += 1;
+        }
+        child.wait().unwrap();
+    }
+    assert!(kills >= 5, "the run ended before most kills: {kills} of 6");
+    let out = run().stderr(Stdio::piped()).output().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let text = std::fs::read_to_string(&out_file).unwrap();
+    assert_exactly_once(&net, &good, &text);
+    assert_failures(&state, good.len(), &bad);
+    let st = status_json(&state);
+    let lines = text.lines().count() as u64;
+    assert_eq!(st["records"], lines, "the state counts what the file holds");
+}
+
+#[test]
+fn the_store_backed_mode_is_refused_as_not_yet() {
+    let tmp = scratch();
+    let out = riptide(&[
+        "backfill",
+        "--relay",
+        "https://relay.invalid",
+        "--data",
+        s(&tmp.path().join("data")),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("not there yet"),
+        "{}",
+        common::stderr(&out)
+    );
+    let out = riptide(&["backfill", "status", "--data", s(&tmp.path().join("data"))]);
+    assert!(!out.status.success());
+    assert!(common::stderr(&out).contains("not there yet"));
+    // No output chosen, no state: said, not guessed.
+    let out = riptide(&["backfill", "--relay", "https://relay.invalid", "--jsonl"]);
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("--state"),
+        "{}",
+        common::stderr(&out)
+    );
+}
