@@ -23,11 +23,7 @@ use common::{riptide, s, scratch, start_sim, BIN};
 /// A generated network in `dir` with four faults planted; returns (good DIDs, bad DID →
 /// reason).
 fn network(dir: &Path, seed: u64, accounts: usize) -> (Vec<String>, BTreeMap<String, String>) {
-    let mut cfg = riptide_gen::Config::new(seed, accounts, 300);
-    cfg.keep_records = true;
-    cfg.initial_records = (5, 60);
-    cfg.threads = 2;
-    riptide_gen::write_dir(&cfg, dir).unwrap();
+    generate(dir, seed, accounts);
     let repos = dir.join("repos");
     let mut dids: Vec<String> = std::fs::read_dir(&repos)
         .unwrap()
@@ -70,6 +66,15 @@ fn network(dir: &Path, seed: u64, accounts: usize) -> (Vec<String>, BTreeMap<Str
     bad.insert(dids[4].clone(), "bad_signature".to_owned());
     let good = dids.into_iter().filter(|d| !bad.contains_key(d)).collect();
     (good, bad)
+}
+
+/// A generated network in `dir`: `accounts` repositories of 5 to 60 records, no faults.
+fn generate(dir: &Path, seed: u64, accounts: usize) {
+    let mut cfg = riptide_gen::Config::new(seed, accounts, 300);
+    cfg.keep_records = true;
+    cfg.initial_records = (5, 60);
+    cfg.threads = 2;
+    riptide_gen::write_dir(&cfg, dir).unwrap();
 }
 
 /// `riptide repo ls` of a good account's CAR: `collection/rkey\tcid` lines.
@@ -193,6 +198,106 @@ fn a_faulty_network_gives_exactly_its_good_repositories_and_names_the_rest() {
     let out = backfill(&base, &state).output().unwrap();
     assert!(out.status.success(), "{}", common::stderr(&out));
     assert!(out.stdout.is_empty());
+}
+
+/// `GET url` of JSON (http://host:port/path).
+fn get_json(url: &str) -> serde_json::Value {
+    let rest = url.strip_prefix("http://").unwrap();
+    let (addr, path) = rest.split_at(rest.find('/').unwrap());
+    let (code, body) = common::http_get(addr, path);
+    assert_eq!(code, 200, "{url}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// The crawl the issue describes, against `riptide sim --hosts 4`: the relay's `listHosts`, each
+/// host's own `listRepos` and `getRepo` under the sim's default per-IP limits (20 and 10 a
+/// second, answered with 429 and `RateLimit-*` past them), one host offline and five faulty
+/// repositories planted by the sim (its manifest names them). Oracles: the sim's manifest and
+/// each live host's `listRepos` (who is where, who is inactive), and `riptide repo ls` of each
+/// good account's CAR. Every good account of a live host arrives exactly once; every faulty or
+/// inactive one is failed with the reason its fault means; the offline host is a listing
+/// problem, not a silent gap.
+#[test]
+fn a_multi_host_network_is_crawled_host_by_host_under_its_limits() {
+    let tmp = scratch();
+    let net = tmp.path().join("net");
+    generate(&net, 11, 40);
+    let manifest_path = tmp.path().join("manifest.json");
+    let (_sim, base) = common::spawn_printing_url(
+        Command::new(BIN)
+            .args(["sim", "--from", s(&net), "--listen", "127.0.0.1:0"])
+            .args(["--hosts", "4", "--seed", "3", "--host-faults", "offline=1"])
+            .args([
+                "--repo-faults",
+                "bad-signature=1,other-did=1,missing-block=1,deactivated=1,takendown=1",
+            ])
+            .args(["--manifest", s(&manifest_path)])
+            .stderr(Stdio::inherit()),
+    );
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    let reason_of_fault = |f: &str| match f {
+        "bad-signature" => "bad_signature",
+        "other-did" => "wrong_did",
+        "missing-block" => "missing_block",
+        "deactivated" => "deactivated",
+        "takendown" => "taken_down",
+        other => panic!("a fault this test did not plant: {other}"),
+    };
+    let planted: BTreeMap<String, &str> = manifest["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let did = f["did"].as_str().unwrap().to_owned();
+            (did, reason_of_fault(f["fault"].as_str().unwrap()))
+        })
+        .collect();
+    // The five planted, and any account the generated stream deactivated (listed as such).
+    let kinds: BTreeSet<&str> = planted.values().copied().collect();
+    assert_eq!(kinds.len(), 5, "{manifest}");
+    let (mut good, mut bad, mut offline) = (Vec::new(), BTreeMap::new(), Vec::new());
+    for h in manifest["hosts"].as_array().unwrap() {
+        if h["fault"].as_str() == Some("offline") {
+            offline.push(h["hostname"].as_str().unwrap().to_owned());
+            continue;
+        }
+        let url = h["url"].as_str().unwrap();
+        let listed = get_json(&format!("{url}/xrpc/com.atproto.sync.listRepos?limit=1000"));
+        for r in listed["repos"].as_array().unwrap() {
+            let did = r["did"].as_str().unwrap().to_owned();
+            let inactive = match r["status"].as_str() {
+                _ if r["active"].as_bool() != Some(false) => None,
+                Some("takendown") => Some("taken_down"),
+                Some("suspended") => Some("suspended"),
+                _ => Some("deactivated"),
+            };
+            match planted.get(&did).copied().or(inactive) {
+                Some(reason) => {
+                    bad.insert(did, reason.to_owned());
+                }
+                None => good.push(did),
+            }
+        }
+    }
+    assert_eq!(offline.len(), 1, "{manifest}");
+    assert!(
+        good.len() >= 10,
+        "too few good accounts to mean much: {good:?}"
+    );
+
+    let state = tmp.path().join("state");
+    let out = backfill(&base, &state).output().unwrap();
+    let err = common::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_exactly_once(&net, &good, &String::from_utf8(out.stdout).unwrap());
+    assert_failures(&state, good.len(), &bad);
+    let st = status_json(&state);
+    let problems = st["listing_problems"].as_object().unwrap();
+    assert!(
+        problems.keys().any(|k| k.contains(offline[0].as_str())),
+        "the offline host is not reported: {st}"
+    );
 }
 
 /// POSTs JSON with a std TCP stream (the tests have no HTTP client of their own).
