@@ -18,7 +18,7 @@
 //! - [`outcome`]: [`Verified`] or a typed [`Failure`] with a stable reason name;
 //! - [`sink`]: where records go ([`JsonlSink`]; a store-backed sink comes with `riptide-store`);
 //! - [`state`]: durable progress (fjall): statuses, cursors, counters, the sink's position;
-//! - [`run`]: the crawl that ties them, and [`status`]: the operator's report.
+//! - [`run`](mod@run): the crawl that ties them, and [`status`](mod@status): the operator's report.
 //!
 //! What it does not do (yet): write into `riptide serve`'s store (`--data`), hold live commits
 //! while an account is backfilled, or spread the crawl over Kafka (issue 37's later parts).

@@ -152,7 +152,7 @@ struct Crawl {
 }
 
 /// Runs a backfill to the end: every listing crawled, every account done or failed. The state
-/// is shared so that the caller can report from it meanwhile ([`crate::status`]).
+/// is shared so that the caller can report from it meanwhile ([`crate::status()`]).
 pub async fn run(
     cfg: Config,
     fetcher: Fetcher,

@@ -104,7 +104,7 @@ pub fn now_us() -> i64 {
 }
 
 /// Expires events older than `retention` every `every`, forever (spawn it): raises the store's
-/// floor and drops segment files wholly outside the window ([`store::Store::expire`]), and
+/// floor and drops segment files wholly outside the window ([`riptide_store::Store::expire`]), and
 /// reports the store's size on disk.
 pub async fn retention_loop(
     log: std::sync::Arc<Log>,

@@ -29,7 +29,7 @@
 //! by every reader): a replay reads each block in many small reads and decompresses it once, and a
 //! thousand subscribers that fell out of the in-memory tail together share the blocks they read
 //! instead of decompressing each a thousand times. A read that finds its block cached needs no I/O,
-//! so the server serves it on the spot ([`Self::read_cached`]); only a read that must load a block
+//! so the server serves it on the spot ([`Store::read_cached`]); only a read that must load a block
 //! goes to the blocking pool. Hits, loads and the cache's bytes are in `/metrics`
 //! (`riptide_block_cache_*`). Events leave a cached block as copies, as they left fjall's blocks
 //! before: the byte cap of a read still bounds what a subscriber's batch holds.
@@ -65,7 +65,7 @@
 //! <a id="read-ahead"></a>**Read-ahead.** A replay reads blocks in order, and decompressing one
 //! took about half of a replay's time per event on the reader's own path: the subscriber waited
 //! for each block, then sent it. Now a reader of a cached block claims the next block not cached
-//! (up to `AHEAD` blocks on, [`Self::claim_ahead`]) and the server loads it on the blocking
+//! (up to `AHEAD` blocks on, [`Store::claim_ahead`]) and the server loads it on the blocking
 //! pool while the reader sends (`server::read_ahead`, only when a store reader is free). A
 //! reader that catches up with its load ahead waits for it (`Claim`) rather than decompressing
 //! the block again. It is for a few replays: when the subscribers
@@ -86,7 +86,7 @@
 //! only read at open. `recent` is a small leveled tree: its values are mostly removed before its
 //! memtable is flushed, so flushes write little more than tombstones, and compaction drops them.
 //!
-//! **Durability point.** [`Self::append_with_accounts`] writes a whole ingest batch — its
+//! **Durability point.** [`Store::append_with_accounts`] writes a whole ingest batch — its
 //! events, their time index entries, the chain state of every account the batch's frames changed,
 //! the next seq, the last time_us and the upstream cursor that covers them, and any block sealed —
 //! as ONE fjall batch committed with `PersistMode::SyncAll` (journal written and fsynced) before
@@ -129,7 +129,7 @@
 //! they have no bloom filters either; `blocks` is not compressed again by fjall (its values are
 //! zstd frames already).
 //!
-//! **Retention** has two halves. [`Self::expire`] moves the *floor*: the first seq whose
+//! **Retention** has two halves. [`Store::expire`] moves the *floor*: the first seq whose
 //! `time_us` is inside the window. Reads never go below it, so retention is exact to the event
 //! whatever the segment boundaries. Then it drops every segment file created longer ago than the
 //! window (fjall's FIFO time-to-live, run with the window given now, so a restart with another
@@ -151,7 +151,7 @@
 //! **Older layouts.** A data directory written by layout 1 (leveled partitions, deletes by
 //! tombstone) or layout 2 (one `events` value per event, both forms) is refused with
 //! [`StoreError::OldLayout`], which says what to do: `riptide serve --migrate-store` rewrites a
-//! layout-2 directory into blocks in place ([`Self::migrate`]); layout 1 needs a new `--data`
+//! layout-2 directory into blocks in place ([`Store::migrate`]); layout 1 needs a new `--data`
 //! directory.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -405,7 +405,7 @@ impl<T: Text> Drop for Claim<T> {
     }
 }
 
-/// A block to load ahead of its reader ([`Self::claim_ahead`]).
+/// A block to load ahead of its reader ([`Store::claim_ahead`]).
 #[derive(Debug)]
 pub struct Ahead<T: Text>(Claim<T>);
 
@@ -519,7 +519,7 @@ impl DamagedBlock {
     }
 }
 
-/// What [`Self::check`] found.
+/// What [`Store::check`] found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Checked {
     /// Sealed blocks.
@@ -584,7 +584,7 @@ pub struct BlockCacheStats {
     pub hits: u64,
     /// Blocks decompressed (a read that did not find its block, or a load ahead).
     pub loads: u64,
-    /// Of `loads`, the blocks loaded ahead of their readers ([`Self::claim_ahead`]).
+    /// Of `loads`, the blocks loaded ahead of their readers ([`Store::claim_ahead`]).
     pub ahead: u64,
     /// Bytes of decompressed blocks held by the cache now.
     pub bytes: u64,
@@ -609,7 +609,7 @@ const LOST: &[u8] = b"lost";
 /// The file beside fjall's that says how far the last run acknowledged (module docs, "Journal").
 const ACKED_FILE: &str = "riptide-acked";
 
-/// Seqs the store acknowledged or held and lost, recorded in `meta` ([`Self::lost_ranges`]).
+/// Seqs the store acknowledged or held and lost, recorded in `meta` ([`Store::lost_ranges`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LostRange {
     /// The first seq lost.
@@ -762,7 +762,7 @@ pub struct DiskUsage {
     pub recent_bytes: u64,
 }
 
-/// What [`Self::migrate`] did.
+/// What [`Store::migrate`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Migrated {
     /// The layout found.
@@ -773,7 +773,7 @@ pub struct Migrated {
     pub blocks: u64,
 }
 
-/// A change to the resync partition, written with an ingest batch ([`Self::append_with_pending`]).
+/// A change to the resync partition, written with an ingest batch ([`Store::append_with_pending`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PendingChange {
     /// Hold `frame` (upstream `seq`) for `did` until its resync lands; seq 0 with an empty frame
