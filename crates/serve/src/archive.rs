@@ -380,6 +380,24 @@ impl Archive {
         &self.segments
     }
 
+    /// The start shared by `getSegment` and `getBlock`: the request counted (`endpoint`, the
+    /// index into `requests`), the bearer key checked, the query parsed, and the sealed segment
+    /// its `param` names found. The client's name for the quota, the query, the segment.
+    fn segment_request(
+        &self,
+        endpoint: usize,
+        headers: &HeaderMap,
+        conn: &Option<Conn>,
+        query: Option<&str>,
+        param: &str,
+    ) -> Result<(String, Query, Arc<SealedSegment>), Refused> {
+        self.metrics.requests[endpoint].fetch_add(1, Relaxed);
+        let client = self.authorize(headers, peer(conn))?;
+        let p = params(query)?;
+        let seg = named(self, p.get(param), param)?;
+        Ok((client, p, seg))
+    }
+
     /// Checks the bearer key; the client's name for the quota.
     fn authorize(
         &self,
@@ -577,7 +595,10 @@ fn json(v: serde_json::Value) -> Response {
 }
 
 /// The query's parameters, each at most once.
-fn params(q: Option<&str>) -> Result<HashMap<String, String>, Refused> {
+/// A request's query parameters, by name.
+type Query = HashMap<String, String>;
+
+fn params(q: Option<&str>) -> Result<Query, Refused> {
     let mut out = HashMap::new();
     for (k, v) in form_urlencoded::parse(q.unwrap_or("").as_bytes()) {
         if out.insert(k.clone().into_owned(), v.into_owned()).is_some() {
@@ -966,17 +987,8 @@ async fn get_segment(
     RawQuery(q): RawQuery,
 ) -> Response {
     let a = app.archive.clone();
-    a.metrics.requests[2].fetch_add(1, Relaxed);
-    let client = match a.authorize(&headers, peer(&conn)) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let p = match params(q.as_deref()) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let seg = match named(&a, p.get("name"), "name") {
-        Ok(s) => s,
+    let (client, _, seg) = match a.segment_request(2, &headers, &conn, q.as_deref(), "name") {
+        Ok(x) => x,
         Err(r) => return *r,
     };
     let a2 = a.clone();
@@ -1054,17 +1066,8 @@ async fn get_block(
     RawQuery(q): RawQuery,
 ) -> Response {
     let a = app.archive.clone();
-    a.metrics.requests[3].fetch_add(1, Relaxed);
-    let client = match a.authorize(&headers, peer(&conn)) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let p = match params(q.as_deref()) {
-        Ok(p) => p,
-        Err(r) => return *r,
-    };
-    let seg = match named(&a, p.get("segment"), "segment") {
-        Ok(s) => s,
+    let (client, p, seg) = match a.segment_request(3, &headers, &conn, q.as_deref(), "segment") {
+        Ok(x) => x,
         Err(r) => return *r,
     };
     let block = match p.get("blockIndex").map(|b| b.parse::<i64>()) {
