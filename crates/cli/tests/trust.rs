@@ -73,6 +73,23 @@ fn sim_serves_a_directory_and_verify_handle_checks_it() {
         &base,
     ]);
     assert!(String::from_utf8_lossy(&out.stdout).starts_with("alice.test: ok\n"));
+    // A failure in the text form: the verdict said once (stdout, with its reason), exit 1.
+    let out = riptide(&[
+        "verify-handle",
+        "nobody.test",
+        "--plc-url",
+        &base,
+        "--handle-resolver",
+        &base,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let both = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(both.matches("handle-not-found").count(), 1, "{both}");
+    assert!(both.contains("reason: "), "{both}");
 }
 
 /// The ≥ 50 MB trust chain on a `riptide gen` directory: `RIPTIDE_SIM_DIR=DIR cargo test -p

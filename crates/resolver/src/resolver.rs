@@ -266,17 +266,30 @@ impl Resolver {
         if let Some(base) = &self.inner.cfg.handle_resolver {
             return self.well_known(base.trim_end_matches('/'), &h, true).await;
         }
-        let dns = match self.dns_txt(&h).await {
+        // Whether a DNS server answered (a record or none): a handle is "not found" only if
+        // something that could have named its DID was asked and did not.
+        let (dns, dns_answered) = match self.dns_txt(&h).await {
             Ok(Some(did)) => return Ok(did),
             Err(e @ ResolveError::AmbiguousHandle { .. }) => return Err(e),
-            Ok(None) => "DNS: no _atproto TXT record".to_owned(),
-            Err(e) => format!("DNS: {e}"),
+            Ok(None) => ("DNS: no _atproto TXT record".to_owned(), true),
+            Err(e) => (format!("DNS: {e}"), false),
+        };
+        let not_found = |why: String| ResolveError::HandleNotFound {
+            handle: h.to_string(),
+            why: format!("{dns}; {why}"),
         };
         match self.well_known(&format!("https://{h}"), &h, false).await {
             Ok(did) => Ok(did),
-            Err(ResolveError::HandleNotFound { why, .. }) => Err(ResolveError::HandleNotFound {
-                handle: h.to_string(),
-                why: format!("{dns}; {why}"),
+            Err(ResolveError::HandleNotFound { why, .. }) => Err(not_found(why)),
+            // DNS answered, the handle's host did not: it has no HTTPS record either.
+            Err(ResolveError::Network { why, .. }) if dns_answered => {
+                Err(not_found(format!("HTTPS: {why}")))
+            }
+            // Neither method could be asked (no DNS answer, no connection): the network failed,
+            // which says nothing about the handle (issue 39: offline was `handle-not-found`).
+            Err(ResolveError::Network { url, why }) => Err(ResolveError::Network {
+                url: format!("_atproto.{h} (DNS) and {url}"),
+                why: format!("{dns}; HTTPS: {why}"),
             }),
             Err(e) => Err(e),
         }
@@ -398,13 +411,8 @@ impl Resolver {
         }
         let resp = match req.send().await {
             Ok(r) => r,
-            // Without a handle resolver, a host that does not answer is "no HTTPS record".
-            Err(e) if !virtual_host => {
-                return Err(ResolveError::HandleNotFound {
-                    handle: h.to_string(),
-                    why: format!("HTTPS: {e}"),
-                })
-            }
+            // Whether a host that does not answer means "no HTTPS record" depends on whether
+            // DNS answered ([`Resolver::resolve_handle`]).
             Err(e) => return Err(net(&url, e)),
         };
         let status = resp.status();

@@ -106,3 +106,57 @@ async fn txt_records_resolve_handles() {
         other => panic!("expected AmbiguousHandle, got {other:?}"),
     }
 }
+
+/// Issue 39: offline, `verify-handle` said `handle-not-found`. A handle is "not found" only when
+/// something that could name its DID was asked and did not: a DNS server that answers NXDOMAIN
+/// and a host that does not answer is a missing handle; no DNS answer at all and no connection
+/// either is a network failure (`resolve-failed`), with both causes in the error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offline_is_a_network_failure_not_a_missing_handle() {
+    let resolver = |dns: SocketAddr| {
+        Resolver::new(ResolverConfig {
+            // Nothing listens here: PLC is never reached for a handle that does not resolve.
+            plc_url: "http://127.0.0.1:1".into(),
+            dns_servers: vec![dns],
+            timeout: Duration::from_secs(3),
+            ..ResolverConfig::default()
+        })
+        .unwrap()
+    };
+    // `.test` is reserved (RFC 2606): `https://nobody.test` never connects, on any machine.
+    let answering = dns_server(Vec::new()).await;
+    let err = resolver(answering)
+        .resolve_handle("nobody.test")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ResolveError::HandleNotFound { .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        riptide_resolver::TrustVerdict::of_resolve_error(&err).as_str(),
+        "handle-not-found"
+    );
+
+    // A DNS "server" that never answers: a bound socket nobody reads.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let err = resolver(silent.local_addr().unwrap())
+        .resolve_handle("nobody.test")
+        .await
+        .unwrap_err();
+    let ResolveError::Network { url, why } = &err else {
+        panic!("expected a network failure, got {err:?}");
+    };
+    assert!(
+        url.contains("_atproto.nobody.test") && url.contains("https://nobody.test"),
+        "{url}"
+    );
+    assert!(
+        why.starts_with("DNS: ") && why.contains("; HTTPS: "),
+        "{why}"
+    );
+    assert_eq!(
+        riptide_resolver::TrustVerdict::of_resolve_error(&err).as_str(),
+        "resolve-failed"
+    );
+}

@@ -150,6 +150,11 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     }
     stdout.flush()?;
     if report.verdict != riptide_resolver::TrustVerdict::Ok {
+        // Human mode has said the verdict and its reason on stdout; said again on stderr only
+        // beside the JSON, for a person watching a script.
+        if !a.json {
+            return Ok(ExitCode::from(1));
+        }
         eprintln!(
             "{}: {}: {}",
             report.handle,
