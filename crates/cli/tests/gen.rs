@@ -217,3 +217,78 @@ fn verify_keeps_chain_state_across_frames_and_runs() {
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
+
+/// Issue 39: `gen` killed part-way left a frames file whose header claimed more frames than it
+/// held, and no DID documents. Now the frames file is the mark of a complete directory: killed
+/// at any moment, a directory has either no `firehose-frames.bin` or a whole one, and only
+/// `.NAME.tmp` files beside it otherwise; a complete run leaves no temporary file.
+#[test]
+fn gen_killed_part_way_leaves_no_frames_file() {
+    let tmp = scratch();
+    let dir = tmp.path().join("net");
+    let mut child = std::process::Command::new(common::BIN)
+        .args([
+            "gen",
+            "--seed",
+            "9",
+            "--accounts",
+            "300",
+            "--events",
+            "2000000",
+        ])
+        .args(["--out", s(&dir)])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Until the frames are being written, then a little more.
+    let tmp_frames = dir.join(".firehose-frames.bin.tmp");
+    let start = std::time::Instant::now();
+    while std::fs::metadata(&tmp_frames).map_or(0, |m| m.len()) < 1 << 20 {
+        assert!(start.elapsed() < common::PATIENCE, "gen wrote no frames");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "gen ended before it was killed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!dir.join("firehose-frames.bin").exists());
+    assert!(!dir.join("did_docs.json").exists());
+    // `verify` on it says what is missing instead of reading a half-written stream.
+    let out = riptide(&["verify", s(&dir.join("firehose-frames.bin"))]);
+    assert!(!out.status.success());
+
+    // A complete run into the same directory: whole files, no temporary ones left.
+    let out = riptide(&[
+        "gen",
+        "--seed",
+        "9",
+        "--accounts",
+        "20",
+        "--events",
+        "200",
+        "--out",
+        s(&dir),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"firehose-frames.bin".to_owned()),
+        "{names:?}"
+    );
+    assert!(names.contains(&"did_docs.json".to_owned()), "{names:?}");
+    assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
+    let verified = riptide(&[
+        "verify",
+        s(&dir.join("firehose-frames.bin")),
+        "--did-docs",
+        s(&dir.join("did_docs.json")),
+        "--json",
+    ]);
+    assert!(verified.status.success(), "{}", stderr(&verified));
+}

@@ -12,7 +12,9 @@
 //! ```
 //!
 //! Frames are streamed to the file as they are made (the count is known up front), so memory
-//! does not grow with the number of events.
+//! does not grow with the number of events. Every file is written under a temporary name
+//! (`.NAME.tmp`) and renamed into place whole; `firehose-frames.bin` is removed at the start and
+//! renamed into place last, so its presence means the directory is complete.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -39,8 +41,18 @@ pub struct Summary {
     pub big_repo_bytes: Option<u64>,
 }
 
+/// Where a file is written before it is renamed to `path`: `.NAME.tmp` beside it.
+fn temp_name(path: &Path) -> std::path::PathBuf {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    path.with_file_name(format!(".{name}.tmp"))
+}
+
+/// Writes `path` whole or not at all: to its temporary name, then renamed over it (issue 39: an
+/// interrupted `gen` left files that claimed more than they held).
 fn write_file(path: &Path, bytes: &[u8]) -> Result<(), GenError> {
-    std::fs::write(path, bytes).map_err(|e| GenError::io(path, e))
+    let tmp = temp_name(path);
+    std::fs::write(&tmp, bytes).map_err(|e| GenError::io(&tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| GenError::io(path, e))
 }
 
 /// Generates `cfg` into `dir` (created if needed).
@@ -55,7 +67,16 @@ pub fn write_network(cfg: &Config, dir: &Path) -> Result<(Summary, Network), Gen
     let count = u32::try_from(cfg.events)
         .map_err(|_| GenError::Config("the corpus format holds at most 2^32-1 frames".into()))?;
     let mut net = Network::new(cfg.clone())?;
-    let path = dir.join("firehose-frames.bin");
+    // The frames file is the directory's mark of completion: removed first, written under a
+    // temporary name, and renamed into place last, after every other file. An interrupted run
+    // leaves no `firehose-frames.bin`, so nothing reads a half-written directory (or one whose
+    // documents are another run's) as a network.
+    let done = dir.join("firehose-frames.bin");
+    match std::fs::remove_file(&done) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(GenError::io(&done, e)),
+        _ => {}
+    }
+    let path = temp_name(&done);
     let file = File::create(&path).map_err(|e| GenError::io(&path, e))?;
     let mut w = BufWriter::with_capacity(1 << 20, file);
     let mut summary = Summary::default();
@@ -109,6 +130,7 @@ pub fn write_network(cfg: &Config, dir: &Path) -> Result<(Summary, Network), Gen
         write_file(&dir.join("adversarial.json"), &json)?;
         summary.adversarial = net.adversarial().len();
     }
+    std::fs::rename(&path, &done).map_err(|e| GenError::io(&done, e))?;
     Ok((summary, net))
 }
 
