@@ -7,13 +7,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use riptide_firehose::{Body, FrameDecoder};
-use riptide_sim::{Faults, Network, PlanConfig, Sim};
+use riptide_sim::{Network, PlanConfig};
 use tokio_tungstenite::tungstenite::Message;
 
 const EVENTS: u64 = 300;
@@ -70,32 +71,22 @@ async fn repositories_as_of_seq_then_the_tail_from_the_next() {
     cfg.initial_records = (20, 200);
     riptide_gen::write_dir(&cfg, &dir).unwrap();
     let net = Network::load(&dir).unwrap();
-    let sim = Sim::spawn_network(
+    let sim = common::spawn(
         net,
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        Faults::default(),
-        riptide_relay::RelayConfig::default(),
         PlanConfig {
             hosts: 3,
             ..PlanConfig::default()
         },
     )
-    .await
-    .unwrap();
+    .await;
     let manifest = sim.sim.manifest();
     assert_eq!(manifest["repos_as_of_seq"], K);
     let http = reqwest::Client::new();
-    let hosts: serde_json::Value = http
-        .get(format!(
-            "{}/xrpc/com.atproto.sync.listHosts",
-            sim.base_url()
-        ))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let hosts = common::json(
+        &http,
+        &format!("{}/xrpc/com.atproto.sync.listHosts", sim.base_url()),
+    )
+    .await;
     assert!(hosts["hosts"]
         .as_array()
         .unwrap()
@@ -105,17 +96,8 @@ async fn repositories_as_of_seq_then_the_tail_from_the_next() {
     // The served repositories' revs, from each host's listRepos.
     let mut rev_of: BTreeMap<String, String> = BTreeMap::new();
     for h in manifest["hosts"].as_array().unwrap() {
-        let list: serde_json::Value = http
-            .get(format!(
-                "{}/xrpc/com.atproto.sync.listRepos",
-                h["url"].as_str().unwrap()
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let url = h["url"].as_str().unwrap();
+        let list = common::json(&http, &format!("{url}/xrpc/com.atproto.sync.listRepos")).await;
         for r in list["repos"].as_array().unwrap() {
             rev_of.insert(
                 r["did"].as_str().unwrap().to_owned(),

@@ -8,15 +8,18 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use riptide_crypto::PublicKey;
 use riptide_repo::RepoError;
-use riptide_sim::{fixture, Faults, HostFault, Network, PlanConfig, RepoFault, Sim, SimHandle};
+use riptide_sim::{fixture, HostFault, Network, PlanConfig, RepoFault, SimHandle};
 use serde_json::Value;
+
+use common::{bytes, json, key_of};
 
 const ACCOUNTS: u8 = 48;
 
@@ -38,16 +41,7 @@ async fn spawn(plan: PlanConfig) -> (SimHandle, BTreeMap<String, fixture::Fixtur
         accs.values().map(|a| (a.did.clone(), a.car.clone())),
     )
     .unwrap();
-    let sim = Sim::spawn_network(
-        net,
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        Faults::default(),
-        riptide_relay::RelayConfig::default(),
-        plan,
-    )
-    .await
-    .unwrap();
-    (sim, accs)
+    (common::spawn(net, plan).await, accs)
 }
 
 fn client(ip: [u8; 4]) -> reqwest::Client {
@@ -56,12 +50,6 @@ fn client(ip: [u8; 4]) -> reqwest::Client {
         .timeout(Duration::from_secs(20))
         .build()
         .unwrap()
-}
-
-async fn json(http: &reqwest::Client, url: &str) -> Value {
-    let r = http.get(url).send().await.unwrap();
-    assert!(r.status().is_success(), "{url}: {}", r.status());
-    r.json().await.unwrap()
 }
 
 /// Every page of a paged list: the items under `field`, and the number of pages.
@@ -84,13 +72,6 @@ async fn pages(http: &reqwest::Client, url: &str, field: &str) -> (Vec<Value>, u
         }
         assert!(n < 1000, "paging does not end");
     }
-}
-
-fn key_of(doc: &Value) -> PublicKey {
-    riptide_identity::DidDoc::from_value(doc)
-        .unwrap()
-        .signing_key()
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,14 +140,11 @@ async fn hosts_listed_paged_and_serving_their_own_accounts() {
         let doc = json(&http, &format!("{base}/{did}")).await;
         assert_eq!(doc["service"][0]["serviceEndpoint"], url.as_str(), "{did}");
         // getRepo on that host: the CAR built, verifying with the document's key.
-        let car = http
-            .get(format!("{url}/xrpc/com.atproto.sync.getRepo?did={did}"))
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
+        let car = bytes(
+            &http,
+            &format!("{url}/xrpc/com.atproto.sync.getRepo?did={did}"),
+        )
+        .await;
         assert_eq!(car, accs[did].car);
         let report = riptide_repo::verify_repo(&car, Some(&key_of(&doc))).unwrap();
         assert_eq!(report.did, *did);

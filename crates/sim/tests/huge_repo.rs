@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::net::SocketAddr;
 
 use riptide_gen::HugeRepo;
@@ -33,52 +35,27 @@ async fn huge_repository_verifies_and_streams_in_bounded_memory() {
     net.set_huge_repo(HugeRepo::new(11, 3 << 20, 2048).unwrap())
         .unwrap();
     let did = net.huge_repo().unwrap().account.did.clone();
-    let sim = Sim::spawn_network(
+    let sim = common::spawn(
         net,
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        Faults::default(),
-        riptide_relay::RelayConfig::default(),
         PlanConfig {
             hosts: 2,
             ..PlanConfig::default()
         },
     )
-    .await
-    .unwrap();
+    .await;
     let base = sim.base_url();
     let http = reqwest::Client::new();
-    let doc: serde_json::Value = http
-        .get(format!("{base}/{did}"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc = common::json(&http, &format!("{base}/{did}")).await;
     let pds = doc["service"][0]["serviceEndpoint"].as_str().unwrap();
     assert_ne!(pds, base);
-    let car = http
-        .get(format!("{pds}/xrpc/com.atproto.sync.getRepo?did={did}"))
-        .send()
-        .await
-        .unwrap()
-        .bytes()
-        .await
-        .unwrap();
-    let key = riptide_identity::DidDoc::from_value(&doc)
-        .unwrap()
-        .signing_key()
-        .unwrap();
-    let report = riptide_repo::verify_repo(&car, Some(&key)).unwrap();
+    let car = common::bytes(
+        &http,
+        &format!("{pds}/xrpc/com.atproto.sync.getRepo?did={did}"),
+    )
+    .await;
+    let report = riptide_repo::verify_repo(&car, Some(&common::key_of(&doc))).unwrap();
     assert_eq!(report.did, did);
-    let list: serde_json::Value = http
-        .get(format!("{pds}/xrpc/com.atproto.sync.listRepos"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let list = common::json(&http, &format!("{pds}/xrpc/com.atproto.sync.listRepos")).await;
     assert_eq!(list["repos"][0]["head"], report.commit.to_string());
     // A connection drop (the fault layer's) on the streamed body: at most half, then an error,
     // without the simulator collecting the body first.
