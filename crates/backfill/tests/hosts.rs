@@ -9,36 +9,22 @@
 //! the banned and unreachable hosts are reported, not skipped in silence.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::Query;
 use axum::routing::get;
 use axum::Json;
+use common::{listing, LOOPBACK};
 use riptide_backfill::{
     Collections, Config, Discovery, Fetcher, HostLimits, Hosts, JsonlSink, Progress, State,
 };
 use riptide_identity::{DidDoc, DidDocs};
 use riptide_resolver::{Resolver, ResolverConfig, ResyncConfig, Resyncer, StaticDocs};
 use riptide_sim::{fixture, Faults, Network, Sim};
-
-const LOOPBACK: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
-
-/// `collection/rkey\tcid` of every record of a CAR, as `riptide repo ls` lists it.
-fn listing(car: &[u8]) -> BTreeSet<String> {
-    let mut reader = riptide_car::CarReader::new();
-    let car = reader
-        .read(car, &riptide_car::CarOptions::repository())
-        .unwrap();
-    riptide_repo::list_records(&car)
-        .unwrap()
-        .into_iter()
-        .map(|(k, c)| format!("{k}\t{c}"))
-        .collect()
-}
 
 #[derive(serde::Deserialize)]
 struct Page {
@@ -203,7 +189,7 @@ async fn list_hosts_then_each_hosts_repos_exactly_once_with_faults_reported() {
         let lines = got.remove(&x.did).unwrap_or_default();
         let set: BTreeSet<String> = lines.iter().cloned().collect();
         assert_eq!(set.len(), lines.len(), "{}: a record twice", x.did);
-        assert_eq!(set, listing(&x.car), "{}", x.did);
+        assert_eq!(set, listing(&x.car, ""), "{}", x.did);
         assert_eq!(lines.len(), x.records);
     }
     assert!(

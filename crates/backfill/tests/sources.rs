@@ -6,8 +6,9 @@
 //! collection asked for) and which server was asked (the simulators' request counters).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,28 +16,13 @@ use std::time::Duration;
 use axum::extract::Query;
 use axum::routing::get;
 use axum::Json;
+use common::{listing, LOOPBACK};
 use riptide_backfill::{
     Collections, Config, Discovery, Fetcher, HostLimits, Hosts, JsonlSink, Progress, State,
 };
 use riptide_identity::{DidDoc, DidDocs};
 use riptide_resolver::{Resolver, ResolverConfig, ResyncConfig, Resyncer, StaticDocs};
 use riptide_sim::{fixture, Faults, Network, Sim, SimHandle};
-
-const LOOPBACK: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 0);
-
-fn listing(car: &[u8], prefix: &str) -> BTreeSet<String> {
-    let mut reader = riptide_car::CarReader::new();
-    let car = reader
-        .read(car, &riptide_car::CarOptions::repository())
-        .unwrap();
-    riptide_repo::list_records(&car)
-        .unwrap()
-        .into_iter()
-        .filter(|(k, _)| k.starts_with(prefix))
-        .map(|(k, c)| format!("{k}\t{c}"))
-        .collect()
-}
 
 fn read_lines(path: &std::path::Path) -> BTreeMap<String, Vec<String>> {
     let mut got: BTreeMap<String, Vec<String>> = BTreeMap::new();
