@@ -41,7 +41,8 @@ pub use bloom::{Bloom, BloomBuilder, BloomKey, FP_RATE};
 pub use compact::{compact_segment, Compaction};
 pub use error::{Error, Result};
 pub use footer::{
-    BlockInfo, CollectionIndex, BLOCK_INDEX_ENTRY, COLLECTION_HEADER, MAX_COLLECTIONS,
+    max_footer_bytes, BlockInfo, CollectionIndex, BLOCK_INDEX_ENTRY, COLLECTION_HEADER,
+    MAX_COLLECTIONS,
 };
 pub use header::{checksum, Header, HEADER_BYTES, MAGIC, VERSION};
 pub use kind::{Kind, SENTINEL_ACCOUNT, SENTINEL_IDENTITY, SENTINEL_SYNC};
