@@ -277,6 +277,13 @@ impl SealedSegments {
             .clone()
     }
 
+    /// The first seq of the oldest segment and the last of the newest (`sealedTipSeq`), if any.
+    pub fn seq_range(&self) -> Option<(u64, u64)> {
+        let s = self.snapshot();
+        let first = s.first()?.meta.header().min_seq;
+        Some((first, s.last()?.meta.header().max_seq))
+    }
+
     /// The segment with this index.
     pub fn get(&self, index: u64) -> Option<Arc<SealedSegment>> {
         let snap = self.snapshot();

@@ -130,6 +130,28 @@ impl Catalog {
             .collect()
     }
 
+    /// The newest entry (the highest index), if any.
+    pub fn newest(&self) -> Result<Option<SegmentEntry>, CatalogError> {
+        match self.part.last_key_value()? {
+            Some((k, v)) => SegmentEntry::decode(&k, &v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The live floor for a retention floor (`--retention`'s, the first seq inside the window):
+    /// never above the first seq of the newest sealed segment (`docs/archive.md`, "Retention"),
+    /// so that a client that planned the archive up to `sealedTipSeq` can always join the live
+    /// stream where the plan ends. Below it `subscribeEvents` answers `CursorTooOld`: plan from
+    /// the archive first. It deletes nothing (the rows are in the segments); it is for a store
+    /// whose reads go through the sealed segments, which is what makes the seqs between this and
+    /// the retention floor servable live.
+    pub fn live_floor(&self, retention_floor: u64) -> Result<u64, CatalogError> {
+        Ok(match self.newest()? {
+            Some(e) => retention_floor.min(e.min_seq),
+            None => retention_floor,
+        })
+    }
+
     /// Writes `entry` in `batch` (adding or replacing the segment's entry).
     pub fn put(&self, batch: &mut Batch, entry: &SegmentEntry) {
         batch.insert(&self.part, entry.index.to_be_bytes(), entry.encode());
@@ -151,6 +173,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ks = fjall::Config::new(dir.path()).open().unwrap();
         let c = Catalog::open(&ks).unwrap();
+        assert_eq!((c.newest().unwrap(), c.live_floor(7).unwrap()), (None, 7));
         let e = |index, generation| SegmentEntry {
             index,
             checksum: 0xfeed_0000 + u64::from(index),
@@ -165,6 +188,11 @@ mod tests {
         c.put(&mut b, &e(2, 1));
         b.commit().unwrap();
         assert_eq!(c.entries().unwrap(), [e(2, 1), e(300, 0)]);
+        assert_eq!(c.newest().unwrap(), Some(e(300, 0)));
+        // The live floor never rises above the newest segment's first seq (3000).
+        assert_eq!(c.live_floor(10).unwrap(), 10);
+        assert_eq!(c.live_floor(3000).unwrap(), 3000);
+        assert_eq!(c.live_floor(5000).unwrap(), 3000);
         assert_eq!(e(300, 0).name(), "seg_000000008c.jss");
 
         // A value whose name is another segment's is refused.
