@@ -263,6 +263,27 @@ impl Tombstones {
         Ok(snap)
     }
 
+    /// Removes every tombstone at or below `compaction_seq` (one batch, `SyncAll`): each has
+    /// done its work, since every row below it is sealed and folded, and no later row is below
+    /// it. Returns how many went. **Only on the ingest writer's thread, between its batches**: a
+    /// tombstone the writer raised between this read and this batch would otherwise be lost.
+    pub fn prune(&self, ks: &Keyspace, compaction_seq: u64) -> Result<usize, TombstoneError> {
+        let mut batch = ks.batch().durability(Some(fjall::PersistMode::SyncAll));
+        let mut n = 0;
+        for kv in self.part.iter() {
+            let (k, v) = kv?;
+            let at = <[u8; 8]>::try_from(&v[..]).map_err(|_| TombstoneError::Malformed {
+                key: String::from_utf8_lossy(&k).into_owned(),
+            })?;
+            if u64::from_be_bytes(at) <= compaction_seq {
+                batch.remove(&self.part, k);
+                n += 1;
+            }
+        }
+        batch.commit()?;
+        Ok(n)
+    }
+
     /// Tombstones in the partition.
     pub fn len(&self) -> Result<usize, TombstoneError> {
         Ok(self.part.len()?)
@@ -409,6 +430,12 @@ mod tests {
             ..create(19)
         }));
         assert_eq!(all.dids().len(), 2);
+
+        // Pruning at 20 removes the DID's tombstone and keeps the record's (raised to 30).
+        assert_eq!(t.prune(&ks, 20).unwrap(), 1);
+        assert_eq!(t.len().unwrap(), 1);
+        assert_eq!(t.above(0).unwrap(), snap);
+        assert_eq!(t.prune(&ks, 29).unwrap(), 0);
     }
 
     #[test]
