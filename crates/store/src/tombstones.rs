@@ -145,7 +145,9 @@ fn account_deleted(arena: &mut Arena, r: &Row<'_>) -> Result<bool, TombstoneErro
 /// pass's `compaction_seq`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    records: HashMap<(String, String, String), u64>,
+    /// did → collection → rkey → seq: looked up with the row's `&str`s, allocating nothing.
+    records: HashMap<String, HashMap<String, HashMap<String, u64>>>,
+    record_count: usize,
     dids: HashMap<String, u64>,
 }
 
@@ -167,9 +169,16 @@ impl Snapshot {
                 else {
                     return Err(malformed());
                 };
-                self.records
-                    .entry((d.to_owned(), c.to_owned(), k.to_owned()))
+                let rkeys = self
+                    .records
+                    .entry(d.to_owned())
                     .or_default()
+                    .entry(c.to_owned())
+                    .or_default();
+                if !rkeys.contains_key(k) {
+                    self.record_count += 1;
+                }
+                rkeys.entry(k.to_owned()).or_default()
             }
             _ => return Err(malformed()),
         };
@@ -186,14 +195,10 @@ impl Snapshot {
         if self.dids.get(row.did).is_some_and(|&s| s > row.seq) {
             return true;
         }
-        // One allocation-free lookup would need a borrowed key type; rows reaching this are
-        // already in a block whose bloom matched one of the snapshot's DIDs.
         self.records
-            .get(&(
-                row.did.to_owned(),
-                row.collection.to_owned(),
-                row.rkey.to_owned(),
-            ))
+            .get(row.did)
+            .and_then(|c| c.get(row.collection))
+            .and_then(|k| k.get(row.rkey))
             .is_some_and(|&s| s > row.seq)
     }
 
@@ -201,7 +206,10 @@ impl Snapshot {
     /// and the highest seq among its tombstones.
     pub fn dids(&self) -> Vec<(BloomKey, u64)> {
         let mut top: HashMap<&str, u64> = HashMap::new();
-        let keyed = self.records.iter().map(|((d, _, _), &s)| (d.as_str(), s));
+        let keyed = self.records.iter().map(|(d, c)| {
+            let top = c.values().flat_map(HashMap::values).copied().max();
+            (d.as_str(), top.unwrap_or(0))
+        });
         for (d, s) in keyed.chain(self.dids.iter().map(|(d, &s)| (d.as_str(), s))) {
             let e = top.entry(d).or_default();
             *e = (*e).max(s);
@@ -213,7 +221,7 @@ impl Snapshot {
 
     /// Tombstones held (records and DIDs).
     pub fn len(&self) -> usize {
-        self.records.len() + self.dids.len()
+        self.record_count + self.dids.len()
     }
 
     /// Whether there are none.

@@ -56,7 +56,8 @@ fn frames() -> &'static [Vec<u8>] {
                     .map(|f| f.bytes.to_vec()),
             );
         }
-        let mut config = riptide_gen::Config::new(38, 60, 4_000);
+        let mut config = riptide_gen::Config::new(38, 60, 3_000);
+        config.threads = 2;
         // Small starting repositories: the stream's updates and deletes are what matter here.
         config.initial_records = (5, 40);
         let mut net = riptide_gen::Network::new(config).unwrap();
