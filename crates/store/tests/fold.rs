@@ -357,3 +357,88 @@ fn every_crash_point_recovers_to_the_same_fold() {
         assert!(pass.rewritten.len() < rewritten, "{crashed_at:?}");
     }
 }
+
+/// The child of [`kill_9_at_every_crash_point_recovers_to_the_same_fold`]: runs a pass over the
+/// directory it is given and, at the named point of the second segment rewritten, says so in a
+/// file and waits to be killed.
+#[test]
+fn kill_9_child() {
+    let (Some(dir), Some(point)) = (
+        std::env::var_os("RIPTIDE_FOLD_CHILD_DIR"),
+        std::env::var("RIPTIDE_FOLD_CHILD_POINT").ok(),
+    ) else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let point = match point.as_str() {
+        "tmp" => CrashPoint::TmpWritten,
+        "renamed" => CrashPoint::Renamed,
+        _ => CrashPoint::EntryUpdated,
+    };
+    let ks = fjall::Config::new(dir.join("fjall")).open().unwrap();
+    let mut folder = Folder::new(&ks, &dir.join("segments")).unwrap();
+    let seen = std::sync::Mutex::new(0);
+    let marker = dir.join("at-point");
+    folder.crash_at(move |p, _| {
+        if p == point {
+            let mut n = seen.lock().unwrap();
+            *n += 1;
+            if *n == 2 {
+                std::fs::write(&marker, b"").unwrap();
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            }
+        }
+        false
+    });
+    folder.pass().unwrap();
+    panic!("the pass ended without reaching {point:?} twice");
+}
+
+/// Each crash point with a real `kill -9` of a child process (this test binary, re-run as
+/// [`kill_9_child`]) stopped there: the files and entries the kernel is left with recover and
+/// fold to the same result as an uninterrupted pass.
+#[test]
+fn kill_9_at_every_crash_point_recovers_to_the_same_fold() {
+    for point in ["tmp", "renamed", "entry"] {
+        let dir = tempfile::tempdir().unwrap();
+        let originals = build(dir.path());
+        let want = expected(&originals);
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "kill_9_child", "--nocapture"])
+            .env("RIPTIDE_FOLD_CHILD_DIR", dir.path())
+            .env("RIPTIDE_FOLD_CHILD_POINT", point)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Poll for the child to reach the point (generous: two busy cores).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+        while !dir.path().join("at-point").exists() {
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("{point}: the child ended first: {status}");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{point}: no crash point"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+
+        let ks = fjall::Config::new(dir.path().join("fjall")).open().unwrap();
+        let folder = Folder::new(&ks, &dir.path().join("segments")).unwrap();
+        assert_eq!(folder.compaction_seq().unwrap(), 0, "{point}");
+        let rec = folder.recover().unwrap();
+        assert_eq!(
+            (rec.tmp_removed, rec.refreshed.len()),
+            (usize::from(point == "tmp"), usize::from(point == "renamed")),
+            "{point}"
+        );
+        folder.pass().unwrap();
+        drop((folder, ks));
+        check_folded(dir.path(), &originals, &want);
+    }
+}
