@@ -6,7 +6,7 @@
 //! (`active: false`, `status: "deleted"`), supersedes every earlier such row of the DID. The
 //! tombstone of a key is the highest seq that superseded it; compaction
 //! ([`crate::compact`]) drops the rows below it. Tombstones are derived from a batch's rows
-//! ([`derive`]) and written in the ingest batch that stores those rows ([`Tombstones::write`]),
+//! ([`derive()`]) and written in the ingest batch that stores those rows ([`Tombstones::write`]),
 //! so a tombstone is durable exactly when its row is. Partition `tombstones`:
 //!
 //! ```text
@@ -112,7 +112,7 @@ pub fn derive<'r>(
     Ok(out)
 }
 
-/// [`derive`] for an ingest batch's [`StoredRow`]s paired with the seqs they are stored under.
+/// [`derive()`] for an ingest batch's [`StoredRow`]s paired with the seqs they are stored under.
 pub fn derive_stored<'r>(
     rows: impl IntoIterator<Item = (u64, &'r StoredRow<'r>)>,
 ) -> Result<Vec<Tombstone>, TombstoneError> {
