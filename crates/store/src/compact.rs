@@ -316,6 +316,15 @@ impl Folder {
         batch.insert(&self.meta, COMPACTION_SEQ, target.to_be_bytes());
         batch.commit()?;
         pass.to_seq = target;
+        tracing::info!(
+            compaction_seq = target,
+            tombstones = pass.tombstones,
+            segments = pass.segments,
+            skipped = pass.skipped,
+            rewritten = pass.rewritten.len(),
+            rows_dropped = pass.rows_dropped,
+            "compaction pass done"
+        );
         Ok(pass)
     }
 
