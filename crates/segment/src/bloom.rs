@@ -326,6 +326,19 @@ fn optimal_params(expected: u64, fp_rate: f64) -> (u64, u32) {
     (num_blocks.max(1), k)
 }
 
+/// The most bytes a serialized filter for `items` items can take in a file any writer made:
+/// gloom grows a filter to at most 4 × its classic size, and this allows for a target rate as
+/// low as 10⁻⁶ (Jetstream's is 10⁻³), so that no reader refuses a valid filter. A bound, for
+/// refusing a damaged header's sizes before allocating (`max_footer_bytes`), not a size.
+pub fn max_serialized_bytes(items: u64) -> u64 {
+    let bits_per_item = -(1e-6f64).ln() / LN2_SQUARED;
+    let base = (items.max(1) as f64 * bits_per_item / BLOCK_BITS as f64).ceil() as u64;
+    let blocks = base.saturating_mul(4).saturating_add(1);
+    blocks
+        .saturating_mul(BLOCK_BYTES as u64)
+        .saturating_add((SERIAL_HEADER + SERIAL_TRAILER) as u64)
+}
+
 impl BloomBuilder {
     /// A filter for `expected` items at `fp_rate` (`expected` 0 is taken as 1, as gloom does).
     pub fn new(expected: u64, fp_rate: f64) -> BloomBuilder {

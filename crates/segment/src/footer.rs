@@ -12,9 +12,10 @@
 //! Footer order on disk: block index, segment DID bloom, per-block DID blooms (`u32 count,
 //! u32 bloom_bytes`, then the filters, all one size), collection index to the end of the file.
 
-use crate::block::{decompress, MAX_BLOCK_BYTES};
+use crate::block::{decompress, MAX_BLOCK_BYTES, MAX_BLOCK_ROWS};
+use crate::bloom::max_serialized_bytes;
 use crate::error::{Error, Result};
-use crate::header::{bounds_at, u32_at, u64_at};
+use crate::header::{bounds_at, u32_at, u64_at, Header};
 
 /// Bytes of one block index entry.
 pub const BLOCK_INDEX_ENTRY: usize = 52;
@@ -22,6 +23,39 @@ pub const BLOCK_INDEX_ENTRY: usize = 52;
 pub const COLLECTION_HEADER: usize = 16;
 /// The most collections a segment may name (Jetstream's `maxCollectionCountLimit`).
 pub const MAX_COLLECTIONS: u32 = 1 << 20;
+
+/// Per-block filters of older files are sized for 4,096 DIDs whatever the block holds
+/// (`legacy_fixed4096_blooms.jss`).
+const LEGACY_BLOCK_BLOOM_DIDS: u64 = 4096;
+
+/// The most bytes the footer of a segment with this header's counts can take, from the format's
+/// maxima: the block index (`block_count` × 52), the segment DID bloom (`unique_did_count` DIDs),
+/// the per-block blooms (each for at most as many DIDs as the segment, a block or the legacy
+/// 4,096 hold), and the collection index (at most one collection per row plus the three
+/// sentinels, [`MAX_COLLECTIONS`], names of 255 bytes, one bitmap per block, compressed no worse
+/// than zstd's bound). A reader checks the footer's length against it before reading the footer
+/// into memory, so a damaged header cannot make it allocate up to the file's length.
+pub fn max_footer_bytes(h: &Header) -> u64 {
+    let blocks = u64::from(h.block_count);
+    let index = blocks.saturating_mul(BLOCK_INDEX_ENTRY as u64);
+    let dids = u64::from(h.unique_did_count);
+    let seg_bloom = max_serialized_bytes(dids);
+    let per_block = dids.min(MAX_BLOCK_ROWS as u64).max(LEGACY_BLOCK_BLOOM_DIDS);
+    let block_blooms = blocks
+        .saturating_mul(max_serialized_bytes(per_block))
+        .saturating_add(8);
+    let names = (u64::from(h.event_count) + 3).min(u64::from(MAX_COLLECTIONS));
+    let body = names
+        .saturating_mul(1 + 4 + 255)
+        .saturating_add(blocks.saturating_mul(names.div_ceil(8)))
+        .min(MAX_BLOCK_BYTES as u64);
+    // ZSTD_COMPRESSBOUND: src + src/256 + a margin for small inputs.
+    let collections = COLLECTION_HEADER as u64 + body + body / 256 + (128 << 10);
+    index
+        .saturating_add(seg_bloom)
+        .saturating_add(block_blooms)
+        .saturating_add(collections)
+}
 
 /// One block index entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -16,12 +16,14 @@
 //! Reading: [`Segment::open`] validates a whole file (never panicking, allocating only after a
 //! size has been checked against the file); [`Segment::block_body`] and [`Segment::rows`] give a
 //! block's rows, borrowing from its decompressed body. A bare frame (`getBlock`) decodes with
-//! [`decode_block_frame`] and [`decode_block`]. Writing: [`SegmentWriter`] or [`write_segment`].
+//! [`decode_block_frame`] and [`decode_block`]. Writing: [`SegmentWriter`] or [`write_segment`]; folding a sealed one,
+//! [`Compaction`].
 //! A server keeps each segment's [`SegmentMeta`] (header and footer only) and answers
 //! `planSnapshot` with [`plan::plan`].
 
 mod block;
 mod bloom;
+mod compact;
 mod error;
 mod footer;
 mod header;
@@ -36,9 +38,11 @@ pub use block::{
     OwnedRow, Row, FIXED_ROW_BYTES, MAX_BLOCK_BYTES, MAX_BLOCK_ROWS, ZSTD_LEVEL,
 };
 pub use bloom::{Bloom, BloomBuilder, BloomKey, FP_RATE};
+pub use compact::{compact_segment, Compaction};
 pub use error::{Error, Result};
 pub use footer::{
-    BlockInfo, CollectionIndex, BLOCK_INDEX_ENTRY, COLLECTION_HEADER, MAX_COLLECTIONS,
+    max_footer_bytes, BlockInfo, CollectionIndex, BLOCK_INDEX_ENTRY, COLLECTION_HEADER,
+    MAX_COLLECTIONS,
 };
 pub use header::{checksum, Header, HEADER_BYTES, MAGIC, VERSION};
 pub use kind::{Kind, SENTINEL_ACCOUNT, SENTINEL_IDENTITY, SENTINEL_SYNC};

@@ -98,6 +98,24 @@ impl SegmentWriter {
         Ok(())
     }
 
+    /// Appends a block of a segment being compacted that folding leaves as it is: its frame
+    /// byte for byte under its `original` index entry's envelope, so that a block emptied or
+    /// thinned by an earlier pass keeps the bounds Jetstream's compaction keeps. Decoded once, as
+    /// [`SegmentWriter::append_frame`] does, to index it; an empty block is accepted.
+    pub fn append_kept(
+        &mut self,
+        frame: &[u8],
+        original: &BlockInfo,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
+        let body = decompress(frame, MAX_BLOCK_BYTES)?;
+        let rows = decode_block(&body)?;
+        self.add(&rows, frame.len(), body.len(), Some(original))?;
+        out.extend_from_slice(&(frame.len() as u64).to_le_bytes());
+        out.extend_from_slice(frame);
+        Ok(())
+    }
+
     /// Appends a block of a compacted segment: the rows of an `original` block that survive
     /// folding, under the original's seq and time envelope, as Jetstream's compaction keeps it
     /// (block numbers, cursors and the header's bounds stay as they were). No rows gives the

@@ -469,3 +469,57 @@ fn an_active_file_is_told_apart_from_a_corrupt_one() {
     bytes[4..12].fill(0);
     assert_eq!(Segment::open(&bytes).unwrap_err(), Error::Active);
 }
+
+/// The footer bound a reader checks before reading a footer into memory admits every real
+/// footer: Jetstream's golden files (the legacy one's fixed 4,096-DID block blooms included) and
+/// ours at a shape with many DIDs, collections and blocks; and it is far below the file for a
+/// header whose counts are small, so that a damaged footer offset is refused.
+#[test]
+fn every_real_footer_is_within_the_format_bound() {
+    let check = |bytes: &[u8]| {
+        let seg = Segment::open(bytes).unwrap();
+        let h = seg.header();
+        let footer = bytes.len() as u64 - h.footer_offset;
+        let bound = riptide_segment::max_footer_bytes(h);
+        assert!(footer <= bound, "footer {footer} > bound {bound}");
+        bound
+    };
+    for name in [
+        "golden_seal.bin",
+        "golden_corpus_segment.jss",
+        "legacy_fixed4096_blooms.jss",
+    ] {
+        if let Some(bytes) = golden(name) {
+            check(&bytes);
+        }
+    }
+    let dids: Vec<String> = (0..3_000).map(|i| format!("did:plc:{i:024}")).collect();
+    let colls: Vec<String> = (0..300).map(|i| format!("com.example.c{i}")).collect();
+    let rows: Vec<Row<'_>> = (0..12_000u64)
+        .map(|i| Row {
+            seq: i + 1,
+            witnessed_at: i as i64,
+            indexed_at: 0,
+            kind: Kind::Create,
+            did: &dids[(i as usize * 7) % dids.len()],
+            collection: &colls[(i as usize * 13) % colls.len()],
+            rkey: "3k",
+            rev: "3k",
+            payload: b"\xa0",
+        })
+        .collect();
+    let blocks: Vec<&[Row<'_>]> = rows.chunks(100).collect();
+    let file = write_segment(&blocks).unwrap();
+    let bound = check(&file);
+    // 120 blocks of 12,000 rows, 3,000 DIDs: a bound of ~10 MiB (blooms sized for the lowest
+    // rate any writer might use, one collection per row allowed), not the file's length.
+    assert!(bound < 16 << 20, "{bound}");
+    // Jetstream's one-block seal: a few hundred KiB, whatever the file's length.
+    let tiny = riptide_segment::max_footer_bytes(&riptide_segment::Header {
+        block_count: 1,
+        event_count: 2,
+        unique_did_count: 1,
+        ..Default::default()
+    });
+    assert!(tiny < 512 << 10, "{tiny}");
+}

@@ -312,3 +312,35 @@ fn a_many_did_segment_plans_as_the_second_planner_does() {
     assert_eq!(p.segments[0].mode, Mode::Blocks);
     assert_eq!(p.stats.blocks_matched, 1);
 }
+
+/// A folded segment (issue 38's compaction) plans as the second planner says: emptied blocks
+/// (`event_count` 0, envelope kept) are never planned, thinned ones only for what they still
+/// hold, and a segment folded to nothing plans nothing.
+#[test]
+fn folded_segments_plan_as_the_second_planner_does() {
+    let Some(file) = golden("golden_corpus_segment.jss") else {
+        return;
+    };
+    let seg = riptide_segment::Segment::open(&file).unwrap();
+    let first_block_max = seg.blocks()[0].max_seq;
+    // Fold away the first block's record rows and every third record row after it.
+    let folded =
+        riptide_segment::compact_segment(&seg, |r| r.seq <= first_block_max || r.seq % 3 == 0)
+            .unwrap()
+            .unwrap();
+    let f = independent::decode(&folded).unwrap();
+    assert!(f.blocks.iter().any(|b| b.count == 0), "a block emptied");
+    assert!(f.blocks.iter().any(|b| b.count > 0), "a block left");
+    for q in requests(&independent::decode(&file).unwrap()) {
+        check(&folded, &q);
+    }
+    // Everything folded away: nothing to plan, whatever the request.
+    let empty = riptide_segment::compact_segment(&seg, |_| true)
+        .unwrap()
+        .unwrap();
+    let meta = SegmentMeta::from_file(&empty).unwrap();
+    assert!(meta.blocks().iter().all(|b| b.event_count == 0));
+    let none: [&str; 0] = [];
+    let req = PlanRequest::new(&none, &none, &none, None, None).unwrap();
+    assert!(plan([(3, &meta)], &req, 0).segments.is_empty());
+}

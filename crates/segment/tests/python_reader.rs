@@ -12,7 +12,7 @@
 use std::fmt::Write as _;
 use std::process::Command;
 
-use riptide_segment::{decode_block, write_segment, Kind, Row, Segment};
+use riptide_segment::{compact_segment, decode_block, write_segment, Kind, Row, Segment};
 
 const SCRIPT: &str = r#"
 import sys
@@ -104,6 +104,17 @@ fn the_python_sdk_reads_our_segments() {
         "kinds.jss".into(),
         write_segment(&[&rows[..3], &rows[3..]]).unwrap(),
     ));
+    // A compacted segment (issue 38's folding): block 0 emptied (`event_count` 0, body `u32` 0,
+    // envelope kept), block 1 untouched (delete, identity and account rows stay), block 2
+    // thinned (its create-resync row).
+    let folded = compact_segment(
+        &Segment::open(&write_segment(&[&rows[..2], &rows[2..5], &rows[5..]]).unwrap()).unwrap(),
+        |r| r.seq <= 20 || r.seq == 70,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(Segment::open(&folded).unwrap().blocks()[0].event_count, 0);
+    files.push(("folded.jss".into(), folded));
 
     let mut paths = Vec::new();
     let mut want = String::new();

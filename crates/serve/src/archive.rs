@@ -194,7 +194,17 @@ fn read_meta(file: &std::fs::File) -> Result<SegmentMeta, MetaError> {
             header.footer_offset
         ))));
     }
-    // The footer is at most the file (checked above), and read only once the header names it.
+    // The footer is at most the file (checked above) and at most what the header's counts allow
+    // (the format's maxima: a damaged footer offset must not make us read most of a file into
+    // memory), and read only once the header names it.
+    let footer_len = len - header.footer_offset;
+    let bound = riptide_segment::max_footer_bytes(&header);
+    if footer_len > bound {
+        return Err(MetaError::Format(riptide_segment::Error::Footer(format!(
+            "footer of {footer_len} bytes at {}: the header's counts allow at most {bound}",
+            header.footer_offset
+        ))));
+    }
     let mut footer = Vec::new();
     let mut f = file;
     std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(header.footer_offset))
@@ -265,6 +275,13 @@ impl SealedSegments {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The first seq of the oldest segment and the last of the newest (`sealedTipSeq`), if any.
+    pub fn seq_range(&self) -> Option<(u64, u64)> {
+        let s = self.snapshot();
+        let first = s.first()?.meta.header().min_seq;
+        Some((first, s.last()?.meta.header().max_seq))
     }
 
     /// The segment with this index.
@@ -1133,6 +1150,51 @@ async fn get_block(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_footer_offset_past_the_header_counts_bound_is_refused_before_reading() {
+        use riptide_segment::{write_segment, Kind, Row};
+        // 4 MiB that zstd cannot shrink (a xorshift stream), so the file is long.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let payload: Vec<u8> = (0..1 << 20)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let rows: Vec<Row<'_>> = (1..=4u64)
+            .map(|seq| Row {
+                seq,
+                witnessed_at: seq as i64,
+                indexed_at: 0,
+                kind: Kind::Create,
+                did: "did:plc:a",
+                collection: "a.b.c",
+                rkey: "k",
+                rev: "r",
+                payload: &payload,
+            })
+            .collect();
+        let blocks: Vec<&[Row<'_>]> = rows.chunks(1).collect();
+        let mut file = write_segment(&blocks).unwrap();
+        assert!(file.len() > 4 << 20);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seg_0000000001.jss");
+        std::fs::write(&path, &file).unwrap();
+        assert!(SealedSegment::open(&path).is_ok());
+        // The footer offset moved to the first block: the "footer" would be the whole file.
+        file[58..66].copy_from_slice(&256u64.to_le_bytes());
+        std::fs::write(&path, &file).unwrap();
+        match SealedSegment::open(&path) {
+            Err(ArchiveError::Format {
+                source: riptide_segment::Error::Footer(m),
+                ..
+            }) => assert!(m.contains("allow at most"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn ranges_as_rfc_9110_reads_them() {

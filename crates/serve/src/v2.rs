@@ -367,9 +367,39 @@ pub struct V2Start {
     pub outdated: Option<String>,
 }
 
-/// Resolves a cursor (blocking: it may read the store).
+/// The `CursorTooOld` answer to seq `n` below the live `floor`. With sealed segments (`sealed`:
+/// the archive's first and last seq) the floor means "plan from the archive first", as on
+/// Jetstream v2: the message names the floor, the `planSnapshot` to make and where the archive
+/// ends; the Python SDK's `replay()` and riptide's clients join the live stream at the plan's end.
+/// Without an archive it can only say to re-backfill. The lexicon fixes the error's name and that
+/// the message carries the floor, nothing else.
+pub fn cursor_too_old(n: u64, floor: u64, sealed: Option<(u64, u64)>) -> XrpcError {
+    let message = match sealed {
+        Some((first, tip)) if first <= n + 1 && tip + 1 >= floor => format!(
+            "cursor {n} is below the live floor {floor}: plan from the archive first \
+             (network.bsky.jetstream.planSnapshot with afterSeq {n}; it is sealed through seq \
+             {tip}), then subscribe from its plannedThroughSeq"
+        ),
+        Some((first, tip)) => format!(
+            "cursor {n} is below the live floor {floor}, and the archive holds only seqs \
+             {first}..={tip}: re-backfill from your last seq (the oldest seq served live is {floor})"
+        ),
+        None => format!(
+            "cursor {n} below the retention floor {floor}; re-backfill from your last seq (the oldest seq served is {floor})"
+        ),
+    };
+    XrpcError {
+        status: 400,
+        error: "CursorTooOld",
+        message,
+    }
+}
+
+/// Resolves a cursor (blocking: it may read the store). `sealed`: the archive's first and last
+/// sealed seq, if it has segments ([`cursor_too_old`]).
 pub fn resolve(
     log: &crate::Log,
+    sealed: Option<(u64, u64)>,
     c: V2Cursor,
 ) -> Result<Result<V2Start, XrpcError>, crate::StoreError> {
     let next = log.next_seq();
@@ -384,13 +414,7 @@ pub fn resolve(
         V2Cursor::Seq(n) => {
             let s = n.max(1);
             if s < floor {
-                return Ok(Err(XrpcError {
-                    status: 400,
-                    error: "CursorTooOld",
-                    message: format!(
-                        "cursor {n} below the retention floor {floor}; re-backfill from your last seq (the oldest seq served is {floor})"
-                    ),
-                }));
+                return Ok(Err(cursor_too_old(n, floor, sealed)));
             }
             V2Start {
                 seq: Some(s),
@@ -999,7 +1023,8 @@ async fn subscribe_events(
     }
     let log = app.log.clone();
     let cursor = opts.cursor;
-    let start = match tokio::task::spawn_blocking(move || resolve(&log, cursor)).await {
+    let sealed = app.archive.segments().seq_range();
+    let start = match tokio::task::spawn_blocking(move || resolve(&log, sealed, cursor)).await {
         Ok(Ok(Ok(s))) => s,
         Ok(Ok(Err(e))) => return refuse(e),
         _ => {
@@ -1217,6 +1242,22 @@ impl Frames for V2Frames<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cursor_too_old_says_to_plan_from_the_archive_when_it_reaches_the_floor() {
+        let m = |n, sealed| {
+            let e = cursor_too_old(n, 51, sealed);
+            assert_eq!((e.status, e.error), (400, "CursorTooOld"));
+            assert!(e.message.contains("51"), "{}", e.message);
+            e.message
+        };
+        assert!(m(10, Some((1, 60))).contains("plan from the archive first"));
+        assert!(m(10, Some((1, 50))).contains("plan from the archive first"));
+        // The archive ends two seqs below the floor, or starts after the cursor: a gap.
+        assert!(m(10, Some((1, 49))).contains("re-backfill"));
+        assert!(m(10, Some((20, 60))).contains("re-backfill"));
+        assert!(m(10, None).contains("re-backfill"));
+    }
 
     #[test]
     fn rfc3339_has_six_fractional_digits() {

@@ -153,6 +153,40 @@ async fn the_retention_floor_refuses_seqs_and_clamps_timestamps_with_an_info_fra
         assert_eq!(e["error"], "CursorTooOld");
         assert!(e["message"].as_str().unwrap().contains("51"), "{e}");
     }
+    // With sealed segments reaching the floor, the floor means "plan from the archive first":
+    // still 400 CursorTooOld carrying the floor, and the message says where the archive ends.
+    let rows: Vec<riptide_segment::Row<'_>> = (1..=60u64)
+        .map(|seq| riptide_segment::Row {
+            seq,
+            witnessed_at: first[seq as usize - 1].time_us(),
+            indexed_at: 0,
+            kind: riptide_segment::Kind::Identity,
+            did: "did:plc:a",
+            collection: "",
+            rkey: "",
+            rev: "",
+            payload: b"",
+        })
+        .collect();
+    let blocks: Vec<&[riptide_segment::Row<'_>]> = rows.chunks(20).collect();
+    let seg = dir.path().join("seg_0000000000.jss");
+    std::fs::write(&seg, riptide_segment::write_segment(&blocks).unwrap()).unwrap();
+    app.archive.segments().add(&seg).unwrap();
+    for c in [0, 10, 50] {
+        let (status, e) = http_get(addr, &format!("{V2}?cursor={c}")).await;
+        assert_eq!(
+            (status, e["error"].as_str()),
+            (400, Some("CursorTooOld")),
+            "{e}"
+        );
+        let m = e["message"].as_str().unwrap();
+        assert!(
+            m.contains("live floor 51")
+                && m.contains("plan from the archive first")
+                && m.contains("sealed through seq 60"),
+            "{m}"
+        );
+    }
     // At the floor: served from it, no #info.
     let mut ws = connect(addr, "cursor=51").await;
     let f = frames(&mut ws, 1, false).await;

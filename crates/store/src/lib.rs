@@ -12,14 +12,19 @@
 //! - [`event`]: one stored v1 event, the store's value format;
 //! - [`store`]: the fjall partitions, blocks, checksums, durability point and retention;
 //! - [`lock`]: one process per data directory;
+//! - [`tombstones`], [`catalog`], [`compact`]: folding the sealed `.jss` segments (issue 38): the
+//!   tombstones an ingest batch writes, the `segments` entries, and the compaction pass;
 //! - `testing` (feature `testing`, for dev-dependencies): what tests of the store and of its
 //!   users share.
 
+pub mod catalog;
+pub mod compact;
 pub mod event;
 pub mod lock;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod tombstones;
 
 pub use event::{CorruptEvent, Event, Text, Utf8Text};
 pub use lock::{DirLock, LockError};
