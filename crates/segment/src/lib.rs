@@ -37,7 +37,7 @@ pub use block::{
     compress, decode_block, decode_block_frame, decompress, encode_block, encode_block_frame,
     OwnedRow, Row, FIXED_ROW_BYTES, MAX_BLOCK_BYTES, MAX_BLOCK_ROWS, ZSTD_LEVEL,
 };
-pub use bloom::{Bloom, BloomBuilder, BloomKey, FP_RATE};
+pub use bloom::{Bloom, BloomBuilder, BloomKey, Probe, FP_RATE};
 pub use compact::{compact_segment, Compaction};
 pub use error::{Error, Result};
 pub use footer::{
