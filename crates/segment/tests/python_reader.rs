@@ -5,7 +5,8 @@
 //! Runs when `RIPTIDE_ATPROTO_PYTHON` names a Python with `atproto` installed (the version the
 //! v2 oracle pins, `oracles/jetstream-v2/requirements.txt`: `python3 -m venv V && V/bin/pip
 //! install atproto==0.0.73`, then `RIPTIDE_ATPROTO_PYTHON=V/bin/python cargo test -p
-//! riptide-segment --test python_reader`); without it the test says so and passes.
+//! riptide-segment --test python_reader`); without it the test says so and passes, except under
+//! `CI`, where `.ci/run` sets it (`oracles/jetstream-v2/check --venv`) and its absence fails.
 
 #![allow(clippy::unwrap_used)]
 
@@ -57,6 +58,12 @@ fn expected(file: &[u8]) -> String {
 #[test]
 fn the_python_sdk_reads_our_segments() {
     let Some(python) = std::env::var_os("RIPTIDE_ATPROTO_PYTHON") else {
+        // `.ci/run` sets it (oracles/jetstream-v2/check --venv): under CI a missing SDK is a
+        // failure, not a skip.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "RIPTIDE_ATPROTO_PYTHON is not set under CI: the Python SDK cross-check cannot run"
+        );
         eprintln!("note: RIPTIDE_ATPROTO_PYTHON not set: the Python SDK cross-check did not run");
         return;
     };
