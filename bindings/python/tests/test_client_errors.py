@@ -7,6 +7,7 @@ exist, a bad URL, `FutureCursor`) are raised from iteration as `PermanentConnect
 subclasses, once, and end the client; transient ones are retried, logged through the logger
 "riptide" once per kind with a count, and kept in `last_error`."""
 
+import asyncio
 import logging
 import re
 import socket
@@ -40,6 +41,22 @@ def test_a_4xx_is_raised_once_with_the_servers_reason(answer, client):
     assert c.last_error is e
     assert list(c) == [], "the client ended"
     assert srv.requests == 1, "not retried"
+
+
+def test_async_for_and_next_batch_raise_it_too(answer):
+    srv = answer(404, "gone")
+
+    async def run():
+        async for _ in riptide.Jetstream(srv.url):
+            pass
+
+    with pytest.raises(riptide.RefusedError, match="gone"):
+        asyncio.run(asyncio.wait_for(run(), PATIENCE))
+    fh = riptide.Firehose(srv.url, verify=False)
+    with pytest.raises(riptide.RefusedError, match="gone"):
+        fh.next_batch(timeout=PATIENCE)
+    assert fh.next_batch(timeout=0.1) == []
+    assert srv.requests == 2
 
 
 def test_an_xrpc_error_keeps_its_name_and_message(answer):
