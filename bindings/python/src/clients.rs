@@ -1,5 +1,5 @@
-//! The native halves of `riptide.Firehose` and `riptide.Jetstream`: a `riptide-client` stream run
-//! on Rust threads, handing Python whole batches.
+//! The native halves of `riptide.Firehose` and `riptide.Jetstream` (v1, and v2 through
+//! `crate::v2`): a `riptide-client` stream run on Rust threads, handing Python whole batches.
 //!
 //! Per client, two threads:
 //! - the socket thread runs the client (`FirehoseClient` / `JetstreamClient`: reconnection with
@@ -25,6 +25,13 @@
 //! Nothing is dropped silently: a frame that does not decode reaches Python as a `Frame` of kind
 //! `invalid` with its `error`, a frame that does not verify with its `verdict`, and the client's
 //! counters (`stats()`) count messages, reconnects, decode errors and verdicts.
+//!
+//! Failures (issue 39), as `riptide-client` splits them (`give_up_on_permanent`): a permanent one
+//! (a 4xx other than 408/429, a host name that does not exist, a relay's `FutureCursor`) ends the
+//! stream, and reaches Python after the events before it as an exception object in the batch
+//! (`Item::Failed`), which the Python side raises; a transient one is retried by the client and
+//! said through its `tracing` events, which `crate::log` carries to Python's `logging`; the last
+//! one is `last_error()`.
 
 use std::hash::{Hash, Hasher};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
@@ -47,8 +54,10 @@ use riptide_firehose::verify::{
 use riptide_firehose::FrameDecoder;
 use tokio::sync::oneshot;
 
+use crate::errors::connect_error;
 use crate::frame::{Buf, Frame, FrameData};
 use crate::keys::Keys;
+use crate::log::LogLines;
 use crate::topy::json_to_py;
 use crate::verify::Verdict;
 
@@ -60,27 +69,35 @@ const RAW_QUEUE: usize = 4096;
 const OUT_QUEUE: usize = 16;
 
 /// What the worker hands Python.
-enum Item {
+pub(crate) enum Item {
     Frame(Box<FrameData>),
     Event(serde_json::Value),
     /// A Jetstream message that is not JSON. (The client parses every message before handing
     /// it over, so this does not happen; if it ever did, Python would see it, not lose it.)
     BadEvent(String),
+    /// The permanent failure that ended the stream (module docs): the last item.
+    Failed(ClientError),
 }
 
-/// A running client: the batch queue, the stop signal and the counters.
-struct Pipeline {
+/// A running client: the batch queue, the stop signal, the counters and the log lines.
+pub(crate) struct Pipeline {
     rx: Mutex<Option<Receiver<Vec<Item>>>>,
     stop: Mutex<Option<oneshot::Sender<()>>>,
     stats: Arc<ClientStats>,
+    log: LogLines,
+    /// The URL as given, for the messages of errors that do not name it.
+    url: String,
 }
 
 impl Pipeline {
-    /// Starts the socket thread (`next` gives the stream's events) and the worker (`process`
-    /// turns the events that have arrived, up to [`BATCH`], into items, in order).
-    fn start<C, E, N, P>(
+    /// Starts the socket thread (`next` gives the stream's events, or the permanent failure that
+    /// ends it) and the worker (`process` turns the events that have arrived, up to [`BATCH`],
+    /// into items, in order). Both threads log into `log` (`crate::log`).
+    pub(crate) fn start<C, E, N, P>(
+        url: String,
         client: C,
         stats: Arc<ClientStats>,
+        log: LogLines,
         next: N,
         mut process: P,
     ) -> PyResult<Pipeline>
@@ -90,30 +107,48 @@ impl Pipeline {
         N: for<'c> AsyncNext<'c, C, E> + Send + 'static,
         P: FnMut(Vec<E>) -> Vec<Item> + Send + 'static,
     {
-        let (raw_tx, raw_rx) = sync_channel::<E>(RAW_QUEUE);
+        let (raw_tx, raw_rx) = sync_channel::<Result<E, ClientError>>(RAW_QUEUE);
         let (out_tx, out_rx) = sync_channel::<Vec<Item>>(OUT_QUEUE);
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| PyRuntimeError::new_err(format!("runtime: {e}")))?;
+        let capture = log.clone();
         std::thread::Builder::new()
             .name("riptide-socket".into())
-            .spawn(move || socket_loop(rt, client, next, raw_tx, stop_rx))
+            .spawn(move || {
+                let _log = tracing::subscriber::set_default(capture.capture());
+                socket_loop(rt, client, next, raw_tx, stop_rx)
+            })
             .map_err(|e| PyRuntimeError::new_err(format!("thread: {e}")))?;
+        let capture = log.clone();
         std::thread::Builder::new()
             .name("riptide-worker".into())
             .spawn(move || {
+                let _log = tracing::subscriber::set_default(capture.capture());
                 while let Ok(first) = raw_rx.recv() {
                     let mut raw = Vec::with_capacity(64);
-                    raw.push(first);
-                    while raw.len() < BATCH {
+                    let mut failed = None;
+                    match first {
+                        Ok(e) => raw.push(e),
+                        Err(e) => failed = Some(e),
+                    }
+                    while failed.is_none() && raw.len() < BATCH {
                         match raw_rx.try_recv() {
-                            Ok(e) => raw.push(e),
+                            Ok(Ok(e)) => raw.push(e),
+                            Ok(Err(e)) => failed = Some(e),
                             Err(_) => break,
                         }
                     }
-                    if out_tx.send(process(raw)).is_err() {
+                    let mut items = if raw.is_empty() {
+                        Vec::new()
+                    } else {
+                        process(raw)
+                    };
+                    let end = failed.is_some();
+                    items.extend(failed.map(Item::Failed));
+                    if out_tx.send(items).is_err() || end {
                         break;
                     }
                 }
@@ -123,6 +158,8 @@ impl Pipeline {
             rx: Mutex::new(Some(out_rx)),
             stop: Mutex::new(Some(stop_tx)),
             stats,
+            log,
+            url,
         })
     }
 
@@ -189,25 +226,31 @@ impl Drop for Pipeline {
     }
 }
 
-/// `client.next()` as a trait, so one socket loop serves both clients.
-trait AsyncNext<'c, C, E> {
-    type Fut: std::future::Future<Output = E> + 'c;
+/// The stream's next event or the permanent failure that ends it (`next_checked`), as a trait,
+/// so one socket loop serves every client.
+pub(crate) trait AsyncNext<'c, C, E> {
+    type Fut: std::future::Future<Output = Result<E, ClientError>> + 'c;
     fn next(&self, client: &'c mut C) -> Self::Fut;
 }
 
+/// The future of one [`AsyncNext::next`].
+pub(crate) type NextFuture<'c, E> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<E, ClientError>> + 'c>>;
+
 struct FirehoseNext;
 impl<'c> AsyncNext<'c, FirehoseClient, FirehoseEvent> for FirehoseNext {
-    type Fut = std::pin::Pin<Box<dyn std::future::Future<Output = FirehoseEvent> + 'c>>;
+    type Fut = NextFuture<'c, FirehoseEvent>;
     fn next(&self, client: &'c mut FirehoseClient) -> Self::Fut {
-        Box::pin(client.next())
+        Box::pin(client.next_checked())
     }
 }
 
 struct JetstreamNext;
 impl<'c> AsyncNext<'c, JetstreamClient, JetstreamEvent> for JetstreamNext {
-    type Fut = std::pin::Pin<Box<dyn std::future::Future<Output = JetstreamEvent> + 'c>>;
+    type Fut = NextFuture<'c, JetstreamEvent>;
     fn next(&self, client: &'c mut JetstreamClient) -> Self::Fut {
-        Box::pin(client.next())
+        // Undecodable messages are counted and skipped (0: never an error for that).
+        Box::pin(client.next_checked(0))
     }
 }
 
@@ -215,7 +258,7 @@ fn socket_loop<C, E, N>(
     rt: tokio::runtime::Runtime,
     mut client: C,
     next: N,
-    raw_tx: SyncSender<E>,
+    raw_tx: SyncSender<Result<E, ClientError>>,
     mut stop_rx: oneshot::Receiver<()>,
 ) where
     N: for<'c> AsyncNext<'c, C, E>,
@@ -226,21 +269,27 @@ fn socket_loop<C, E, N>(
                 _ = &mut stop_rx => break,
                 e = next.next(&mut client) => e,
             };
+            let end = event.is_err();
             // Blocks this thread (its own runtime) while the worker is behind: backpressure.
-            if raw_tx.send(event).is_err() {
+            if raw_tx.send(event).is_err() || end {
                 break;
             }
         }
     });
 }
 
-fn client_error(e: ClientError) -> PyErr {
-    PyValueError::new_err(e.to_string())
+/// An error of a client's settings, raised by its constructor (`InvalidUrlError`, a
+/// `ValueError`, for a URL that cannot work).
+pub(crate) fn client_error(py: Python<'_>, url: &str, e: ClientError) -> PyErr {
+    connect_error(py, &e, url)
 }
 
-fn config(url: String, cursor: Option<i64>) -> ClientConfig {
+/// The connection settings of every client: one URL, a start cursor, and permanent failures
+/// ending the stream (module docs).
+pub(crate) fn config(url: String, cursor: Option<i64>) -> ClientConfig {
     let mut cfg = ClientConfig::with_hosts([url]);
     cfg.start_cursor = cursor;
+    cfg.give_up_on_permanent = true;
     cfg
 }
 
@@ -365,145 +414,156 @@ fn process_frames(
     out.into_iter().flatten().collect()
 }
 
+/// The native half of a client (`riptide.Firehose`, `riptide.Jetstream`), made by
+/// `_firehose`, `_jetstream` or `_jetstream_v2`.
+#[pyclass(module = "riptide", name = "_ClientCore")]
+pub struct ClientCore {
+    pipeline: Pipeline,
+}
+
+impl ClientCore {
+    pub(crate) fn new(pipeline: Pipeline) -> ClientCore {
+        ClientCore { pipeline }
+    }
+}
+
+impl std::fmt::Debug for ClientCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientCore").finish_non_exhaustive()
+    }
+}
+
+#[pymethods]
+impl ClientCore {
+    /// The next batch (waiting at most `timeout` seconds; empty on timeout), or None once
+    /// closed. A permanent failure comes last in its batch, as an exception object.
+    fn take(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Py<PyList>>> {
+        let url = &self.pipeline.url;
+        items_to_py(py, url, self.pipeline.take(py, timeout)?)
+    }
+
+    /// The log lines since the last call: `(kind, level, text)` tuples (`crate::log`).
+    fn take_log(&self) -> Vec<crate::log::Line> {
+        self.pipeline.log.take()
+    }
+
+    /// What went wrong last (a failed connection or one that ended, with its URL); None while
+    /// the current connection has had no trouble.
+    fn last_error(&self) -> Option<String> {
+        self.pipeline.stats.last_error()
+    }
+
+    /// Stops the client (the GIL released while its queue is locked: a `take` may hold it).
+    fn close(&self, py: Python<'_>) {
+        py.detach(|| self.pipeline.close());
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.pipeline.stats(py)
+    }
+}
+
 /// The native half of `riptide.Firehose`.
-#[pyclass(module = "riptide", name = "_FirehoseCore")]
-pub struct FirehoseCore {
-    pipeline: Pipeline,
+#[pyfunction]
+#[pyo3(name = "_firehose")]
+#[pyo3(signature = (url, cursor = None, verify = true, did_docs_json = None, plc_url = None, threads = None))]
+fn firehose(
+    py: Python<'_>,
+    url: String,
+    cursor: Option<i64>,
+    verify: bool,
+    did_docs_json: Option<&[u8]>,
+    plc_url: Option<String>,
+    threads: Option<usize>,
+) -> PyResult<ClientCore> {
+    let client =
+        FirehoseClient::new(config(url.clone(), cursor)).map_err(|e| client_error(py, &url, e))?;
+    let stats = client.stats();
+    let threads = match threads {
+        Some(0) | Some(257..) => {
+            return Err(PyValueError::new_err(
+                "threads must be between 1 and 256 (None: one per CPU)",
+            ))
+        }
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get().min(8)),
+    };
+    let keys = if verify {
+        Some(SharedKeys(Arc::new(Keys::new(did_docs_json, plc_url)?)))
+    } else {
+        None
+    };
+    let mut shards: Vec<Shard> = (0..if verify { threads } else { 1 })
+        .map(|_| Shard {
+            verifier: keys.clone().map(RsVerifier::new),
+            decoder: FrameDecoder::new(),
+            arena: Arena::new(),
+        })
+        .collect();
+    let counts = stats.clone();
+    let mut peek_arena = Arena::new();
+    let process = move |events: Vec<FirehoseEvent>| -> Vec<Item> {
+        process_frames(&mut shards, &mut peek_arena, &counts, events)
+    };
+    let log = LogLines::default();
+    Ok(ClientCore::new(Pipeline::start(
+        url,
+        client,
+        stats,
+        log,
+        FirehoseNext,
+        process,
+    )?))
 }
 
-impl std::fmt::Debug for FirehoseCore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FirehoseCore").finish_non_exhaustive()
-    }
-}
-
-#[pymethods]
-impl FirehoseCore {
-    #[new]
-    #[pyo3(signature = (url, cursor = None, verify = true, did_docs_json = None, plc_url = None, threads = None))]
-    fn new(
-        url: String,
-        cursor: Option<i64>,
-        verify: bool,
-        did_docs_json: Option<&[u8]>,
-        plc_url: Option<String>,
-        threads: Option<usize>,
-    ) -> PyResult<FirehoseCore> {
-        let client = FirehoseClient::new(config(url, cursor)).map_err(client_error)?;
-        let stats = client.stats();
-        let threads = match threads {
-            Some(0) | Some(257..) => {
-                return Err(PyValueError::new_err(
-                    "threads must be between 1 and 256 (None: one per CPU)",
-                ))
-            }
-            Some(n) => n,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get().min(8)),
-        };
-        let keys = if verify {
-            Some(SharedKeys(Arc::new(Keys::new(did_docs_json, plc_url)?)))
-        } else {
-            None
-        };
-        let mut shards: Vec<Shard> = (0..if verify { threads } else { 1 })
-            .map(|_| Shard {
-                verifier: keys.clone().map(RsVerifier::new),
-                decoder: FrameDecoder::new(),
-                arena: Arena::new(),
+/// The native half of `riptide.Jetstream` on v1's `/subscribe`.
+#[pyfunction]
+#[pyo3(name = "_jetstream")]
+#[pyo3(signature = (url, collections = None, dids = None, cursor = None, zstd_dictionary = None))]
+fn jetstream(
+    py: Python<'_>,
+    url: String,
+    collections: Option<Vec<String>>,
+    dids: Option<Vec<String>>,
+    cursor: Option<i64>,
+    zstd_dictionary: Option<Vec<u8>>,
+) -> PyResult<ClientCore> {
+    let cfg = JetstreamConfig {
+        client: config(url.clone(), cursor),
+        options: JetstreamOptions {
+            wanted_collections: collections.unwrap_or_default(),
+            wanted_dids: dids.unwrap_or_default(),
+            max_message_size_bytes: 0,
+        },
+        dictionary: zstd_dictionary,
+        require_hello: false,
+    };
+    let client = JetstreamClient::new(cfg).map_err(|e| client_error(py, &url, e))?;
+    let stats = client.stats();
+    let process = |events: Vec<JetstreamEvent>| {
+        events
+            .into_iter()
+            .map(|ev| match serde_json::from_slice(&ev.raw) {
+                Ok(v) => Item::Event(v),
+                Err(e) => Item::BadEvent(format!("not JSON: {e}")),
             })
-            .collect();
-        let counts = stats.clone();
-        let mut peek_arena = Arena::new();
-        let process = move |events: Vec<FirehoseEvent>| -> Vec<Item> {
-            process_frames(&mut shards, &mut peek_arena, &counts, events)
-        };
-        Ok(FirehoseCore {
-            pipeline: Pipeline::start(client, stats, FirehoseNext, process)?,
-        })
-    }
-
-    /// The next batch of frames (waiting at most `timeout` seconds; empty on timeout), or None
-    /// once closed.
-    fn take(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Py<PyList>>> {
-        items_to_py(py, self.pipeline.take(py, timeout)?)
-    }
-
-    /// Stops the client (the GIL released while its queue is locked: a `take` may hold it).
-    fn close(&self, py: Python<'_>) {
-        py.detach(|| self.pipeline.close());
-    }
-
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.pipeline.stats(py)
-    }
+            .collect()
+    };
+    Ok(ClientCore::new(Pipeline::start(
+        url,
+        client,
+        stats,
+        LogLines::default(),
+        JetstreamNext,
+        process,
+    )?))
 }
 
-/// The native half of `riptide.Jetstream`.
-#[pyclass(module = "riptide", name = "_JetstreamCore")]
-pub struct JetstreamCore {
-    pipeline: Pipeline,
-}
-
-impl std::fmt::Debug for JetstreamCore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("JetstreamCore").finish_non_exhaustive()
-    }
-}
-
-#[pymethods]
-impl JetstreamCore {
-    #[new]
-    #[pyo3(signature = (url, collections = None, dids = None, cursor = None, zstd_dictionary = None))]
-    fn new(
-        url: String,
-        collections: Option<Vec<String>>,
-        dids: Option<Vec<String>>,
-        cursor: Option<i64>,
-        zstd_dictionary: Option<Vec<u8>>,
-    ) -> PyResult<JetstreamCore> {
-        let cfg = JetstreamConfig {
-            client: config(url, cursor),
-            options: JetstreamOptions {
-                wanted_collections: collections.unwrap_or_default(),
-                wanted_dids: dids.unwrap_or_default(),
-                max_message_size_bytes: 0,
-            },
-            dictionary: zstd_dictionary,
-            require_hello: false,
-        };
-        let client = JetstreamClient::new(cfg).map_err(client_error)?;
-        let stats = client.stats();
-        let process = |events: Vec<JetstreamEvent>| {
-            events
-                .into_iter()
-                .map(|ev| match serde_json::from_slice(&ev.raw) {
-                    Ok(v) => Item::Event(v),
-                    Err(e) => Item::BadEvent(format!("not JSON: {e}")),
-                })
-                .collect()
-        };
-        Ok(JetstreamCore {
-            pipeline: Pipeline::start(client, stats, JetstreamNext, process)?,
-        })
-    }
-
-    /// The next batch of events as dicts (waiting at most `timeout` seconds; empty on timeout),
-    /// or None once closed.
-    fn take(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<Py<PyList>>> {
-        items_to_py(py, self.pipeline.take(py, timeout)?)
-    }
-
-    /// Stops the client (the GIL released while its queue is locked: a `take` may hold it).
-    fn close(&self, py: Python<'_>) {
-        py.detach(|| self.pipeline.close());
-    }
-
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        self.pipeline.stats(py)
-    }
-}
-
-fn items_to_py(py: Python<'_>, batch: Option<Vec<Item>>) -> PyResult<Option<Py<PyList>>> {
+fn items_to_py(
+    py: Python<'_>,
+    url: &str,
+    batch: Option<Vec<Item>>,
+) -> PyResult<Option<Py<PyList>>> {
     let Some(batch) = batch else {
         return Ok(None);
     };
@@ -518,13 +578,15 @@ fn items_to_py(py: Python<'_>, batch: Option<Vec<Item>>) -> PyResult<Option<Py<P
                 d.set_item("error", why)?;
                 list.append(d)?;
             }
+            Item::Failed(e) => list.append(connect_error(py, &e, url).into_value(py))?,
         }
     }
     Ok(Some(list.unbind()))
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<FirehoseCore>()?;
-    m.add_class::<JetstreamCore>()?;
+    m.add_class::<ClientCore>()?;
+    m.add_function(wrap_pyfunction!(firehose, m)?)?;
+    m.add_function(wrap_pyfunction!(jetstream, m)?)?;
     Ok(())
 }

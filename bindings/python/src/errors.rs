@@ -1,6 +1,8 @@
 //! The exceptions: `DecodeError` and its subclasses, one per class of frame error
-//! (`FrameError::class`, the names `riptide decode` counts), each with the byte offset; and
-//! `CorpusError` for a corpus file that does not follow the format.
+//! (`FrameError::class`, the names `riptide decode` counts), each with the byte offset;
+//! `CorpusError` for a corpus file that does not follow the format; and the clients'
+//! `ConnectError` family ([`connect_error`]), which is defined in Python (`riptide/_errors.py`:
+//! `InvalidUrlError` is a `ValueError` too, and a Python class can have two bases).
 //!
 //! The message is the CLI's (`FrameError`'s `Display`, which ends with the frame byte), so a
 //! Python user and a CLI user read the same words.
@@ -8,6 +10,7 @@
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use riptide_client::ClientError;
 use riptide_firehose::corpus::CorpusError as CorpusFormatError;
 use riptide_firehose::FrameError;
 
@@ -88,4 +91,62 @@ pub fn corpus_error(py: Python<'_>, e: &CorpusFormatError) -> PyErr {
     let _ = value.setattr("index", e.index);
     let _ = value.setattr("offset", e.offset);
     err
+}
+
+/// A client's error as the Python exception of its class (`riptide._errors`), mirroring
+/// `riptide-client`'s split: `InvalidUrlError`, `RefusedError` (`.status`, `.error`, `.message`:
+/// the server's reason), `UnknownHostError` (`.url`, `.reason`) and `RelayError` (`.name`,
+/// `.message`: `FutureCursor`) are `PermanentConnectError`s; `Unreachable` (a one-shot request
+/// that may succeed later) is the base `ConnectError`; settings that cannot work (a dictionary
+/// that is not one) are `ValueError`. `at` (the URL asked) starts the message when the error does
+/// not name it.
+pub fn connect_error(py: Python<'_>, e: &ClientError, at: &str) -> PyErr {
+    build_connect_error(py, e, at).unwrap_or_else(|err| err)
+}
+
+fn build_connect_error(py: Python<'_>, e: &ClientError, at: &str) -> PyResult<PyErr> {
+    let m = py.import("riptide._errors")?;
+    let make = |class: &str, text: String| m.getattr(class)?.call1((text,));
+    let named = || format!("{at}: {e}");
+    let value = match e {
+        ClientError::InvalidUrl(url) => {
+            let v = make("InvalidUrlError", e.to_string())?;
+            v.setattr("url", url)?;
+            v
+        }
+        ClientError::Refused {
+            status,
+            error,
+            message,
+        } => {
+            let v = make("RefusedError", named())?;
+            v.setattr("status", status)?;
+            v.setattr("error", error)?;
+            v.setattr("message", message)?;
+            v
+        }
+        ClientError::UnknownHost { url, reason } => {
+            let v = make("UnknownHostError", e.to_string())?;
+            v.setattr("url", url)?;
+            v.setattr("reason", reason)?;
+            v
+        }
+        ClientError::Relay { name, message } => {
+            let v = make("RelayError", named())?;
+            v.setattr("name", name)?;
+            v.setattr("message", message)?;
+            v
+        }
+        ClientError::Unreachable { url, reason } => {
+            let v = make("ConnectError", e.to_string())?;
+            v.setattr("url", url)?;
+            v.setattr("reason", reason)?;
+            v
+        }
+        ClientError::NoHosts | ClientError::Dictionary(_) | ClientError::Cursor(_) => {
+            return Ok(PyValueError::new_err(e.to_string()))
+        }
+        _ => make("PermanentConnectError", named())?,
+    };
+    Ok(PyErr::from_value(value))
 }

@@ -20,8 +20,10 @@ mod clients;
 mod errors;
 mod frame;
 mod keys;
+mod log;
 mod repo;
 mod topy;
+mod v2;
 mod verify;
 
 use pyo3::prelude::*;
@@ -35,5 +37,6 @@ fn _riptide(m: &Bound<'_, PyModule>) -> PyResult<()> {
     verify::register(m)?;
     repo::register(m)?;
     clients::register(m)?;
+    v2::register(m)?;
     Ok(())
 }

@@ -11,6 +11,7 @@ import json
 import os
 import queue
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -125,22 +126,118 @@ def _metric(addr, name):
     return None
 
 
-@pytest.fixture
-def serve(riptide_bin, capture, corpus, tmp_path):
-    """`riptide serve` on loopback, having ingested (and verified) the real capture: its host:port."""
+def start_serve(riptide_bin, capture, corpus, data, *extra):
+    """`riptide serve` on loopback (with `extra` arguments), once it has ingested (and verified)
+    the real capture: the Server, its host:port in `.address`."""
     dictionary = corpus / "jetstream-dictionaries" / "legacy_subscribe.zdict"
-    args = [riptide_bin, "serve", "--listen", "127.0.0.1:0", "--data", tmp_path / "data",
+    args = [riptide_bin, "serve", "--listen", "127.0.0.1:0", "--data", data,
             "--did-docs", capture / "did_docs.json", "--zstd-dictionary", dictionary,
-            "--ingest-file", capture / "firehose-frames.bin"]
+            "--ingest-file", capture / "firehose-frames.bin", *extra]
     prefix = "riptide serve: ws://"
     s = Server(args, lambda l: l[len(prefix):].removesuffix("/subscribe") if l.startswith(prefix) else None,
                stream="stderr", env={"RUST_LOG": "warn"})
     deadline = time.monotonic() + PATIENCE
     while (_metric(s.address, "riptide_ingest_finished") or 0) < 1:
-        assert time.monotonic() < deadline, "serve never finished ingesting the capture"
+        if time.monotonic() > deadline:
+            s.kill()
+            raise AssertionError("serve never finished ingesting the capture")
         time.sleep(0.05)
+    return s
+
+
+@pytest.fixture
+def serve(riptide_bin, capture, corpus, tmp_path):
+    """`riptide serve` on loopback, having ingested (and verified) the real capture: its host:port.
+    No Jetstream v2 dictionary (`getZstdDictionary` answers 404)."""
+    s = start_serve(riptide_bin, capture, corpus, tmp_path / "data")
     yield s.address
     s.kill()
+
+
+@pytest.fixture
+def serve_v2_dictionary(riptide_bin, capture, corpus, tmp_path):
+    """`serve`, with Jetstream v2's dictionary (`--zstd-dictionary-v2`): its host:port."""
+    dictionary = corpus / "jetstream-dictionaries" / "subscribe_events_20260811.zdict"
+    s = start_serve(riptide_bin, capture, corpus, tmp_path / "data-v2", "--zstd-dictionary-v2", dictionary)
+    yield s.address
+    s.kill()
+
+
+def take(client, n):
+    """The first n items of a plain iteration (fewer if the watchdog closed the client)."""
+    timer = threading.Timer(PATIENCE, client.close)
+    timer.start()
+    out = []
+    try:
+        for item in client:
+            out.append(item)
+            if len(out) == n:
+                break
+    finally:
+        timer.cancel()
+    return out
+
+
+class Answer:
+    """An HTTP server on loopback answering every request with `status` and `body`, in one write
+    (a client reads the body with the head), and counting the requests."""
+
+    def __init__(self, status, body, content_type="text/plain"):
+        self.requests = 0
+        data = body.encode()
+        head = (f"HTTP/1.1 {status} Whatever\r\nContent-Type: {content_type}\r\n"
+                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"ws://127.0.0.1:{self.sock.getsockname()[1]}"
+
+        def serve():
+            while True:
+                try:
+                    conn, _ = self.sock.accept()
+                except OSError:
+                    return
+                with conn:
+                    try:
+                        conn.settimeout(PATIENCE)
+                        request = b""
+                        while b"\r\n\r\n" not in request:
+                            chunk = conn.recv(4096)
+                            if not chunk:
+                                break
+                            request += chunk
+                        self.requests += 1
+                        conn.sendall(head + data)
+                    except OSError:
+                        pass  # a client that went away: the next one is served
+
+        threading.Thread(target=serve, daemon=True).start()
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def answer():
+    """Makes `Answer` servers, closed when the test ends."""
+    servers = []
+
+    def make(status, body, content_type="text/plain"):
+        servers.append(Answer(status, body, content_type))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 def sha256(b):

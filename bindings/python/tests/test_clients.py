@@ -7,27 +7,11 @@ Every wait is bounded: a watchdog closes the client after PATIENCE, which ends t
 missing event fails the test instead of hanging it."""
 
 import asyncio
-import threading
 
 import pytest
 
 import riptide
-from conftest import PATIENCE, Server, run_json_lines
-
-
-def take(client, n):
-    """The first n items of a plain iteration (fewer if the watchdog closed the client)."""
-    timer = threading.Timer(PATIENCE, client.close)
-    timer.start()
-    out = []
-    try:
-        for item in client:
-            out.append(item)
-            if len(out) == n:
-                break
-    finally:
-        timer.cancel()
-    return out
+from conftest import PATIENCE, Server, run_json_lines, take
 
 
 def atake(client, n):

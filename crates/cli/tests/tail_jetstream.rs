@@ -112,40 +112,59 @@ fn tail_speaks_v2_to_subscribe_events() {
     );
     wait_for(&addr, "riptide_ingest_finished", 1.0);
     let url = format!("ws://{addr}/xrpc/network.bsky.jetstream.subscribeEvents");
-    // From the second like on: the cursor is inclusive.
+    // From the second like on: the cursor is inclusive. The frames and the bytes received
+    // (`tail`'s closing line on stderr).
     let from = expected[1].0.to_string();
-    let out = riptide(&[
-        "tail",
-        "--jetstream",
-        &url,
-        "--kind",
-        "commit",
-        "--collection",
-        COLLECTION,
-        "--cursor",
-        &from,
-        "--zstd-dictionary",
-        s(&dictionary),
-        "--count",
-        &(expected.len() - 1).to_string(),
-        "--json",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let got: Vec<(u64, String, String)> = json_lines(&out)
-        .iter()
-        .map(|f| {
-            assert_eq!(f["$type"], "message");
-            let p = &f["payload"];
-            assert_eq!(p["$type"], "network.bsky.jetstream.subscribeEvents#commit");
-            assert_eq!(p["collection"], COLLECTION);
-            (
-                p["seq"].as_u64().unwrap(),
-                p["rkey"].as_str().unwrap().to_owned(),
-                p["cid"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
-    assert_eq!(got, expected[1..]);
+    let count = (expected.len() - 1).to_string();
+    let tail = |compression: &[&str]| {
+        let mut args = vec![
+            "tail",
+            "--jetstream",
+            &url,
+            "--kind",
+            "commit",
+            "--collection",
+            COLLECTION,
+            "--cursor",
+            &from,
+            "--count",
+            &count,
+            "--json",
+        ];
+        args.extend_from_slice(compression);
+        let out = riptide(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let got: Vec<(u64, String, String)> = json_lines(&out)
+            .iter()
+            .map(|f| {
+                assert_eq!(f["$type"], "message");
+                let p = &f["payload"];
+                assert_eq!(p["$type"], "network.bsky.jetstream.subscribeEvents#commit");
+                assert_eq!(p["collection"], COLLECTION);
+                (
+                    p["seq"].as_u64().unwrap(),
+                    p["rkey"].as_str().unwrap().to_owned(),
+                    p["cid"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(got, expected[1..]);
+        let err = stderr(&out);
+        let bytes: u64 = err
+            .split(" messages, ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no byte count in {err}"));
+        bytes
+    };
+    let with_file = tail(&["--zstd-dictionary", s(&dictionary)]);
+    // `--compress` fetches the same dictionary from getZstdDictionary: the same frames, the
+    // same compressed bytes, fewer than uncompressed.
+    let fetched = tail(&["--compress"]);
+    let plain = tail(&[]);
+    assert_eq!(fetched, with_file);
+    assert!(fetched < plain * 2 / 3, "{fetched} compressed vs {plain}");
     let bad = riptide(&[
         "tail",
         "--jetstream",

@@ -19,18 +19,28 @@
 //! `UnknownZstdDictionary`) is the request's own fault and is returned to the caller as
 //! [`ClientError::Refused`] instead of being retried forever. `#info` messages (no seq) are
 //! delivered and do not move the cursor.
+//!
+//! **The dictionary.** [`fetch_dictionary`] downloads the server's own dictionary from
+//! `getZstdDictionary` on the same host, as Jetstream's SDK does before it connects with
+//! `zstdDictionary=<id>`: a client need not ship a copy (`riptide tail --compress`, Python's
+//! `riptide.Jetstream(…, compress=True)`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde::Deserialize;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::session::{Session, Step};
+use crate::session::{endpoint_url, refusal, unknown_host, Session, Step};
 use crate::{ClientConfig, ClientError, ClientStats};
 
 /// The endpoint path.
 pub const SUBSCRIBE_EVENTS: &str = "/xrpc/network.bsky.jetstream.subscribeEvents";
+/// The dictionary download's path.
+pub const GET_ZSTD_DICTIONARY: &str = "/xrpc/network.bsky.jetstream.getZstdDictionary";
+/// Largest dictionary accepted from `getZstdDictionary` (Jetstream v2's is 64 KiB).
+pub const MAX_DICTIONARY_BYTES: usize = 4 << 20;
 /// The subprotocol offered.
 pub const SUBPROTOCOL: &str = "xrpc.v1.json";
 /// The message `$type` prefix (`…#commit`).
@@ -272,6 +282,101 @@ impl JetstreamV2Client {
     }
 }
 
+/// The `getZstdDictionary` URL of a host given as [`ClientConfig::hosts`] takes it (a base URL or
+/// the `subscribeEvents` URL): `ws`/`wss` become `http`/`https`, the path is replaced.
+pub fn dictionary_url(host: &str) -> Result<String, ClientError> {
+    let ws = endpoint_url(host, SUBSCRIBE_EVENTS)?;
+    let bad = || ClientError::InvalidUrl(host.to_string());
+    let uri: tokio_tungstenite::tungstenite::http::Uri = ws.parse().map_err(|_| bad())?;
+    let scheme = if uri.scheme_str() == Some("wss") {
+        "https"
+    } else {
+        "http"
+    };
+    let authority = uri.authority().ok_or_else(bad)?;
+    Ok(format!("{scheme}://{authority}{GET_ZSTD_DICTIONARY}"))
+}
+
+/// Downloads the server's zstd dictionary (`getZstdDictionary` on `host`, see
+/// [`dictionary_url`]), checked to be a zstd dictionary; `Ok(None)` when the server has none (404
+/// `DictionaryNotFound`: connect uncompressed, as Jetstream's SDK does). The errors follow the
+/// stream's split (`session` module docs): a 4xx other than 408/429 is [`ClientError::Refused`]
+/// with the server's reason, a host name that does not exist [`ClientError::UnknownHost`], both
+/// permanent; the network, a timeout, a 5xx, 408 or 429 are [`ClientError::Unreachable`]
+/// (transient: try again). One attempt, within `timeout`.
+pub async fn fetch_dictionary(
+    host: &str,
+    timeout: Duration,
+) -> Result<Option<Vec<u8>>, ClientError> {
+    let url = dictionary_url(host)?;
+    let unreachable = |reason: String| ClientError::Unreachable {
+        url: url.clone(),
+        reason,
+    };
+    let failed = |e: reqwest::Error| match error_sources(&e)
+        .find_map(|s| s.downcast_ref::<std::io::Error>().and_then(unknown_host))
+    {
+        Some(reason) => ClientError::UnknownHost {
+            url: url.clone(),
+            reason,
+        },
+        None => unreachable(error_chain(&e)),
+    };
+    let http = reqwest::Client::builder()
+        .timeout(timeout)
+        .redirect(reqwest::redirect::Policy::limited(3))
+        .build()
+        .map_err(|e| unreachable(error_chain(&e)))?;
+    let mut resp = http.get(&url).send().await.map_err(failed)?;
+    let status = resp.status().as_u16();
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(failed)? {
+        if body.len() + chunk.len() > MAX_DICTIONARY_BYTES {
+            return Err(ClientError::Dictionary(format!(
+                "{url}: larger than {MAX_DICTIONARY_BYTES} bytes"
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    match status {
+        200 => {
+            crate::jetstream::dictionary_id(&body)
+                .map_err(|e| ClientError::Dictionary(format!("{url}: {e}")))?;
+            Ok(Some(body))
+        }
+        408 | 429 => Err(unreachable(format!("HTTP {status}"))),
+        400..=499 => match refusal(status, &String::from_utf8_lossy(&body)) {
+            ClientError::Refused {
+                status: 404, error, ..
+            } if error == "DictionaryNotFound" => Ok(None),
+            e => Err(e),
+        },
+        _ => Err(unreachable(format!("HTTP {status}"))),
+    }
+}
+
+/// An error and its sources, outermost first.
+fn error_sources<'e>(
+    e: &'e (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'e (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |e| e.source())
+}
+
+/// An error's message with its sources' (reqwest's own says only "error sending request").
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = String::new();
+    for s in error_sources(e) {
+        let t = s.to_string();
+        if !out.contains(&t) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&t);
+        }
+    }
+    out
+}
+
 /// The query string (without `?`) of a connection with these filters, resuming at `cursor`.
 fn query(f: &V2Filter, dictionary: Option<u32>, cursor: Option<i64>) -> String {
     let mut q: Vec<String> = Vec::new();
@@ -299,7 +404,28 @@ fn query(f: &V2Filter, dictionary: Option<u32>, cursor: Option<i64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::refusal;
+
+    #[test]
+    fn dictionary_urls() {
+        let d = "/xrpc/network.bsky.jetstream.getZstdDictionary";
+        for (host, url) in [
+            (
+                "wss://jetstream.example",
+                format!("https://jetstream.example{d}"),
+            ),
+            (
+                "ws://127.0.0.1:6008/xrpc/network.bsky.jetstream.subscribeEvents?kinds=commit",
+                format!("http://127.0.0.1:6008{d}"),
+            ),
+            ("127.0.0.1:9", format!("http://127.0.0.1:9{d}")),
+        ] {
+            assert_eq!(dictionary_url(host).unwrap(), url, "{host}");
+        }
+        assert!(matches!(
+            dictionary_url("ftp://h"),
+            Err(ClientError::InvalidUrl(_))
+        ));
+    }
 
     #[test]
     fn queries_and_refusals() {

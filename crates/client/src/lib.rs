@@ -54,7 +54,9 @@ pub use firehose::{FirehoseClient, FirehoseEvent, FrameKind, Notice, SUBSCRIBE_R
 pub use jetstream::{
     JetstreamClient, JetstreamConfig, JetstreamEvent, JetstreamOptions, OptionsSender,
 };
-pub use jetstream_v2::{JetstreamV2Client, JetstreamV2Config, V2Filter, V2Message, V2Payload};
+pub use jetstream_v2::{
+    fetch_dictionary, JetstreamV2Client, JetstreamV2Config, V2Filter, V2Message, V2Payload,
+};
 pub use perdid::PerDid;
 pub use session::ClientConfig;
 pub use stats::{ClientStats, StatsSnapshot};
@@ -109,6 +111,15 @@ pub enum ClientError {
         /// The URL tried.
         url: String,
         /// The resolver's answer.
+        reason: String,
+    },
+    /// A one-shot request (`getZstdDictionary`) failed in a way that may pass: the network, a
+    /// timeout, a 5xx, 408 or 429. Try again later.
+    #[error("{url}: {reason}")]
+    Unreachable {
+        /// The URL asked.
+        url: String,
+        /// What went wrong.
         reason: String,
     },
     /// The relay answered with an error frame that waiting will not change (`FutureCursor`: the

@@ -44,20 +44,34 @@ from ._riptide import (
     verify_repo,
 )
 from ._clients import Firehose, Jetstream
+from ._errors import (
+    ConnectError,
+    InvalidUrlError,
+    PermanentConnectError,
+    RefusedError,
+    RelayError,
+    UnknownHostError,
+)
 
 __all__ = [
     "BadBlockCidError",
+    "ConnectError",
     "CorpusError",
     "DecodeError",
     "Firehose",
     "Frame",
     "FrameIterator",
+    "InvalidUrlError",
     "Jetstream",
     "LimitsError",
     "MalformedError",
+    "PermanentConnectError",
+    "RefusedError",
+    "RelayError",
     "RepoOp",
     "RepoReport",
     "TruncatedError",
+    "UnknownHostError",
     "Verdict",
     "Verifier",
     "__version__",

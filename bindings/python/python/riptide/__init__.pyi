@@ -181,9 +181,40 @@ class Verifier:
     def verify(self, data: bytes) -> Verdict: ...
     def counts(self) -> Dict[str, int]: ...
 
+class ConnectError(Exception):
+    """A client could not connect (as `last_error`: a transient failure being retried; raised
+    itself only by a one-shot request at construction, v2's getZstdDictionary)."""
+    url: str
+    reason: str
+
+class PermanentConnectError(ConnectError):
+    """A failure that waiting cannot mend: raised from iteration, which then ends."""
+
+class InvalidUrlError(PermanentConnectError, ValueError):
+    """The URL cannot work (raised by the constructor)."""
+    url: str
+
+class RefusedError(PermanentConnectError):
+    """The server refused the request: an HTTP 4xx other than 408 and 429, with its reason."""
+    status: int
+    error: str
+    message: str
+
+class UnknownHostError(PermanentConnectError):
+    """The host name does not exist."""
+    url: str
+    reason: str
+
+class RelayError(PermanentConnectError):
+    """An error frame waiting will not change (`FutureCursor`)."""
+    name: str
+    message: str
+
 class _Client:
     @property
     def cursor(self) -> Optional[int]: ...
+    @property
+    def last_error(self) -> Optional[ConnectError]: ...
     def stats(self) -> Dict[str, Any]: ...
     def close(self) -> None: ...
     def __exit__(
@@ -220,6 +251,8 @@ class Jetstream(_Client):
         cursor: Optional[int] = None,
         compress: bool = False,
         zstd_dictionary: Optional[Union[bytes, _Path]] = None,
+        kinds: Optional[Iterable[str]] = None,
+        v2: Optional[bool] = None,
     ) -> None: ...
     def __iter__(self) -> Iterator[Dict[str, Any]]: ...
     def __next__(self) -> Dict[str, Any]: ...

@@ -13,7 +13,9 @@
 //! Jetstream v2: a `--jetstream` URL naming `network.bsky.jetstream.subscribeEvents` (e.g.
 //! `ws://host/xrpc/network.bsky.jetstream.subscribeEvents`) is read with the v2 client:
 //! `--collection`/`--did` are v2's `collections`/`dids`, `--kind` its `kinds`, `--cursor` a seq
-//! (inclusive), `--zstd-dictionary` asks for `zstdDictionary=<the file's id>`. `--json` prints each
+//! (inclusive), `--compress` fetches the server's dictionary from `getZstdDictionary` and asks for
+//! `zstdDictionary=<its id>` (uncompressed, said once, when the server has none), and
+//! `--zstd-dictionary` does the same with a file instead. `--json` prints each
 //! frame as received (decompressed); the readable view is `seq kind did [operation
 //! collection/rkey]`.
 //!
@@ -77,6 +79,10 @@ pub struct Args {
     /// zstd dictionary.
     #[arg(long)]
     zstd_dictionary: Option<PathBuf>,
+    /// Jetstream v2 only: compressed frames, with the server's dictionary fetched from its
+    /// getZstdDictionary (--zstd-dictionary gives one instead).
+    #[arg(long, conflicts_with_all = ["relay", "zstd_dictionary"])]
+    compress: bool,
     /// Jetstream v2 only: this event kind (commit, identity, account, sync); repeatable.
     #[arg(long = "kind", conflicts_with = "relay")]
     kinds: Vec<String>,
@@ -111,6 +117,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             jetstream_v2(args).await
         } else if !args.kinds.is_empty() {
             anyhow::bail!("--kind is a Jetstream v2 filter: give a subscribeEvents URL")
+        } else if args.compress {
+            anyhow::bail!(
+                "--compress fetches Jetstream v2's dictionary: give a subscribeEvents URL (v1: --zstd-dictionary FILE)"
+            )
         } else {
             jetstream(args).await
         }
@@ -119,11 +129,25 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
 
 async fn jetstream_v2(args: Args) -> anyhow::Result<ExitCode> {
     use riptide_client::{JetstreamV2Client, JetstreamV2Config, V2Filter};
-    let dictionary = args
+    let mut dictionary = args
         .zstd_dictionary
         .as_deref()
         .map(super::read_file)
         .transpose()?;
+    if args.compress {
+        // The first host's dictionary: a rotation is over replicas of one server.
+        let host = &args.jetstream[0];
+        match riptide_client::fetch_dictionary(host, Duration::from_secs(30)).await {
+            Ok(Some(d)) => dictionary = Some(d),
+            Ok(None) => eprintln!(
+                "{host}: the server has no zstd dictionary (getZstdDictionary: 404 DictionaryNotFound): uncompressed"
+            ),
+            Err(e) => {
+                let printer = Printer::new(args.count);
+                return gave_up(printer, &args.jetstream, &e, args.cursor);
+            }
+        }
+    }
     let mut client = JetstreamV2Client::new(JetstreamV2Config {
         client: config(args.jetstream.clone(), args.cursor),
         filter: V2Filter {
@@ -256,11 +280,14 @@ fn gave_up(
             |c| format!(" (--cursor {c} is past the relay's newest event: give a lower one, or none to start live)"),
         ),
         ClientError::Refused { .. } => " (the server refuses this request: not retried)".into(),
+        ClientError::Unreachable { .. } => {
+            " (the dictionary could not be fetched: try again, or give --zstd-dictionary FILE)".into()
+        }
         _ => " (not retried)".into(),
     };
     // Refusals and relay errors do not name the server; an unknown host does already.
     let at = match e {
-        ClientError::UnknownHost { .. } => String::new(),
+        ClientError::UnknownHost { .. } | ClientError::Unreachable { .. } => String::new(),
         _ => format!("{}: ", urls.join(", ")),
     };
     crate::log::fatal(&format!("{at}{e}{hint}"));
