@@ -13,7 +13,7 @@
 //!   IPv6 client counts per /64, the block one host is usually given: [`ip_key`]);
 //! - **a reserve for probes** ([`PROBE_RESERVE`]): connections beyond the budget are still
 //!   accepted, up to the reserve (whatever the per-IP count of their address), and may ask
-//!   only for `/healthz`, `/readyz` and `/metrics`
+//!   only for `/healthz`, `/readyz`, `/metrics` and the status page `/`
 //!   ([`PROBE_PATHS`]; anything else is answered `503` by [`guard`]). Without it 10,000 idle
 //!   subscribers (1,000 from each of ten addresses, inside the per-IP limit) made the probes
 //!   answer 503, and a liveness probe would have restarted a healthy server. The reserve is not
@@ -76,8 +76,10 @@ pub const PROBE_RESERVE: usize = 8;
 /// budget.
 const PROBE_FDS: u64 = 2 * PROBE_RESERVE as u64;
 
-/// What a probe-only connection may ask for.
-pub const PROBE_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+/// What a probe-only connection may ask for: the probes, and the status page (`page.rs`), which
+/// an operator opens in a browser where the probes are (`--metrics-listen`) and which costs a
+/// `/metrics`.
+pub const PROBE_PATHS: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/"];
 
 /// The key an address is counted under for the per-IP limit: an IPv4 address (also when it comes
 /// as an IPv4-mapped IPv6 address, as on a dual-stack listener) as is; an IPv6 address by its
@@ -239,7 +241,7 @@ impl LimitedListener {
         }
     }
 
-    /// A listener for the probes only (`/healthz`, `/readyz`, `/metrics`, `riptide serve
+    /// A listener for the probes only (`/healthz`, `/readyz`, `/metrics`, the status page; `riptide serve
     /// --metrics-listen`), outside the subscriber budget: at most [`PROBE_RESERVE`] connections,
     /// with `header_timeout`. Its connections are not in `riptide_connections` (the main
     /// listener's gauge); its refusals are counted with the main listener's.
@@ -385,7 +387,7 @@ pub async fn guard(
         (
             axum::http::StatusCode::NOT_FOUND,
             close,
-            "only /healthz, /readyz and /metrics are served here\n",
+            "only /healthz, /readyz, /metrics and / are served here\n",
         )
             .into_response()
     }

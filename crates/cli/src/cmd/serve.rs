@@ -115,7 +115,7 @@ pub struct Args {
     /// Listen address.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6008", value_parser = super::parse_listen)]
     pub listen: SocketAddr,
-    /// Also serve /metrics, /healthz and /readyz (only those) on this address, outside the
+    /// Also serve /metrics, /healthz, /readyz and the status page / (only those) on this address, outside the
     /// subscriber connection budget, so that probes answer however many subscribers there are
     /// (the main port keeps a small reserve for them too). Bind it where only monitoring reaches.
     #[arg(long, value_name = "ADDR", value_parser = super::parse_listen)]
@@ -529,7 +529,17 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
             ..Default::default()
         },
     ));
+    // What the status page says the server ingests from.
+    let mut sources = match (&args.from, &args.ingest_file) {
+        (Some(url), _) => vec![format!("{url} (edge)")],
+        (None, Some(f)) => vec![format!("file {}", f.display())],
+        (None, None) => hosts.clone(),
+    };
+    if let Some(url) = &args.publish {
+        sources.push(format!("publishing to {url}"));
+    }
     let config = ServerConfig {
+        sources,
         archive: Some(archive),
         v1_dictionary: dict.clone(),
         ready_max_idle: Some(args.ready_max_idle).filter(|d| !d.is_zero()),
