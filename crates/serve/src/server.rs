@@ -312,7 +312,7 @@ pub const KAFKA_PUBLISH_STALL: Duration = Duration::from_secs(15);
 
 /// Whether the server is ready to serve a fresh, verified stream, and if not, why (the body of a
 /// 503 from `/readyz`). Not ready while: the store is not open; ingest is paused because the
-/// store cannot be written; an edge cannot read its Kafka topic yet; a Kafka publish has not
+/// store cannot be written; an edge has not read its Kafka topic to the end yet; a Kafka publish has not
 /// committed for [`KAFKA_PUBLISH_STALL`]; an upstream source is configured and not connected (the reason is
 /// the client's last error, with its host); the relay said our cursor is in its future
 /// (`FutureCursor`); or no upstream frame arrived for [`ServerConfig::ready_max_idle`].
@@ -329,7 +329,9 @@ pub fn readiness(app: &App) -> Result<(), String> {
         return Err("ingest paused: the store cannot be written (disk full or read-only?)".into());
     }
     if m.kafka.role() == crate::KafkaRole::Edge && !m.kafka.following.load(Relaxed) {
-        return Err("waiting for the Kafka topic to be readable (brokers down?)".into());
+        return Err(
+            "waiting to catch up with the Kafka topic (brokers down, or still reading it)".into(),
+        );
     }
     let stalled = m.kafka.publish_stalled_us(crate::now_us());
     if stalled > KAFKA_PUBLISH_STALL.as_micros() as i64 {
