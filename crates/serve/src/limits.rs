@@ -116,6 +116,47 @@ impl Default for ConnLimits {
     }
 }
 
+/// What [`raise_fd_limit`] did: the soft limit before and after, and the hard limit (`None`:
+/// unlimited).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FdRaise {
+    /// The soft limit the process started with.
+    pub before: Option<u64>,
+    /// The soft limit now.
+    pub after: Option<u64>,
+    /// The hard limit, which an unprivileged process may raise its soft limit to.
+    pub hard: Option<u64>,
+}
+
+/// Raises the soft open-file limit to the hard one, as far as the kernel allows, before the
+/// connection budget is worked out: a systemd service or a shell starts with a soft limit of
+/// 1,024 and a hard one far higher, and the default budget of 10,000 connections was silently
+/// cut to 624 (issue 39). An error when the limit cannot be set (the soft limit stays as it
+/// was).
+pub fn raise_fd_limit() -> std::io::Result<FdRaise> {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let now = getrlimit(Resource::Nofile);
+    let mut raise = FdRaise {
+        before: now.current,
+        after: now.current,
+        hard: now.maximum,
+    };
+    if now.current == now.maximum {
+        return Ok(raise);
+    }
+    let mut want = now;
+    want.current = now.maximum;
+    if setrlimit(Resource::Nofile, want).is_err() {
+        // Linux caps the soft limit at `fs.nr_open` even when the hard limit is unlimited.
+        want.current = std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        setrlimit(Resource::Nofile, want)?;
+    }
+    raise.after = getrlimit(Resource::Nofile).current;
+    Ok(raise)
+}
+
 /// The process's soft limit on open descriptors (`None` where it cannot be read).
 pub fn fd_limit() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/limits").ok()?;
