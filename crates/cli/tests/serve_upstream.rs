@@ -517,3 +517,77 @@ fn a_panic_on_the_ingest_path_is_loud_and_the_server_exits() {
     );
     rt.block_on(relay.shutdown());
 }
+
+/// Issue 39: a PLC directory that does not answer fails the DID lookup of every frame of the
+/// real capture; that flood is said in [`FIRST`] full lines and then summaries whose counts add
+/// up exactly (each summary's `total` is the full lines plus every line not said before it),
+/// while `/metrics` counts every failure and every commit is `unknown-key`, never passed.
+///
+/// [`FIRST`]: riptide_throttle::Throttle::FIRST
+#[test]
+fn a_plc_that_does_not_answer_is_said_a_few_times_not_once_per_frame() {
+    use riptide_throttle::Throttle;
+    let Some(corpus) = riptide_testdata::corpus() else {
+        return;
+    };
+    let frames: Vec<Bytes> = frames_of(&corpus.join("jetstream-2026-07/firehose-frames.bin"))
+        .into_iter()
+        .map(|(_, f)| f)
+        .collect();
+    let n = frames.len() as u64;
+    let rt = rt();
+    let relay = rt.block_on(relay(frames, RelayConfig::default()));
+    let data = tempfile::tempdir().unwrap();
+    let log = data.path().join("stderr.log");
+    let (server, addr) = common::spawn_serve(
+        common::serve_command(&data.path().join("data"))
+            .args(["--upstream-cursor", "0", "--upstream", &relay.url()])
+            .args(["--plc-url", "http://127.0.0.1:1", "--no-resync"])
+            .stderr(std::fs::File::create(&log).unwrap()),
+    );
+    // Every frame verified (as unknown-key: no key could be had), none passed.
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    while verdicts(&addr).values().sum::<u64>() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            verdicts(&addr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Only frames with nothing to verify (identity, account) are ok.
+    let v = verdicts(&addr);
+    assert!(
+        v.keys().all(|k| k == "ok" || k == "unknown-key") && v["unknown-key"] > n - 5,
+        "{v:?}"
+    );
+    let failures = metric(&addr, "riptide_key_lookup_failures_total") as u64;
+    assert!(failures > 2 * Throttle::FIRST, "not a flood: {failures}");
+    drop(server);
+    rt.block_on(relay.shutdown());
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("DID lookup")).collect();
+    let full = lines
+        .iter()
+        .filter(|l| l.contains("DID lookup given up:"))
+        .count() as u64;
+    assert_eq!(full, Throttle::FIRST, "{text}");
+    // Summaries (only on a run past a minute): each one's total is the full lines plus all the
+    // lines not said up to it, this one included.
+    let mut said = Throttle::FIRST;
+    let field = |l: &str, k: &str| -> u64 {
+        let at = l.find(&format!("{k}=")).unwrap() + k.len() + 1;
+        l[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    for l in lines.iter().filter(|l| l.contains("DID lookups given up")) {
+        said += field(l, "suppressed") + 1;
+        assert_eq!(field(l, "total"), said, "{l}");
+    }
+    assert!(said <= failures, "{said} > {failures}");
+    assert!(lines.len() as u64 <= Throttle::FIRST + 3, "{text}");
+}
