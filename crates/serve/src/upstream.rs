@@ -373,7 +373,18 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
                         "upstream: our cursor is older than the relay holds; events are lost, continuing from its oldest"
                     );
                 } else {
-                    tracing::warn!(name, message = msg, host = ev.host, "upstream #info");
+                    // A relay may send any number of these: said by the garbage rule (issue 39).
+                    match seqs.garbage.say("info") {
+                        Say::Full => {
+                            tracing::warn!(name, message = msg, host = ev.host, "upstream #info")
+                        }
+                        Say::Summary { suppressed, total } => tracing::warn!(
+                            name, message = msg, host = ev.host, suppressed, total,
+                            "upstream #info frames: {suppressed} more not said since the last line, \
+                             {total} in all (riptide_upstream_info_total)"
+                        ),
+                        Say::Quiet => {}
+                    }
                 }
             } else if name == "FutureCursor" {
                 metrics.upstream_errors.fetch_add(1, Relaxed);
