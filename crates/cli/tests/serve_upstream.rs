@@ -517,3 +517,148 @@ fn a_panic_on_the_ingest_path_is_loud_and_the_server_exits() {
     );
     rt.block_on(relay.shutdown());
 }
+
+/// Issue 39: a PLC directory that does not answer fails the DID lookup of every frame of the
+/// real capture; that flood is said in [`FIRST`] full lines and then summaries whose counts add
+/// up exactly (each summary's `total` is the full lines plus every line not said before it),
+/// while `/metrics` counts every failure and every commit is `unknown-key`, never passed.
+///
+/// [`FIRST`]: riptide_throttle::Throttle::FIRST
+#[test]
+fn a_plc_that_does_not_answer_is_said_a_few_times_not_once_per_frame() {
+    use riptide_throttle::Throttle;
+    let Some(corpus) = riptide_testdata::corpus() else {
+        return;
+    };
+    let frames: Vec<Bytes> = frames_of(&corpus.join("jetstream-2026-07/firehose-frames.bin"))
+        .into_iter()
+        .map(|(_, f)| f)
+        .collect();
+    let n = frames.len() as u64;
+    let rt = rt();
+    let relay = rt.block_on(relay(frames, RelayConfig::default()));
+    let data = tempfile::tempdir().unwrap();
+    let log = data.path().join("stderr.log");
+    let (server, addr) = common::spawn_serve(
+        common::serve_command(&data.path().join("data"))
+            .args(["--upstream-cursor", "0", "--upstream", &relay.url()])
+            .args(["--plc-url", "http://127.0.0.1:1", "--no-resync"])
+            .stderr(std::fs::File::create(&log).unwrap()),
+    );
+    // Every frame verified (as unknown-key: no key could be had), none passed.
+    let deadline = std::time::Instant::now() + common::PATIENCE;
+    while verdicts(&addr).values().sum::<u64>() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{:?}",
+            verdicts(&addr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Only frames with nothing to verify (identity, account) are ok.
+    let v = verdicts(&addr);
+    assert!(
+        v.keys().all(|k| k == "ok" || k == "unknown-key") && v["unknown-key"] > n - 5,
+        "{v:?}"
+    );
+    let failures = metric(&addr, "riptide_key_lookup_failures_total") as u64;
+    assert!(failures > 2 * Throttle::FIRST, "not a flood: {failures}");
+    drop(server);
+    rt.block_on(relay.shutdown());
+    let text = std::fs::read_to_string(&log).unwrap();
+    said_by_the_rule(
+        &text,
+        "DID lookup given up:",
+        "DID lookups given up",
+        failures,
+    );
+}
+
+/// Checks one kind of warning in a log against the warning rule (`riptide-throttle`): exactly
+/// [`Throttle::FIRST`] lines said in full (containing `full`), then summaries (containing
+/// `summary`) whose `total` is the full lines plus every occurrence not said before it, this one
+/// included; `counted` (the metric) at least as many as were said, and a few summaries at most.
+///
+/// [`Throttle::FIRST`]: riptide_throttle::Throttle::FIRST
+fn said_by_the_rule(text: &str, full: &str, summary: &str, counted: u64) {
+    use riptide_throttle::Throttle;
+    let full_lines = text.lines().filter(|l| l.contains(full)).count() as u64;
+    assert_eq!(full_lines, Throttle::FIRST, "{text}");
+    let field = |l: &str, k: &str| -> u64 {
+        let at = l.find(&format!("{k}=")).unwrap() + k.len() + 1;
+        l[at..]
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let mut said = Throttle::FIRST;
+    let summaries: Vec<&str> = text.lines().filter(|l| l.contains(summary)).collect();
+    for l in &summaries {
+        said += field(l, "suppressed") + 1;
+        assert_eq!(field(l, "total"), said, "{l}");
+    }
+    assert!(said <= counted, "{said} > {counted}");
+    assert!(summaries.len() <= 3, "{text}");
+}
+
+/// Issue 39: a relay that sends a flood of `#info` frames (1,000 here) gets them counted
+/// (`riptide_upstream_info_total`) and said by the warning rule, not a line each.
+#[test]
+fn a_flood_of_info_frames_is_counted_and_said_a_few_times() {
+    use futures_util::SinkExt;
+    const N: u64 = 1_000;
+    let mut info = Vec::new();
+    riptide_firehose::encode::write_message_header(&mut info, "#info");
+    riptide_cbor::write_map_header(&mut info, 2);
+    riptide_cbor::write_text(&mut info, "name");
+    riptide_cbor::write_text(&mut info, "Flood");
+    riptide_cbor::write_text(&mut info, "message");
+    riptide_cbor::write_text(&mut info, "one of many");
+    let rt = rt();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let url = format!("ws://{}", listener.local_addr().unwrap());
+    // A relay that sends N #info frames on each connection, then holds it open.
+    rt.spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let info = info.clone();
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(s).await else {
+                    return;
+                };
+                for _ in 0..N {
+                    if ws
+                        .send(tokio_tungstenite::tungstenite::Message::binary(
+                            info.clone(),
+                        ))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                while let Some(Ok(_)) = futures_util::StreamExt::next(&mut ws).await {}
+            });
+        }
+    });
+    let data = tempfile::tempdir().unwrap();
+    let log = data.path().join("stderr.log");
+    let (server, addr) = common::spawn_serve(
+        common::serve_command(&data.path().join("data"))
+            .args(["--no-verify", "--upstream", &url])
+            .stderr(std::fs::File::create(&log).unwrap()),
+    );
+    wait_for(&addr, "riptide_upstream_info_total", N as f64);
+    let counted = metric(&addr, "riptide_upstream_info_total") as u64;
+    drop(server);
+    let text = std::fs::read_to_string(&log).unwrap();
+    said_by_the_rule(
+        &text,
+        "upstream #info name=",
+        "upstream #info frames:",
+        counted,
+    );
+}

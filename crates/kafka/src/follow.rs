@@ -41,12 +41,17 @@ use riptide_serve::{Event, Log, Metrics, Resume, Store};
 
 use crate::record::{self, BadRecord, Batch, TopicEvent};
 use crate::{KafkaError, KafkaUrl, Reader};
+use riptide_throttle::Say;
 
 /// How long a missing seq is waited for, every partition read to its end, before it is a gap.
 pub const GAP_AFTER: Duration = Duration::from_secs(30);
 
 /// How often an edge samples its lag (`riptide_kafka_lag_records`).
 const LAG_EVERY: Duration = Duration::from_secs(10);
+
+/// How long an edge waits for an unreachable cluster in one attempt to open the topic (then it
+/// retries, `open_waiting`).
+const REACH_LIMIT: Duration = Duration::from_secs(60);
 
 /// The records a partition may have ahead of the next seq before it is paused (module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,6 +84,8 @@ pub struct Follower {
     paused: HashSet<i32>,
     limits: AheadLimits,
     at_end: HashSet<i32>,
+    /// Partitions read to their end at least once since the follower opened.
+    reached_end: HashSet<i32>,
     missing_since: Option<Instant>,
     /// No event handed out yet, from an empty store: a missing first seq is the floor.
     fresh: bool,
@@ -101,6 +108,8 @@ impl std::fmt::Debug for Follower {
 
 /// Waits (up to `limit`) for the events topic to exist; its partition count.
 fn wait_for_topic(url: &KafkaUrl, c: &Reader, limit: Duration) -> Result<i32, KafkaError> {
+    // The cluster first: an unreachable one is said within seconds (`KafkaUrl::reach`).
+    url.reach(c, Some(REACH_LIMIT))?;
     let t0 = Instant::now();
     let mut said = false;
     loop {
@@ -296,6 +305,7 @@ impl Follower {
             paused: HashSet::new(),
             limits,
             at_end: HashSet::new(),
+            reached_end: HashSet::new(),
             missing_since: None,
             fresh: empty,
             lag_at: Instant::now(),
@@ -416,6 +426,13 @@ impl Follower {
         tpl
     }
 
+    /// Whether every partition has been read to its end at least once since the follower
+    /// opened: it has caught up with what the topic held when it started (an edge is ready from
+    /// then on, `riptide_kafka_following`).
+    pub fn caught_up(&self) -> bool {
+        (0..self.partitions).all(|p| self.reached_end.contains(&p))
+    }
+
     /// `riptide_kafka_lag_records`: the committed records not yet read, over the partitions
     /// that have a position (high watermark minus position; transaction markers count).
     fn sample_lag(&mut self) {
@@ -481,6 +498,7 @@ impl Follower {
                 }
                 Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
                     self.at_end.insert(p);
+                    self.reached_end.insert(p);
                 }
                 Some(Err(e)) => {
                     // A broker going away also reaches the `Quiet` context, which says it once
@@ -495,7 +513,14 @@ impl Follower {
                     if said {
                         tracing::debug!(error = %e, topic = %self.url.topic, "Kafka consumer");
                     } else {
-                        tracing::warn!(error = %e, topic = %self.url.topic, "Kafka consumer");
+                        match crate::warnings().say("kafka-consumer") {
+                            Say::Full => tracing::warn!(error = %e, topic = %self.url.topic,
+                                "Kafka consumer (said once; then a line a minute while it goes on)"),
+                            Say::Summary { suppressed, total } => tracing::warn!(error = %e,
+                                topic = %self.url.topic, suppressed, total,
+                                "Kafka consumer: errors go on"),
+                            Say::Quiet => {}
+                        }
                     }
                     if Instant::now() >= deadline {
                         return Ok(());
@@ -722,8 +747,20 @@ fn open_waiting(
             Err(e) => return Err(e),
         };
         failures += 1;
-        tracing::warn!(error = %e, failures, retry_in = ?wait,
-            "cannot read the Kafka topic yet (brokers down?): waiting; /readyz says not ready");
+        // An unreachable cluster was said by `KafkaUrl::reach` already (once a minute).
+        let said = matches!(&e, KafkaError::Client { what, .. } if *what == crate::REACHING);
+        match if said {
+            Say::Quiet
+        } else {
+            crate::warnings().say("kafka-topic-unreadable")
+        } {
+            Say::Full => tracing::warn!(error = %e, failures, retry_in = ?wait,
+                "cannot read the Kafka topic yet (brokers down?): waiting; /readyz says not ready \
+                 (said again once a minute while it lasts)"),
+            Say::Summary { .. } => tracing::warn!(error = %e, failures, retry_in = ?wait,
+                "still cannot read the Kafka topic: waiting; /readyz says not ready"),
+            Say::Quiet => {}
+        }
         let until = Instant::now() + wait;
         while Instant::now() < until {
             if stop.load(Relaxed) {
@@ -750,7 +787,6 @@ pub fn run_edge_with(
     let Some(mut follower) = open_waiting(url, resume, metrics, limits, stop)? else {
         return Ok(());
     };
-    metrics.kafka.following.store(true, Relaxed);
     let mut zbuf = Vec::new();
     let mut events = Vec::with_capacity(4096);
     metrics
@@ -758,6 +794,13 @@ pub fn run_edge_with(
         .store(riptide_serve::now_us(), Relaxed);
     while !stop.load(Relaxed) {
         let got = follower.poll_batch(4096, Duration::from_millis(500))?;
+        // Ready (`/readyz`) once connected and caught up with what the topic held at start,
+        // not as soon as the topic could be opened.
+        if !metrics.kafka.following.load(Relaxed) && follower.caught_up() {
+            metrics.kafka.following.store(true, Relaxed);
+            tracing::info!(topic = %url.topic, next_seq = resume.next_seq,
+                "caught up with the Kafka topic: ready");
+        }
         if got.is_empty() {
             continue;
         }

@@ -28,7 +28,8 @@ pub mod lease;
 pub mod publish;
 pub mod record;
 
-use std::time::Duration;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::ClientContext;
@@ -36,6 +37,7 @@ use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::producer::{DeliveryResult, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
+use riptide_throttle::{Say, Throttle};
 
 pub use follow::{catch_up, Follower};
 pub use lease::Lease;
@@ -44,8 +46,10 @@ pub use publish::KafkaPublisher;
 pub use rdkafka;
 
 /// Every client's context (consumers, the producer, the admin client): librdkafka's errors as
-/// warnings (a broker that goes away is survived and said once per event), the end of a
-/// partition (expected by a follower) not at all.
+/// warnings, each kind (error code) said once and then at most a summary line a minute while it
+/// goes on ([`warnings`]; a broker that cannot be reached made librdkafka report
+/// `AllBrokersDown` ~450 times in 2 ms, issue 39), the end of a partition (expected by a
+/// follower) not at all.
 ///
 /// librdkafka also writes a log line for each error it reports (facilities `FAIL` and `ERROR`),
 /// and rdkafka's default context says each error again at ERROR: a lost broker came out three
@@ -56,10 +60,19 @@ pub struct Quiet;
 
 impl ClientContext for Quiet {
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        let code = error.rdkafka_error_code();
         let eof = matches!(error, rdkafka::error::KafkaError::PartitionEOF(_))
-            || error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF);
-        if !eof {
-            tracing::warn!(error = %error, reason, "librdkafka");
+            || code == Some(RDKafkaErrorCode::PartitionEOF);
+        if eof {
+            return;
+        }
+        let kind = code.map_or("librdkafka-other", kind_name);
+        match warnings().say(kind) {
+            Say::Full => tracing::warn!(error = %error, reason,
+                "librdkafka (said once; then a line a minute while it goes on)"),
+            Say::Summary { suppressed, total } => tracing::warn!(error = %error, reason,
+                suppressed, total, "librdkafka: the same error again"),
+            Say::Quiet => {}
         }
     }
 
@@ -83,6 +96,35 @@ impl ProducerContext for Quiet {
     /// A record that failed for good fails its transaction's commit, which is where it is said.
     fn delivery(&self, _: &DeliveryResult<'_>, _: ()) {}
 }
+
+/// The rule for this crate's repeated warnings, process-wide (every client shares it, so an error
+/// that all clients see is said once): the first of a kind in full, then at most a summary a
+/// minute with the count (`riptide-throttle`).
+pub fn warnings() -> &'static Throttle {
+    static W: OnceLock<Throttle> = OnceLock::new();
+    W.get_or_init(|| Throttle::new(1, Throttle::EVERY))
+}
+
+/// A librdkafka error code's name, as a warning kind: made once per code and kept (there are a
+/// few hundred codes at most, so the names kept are bounded).
+fn kind_name(code: RDKafkaErrorCode) -> &'static str {
+    static NAMES: Mutex<Vec<(RDKafkaErrorCode, &'static str)>> = Mutex::new(Vec::new());
+    let mut names = NAMES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, name)) = names.iter().find(|(c, _)| *c == code) {
+        return name;
+    }
+    let name: &'static str = Box::leak(format!("librdkafka-{code:?}").into_boxed_str());
+    names.push((code, name));
+    name
+}
+
+/// What [`KafkaUrl::reach`]'s error says was being done (so a caller can tell it apart).
+pub(crate) const REACHING: &str = "reaching the brokers";
+
+/// How long one metadata request may wait in [`KafkaUrl::reach`] before it is asked again.
+pub const REACH_TRY: Duration = Duration::from_secs(2);
 
 /// A consumer with the [`Quiet`] context.
 pub type Reader = BaseConsumer<Quiet>;
@@ -244,17 +286,50 @@ impl KafkaUrl {
             .map_err(self.client_err("creating a consumer"))
     }
 
+    /// Waits until the cluster answers a metadata request, asking every [`REACH_TRY`], for at
+    /// most `limit` (`None`: for as long as it takes); the number of brokers. While it cannot be
+    /// reached it says so within [`REACH_TRY`] (a metadata request on a cluster that is not
+    /// there used to wait 30 s in silence), once, then a line a minute with how long it has
+    /// lasted; and once more when the cluster answers again.
+    pub fn reach(&self, c: &Reader, limit: Option<Duration>) -> Result<usize, KafkaError> {
+        let t0 = Instant::now();
+        let mut failed = false;
+        loop {
+            match c.fetch_metadata(None, REACH_TRY) {
+                Ok(md) => {
+                    if failed {
+                        tracing::warn!(brokers = %self.brokers, after_s = t0.elapsed().as_secs(),
+                            "the Kafka brokers can be reached again");
+                    }
+                    return Ok(md.brokers().len().max(1));
+                }
+                Err(e) => {
+                    failed = true;
+                    match warnings().say("kafka-unreachable") {
+                        Say::Full => tracing::warn!(brokers = %self.brokers, error = %e,
+                            "the Kafka brokers cannot be reached: waiting for them \
+                             (said again once a minute while it lasts)"),
+                        Say::Summary { .. } => tracing::warn!(brokers = %self.brokers, error = %e,
+                            for_s = t0.elapsed().as_secs(),
+                            "the Kafka brokers still cannot be reached: waiting for them"),
+                        Say::Quiet => {}
+                    }
+                    if limit.is_some_and(|l| t0.elapsed() >= l) {
+                        return Err(self.client_err(REACHING)(e));
+                    }
+                }
+            }
+        }
+    }
+
     /// Creates the events topic (`partitions`) and the batch topic (1 partition) if they do not
     /// exist, with replication factor min(3, brokers in the cluster); returns the events topic's
     /// partition count as it is.
     pub async fn ensure_topics(&self) -> Result<i32, KafkaError> {
         let probe = self.reader()?;
-        let brokers = {
-            let md = probe
-                .fetch_metadata(None, Duration::from_secs(30))
-                .map_err(self.client_err("reading cluster metadata"))?;
-            md.brokers().len().max(1)
-        };
+        // Blocking (as the metadata request was), for as long as the cluster is away: this runs
+        // at start, before anything else is served.
+        let brokers = self.reach(&probe, None)?;
         let rf = brokers.min(3) as i32;
         let admin: AdminClient<Quiet> = self
             .config()

@@ -25,7 +25,8 @@
 //! - [`options`]: subscriber options and client messages, validated as Jetstream does;
 //! - [`upstream`]: the relay source (riptide-client), warming DID lookups before verification
 //!   (the verifier's keys are then `riptide_resolver::ResolverKeys::resolving_on`);
-//! - [`status`]: the status line said once a minute in the log, from the metrics.
+//! - [`status`]: the status line said once a minute in the log, from the metrics;
+//! - [`page`]: the status page at `GET /`, from the same metrics.
 
 pub mod archive;
 pub mod chain;
@@ -37,6 +38,7 @@ pub mod limits;
 pub mod log;
 pub mod metrics;
 pub mod options;
+pub mod page;
 pub mod publish;
 pub mod resync;
 pub mod server;

@@ -13,7 +13,7 @@
 //!   IPv6 client counts per /64, the block one host is usually given: [`ip_key`]);
 //! - **a reserve for probes** ([`PROBE_RESERVE`]): connections beyond the budget are still
 //!   accepted, up to the reserve (whatever the per-IP count of their address), and may ask
-//!   only for `/healthz`, `/readyz` and `/metrics`
+//!   only for `/healthz`, `/readyz`, `/metrics` and the status page `/`
 //!   ([`PROBE_PATHS`]; anything else is answered `503` by [`guard`]). Without it 10,000 idle
 //!   subscribers (1,000 from each of ten addresses, inside the per-IP limit) made the probes
 //!   answer 503, and a liveness probe would have restarted a healthy server. The reserve is not
@@ -76,8 +76,10 @@ pub const PROBE_RESERVE: usize = 8;
 /// budget.
 const PROBE_FDS: u64 = 2 * PROBE_RESERVE as u64;
 
-/// What a probe-only connection may ask for.
-pub const PROBE_PATHS: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+/// What a probe-only connection may ask for: the probes, and the status page (`page.rs`), which
+/// an operator opens in a browser where the probes are (`--metrics-listen`) and which costs a
+/// `/metrics`.
+pub const PROBE_PATHS: [&str; 4] = ["/healthz", "/readyz", "/metrics", "/"];
 
 /// The key an address is counted under for the per-IP limit: an IPv4 address (also when it comes
 /// as an IPv4-mapped IPv6 address, as on a dual-stack listener) as is; an IPv6 address by its
@@ -112,6 +114,47 @@ impl Default for ConnLimits {
             header_timeout: Duration::from_secs(10),
         }
     }
+}
+
+/// What [`raise_fd_limit`] did: the soft limit before and after, and the hard limit (`None`:
+/// unlimited).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FdRaise {
+    /// The soft limit the process started with.
+    pub before: Option<u64>,
+    /// The soft limit now.
+    pub after: Option<u64>,
+    /// The hard limit, which an unprivileged process may raise its soft limit to.
+    pub hard: Option<u64>,
+}
+
+/// Raises the soft open-file limit to the hard one, as far as the kernel allows, before the
+/// connection budget is worked out: a systemd service or a shell starts with a soft limit of
+/// 1,024 and a hard one far higher, and the default budget of 10,000 connections was silently
+/// cut to 624 (issue 39). An error when the limit cannot be set (the soft limit stays as it
+/// was).
+pub fn raise_fd_limit() -> std::io::Result<FdRaise> {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let now = getrlimit(Resource::Nofile);
+    let mut raise = FdRaise {
+        before: now.current,
+        after: now.current,
+        hard: now.maximum,
+    };
+    if now.current == now.maximum {
+        return Ok(raise);
+    }
+    let mut want = now;
+    want.current = now.maximum;
+    if setrlimit(Resource::Nofile, want).is_err() {
+        // Linux caps the soft limit at `fs.nr_open` even when the hard limit is unlimited.
+        want.current = std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse().ok());
+        setrlimit(Resource::Nofile, want)?;
+    }
+    raise.after = getrlimit(Resource::Nofile).current;
+    Ok(raise)
 }
 
 /// The process's soft limit on open descriptors (`None` where it cannot be read).
@@ -239,7 +282,7 @@ impl LimitedListener {
         }
     }
 
-    /// A listener for the probes only (`/healthz`, `/readyz`, `/metrics`, `riptide serve
+    /// A listener for the probes only (`/healthz`, `/readyz`, `/metrics`, the status page; `riptide serve
     /// --metrics-listen`), outside the subscriber budget: at most [`PROBE_RESERVE`] connections,
     /// with `header_timeout`. Its connections are not in `riptide_connections` (the main
     /// listener's gauge); its refusals are counted with the main listener's.
@@ -385,7 +428,7 @@ pub async fn guard(
         (
             axum::http::StatusCode::NOT_FOUND,
             close,
-            "only /healthz, /readyz and /metrics are served here\n",
+            "only /healthz, /readyz, /metrics and / are served here\n",
         )
             .into_response()
     }

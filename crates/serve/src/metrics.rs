@@ -221,8 +221,8 @@ pub struct KafkaMetrics {
     pub publishing_since_us: AtomicI64,
     /// Ingest node: batches of the topic applied to the local store at start (catch-up).
     pub caught_up_batches: AtomicU64,
-    /// Edge: set once the topic is followed (clear while the cluster cannot be read at start:
-    /// `/readyz` says so).
+    /// Edge: set once the topic is followed and every partition was read to its end (clear
+    /// while the cluster cannot be read at start, and while catching up: `/readyz` says so).
     pub following: AtomicBool,
     /// Edge: event records read from the topic.
     pub records_consumed: AtomicU64,
@@ -332,7 +332,7 @@ impl KafkaMetrics {
             (
                 "riptide_kafka_following",
                 "gauge",
-                "Edge: 1 once the topic is followed; 0 while the cluster cannot be read at start.",
+                "Edge: 1 once the topic is followed and read to its end; 0 while the cluster cannot be read at start, or the edge is catching up.",
                 (self.following.load(Relaxed) as u8).to_string(),
             ),
             (

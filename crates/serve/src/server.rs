@@ -1,4 +1,5 @@
-//! The HTTP side: `/subscribe` (Jetstream v1, protocol §1–2), `/metrics`, `/healthz`, `/readyz`;
+//! The HTTP side: `/subscribe` (Jetstream v1, protocol §1–2), `/metrics`, `/healthz`, `/readyz`
+//! (and the status page at `/`, `page.rs`);
 //! Jetstream v2's `subscribeEvents` (`v2.rs`) shares this module's read path (`read_batch`),
 //! writer deadlines and slow-consumer rule.
 //!
@@ -156,6 +157,9 @@ pub struct ServerConfig {
     pub v2_dictionary: Option<crate::compress::Dictionary>,
     /// The archive endpoints' state (`archive.rs`); `None`: an archive with nothing sealed.
     pub archive: Option<Arc<crate::archive::Archive>>,
+    /// What the server ingests from, as the status page says it (`wss://…` relays, a file, a
+    /// Kafka topic); empty: nothing said.
+    pub sources: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -171,6 +175,7 @@ impl Default for ServerConfig {
             v1_dictionary: None,
             v2_dictionary: None,
             archive: None,
+            sources: Vec::new(),
         }
     }
 }
@@ -192,6 +197,10 @@ pub struct App {
     pub v2: crate::v2::V2,
     /// The archive endpoints' state: sealed segments, authorization, quota (`archive.rs`).
     pub archive: Arc<crate::archive::Archive>,
+    /// When this state was made (the server's uptime on the status page).
+    pub started: std::time::Instant,
+    /// The status page's rate windows (`status::Recent`).
+    pub recent: crate::status::Recent,
     pub(crate) shutdown: watch::Sender<bool>,
     store_reads: Arc<Semaphore>,
     /// Compressors of `config.v1_dictionary` (see there).
@@ -227,6 +236,8 @@ impl App {
             log,
             metrics,
             config,
+            started: std::time::Instant::now(),
+            recent: crate::status::Recent::new(tokio::time::Instant::now()),
             ready: AtomicBool::new(true),
             ingest_finished: AtomicBool::new(false),
             shutdown: watch::Sender::new(false),
@@ -253,11 +264,12 @@ impl App {
     }
 }
 
-/// The router: `/subscribe`, the v2 endpoints (`v2.rs`), the archive (`archive.rs`),
-/// `/metrics`, `/healthz`, `/readyz`; behind [`crate::limits::guard`], which keeps connections of
+/// The router: the status page at `/` (`page.rs`), `/subscribe`, the v2 endpoints (`v2.rs`),
+/// the archive (`archive.rs`), `/metrics`, `/healthz`, `/readyz`; behind [`crate::limits::guard`], which keeps connections of
 /// the probes' reserve (and of a probes listener) to the last three.
 pub fn router(app: Arc<App>) -> Router {
     Router::new()
+        .route("/", get(crate::page::index))
         .route("/subscribe", get(subscribe))
         .merge(crate::v2::routes())
         .merge(crate::archive::routes())
@@ -300,7 +312,7 @@ pub const KAFKA_PUBLISH_STALL: Duration = Duration::from_secs(15);
 
 /// Whether the server is ready to serve a fresh, verified stream, and if not, why (the body of a
 /// 503 from `/readyz`). Not ready while: the store is not open; ingest is paused because the
-/// store cannot be written; an edge cannot read its Kafka topic yet; a Kafka publish has not
+/// store cannot be written; an edge has not read its Kafka topic to the end yet; a Kafka publish has not
 /// committed for [`KAFKA_PUBLISH_STALL`]; an upstream source is configured and not connected (the reason is
 /// the client's last error, with its host); the relay said our cursor is in its future
 /// (`FutureCursor`); or no upstream frame arrived for [`ServerConfig::ready_max_idle`].
@@ -317,7 +329,9 @@ pub fn readiness(app: &App) -> Result<(), String> {
         return Err("ingest paused: the store cannot be written (disk full or read-only?)".into());
     }
     if m.kafka.role() == crate::KafkaRole::Edge && !m.kafka.following.load(Relaxed) {
-        return Err("waiting for the Kafka topic to be readable (brokers down?)".into());
+        return Err(
+            "waiting to catch up with the Kafka topic (brokers down, or still reading it)".into(),
+        );
     }
     let stalled = m.kafka.publish_stalled_us(crate::now_us());
     if stalled > KAFKA_PUBLISH_STALL.as_micros() as i64 {

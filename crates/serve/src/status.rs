@@ -20,6 +20,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use riptide_firehose::verify::Verdict;
 
 use crate::metrics::SlowDrop;
@@ -33,6 +35,8 @@ pub const EVERY: Duration = Duration::from_secs(60);
 pub struct Snapshot {
     /// Events stored.
     pub events_stored: u64,
+    /// Events sent to subscribers (both wires).
+    pub events_out: u64,
     /// Frames refused, by verdict (in [`Verdict::ALL`] order; `ok` is never counted here).
     pub refused: [u64; Verdict::COUNT],
     /// Frames skipped as already stored.
@@ -60,6 +64,7 @@ impl Snapshot {
         let client = m.upstream_client.get().map(|c| c.snapshot());
         Snapshot {
             events_stored: m.events_stored.load(Relaxed),
+            events_out: m.events_out.load(Relaxed),
             refused,
             duplicates: m.frames_duplicate.load(Relaxed),
             upstream_dropped: client.map_or(0, |c| c.oversized + c.text_messages),
@@ -83,6 +88,10 @@ pub struct Status {
     pub events: u64,
     /// Those per second.
     pub events_per_s: f64,
+    /// Events sent to subscribers (both wires) since the last line.
+    pub events_out: u64,
+    /// Those per second.
+    pub events_out_per_s: f64,
     /// Subscribers on Jetstream v1's `/subscribe`.
     pub subscribers_v1: u64,
     /// Subscribers on Jetstream v2's `subscribeEvents`.
@@ -106,6 +115,8 @@ impl Status {
     pub fn between(app: &App, prev: &Snapshot, now: &Snapshot, elapsed: Duration) -> Status {
         let m = &app.metrics;
         let events = now.events_stored.saturating_sub(prev.events_stored);
+        let events_out = now.events_out.saturating_sub(prev.events_out);
+        let secs = elapsed.as_secs_f64().max(1e-3);
         let refused_each: Vec<(Verdict, u64)> = Verdict::ALL
             .iter()
             .enumerate()
@@ -120,7 +131,9 @@ impl Status {
             upstream_connected: m.upstream_client.get().map(|c| c.snapshot().connected),
             upstream_lag_s: (t > 0).then(|| (crate::now_us() - t).max(0) as f64 / 1e6),
             events,
-            events_per_s: events as f64 / elapsed.as_secs_f64().max(1e-3),
+            events_per_s: events as f64 / secs,
+            events_out,
+            events_out_per_s: events_out as f64 / secs,
             subscribers_v1: all.saturating_sub(v2),
             subscribers_v2: v2,
             store_bytes: m.store_bytes.load(Relaxed),
@@ -155,6 +168,8 @@ impl Status {
             upstream_lag_s = self.upstream_lag_s.map(tenth),
             events = self.events,
             events_per_s = tenth(self.events_per_s),
+            events_out = self.events_out,
+            events_out_per_s = tenth(self.events_out_per_s),
             subscribers_v1 = self.subscribers_v1,
             subscribers_v2 = self.subscribers_v2,
             store_bytes = self.store_bytes,
@@ -186,6 +201,45 @@ pub fn run(app: Arc<App>, every: Duration) -> impl std::future::Future<Output = 
             Status::between(&app, &prev, &now, now_at.saturating_duration_since(at)).log();
             (prev, at) = (now, now_at);
         }
+    }
+}
+
+/// How long a window the status page's rates are taken over, at least.
+pub const RATE_WINDOW: Duration = Duration::from_secs(10);
+
+/// The snapshots the status page compares with to say rates: the start, then at most one every
+/// [`RATE_WINDOW`], the last two kept. A page viewed now compares with the newest that is at
+/// least [`RATE_WINDOW`] old (else the oldest), so its rates are over 10–20 s once the server
+/// has run that long, however often the page is loaded (a reload a second does not make them
+/// one-second noise), and over the whole run before.
+#[derive(Debug)]
+pub struct Recent(std::sync::Mutex<Vec<(Instant, Snapshot)>>);
+
+impl Recent {
+    /// Starting at `at` with every counter at zero (a new server's metrics).
+    pub fn new(at: Instant) -> Recent {
+        Recent(std::sync::Mutex::new(vec![(at, Snapshot::default())]))
+    }
+
+    /// The snapshot to compare `now` (taken at `at`) with, and when it was taken; keeps `now`
+    /// when the newest kept is [`RATE_WINDOW`] old.
+    pub fn window(&self, at: Instant, now: Snapshot) -> (Instant, Snapshot) {
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let old_enough = |t: &Instant| at.saturating_duration_since(*t) >= RATE_WINDOW;
+        let base = kept
+            .iter()
+            .rev()
+            .find(|(t, _)| old_enough(t))
+            .or_else(|| kept.first())
+            .copied()
+            .unwrap_or((at, now));
+        if kept.last().is_none_or(|(t, _)| old_enough(t)) {
+            kept.push((at, now));
+            if kept.len() > 2 {
+                kept.remove(0);
+            }
+        }
+        base
     }
 }
 
@@ -245,5 +299,33 @@ mod tests {
         assert_eq!(s.refused_by, "");
         assert_eq!(s.dropped, [0; 4]);
         assert_eq!(s.upstream_seq, 4_242, "gauges are said as they stand");
+    }
+
+    /// The page's window: the whole run at first, then the newest kept snapshot at least
+    /// [`RATE_WINDOW`] old, however often it is asked.
+    #[test]
+    fn rates_are_over_ten_to_twenty_seconds_however_often_asked() {
+        let t0 = Instant::now();
+        let recent = Recent::new(t0);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let snap = |n: u64| Snapshot {
+            events_stored: n,
+            ..Snapshot::default()
+        };
+        // Asked every second: before 10 s, the start.
+        for s in 1..10 {
+            assert_eq!(recent.window(at(s), snap(s)), (t0, Snapshot::default()));
+        }
+        // At 10 s the start is still the base, and 10 s is kept.
+        assert_eq!(recent.window(at(10), snap(10)).0, t0);
+        // Until 20 s, the base stays the start (the 10 s one is too young)...
+        assert_eq!(recent.window(at(15), snap(15)).0, t0);
+        // ...then moves to 10 s, and 20 s is kept.
+        assert_eq!(recent.window(at(20), snap(20)), (at(10), snap(10)));
+        assert_eq!(recent.window(at(29), snap(29)), (at(10), snap(10)));
+        assert_eq!(recent.window(at(30), snap(30)), (at(20), snap(20)));
+        // Not asked for a long while: the newest kept, however old.
+        assert_eq!(recent.window(at(500), snap(500)), (at(30), snap(30)));
+        assert!(recent.0.lock().unwrap().len() <= 2);
     }
 }

@@ -373,7 +373,18 @@ fn admit(ev: FirehoseEvent, metrics: &Metrics, seqs: &mut Seqs) -> Admitted {
                         "upstream: our cursor is older than the relay holds; events are lost, continuing from its oldest"
                     );
                 } else {
-                    tracing::warn!(name, message = msg, host = ev.host, "upstream #info");
+                    // A relay may send any number of these: said by the garbage rule (issue 39).
+                    match seqs.garbage.say("info") {
+                        Say::Full => {
+                            tracing::warn!(name, message = msg, host = ev.host, "upstream #info")
+                        }
+                        Say::Summary { suppressed, total } => tracing::warn!(
+                            name, message = msg, host = ev.host, suppressed, total,
+                            "upstream #info frames: {suppressed} more not said since the last line, \
+                             {total} in all (riptide_upstream_info_total)"
+                        ),
+                        Say::Quiet => {}
+                    }
                 }
             } else if name == "FutureCursor" {
                 metrics.upstream_errors.fetch_add(1, Relaxed);
@@ -620,6 +631,9 @@ async fn forward_resolving(
     let mut pending: FuturesOrdered<BoxFuture<'static, Upstream>> = FuturesOrdered::new();
     let depth = cfg.lookahead.max(1);
     let mut open = true;
+    // One rule for the lookups' warnings: a PLC directory that does not answer fails the
+    // lookup of every account in the stream, and a line per account flooded the journal.
+    let said = Arc::new(Throttle::default());
     loop {
         tokio::select! {
             biased;
@@ -646,12 +660,12 @@ async fn forward_resolving(
                         resolver.invalidate(d);
                     }
                 }
-                let (res, m) = (resolver.clone(), metrics.clone());
+                let (res, m, said) = (resolver.clone(), metrics.clone(), said.clone());
                 let (retries, delay) = (cfg.lookup_retries, cfg.lookup_retry_delay);
                 pending.push_back(
                     async move {
                         if let Some(d) = did {
-                            warm(&res, &d, retries, delay, &m).await;
+                            warm(&res, &d, retries, delay, &m, &said).await;
                         }
                         Upstream::Frame((seq, bytes))
                     }
@@ -664,8 +678,17 @@ async fn forward_resolving(
 }
 
 /// Resolves `did` into the cache, retrying transient failures. Definite answers (no such DID,
-/// unusable document) are cached negatively by the resolver and end the wait at once.
-async fn warm(res: &Resolver, did: &str, retries: u32, delay: Duration, metrics: &Metrics) {
+/// unusable document) are cached negatively by the resolver and end the wait at once. A lookup
+/// given up is counted (`riptide_key_lookup_failures_total`) and said by the rule of `said`
+/// ([`lookup_failed`]).
+async fn warm(
+    res: &Resolver,
+    did: &str,
+    retries: u32,
+    delay: Duration,
+    metrics: &Metrics,
+    said: &Throttle,
+) {
     if res.try_get(did).is_some() {
         return;
     }
@@ -674,14 +697,14 @@ async fn warm(res: &Resolver, did: &str, retries: u32, delay: Duration, metrics:
         match res.resolve_did(did).await {
             Ok(_) => return,
             Err(e) if e.is_definite() => {
-                tracing::warn!(did, error = %e, "DID lookup: no usable document (the frame will be unknown-key)");
                 metrics.key_lookup_failures.fetch_add(1, Relaxed);
+                lookup_failed(said, "no-usable-document", did, &e, attempt + 1);
                 return;
             }
             Err(e) => {
                 if attempt == retries {
-                    tracing::warn!(did, error = %e, attempts = retries + 1, "DID lookup failed; giving up (the frame will be unknown-key)");
                     metrics.key_lookup_failures.fetch_add(1, Relaxed);
+                    lookup_failed(said, "lookup-failed", did, &e, attempt + 1);
                     return;
                 }
                 metrics.key_lookup_retries.fetch_add(1, Relaxed);
@@ -690,6 +713,25 @@ async fn warm(res: &Resolver, did: &str, retries: u32, delay: Duration, metrics:
                 wait = wait.saturating_mul(2);
             }
         }
+    }
+}
+
+/// Says one DID lookup given up, of `kind`: in full the first [`Throttle::FIRST`] times, then a
+/// summary at most every [`Throttle::EVERY`] with how many were not said (issue 39).
+fn lookup_failed(
+    said: &Throttle,
+    kind: &'static str,
+    did: &str,
+    e: &dyn std::fmt::Display,
+    attempts: u32,
+) {
+    match said.say(kind) {
+        Say::Full => tracing::warn!(did, error = %e, attempts, kind,
+            "DID lookup given up: the frame will be unknown-key"),
+        Say::Summary { suppressed, total } => tracing::warn!(did, error = %e, kind, suppressed,
+            total, "DID lookups given up ({kind}): {suppressed} more not said since the last line, \
+             {total} in all (riptide_key_lookup_failures_total)"),
+        Say::Quiet => {}
     }
 }
 

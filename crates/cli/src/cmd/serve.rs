@@ -115,7 +115,7 @@ pub struct Args {
     /// Listen address.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6008", value_parser = super::parse_listen)]
     pub listen: SocketAddr,
-    /// Also serve /metrics, /healthz and /readyz (only those) on this address, outside the
+    /// Also serve /metrics, /healthz, /readyz and the status page / (only those) on this address, outside the
     /// subscriber connection budget, so that probes answer however many subscribers there are
     /// (the main port keeps a small reserve for them too). Bind it where only monitoring reaches.
     #[arg(long, value_name = "ADDR", value_parser = super::parse_listen)]
@@ -447,23 +447,30 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
             Some(Keys(Arc::new(keys)))
         }
     };
+    // Checks before side effects (issue 39): the open-file limit, the Kafka address, the
+    // dictionaries and both listeners are said, each in one line, before the store is opened,
+    // anything connects upstream or to Kafka, or a subscriber is taken.
+    let limits = connection_limits(args)?;
+    if let Some(url) = args.publish.as_ref().or(args.from.as_ref()) {
+        super::serve_kafka::check(url).await?;
+    }
     let dict = match &args.zstd_dictionary {
         Some(p) => Some(super::load_dictionary(p)?),
         None => None,
     };
-    let limits = ConnLimits {
-        max_connections: args.max_connections,
-        per_ip: args.max_connections_per_ip,
-        header_timeout: args.header_timeout,
-    }
-    .effective()?;
-    // Checks before side effects (issue 39): the port and the v2 dictionary are the commonest
-    // mistakes, and both are said before the store is opened or anything connects upstream.
+    let v2_dictionary = match &args.zstd_dictionary_v2 {
+        Some(p) => Some(Dictionary::load(p)?),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    let v2_dictionary = match &args.zstd_dictionary_v2 {
-        Some(p) => Some(Dictionary::load(p)?),
+    let metrics_listener = match args.metrics_listen {
+        Some(at) => Some(
+            tokio::net::TcpListener::bind(at)
+                .await
+                .with_context(|| format!("listening on {at} (--metrics-listen)"))?,
+        ),
         None => None,
     };
     std::fs::create_dir_all(&args.data)
@@ -529,7 +536,17 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
             ..Default::default()
         },
     ));
+    // What the status page says the server ingests from.
+    let mut sources = match (&args.from, &args.ingest_file) {
+        (Some(url), _) => vec![format!("{url} (edge)")],
+        (None, Some(f)) => vec![format!("file {}", f.display())],
+        (None, None) => hosts.clone(),
+    };
+    if let Some(url) = &args.publish {
+        sources.push(format!("publishing to {url}"));
+    }
     let config = ServerConfig {
+        sources,
         archive: Some(archive),
         v1_dictionary: dict.clone(),
         ready_max_idle: Some(args.ready_max_idle).filter(|d| !d.is_zero()),
@@ -686,11 +703,8 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     let listener = LimitedListener::new(listener, limits, metrics.clone());
     // The probes' own listener: outside the subscriber budget (`riptide_serve::limits`). It
     // lives as long as the process.
-    let metrics_addr = match args.metrics_listen {
-        Some(at) => {
-            let l = tokio::net::TcpListener::bind(at)
-                .await
-                .with_context(|| format!("listening on {at} (--metrics-listen)"))?;
+    let metrics_addr = match metrics_listener {
+        Some(l) => {
             let bound = l.local_addr()?;
             tracing::info!("serving http://{bound}/metrics, /healthz, /readyz");
             let l = LimitedListener::probes(l, limits.header_timeout, metrics.clone());
@@ -721,6 +735,50 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         ingest_done,
         source: source_rt,
     })
+}
+
+/// The connection limits under the open-file limit, raised first to the hard one
+/// (`riptide_serve::limits::raise_fd_limit`); a warning, once, naming the limit and the fix when
+/// it still cannot hold `--max-connections`.
+fn connection_limits(args: &Args) -> anyhow::Result<ConnLimits> {
+    let raised = riptide_serve::limits::raise_fd_limit();
+    match &raised {
+        Ok(r) if r.after != r.before => tracing::info!(
+            from = ?r.before, to = ?r.after, "open-file limit raised to the hard limit"
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "could not raise the open-file limit to the hard limit")
+        }
+    }
+    let limits = ConnLimits {
+        max_connections: args.max_connections,
+        per_ip: args.max_connections_per_ip,
+        header_timeout: args.header_timeout,
+    }
+    .effective()?;
+    if limits.max_connections < args.max_connections {
+        let (soft, hard) = match raised {
+            Ok(r) => (r.after, r.hard),
+            Err(_) => (riptide_serve::limits::fd_limit(), None),
+        };
+        let show = |l: Option<u64>| l.map_or_else(|| "unlimited".into(), |n| n.to_string());
+        tracing::warn!(
+            max_connections = args.max_connections,
+            allowed = limits.max_connections,
+            open_file_limit = %show(soft),
+            hard_limit = %show(hard),
+            "the open-file limit allows only {} of the {} connections of --max-connections: \
+             raise it (LimitNOFILE= in systemd, ulimit -n, --ulimit nofile= in docker) to at \
+             least {}",
+            limits.max_connections,
+            args.max_connections,
+            args.max_connections as u64
+                + riptide_serve::limits::RESERVED_FDS
+                + 2 * riptide_serve::limits::PROBE_RESERVE as u64,
+        );
+    }
+    Ok(limits)
 }
 
 async fn shutdown_signal() {

@@ -27,6 +27,31 @@ mod imp {
     use anyhow::Context;
     use riptide_kafka::{KafkaPublisher, KafkaUrl, Lease};
 
+    /// The `kafka://` address checked at start, before any side effect: it parses, and each
+    /// broker's host resolves (within 10 s). Reaching the brokers is not checked here: a
+    /// cluster that is down is waited for and said (`KafkaUrl::reach`).
+    pub async fn check(url: &str) -> anyhow::Result<()> {
+        let parsed = KafkaUrl::parse(url)?;
+        for broker in parsed.brokers.split(',') {
+            let found = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                tokio::net::lookup_host(broker),
+            )
+            .await
+            .map_err(|_| anyhow::anyhow!("timed out after 10 s"))
+            .and_then(|r| r.map_err(anyhow::Error::from))
+            .map(|mut addrs| addrs.next().is_some());
+            match found {
+                Ok(true) => {}
+                Ok(false) => {
+                    anyhow::bail!("Kafka broker {broker} (in {url}) resolves to no address")
+                }
+                Err(e) => anyhow::bail!("Kafka broker {broker} (in {url}) does not resolve: {e}"),
+            }
+        }
+        Ok(())
+    }
+
     /// Creates the topics if needed, waits for the ingest lease (a standby waits here), takes
     /// over the transactional id and catches the store up with the topic.
     pub async fn publishing(
@@ -106,6 +131,10 @@ mod imp {
 
     const NO: &str = "this riptide was built without Kafka support (cargo feature `kafka`)";
 
+    pub async fn check(_: &str) -> anyhow::Result<()> {
+        anyhow::bail!(NO)
+    }
+
     pub async fn publishing(
         _: &str,
         _: &Store,
@@ -127,4 +156,4 @@ mod imp {
     }
 }
 
-pub use imp::{edge, publishing};
+pub use imp::{check, edge, publishing};
