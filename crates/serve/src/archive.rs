@@ -1041,7 +1041,13 @@ fn stream_file(a: Arc<Archive>, file: std::fs::File, start: u64, end: u64) -> Bo
     tokio::task::spawn_blocking(move || {
         let fail = |e: std::io::Error| {
             a.metrics.read_errors.fetch_add(1, Relaxed);
-            tracing::error!(error = %e, "archive: segment read failed mid-download");
+            crate::said::say(
+                "archive read failed",
+                "riptide_archive_read_errors_total",
+                || {
+                    tracing::error!(error = %e, "archive: segment read failed mid-download");
+                },
+            );
             let _ = tx.blocking_send(Err(e));
         };
         // Sequential reads into fresh capacity (`read_to_end` does not zero it first).
@@ -1110,13 +1116,18 @@ async fn get_block(
         let size = info.compressed_size as usize;
         let mut buf = vec![0u8; 8 + size];
         let n = read_full_at(&f.file, &mut buf, info.offset).map_err(|e| {
-            tracing::error!(path = %seg.path.display(), error = %e, "archive: block read failed");
+            a2.metrics.read_errors.fetch_add(1, Relaxed);
+            crate::said::say("archive read failed", "riptide_archive_read_errors_total", || {
+                tracing::error!(path = %seg.path.display(), error = %e, "archive: block read failed");
+            });
             internal("failed to read block")
         })?;
         let prefix = u64::from_le_bytes([buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6], buf[7]]);
         if n != buf.len() || prefix != size as u64 {
             a2.metrics.read_errors.fetch_add(1, Relaxed);
-            tracing::error!(path = %seg.path.display(), block, "archive: block's length prefix disagrees with the index");
+            crate::said::say("archive block mismatch", "riptide_archive_read_errors_total", || {
+                tracing::error!(path = %seg.path.display(), block, "archive: block's length prefix disagrees with the index");
+            });
             return Err(internal("block does not match the segment's index"));
         }
         Ok((f.checksum, Bytes::from(buf).slice(8..)))

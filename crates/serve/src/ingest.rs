@@ -1244,7 +1244,9 @@ fn write(
         if let Some(q) = &queue {
             for did in queued.drain(..) {
                 metrics.resync_queued.fetch_add(1, Relaxed);
-                tracing::warn!(did = %did, "chain break: account queued for resync; its frames are held until it lands");
+                crate::said::say("chain break", "riptide_resync_queued_total", || {
+                    tracing::warn!(did = %did, "chain break: account queued for resync; its frames are held until it lands");
+                });
                 let _ = q.send(did.into());
             }
         }

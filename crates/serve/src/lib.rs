@@ -26,7 +26,8 @@
 //! - [`upstream`]: the relay source (riptide-client), warming DID lookups before verification
 //!   (the verifier's keys are then `riptide_resolver::ResolverKeys::resolving_on`);
 //! - [`status`]: the status line said once a minute in the log, from the metrics;
-//! - [`page`]: the status page at `GET /`, from the same metrics.
+//! - [`page`]: the status page at `GET /`, from the same metrics;
+//! - `said`: the rule (riptide-throttle) for the rare complaints that can still come in floods.
 
 pub mod archive;
 pub mod chain;
@@ -41,6 +42,7 @@ pub mod options;
 pub mod page;
 pub mod publish;
 pub mod resync;
+mod said;
 pub mod server;
 pub mod slow;
 pub mod status;

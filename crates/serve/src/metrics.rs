@@ -505,6 +505,8 @@ pub struct Metrics {
     pub ingest_failed: std::sync::atomic::AtomicBool,
     /// Store writes that failed (each pauses ingest until a retry succeeds).
     pub store_write_failures: AtomicU64,
+    /// Store reads that failed for a replaying subscriber (each closed with 1011).
+    pub store_read_failures: AtomicU64,
     /// Connections refused before reaching HTTP, by reason (see `limits.rs`).
     pub connections_refused: [AtomicU64; 2],
     /// Open client connections (HTTP or WebSocket).
@@ -663,6 +665,12 @@ impl Metrics {
             "gauge",
             "1 once an ingest thread has failed for good (a panic or a fatal error): the server stops ingesting and exits; /healthz answers 503.",
             (self.ingest_failed.load(Relaxed) as u8).to_string(),
+        );
+        one(
+            "riptide_store_read_failures_total",
+            "counter",
+            "Store reads that failed for a replaying subscriber (the subscriber is closed with 1011).",
+            c(&self.store_read_failures),
         );
         one(
             "riptide_store_write_failures_total",

@@ -288,10 +288,12 @@ impl Job {
                         0 => self.metrics.resync_failed(ResyncFailure::Sources),
                         n => (0..n).for_each(|_| self.metrics.resync_failed(ResyncFailure::Stale)),
                     }
-                    tracing::warn!(
-                        did, error = %e, retry_in = ?wait,
-                        "resync failed: the account's frames stay held, none served"
-                    );
+                    crate::said::say("resync failed", "riptide_resync_failed_total", || {
+                        tracing::warn!(
+                            did, error = %e, retry_in = ?wait,
+                            "resync failed: the account's frames stay held, none served"
+                        );
+                    });
                     tokio::time::sleep(wait).await;
                     wait = wait.saturating_mul(2).min(self.limits.max_retry);
                 }

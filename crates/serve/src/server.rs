@@ -981,7 +981,9 @@ impl Frames for V1Frames<'_> {
 /// Counts and logs an event that cannot be sent (never expected: `Metrics::events_unsendable`).
 pub(crate) fn unsendable(app: &App, e: &Event, why: &str) {
     app.metrics.events_unsendable.fetch_add(1, Relaxed);
-    tracing::error!(seq = e.seq(), "{why}; event not sent");
+    crate::said::say("event not sent", "riptide_events_unsendable_total", || {
+        tracing::error!(seq = e.seq(), "{why}; event not sent");
+    });
 }
 
 /// The subscriber loop of both wires (module docs), from seq `next` until the connection ends.
@@ -1071,7 +1073,13 @@ fn v1_zstd(app: &App, e: &Event) -> Result<bytes::Bytes, Outcome> {
         None => Err("no --zstd-dictionary to compress a stored event with".into()),
     };
     made.map(bytes::Bytes::from).map_err(|why| {
-        tracing::error!(seq = e.seq(), error = %why, "cannot compress a stored event");
+        crate::said::say(
+            "stored event not compressed",
+            "riptide_events_unsendable_total",
+            || {
+                tracing::error!(seq = e.seq(), error = %why, "cannot compress a stored event");
+            },
+        );
         Outcome::Close(1011, "internal error".into())
     })
 }
@@ -1121,7 +1129,14 @@ async fn read_batch(
     };
     match from {
         Err(e) => {
-            tracing::error!(error = %e, "store read failed");
+            app.metrics.store_read_failures.fetch_add(1, Relaxed);
+            crate::said::say(
+                "store read failed",
+                "riptide_store_read_failures_total",
+                || {
+                    tracing::error!(error = %e, "store read failed");
+                },
+            );
             return Err(Outcome::Close(1011, "internal error".into()));
         }
         Ok(ReadFrom::Store) => {

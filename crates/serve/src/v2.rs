@@ -758,7 +758,9 @@ impl V2 {
         match self.zstd.as_ref()?.compress(text) {
             Ok(z) => Some(Bytes::from(z)),
             Err(e) => {
-                tracing::error!(error = %e, "v2 zstd");
+                crate::said::say("v2 zstd failed", "riptide_events_unsendable_total", || {
+                    tracing::error!(error = %e, "v2 zstd: the event cannot be compressed");
+                });
                 None
             }
         }
