@@ -80,6 +80,10 @@ enum Command {
     Gen(cmd::gen::Args),
     /// The trust chain: handle -> DID -> document -> repository, all verified.
     VerifyHandle(cmd::verify_handle::Args),
+    /// An account's identity: a handle or DID, its DID document, the handle checked both ways.
+    Resolve(cmd::resolve::Args),
+    /// One record (at://HANDLE-OR-DID/COLLECTION/RKEY), fetched with its proof, checked, as JSON.
+    Get(cmd::get::Args),
     /// Serve a generated network (PLC directory, PDS, handles) on loopback, with faults.
     Sim(cmd::sim::Args),
     /// Backfill the network's repositories, each verified whole: JSON lines, resumable.
@@ -145,6 +149,8 @@ fn main() -> ExitCode {
         Command::Tail(a) => cmd::tail::run(a),
         Command::Gen(a) => cmd::gen::run(a),
         Command::VerifyHandle(a) => cmd::verify_handle::run(a),
+        Command::Resolve(a) => cmd::resolve::run(a),
+        Command::Get(a) => cmd::get::run(a),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Backfill(a) => cmd::backfill::run(a),
         Command::Serve(a) => cmd::serve::run(a.serve),
