@@ -767,6 +767,17 @@ fn tail_gives_up_on_a_host_name_that_does_not_exist() {
 /// A relay on loopback: each connection gets the next script's frames, then a close (or, for
 /// the last script, the connection held open).
 fn scripted_relay(scripts: Vec<Vec<Vec<u8>>>) -> String {
+    use tokio_tungstenite::tungstenite::Message;
+    scripted_server(
+        scripts
+            .into_iter()
+            .map(|s| s.into_iter().map(Message::binary).collect())
+            .collect(),
+    )
+}
+
+/// [`scripted_relay`] with any WebSocket messages (text as a Jetstream sends).
+fn scripted_server(scripts: Vec<Vec<tokio_tungstenite::tungstenite::Message>>) -> String {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -786,10 +797,8 @@ fn scripted_relay(scripts: Vec<Vec<Vec<u8>>>) -> String {
                 };
                 let script = scripts.next().unwrap_or_default();
                 let last = scripts.peek().is_none();
-                for f in script {
-                    let _ = ws
-                        .send(tokio_tungstenite::tungstenite::Message::binary(f))
-                        .await;
+                for m in script {
+                    let _ = ws.send(m).await;
                 }
                 if last {
                     tokio::spawn(async move { while let Some(Ok(_)) = ws.next().await {} });
@@ -840,4 +849,43 @@ fn tail_relay_error_frames_are_errors_not_events() {
     let e = stderr(&out);
     assert_eq!(e.matches("ConsumerTooSlow").count(), 1, "said once: {e}");
     assert!(e.contains("you are too slow"), "{e}");
+}
+
+/// Issue 39: `tail --relay` pointed at a Jetstream URL printed ~5,000 "text message on the
+/// firehose: skipped" lines in 30 ms and never stopped. A relay sends binary frames only: a few
+/// text messages in a row end the run with one line and exit 1, as `tail --jetstream` gives up
+/// on messages it cannot decode.
+#[test]
+fn tail_relay_gives_up_on_a_server_that_speaks_text() {
+    use tokio_tungstenite::tungstenite::Message;
+    let event = r#"{"did":"did:plc:abc","time_us":1,"kind":"identity"}"#;
+    // More than enough to give up on, then the connection held open (as a live Jetstream).
+    let url = scripted_server(vec![(0..50).map(|_| Message::text(event)).collect()]);
+    let mut child = Command::new(BIN)
+        .args(["tail", "--relay", &url, "--cursor", "0", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > PATIENCE {
+            let _ = child.kill();
+            panic!("tail --relay still running after {PATIENCE:?} of text messages");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let e = stderr(&out);
+    assert_eq!(e.lines().count(), 1, "one line: {e}");
+    assert!(
+        e.contains("5 messages in a row") && e.contains("is this a Jetstream URL?"),
+        "{e}"
+    );
 }
