@@ -98,6 +98,9 @@ enum Command {
     /// A serve data directory's integrity: check every stored block and event, repair.
     #[command(subcommand)]
     Store(cmd::store::StoreCmd),
+    /// Check this machine: corpus, a store's dictionary, upstream and PLC reachable, disk, fd
+    /// limit, Java for the Kafka tests. One line per check; exit 1 when one fails.
+    Doctor(cmd::doctor::Args),
     /// Print a shell completion script (e.g. `riptide completions bash > /etc/bash_completion.d/riptide`).
     Completions(cmd::docs::CompletionsArgs),
     /// Print the man page (roff), or write one page per command with --out-dir.
@@ -157,6 +160,7 @@ fn main() -> ExitCode {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Dict(d) => cmd::dict::run(d),
         Command::Store(c) => cmd::store::run(c),
+        Command::Doctor(a) => cmd::doctor::run(a),
         Command::Completions(a) => cmd::docs::completions(a, command()),
         Command::Man(a) => cmd::docs::man(a, command()),
         Command::Mutate(a) => cmd::mutate::run(a),

@@ -13,6 +13,7 @@ pub mod decode;
 pub mod demo;
 pub mod dict;
 pub mod docs;
+pub mod doctor;
 pub mod gen;
 pub mod get;
 pub mod jetstream;
