@@ -522,26 +522,52 @@ fn a_relay_behind_the_stored_cursor_is_an_error_that_says_what_to_do() {
     assert_eq!(http(&addr, "/readyz").0, 200);
 }
 
+/// `riptide demo --listen 127.0.0.1:0 --dir DIR` for 5 s, small and slow (a debug build verifying
+/// a fast relay stores in large, late batches).
+fn demo_in(dir: &std::path::Path, seed: &str) -> std::process::Output {
+    Command::new(BIN)
+        .args([
+            "demo",
+            "--accounts",
+            "10",
+            "--events",
+            "300",
+            "--rate",
+            "200",
+            "--seconds",
+            "5",
+            "--seed",
+            seed,
+        ])
+        .args(["--listen", "127.0.0.1:0", "--dir", s(dir)])
+        .output()
+        .unwrap()
+}
+
+/// The verdict counts of the demo's last status line (`| ok 1004, rev-regression 3 |`).
+fn last_verdicts(out: &std::process::Output) -> Vec<(String, u64)> {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().filter(|l| l.starts_with('[')).last().unwrap();
+    line.split('|')
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .map(|kv| {
+            let (k, v) = kv.trim().rsplit_once(' ').unwrap();
+            (k.to_owned(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Issue 39: `demo --dir D` run again generated the same network into a store that held its
+/// chain state: 93% of frames were refused as replays, and it exited 0. A reused directory
+/// now gets the next seed (no replays); and a flood of rejections, should one happen (here the
+/// seed file is set back so that the last run's network comes again), fails the run.
 #[test]
 fn demo_with_a_reused_dir_runs_again() {
-    // A slow relay: a debug build verifying a fast one stores in large, late batches.
     let dir = scratch();
     for run in 0..2 {
-        let out = Command::new(BIN)
-            .args([
-                "demo",
-                "--accounts",
-                "10",
-                "--events",
-                "300",
-                "--rate",
-                "200",
-                "--seconds",
-                "5",
-            ])
-            .args(["--listen", "127.0.0.1:0", "--dir", s(dir.path())])
-            .output()
-            .unwrap();
+        let out = demo_in(dir.path(), "5");
         let e = stderr(&out);
         assert!(
             out.status.success(),
@@ -549,7 +575,26 @@ fn demo_with_a_reused_dir_runs_again() {
             String::from_utf8_lossy(&out.stdout)
         );
         assert_eq!(e.contains("reusing the store"), run == 1, "run {run}: {e}");
+        let seed = std::fs::read_to_string(dir.path().join("demo-seed")).unwrap();
+        assert_eq!(seed.trim(), ["5", "6"][run], "run {run}");
+        let verdicts = last_verdicts(&out);
+        let rejected: u64 = verdicts
+            .iter()
+            .filter(|(k, _)| k != "ok")
+            .map(|(_, n)| n)
+            .sum();
+        assert!(rejected <= 10, "run {run}: {verdicts:?}");
     }
+    // The last run's network once more: replays, which are not the planned rejections.
+    std::fs::write(dir.path().join("demo-seed"), "5\n").unwrap();
+    let out = demo_in(dir.path(), "5");
+    let e = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("a flood of rejections is not planned"),
+        "{e}\n{:?}",
+        last_verdicts(&out)
+    );
 }
 
 /// Issue 39: a second `riptide serve --data D` (or `riptide dict train --data D`) opened a store a
