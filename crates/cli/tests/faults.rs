@@ -547,7 +547,7 @@ fn demo_in(dir: &std::path::Path, seed: &str) -> std::process::Output {
 /// The verdict counts of the demo's last status line (`| ok 1004, rev-regression 3 |`).
 fn last_verdicts(out: &std::process::Output) -> Vec<(String, u64)> {
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().filter(|l| l.starts_with('[')).last().unwrap();
+    let line = text.lines().rfind(|l| l.starts_with('[')).unwrap();
     line.split('|')
         .nth(1)
         .unwrap()

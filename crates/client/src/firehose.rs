@@ -138,7 +138,7 @@ static TEXT: std::sync::LazyLock<Throttle> = std::sync::LazyLock::new(Throttle::
 /// Text messages in a row after which [`FirehoseClient::next_checked`], giving up on permanent
 /// failures, ends: a relay sends binary frames only, so a server that sends text (a Jetstream
 /// URL given as a relay) will not start sending frames by waiting.
-pub const MAX_TEXT_IN_ROW: u32 = 5;
+const MAX_TEXT_IN_ROW: u32 = 5;
 
 /// A reconnecting firehose consumer. See the crate docs for the delivery guarantees.
 #[derive(Debug)]
@@ -212,7 +212,7 @@ impl FirehoseClient {
     /// ([`ClientError::Refused`]), a host name that does not exist
     /// ([`ClientError::UnknownHost`]), or an error frame that waiting will not change
     /// ([`Notice::is_permanent`]: `FutureCursor`, as [`ClientError::Relay`]), or
-    /// [`MAX_TEXT_IN_ROW`] text messages in a row ([`ClientError::Undecodable`]: not a relay).
+    /// five text messages in a row ([`ClientError::Undecodable`]: not a relay).
     /// Other error frames are delivered as events, as without it. Without the setting, never an
     /// error.
     pub async fn next_checked(&mut self) -> Result<FirehoseEvent, ClientError> {

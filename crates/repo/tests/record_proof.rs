@@ -10,8 +10,11 @@ use riptide_car::{CarOptions, CarReader};
 use riptide_cbor::{CidBuf, DAG_CBOR};
 use riptide_repo::{record_proof, verify_record_proof, MstError, RepoError};
 
-/// goat's listing of the export: `(collection/rkey, record CID)`.
-fn goat_listing() -> Option<(Vec<u8>, Vec<(String, CidBuf)>)> {
+/// `(collection/rkey, record CID)` per record.
+type Listing = Vec<(String, CidBuf)>;
+
+/// The export and goat's listing of it.
+fn goat_listing() -> Option<(Vec<u8>, Listing)> {
     let car = common::read("jetstream-2026-07/repo.car")?;
     let tsv = common::read("jetstream-2026-07/car_expected_records.tsv")?;
     let listing = String::from_utf8(tsv)

@@ -121,7 +121,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         });
         checks.extend([u, p]);
     }
-    checks.push(disk(a.data.as_deref().unwrap_or(Path::new("."))));
+    checks.push(disk(a.data.as_deref().unwrap_or_else(|| Path::new("."))));
     checks.push(fd_limit());
     let (java, mvn) = rt.block_on(async {
         tokio::join!(
@@ -350,6 +350,8 @@ fn free_bytes(dir: &Path) -> std::io::Result<u64> {
     }
     // SAFETY: statvfs returned 0, so it initialised `st`.
     let st = unsafe { st.assume_init() };
+    // u64 on 64-bit Linux, narrower elsewhere.
+    #[allow(clippy::unnecessary_cast)]
     Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
