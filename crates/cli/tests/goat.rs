@@ -16,9 +16,8 @@ use riptide_cbor::{CidBuf, DAG_CBOR};
 use riptide_sim::fixture;
 use serde_json::Value;
 
-/// A network directory with `alice.test` (a valid account) and `wrongkey.test` (its document
-/// names another key than the one that signed its repository).
-fn network(dir: &Path) -> (fixture::FixtureAccount, fixture::FixtureAccount) {
+/// A network directory with the accounts of [`Network`].
+fn network(dir: &Path) -> Network {
     std::fs::create_dir(dir.join("repos")).unwrap();
     let alice = fixture::account(1, "alice.test", 40);
     let wrong = fixture::account(3, "wrongkey.test", 5);
@@ -28,12 +27,42 @@ fn network(dir: &Path) -> (fixture::FixtureAccount, fixture::FixtureAccount) {
         &fixture::key_for(9).public_key(),
         "https://x.invalid",
     );
-    let docs = serde_json::json!({ alice.did.clone(): alice.doc, wrong.did.clone(): wrong_doc });
+    let bob = fixture::account(5, "bob.test", 3);
+    let impostor = fixture::did_for(7);
+    let impostor_doc = fixture::doc(
+        &impostor,
+        "bob.test",
+        &fixture::key_for(7).public_key(),
+        "https://x.invalid",
+    );
+    let docs = serde_json::json!({
+        alice.did.clone(): alice.doc,
+        wrong.did.clone(): wrong_doc,
+        bob.did.clone(): bob.doc,
+        impostor.clone(): impostor_doc,
+    });
     std::fs::write(dir.join("did_docs.json"), docs.to_string()).unwrap();
-    for a in [&alice, &wrong] {
+    for a in [&alice, &wrong, &bob] {
         std::fs::write(dir.join("repos").join(format!("{}.car", a.did)), &a.car).unwrap();
     }
-    (alice, wrong)
+    Network {
+        alice,
+        wrong,
+        bob,
+        impostor,
+    }
+}
+
+/// The sim's accounts.
+struct Network {
+    /// A valid account.
+    alice: fixture::FixtureAccount,
+    /// Its document names another key than the one that signed its repository.
+    wrong: fixture::FixtureAccount,
+    /// A valid account whose handle another document claims too.
+    bob: fixture::FixtureAccount,
+    /// That other document's DID.
+    impostor: String,
 }
 
 /// `riptide ARGS… --plc-url BASE --handle-resolver BASE`.
@@ -77,7 +106,12 @@ fn listing(car: &Path) -> Vec<(String, String)> {
 #[test]
 fn resolve_export_and_get_against_the_sim() {
     let tmp = common::scratch();
-    let (alice, wrong) = network(tmp.path());
+    let Network {
+        alice,
+        wrong,
+        bob,
+        impostor,
+    } = network(tmp.path());
     let (_sim, base) = start_sim(tmp.path());
     let alice_key = alice.key.public_key().to_did_key();
 
@@ -104,6 +138,23 @@ fn resolve_export_and_get_against_the_sim() {
             alice.did
         )
     );
+    // A DID whose document claims a handle that names another DID: reported, not an error.
+    // (`bob.test` is claimed by two documents; the sim's handle resolver names one of them.)
+    let (mut verified, mut refused) = (0, 0);
+    for did in [&bob.did, &impostor] {
+        let out = run(&["resolve", did, "--json"], &base);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v = json(&out);
+        assert_eq!(v["handle"], "bob.test");
+        if v["handle_verified"] == true {
+            verified += 1;
+        } else {
+            refused += 1;
+            let why = v["handle_error"].as_str().unwrap();
+            assert!(why.contains(&format!("not to {did}")), "{why}");
+        }
+    }
+    assert_eq!((verified, refused), (1, 1));
     // Unknown handle, unknown DID, not a handle at all.
     assert_fails(&run(&["resolve", "nobody.test"], &base), "handle-not-found");
     assert_fails(

@@ -26,8 +26,8 @@ pub struct ResolveArgs {
     /// HTTPS (offline and test use).
     #[arg(long)]
     pub handle_resolver: Option<String>,
-    /// Timeout of each request (DNS, DID document, download), in seconds.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Timeout of each request (DNS, a DID document, `get`'s proof), in seconds.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub timeout: u64,
 }
 
