@@ -180,6 +180,7 @@ fn resolve_export_and_get_against_the_sim() {
     let v = json(&out);
     assert_eq!(std::fs::read(&car).unwrap(), alice.car.as_ref());
     assert_eq!(v["did"], alice.did.as_str());
+    assert_eq!(v["handle"], "alice.test");
     assert_eq!(v["records"], 40);
     assert_eq!(v["bytes"], alice.car.len());
     let records = listing(&car);
@@ -263,4 +264,103 @@ fn resolve_export_and_get_against_the_sim() {
     // Not a record's URI: a usage error (exit 2).
     let out = run(&["get", "at://alice.test/app.bsky.feed.post"], &base);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+/// A PDS (and PLC directory) on loopback that serves one DID document (`doc_for` its base URL,
+/// so that the document can name it as the PDS) and, for every `getRecord`, `proof`:
+/// `http://ADDR`.
+fn serving_proof(did: &str, doc_for: impl Fn(&str) -> Value, proof: Vec<u8>) -> String {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", l.local_addr().unwrap());
+    let doc = doc_for(&base).to_string();
+    let doc_path = format!("/{did}");
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let mut req = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !req.ends_with(b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => req.extend_from_slice(&buf[..k]),
+                }
+            }
+            let head = String::from_utf8_lossy(&req);
+            let path = head.split(' ').nth(1).unwrap_or_default().to_owned();
+            let (status, body) = if path == doc_path {
+                ("200 OK", doc.clone().into_bytes())
+            } else if path.starts_with("/xrpc/com.atproto.sync.getRecord?") {
+                ("200 OK", proof.clone())
+            } else {
+                ("404 Not Found", b"no".to_vec())
+            };
+            // One write: the head and the body together.
+            let mut resp = format!(
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                body.len()
+            )
+            .into_bytes();
+            resp.extend_from_slice(&body);
+            let _ = s.write_all(&resp);
+        }
+    });
+    base
+}
+
+/// A PDS whose `getRecord` proof lacks a node of the record's path (the tree's root) or the
+/// record itself: the proof does not check, nothing is printed and the verdict says why. The
+/// whole proof, from the same server, prints the record.
+#[test]
+fn get_refuses_a_proof_that_does_not_check() {
+    let alice = fixture::account(1, "alice.test", 40);
+    let mut reader = riptide_car::CarReader::new();
+    let car = reader
+        .read(&alice.car, &riptide_car::CarOptions::repository())
+        .unwrap();
+    let (key, cid) = riptide_repo::list_records(&car).unwrap().remove(17);
+    let proof = riptide_repo::record_proof(&car, &key).unwrap().unwrap();
+    let mut r = riptide_car::CarReader::new();
+    let parsed = r.read(&proof, &riptide_car::CarOptions::default()).unwrap();
+    let root = parsed.roots().next().unwrap().to_buf();
+    let blocks: Vec<(CidBuf, Vec<u8>)> = parsed
+        .blocks()
+        .map(|b| (b.cid.to_buf(), b.data.to_vec()))
+        .collect();
+    let without = |skip: usize| {
+        riptide_car::write_car(
+            &[root],
+            blocks
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i != skip)
+                .map(|(_, (c, b))| (c.as_cid(), b.as_slice())),
+        )
+    };
+    let uri = format!("at://{}/{key}", alice.did);
+    let get = |proof: Vec<u8>| {
+        let base = serving_proof(
+            &alice.did,
+            |pds| fixture::doc(&alice.did, "alice.test", &alice.key.public_key(), pds),
+            proof,
+        );
+        riptide(&["get", &uri, "--json", "--plc-url", &base])
+    };
+    let out = get(proof.clone());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json(&out)["cid"], cid.to_string());
+    for (broken, why) in [
+        (
+            without(1),
+            format!("MST node {} is not available", blocks[1].0),
+        ),
+        (
+            without(blocks.len() - 1),
+            format!("({cid}) is not in the CAR"),
+        ),
+    ] {
+        let out = get(broken);
+        assert_fails(&out, "missing-block");
+        assert!(stderr(&out).contains(&why), "{why}: {}", stderr(&out));
+    }
 }

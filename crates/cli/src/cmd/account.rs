@@ -2,9 +2,10 @@
 //! from one (`resolve`, `repo export`, `get at://…`), as indigo's `goat` resolves it.
 //!
 //! A handle is resolved to its DID and checked back (the DID document's `alsoKnownAs` must claim
-//! it): a one-sided handle is an error. A DID is resolved to its document; the handle the
-//! document claims is then resolved too, and whether it points back is reported
-//! ([`Account::handle_check`]), not an error: the account is the DID, the handle only a name.
+//! it): a one-sided handle is an error. A DID is resolved to its document; for `resolve`, the
+//! handle the document claims is then resolved too, and whether it points back is reported
+//! ([`Account::handle_check`]), not an error: the account is the DID, the handle only a name
+//! (`repo export` and `get` need only the DID and its document: [`HandleCheck::Skip`]).
 //!
 //! A failure is an [`AccountError`]: the verdict name `verify-handle` uses for it
 //! (`handle-not-found`, `handle-mismatch`, `did-not-found`, `bad-document`, `resolve-failed`)
@@ -84,13 +85,30 @@ impl std::fmt::Display for AccountError {
 
 impl std::error::Error for AccountError {}
 
-/// Resolves `input`, a handle (`alice.bsky.social`, `@alice.bsky.social`) or a DID.
-pub async fn resolve(resolver: &Resolver, input: &str) -> Result<Account, AccountError> {
+/// How much of a DID's claimed handle to check ([`resolve`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandleCheck {
+    /// Resolve the handle a DID's document claims and report whether it names the DID back
+    /// (`resolve`, which shows the handle).
+    Report,
+    /// Leave it: the command uses the DID and its document only (`repo export`, `get`).
+    Skip,
+}
+
+/// Resolves `input`, a handle (`alice.bsky.social`, `@alice.bsky.social`) or a DID. A handle is
+/// always checked both ways; a DID's claimed handle as `check` says (unchecked, it is reported
+/// as such in [`Account::handle_check`]).
+pub async fn resolve(
+    resolver: &Resolver,
+    input: &str,
+    check: HandleCheck,
+) -> Result<Account, AccountError> {
     if input.starts_with("did:") {
         let doc = resolver.resolve_did(input).await?;
         let handle = doc.handle().map(|h| h.to_string());
         let handle_check = match &handle {
             None => Ok(()),
+            Some(_) if check == HandleCheck::Skip => Err("not checked".to_owned()),
             Some(h) => match resolver.resolve_handle(h).await {
                 Ok(did) if did.as_str() == input => Ok(()),
                 Ok(did) => Err(format!("{h} resolves to {did}, not to {input}")),

@@ -80,7 +80,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     );
     let rt = account::runtime()?;
     let got = rt.block_on(async {
-        let acct = account::resolve(&resolver, &authority).await?;
+        let acct = account::resolve(&resolver, &authority, account::HandleCheck::Skip).await?;
         let pds = account::pds(&acct)?.to_owned();
         let signing = acct.doc.signing_key().map_err(|e| {
             Failed(

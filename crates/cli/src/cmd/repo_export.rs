@@ -12,7 +12,8 @@
 //! verified export, never a partial or unverified one. `-o -` writes the verified CAR to stdout.
 //!
 //! Text: `FILE: DID, N records, N blocks, N bytes, rev REV` on stdout (stderr with `-o -`).
-//! `--json`: `{"did","handle","pds","file","records","blocks","bytes","rev","commit"}`. A
+//! `--json`: `{"did","handle","pds","file","records","blocks","bytes","rev","commit"}` (`handle`
+//! null when the account was named by its DID: only a handle given is checked). A
 //! failure: `INPUT: VERDICT: REASON` on stderr, exit 1, with resolution's verdicts (`account`),
 //! `fetch-failed`, or the repository's (`bad-block-cid`, `bad-signature`, `missing-block`,
 //! `root-mismatch`, `malformed`, `limits`, `did-mismatch`), as `verify-handle` names them.
@@ -81,7 +82,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     );
     let rt = account::runtime()?;
     let got = rt.block_on(async {
-        let acct = account::resolve(&resolver, &a.account).await?;
+        let acct = account::resolve(&resolver, &a.account, account::HandleCheck::Skip).await?;
         let pds = account::pds(&acct)?.to_owned();
         let key = acct
             .doc
@@ -128,7 +129,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let summary = if a.json {
         serde_json::json!({
             "did": acct.did,
-            "handle": acct.handle,
+            // Named by its handle: checked both ways; by its DID: not asked (null).
+            "handle": acct.handle.as_ref().filter(|_| acct.handle_check.is_ok()),
             "pds": pds,
             "file": file,
             "records": report.records,

@@ -30,7 +30,7 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     let resolver = a.resolve.resolver()?;
     let rt = account::runtime()?;
     let got = rt.block_on(async {
-        let acct = account::resolve(&resolver, &a.account).await?;
+        let acct = account::resolve(&resolver, &a.account, account::HandleCheck::Report).await?;
         let doc = if a.json {
             Some(resolver.did_document_json(&acct.did).await?)
         } else {
