@@ -165,6 +165,13 @@ fn doctor_checks_a_stores_dictionary_and_the_network() {
     let (_, v) = doctor(&["--offline", "--data", s(empty.path())]);
     assert!(get(&v, "store").1.contains("empty"));
     assert_eq!(std::fs::read_dir(empty.path()).unwrap().count(), 0);
+    // Nor a directory of other files.
+    std::fs::write(empty.path().join("notes.txt"), "mine").unwrap();
+    let (_, v) = doctor(&["--offline", "--data", s(empty.path())]);
+    let (status, detail) = get(&v, "store");
+    assert_eq!(status, "warn", "{detail}");
+    assert!(detail.contains("holds no store"), "{detail}");
+    assert_eq!(std::fs::read_dir(empty.path()).unwrap().count(), 1);
 
     // The network: a PLC directory that answers (the sim), a relay that does not.
     let net = scratch();

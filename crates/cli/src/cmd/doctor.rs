@@ -277,13 +277,26 @@ fn store(data: &Path, dictionary: Option<&Path>) -> Check {
         Some(Ok(id)) => id,
         Some(Err(e)) => return check("store", Status::Fail, format!("{e:#}")),
     };
-    // Opening creates a store: an empty directory is said as such, not made one.
-    if std::fs::read_dir(data).is_ok_and(|mut d| d.next().is_none()) {
-        return check(
-            "store",
-            Status::Ok,
-            format!("{}: empty (serve will create a store)", data.display()),
-        );
+    // Opening creates a store: a directory without one is said as such, not made one (a store
+    // has fjall's `partitions/`). Empty is a new data directory; anything else is a warning.
+    if !data.join("partitions").is_dir() {
+        let empty = std::fs::read_dir(data).is_ok_and(|mut d| d.next().is_none());
+        return if empty {
+            check(
+                "store",
+                Status::Ok,
+                format!("{}: empty (serve will create a store)", data.display()),
+            )
+        } else {
+            check(
+                "store",
+                Status::Warn,
+                format!(
+                    "{}: holds no store but other files (serve would create one among them)",
+                    data.display()
+                ),
+            )
+        };
     }
     let stored = riptide_serve::Store::open_any(data).and_then(|(s, _)| s.dict_id());
     match stored {
