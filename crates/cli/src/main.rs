@@ -80,6 +80,10 @@ enum Command {
     Gen(cmd::gen::Args),
     /// The trust chain: handle -> DID -> document -> repository, all verified.
     VerifyHandle(cmd::verify_handle::Args),
+    /// An account's identity: a handle or DID, its DID document, the handle checked both ways.
+    Resolve(cmd::resolve::Args),
+    /// One record (at://HANDLE-OR-DID/COLLECTION/RKEY), fetched with its proof, checked, as JSON.
+    Get(cmd::get::Args),
     /// Serve a generated network (PLC directory, PDS, handles) on loopback, with faults.
     Sim(cmd::sim::Args),
     /// Backfill the network's repositories, each verified whole: JSON lines, resumable.
@@ -94,6 +98,9 @@ enum Command {
     /// A serve data directory's integrity: check every stored block and event, repair.
     #[command(subcommand)]
     Store(cmd::store::StoreCmd),
+    /// Check this machine: corpus, a store's dictionary, upstream and PLC reachable, disk, fd
+    /// limit, Java for the Kafka tests. One line per check; exit 1 when one fails.
+    Doctor(cmd::doctor::Args),
     /// Print a shell completion script (e.g. `riptide completions bash > /etc/bash_completion.d/riptide`).
     Completions(cmd::docs::CompletionsArgs),
     /// Print the man page (roff), or write one page per command with --out-dir.
@@ -145,12 +152,15 @@ fn main() -> ExitCode {
         Command::Tail(a) => cmd::tail::run(a),
         Command::Gen(a) => cmd::gen::run(a),
         Command::VerifyHandle(a) => cmd::verify_handle::run(a),
+        Command::Resolve(a) => cmd::resolve::run(a),
+        Command::Get(a) => cmd::get::run(a),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Backfill(a) => cmd::backfill::run(a),
         Command::Serve(a) => cmd::serve::run(a.serve),
         Command::Demo(a) => cmd::demo::run(a),
         Command::Dict(d) => cmd::dict::run(d),
         Command::Store(c) => cmd::store::run(c),
+        Command::Doctor(a) => cmd::doctor::run(a),
         Command::Completions(a) => cmd::docs::completions(a, command()),
         Command::Man(a) => cmd::docs::man(a, command()),
         Command::Mutate(a) => cmd::mutate::run(a),

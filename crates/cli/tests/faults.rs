@@ -522,26 +522,52 @@ fn a_relay_behind_the_stored_cursor_is_an_error_that_says_what_to_do() {
     assert_eq!(http(&addr, "/readyz").0, 200);
 }
 
+/// `riptide demo --listen 127.0.0.1:0 --dir DIR` for 5 s, small and slow (a debug build verifying
+/// a fast relay stores in large, late batches).
+fn demo_in(dir: &std::path::Path, seed: &str) -> std::process::Output {
+    Command::new(BIN)
+        .args([
+            "demo",
+            "--accounts",
+            "10",
+            "--events",
+            "300",
+            "--rate",
+            "200",
+            "--seconds",
+            "5",
+            "--seed",
+            seed,
+        ])
+        .args(["--listen", "127.0.0.1:0", "--dir", s(dir)])
+        .output()
+        .unwrap()
+}
+
+/// The verdict counts of the demo's last status line (`| ok 1004, rev-regression 3 |`).
+fn last_verdicts(out: &std::process::Output) -> Vec<(String, u64)> {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().rfind(|l| l.starts_with('[')).unwrap();
+    line.split('|')
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .map(|kv| {
+            let (k, v) = kv.trim().rsplit_once(' ').unwrap();
+            (k.to_owned(), v.parse().unwrap())
+        })
+        .collect()
+}
+
+/// Issue 39: `demo --dir D` run again generated the same network into a store that held its
+/// chain state: 93% of frames were refused as replays, and it exited 0. A reused directory
+/// now gets the next seed (no replays); and a flood of rejections, should one happen (here the
+/// seed file is set back so that the last run's network comes again), fails the run.
 #[test]
 fn demo_with_a_reused_dir_runs_again() {
-    // A slow relay: a debug build verifying a fast one stores in large, late batches.
     let dir = scratch();
     for run in 0..2 {
-        let out = Command::new(BIN)
-            .args([
-                "demo",
-                "--accounts",
-                "10",
-                "--events",
-                "300",
-                "--rate",
-                "200",
-                "--seconds",
-                "5",
-            ])
-            .args(["--listen", "127.0.0.1:0", "--dir", s(dir.path())])
-            .output()
-            .unwrap();
+        let out = demo_in(dir.path(), "5");
         let e = stderr(&out);
         assert!(
             out.status.success(),
@@ -549,7 +575,26 @@ fn demo_with_a_reused_dir_runs_again() {
             String::from_utf8_lossy(&out.stdout)
         );
         assert_eq!(e.contains("reusing the store"), run == 1, "run {run}: {e}");
+        let seed = std::fs::read_to_string(dir.path().join("demo-seed")).unwrap();
+        assert_eq!(seed.trim(), ["5", "6"][run], "run {run}");
+        let verdicts = last_verdicts(&out);
+        let rejected: u64 = verdicts
+            .iter()
+            .filter(|(k, _)| k != "ok")
+            .map(|(_, n)| n)
+            .sum();
+        assert!(rejected <= 10, "run {run}: {verdicts:?}");
     }
+    // The last run's network once more: replays, which are not the planned rejections.
+    std::fs::write(dir.path().join("demo-seed"), "5\n").unwrap();
+    let out = demo_in(dir.path(), "5");
+    let e = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("a flood of rejections is not planned"),
+        "{e}\n{:?}",
+        last_verdicts(&out)
+    );
 }
 
 /// Issue 39: a second `riptide serve --data D` (or `riptide dict train --data D`) opened a store a
@@ -767,6 +812,17 @@ fn tail_gives_up_on_a_host_name_that_does_not_exist() {
 /// A relay on loopback: each connection gets the next script's frames, then a close (or, for
 /// the last script, the connection held open).
 fn scripted_relay(scripts: Vec<Vec<Vec<u8>>>) -> String {
+    use tokio_tungstenite::tungstenite::Message;
+    scripted_server(
+        scripts
+            .into_iter()
+            .map(|s| s.into_iter().map(Message::binary).collect())
+            .collect(),
+    )
+}
+
+/// [`scripted_relay`] with any WebSocket messages (text as a Jetstream sends).
+fn scripted_server(scripts: Vec<Vec<tokio_tungstenite::tungstenite::Message>>) -> String {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -786,10 +842,8 @@ fn scripted_relay(scripts: Vec<Vec<Vec<u8>>>) -> String {
                 };
                 let script = scripts.next().unwrap_or_default();
                 let last = scripts.peek().is_none();
-                for f in script {
-                    let _ = ws
-                        .send(tokio_tungstenite::tungstenite::Message::binary(f))
-                        .await;
+                for m in script {
+                    let _ = ws.send(m).await;
                 }
                 if last {
                     tokio::spawn(async move { while let Some(Ok(_)) = ws.next().await {} });
@@ -840,4 +894,43 @@ fn tail_relay_error_frames_are_errors_not_events() {
     let e = stderr(&out);
     assert_eq!(e.matches("ConsumerTooSlow").count(), 1, "said once: {e}");
     assert!(e.contains("you are too slow"), "{e}");
+}
+
+/// Issue 39: `tail --relay` pointed at a Jetstream URL printed ~5,000 "text message on the
+/// firehose: skipped" lines in 30 ms and never stopped. A relay sends binary frames only: a few
+/// text messages in a row end the run with one line and exit 1, as `tail --jetstream` gives up
+/// on messages it cannot decode.
+#[test]
+fn tail_relay_gives_up_on_a_server_that_speaks_text() {
+    use tokio_tungstenite::tungstenite::Message;
+    let event = r#"{"did":"did:plc:abc","time_us":1,"kind":"identity"}"#;
+    // More than enough to give up on, then the connection held open (as a live Jetstream).
+    let url = scripted_server(vec![(0..50).map(|_| Message::text(event)).collect()]);
+    let mut child = Command::new(BIN)
+        .args(["tail", "--relay", &url, "--cursor", "0", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > PATIENCE {
+            let _ = child.kill();
+            panic!("tail --relay still running after {PATIENCE:?} of text messages");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let e = stderr(&out);
+    assert_eq!(e.lines().count(), 1, "one line: {e}");
+    assert!(
+        e.contains("5 messages in a row") && e.contains("is this a Jetstream URL?"),
+        "{e}"
+    );
 }

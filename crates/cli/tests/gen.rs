@@ -292,3 +292,87 @@ fn gen_killed_part_way_leaves_no_frames_file() {
     ]);
     assert!(verified.status.success(), "{}", stderr(&verified));
 }
+
+/// Issue 39: a long `gen` said nothing until it ended. With stderr not a terminal (a log, CI)
+/// it prints a progress line per interval (here 10 ms, to keep the test short; 10 s by
+/// default): counts that rise to the total, never a line per frame, then the summary.
+#[test]
+fn gen_reports_progress_on_long_runs() {
+    let tmp = scratch();
+    let dir = tmp.path().join("net");
+    let events = 3_000u64;
+    let out = riptide(&[
+        "gen",
+        "--seed",
+        "3",
+        "--accounts",
+        "5",
+        "--events",
+        &events.to_string(),
+        "--out",
+        s(&dir),
+        "--progress-every",
+        "0.01",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let e = stderr(&out);
+    let done: Vec<u64> = e
+        .lines()
+        .filter_map(|l| l.strip_prefix("gen: "))
+        .filter_map(|l| l.split_once('/'))
+        .map(|(n, rest)| {
+            assert!(
+                rest.starts_with(&format!("{events} frames (")) && rest.contains("frames/s"),
+                "{rest}"
+            );
+            n.parse().unwrap()
+        })
+        .collect();
+    assert!(!done.is_empty(), "no progress line: {e}");
+    assert!(done.windows(2).all(|w| w[0] < w[1]), "{done:?}");
+    assert!(done
+        .iter()
+        .all(|&n| n <= events && n % 1024 == 0 || n == events));
+    // At most one line per 1,024 frames, whatever the interval.
+    assert!(
+        done.len() as u64 <= events / 1024 + 1,
+        "{} lines",
+        done.len()
+    );
+    assert!(
+        e.lines()
+            .last()
+            .unwrap()
+            .starts_with(&format!("wrote {events} frames")),
+        "{e}"
+    );
+    // The default interval on a short run: no progress line at all.
+    let out = riptide(&[
+        "gen",
+        "--seed",
+        "3",
+        "--accounts",
+        "5",
+        "--events",
+        "50",
+        "--out",
+        s(&dir),
+    ]);
+    assert!(out.status.success());
+    assert!(!stderr(&out).contains("gen: "), "{}", stderr(&out));
+    // A non-positive interval is a usage error.
+    let out = riptide(&[
+        "gen",
+        "--seed",
+        "3",
+        "--accounts",
+        "5",
+        "--events",
+        "50",
+        "--out",
+        s(&dir),
+        "--progress-every",
+        "0",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -135,12 +135,19 @@ impl FirehoseEvent {
 /// The warning for text messages on the firehose (see [`FirehoseClient::next`]).
 static TEXT: std::sync::LazyLock<Throttle> = std::sync::LazyLock::new(Throttle::default);
 
+/// Text messages in a row after which [`FirehoseClient::next_checked`], giving up on permanent
+/// failures, ends: a relay sends binary frames only, so a server that sends text (a Jetstream
+/// URL given as a relay) will not start sending frames by waiting.
+const MAX_TEXT_IN_ROW: u32 = 5;
+
 /// A reconnecting firehose consumer. See the crate docs for the delivery guarantees.
 #[derive(Debug)]
 pub struct FirehoseClient {
     session: Session,
     arena: Arena,
     notice_decoder: Option<FrameDecoder>,
+    /// Text messages since the last binary frame.
+    text_in_row: u32,
 }
 
 impl FirehoseClient {
@@ -152,6 +159,7 @@ impl FirehoseClient {
             session,
             arena: Arena::new(),
             notice_decoder: None,
+            text_in_row: 0,
         })
     }
 
@@ -203,8 +211,10 @@ impl FirehoseClient {
     /// [`ClientConfig::give_up_on_permanent`] is set: a connection the relay refuses with a 4xx
     /// ([`ClientError::Refused`]), a host name that does not exist
     /// ([`ClientError::UnknownHost`]), or an error frame that waiting will not change
-    /// ([`Notice::is_permanent`]: `FutureCursor`, as [`ClientError::Relay`]). Other error frames
-    /// are delivered as events, as without it. Without the setting, never an error.
+    /// ([`Notice::is_permanent`]: `FutureCursor`, as [`ClientError::Relay`]), or
+    /// five text messages in a row ([`ClientError::Undecodable`]: not a relay).
+    /// Other error frames are delivered as events, as without it. Without the setting, never an
+    /// error.
     pub async fn next_checked(&mut self) -> Result<FirehoseEvent, ClientError> {
         let query = |c: Option<i64>| c.map(|c| format!("cursor={c}")).unwrap_or_default();
         loop {
@@ -224,6 +234,20 @@ impl FirehoseClient {
                     // summary a minute: a Jetstream URL sends nothing else), and go on.
                     self.session.stats().message(other.len());
                     self.session.stats().text_message();
+                    self.text_in_row += 1;
+                    if self.session.give_up {
+                        // Said once, by whoever gets the error, not per message.
+                        if self.text_in_row >= MAX_TEXT_IN_ROW {
+                            let count = std::mem::take(&mut self.text_in_row);
+                            return Err(ClientError::Undecodable {
+                                count,
+                                error: "a text message, where relays send binary frames only \
+                                        (is this a Jetstream URL?)"
+                                    .to_owned(),
+                            });
+                        }
+                        continue;
+                    }
                     match TEXT.say("text") {
                         Say::Quiet => {}
                         Say::Full => tracing::warn!(
@@ -241,6 +265,7 @@ impl FirehoseClient {
                 }
             };
             self.session.stats().message(bytes.len());
+            self.text_in_row = 0;
             let event = self.event(bytes);
             if let Some(n) = event.notice.as_ref().filter(|n| {
                 self.session.give_up && event.kind == FrameKind::Error && n.is_permanent()

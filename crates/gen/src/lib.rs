@@ -57,5 +57,7 @@ pub use error::GenError;
 pub use hosts::HostSplit;
 pub use huge_repo::HugeRepo;
 pub use network::{Config, Network};
-pub use output::{write_dir, write_network, Summary};
+pub use output::{
+    write_dir, write_dir_with, write_network, write_network_with, Stage, Summary, PROGRESS_FRAMES,
+};
 pub use stats::{measure, Stats};

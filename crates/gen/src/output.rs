@@ -55,17 +55,57 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<(), GenError> {
     std::fs::rename(&tmp, path).map_err(|e| GenError::io(path, e))
 }
 
+/// How far a run has got ([`write_dir_with`]), for a caller that shows progress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Stage {
+    /// Making the accounts and their starting repositories (before the first frame).
+    Accounts,
+    /// `done` of `total` frames written (reported every [`PROGRESS_FRAMES`] frames and at the
+    /// end).
+    Frames {
+        /// Frames written.
+        done: u64,
+        /// Frames to write.
+        total: u64,
+    },
+    /// Making `big-repo.car` (with `--big-repo`).
+    BigRepo,
+}
+
+/// Frames between two [`Stage::Frames`] reports.
+pub const PROGRESS_FRAMES: u64 = 1024;
+
 /// Generates `cfg` into `dir` (created if needed).
 pub fn write_dir(cfg: &Config, dir: &Path) -> Result<Summary, GenError> {
     write_network(cfg, dir).map(|(summary, _)| summary)
 }
 
+/// [`write_dir`], telling `progress` how far it has got (`riptide gen`'s progress on long runs).
+pub fn write_dir_with(
+    cfg: &Config,
+    dir: &Path,
+    progress: &mut dyn FnMut(Stage),
+) -> Result<Summary, GenError> {
+    write_network_with(cfg, dir, progress).map(|(summary, _)| summary)
+}
+
 /// [`write_dir`], returning the network too, as it stands after the last frame written: a
 /// caller can [`Network::extend`] it and go on generating the same stream (a live demo).
 pub fn write_network(cfg: &Config, dir: &Path) -> Result<(Summary, Network), GenError> {
+    write_network_with(cfg, dir, &mut |_| {})
+}
+
+/// [`write_network`] with progress reports.
+pub fn write_network_with(
+    cfg: &Config,
+    dir: &Path,
+    progress: &mut dyn FnMut(Stage),
+) -> Result<(Summary, Network), GenError> {
     std::fs::create_dir_all(dir).map_err(|e| GenError::io(dir, e))?;
     let count = u32::try_from(cfg.events)
         .map_err(|_| GenError::Config("the corpus format holds at most 2^32-1 frames".into()))?;
+    progress(Stage::Accounts);
     let mut net = Network::new(cfg.clone())?;
     // The frames file is the directory's mark of completion: removed first, written under a
     // temporary name, and renamed into place last, after every other file. An interrupted run
@@ -91,6 +131,12 @@ pub fn write_network(cfg: &Config, dir: &Path) -> Result<(Summary, Network), Gen
         w.write_all(frame).map_err(io)?;
         summary.frames += 1;
         summary.frame_bytes += 4 + frame.len() as u64;
+        if summary.frames % PROGRESS_FRAMES == 0 || summary.frames == cfg.events {
+            progress(Stage::Frames {
+                done: summary.frames,
+                total: cfg.events,
+            });
+        }
         Ok(())
     };
     // The repositories are exported after `as_of` frames: the end, or `--repos-at K`.
@@ -110,6 +156,7 @@ pub fn write_network(cfg: &Config, dir: &Path) -> Result<(Summary, Network), Gen
 
     let mut accounts: Vec<crate::Account> = net.accounts().cloned().collect();
     if let Some(n) = cfg.big_repo {
+        progress(Stage::BigRepo);
         let dids: Vec<String> = accounts.iter().map(|a| a.did.clone()).collect();
         let big = big_repo(cfg.seed, n, &dids)?;
         write_file(&dir.join("big-repo.car"), &big.car)?;

@@ -7,7 +7,8 @@
 //! lives here. A firehose `#commit` is verified by [`verify_commit_proof`] (the ops applied in
 //! reverse to the partial MST in the frame's CAR must give `prevData`) plus
 //! [`Commit::verify_signature`]; a repository export by [`verify_repo`] (every block hash, the
-//! signature, a structural walk of the whole MST and a rebuild from its leaves).
+//! signature, a structural walk of the whole MST and a rebuild from its leaves); one record's
+//! proof (`sync.getRecord`) by [`verify_record_proof`].
 //!
 //! Built on the zero-copy layers below it: blocks are borrowed from the CAR (`riptide-car`),
 //! nodes and commits are decoded on reusable tapes (`riptide-cbor`), signatures checked by
@@ -32,6 +33,7 @@
 pub mod commit;
 pub mod error;
 pub mod mst;
+pub mod proof;
 pub mod repo;
 pub mod source;
 pub mod verify;
@@ -41,6 +43,7 @@ pub use error::{
     BuildError, CommitError, MstError, OpMismatch, ProofClass, ProofError, RepoError, RootMismatch,
 };
 pub use mst::{Action, ProofOp, Tree};
+pub use proof::{record_proof, verify_record_proof, ProvenRecord};
 pub use repo::{
     commit_of, inspect, list_records, verify_repo, verify_repo_traced, verify_repo_visiting,
     verify_repo_with, CommitInfo, Progress, RepoOptions, RepoReport, Timings,

@@ -259,6 +259,13 @@ impl Resolver {
         }
     }
 
+    /// `did`'s document as its directory or host serves it (JSON), checked as
+    /// [`Resolver::resolve_did`] checks it: always fetched (the cache keeps parsed documents
+    /// only), for a caller that shows the document (`riptide resolve`).
+    pub async fn did_document_json(&self, did: &str) -> Result<serde_json::Value, ResolveError> {
+        self.inner.fetch_doc_json(did).await.map(|(json, _)| json)
+    }
+
     /// The DID a handle names (one direction only: see [`Resolver::identity`]).
     pub async fn resolve_handle(&self, handle: &str) -> Result<Did, ResolveError> {
         let h =
@@ -469,6 +476,11 @@ impl Inner {
     }
 
     async fn fetch_doc(&self, did: &str) -> Result<DidDoc, ResolveError> {
+        self.fetch_doc_json(did).await.map(|(_, doc)| doc)
+    }
+
+    /// `did`'s document as served (JSON) and parsed, checked as [`Inner::fetch_doc`] checks it.
+    async fn fetch_doc_json(&self, did: &str) -> Result<(serde_json::Value, DidDoc), ResolveError> {
         let did = Did::parse(did).map_err(|_| ResolveError::InvalidDid(did.to_owned()))?;
         let url = self.doc_url(&did)?;
         tracing::debug!(did = did.as_str(), url, "fetching DID document");
@@ -484,17 +496,23 @@ impl Inner {
             did: did.to_string(),
             error: riptide_identity::DocError::Malformed("not UTF-8".to_owned()),
         })?;
-        let doc = DidDoc::from_json(text).map_err(|error| ResolveError::Doc {
+        let bad = |error| ResolveError::Doc {
             did: did.to_string(),
             error,
+        };
+        let json: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+            bad(riptide_identity::DocError::Malformed(format!(
+                "not JSON: {e}"
+            )))
         })?;
+        let doc = DidDoc::from_value(&json).map_err(bad)?;
         if doc.did() != &did {
             return Err(ResolveError::IdMismatch {
                 did: did.to_string(),
                 id: doc.did().to_string(),
             });
         }
-        Ok(doc)
+        Ok((json, doc))
     }
 }
 

@@ -1,5 +1,5 @@
-//! The PDS and relay XRPC endpoints: `getRepo`, `listRepos`, `describeRepo`, `describeServer`
-//! on each PDS host; `listHosts`, `listReposByCollection` and the all-account `listRepos` /
+//! The PDS and relay XRPC endpoints: `getRepo`, `getRecord`, `listRepos`, `describeRepo`,
+//! `describeServer` on each PDS host; `listHosts`, `listReposByCollection` and the all-account `listRepos` /
 //! `getRepo` on the relay; the per-host rate limits and faults; `/_sim/manifest` and
 //! `/_sim/stats`.
 //!
@@ -90,6 +90,7 @@ pub(crate) fn pds_routes(st: &Arc<Shared>, host: Option<usize>) -> Router<Ctx> {
     };
     Router::new()
         .route("/xrpc/com.atproto.sync.getRepo", get(get_repo))
+        .route("/xrpc/com.atproto.sync.getRecord", get(get_record))
         .route("/xrpc/com.atproto.sync.listRepos", get(list_repos))
         .route("/xrpc/com.atproto.repo.describeRepo", get(describe_repo))
         .route(
@@ -229,56 +230,66 @@ fn stream_huge(h: &Arc<riptide_gen::HugeRepo>) -> Response {
     car_response(Body::from_stream(stream), len)
 }
 
+/// The XRPC error a repository request for `did` gets before its bytes are looked at: not
+/// served here, or an account fault (deactivated, taken down, 5xx). `None`: serve it.
+fn refusal(ctx: &Ctx, did: &str) -> Option<Response> {
+    let st = &ctx.st;
+    if !serves(ctx, did) {
+        return Some(xrpc_error(
+            StatusCode::BAD_REQUEST,
+            "RepoNotFound",
+            format!("Could not find repo for DID: {did}"),
+        ));
+    }
+    match st.plan.repo_faults.get(did).copied() {
+        Some(RepoFault::Deactivated) => Some(xrpc_error(
+            StatusCode::BAD_REQUEST,
+            "RepoDeactivated",
+            format!("Repo has been deactivated: {did}"),
+        )),
+        Some(RepoFault::Takendown) => Some(xrpc_error(
+            StatusCode::BAD_REQUEST,
+            "RepoTakendown",
+            format!("Repo has been takendown: {did}"),
+        )),
+        Some(RepoFault::Error5xx) => {
+            if let Some(h) = ctx.host.and_then(|h| st.hosts.get(h)) {
+                count(&h.counters.errors);
+            }
+            Some(xrpc_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                "sim: repository fault 5xx",
+            ))
+        }
+        _ => None,
+    }
+}
+
+/// The export the simulator serves for `did`: its tampered form when it has a fault that breaks
+/// it, else the generated one.
+fn repo_car(st: &Shared, did: &str) -> Bytes {
+    st.tampered
+        .get(did)
+        .cloned()
+        .or_else(|| st.net.accounts.get(did).and_then(|a| a.repo.clone()))
+        .unwrap_or_default()
+}
+
 async fn get_repo(State(ctx): State<Ctx>, Query(q): Query<DidQuery>) -> Response {
     let st = &ctx.st;
     count(&st.counters.get_repo);
     let Some(did) = q.did else {
         return xrpc_error(StatusCode::BAD_REQUEST, "InvalidRequest", "missing did");
     };
-    if !serves(&ctx, &did) {
-        return xrpc_error(
-            StatusCode::BAD_REQUEST,
-            "RepoNotFound",
-            format!("Could not find repo for DID: {did}"),
-        );
-    }
-    let fault = st.plan.repo_faults.get(&did).copied();
-    match fault {
-        Some(RepoFault::Deactivated) => {
-            return xrpc_error(
-                StatusCode::BAD_REQUEST,
-                "RepoDeactivated",
-                format!("Repo has been deactivated: {did}"),
-            )
-        }
-        Some(RepoFault::Takendown) => {
-            return xrpc_error(
-                StatusCode::BAD_REQUEST,
-                "RepoTakendown",
-                format!("Repo has been takendown: {did}"),
-            )
-        }
-        Some(RepoFault::Error5xx) => {
-            if let Some(h) = ctx.host.and_then(|h| st.hosts.get(h)) {
-                count(&h.counters.errors);
-            }
-            return xrpc_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "InternalServerError",
-                "sim: repository fault 5xx",
-            );
-        }
-        _ => {}
+    if let Some(r) = refusal(&ctx, &did) {
+        return r;
     }
     if let Some(h) = st.net.huge.as_ref().filter(|h| h.account.did == did) {
         return stream_huge(h);
     }
-    let car = st
-        .tampered
-        .get(&did)
-        .cloned()
-        .or_else(|| st.net.accounts.get(&did).and_then(|a| a.repo.clone()))
-        .unwrap_or_default();
+    let car = repo_car(st, &did);
+    let fault = st.plan.repo_faults.get(&did).copied();
     let host_trickles = ctx
         .host
         .and_then(|h| st.hosts.get(h))
@@ -288,6 +299,65 @@ async fn get_repo(State(ctx): State<Ctx>, Query(q): Query<DidQuery>) -> Response
     }
     let len = car.len() as u64;
     car_response(Body::from(car), len)
+}
+
+#[derive(Deserialize)]
+pub(crate) struct RecordQuery {
+    did: Option<String>,
+    collection: Option<String>,
+    rkey: Option<String>,
+}
+
+/// `com.atproto.sync.getRecord`: the record's proof (the commit, the MST path, the record),
+/// built from the export this view serves (so a tampered repository's proof is as broken as
+/// its export). `400 RecordNotFound` when the repository has no such record.
+async fn get_record(State(ctx): State<Ctx>, Query(q): Query<RecordQuery>) -> Response {
+    let st = &ctx.st;
+    let (Some(did), Some(collection), Some(rkey)) = (q.did, q.collection, q.rkey) else {
+        return xrpc_error(
+            StatusCode::BAD_REQUEST,
+            "InvalidRequest",
+            "missing did, collection or rkey",
+        );
+    };
+    if let Some(r) = refusal(&ctx, &did) {
+        return r;
+    }
+    if st.net.huge.as_ref().is_some_and(|h| h.account.did == did) {
+        return xrpc_error(
+            StatusCode::NOT_IMPLEMENTED,
+            "MethodNotImplemented",
+            "sim: getRecord is not served for the generated-on-demand repository",
+        );
+    }
+    let car = repo_car(st, &did);
+    let key = format!("{collection}/{rkey}");
+    let mut reader = riptide_car::CarReader::new();
+    // The simulator's own export: its blocks were hashed when it was generated or tampered.
+    let opts = riptide_car::CarOptions {
+        verify: false,
+        ..riptide_car::CarOptions::repository()
+    };
+    let proof = reader
+        .read(&car, &opts)
+        .map_err(riptide_repo::RepoError::from)
+        .and_then(|c| riptide_repo::record_proof(&c, &key));
+    match proof {
+        Ok(Some(proof)) => {
+            let len = proof.len() as u64;
+            car_response(Body::from(proof), len)
+        }
+        Ok(None) => xrpc_error(
+            StatusCode::BAD_REQUEST,
+            "RecordNotFound",
+            format!("Could not locate record: at://{did}/{key}"),
+        ),
+        Err(e) => xrpc_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalServerError",
+            format!("sim: no proof of {key}: {e}"),
+        ),
+    }
 }
 
 #[derive(Deserialize)]

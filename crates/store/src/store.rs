@@ -1022,6 +1022,13 @@ impl<T: Text> Store<T> {
         Self::open_inner(dir, None, StoreOptions::default())
     }
 
+    /// The zstd dictionary id the directory's events were written for (0: none), as
+    /// [`Store::open`] compares it; `None` before a server first opened it (`riptide doctor`).
+    pub fn dict_id(&self) -> Result<Option<u32>, StoreError> {
+        let v = self.meta.get(DICT_ID).map_err(|e| self.err(e))?;
+        Ok(v.map(|v| be64(&v) as u32))
+    }
+
     /// Locks `dir` for this process (`crate::lock`), then opens its keyspace.
     fn keyspace(dir: &Path) -> Result<(Keyspace, crate::lock::DirLock), StoreError> {
         let lock = crate::lock::DirLock::acquire(dir)?;

@@ -10,8 +10,14 @@
 //! `/subscribe`). One internal subscriber proves events come out; a summary line is printed
 //! every second.
 //!
-//! `--seconds N` stops it by itself (the CI smoke test) and exits 1 if nothing was served or if
-//! any verdict other than the planned adversarial ones (or `ok`) was counted.
+//! `--seconds N` stops it by itself (the CI smoke test) and exits 1 if nothing was served, if
+//! any verdict other than the planned adversarial ones (or `ok`) was counted, or if more frames
+//! were rejected than the broken-on-purpose share explains (`rejection_allowance`).
+//!
+//! `--dir D` kept from an earlier run: the store stays (its events, and the new ones after
+//! them), its upstream cursor is reset for the new relay, and the network is generated from the
+//! seed after the last run's (`D/demo-seed`): the last run's network again would be refused
+//! frame by frame as replays by the chain state the store keeps.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -36,7 +42,7 @@ pub struct Args {
     /// Share of frames broken on purpose (their verdicts show as rejections).
     #[arg(long, default_value_t = 0.001)]
     adversarial: f64,
-    /// Seed of the generated network.
+    /// Seed of the generated network (a reused --dir takes the one after its last run's).
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Relay pace, frames per second.
@@ -115,6 +121,26 @@ fn produce(
     }
 }
 
+/// The most rejections a run of `frames` frames may count as planned: ten times the share
+/// broken on purpose (a broken frame can take a neighbour with it), and ten more. More is a
+/// flood with another cause (issue 39: a reused directory's replays, 93% of frames, exited 0).
+fn rejection_allowance(adversarial: f64, frames: u64) -> u64 {
+    10 + (10.0 * adversarial.max(0.0) * frames as f64).ceil() as u64
+}
+
+/// Where a `--dir` records the seed its last run generated from.
+const SEED_FILE: &str = "demo-seed";
+
+/// The seed for a reused directory: one after the last run's (`SEED_FILE`), or after `seed`
+/// when the directory does not say.
+fn next_seed(root: &Path, seed: u64) -> u64 {
+    std::fs::read_to_string(root.join(SEED_FILE))
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(seed)
+        .wrapping_add(1)
+}
+
 fn dir_size(p: &Path) -> u64 {
     let Ok(rd) = std::fs::read_dir(p) else {
         return 0;
@@ -138,8 +164,21 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     let gen_dir = root.join("network");
+    // A store kept from an earlier run (`--dir`) holds the chain state of that run's network: the
+    // same network again would be nothing but replays (issue 39: 93% of frames refused). So a
+    // reused directory gets a network of its own, from the seed after the last run's.
+    let reused = root.join("data").exists();
+    let seed = if reused {
+        next_seed(&root, args.seed)
+    } else {
+        args.seed
+    };
+    if args.dir.is_some() {
+        std::fs::create_dir_all(&root)?;
+        std::fs::write(root.join(SEED_FILE), format!("{seed}\n"))?;
+    }
     let t = Instant::now();
-    let mut cfg = riptide_gen::Config::new(args.seed, args.accounts, args.events);
+    let mut cfg = riptide_gen::Config::new(seed, args.accounts, args.events);
     cfg.adversarial = args.adversarial;
     cfg.threads = 2;
     cfg.initial_records = (20, 400);
@@ -190,10 +229,9 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     // The relay is new on every run and numbers its frames from 1: a store kept from an earlier
     // run (`--dir`) holds a cursor in this relay's future, so it is reset (the stored events stay
     // and the new ones follow them).
-    let reused = root.join("data").exists();
     if reused {
         eprintln!(
-            "reusing the store in {}: its upstream cursor is reset for this run's new relay",
+            "reusing the store in {}: its upstream cursor is reset for this run's new relay, and this run's network is new (seed {seed}; the last run's accounts would all be replays)",
             root.join("data").display()
         );
     }
@@ -326,6 +364,19 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
             failures.push(format!("{n} unplanned '{v}' verdicts"));
         }
     }
+    let frames_in = m.frames_in.load(Relaxed);
+    let rejected: u64 = Verdict::ALL
+        .iter()
+        .filter(|&&v| v != Verdict::Ok)
+        .map(|&v| m.verdict_count(v))
+        .sum();
+    let allowed = rejection_allowance(args.adversarial, frames_in);
+    if rejected > allowed {
+        failures.push(format!(
+            "{rejected} of {frames_in} frames rejected, where about {:.0} were broken on purpose: a flood of rejections is not planned",
+            args.adversarial * frames_in as f64
+        ));
+    }
     println!(
         "riptide demo: {} frames verified ({} broken ones the relay could not serve), {} events stored, {} received by our subscriber",
         m.frames_in.load(Relaxed),
@@ -338,5 +389,26 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
     } else {
         eprintln!("riptide demo: FAILED: {}", failures.join("; "));
         Ok(ExitCode::from(1))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reused_directory_takes_the_next_seed() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(next_seed(d.path(), 7), 8);
+        std::fs::write(d.path().join(SEED_FILE), "41\n").unwrap();
+        assert_eq!(next_seed(d.path(), 7), 42);
+    }
+
+    #[test]
+    fn rejections_beyond_the_broken_share_are_a_flood() {
+        assert_eq!(rejection_allowance(0.001, 20_000), 210);
+        assert_eq!(rejection_allowance(0.0, 1_000_000), 10);
+        // The reused directory of issue 39: 93% of frames.
+        assert!(930 > rejection_allowance(0.001, 1_000));
     }
 }

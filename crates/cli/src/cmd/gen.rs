@@ -3,14 +3,19 @@
 //! [--size-max N]` and `--threads`: a synthetic network,
 //! deterministic from its arguments (`riptide-gen`; layout in its crate docs and the README).
 //!
-//! Prints what was written and the rate on stderr; exit 2 on a bad argument or I/O error.
+//! Progress on long runs, on stderr: a bar on a terminal; otherwise (a log, CI) a line every
+//! `--progress-every` seconds (default 10): `gen: DONE/TOTAL frames (P%), R frames/s, about S s
+//! left` (and `gen: making the accounts…` / `gen: making the big repository…` when a stage
+//! starts after the first line is due). Then what was written and the rate; exit 2 on a bad
+//! argument or I/O error.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use riptide_gen::{write_dir, Config};
+use riptide_gen::{write_dir_with, Config, Stage};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -51,6 +56,9 @@ pub struct Args {
     /// the stream is the live tail after them; DIR/repos.json says K).
     #[arg(long, value_name = "K", requires = "repos")]
     repos_at: Option<u64>,
+    /// Seconds between progress lines when stderr is not a terminal (a terminal gets a bar).
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    progress_every: f64,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,9 +93,14 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
             max: a.size_max,
         };
     }
+    if !(a.progress_every > 0.0 && a.progress_every.is_finite()) {
+        bail!("--progress-every is a number of seconds above 0");
+    }
     let start = Instant::now();
-    let s =
-        write_dir(&cfg, &a.out).with_context(|| format!("generating into {}", a.out.display()))?;
+    let mut progress = Progress::new(Duration::from_secs_f64(a.progress_every));
+    let s = write_dir_with(&cfg, &a.out, &mut |stage| progress.report(stage))
+        .with_context(|| format!("generating into {}", a.out.display()))?;
+    progress.finish();
     let secs = start.elapsed().as_secs_f64();
     eprintln!(
         "wrote {} frames ({} bytes), {} DID documents, {} adversarial, {} repos{} to {} in {secs:.2} s ({:.0} frames/s)",
@@ -101,4 +114,77 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
         s.frames as f64 / secs.max(1e-9),
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Progress on stderr (module docs): a bar on a terminal, else a line per interval.
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    start: Instant,
+    every: Duration,
+    next_line: Instant,
+}
+
+impl Progress {
+    fn new(every: Duration) -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let pb = indicatif::ProgressBar::new_spinner();
+            pb.set_message("making the accounts");
+            pb.enable_steady_tick(Duration::from_millis(200));
+            pb
+        });
+        let start = Instant::now();
+        Progress {
+            bar,
+            start,
+            every,
+            next_line: start + every,
+        }
+    }
+
+    fn report(&mut self, stage: Stage) {
+        if let Some(pb) = &self.bar {
+            match stage {
+                Stage::Frames { done, total } => {
+                    if pb.length() != Some(total) {
+                        pb.set_length(total);
+                        pb.set_style(
+                            indicatif::ProgressStyle::with_template(
+                                "{msg} {bar:30} {pos}/{len} frames, {per_sec}, {eta} left",
+                            )
+                            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                        );
+                        pb.set_message("frames");
+                    }
+                    pb.set_position(done);
+                }
+                Stage::BigRepo => pb.set_message("making the big repository"),
+                _ => pb.set_message("making the accounts"),
+            }
+            return;
+        }
+        let now = Instant::now();
+        if now < self.next_line {
+            return;
+        }
+        self.next_line = now + self.every;
+        match stage {
+            Stage::Frames { done, total } => {
+                let secs = self.start.elapsed().as_secs_f64().max(1e-9);
+                let rate = done as f64 / secs;
+                let left = (total - done.min(total)) as f64 / rate.max(1e-9);
+                eprintln!(
+                    "gen: {done}/{total} frames ({:.0}%), {rate:.0} frames/s, about {left:.0} s left",
+                    100.0 * done as f64 / total.max(1) as f64
+                );
+            }
+            Stage::BigRepo => eprintln!("gen: making the big repository…"),
+            _ => eprintln!("gen: making the accounts…"),
+        }
+    }
+
+    fn finish(self) {
+        if let Some(pb) = self.bar {
+            pb.finish_and_clear();
+        }
+    }
 }

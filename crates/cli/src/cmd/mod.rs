@@ -1,5 +1,6 @@
 //! Subcommands, one module each.
 
+pub mod account;
 pub mod backfill;
 pub mod bench;
 pub mod bench_backfill;
@@ -12,11 +13,15 @@ pub mod decode;
 pub mod demo;
 pub mod dict;
 pub mod docs;
+pub mod doctor;
 pub mod gen;
+pub mod get;
 pub mod jetstream;
 pub mod mutate;
 pub mod relay;
 pub mod repo;
+pub mod repo_export;
+pub mod resolve;
 pub mod serve;
 pub mod serve_kafka;
 pub mod sim;

@@ -1,4 +1,5 @@
-//! `riptide repo ls|inspect|verify FILE.car` (contracts): a repository export (`getRepo` CAR).
+//! `riptide repo ls|inspect|verify FILE.car` (contracts): a repository export (`getRepo` CAR);
+//! `repo export` (downloading one, verified) is `repo_export`.
 //!
 //! - `ls`: `collection/rkey<TAB>record-CID` per record, in MST key order (the tree is checked on
 //!   the way), as indigo's `goat repo ls` prints it.
@@ -38,6 +39,8 @@ pub enum Repo {
     Inspect(InspectArgs),
     /// Verify a repository export: block CIDs, signature, MST structure and rebuild.
     Verify(VerifyArgs),
+    /// Download an account's repository (handle or DID) from its PDS, verify it, write it.
+    Export(super::repo_export::Args),
 }
 
 #[derive(clap::Args, Debug)]
@@ -75,6 +78,7 @@ pub fn run(r: Repo) -> anyhow::Result<ExitCode> {
         Repo::Ls(a) => ls(a),
         Repo::Inspect(a) => inspect_cmd(a),
         Repo::Verify(a) => verify(a),
+        Repo::Export(a) => super::repo_export::run(a),
     }
 }
 

@@ -22,8 +22,9 @@
 //! Errors (issue 39), the same on every wire: a permanent one ends `tail` with one line on stderr
 //! and exit 1, because waiting would not change it — the server refusing the connection with a
 //! 4xx other than 408/429 (its reason given: v2's `InvalidRequest`, `CursorTooOld`, an unknown
-//! dictionary; a 404 for a wrong path), a host name that does not exist, or a relay's
-//! `FutureCursor` error frame (the cursor is past its newest event). A transient one is said on
+//! dictionary; a 404 for a wrong path), a host name that does not exist, a relay's
+//! `FutureCursor` error frame (the cursor is past its newest event), or, on `--relay`, 5 text
+//! messages in a row (relays send binary frames only: a Jetstream URL given as a relay). A transient one is said on
 //! stderr and retried with backoff: a refused or reset connection, a 5xx, 408 or 429, a timeout,
 //! a resolver that cannot be reached, and a relay's other error frames (`ConsumerTooSlow`: it
 //! dropped us; the reconnect resumes after the last event printed). Error frames are never
