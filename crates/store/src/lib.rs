@@ -17,6 +17,7 @@
 
 pub mod event;
 pub mod lock;
+mod rows;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
