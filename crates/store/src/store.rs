@@ -2818,6 +2818,91 @@ mod tests {
         }
     }
 
+    /// Event `seq` with its row: a delete by `did:plc:a`, its JSON rendered from the row as
+    /// ingest renders it.
+    fn row_ev(seq: u64) -> (Event, riptide_segment::OwnedRow) {
+        let rkey = format!("k{seq}");
+        let row = Row {
+            seq,
+            witnessed_at: 1_000 + seq as i64,
+            indexed_at: 0,
+            kind: riptide_segment::Kind::Delete,
+            did: "did:plc:a",
+            collection: "a.b.c",
+            rkey: &rkey,
+            rev: "3l3qo2vutsw2b",
+            payload: b"",
+        };
+        let mut proj = riptide_jetstream::Projector::new();
+        let p = proj
+            .project_row(&riptide_jetstream::StoredRow::from_row(&row))
+            .unwrap();
+        let mut json = Vec::new();
+        p.render(0, row.witnessed_at, Some(seq), &mut json);
+        let kind = EventKind::Commit;
+        let e = Event::encode(
+            seq,
+            row.witnessed_at,
+            kind,
+            "did:plc:a",
+            "a.b.c",
+            &json,
+            b"",
+        );
+        (e, row.to_owned_row())
+    }
+
+    #[test]
+    fn a_flipped_bit_in_a_row_block_is_found_and_skipped_like_any_block() {
+        let small = small(10, 8);
+        let evs: Vec<_> = (1..=45).map(row_ev).collect();
+        // Blocks 1, 11, 21, 31, and 41..=45 unsealed. A bit flipped in block 11: in its count,
+        // inside its frame, and in its checksum.
+        for at in [3, 40, usize::MAX] {
+            let dir = tempfile::tempdir().unwrap();
+            let s = Store::open_with(dir.path(), 0, small).unwrap().0;
+            for chunk in evs.chunks(5) {
+                let events: Vec<Event> = chunk.iter().map(|(e, _)| e.clone()).collect();
+                let rows: Vec<Row<'_>> = chunk.iter().map(|(_, r)| r.as_row()).collect();
+                let last = events[events.len() - 1].seq();
+                let r = resume(last + 1, 1_000 + last as i64, last);
+                s.append_rows(&events, &rows, &[], &[], &r).unwrap();
+            }
+            let c = s.check().unwrap();
+            let counts = (c.blocks, c.row_blocks, c.events, c.unsealed);
+            assert_eq!(counts, (4, 4, 40, 5), "{c:?}");
+            let len = s.blocks.get(11u64.to_be_bytes()).unwrap().unwrap().len();
+            s.flush().unwrap();
+            drop(s);
+            flip_block(dir.path(), 10, 11, at.min(len - 1));
+            let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
+            // The sound row blocks and the unsealed rows read back as their events were
+            // appended; none of the damaged block's.
+            let (mut out, mut from) = (Vec::new(), 1);
+            let l = ReadLimit {
+                events: 7,
+                bytes: 1 << 20,
+            };
+            loop {
+                let n = out.len();
+                s.read_from(from, l, &mut out).unwrap();
+                match out.last() {
+                    Some(e) if out.len() > n => from = e.seq() + 1,
+                    _ => break,
+                }
+            }
+            let want: Vec<u64> = (1..=10).chain(21..=45).collect();
+            let got: Vec<u64> = out.iter().map(Event::seq).collect();
+            assert_eq!(got, want, "bit flipped at {at}");
+            for e in &out {
+                assert_eq!(e.json(), evs[e.seq() as usize - 1].0.json());
+            }
+            let d = s.damaged_blocks();
+            let first = (d.len(), d[0].first, d[0].end, d[0].what);
+            assert_eq!(first, (1, 11, 21, "checksum"), "bit flipped at {at}");
+        }
+    }
+
     #[test]
     fn a_damaged_block_is_loaded_ahead_once_then_passed_over() {
         let dir = tempfile::tempdir().unwrap();
