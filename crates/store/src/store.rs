@@ -1696,7 +1696,8 @@ impl<T: Text> Store<T> {
                     if r.seq != e.seq() || r.display_time_us() != e.time_us() {
                         return Err(bad("row seq or time differs from its event's"));
                     }
-                    let encoded = crate::rows::encode_row(r).ok_or(bad("a column too long"))?;
+                    let encoded =
+                        crate::rows::encode_row(r).ok_or_else(|| bad("a column too long"))?;
                     out.push((*r, Bytes::from(encoded)));
                 }
                 Some(out)
