@@ -71,6 +71,9 @@
 //! it), where a commit's record is its DAG-CBOR as signed rather than its JSON: 0.59 of a JSON
 //! block's bytes on the generated stream (`bench rows`). Until a block is sealed its rows wait in
 //! `recent_rows` (seq → a one-row block body) beside the events in `recent`, in the same batches.
+//! Row blocks are sealed whole: where more than 4,096 events with rows are unsealed, the ones past
+//! the last whole block of 4,096 stay unsealed (in `recent` and `recent_rows`) for the next
+//! sealing, since a row block cannot take up to twice a block's worth as a JSON block does.
 //! A block is a row block only if every one of its events came with its row; otherwise (a
 //! writer that hands none, or a batch without rows among them) it is sealed as JSON, as before,
 //! and both kinds read alike. Reading a row block renders it (`crate::rows`: its rows through
@@ -1742,19 +1745,46 @@ impl<T: Text> Store<T> {
             (sealing.then(|| (p.events.clone(), rows)), p.rows_stored)
         };
         let mut sealed_end = None;
+        // Events past the last whole row block, left unsealed (module docs, "Row blocks").
+        let mut left: Option<(Vec<Event<T>>, Vec<Bytes>)> = None;
         if let Some((unsealed, all_rows)) = unsealed {
-            let all: Vec<Event<T>> = unsealed.iter().chain(events).cloned().collect();
+            let mut all: Vec<Event<T>> = unsealed.iter().chain(events).cloned().collect();
             let decoded: Option<Vec<Row<'_>>> = all_rows
                 .as_ref()
                 .and_then(|r| r.iter().map(|b| crate::rows::decode_row(b)).collect());
-            for (first, v) in seal(&all, decoded.as_deref(), self.options)? {
+            // Rows seal in whole blocks of 4,096 where there are more: what a JSON block takes
+            // beyond a block's worth (up to twice) would make a row block too large to hold it.
+            let split = match &decoded {
+                Some(_) if all.len() > MAX_BLOCK_ROWS => all.len() - all.len() % MAX_BLOCK_ROWS,
+                _ => all.len(),
+            };
+            for (first, v) in seal(
+                &all[..split],
+                decoded.as_ref().map(|d| &d[..split]),
+                self.options,
+            )? {
                 b.insert(&self.blocks, first.to_be_bytes(), v);
             }
-            for e in &unsealed {
+            for e in unsealed.iter().take(split) {
                 b.remove(&self.recent, e.seq().to_be_bytes());
                 if rows_stored {
                     b.remove(&self.recent_rows, e.seq().to_be_bytes());
                 }
+            }
+            if split < all.len() {
+                // `decoded` holds every row here (`split` is short of `all` only then).
+                let left_rows: Vec<Bytes> = all_rows
+                    .as_ref()
+                    .map_or(Vec::new(), |r| r[split..].to_vec());
+                let from_batch = split.max(unsealed.len());
+                for (e, r) in all[from_batch..]
+                    .iter()
+                    .zip(&left_rows[from_batch - split..])
+                {
+                    b.insert(&self.recent, e.seq().to_be_bytes(), e.raw().clone());
+                    b.insert(&self.recent_rows, e.seq().to_be_bytes(), r.clone());
+                }
+                left = Some((all.split_off(split), left_rows));
             }
             // Damaged unsealed values found at open leave with the events around them.
             for &seq in lock(&self.damaged_unsealed).iter() {
@@ -1801,6 +1831,12 @@ impl<T: Text> Store<T> {
                 self.sealed_end.store(end, Relaxed);
                 lock(&self.damaged_unsealed).clear();
                 p.sealed();
+                if let Some((events, rows)) = left {
+                    p.bytes = events.iter().map(|e| sealed_value(e).len()).sum();
+                    p.events = events;
+                    p.rows = Some(rows);
+                    p.rows_stored = true;
+                }
             }
             None => {
                 p.events.extend(events.iter().cloned());
@@ -2902,6 +2938,60 @@ mod tests {
             let first = (d.len(), d[0].first, d[0].end, d[0].what);
             assert_eq!(first, (1, 11, 21, "checksum"), "bit flipped at {at}");
         }
+    }
+
+    #[test]
+    fn rows_seal_in_whole_blocks_of_4096_and_the_rest_waits_unsealed() {
+        let evs: Vec<_> = (1..=8_300).map(row_ev).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let append = |s: &Store, from: usize, to: usize| {
+            let events: Vec<Event> = evs[from..to].iter().map(|(e, _)| e.clone()).collect();
+            let rows: Vec<Row<'_>> = evs[from..to].iter().map(|(_, r)| r.as_row()).collect();
+            let last = to as u64;
+            let r = resume(last + 1, 1_000 + last as i64, last);
+            s.append_rows(&events, &rows, &[], &[], &r).unwrap();
+        };
+        let json_of = |s: &Store| {
+            let (mut out, mut from) = (Vec::new(), 1);
+            let l = ReadLimit {
+                events: 1000,
+                bytes: 1 << 30,
+            };
+            loop {
+                let n = out.len();
+                s.read_from(from, l, &mut out).unwrap();
+                match out.last() {
+                    Some(e) if out.len() > n => from = e.seq() + 1,
+                    _ => break,
+                }
+            }
+            out.iter().map(|e| (e.seq(), e.json())).collect::<Vec<_>>()
+        };
+        let want = |n: usize| {
+            evs[..n]
+                .iter()
+                .map(|(e, _)| (e.seq(), e.json()))
+                .collect::<Vec<_>>()
+        };
+        {
+            let s = Store::open(dir.path(), 0).unwrap().0;
+            append(&s, 0, 4_000);
+            // 4,200 unsealed: one block of 4,096, 104 left.
+            append(&s, 4_000, 4_200);
+            let c = s.check().unwrap();
+            let counts = (c.blocks, c.row_blocks, c.events, c.unsealed);
+            assert_eq!(counts, (1, 1, 4_096, 104), "{c:?}");
+            assert_eq!(json_of(&s), want(4_200));
+        }
+        // The 104 come back from `recent` and `recent_rows`, and seal as rows with the next.
+        let (s, r) = Store::open(dir.path(), 0).unwrap();
+        assert_eq!(r.next_seq, 4_201);
+        assert_eq!(json_of(&s), want(4_200));
+        append(&s, 4_200, 8_300);
+        let c = s.check().unwrap();
+        let counts = (c.blocks, c.row_blocks, c.events, c.unsealed);
+        assert_eq!(counts, (2, 2, 8_192, 108), "{c:?}");
+        assert_eq!(json_of(&s), want(8_300));
     }
 
     #[test]
