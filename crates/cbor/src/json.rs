@@ -133,6 +133,9 @@ pub fn write_json_int(out: &mut Vec<u8>, v: i64) {
     out.extend_from_slice(buf.format(v).as_bytes());
 }
 
+/// Maps with at most this many entries are sorted for [`write_json`] without an allocation.
+const SMALL_MAP: usize = 16;
+
 /// Appends the atproto JSON rendering of a decoded value (record keys sorted bytewise).
 ///
 /// On error, `out` may hold a partial rendering: truncate it to its previous length.
@@ -168,14 +171,31 @@ pub fn write_json(v: Value<'_>, out: &mut Vec<u8>) -> Result<(), JsonError> {
             out.push(b']');
         }
         Kind::Map => {
-            // Canonical CBOR order is length-first; JSON wants bytewise.
-            let mut pairs: Vec<(&str, Value<'_>)> = Vec::with_capacity(v.len());
+            // Canonical CBOR order is length-first; JSON wants bytewise. A record's maps are
+            // small: sorted on the stack, not in an allocation per map (a record has several).
+            let mut small = [("", v); SMALL_MAP];
+            let mut large = Vec::new();
+            let pairs: &mut [(&str, Value<'_>)] = if v.len() <= SMALL_MAP {
+                &mut small[..]
+            } else {
+                large.resize(v.len(), ("", v));
+                &mut large[..]
+            };
+            let mut n = 0;
             for (k, val) in v.map().into_iter().flatten() {
-                pairs.push((k.as_str().ok_or(JsonError::NonTextKey)?, val));
+                // A map yields exactly its length's entries; said rather than cut if not.
+                let Some(slot) = pairs.get_mut(n) else {
+                    return Err(JsonError::NotInDataModel(
+                        "a map with more entries than its length",
+                    ));
+                };
+                *slot = (k.as_str().ok_or(JsonError::NonTextKey)?, val);
+                n += 1;
             }
+            let pairs = &mut pairs[..n];
             pairs.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
             out.push(b'{');
-            for (i, (k, val)) in pairs.into_iter().enumerate() {
+            for (i, &(k, val)) in pairs.iter().enumerate() {
                 if i > 0 {
                     out.push(b',');
                 }

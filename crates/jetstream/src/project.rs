@@ -181,6 +181,8 @@ pub struct Projector {
     rows: FrameDecoder,
     /// The frame a stored event row is decoded from: header, then the row's payload.
     row_frame: Vec<u8>,
+    /// A block's record digests ([`Projector::project_rows`]), kept for reuse.
+    digests: Vec<riptide_sha::Digest>,
 }
 
 impl Projector {
@@ -215,6 +217,57 @@ impl Projector {
     /// identity, account or sync row's payload is the upstream event's DAG-CBOR, decoded as the
     /// frame's payload was.
     pub fn project_row(&mut self, row: &StoredRow<'_>) -> Result<&Projection, RowError> {
+        let cid = match *row {
+            StoredRow::Commit {
+                record: Some(r), ..
+            } => Some(CidBuf::sha256(DAG_CBOR, r)),
+            _ => None,
+        };
+        self.project_row_with(row, cid)
+    }
+
+    /// Projects a block's rows, in order, handing `each` every row's index and v1 event (or why
+    /// it has none), as [`Projector::project_row`] does one by one; the records' CIDs are
+    /// hashed together first ([`riptide_sha::Kernel::digests`]: two or sixteen messages at a
+    /// time, where one at a time left the CPU's SHA unit waiting on each message's chain). For
+    /// the store, which renders a block of rows once for all its readers.
+    pub fn project_rows(
+        &mut self,
+        rows: &[StoredRow<'_>],
+        mut each: impl FnMut(usize, Result<&Projection, RowError>),
+    ) {
+        let mut digests = std::mem::take(&mut self.digests);
+        let mut records = Vec::with_capacity(rows.len());
+        let mut bytes = 0;
+        for r in rows {
+            if let StoredRow::Commit {
+                record: Some(rec), ..
+            } = r
+            {
+                records.push(*rec);
+                bytes += rec.len();
+            }
+        }
+        riptide_sha::Kernel::best_for(bytes).digests(&records, &mut digests);
+        let mut next = digests.iter();
+        for (i, r) in rows.iter().enumerate() {
+            let cid = match r {
+                StoredRow::Commit {
+                    record: Some(_), ..
+                } => next.next().map(|d| CidBuf::from_sha256_digest(DAG_CBOR, d)),
+                _ => None,
+            };
+            each(i, self.project_row_with(r, cid));
+        }
+        self.digests = digests;
+    }
+
+    /// [`Projector::project_row`] with the record's CID (if it has a record) computed already.
+    fn project_row_with(
+        &mut self,
+        row: &StoredRow<'_>,
+        cid: Option<CidBuf>,
+    ) -> Result<&Projection, RowError> {
         let Projector {
             arena,
             out,
@@ -234,7 +287,6 @@ impl Projector {
                 rkey,
                 record,
             } => {
-                let cid = record.map(|r| CidBuf::sha256(DAG_CBOR, r));
                 let record = cid
                     .as_ref()
                     .zip(record)

@@ -9,6 +9,7 @@
 use riptide_firehose::corpus::split_frames;
 use riptide_firehose::{Action, FrameDecoder};
 use riptide_jetstream::{EventKind, Projector, RowError, StoredRow};
+use riptide_segment::Row;
 
 /// What the frames gave: events compared, and how many of each kind of row.
 #[derive(Debug, Default)]
@@ -22,8 +23,11 @@ struct Seen {
     sync: usize,
 }
 
-/// Projects every frame, makes each event's row, renders the row again and compares.
+/// Projects every frame, makes each event's row, renders the row again and compares; then
+/// renders the same rows again as the store does, a block at a time ([`Projector::project_rows`],
+/// its CIDs hashed together), from the `.jss` rows they become, and compares again.
 fn check<'a>(frames: impl IntoIterator<Item = &'a [u8]>) -> Seen {
+    let mut stored = Vec::new();
     let mut dec = FrameDecoder::new();
     let mut from_frames = Projector::with_sync();
     let mut from_rows = Projector::new();
@@ -68,8 +72,36 @@ fn check<'a>(frames: impl IntoIterator<Item = &'a [u8]>) -> Seen {
                 "event {} ({row:?})",
                 seen.events
             );
+            stored.push((row.row(seq, time_us).to_owned_row(), want.clone()));
         }
     }
+    // Blocks of an odd size, so that a block's records are hashed in lanes of every fill.
+    let mut blocks = 0;
+    for block in stored.chunks(97) {
+        let rows: Vec<Row<'_>> = block.iter().map(|(r, _)| r.as_row()).collect();
+        let rows: Vec<StoredRow<'_>> = rows.iter().map(StoredRow::from_row).collect();
+        let mut rendered = 0;
+        from_rows.project_rows(&rows, |i, p| {
+            let (row, want) = &block[i];
+            got.clear();
+            p.unwrap_or_else(|e| panic!("seq {}: {e}", row.seq)).render(
+                0,
+                row.witnessed_at,
+                Some(row.seq),
+                &mut got,
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(want),
+                "seq {} rendered in a block",
+                row.seq
+            );
+            rendered += 1;
+        });
+        assert_eq!(rendered, block.len());
+        blocks += 1;
+    }
+    assert_eq!(blocks, stored.len().div_ceil(97));
     seen
 }
 
@@ -176,8 +208,30 @@ fn a_damaged_row_is_a_typed_error_not_an_event() {
     proj.project_row(&ok)
         .unwrap()
         .render(0, 1, Some(1), &mut out);
-    assert_eq!(
-        String::from_utf8(out).unwrap(),
-        r#"{"did":"did:plc:a","time_us":1,"cursor":1,"kind":"commit","commit":{"rev":"3l3qo2vutsw2b","operation":"delete","collection":"app.bsky.feed.post","rkey":"3l3qo2vutsw2b"}}"#
-    );
+    let want = r#"{"did":"did:plc:a","time_us":1,"cursor":1,"kind":"commit","commit":{"rev":"3l3qo2vutsw2b","operation":"delete","collection":"app.bsky.feed.post","rkey":"3l3qo2vutsw2b"}}"#;
+    assert_eq!(String::from_utf8(out).unwrap(), want);
+    // In a block, each damaged row is its own error and the good rows around it render.
+    let block = [ok, cut, junk, ok, bad_did, ok];
+    let mut results = Vec::new();
+    proj.project_rows(&block, |i, p| {
+        results.push(match p {
+            Ok(p) => {
+                let mut out = Vec::new();
+                p.render(0, 1, Some(1), &mut out);
+                Ok(String::from_utf8(out).unwrap())
+            }
+            Err(e) => Err((i, e.to_string())),
+        });
+    });
+    assert_eq!(results.len(), 6);
+    for i in [0, 3, 5] {
+        assert_eq!(results[i].as_deref(), Ok(want), "row {i}");
+    }
+    for i in [1, 2, 4] {
+        assert!(
+            matches!(&results[i], Err((j, _)) if *j == i),
+            "row {i}: {:?}",
+            results[i]
+        );
+    }
 }

@@ -52,6 +52,7 @@ use riptide_cbor::{write_json_int, Arena};
 use riptide_firehose::verify::{peek, Verdict, Verifier};
 use riptide_firehose::{DecodeOptions, FrameDecoder};
 use riptide_jetstream::{EventKind, Projector};
+use riptide_segment::{Kind, Row};
 use riptide_throttle::{Say, Throttle};
 use tokio::sync::mpsc;
 
@@ -319,6 +320,19 @@ struct Part {
     collection: Range<usize>,
     head: Range<usize>,
     tail: Range<usize>,
+    /// The event's `.jss` row, which the store keeps instead of its JSON once sealed
+    /// (`riptide_store`, "Row blocks"); `None` if its frame's rows could not be told apart.
+    row: Option<RowAt>,
+}
+
+/// Where the columns of an event's row lie in its chunk's buffer, beside its DID and collection
+/// (the row's own); its seq and time are the writer's to assign.
+#[derive(Clone)]
+struct RowAt {
+    kind: Kind,
+    rkey: Range<usize>,
+    rev: Range<usize>,
+    payload: Range<usize>,
 }
 
 /// One frame's outcome: its events are `parts[parts]` of its chunk, the account states it
@@ -1076,17 +1090,32 @@ fn project(
         metrics.drop_op(why);
         tracing::debug!(seq, op, reason = why.as_str(), "op dropped");
     }
+    // Nothing is lost without them: the events are then sealed as JSON.
+    let rows = p
+        .stored_rows(frame)
+        .inspect_err(|e| tracing::debug!(seq, error = %e, "frame's events kept without rows"))
+        .ok();
     for i in 0..p.len() {
         let did = push(&mut out.buf, p.did(i).as_bytes());
         let collection = push(&mut out.buf, p.collection(i).as_bytes());
         let head = push_with(&mut out.buf, |b| p.render_head(i, b));
         let tail = push_with(&mut out.buf, |b| p.render_tail(i, b));
+        // A column past a `.jss` row's width (a collection or record key over 255 bytes, which
+        // their syntax allows) keeps its event as JSON.
+        let row = rows.as_ref().and_then(|r| r.get(i)).map(|r| r.row(0, 0));
+        let row = row.filter(|r| r.validate().is_ok()).map(|r| RowAt {
+            kind: r.kind,
+            rkey: push(&mut out.buf, r.rkey.as_bytes()),
+            rev: push(&mut out.buf, r.rev.as_bytes()),
+            payload: push(&mut out.buf, r.payload),
+        });
         out.parts.push(Part {
             kind: p.kind(i),
             did,
             collection,
             head,
             tail,
+            row,
         });
     }
 }
@@ -1142,6 +1171,10 @@ fn write(
         done,
     };
     let mut events: Vec<Event> = Vec::new();
+    // The batch's rows, one per event while every event has one: their columns in `row_buf`.
+    let mut row_at: Vec<(Kind, [Range<usize>; 5])> = Vec::new();
+    let mut row_buf: Vec<u8> = Vec::new();
+    let mut all_rows;
     // The batch's account states, the last per DID (a batch holds one write per key).
     let mut states: HashMap<Box<str>, AccountState> = HashMap::new();
     let mut state_list: Vec<(Box<str>, AccountState)> = Vec::new();
@@ -1160,6 +1193,9 @@ fn write(
     while let Ok(first) = order.recv() {
         events.clear();
         received.clear();
+        row_at.clear();
+        row_buf.clear();
+        all_rows = true;
         // Asked once a batch: a subscriber that arrives meanwhile gets the batch's frames
         // compressed when they are sent (`crate::log`).
         let zstd_wanted = log.zstd_demand().wanted();
@@ -1208,6 +1244,21 @@ fn write(
                     let coll =
                         std::str::from_utf8(&d.buf[p.collection.clone()]).unwrap_or_default();
                     events.push(Event::encode(seq, time_us, p.kind, did, coll, &json, z));
+                    match &p.row {
+                        Some(r) if all_rows => {
+                            let mut col =
+                                |at: &Range<usize>| push(&mut row_buf, &d.buf[at.clone()]);
+                            let cols = [
+                                col(&p.did),
+                                col(&p.collection),
+                                col(&r.rkey),
+                                col(&r.rev),
+                                col(&r.payload),
+                            ];
+                            row_at.push((r.kind, cols));
+                        }
+                        _ => all_rows = false,
+                    }
                     resume.next_seq += 1;
                     resume.last_time_us = time_us;
                 }
@@ -1240,7 +1291,33 @@ fn write(
             // Before the store: the external log is never behind it (crate::publish).
             p.publish(&events, &state_list, &pending_list, &resume)?;
         }
-        append_until_stored(&log, &metrics, &events, &state_list, &pending_list, &resume)?;
+        let rows: Option<Vec<Row<'_>>> = all_rows.then(|| {
+            let text = |r: &Range<usize>| std::str::from_utf8(&row_buf[r.clone()]).unwrap_or("");
+            events
+                .iter()
+                .zip(&row_at)
+                .map(|(e, (kind, [did, coll, rkey, rev, payload]))| Row {
+                    seq: e.seq(),
+                    witnessed_at: e.time_us(),
+                    indexed_at: 0,
+                    kind: *kind,
+                    did: text(did),
+                    collection: text(coll),
+                    rkey: text(rkey),
+                    rev: text(rev),
+                    payload: &row_buf[payload.clone()],
+                })
+                .collect()
+        });
+        append_until_stored(
+            &log,
+            &metrics,
+            &events,
+            rows.as_deref(),
+            &state_list,
+            &pending_list,
+            &resume,
+        )?;
         if let Some(q) = &queue {
             for did in queued.drain(..) {
                 metrics.resync_queued.fetch_add(1, Relaxed);
@@ -1294,6 +1371,7 @@ fn append_until_stored(
     log: &Log,
     metrics: &Metrics,
     events: &[Event],
+    rows: Option<&[Row<'_>]>,
     accounts: &[(Box<str>, AccountState)],
     pending: &[PendingChange],
     resume: &Resume,
@@ -1301,6 +1379,7 @@ fn append_until_stored(
     let mut wait = STORE_RETRY_FIRST;
     let mut failures = 0u64;
     let mut poisoned = false;
+    let mut rows = rows;
     loop {
         if poisoned {
             if space_is_back(log.store().dir()) {
@@ -1314,11 +1393,22 @@ fn append_until_stored(
         }
         let r = match crate::faults::store_write() {
             Some(e) => Err(e),
-            None => log
-                .store()
-                .append_with_pending(events, accounts, pending, resume),
+            None => match rows {
+                Some(rows) => log
+                    .store()
+                    .append_rows(events, rows, accounts, pending, resume),
+                None => log
+                    .store()
+                    .append_with_pending(events, accounts, pending, resume),
+            },
         };
         match r {
+            // Not the disk's doing, so not retried as it is: a bug between the rows and the
+            // events, said; the batch is stored as JSON, nothing lost.
+            Err(e @ StoreError::Rows { .. }) => {
+                tracing::error!(error = %e, "the batch's rows were refused: stored as JSON");
+                rows = None;
+            }
             Ok(()) => {
                 if failures > 0 {
                     metrics.ingest_paused.store(false, Relaxed);

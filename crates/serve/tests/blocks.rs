@@ -1,4 +1,4 @@
-//! The store's compressed blocks (`store.rs`, layout 3, checksummed since 4) on the wire: the real capture ingested
+//! The store's compressed blocks (`store.rs`, layout 3, checksummed since 4, rows since 5) on the wire: the real capture ingested
 //! into a store that seals small blocks, replayed from disk (sealed blocks and unsealed events)
 //! and from memory, on both wires, plain and compressed: byte for byte the same messages, and
 //! v1's zstd frames made at send time identical to the ones ingest made.
@@ -193,6 +193,10 @@ async fn sealed_blocks_replay_byte_for_byte_on_both_wires() {
     let dict = dictionary("legacy_subscribe.zdict");
     let (store, resume) = common::reopen(&dir_path, dict.id(), SMALL).await;
     assert_eq!(resume.next_seq, next);
+    // Ingest handed every event's row: all the sealed blocks are row blocks (layout 5), so every
+    // message above from the disk-only servers was rendered from rows.
+    let c = store.check().unwrap();
+    assert!(c.blocks > 0 && c.row_blocks == c.blocks, "{c:?}");
     let reopened = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
     let again = serve(disk_only(&reopened, next)).await;
     assert_eq!(messages(again, "/subscribe?cursor=0", 152).await, v1_text);

@@ -111,6 +111,40 @@ fn kind_byte(k: EventKind) -> u8 {
     }
 }
 
+/// Appends one stored value without its zstd form (the layout above) to `out`: the header,
+/// `did` and `collection` (each cut to 65,535 bytes at a character boundary), and the JSON that
+/// `json` appends. Where the DID, the collection and the JSON lie in `out`. For [`Event::encode`]
+/// and for a row block rendered into the block cache (`crate::rows`), which writes its events'
+/// JSON in place.
+pub(crate) fn append_value(
+    out: &mut Vec<u8>,
+    time_us: i64,
+    kind: EventKind,
+    did: &str,
+    collection: &str,
+    json: impl FnOnce(&mut Vec<u8>),
+) -> (Range<usize>, Range<usize>, Range<usize>) {
+    let did = cut(did).as_bytes();
+    let collection = cut(collection).as_bytes();
+    out.push(VERSION);
+    out.push(kind_byte(kind));
+    out.extend_from_slice(&time_us.to_be_bytes());
+    let field = |v: &mut Vec<u8>, len_bytes: &[u8], bytes: &[u8]| {
+        v.extend_from_slice(len_bytes);
+        let start = v.len();
+        v.extend_from_slice(bytes);
+        start..v.len()
+    };
+    let did_at = field(out, &(did.len() as u16).to_be_bytes(), did);
+    let collection_at = field(out, &(collection.len() as u16).to_be_bytes(), collection);
+    let len_at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    json(out);
+    let json_len = (out.len() - len_at - 4) as u32;
+    out[len_at..len_at + 4].copy_from_slice(&json_len.to_be_bytes());
+    (did_at, collection_at, len_at + 4..out.len())
+}
+
 impl<T: Text> Event<T> {
     /// Builds the stored form, and the event over it (the ranges are known as it is written: it
     /// is not parsed back). `did` and `collection` longer than 65,535 bytes are cut, on a
@@ -125,24 +159,14 @@ impl<T: Text> Event<T> {
         json: &[u8],
         zstd: &[u8],
     ) -> Self {
-        let did = cut(did).as_bytes();
-        let collection = cut(collection).as_bytes();
         // Exactly the layout's size: a buffer even one byte short is reallocated (copied) at the
         // last append and left at twice the size, in the tail for as long as the event stays.
-        let len = HEADER_LEN + did.len() + collection.len() + json.len() + zstd.len();
+        let len = HEADER_LEN + cut(did).len() + cut(collection).len() + json.len() + zstd.len();
         let mut v = Vec::with_capacity(len);
-        v.push(VERSION);
-        v.push(kind_byte(kind));
-        v.extend_from_slice(&time_us.to_be_bytes());
-        let field = |v: &mut Vec<u8>, len_bytes: &[u8], bytes: &[u8]| {
-            v.extend_from_slice(len_bytes);
-            let start = v.len();
-            v.extend_from_slice(bytes);
-            start..v.len()
-        };
-        let did_at = field(&mut v, &(did.len() as u16).to_be_bytes(), did);
-        let collection_at = field(&mut v, &(collection.len() as u16).to_be_bytes(), collection);
-        let json_at = field(&mut v, &(json.len() as u32).to_be_bytes(), json);
+        let (did_at, collection_at, json_at) =
+            append_value(&mut v, time_us, kind, did, collection, |v| {
+                v.extend_from_slice(json)
+            });
         v.extend_from_slice(zstd);
         debug_assert_eq!(v.len(), len);
         let raw = Bytes::from(v);

@@ -21,6 +21,7 @@ pub mod catalog;
 pub mod compact;
 pub mod event;
 pub mod lock;
+mod rows;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -62,6 +62,28 @@
 //! an older riptide cannot read a checksummed block and would fail every one as corrupt, so it is
 //! refused at open instead ([`StoreError::NewerLayout`] is what this one says of a later layout).
 //!
+//! <a id="row-blocks"></a>**Row blocks** (layout 5, issue 38: `docs/archive.md`, "One copy of the
+//! data"). A writer that hands each event's Jetstream v2 `.jss` row with it
+//! ([`Store::append_rows`]; the rows of a frame's events are
+//! [`riptide_jetstream::Projection::stored_rows`]) has its events sealed as *row blocks*
+//! (format 3): the same header and checksum around one `.jss` block frame of at most 4,096 rows
+//! (zstd level 3 with its content checksum, as `riptide_segment` writes it and the archive serves
+//! it), where a commit's record is its DAG-CBOR as signed rather than its JSON: 0.59 of a JSON
+//! block's bytes on the generated stream (`bench rows`). Until a block is sealed its rows wait in
+//! `recent_rows` (seq → a one-row block body) beside the events in `recent`, in the same batches.
+//! Row blocks are sealed whole: where more than 4,096 events with rows are unsealed, the ones past
+//! the last whole block of 4,096 stay unsealed (in `recent` and `recent_rows`) for the next
+//! sealing, since a row block cannot take up to twice a block's worth as a JSON block does.
+//! A block is a row block only if every one of its events came with its row; otherwise (a
+//! writer that hands none, or a batch without rows among them) it is sealed as JSON, as before,
+//! and both kinds read alike. Reading a row block renders it (`crate::rows`: its rows through
+//! [`riptide_jetstream::Projector::project_rows`], the code that renders a frame's events at
+//! ingest, so each event is byte for byte the JSON ingest made) into the block cache, in the
+//! same form as a JSON block's: rendered once for every reader, on the blocking pool when it is
+//! loaded ahead of a replay. A row that does not render is a damaged block ("Checksums"). A
+//! layout-4 directory is read as it is and recorded as 5 at open (an older riptide cannot read
+//! a row block); its JSON blocks leave with retention.
+//!
 //! <a id="read-ahead"></a>**Read-ahead.** A replay reads blocks in order, and decompressing one
 //! took about half of a replay's time per event on the reader's own path: the subscriber waited
 //! for each block, then sent it. Now a reader of a cached block claims the next block not cached
@@ -170,6 +192,8 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use riptide_firehose::chain::{decode_state, encode_state, AccountState, CorruptState};
 
+use riptide_segment::{compress as compress_block, encode_block, Row};
+
 use crate::event::{CorruptEvent, Event, Text, Utf8Text};
 use crate::ReadLimit;
 
@@ -214,6 +238,15 @@ pub enum StoreError {
         first: u64,
         /// zstd's error.
         source: std::io::Error,
+    },
+    /// The rows handed with a batch ([`Store::append_rows`]) do not pair with its events, or one
+    /// cannot be a `.jss` row. Nothing of the batch was written.
+    #[error("the row of event {seq}: {what}")]
+    Rows {
+        /// The event's seq.
+        seq: u64,
+        /// What is wrong.
+        what: &'static str,
     },
     /// A stored block is corrupt (its checksum, or the format of a block from before checksums).
     /// Reads do not return it: they record the block as a [`DamagedBlock`] and skip it (module
@@ -436,6 +469,11 @@ impl<T: Text> Ahead<T> {
 struct Pending<T> {
     events: Vec<Event<T>>,
     bytes: usize,
+    /// Every unsealed event's row (`crate::rows::encode_row`), when every one came with one: they
+    /// are then sealed as row blocks. `None` once one came without.
+    rows: Option<Vec<Bytes>>,
+    /// Whether `recent_rows` holds rows of the unsealed events (removed when they are sealed).
+    rows_stored: bool,
 }
 
 impl<T> Default for Pending<T> {
@@ -443,7 +481,25 @@ impl<T> Default for Pending<T> {
         Pending {
             events: Vec::new(),
             bytes: 0,
+            rows: Some(Vec::new()),
+            rows_stored: false,
         }
+    }
+}
+
+impl<T> Pending<T> {
+    /// Empty again, after its events were sealed.
+    fn sealed(&mut self) {
+        self.events.clear();
+        self.bytes = 0;
+        self.rows = Some(Vec::new());
+        self.rows_stored = false;
+    }
+
+    /// The unsealed events' rows, decoded, if every one has one.
+    fn decoded_rows(&self) -> Option<Vec<Row<'_>>> {
+        let rows = self.rows.as_ref()?;
+        rows.iter().map(|r| crate::rows::decode_row(r)).collect()
     }
 }
 
@@ -451,6 +507,7 @@ impl<T> Default for Pending<T> {
 struct Partitions {
     blocks: PartitionHandle,
     recent: PartitionHandle,
+    recent_rows: PartitionHandle,
     times: PartitionHandle,
     accounts: PartitionHandle,
     resync: PartitionHandle,
@@ -464,6 +521,9 @@ pub struct Store<T = Utf8Text> {
     ks: Keyspace,
     blocks: PartitionHandle,
     recent: PartitionHandle,
+    /// The rows of the unsealed events in `recent`, when the writer hands rows (module docs,
+    /// "Row blocks"): seq → `crate::rows::encode_row`.
+    recent_rows: PartitionHandle,
     times: PartitionHandle,
     accounts: PartitionHandle,
     /// Accounts awaiting resync and the frames held for them (`crate::resync`).
@@ -527,6 +587,9 @@ pub struct Checked {
     /// Of them, blocks with a checksum (sealed by layout 4, damaged or not); the others are from
     /// before checksums.
     pub checksummed: u64,
+    /// Of them, row blocks (layout 5, module docs "Row blocks"), each frame decoded and every
+    /// row rendered.
+    pub row_blocks: u64,
     /// Events in the blocks that read whole.
     pub events: u64,
     /// The blocks that did not.
@@ -701,13 +764,18 @@ impl Acked {
     }
 }
 
-/// The store layout this code writes: 4 = events sealed in checksummed compressed blocks (module
-/// docs). (3 = the same blocks without checksums, read as they are and recorded as 4 at open;
-/// 2 = FIFO log partitions with a retention floor, one value per event.)
-pub const LAYOUT_VERSION: u64 = 4;
+/// The store layout this code writes: 5 = blocks of `.jss` rows where the writer hands the
+/// events' rows ([`Store::append_rows`]), blocks of JSON where it does not (module docs, "Row
+/// blocks"). (4 = checksummed blocks of JSON only, and 3 = the same without checksums: both read
+/// as they are and recorded as 5 at open; 2 = FIFO log partitions with a retention floor, one
+/// value per event.)
+pub const LAYOUT_VERSION: u64 = 5;
 
 /// Layout 3: blocks without checksums, which this layout reads as they are (module docs).
 const LAYOUT_UNCHECKED: u64 = 3;
+
+/// Layout 4: checksummed blocks of JSON only, which this layout reads as they are.
+const LAYOUT_JSON: u64 = 4;
 
 /// Memtable size of `blocks`, hence the size of its segment files (see the module docs on the
 /// cost of never merging).
@@ -723,6 +791,13 @@ const RECENT_MEMTABLE: u32 = 32 << 20;
 pub(crate) const BLOCK_FORMAT: u8 = 2;
 /// Blocks sealed before checksums (layout 3): the same without the trailing checksum.
 const BLOCK_FORMAT_1: u8 = 1;
+/// Row blocks (layout 5, module docs "Row blocks"): the same header and checksum, the length
+/// before compression being the `.jss` block body's, around one `.jss` block frame (zstd level
+/// 3 with its content checksum, as `riptide_segment` writes and the archive serves it).
+pub(crate) const BLOCK_FORMAT_ROWS: u8 = 3;
+/// The most rows in a row block: Jetstream v2's blocks hold at most 4,096, and clients plan
+/// and fetch by block.
+const MAX_BLOCK_ROWS: usize = 4096;
 const BLOCK_HEADER: usize = 1 + 4 + 8 + 8 + 4;
 const BLOCK_CHECKSUM: usize = 8;
 
@@ -822,8 +897,14 @@ fn sealed_value<T: Text>(e: &Event<T>) -> &[u8] {
 /// within `opts.block_bytes`: sealing all the unsealed events once a block's worth has come
 /// used to leave the batch's last few (~100) as a block of their own, every other block, which
 /// compressed worse and cost a replay a load each.
+///
+/// With `rows` (each event's, in the same order: module docs, "Row blocks"), the blocks are row
+/// blocks of at most [`MAX_BLOCK_ROWS`] rows (a block's worth past that is cut in equal parts);
+/// their events are still counted against `opts.block_bytes` by their JSON, which is what a
+/// loaded block holds.
 fn seal<T: Text>(
     events: &[Event<T>],
+    rows: Option<&[Row<'_>]>,
     opts: StoreOptions,
 ) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
     let per = opts.block_events.max(1);
@@ -831,11 +912,14 @@ fn seal<T: Text>(
     let mut rest = events;
     while let Some(first) = rest.first() {
         // A block's worth, or all that is left if that is less than two blocks' worth.
-        let want = if rest.len() < 2 * per {
+        let mut want = if rest.len() < 2 * per {
             rest.len()
         } else {
             per
         };
+        if rows.is_some() && want > MAX_BLOCK_ROWS {
+            want = want.div_ceil(want.div_ceil(MAX_BLOCK_ROWS));
+        }
         let (mut n, mut bytes) = (0, 0);
         while n < want {
             let len = sealed_value(&rest[n]).len();
@@ -850,21 +934,34 @@ fn seal<T: Text>(
             bytes += len + 4;
             n += 1;
         }
+        let at = events.len() - rest.len();
         let (these, tail) = rest.split_at(n);
         rest = tail;
-        let mut raw = Vec::with_capacity(bytes);
-        for e in these {
-            let v = sealed_value(e);
-            raw.extend_from_slice(&(v.len() as u32).to_be_bytes());
-            raw.extend_from_slice(v);
-        }
         let last_time = these.last().map_or(0, Event::time_us);
-        let z = zstd::bulk::compress(&raw, BLOCK_LEVEL).map_err(|source| StoreError::Seal {
+        let seal_err = |source| StoreError::Seal {
             first: first.seq(),
             source,
-        })?;
+        };
+        let mut raw = Vec::with_capacity(bytes);
+        let (format, z) = match rows {
+            Some(rows) => {
+                let rows = &rows[at..at + n];
+                encode_block(rows, &mut raw).map_err(|e| seal_err(std::io::Error::other(e)))?;
+                let z = compress_block(&raw).map_err(|e| seal_err(std::io::Error::other(e)))?;
+                (BLOCK_FORMAT_ROWS, z)
+            }
+            None => {
+                for e in these {
+                    let v = sealed_value(e);
+                    raw.extend_from_slice(&(v.len() as u32).to_be_bytes());
+                    raw.extend_from_slice(v);
+                }
+                let z = zstd::bulk::compress(&raw, BLOCK_LEVEL).map_err(seal_err)?;
+                (BLOCK_FORMAT, z)
+            }
+        };
         let mut v = Vec::with_capacity(BLOCK_HEADER + z.len() + BLOCK_CHECKSUM);
-        v.push(BLOCK_FORMAT);
+        v.push(format);
         v.extend_from_slice(&(these.len() as u32).to_be_bytes());
         v.extend_from_slice(&first.seq().to_be_bytes());
         v.extend_from_slice(&last_time.to_be_bytes());
@@ -880,6 +977,8 @@ fn seal<T: Text>(
 /// A block value's header, checked.
 #[derive(Clone, Copy, Debug)]
 struct BlockHeader {
+    /// [`BLOCK_FORMAT`], [`BLOCK_FORMAT_1`] or [`BLOCK_FORMAT_ROWS`].
+    format: u8,
     count: u64,
     first: u64,
     last_time: i64,
@@ -896,7 +995,7 @@ fn block_header(key: u64, v: &[u8]) -> Result<BlockHeader, StoreError> {
         return Err(bad("header"));
     }
     let frame_end = match v[0] {
-        BLOCK_FORMAT => {
+        BLOCK_FORMAT | BLOCK_FORMAT_ROWS => {
             let end = v.len() - BLOCK_CHECKSUM;
             if end < BLOCK_HEADER {
                 return Err(bad("header"));
@@ -917,6 +1016,7 @@ fn block_header(key: u64, v: &[u8]) -> Result<BlockHeader, StoreError> {
         return Err(bad("header"));
     }
     Ok(BlockHeader {
+        format: v[0],
         count,
         first,
         last_time,
@@ -934,13 +1034,20 @@ fn open_block(h: &BlockHeader, v: &[u8], mut buf: Vec<u8>) -> Result<Block, Stor
         what,
     };
     buf.clear();
-    buf.reserve(h.raw_len);
-    let n = zstd::bulk::Decompressor::new()
-        .and_then(|mut d| d.decompress_to_buffer(&v[BLOCK_HEADER..h.frame_end], &mut buf))
-        .map_err(|_| bad("zstd frame"))?;
-    if n != h.raw_len || buf.len() != h.raw_len {
-        return Err(bad("length"));
+    if h.format == BLOCK_FORMAT_ROWS {
+        // Rendered once, here, for every reader of the cache (module docs, "Row blocks").
+        let mut body = Vec::with_capacity(h.raw_len);
+        decompress(v, h, &mut body)?;
+        let mut starts = Vec::with_capacity(h.count as usize);
+        crate::rows::render_rows(h.first, h.count, &body, &mut buf, &mut starts).map_err(bad)?;
+        return Ok(Block {
+            first: h.first,
+            data: buf,
+            starts,
+        });
     }
+    buf.reserve(h.raw_len);
+    decompress(v, h, &mut buf)?;
     let data = buf;
     let mut starts = Vec::with_capacity(h.count as usize);
     let mut pos = 0;
@@ -963,6 +1070,22 @@ fn open_block(h: &BlockHeader, v: &[u8], mut buf: Vec<u8>) -> Result<Block, Stor
         data,
         starts,
     })
+}
+
+/// Decompresses the frame of the block value `v` (header `h`) into `buf`, which must come out
+/// exactly the length the header says.
+fn decompress(v: &[u8], h: &BlockHeader, buf: &mut Vec<u8>) -> Result<(), StoreError> {
+    let bad = |what| StoreError::CorruptBlock {
+        first: h.first,
+        what,
+    };
+    let n = zstd::bulk::Decompressor::new()
+        .and_then(|mut d| d.decompress_to_buffer(&v[BLOCK_HEADER..h.frame_end], buf))
+        .map_err(|_| bad("zstd frame"))?;
+    if n != h.raw_len || buf.len() != h.raw_len {
+        return Err(bad("length"));
+    }
+    Ok(())
 }
 
 /// What the previous layout (2: one value per event, both forms, in a FIFO partition with
@@ -1074,9 +1197,10 @@ impl<T: Text> Store<T> {
             Some(found) if found > LAYOUT_VERSION => {
                 return Err(StoreError::NewerLayout { path, found })
             }
-            // Its blocks read as they are; the ones sealed from now on carry checksums, which an
-            // older riptide cannot read: recorded, so that one refuses the directory at open.
-            Some(LAYOUT_UNCHECKED) => {
+            // Its blocks read as they are; the ones sealed from now on carry checksums (and may
+            // be row blocks), which an older riptide cannot read: recorded, so that one refuses
+            // the directory at open.
+            Some(LAYOUT_UNCHECKED | LAYOUT_JSON) => {
                 meta.insert(LAYOUT, LAYOUT_VERSION.to_be_bytes())
                     .map_err(fj)?;
                 ks.persist(PersistMode::SyncAll).map_err(fj)?;
@@ -1099,6 +1223,7 @@ impl<T: Text> Store<T> {
         let Partitions {
             blocks,
             recent,
+            recent_rows,
             times,
             accounts,
             resync,
@@ -1110,6 +1235,7 @@ impl<T: Text> Store<T> {
             ks,
             blocks,
             recent,
+            recent_rows,
             times,
             accounts,
             resync,
@@ -1195,6 +1321,22 @@ impl<T: Text> Store<T> {
                 p.bytes += sealed_value(&e).len();
                 p.events.push(e);
             }
+            // Their rows, if every one has its row (module docs, "Row blocks"); else they are
+            // sealed as JSON.
+            let mut rows = BTreeMap::new();
+            for kv in store.recent_rows.iter() {
+                let (k, v) = kv.map_err(|e| store.err(e))?;
+                rows.insert(be64(&k), Bytes::from(v));
+            }
+            p.rows_stored = !rows.is_empty();
+            p.rows = p
+                .events
+                .iter()
+                .map(|e| {
+                    rows.remove(&e.seq())
+                        .filter(|r| crate::rows::decode_row(r).is_some_and(|r| r.seq == e.seq()))
+                })
+                .collect();
             if let Some((first, what)) = damaged_last {
                 // It ends where the unsealed events start (they follow it in the same batch),
                 // or at the next seq when none are left.
@@ -1264,11 +1406,14 @@ impl<T: Text> Store<T> {
         resume.last_time_us = resume.last_time_us.max(acked_time);
         let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
         let mut p = lock(&self.pending);
-        for (first, v) in seal(&p.events, self.options)? {
+        for (first, v) in seal(&p.events, p.decoded_rows().as_deref(), self.options)? {
             b.insert(&self.blocks, first.to_be_bytes(), v);
         }
         for e in &p.events {
             b.remove(&self.recent, e.seq().to_be_bytes());
+            if p.rows_stored {
+                b.remove(&self.recent_rows, e.seq().to_be_bytes());
+            }
         }
         b.insert(&self.meta, lost.key(), lost.value());
         b.insert(&self.meta, NEXT_SEQ, resume.next_seq.to_be_bytes());
@@ -1281,8 +1426,7 @@ impl<T: Text> Store<T> {
         if let Some(last) = p.events.last() {
             self.sealed_end.store(last.seq() + 1, Relaxed);
         }
-        p.events.clear();
-        p.bytes = 0;
+        p.sealed();
         Ok(())
     }
 
@@ -1296,7 +1440,11 @@ impl<T: Text> Store<T> {
             let (k, v) = kv.map_err(|e| self.err(e))?;
             let key = be64(&k);
             c.blocks += 1;
-            c.checksummed += u64::from(v.first() == Some(&BLOCK_FORMAT));
+            c.checksummed += u64::from(matches!(
+                v.first(),
+                Some(&(BLOCK_FORMAT | BLOCK_FORMAT_ROWS))
+            ));
+            c.row_blocks += u64::from(v.first() == Some(&BLOCK_FORMAT_ROWS));
             let opened = block_header(key, &v).and_then(|h| {
                 let b = open_block(&h, &v, Vec::new())?;
                 for i in 0..b.starts.len() {
@@ -1390,6 +1538,10 @@ impl<T: Text> Store<T> {
                 "recent",
                 PartitionCreateOptions::default().max_memtable_size(RECENT_MEMTABLE),
             )?,
+            recent_rows: ks.open_partition(
+                "recent_rows",
+                PartitionCreateOptions::default().max_memtable_size(RECENT_MEMTABLE),
+            )?,
             times: ks.open_partition("times", log_partition())?,
             accounts: ks.open_partition("accounts", PartitionCreateOptions::default())?,
             resync: ks.open_partition("resync", PartitionCreateOptions::default())?,
@@ -1406,7 +1558,7 @@ impl<T: Text> Store<T> {
         let fj = fjall_at(dir);
         let (ks, meta, layout, _lock) = Self::open_dir(dir)?;
         let from = match layout {
-            None | Some(LAYOUT_VERSION | LAYOUT_UNCHECKED) => {
+            None | Some(LAYOUT_VERSION | LAYOUT_JSON | LAYOUT_UNCHECKED) => {
                 return Ok(Migrated {
                     from: LAYOUT_VERSION,
                     ..Migrated::default()
@@ -1434,7 +1586,7 @@ impl<T: Text> Store<T> {
         let mut chunk: Vec<Event<T>> = Vec::with_capacity(opts.block_events);
         let mut bytes = 0;
         let flush = |chunk: &mut Vec<Event<T>>, done: &mut Migrated| -> Result<(), StoreError> {
-            for (first, v) in seal(chunk, opts)? {
+            for (first, v) in seal(chunk, None, opts)? {
                 blocks.insert(first.to_be_bytes(), v).map_err(fj)?;
                 done.blocks += 1;
             }
@@ -1482,7 +1634,24 @@ impl<T: Text> Store<T> {
         resync: &[PendingChange],
         resume: &Resume,
     ) -> Result<(), StoreError> {
-        self.append_batch(events, accounts, resync, resume)
+        self.append_batch(events, None, accounts, resync, resume)
+    }
+
+    /// [`Self::append_with_pending`], with each event's `.jss` row (`rows[i]` is `events[i]`'s,
+    /// same seq; its time is the event's): the events are then sealed as row blocks, the store
+    /// keeping the rows and not the JSON (module docs, "Row blocks"), and read back rendered from
+    /// them, byte for byte the JSON given here when the rows are the events'
+    /// ([`riptide_jetstream::Projection::stored_rows`]). A batch whose rows do not pair with its
+    /// events is refused whole ([`StoreError::Rows`]), nothing written.
+    pub fn append_rows(
+        &self,
+        events: &[Event<T>],
+        rows: &[Row<'_>],
+        accounts: &[(Box<str>, AccountState)],
+        resync: &[PendingChange],
+        resume: &Resume,
+    ) -> Result<(), StoreError> {
+        self.append_batch(events, Some(rows), accounts, resync, resume)
     }
 
     /// Everything in the resync partition, in DID order and, per DID, upstream order: `(did,
@@ -1510,16 +1679,40 @@ impl<T: Text> Store<T> {
         accounts: &[(Box<str>, AccountState)],
         resume: &Resume,
     ) -> Result<(), StoreError> {
-        self.append_batch(events, accounts, &[], resume)
+        self.append_batch(events, None, accounts, &[], resume)
     }
 
     fn append_batch(
         &self,
         events: &[Event<T>],
+        rows: Option<&[Row<'_>]>,
         accounts: &[(Box<str>, AccountState)],
         resync: &[PendingChange],
         resume: &Resume,
     ) -> Result<(), StoreError> {
+        // Each row encoded as `recent_rows` keeps it, checked against its event first.
+        let rows: Option<Vec<(Row<'_>, Bytes)>> = match rows {
+            None => None,
+            Some(rows) => {
+                if rows.len() != events.len() {
+                    return Err(StoreError::Rows {
+                        seq: events.first().map_or(0, Event::seq),
+                        what: "not one row per event",
+                    });
+                }
+                let mut out = Vec::with_capacity(rows.len());
+                for (r, e) in rows.iter().zip(events) {
+                    let bad = |what| StoreError::Rows { seq: e.seq(), what };
+                    if r.seq != e.seq() || r.display_time_us() != e.time_us() {
+                        return Err(bad("row seq or time differs from its event's"));
+                    }
+                    let encoded =
+                        crate::rows::encode_row(r).ok_or_else(|| bad("a column too long"))?;
+                    out.push((*r, Bytes::from(encoded)));
+                }
+                Some(out)
+            }
+        };
         let _writing = lock(&self.writing);
         let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
         for p in resync {
@@ -1541,21 +1734,64 @@ impl<T: Text> Store<T> {
         // Whether this batch seals (module docs): then the unsealed events and this batch's go
         // into blocks, and the unsealed ones leave `recent`.
         let added: usize = events.iter().map(|e| sealed_value(e).len()).sum();
-        let unsealed = {
+        let (unsealed, rows_stored) = {
             let p = lock(&self.pending);
             let sealing = p.events.len() + events.len() >= self.options.block_events.max(1)
                 || p.bytes + added >= self.options.block_bytes;
             // Only this writer changes `pending`: the copy is what it holds until the commit.
-            sealing.then(|| p.events.clone())
+            // The rows go with it only if every unsealed event and every new one has its row.
+            let rows = match (&p.rows, &rows) {
+                (Some(old), Some(new)) => Some(
+                    old.iter()
+                        .cloned()
+                        .chain(new.iter().map(|(_, b)| b.clone()))
+                        .collect::<Vec<_>>(),
+                ),
+                _ => None,
+            };
+            (sealing.then(|| (p.events.clone(), rows)), p.rows_stored)
         };
         let mut sealed_end = None;
-        if let Some(unsealed) = unsealed {
-            let all: Vec<Event<T>> = unsealed.iter().chain(events).cloned().collect();
-            for (first, v) in seal(&all, self.options)? {
+        // Events past the last whole row block, left unsealed (module docs, "Row blocks").
+        let mut left: Option<(Vec<Event<T>>, Vec<Bytes>)> = None;
+        if let Some((unsealed, all_rows)) = unsealed {
+            let mut all: Vec<Event<T>> = unsealed.iter().chain(events).cloned().collect();
+            let decoded: Option<Vec<Row<'_>>> = all_rows
+                .as_ref()
+                .and_then(|r| r.iter().map(|b| crate::rows::decode_row(b)).collect());
+            // Rows seal in whole blocks of 4,096 where there are more: what a JSON block takes
+            // beyond a block's worth (up to twice) would make a row block too large to hold it.
+            let split = match &decoded {
+                Some(_) if all.len() > MAX_BLOCK_ROWS => all.len() - all.len() % MAX_BLOCK_ROWS,
+                _ => all.len(),
+            };
+            for (first, v) in seal(
+                &all[..split],
+                decoded.as_ref().map(|d| &d[..split]),
+                self.options,
+            )? {
                 b.insert(&self.blocks, first.to_be_bytes(), v);
             }
-            for e in &unsealed {
+            for e in unsealed.iter().take(split) {
                 b.remove(&self.recent, e.seq().to_be_bytes());
+                if rows_stored {
+                    b.remove(&self.recent_rows, e.seq().to_be_bytes());
+                }
+            }
+            if split < all.len() {
+                // `decoded` holds every row here (`split` is short of `all` only then).
+                let left_rows: Vec<Bytes> = all_rows
+                    .as_ref()
+                    .map_or(Vec::new(), |r| r[split..].to_vec());
+                let from_batch = split.max(unsealed.len());
+                for (e, r) in all[from_batch..]
+                    .iter()
+                    .zip(&left_rows[from_batch - split..])
+                {
+                    b.insert(&self.recent, e.seq().to_be_bytes(), e.raw().clone());
+                    b.insert(&self.recent_rows, e.seq().to_be_bytes(), r.clone());
+                }
+                left = Some((all.split_off(split), left_rows));
             }
             // Damaged unsealed values found at open leave with the events around them.
             for &seq in lock(&self.damaged_unsealed).iter() {
@@ -1571,6 +1807,9 @@ impl<T: Text> Store<T> {
         } else {
             for e in events {
                 b.insert(&self.recent, e.seq().to_be_bytes(), e.raw().clone());
+            }
+            for (r, encoded) in rows.iter().flatten() {
+                b.insert(&self.recent_rows, r.seq.to_be_bytes(), encoded.clone());
             }
         }
         for e in events {
@@ -1598,12 +1837,24 @@ impl<T: Text> Store<T> {
                 // Readers of the sealed seqs find them in blocks from here on.
                 self.sealed_end.store(end, Relaxed);
                 lock(&self.damaged_unsealed).clear();
-                p.events.clear();
-                p.bytes = 0;
+                p.sealed();
+                if let Some((events, rows)) = left {
+                    p.bytes = events.iter().map(|e| sealed_value(e).len()).sum();
+                    p.events = events;
+                    p.rows = Some(rows);
+                    p.rows_stored = true;
+                }
             }
             None => {
                 p.events.extend(events.iter().cloned());
                 p.bytes += added;
+                match (&mut p.rows, rows) {
+                    (Some(old), Some(new)) => {
+                        old.extend(new.into_iter().map(|(_, b)| b));
+                        p.rows_stored = true;
+                    }
+                    (old, _) => *old = None,
+                }
             }
         }
         Ok(())
@@ -2105,6 +2356,7 @@ impl<T: Text> Store<T> {
         let parts = [
             &self.blocks,
             &self.recent,
+            &self.recent_rows,
             &self.times,
             &self.accounts,
             &self.meta,
@@ -2114,7 +2366,7 @@ impl<T: Text> Store<T> {
             segments: self.blocks.segment_count() + self.times.segment_count(),
             segment_bytes: parts.iter().map(|p| p.disk_space()).sum(),
             block_bytes: self.blocks.disk_space(),
-            recent_bytes: self.recent.disk_space(),
+            recent_bytes: self.recent.disk_space() + self.recent_rows.disk_space(),
         }
     }
 
@@ -2124,6 +2376,7 @@ impl<T: Text> Store<T> {
         for p in [
             &self.blocks,
             &self.recent,
+            &self.recent_rows,
             &self.times,
             &self.accounts,
             &self.meta,
@@ -2607,6 +2860,145 @@ mod tests {
             assert_eq!(out.iter().map(Event::seq).collect::<Vec<_>>(), [21, 22, 23]);
             assert_eq!(s.first_seq().unwrap(), Some(1));
         }
+    }
+
+    /// Event `seq` with its row: a delete by `did:plc:a`, its JSON rendered from the row as
+    /// ingest renders it.
+    fn row_ev(seq: u64) -> (Event, riptide_segment::OwnedRow) {
+        let rkey = format!("k{seq}");
+        let row = Row {
+            seq,
+            witnessed_at: 1_000 + seq as i64,
+            indexed_at: 0,
+            kind: riptide_segment::Kind::Delete,
+            did: "did:plc:a",
+            collection: "a.b.c",
+            rkey: &rkey,
+            rev: "3l3qo2vutsw2b",
+            payload: b"",
+        };
+        let mut proj = riptide_jetstream::Projector::new();
+        let p = proj
+            .project_row(&riptide_jetstream::StoredRow::from_row(&row))
+            .unwrap();
+        let mut json = Vec::new();
+        p.render(0, row.witnessed_at, Some(seq), &mut json);
+        let kind = EventKind::Commit;
+        let e = Event::encode(
+            seq,
+            row.witnessed_at,
+            kind,
+            "did:plc:a",
+            "a.b.c",
+            &json,
+            b"",
+        );
+        (e, row.to_owned_row())
+    }
+
+    #[test]
+    fn a_flipped_bit_in_a_row_block_is_found_and_skipped_like_any_block() {
+        let small = small(10, 8);
+        let evs: Vec<_> = (1..=45).map(row_ev).collect();
+        // Blocks 1, 11, 21, 31, and 41..=45 unsealed. A bit flipped in block 11: in its count,
+        // inside its frame, and in its checksum.
+        for at in [3, 40, usize::MAX] {
+            let dir = tempfile::tempdir().unwrap();
+            let s = Store::open_with(dir.path(), 0, small).unwrap().0;
+            for chunk in evs.chunks(5) {
+                let events: Vec<Event> = chunk.iter().map(|(e, _)| e.clone()).collect();
+                let rows: Vec<Row<'_>> = chunk.iter().map(|(_, r)| r.as_row()).collect();
+                let last = events[events.len() - 1].seq();
+                let r = resume(last + 1, 1_000 + last as i64, last);
+                s.append_rows(&events, &rows, &[], &[], &r).unwrap();
+            }
+            let c = s.check().unwrap();
+            let counts = (c.blocks, c.row_blocks, c.events, c.unsealed);
+            assert_eq!(counts, (4, 4, 40, 5), "{c:?}");
+            let len = s.blocks.get(11u64.to_be_bytes()).unwrap().unwrap().len();
+            s.flush().unwrap();
+            drop(s);
+            flip_block(dir.path(), 10, 11, at.min(len - 1));
+            let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
+            // The sound row blocks and the unsealed rows read back as their events were
+            // appended; none of the damaged block's.
+            let (mut out, mut from) = (Vec::new(), 1);
+            let l = ReadLimit {
+                events: 7,
+                bytes: 1 << 20,
+            };
+            loop {
+                let n = out.len();
+                s.read_from(from, l, &mut out).unwrap();
+                match out.last() {
+                    Some(e) if out.len() > n => from = e.seq() + 1,
+                    _ => break,
+                }
+            }
+            let want: Vec<u64> = (1..=10).chain(21..=45).collect();
+            let got: Vec<u64> = out.iter().map(Event::seq).collect();
+            assert_eq!(got, want, "bit flipped at {at}");
+            for e in &out {
+                assert_eq!(e.json(), evs[e.seq() as usize - 1].0.json());
+            }
+            let d = s.damaged_blocks();
+            let first = (d.len(), d[0].first, d[0].end, d[0].what);
+            assert_eq!(first, (1, 11, 21, "checksum"), "bit flipped at {at}");
+        }
+    }
+
+    #[test]
+    fn rows_seal_in_whole_blocks_of_4096_and_the_rest_waits_unsealed() {
+        let evs: Vec<_> = (1..=8_300).map(row_ev).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let append = |s: &Store, from: usize, to: usize| {
+            let events: Vec<Event> = evs[from..to].iter().map(|(e, _)| e.clone()).collect();
+            let rows: Vec<Row<'_>> = evs[from..to].iter().map(|(_, r)| r.as_row()).collect();
+            let last = to as u64;
+            let r = resume(last + 1, 1_000 + last as i64, last);
+            s.append_rows(&events, &rows, &[], &[], &r).unwrap();
+        };
+        let json_of = |s: &Store| {
+            let (mut out, mut from) = (Vec::new(), 1);
+            let l = ReadLimit {
+                events: 1000,
+                bytes: 1 << 30,
+            };
+            loop {
+                let n = out.len();
+                s.read_from(from, l, &mut out).unwrap();
+                match out.last() {
+                    Some(e) if out.len() > n => from = e.seq() + 1,
+                    _ => break,
+                }
+            }
+            out.iter().map(|e| (e.seq(), e.json())).collect::<Vec<_>>()
+        };
+        let want = |n: usize| {
+            evs[..n]
+                .iter()
+                .map(|(e, _)| (e.seq(), e.json()))
+                .collect::<Vec<_>>()
+        };
+        {
+            let s = Store::open(dir.path(), 0).unwrap().0;
+            append(&s, 0, 4_000);
+            // 4,200 unsealed: one block of 4,096, 104 left.
+            append(&s, 4_000, 4_200);
+            let c = s.check().unwrap();
+            let counts = (c.blocks, c.row_blocks, c.events, c.unsealed);
+            assert_eq!(counts, (1, 1, 4_096, 104), "{c:?}");
+            assert_eq!(json_of(&s), want(4_200));
+        }
+        // The 104 come back from `recent` and `recent_rows`, and seal as rows with the next.
+        let (s, r) = Store::open(dir.path(), 0).unwrap();
+        assert_eq!(r.next_seq, 4_201);
+        assert_eq!(json_of(&s), want(4_200));
+        append(&s, 4_200, 8_300);
+        let c = s.check().unwrap();
+        let counts = (c.blocks, c.row_blocks, c.events, c.unsealed);
+        assert_eq!(counts, (2, 2, 8_192, 108), "{c:?}");
+        assert_eq!(json_of(&s), want(8_300));
     }
 
     #[test]

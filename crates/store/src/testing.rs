@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use riptide_jetstream::EventKind;
 
 use crate::event::{Event, Text};
-use crate::store::{Resume, StoreOptions, BLOCK_FORMAT};
+use crate::store::{Resume, StoreOptions, BLOCK_FORMAT, BLOCK_FORMAT_ROWS};
 
 /// Blocks of 16 events (1, 17, 33, …), a cache of 2: small stores seal several blocks.
 pub const SMALL: StoreOptions = StoreOptions {
@@ -58,15 +58,20 @@ pub fn block_start(count: u32, first: u64) -> Vec<u8> {
 }
 
 /// Flips one bit `at` bytes into the stored value of the sealed block of `count` events from
-/// `first`, in the `blocks` partition's segment files of the stopped store at `dir`. Panics if
-/// no file holds that block.
+/// `first` (a JSON block or a row block), in the `blocks` partition's segment files of the
+/// stopped store at `dir`. Panics if no file holds that block.
 pub fn flip_block(dir: &Path, count: u32, first: u64, at: usize) {
-    let needle = block_start(count, first);
+    let json = block_start(count, first);
+    let mut rows = json.clone();
+    rows[0] = BLOCK_FORMAT_ROWS;
     let mut all = Vec::new();
     files(&dir.join("partitions").join("blocks"), &mut all);
     for f in all {
         let mut b = read(&f);
-        if let Some(i) = b.windows(needle.len()).position(|w| w == needle) {
+        let found = [&json, &rows]
+            .into_iter()
+            .find_map(|n| b.windows(n.len()).position(|w| w == &n[..]));
+        if let Some(i) = found {
             b[i + at] ^= 0x10;
             std::fs::write(&f, b).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
             return;

@@ -22,9 +22,16 @@
 //!   the record's DAG-CBOR to JSON, its CID by hashing it) and compared with what ingest made, byte
 //!   for byte; any difference fails the run. Timed three ways, each a median of passes with min
 //!   and max: from rows in memory (`render_rows`), from the block frames (decompress, decode,
-//!   render: `replay_rows`, what a replay from disk would do minus the socket), and beside them
+//!   render: `replay_rows`, what a replay from disk would do minus the socket; `replay_blocks`,
+//!   the same a block at a time with the block's record CIDs hashed together, as the store
+//!   renders a block once into its cache), and beside them
 //!   today's read of the same events back from the store's blocks (`replay_v1_store`: decompress
-//!   through the block cache, no rendering), all in this process, on one thread.
+//!   through the block cache, no rendering) and the same read from a store given the rows too
+//!   (`replay_rows_store`: layout 5's row blocks, each rendered as it is loaded into the cache),
+//!   all in this process, on one thread;
+//! - **the store with rows**: the same events appended with their rows (`Store::append_rows`),
+//!   read back once and checked against ingest's JSON, and the bytes of its row blocks per event
+//!   (`rows_store_block_bytes_per_event`, to set beside `v1_block_bytes_per_event`).
 //!
 //! The replay figures carry no socket: compare them with each other, not with `bench serve`'s
 //! replay rates (which do).
@@ -122,6 +129,31 @@ pub fn run(a: RowsArgs) -> anyhow::Result<ExitCode> {
     store.flush()?;
     let disk = store.disk_usage();
 
+    // The store with rows (layout 5): the same events appended with their rows, sealed as row
+    // blocks.
+    let rows_dir = tempfile::tempdir()?;
+    let (rows_store, _) = Store::<Utf8Text>::open_with(rows_dir.path(), 0, opts)?;
+    for (chunk, made) in events.chunks(1000).zip(made.chunks(1000)) {
+        let last = &chunk[chunk.len() - 1];
+        let resume = Resume {
+            next_seq: last.seq() + 1,
+            last_time_us: last.time_us(),
+            upstream_cursor: Some(last.seq()),
+        };
+        let rows: Vec<Row<'_>> = made.iter().map(|m| m.row.as_row()).collect();
+        rows_store.append_rows(chunk, &rows, &[], &[], &resume)?;
+    }
+    rows_store.flush()?;
+    let rows_disk = rows_store.disk_usage();
+    let mut back = Vec::new();
+    read_back(&rows_store, &mut back)?;
+    anyhow::ensure!(
+        back.len() == events.len() && back.iter().zip(&events).all(|(b, e)| b.json() == e.json()),
+        "the store with rows read back {} events, not the {} appended as ingest made them",
+        back.len(),
+        events.len()
+    );
+
     // Rows: block frames, and one sealed segment of them.
     let rows: Vec<Row<'_>> = made.iter().map(|m| m.row.as_row()).collect();
     let mut frames_out = Vec::new();
@@ -179,27 +211,40 @@ pub fn run(a: RowsArgs) -> anyhow::Result<ExitCode> {
         }
         n / t.elapsed().as_secs_f64()
     }));
+    // The same, a block at a time as the store renders a block into its cache: the block's
+    // record CIDs hashed together (`Projector::project_rows`).
+    let replay_blocks = Stats::of(a.runs.time(|| {
+        let t = Instant::now();
+        for f in &frames_out {
+            let Ok(body) = decode_block_frame(f) else {
+                continue;
+            };
+            let Ok(rows) = decode_block(&body) else {
+                continue;
+            };
+            let stored: Vec<StoredRow<'_>> = rows.iter().map(StoredRow::from_row).collect();
+            proj.project_rows(&stored, |i, p| {
+                if let Ok(p) = p {
+                    out.clear();
+                    p.render(0, rows[i].display_time_us(), Some(rows[i].seq), &mut out);
+                    sink += out.len();
+                }
+            });
+        }
+        n / t.elapsed().as_secs_f64()
+    }));
     // Today's replay from disk: every event read back through the block cache (cold for the
     // first read of each block: the cache holds 8 blocks, the store more).
+    let mut got = Vec::new();
     let replay_v1 = Stats::of(a.runs.time(|| {
         let t = Instant::now();
-        let mut got = Vec::new();
-        let mut from = 0;
-        let limit = riptide_store::ReadLimit {
-            events: 256,
-            bytes: 1 << 20,
-        };
-        loop {
-            got.clear();
-            if store.read_from(from, limit, &mut got).is_err() {
-                break;
-            }
-            match got.last() {
-                Some(e) => from = e.seq() + 1,
-                None => break,
-            }
-            sink += got.len();
-        }
+        sink += read_back(&store, &mut got).unwrap_or(0);
+        n / t.elapsed().as_secs_f64()
+    }));
+    // The same from the store with rows: each block rendered as it is loaded into the cache.
+    let replay_rows_store = Stats::of(a.runs.time(|| {
+        let t = Instant::now();
+        sink += read_back(&rows_store, &mut got).unwrap_or(0);
         n / t.elapsed().as_secs_f64()
     }));
     std::hint::black_box(sink);
@@ -217,9 +262,12 @@ pub fn run(a: RowsArgs) -> anyhow::Result<ExitCode> {
         "rows_block_bytes_per_event": per(block_bytes),
         "rows_segment_bytes_per_event": per(segment_bytes),
         "rows_to_v1_block_bytes": per(block_bytes) / per(disk.block_bytes),
+        "rows_store_block_bytes_per_event": per(rows_disk.block_bytes),
         "render_rows_events_per_s": render_rows.json(),
         "replay_rows_events_per_s": replay_rows.json(),
+        "replay_blocks_events_per_s": replay_blocks.json(),
         "replay_v1_store_events_per_s": replay_v1.json(),
+        "replay_rows_store_events_per_s": replay_rows_store.json(),
         "rendered_identical": made.len(),
         "machine": super::bench::machine(),
         "date": super::bench::utc_now(),
@@ -230,6 +278,27 @@ pub fn run(a: RowsArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every event of `store` read as a replay reads it (256 at a time, through the block cache),
+/// into `out` (cleared); how many.
+fn read_back(store: &Store<Utf8Text>, out: &mut Vec<Event>) -> anyhow::Result<usize> {
+    out.clear();
+    let mut got = Vec::new();
+    let mut from = 0;
+    let limit = riptide_store::ReadLimit {
+        events: 256,
+        bytes: 1 << 20,
+    };
+    loop {
+        got.clear();
+        store.read_from(from, limit, &mut got)?;
+        match got.last() {
+            Some(e) => from = e.seq() + 1,
+            None => return Ok(out.len()),
+        }
+        out.append(&mut got);
+    }
 }
 
 /// v1 JSON of `row` into `out` (cleared), as [`riptide_jetstream::Projection::render`] stamps it.

@@ -87,6 +87,7 @@ fn report_json(dir: &Path, c: &Checked, removed: Option<&Vec<LostRange>>) -> ser
         "damaged": c.is_damaged(),
         "blocks": c.blocks,
         "checksummed_blocks": c.checksummed,
+        "row_blocks": c.row_blocks,
         "events": c.events,
         "unsealed_events": c.unsealed,
         "damaged_blocks": c.damaged.iter().map(|d| json!({
@@ -104,10 +105,11 @@ fn report_json(dir: &Path, c: &Checked, removed: Option<&Vec<LostRange>>) -> ser
 
 fn print_text(dir: &Path, c: &Checked, removed: Option<&Vec<LostRange>>) {
     println!(
-        "{}: {} blocks ({} checksummed, {} from before checksums), {} events in sound blocks, {} unsealed",
+        "{}: {} blocks ({} checksummed, {} of them rows, {} from before checksums), {} events in sound blocks, {} unsealed",
         dir.display(),
         c.blocks,
         c.checksummed,
+        c.row_blocks,
         c.blocks - c.checksummed,
         c.events,
         c.unsealed
