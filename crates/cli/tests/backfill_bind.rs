@@ -168,3 +168,30 @@ fn three_addresses_share_the_large_host_a_third_each_and_finish_sooner() {
         "three addresses took {took_three:?}, one {took_one:?}"
     );
 }
+
+/// An address that is not this machine's is refused once, before any crawl, with its name.
+#[test]
+fn an_address_not_of_this_machine_is_refused_at_start() {
+    let tmp = scratch();
+    // TEST-NET-1 (RFC 5737): never a local address.
+    let out = riptide(&[
+        "backfill",
+        "--relay",
+        "http://127.0.0.1:9",
+        "--jsonl",
+        "--state",
+        s(&tmp.path().join("state")),
+        "--bind",
+        "127.0.0.2,192.0.2.1",
+    ]);
+    assert!(!out.status.success());
+    let err = common::stderr(&out);
+    assert!(
+        err.contains("--bind 192.0.2.1: not an address of this machine"),
+        "{err}"
+    );
+    assert!(
+        !tmp.path().join("state").exists(),
+        "a state was created: {err}"
+    );
+}

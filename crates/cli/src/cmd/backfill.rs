@@ -252,6 +252,16 @@ fn relay_base(url: &str) -> anyhow::Result<String> {
         .with_context(|| format!("--relay {url}: not an http(s):// or ws(s):// URL"))
 }
 
+/// Each `--bind` address must be this machine's: said once here, before anything starts,
+/// rather than as a network failure of every repository of its lane.
+fn check_bind(addrs: &[std::net::IpAddr]) -> anyhow::Result<()> {
+    for a in addrs {
+        std::net::TcpListener::bind((*a, 0))
+            .with_context(|| format!("--bind {a}: not an address of this machine"))?;
+    }
+    Ok(())
+}
+
 fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
     if a.data.is_some() {
         anyhow::bail!("{NOT_YET}");
@@ -260,6 +270,7 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--relay URL is required (or `riptide backfill status --state DIR`)");
     };
     let relay = relay_base(relay)?;
+    check_bind(&a.bind)?;
     if !a.jsonl {
         anyhow::bail!("an output is required: --jsonl (the store-backed --data is not there yet)");
     }
