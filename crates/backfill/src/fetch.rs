@@ -8,7 +8,14 @@
 //! ([`Resyncer::fetch_repo`]: size bound, spooling of large repositories to an unnamed file,
 //! timeout, minimum rate, `429` bookkeeping), extended rather than copied; verification is
 //! [`crate::verify::verify_car`] on a blocking thread.
+//!
+//! Several client addresses ([`Fetcher::bound_to`], `riptide backfill --bind`): a PDS limits
+//! each client IP on its own, so one machine with N local addresses may ask each host N times
+//! as often. Each address is a *lane* with its own HTTP client; the scheduler picks a lane per
+//! repository and keys the host's limits by host and lane ([`Fetcher::limit_key`]), so each
+//! address keeps to the host's published limit by itself.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use riptide_crypto::PublicKey;
@@ -32,6 +39,9 @@ pub struct Identity {
 pub struct Fetcher {
     resolver: Resolver,
     resync: Resyncer,
+    /// One fetcher per local source address (module docs); empty: `resync` alone, from
+    /// whatever address the system picks.
+    lanes: Vec<(IpAddr, Resyncer)>,
     relay: Option<String>,
     keep: Arc<Collections>,
 }
@@ -57,8 +67,39 @@ impl Fetcher {
         Fetcher {
             resolver,
             resync,
+            lanes: Vec::new(),
             relay: relay.map(|r| r.trim_end_matches('/').to_owned()),
             keep: Arc::new(keep),
+        }
+    }
+
+    /// This fetcher sending its `getRepo`s from the local addresses `addrs`, one lane each
+    /// (module docs). Fails when a client cannot be built; an address that is not local fails
+    /// each fetch of its lane, as a network failure.
+    pub fn bound_to(mut self, addrs: &[IpAddr]) -> Result<Fetcher, ResolveError> {
+        self.lanes = addrs
+            .iter()
+            .map(|a| Ok((*a, self.resync.bound_to(*a)?)))
+            .collect::<Result<_, ResolveError>>()?;
+        Ok(self)
+    }
+
+    /// How many lanes (client addresses) the fetches are spread over: at least one.
+    pub fn lanes(&self) -> usize {
+        self.lanes.len().max(1)
+    }
+
+    /// The local address of `lane`, if bound.
+    pub fn address(&self, lane: usize) -> Option<IpAddr> {
+        self.lanes.get(lane).map(|(a, _)| *a)
+    }
+
+    /// The key of `host`'s limits for requests on `lane`: the host alone with one lane, else
+    /// the host and the lane's address (each address is its own client to the host).
+    pub fn limit_key(&self, lane: usize, host: &str) -> String {
+        match self.lanes.get(lane) {
+            Some((a, _)) if self.lanes.len() > 1 => format!("{host} from {a}"),
+            _ => host.to_owned(),
         }
     }
 
@@ -101,8 +142,20 @@ impl Fetcher {
         did: &str,
         key: &PublicKey,
     ) -> Result<Verified, Fetched> {
+        self.fetch_verify_on(0, base, did, key).await
+    }
+
+    /// [`Fetcher::fetch_verify`] from `lane`'s address (module docs).
+    pub async fn fetch_verify_on(
+        &self,
+        lane: usize,
+        base: &str,
+        did: &str,
+        key: &PublicKey,
+    ) -> Result<Verified, Fetched> {
         let url = format!("{base}/xrpc/com.atproto.sync.getRepo?did={did}");
-        let car = match self.resync.fetch_repo(&url).await {
+        let resync = self.lanes.get(lane).map_or(&self.resync, |(_, r)| r);
+        let car = match resync.fetch_repo(&url).await {
             Ok(car) => car,
             Err(FetchError::RateLimited { retry_in, .. }) => {
                 return Err(Fetched::Wait(retry_in));

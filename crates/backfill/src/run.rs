@@ -12,6 +12,9 @@
 //!   and verifies. A `429` pauses the host and is waited out (at most [`MAX_WAITS`] times); a
 //!   transient failure is retried with exponential backoff up to [`Config::attempts`]; then the
 //!   failure is final and recorded with its reason.
+//! - With several client addresses ([`Fetcher::bound_to`]), a repository's `getRepo`s go out
+//!   on one lane, the host's lanes taken in turn, under the host's limits for that lane; the
+//!   listings go out from the first address.
 //! - One *writer* (a thread: the sink and fjall block) takes finished repositories from a
 //!   bounded channel, writes them to the sink, makes the sink durable, commits the statuses in
 //!   one batch, then tells each task. Batching amortizes the fsyncs; the bound on the channel
@@ -20,7 +23,7 @@
 //! Crash safety is the state's ([`crate::state`]) plus this order: a cursor moves only after
 //! its page's statuses are committed, a status only after its output is durable.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -147,6 +150,8 @@ struct Crawl {
     progress: Arc<Progress>,
     writer: mpsc::Sender<Job>,
     inflight: Mutex<HashSet<String>>,
+    /// Per host, the lane its next repository goes out on (module docs).
+    next_lane: Mutex<HashMap<String, usize>>,
     /// The first local failure (the writer's): everyone stops.
     fatal: Mutex<Option<String>>,
 }
@@ -182,6 +187,7 @@ pub async fn run(
         .timeout(Duration::from_secs(60))
         .connect_timeout(Duration::from_secs(10))
         .user_agent(concat!("riptide/", env!("CARGO_PKG_VERSION")))
+        .local_address(fetcher.address(0))
         .build()
         .map_err(|e| BackfillError::Discovery(e.to_string()))?;
     let crawl = Arc::new(Crawl {
@@ -193,6 +199,7 @@ pub async fn run(
         progress,
         writer: tx,
         inflight: Mutex::default(),
+        next_lane: Mutex::default(),
         fatal: Mutex::default(),
     });
     let result = crawl.clone().crawl_all().await;
@@ -272,6 +279,22 @@ impl Crawl {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         f.get_or_insert(why);
+    }
+
+    /// The lane of `host`'s next repository: its lanes in turn (module docs).
+    fn lane_for(&self, host: &str) -> usize {
+        let lanes = self.fetcher.lanes();
+        if lanes == 1 {
+            return 0;
+        }
+        let mut next = self
+            .next_lane
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = next.entry(host.to_owned()).or_default();
+        let lane = *n % lanes;
+        *n = n.wrapping_add(1);
+        lane
     }
 
     async fn crawl_all(self: Arc<Self>) -> Result<(), BackfillError> {
@@ -624,10 +647,11 @@ impl Crawl {
                 Ok(id) => {
                     let mut last = None;
                     'sources: for base in &id.sources {
-                        let host = host_of(base).to_owned();
+                        let lane = self.lane_for(host_of(base));
+                        let host = self.fetcher.limit_key(lane, host_of(base));
                         loop {
                             let permit = self.hosts.admit(&host, Kind::GetRepo).await;
-                            let r = self.fetcher.fetch_verify(base, did, &id.key).await;
+                            let r = self.fetcher.fetch_verify_on(lane, base, did, &id.key).await;
                             drop(permit);
                             match r {
                                 Ok(v) => return Ok(v),

@@ -257,26 +257,36 @@ fn host_of(url: &str) -> String {
         .to_owned()
 }
 
+/// The HTTP client of `getRepo` fetches: the resolver's timeouts, redirects to the same host
+/// only (module docs), from `local` when given.
+fn fetch_client(
+    resolver: &Resolver,
+    local: Option<std::net::IpAddr>,
+) -> reqwest::Result<reqwest::Client> {
+    let rc = resolver.config();
+    reqwest::Client::builder()
+        .timeout(rc.timeout)
+        .connect_timeout(rc.timeout.min(Duration::from_secs(10)))
+        .local_address(local)
+        .redirect(reqwest::redirect::Policy::custom(|a| {
+            let elsewhere = a
+                .previous()
+                .first()
+                .is_some_and(|f| !same_origin(f, a.url()));
+            if elsewhere || a.previous().len() > MAX_REDIRECTS {
+                a.stop()
+            } else {
+                a.follow()
+            }
+        }))
+        .user_agent(concat!("riptide/", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
 impl Resyncer {
     /// A resyncer resolving DIDs (and fetching) with `resolver`.
     pub fn new(resolver: Resolver, cfg: ResyncConfig) -> Resyncer {
-        let rc = resolver.config();
-        let http = reqwest::Client::builder()
-            .timeout(rc.timeout)
-            .connect_timeout(rc.timeout.min(Duration::from_secs(10)))
-            .redirect(reqwest::redirect::Policy::custom(|a| {
-                let elsewhere = a
-                    .previous()
-                    .first()
-                    .is_some_and(|f| !same_origin(f, a.url()));
-                if elsewhere || a.previous().len() > MAX_REDIRECTS {
-                    a.stop()
-                } else {
-                    a.follow()
-                }
-            }))
-            .user_agent(concat!("riptide/", env!("CARGO_PKG_VERSION")))
-            .build()
+        let http = fetch_client(&resolver, None)
             // The same settings built the resolver's client; should this one fail, the
             // resolver's (redirects bounded, to any host) is better than no resync.
             .unwrap_or_else(|e| {
@@ -290,6 +300,23 @@ impl Resyncer {
             hosts: Arc::default(),
             recent: Arc::default(),
         }
+    }
+
+    /// This resyncer with its fetches sent from the local address `addr`: a host that limits
+    /// per client IP (every PDS) counts it as another client. Its per-host bookkeeping is its
+    /// own; identity lookups still go through the resolver. Fails when the HTTP client cannot
+    /// be built.
+    pub fn bound_to(&self, addr: std::net::IpAddr) -> Result<Resyncer, ResolveError> {
+        Ok(Resyncer {
+            http: fetch_client(&self.resolver, Some(addr)).map_err(|e| ResolveError::Network {
+                url: format!("(an HTTP client bound to {addr})"),
+                why: e.to_string(),
+            })?,
+            resolver: self.resolver.clone(),
+            cfg: self.cfg.clone(),
+            hosts: Arc::default(),
+            recent: Arc::default(),
+        })
     }
 
     /// Fetches and verifies `did`'s repository from each relay of `relays` (their

@@ -47,6 +47,35 @@ pub(crate) struct HostCounters {
     list_repos: AtomicU64,
     rate_limited: AtomicU64,
     errors: AtomicU64,
+    /// `getRepo`s let through, per client IP (at most [`MAX_CLIENTS_COUNTED`] addresses; the
+    /// rest under `0.0.0.0`): what a crawler spreading over several addresses is checked with.
+    get_repo_by_client: std::sync::Mutex<BTreeMap<IpAddr, u64>>,
+}
+
+/// Client addresses counted one by one per host in `/_sim/stats`.
+pub const MAX_CLIENTS_COUNTED: usize = 64;
+
+impl HostCounters {
+    fn count_client(&self, ip: IpAddr) {
+        let mut m = self
+            .get_repo_by_client
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = if m.len() < MAX_CLIENTS_COUNTED || m.contains_key(&ip) {
+            ip
+        } else {
+            IpAddr::from([0, 0, 0, 0])
+        };
+        *m.entry(key).or_default() += 1;
+    }
+
+    fn by_client(&self) -> Value {
+        let m = self
+            .get_repo_by_client
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.iter().map(|(ip, n)| (ip.to_string(), json!(n))).collect()
+    }
 }
 
 /// One PDS host: its address, fault, limiters and counters.
@@ -127,7 +156,8 @@ async fn host_layer(State(ctx): State<Ctx>, req: Request, next: Next) -> Respons
         );
     }
     let path = req.uri().path();
-    let limiter = if path.ends_with("com.atproto.sync.getRepo") {
+    let get_repo = path.ends_with("com.atproto.sync.getRepo");
+    let limiter = if get_repo {
         count(&host.counters.get_repo);
         &host.get_repo
     } else if path.ends_with("com.atproto.sync.listRepos") {
@@ -141,6 +171,9 @@ async fn host_layer(State(ctx): State<Ctx>, req: Request, next: Next) -> Respons
         .get::<ConnectInfo<SocketAddr>>()
         .map_or_else(|| IpAddr::from([0, 0, 0, 0]), |c| c.0.ip());
     let Some(decision) = limiter.check(ip) else {
+        if get_repo {
+            host.counters.count_client(ip);
+        }
         return next.run(req).await;
     };
     if !decision.allowed {
@@ -155,6 +188,9 @@ async fn host_layer(State(ctx): State<Ctx>, req: Request, next: Next) -> Respons
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from(decision.retry_after));
         return r;
+    }
+    if get_repo {
+        host.counters.count_client(ip);
     }
     let mut r = next.run(req).await;
     rate_headers(r.headers_mut(), &decision);
@@ -663,6 +699,7 @@ pub(crate) fn stats(st: &Shared) -> Value {
                 "list_repos": load(&h.counters.list_repos),
                 "rate_limited": load(&h.counters.rate_limited),
                 "errors": load(&h.counters.errors),
+                "get_repo_by_client": h.counters.by_client(),
             })
         })
         .collect();

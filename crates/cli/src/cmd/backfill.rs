@@ -110,9 +110,15 @@ struct RunArgs {
     /// No per-host rates (benchmarks against a local network).
     #[arg(long)]
     no_rate_limits: bool,
-    /// Requests to one host at once.
+    /// Requests to one host at once (per --bind address).
     #[arg(long, default_value_t = 8)]
     per_host: usize,
+    /// Local source addresses to spread the `getRepo`s over, comma-separated (e.g.
+    /// `127.0.0.2,127.0.0.3`, or a machine's public addresses): a PDS limits each client IP on
+    /// its own, so each address keeps to the per-host rates above by itself and N addresses
+    /// crawl a host N times as fast. Listings go out from the first.
+    #[arg(long, value_delimiter = ',')]
+    bind: Vec<std::net::IpAddr>,
     /// Requests in flight over all hosts.
     #[arg(long, default_value_t = 64)]
     concurrency: usize,
@@ -246,6 +252,16 @@ fn relay_base(url: &str) -> anyhow::Result<String> {
         .with_context(|| format!("--relay {url}: not an http(s):// or ws(s):// URL"))
 }
 
+/// Each `--bind` address must be this machine's: said once here, before anything starts,
+/// rather than as a network failure of every repository of its lane.
+fn check_bind(addrs: &[std::net::IpAddr]) -> anyhow::Result<()> {
+    for a in addrs {
+        std::net::TcpListener::bind((*a, 0))
+            .with_context(|| format!("--bind {a}: not an address of this machine"))?;
+    }
+    Ok(())
+}
+
 fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
     if a.data.is_some() {
         anyhow::bail!("{NOT_YET}");
@@ -254,6 +270,7 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--relay URL is required (or `riptide backfill status --state DIR`)");
     };
     let relay = relay_base(relay)?;
+    check_bind(&a.bind)?;
     if !a.jsonl {
         anyhow::bail!("an output is required: --jsonl (the store-backed --data is not there yet)");
     }
@@ -378,7 +395,10 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
                 ..ResyncConfig::default()
             },
         );
-        let fetcher = Fetcher::new(resolver, resync, Some(relay), keep);
+        let mut fetcher = Fetcher::new(resolver, resync, Some(relay), keep);
+        if !a.bind.is_empty() {
+            fetcher = fetcher.bound_to(&a.bind)?;
+        }
         let hosts = Hosts::new(limits, cfg.global);
         let shown = tokio::spawn(show_progress(progress.clone()));
         let snapshots = tokio::spawn(snapshot_status(state.clone(), state_dir.clone()));
