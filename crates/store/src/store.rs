@@ -10,7 +10,10 @@
 //! has no `accounts` yet: each account's first commit after the upgrade establishes its state. `resync` (`did 0x00 seq` → frame) holds what
 //! `crate::resync` needs to survive a crash: the accounts queued for resync (seq 0, empty) and
 //! the frames held for them until their resync lands; it is small (bounded by the resync
-//! buffers) and written in the same batches as everything else.
+//! buffers) and written in the same batches as everything else. `backfill` (DID → the
+//! backfill's progress for that repository, opaque here: `riptide_backfill`'s store sink writes
+//! and reads it) is written in the batch that holds the repository's rows and its account's chain
+//! state ([`Store::append_with_progress`]), so a repository lands whole and once across crashes.
 //!
 //! <a id="blocks"></a>**Blocks** (layout 3; checksummed since layout 4). Every event used to be stored with both of its forms
 //! (v1 JSON and its own zstd frame): ~900 bytes an event on a generated stream, where Jetstream v2
@@ -454,6 +457,7 @@ struct Partitions {
     times: PartitionHandle,
     accounts: PartitionHandle,
     resync: PartitionHandle,
+    backfill: PartitionHandle,
 }
 
 /// The event store. Cheap to share (`Arc`); all methods take `&self`. `T` is the text type its
@@ -468,6 +472,8 @@ pub struct Store<T = Utf8Text> {
     accounts: PartitionHandle,
     /// Accounts awaiting resync and the frames held for them (`crate::resync`).
     resync: PartitionHandle,
+    /// The backfill's per-repository progress (module docs).
+    backfill: PartitionHandle,
     meta: PartitionHandle,
     /// The retention floor: no read returns a seq below it.
     floor: Arc<AtomicU64>,
@@ -1095,6 +1101,7 @@ impl<T: Text> Store<T> {
             times,
             accounts,
             resync,
+            backfill,
         } = Self::partitions(&ks).map_err(fj)?;
         let floor = meta.get(FLOOR).map_err(fj)?.map_or(0, |v| be64(&v));
         let (acked, said) = Acked::open(dir);
@@ -1106,6 +1113,7 @@ impl<T: Text> Store<T> {
             times,
             accounts,
             resync,
+            backfill,
             meta,
             floor: Arc::new(AtomicU64::new(floor)),
             sealed_end: Arc::new(AtomicU64::new(1)),
@@ -1386,6 +1394,7 @@ impl<T: Text> Store<T> {
             times: ks.open_partition("times", log_partition())?,
             accounts: ks.open_partition("accounts", PartitionCreateOptions::default())?,
             resync: ks.open_partition("resync", PartitionCreateOptions::default())?,
+            backfill: ks.open_partition("backfill", PartitionCreateOptions::default())?,
         })
     }
 
@@ -1475,7 +1484,7 @@ impl<T: Text> Store<T> {
         resync: &[PendingChange],
         resume: &Resume,
     ) -> Result<(), StoreError> {
-        self.append_batch(events, accounts, resync, resume)
+        self.append_batch(events, accounts, resync, &[], resume)
     }
 
     /// Everything in the resync partition, in DID order and, per DID, upstream order: `(did,
@@ -1503,7 +1512,41 @@ impl<T: Text> Store<T> {
         accounts: &[(Box<str>, AccountState)],
         resume: &Resume,
     ) -> Result<(), StoreError> {
-        self.append_batch(events, accounts, &[], resume)
+        self.append_batch(events, accounts, &[], &[], resume)
+    }
+
+    /// [`Self::append_with_accounts`], with the backfill's progress in the same atomic, durable
+    /// write: `progress` is (key, value) pairs for the `backfill` partition, which the store
+    /// keeps and does not read (`riptide_backfill`'s store sink owns their meaning). A
+    /// repository's rows, its account's chain state and its progress land together or not at
+    /// all, so a crash can neither lose nor repeat one.
+    pub fn append_with_progress(
+        &self,
+        events: &[Event<T>],
+        accounts: &[(Box<str>, AccountState)],
+        progress: &[(Box<str>, Vec<u8>)],
+        resume: &Resume,
+    ) -> Result<(), StoreError> {
+        self.append_batch(events, accounts, &[], progress, resume)
+    }
+
+    /// The backfill's progress stored under `key` ([`Self::append_with_progress`]).
+    pub fn progress(&self, key: &str) -> Result<Option<Bytes>, StoreError> {
+        Ok(self
+            .backfill
+            .get(key)
+            .map_err(|e| self.err(e))?
+            .map(|v| Bytes::from(v.to_vec())))
+    }
+
+    /// How many progress entries the store holds (the repositories a backfill landed).
+    pub fn progress_len(&self) -> Result<usize, StoreError> {
+        let mut n = 0;
+        for kv in self.backfill.keys() {
+            kv.map_err(|e| self.err(e))?;
+            n += 1;
+        }
+        Ok(n)
     }
 
     fn append_batch(
@@ -1511,10 +1554,14 @@ impl<T: Text> Store<T> {
         events: &[Event<T>],
         accounts: &[(Box<str>, AccountState)],
         resync: &[PendingChange],
+        progress: &[(Box<str>, Vec<u8>)],
         resume: &Resume,
     ) -> Result<(), StoreError> {
         let _writing = lock(&self.writing);
         let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        for (k, v) in progress {
+            b.insert(&self.backfill, k.as_bytes(), v.as_slice());
+        }
         for p in resync {
             match p {
                 PendingChange::Hold { did, seq, frame } => {
@@ -2192,6 +2239,39 @@ mod tests {
         };
         s.read_from(from, limit, &mut out).unwrap();
         out.iter().map(Event::seq).collect()
+    }
+
+    #[test]
+    fn progress_lands_with_its_events_and_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (s, _) = Store::open(dir.path(), 0).unwrap();
+            assert_eq!(s.progress("did:plc:a").unwrap(), None);
+            let evs: Vec<_> = (1..=3).map(|i| ev(i, 100 + i as i64)).collect();
+            let progress = [("did:plc:a".into(), b"rev-a".to_vec())];
+            let state = AccountState::default();
+            s.append_with_progress(
+                &evs,
+                &[("did:plc:a".into(), state)],
+                &progress,
+                &resume(4, 103, 0),
+            )
+            .unwrap();
+            assert_eq!(
+                s.progress("did:plc:a").unwrap().as_deref(),
+                Some(&b"rev-a"[..])
+            );
+        }
+        let (s, r) = Store::open(dir.path(), 0).unwrap();
+        assert_eq!(r.next_seq, 4);
+        assert_eq!(seqs(&s, 1), [1, 2, 3]);
+        assert_eq!(
+            s.progress("did:plc:a").unwrap().as_deref(),
+            Some(&b"rev-a"[..])
+        );
+        assert_eq!(s.progress("did:plc:b").unwrap(), None);
+        assert_eq!(s.progress_len().unwrap(), 1);
+        assert!(s.account("did:plc:a").unwrap().is_some());
     }
 
     #[test]
