@@ -1,8 +1,8 @@
 //! Where verified records go: the [`Sink`] trait, and [`JsonlSink`] (one JSON line per record).
 //!
-//! Why a trait: the backfill's output is a pipeline's input today (`--jsonl`) and the store that
-//! `riptide serve` reads tomorrow (`--data`, a store-backed sink once the store is its own
-//! crate); the crawl, the limits and the durable progress are the same for both.
+//! Why a trait: the backfill's output is a pipeline's input (`--jsonl`, [`JsonlSink`]) or the
+//! store that `riptide serve` reads (`--data`, [`crate::StoreSink`]); the crawl, the limits and
+//! the durable progress are the same for both.
 //!
 //! The contract with the state ([`crate::state`]): [`Sink::write`] buffers; [`Sink::commit`]
 //! makes everything written durable and returns a position; the state stores that position with
@@ -50,9 +50,36 @@ pub enum SinkError {
     /// The position in the state is not one this sink writes.
     #[error("the backfill state's output position is not this sink's ({0} bytes)")]
     BadPosition(usize),
-    /// Not yet there (the store-backed sink).
+    /// The writer stopped (a local failure said where it happened).
     #[error("{0}")]
     Unavailable(String),
+    /// The store refused a read or a write ([`crate::StoreSink`]).
+    #[error("store {what}: {source}")]
+    Store {
+        /// The data directory.
+        what: String,
+        /// The error.
+        source: riptide_store::StoreError,
+    },
+    /// The store holds fewer events than the backfill state says were written durably: the
+    /// data directory was replaced or restored from an older copy, and records would be lost.
+    #[error("store {what} ends at seq {next_seq} but the backfill state says events up to {expected} were written: the data directory was replaced; start over with a new backfill state (or the data directory it was written with)")]
+    StoreBehind {
+        /// The data directory.
+        what: String,
+        /// The store's next seq.
+        next_seq: u64,
+        /// The next seq the state recorded.
+        expected: u64,
+    },
+    /// A progress entry in the store is not what this version writes.
+    #[error("{what}: {why}")]
+    Corrupt {
+        /// Which entry.
+        what: String,
+        /// What is wrong.
+        why: String,
+    },
 }
 
 /// What a [`Sink::write`] did with one repository.
