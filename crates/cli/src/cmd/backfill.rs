@@ -9,9 +9,11 @@
 //! or stdout redirected to a file): the file is cut back to the last committed length at start.
 //! On a pipe, the repositories in flight at a crash may be written again (a warning says so).
 //!
-//! `--data DIR` (the store-backed mode that `serve --data DIR` would serve) is accepted and
-//! refused with "not yet": the store is becoming its own crate (`riptide-store`) and the sink
-//! into it lands with it.
+//! `--data DIR` writes into the store that `riptide serve --data DIR` serves
+//! ([`riptide_backfill::StoreSink`]): one `create` event per record, each account's chain state
+//! and the repository's progress in one atomic batch, exactly once across `kill -9`. The
+//! progress state is then `DIR/backfill` unless `--state` says otherwise; the store's own lock
+//! keeps a running server (or a second backfill) out of the directory.
 //!
 //! One run per state directory (a lock, `DIR/lock`): a second is refused. `status` never opens
 //! the keyspace beside a running backfill (fjall is one process's); it reads the snapshot the run
@@ -33,6 +35,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use riptide_backfill::{
     Collections, Config, Discovery, Fetcher, HostLimits, Hosts, JsonlSink, Progress, Sink, State,
+    StoreSink,
 };
 use riptide_resolver::{Resolver, ResolverConfig, ResyncConfig, Resyncer};
 
@@ -58,7 +61,7 @@ struct StatusArgs {
     /// The backfill's state directory.
     #[arg(long, required_unless_present = "data")]
     state: Option<PathBuf>,
-    /// The data directory of a store-backed backfill (not yet).
+    /// The data directory of a store-backed backfill (its state is DIR/backfill).
     #[arg(long, conflicts_with = "state")]
     data: Option<PathBuf>,
     /// Print JSON.
@@ -79,12 +82,13 @@ struct RunArgs {
     #[arg(long, default_value = riptide_resolver::DEFAULT_PLC_URL)]
     plc_url: String,
     /// Print each record as one JSON line (on stdout, or into --out).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "data")]
     jsonl: bool,
     /// Write the JSON lines into this file (appended; exactly once across restarts).
     #[arg(long, requires = "jsonl")]
     out: Option<PathBuf>,
-    /// Backfill into a data directory that `riptide serve --data DIR` serves (not yet).
+    /// Backfill into a data directory that `riptide serve --data DIR` serves (one `create`
+    /// event per record, exactly once; progress in DIR/backfill unless --state).
     #[arg(long)]
     data: Option<PathBuf>,
     /// Progress (per-repository status, cursors): resume by running again with the same DIR.
@@ -150,7 +154,8 @@ enum Source {
     Relay,
 }
 
-const NOT_YET: &str = "--data: the store-backed backfill is not there yet (it lands with the store crate, riptide-store); use --jsonl --state DIR";
+/// The backfill's state inside a data directory (`--data DIR` without `--state`).
+const STATE_IN_DATA: &str = "backfill";
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     match a.cmd {
@@ -160,11 +165,8 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 }
 
 fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
-    if a.data.is_some() {
-        anyhow::bail!("{NOT_YET}");
-    }
-    let Some(dir) = a.state else {
-        anyhow::bail!("--state DIR is required");
+    let Some(dir) = a.state.or_else(|| a.data.map(|d| d.join(STATE_IN_DATA))) else {
+        anyhow::bail!("--state DIR (or --data DIR) is required");
     };
     // Status reads; it must not create a state where there was none (fjall would).
     if !dir.join("version").exists() {
@@ -247,17 +249,18 @@ fn relay_base(url: &str) -> anyhow::Result<String> {
 }
 
 fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
-    if a.data.is_some() {
-        anyhow::bail!("{NOT_YET}");
-    }
     let Some(relay) = a.relay.as_deref() else {
         anyhow::bail!("--relay URL is required (or `riptide backfill status --state DIR`)");
     };
     let relay = relay_base(relay)?;
-    if !a.jsonl {
-        anyhow::bail!("an output is required: --jsonl (the store-backed --data is not there yet)");
+    if !a.jsonl && a.data.is_none() {
+        anyhow::bail!("an output is required: --data DIR (the store `riptide serve --data DIR` serves) or --jsonl");
     }
-    let Some(state_dir) = a.state.clone() else {
+    let Some(state_dir) = a
+        .state
+        .clone()
+        .or_else(|| a.data.as_ref().map(|d| d.join(STATE_IN_DATA)))
+    else {
         anyhow::bail!("--state DIR is required: the backfill's progress, to resume from");
     };
     let keep =
@@ -306,8 +309,14 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
     let state = Arc::new(
         State::open(&state_dir).with_context(|| format!("opening {}", state_dir.display()))?,
     );
-    let sink: Box<dyn Sink> = match &a.out {
-        Some(path) => {
+    let sink: Box<dyn Sink> = match (&a.data, &a.out) {
+        (Some(data), _) => {
+            // The store's lock (DIR/riptide.lock) is taken here: a server on DIR refuses us.
+            let (store, resume) = riptide_store::Store::open_any(data)
+                .with_context(|| format!("opening the store in {}", data.display()))?;
+            Box::new(StoreSink::new(store, resume))
+        }
+        (None, Some(path)) => {
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
@@ -317,7 +326,7 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("opening {}", path.display()))?;
             Box::new(JsonlSink::file(f, path.display().to_string()))
         }
-        None => {
+        (None, None) => {
             // Standard output redirected to a regular file is as good as --out.
             let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
             let f = std::fs::File::from(fd);
