@@ -43,7 +43,7 @@ pub use fetch::{Fetcher, Identity};
 pub use limits::{HostLimits, Hosts};
 pub use outcome::{FailKind, Failure, Record, Verified};
 pub use run::{run, BackfillError, Config, Discovery, Progress};
-pub use sink::{JsonlSink, Sink, SinkError, Written};
+pub use sink::{JsonlSink, Sink, SinkError, TeeSink, Written};
 pub use state::{Counters, Listing, RepoStatus, State, StateError};
 pub use status::{status, Status};
 pub use store_sink::{Landed, StoreSink};

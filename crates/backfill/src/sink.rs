@@ -273,6 +273,66 @@ impl Sink for JsonlSink {
     }
 }
 
+/// Two outputs at once (`--data DIR --jsonl`: the store, and JSON lines for a pipeline): every
+/// repository written to both, both made durable before the state commits. Its position holds
+/// both positions, so each output recovers to its own; exact when both are.
+pub struct TeeSink {
+    first: Box<dyn Sink>,
+    second: Box<dyn Sink>,
+}
+
+impl std::fmt::Debug for TeeSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TeeSink").finish_non_exhaustive()
+    }
+}
+
+impl TeeSink {
+    /// Writes to `first`, then to `second`.
+    pub fn new(first: Box<dyn Sink>, second: Box<dyn Sink>) -> TeeSink {
+        TeeSink { first, second }
+    }
+}
+
+impl Sink for TeeSink {
+    fn recover(&mut self, position: Option<&[u8]>) -> Result<(), SinkError> {
+        let Some(p) = position else {
+            self.first.recover(None)?;
+            return self.second.recover(None);
+        };
+        // `[u32 le: first's length][first's position][second's position]`.
+        let bad = || SinkError::BadPosition(p.len());
+        let n = p
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            .ok_or_else(bad)? as usize;
+        let first = p.get(4..4 + n).ok_or_else(bad)?;
+        self.first.recover(Some(first))?;
+        self.second.recover(Some(&p[4 + n..]))
+    }
+
+    fn write(&mut self, repo: &Verified) -> Result<Written, SinkError> {
+        let w = self.first.write(repo)?;
+        self.second.write(repo)?;
+        Ok(w)
+    }
+
+    fn commit(&mut self) -> Result<Vec<u8>, SinkError> {
+        let first = self.first.commit()?;
+        let second = self.second.commit()?;
+        let mut p = Vec::with_capacity(4 + first.len() + second.len());
+        p.extend_from_slice(&(first.len() as u32).to_le_bytes());
+        p.extend_from_slice(&first);
+        p.extend_from_slice(&second);
+        Ok(p)
+    }
+
+    fn exact(&self) -> bool {
+        self.first.exact() && self.second.exact()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

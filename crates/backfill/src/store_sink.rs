@@ -374,6 +374,57 @@ mod tests {
         assert_eq!(events(sink.store()).len(), 42);
     }
 
+    /// `--data DIR --jsonl --out FILE`: a crash after both outputs committed but before the
+    /// state did leaves the store with the repository and the file cut back; written again,
+    /// each output holds it once.
+    #[test]
+    fn a_tee_of_the_store_and_a_file_recovers_each_to_once() {
+        use crate::sink::{JsonlSink, TeeSink};
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (verified(5, 7), verified(6, 9));
+        let path = dir.path().join("out.jsonl");
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap()
+        };
+        let data = dir.path().join("data");
+        let tee = |store: Store, resume: Resume| {
+            TeeSink::new(
+                Box::new(StoreSink::new(store, resume)),
+                Box::new(JsonlSink::file(open(), "out")),
+            )
+        };
+        let (store, resume) = Store::open_any(&data).unwrap();
+        let mut t = tee(store, resume);
+        t.recover(None).unwrap();
+        t.write(&a).unwrap();
+        let pos = t.commit().unwrap();
+        t.write(&b).unwrap();
+        // Committed by both outputs, but the state never heard: it still says `pos`.
+        t.commit().unwrap();
+        assert!(t.exact());
+        drop(t);
+        let (store, resume) = Store::open_any(&data).unwrap();
+        let mut t = tee(store, resume);
+        t.recover(Some(&pos)).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 7);
+        assert_eq!(t.write(&b).unwrap().records, 9);
+        t.commit().unwrap();
+        drop(t);
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 16);
+        let (store, _) = Store::open_any(&data).unwrap();
+        assert_eq!(events(&store).len(), 16);
+        assert!(matches!(
+            tee(store, Resume::default()).recover(Some(b"\x09\0\0\0ab")),
+            Err(SinkError::BadPosition(6))
+        ));
+    }
+
     #[test]
     fn a_store_behind_the_state_is_refused() {
         let dir = tempfile::tempdir().unwrap();

@@ -469,21 +469,6 @@ fn killed_at_random_moments_and_resumed_every_record_is_written_once() {
 fn an_output_and_a_state_are_asked_for_not_guessed() {
     let tmp = scratch();
     let data = tmp.path().join("data");
-    // --jsonl and --data are two outputs: one at a time.
-    let out = riptide(&[
-        "backfill",
-        "--relay",
-        "https://relay.invalid",
-        "--data",
-        s(&data),
-        "--jsonl",
-    ]);
-    assert!(!out.status.success());
-    assert!(
-        common::stderr(&out).contains("--jsonl"),
-        "{}",
-        common::stderr(&out)
-    );
     // No backfill has run on this data directory.
     let out = riptide(&["backfill", "status", "--data", s(&data)]);
     assert!(!out.status.success());
@@ -610,9 +595,10 @@ fn a_backfill_into_a_data_directory_is_served_once_from_cursor_zero_on_both_wire
     drop(server);
 }
 
-/// `kill -9` of a `--data` backfill at six random moments, then a resume: the server gives every
-/// good record exactly once (a repository whose batch landed before its status did is found in
-/// the store and not written again).
+/// `kill -9` of a `--data DIR --jsonl --out FILE` backfill at six random moments, then a resume:
+/// the server gives every good record exactly once, and so does the file (a repository whose
+/// batch landed before its status did is found in the store and not written again; the file is
+/// cut back to the state's position and written again).
 #[test]
 fn a_data_directory_backfill_killed_at_random_moments_serves_every_record_once() {
     let tmp = scratch();
@@ -625,18 +611,21 @@ fn a_data_directory_backfill_killed_at_random_moments_serves_every_record_once()
         &serde_json::json!({"delay_ms": 200}),
     );
     let data = tmp.path().join("data");
+    // The records as JSON lines too (`--data DIR --jsonl --out FILE`), for a pipeline.
+    let out_file = tmp.path().join("out.jsonl");
     let run = || {
         let mut c = backfill_into(&base, &data);
-        c.args([
-            "--concurrency",
-            "2",
-            "--per-host",
-            "2",
-            "--discovery",
-            "relay",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        c.args(["--jsonl", "--out", s(&out_file)])
+            .args([
+                "--concurrency",
+                "2",
+                "--per-host",
+                "2",
+                "--discovery",
+                "relay",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
         c
     };
     kill_at_random_moments(&run, || {
@@ -651,6 +640,7 @@ fn a_data_directory_backfill_killed_at_random_moments_serves_every_record_once()
     assert_failures_in(&st, good.len(), &bad);
     let n = records_of(&net, &good);
     assert_eq!(st["records"], n as u64, "{st}");
+    assert_exactly_once(&net, &good, &std::fs::read_to_string(&out_file).unwrap());
     let (_server, addr) = serve_data(&data);
     assert_exactly_once(&net, &good, &served_from_zero(&addr, n));
 }

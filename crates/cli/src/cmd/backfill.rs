@@ -13,7 +13,9 @@
 //! ([`riptide_backfill::StoreSink`]): one `create` event per record, each account's chain state
 //! and the repository's progress in one atomic batch, exactly once across `kill -9`. The
 //! progress state is then `DIR/backfill` unless `--state` says otherwise; the store's own lock
-//! keeps a running server (or a second backfill) out of the directory.
+//! keeps a running server (or a second backfill) out of the directory. With `--jsonl` as well,
+//! the records are also printed as JSON lines for a pipeline, each output exactly once (a pipe:
+//! as a pipe allows); keep the same outputs when resuming (the state's position is theirs).
 //!
 //! One run per state directory (a lock, `DIR/lock`): a second is refused. `status` never opens
 //! the keyspace beside a running backfill (fjall is one process's); it reads the snapshot the run
@@ -35,7 +37,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use riptide_backfill::{
     Collections, Config, Discovery, Fetcher, HostLimits, Hosts, JsonlSink, Progress, Sink, State,
-    StoreSink,
+    StoreSink, TeeSink,
 };
 use riptide_resolver::{Resolver, ResolverConfig, ResyncConfig, Resyncer};
 
@@ -81,8 +83,9 @@ struct RunArgs {
     /// The PLC directory.
     #[arg(long, default_value = riptide_resolver::DEFAULT_PLC_URL)]
     plc_url: String,
-    /// Print each record as one JSON line (on stdout, or into --out).
-    #[arg(long, conflicts_with = "data")]
+    /// Print each record as one JSON line (on stdout, or into --out); with --data, as well as
+    /// writing the store (keep the same outputs when resuming).
+    #[arg(long)]
     jsonl: bool,
     /// Write the JSON lines into this file (appended; exactly once across restarts).
     #[arg(long, requires = "jsonl")]
@@ -309,14 +312,9 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
     let state = Arc::new(
         State::open(&state_dir).with_context(|| format!("opening {}", state_dir.display()))?,
     );
-    let sink: Box<dyn Sink> = match (&a.data, &a.out) {
-        (Some(data), _) => {
-            // The store's lock (DIR/riptide.lock) is taken here: a server on DIR refuses us.
-            let (store, resume) = riptide_store::Store::open_any(data)
-                .with_context(|| format!("opening the store in {}", data.display()))?;
-            Box::new(StoreSink::new(store, resume))
-        }
-        (None, Some(path)) => {
+    let lines: Option<Box<dyn Sink>> = match (a.jsonl, &a.out) {
+        (false, _) => None,
+        (true, Some(path)) => {
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
@@ -324,18 +322,33 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
                 .write(true)
                 .open(path)
                 .with_context(|| format!("opening {}", path.display()))?;
-            Box::new(JsonlSink::file(f, path.display().to_string()))
+            Some(Box::new(JsonlSink::file(f, path.display().to_string())))
         }
-        (None, None) => {
+        (true, None) => {
             // Standard output redirected to a regular file is as good as --out.
             let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
             let f = std::fs::File::from(fd);
-            if f.metadata().is_ok_and(|m| m.is_file()) {
+            Some(if f.metadata().is_ok_and(|m| m.is_file()) {
                 Box::new(JsonlSink::file(f, "stdout"))
             } else {
                 Box::new(JsonlSink::pipe(Box::new(std::io::stdout()), "stdout"))
+            })
+        }
+    };
+    let sink: Box<dyn Sink> = match (&a.data, lines) {
+        (Some(data), lines) => {
+            // The store's lock (DIR/riptide.lock) is taken here: a server on DIR refuses us.
+            let (store, resume) = riptide_store::Store::open_any(data)
+                .with_context(|| format!("opening the store in {}", data.display()))?;
+            let store: Box<dyn Sink> = Box::new(StoreSink::new(store, resume));
+            match lines {
+                // Both, each exactly once (a pipe: the lines as a pipe allows).
+                Some(lines) => Box::new(TeeSink::new(store, lines)),
+                None => store,
             }
         }
+        (None, Some(lines)) => lines,
+        (None, None) => anyhow::bail!("an output is required: --data DIR or --jsonl"),
     };
     let unlimited = a.no_rate_limits;
     let limits = HostLimits {
