@@ -648,7 +648,7 @@ fn a_data_directory_backfill_killed_at_random_moments_serves_every_record_once()
 /// A backfill into a data directory, then `riptide serve --data DIR --upstream-cursor S-40`, 40
 /// frames before the relay seq S the repositories are as of (`gen --repos-at`, the sim's
 /// `repos_as_of_seq`): the commits up to S are inside the repositories and refused
-/// (`rev-regression`), each account's first commit after S chains onto the state the backfill
+/// (`superseded`), each account's first commit after S chains onto the state the backfill
 /// seeded (verified `ok`, no chain break, no resync), and a subscriber from cursor 0 that applies the creates, then
 /// the live creates, updates and deletes, rebuilds every account exactly as `riptide repo ls`
 /// lists its repository at the stream's end (an independent export of the same seed): no
@@ -700,12 +700,13 @@ fn a_backfill_then_the_live_tail_from_its_seq_rebuilds_every_account() {
     common::wait_for(&addr, "riptide_upstream_seq", last as f64);
     let verdict =
         |v: &str| common::metric(&addr, &format!("riptide_verdicts_total{{verdict=\"{v}\"}}"));
-    for v in ["chain-break", "resync-failed"] {
+    for v in ["chain-break", "resync-failed", "rev-regression"] {
         assert_eq!(verdict(v), 0.0, "{v}");
     }
-    // The 40 frames before S: their commits are inside the repositories, refused, not served.
-    let regressions = verdict("rev-regression");
-    assert!(regressions > 0.0 && regressions <= 40.0, "{regressions}");
+    // The 40 frames before S: their commits are inside the repositories, refused as what they
+    // are (`superseded`, not replays), not served.
+    let superseded = verdict("superseded");
+    assert!(superseded > 0.0 && superseded <= 40.0, "{superseded}");
     assert_eq!(common::metric(&addr, "riptide_resync_queued_total"), 0.0);
     let live_events = common::metric(&addr, "riptide_events_stored_total") as usize;
     assert!(live_events > 0, "no live tail");
@@ -763,4 +764,83 @@ fn a_backfill_then_the_live_tail_from_its_seq_rebuilds_every_account() {
         assert_eq!(got, repo_ls(&end, did), "{did}");
     }
     assert!(accounts.is_empty(), "{:?}", accounts.keys());
+}
+
+/// The resync half of issue 37's "the same path fixes resync": `riptide serve --upstream-cursor 0`
+/// far behind a `riptide sim` relay whose repositories are as of the stream's end, on a stream
+/// with planned defects (`gen --adversarial`). The planned chain break resyncs its account from
+/// the current repository, and the account's later commits in the replay are inside it: they
+/// are refused as `superseded`, with that reason, and `rev-regression` counts only the planned
+/// replays (before, every one of them was a `rev-regression`, "a replayed or rolled-back
+/// commit": 54 such against 2 planned on a 3,000-frame stream). Oracle: the generator's list of
+/// planned defects and their verdicts (`adversarial.json`).
+#[test]
+fn a_catch_up_resync_counts_the_commits_it_covers_as_superseded() {
+    let tmp = scratch();
+    let net = tmp.path().join("net");
+    let mut cfg = riptide_gen::Config::new(7, 60, 1500);
+    cfg.keep_records = true;
+    cfg.adversarial = 0.02;
+    cfg.threads = 2;
+    riptide_gen::write_dir(&cfg, &net).unwrap();
+    let planned: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(net.join("adversarial.json")).unwrap()).unwrap();
+    let planned_as = |v: &str| {
+        planned
+            .iter()
+            .filter(|a| a["expected_verdict"] == v)
+            .count() as f64
+    };
+    assert!(planned_as("chain-break") >= 1.0, "a chain break to resync");
+    let (_sim, base) = start_sim(&net);
+    let last = get_json(&format!("{base}/_sim/manifest"))["repos_as_of_seq"]
+        .as_u64()
+        .unwrap();
+    let relay = format!(
+        "{}/xrpc/com.atproto.sync.subscribeRepos",
+        base.replace("http://", "ws://")
+    );
+    let data = tmp.path().join("data");
+    let (_server, addr) = common::spawn_serve(
+        common::serve_command(&data)
+            .args(["--upstream", &relay, "--upstream-cursor", "0"])
+            .args(["--plc-url", &base]),
+    );
+    let verdict =
+        |v: &str| common::metric(&addr, &format!("riptide_verdicts_total{{verdict=\"{v}\"}}"));
+    // Every frame the relay serves gets exactly one verdict (resync attempts aside), held ones
+    // included once their account's resync is over.
+    let deadline = Instant::now() + common::PATIENCE;
+    loop {
+        let judged: f64 = riptide_firehose::verify::Verdict::ALL
+            .iter()
+            .filter(|v| v.as_str() != "resync-failed")
+            .map(|v| verdict(v.as_str()))
+            .sum();
+        if judged >= last as f64 {
+            assert_eq!(judged, last as f64);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{judged} of {last} frames judged"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(verdict("chain-break"), planned_as("chain-break"));
+    assert_eq!(verdict("rev-regression"), planned_as("rev-regression"));
+    assert!(
+        verdict("superseded") > 0.0,
+        "no commit covered by the resync"
+    );
+    // Queued once its breaking frame's batch is durable (which may follow the verdicts).
+    common::wait_for(
+        &addr,
+        "riptide_resync_queued_total",
+        planned_as("chain-break"),
+    );
+    assert_eq!(
+        common::metric(&addr, "riptide_resync_queued_total"),
+        planned_as("chain-break")
+    );
 }

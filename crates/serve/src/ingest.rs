@@ -1008,6 +1008,7 @@ impl Worker {
                     rev,
                     commit: r.commit,
                     data: r.data,
+                    from_repo: true,
                 }),
                 hosting: state.hosting,
                 sync: SyncStatus::Synchronized,
