@@ -1028,18 +1028,63 @@ impl<T: Text> Store<T> {
         Self::open_inner(dir, None, StoreOptions::default())
     }
 
-    /// Locks `dir` for this process (`crate::lock`), then opens its keyspace.
+    /// Locks `dir` for this process (`crate::lock`), then opens its keyspace (made whole first
+    /// if the directory has none: [`Self::create_whole`]).
     fn keyspace(dir: &Path) -> Result<(Keyspace, crate::lock::DirLock), StoreError> {
         let lock = crate::lock::DirLock::acquire(dir)?;
+        if !dir.join("version").exists() {
+            Self::create_whole(dir)?;
+        }
+        Self::keyspace_config(dir)
+            .open()
+            .map_err(fjall_at(dir))
+            .map(|ks| (ks, lock))
+    }
+
+    fn keyspace_config(dir: &Path) -> Config {
         // Durability is chosen per batch (`append`); no background fsync timer is needed. The
         // write buffer has room for a `blocks` memtable filling while the last one flushes
         // (fjall flushes the largest memtables once the buffer is half full).
         Config::new(dir)
             .max_write_buffer_size(3 * u64::from(BLOCKS_MEMTABLE))
             .max_open_files(STORE_MAX_OPEN_FILES)
-            .open()
-            .map_err(fjall_at(dir))
-            .map(|ks| (ks, lock))
+    }
+
+    /// Makes a new directory's keyspace whole or not at all. fjall writes `version` first and
+    /// then creates each partition in several steps, so a `kill -9` during a first start left a
+    /// directory it could not open again (found by the backfill's kill test). Here every
+    /// partition and the layout are made under `DIR/keyspace.creating`, made durable, and moved
+    /// into `DIR` with `version` last: a directory without `version` never held a commit, so
+    /// what an interrupted creation left is removed and the creation starts again.
+    fn create_whole(dir: &Path) -> Result<(), StoreError> {
+        let fj = fjall_at(dir);
+        let io = |e: std::io::Error| StoreError::Fjall {
+            path: dir.display().to_string(),
+            source: fjall::Error::Io(e),
+        };
+        let tmp = dir.join("keyspace.creating");
+        for leftover in [tmp.clone(), dir.join("journals"), dir.join("partitions")] {
+            if leftover.exists() {
+                std::fs::remove_dir_all(&leftover).map_err(io)?;
+            }
+        }
+        {
+            let ks = Self::keyspace_config(&tmp).open().map_err(fj)?;
+            let meta = ks
+                .open_partition("meta", PartitionCreateOptions::default())
+                .map_err(fj)?;
+            Self::partitions(&ks).map_err(fj)?;
+            meta.insert(LAYOUT, LAYOUT_VERSION.to_be_bytes())
+                .map_err(fj)?;
+            ks.persist(PersistMode::SyncAll).map_err(fj)?;
+        }
+        for name in ["partitions", "journals", "version"] {
+            std::fs::rename(tmp.join(name), dir.join(name)).map_err(io)?;
+        }
+        std::fs::remove_dir_all(&tmp).map_err(io)?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io)
     }
 
     /// Opens the keyspace under `dir` and its `meta` partition, and reads which layout the
@@ -2239,6 +2284,29 @@ mod tests {
         };
         s.read_from(from, limit, &mut out).unwrap();
         out.iter().map(Event::seq).collect()
+    }
+
+    /// What a `kill -9` during a first start leaves (a half-made partition, no `version`, a
+    /// leftover `.creating`) is made again whole; the directory then opens and keeps what it
+    /// is given.
+    #[test]
+    fn a_first_start_cut_short_is_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        for half in ["partitions/listings", "keyspace.creating/partitions/meta"] {
+            let p = dir.path().join(half);
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::write(p.join("config"), b"").unwrap();
+        }
+        {
+            let (s, r) = Store::open(dir.path(), 0).unwrap();
+            assert_eq!(r.next_seq, 1);
+            s.append(&[ev(1, 10)], &resume(2, 10, 5)).unwrap();
+        }
+        assert!(!dir.path().join("keyspace.creating").exists());
+        assert!(!dir.path().join("partitions/listings").exists());
+        let (s, r) = Store::open(dir.path(), 0).unwrap();
+        assert_eq!(r, resume(2, 10, 5));
+        assert_eq!(seqs(&s, 1), [1]);
     }
 
     #[test]

@@ -171,12 +171,18 @@ fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
     let Some(dir) = a.state.or_else(|| a.data.map(|d| d.join(STATE_IN_DATA))) else {
         anyhow::bail!("--state DIR (or --data DIR) is required");
     };
-    // Status reads; it must not create a state where there was none (fjall would).
-    if !dir.join("version").exists() {
+    // Status reads; it must not create a state where there was none (fjall would). A run that
+    // holds the lock may still be making its state: it is running all the same.
+    let lock = match dir.join("lock").exists() {
+        true => Some(lock_file(&dir)?),
+        false => None,
+    };
+    let running = lock
+        .as_ref()
+        .is_some_and(|l| matches!(l.try_lock(), Err(std::fs::TryLockError::WouldBlock)));
+    if !running && !State::exists(&dir) {
         anyhow::bail!("{}: no backfill state here", dir.display());
     }
-    let lock = lock_file(&dir)?;
-    let running = matches!(lock.try_lock(), Err(std::fs::TryLockError::WouldBlock));
     let s = if running {
         // A backfill holds the state: its last snapshot (at most five seconds old).
         let path = dir.join(SNAPSHOT);
