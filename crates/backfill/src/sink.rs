@@ -334,13 +334,14 @@ impl Sink for TeeSink {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::collections::Collections;
     use crate::verify::verify_car;
     use riptide_sim::fixture;
 
-    fn verified(seed: u8, records: usize) -> Verified {
+    /// A fixture account's repository of `records` records, verified.
+    pub(crate) fn verified(seed: u8, records: usize) -> Verified {
         let a = fixture::account(seed, "x.test", records);
         let key = a.key.public_key();
         verify_car(

@@ -260,23 +260,8 @@ impl Sink for StoreSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collections::Collections;
-    use crate::verify::verify_car;
-    use riptide_sim::fixture;
+    use crate::sink::tests::verified;
     use riptide_store::ReadLimit;
-
-    fn verified(seed: u8, records: usize) -> Verified {
-        let a = fixture::account(seed, "x.test", records);
-        let key = a.key.public_key();
-        verify_car(
-            Box::new(a.car.to_vec()),
-            &a.did,
-            Some(&key),
-            &Collections::all(),
-            "t",
-        )
-        .unwrap()
-    }
 
     fn events(store: &Store) -> Vec<serde_json::Value> {
         let mut out = Vec::new();

@@ -376,7 +376,8 @@ fn reqwest_post(url: &str, body: &serde_json::Value) -> String {
 }
 
 /// Starts `run` six times and SIGKILLs each run at a random moment within 150–1200 ms (unless it
-/// ended first); `first` runs 100 ms into the first run. At least five runs must be killed.
+/// ended first). 100 ms into the first run, a second run beside it is refused (one run per
+/// state), then `first` runs. At least five runs must be killed.
 fn kill_at_random_moments(run: &dyn Fn() -> Command, first: impl FnOnce()) {
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -395,6 +396,10 @@ fn kill_at_random_moments(run: &dyn Fn() -> Command, first: impl FnOnce()) {
         let t = Instant::now();
         if let Some(f) = first.take() {
             std::thread::sleep(Duration::from_millis(100));
+            let second = run().stderr(Stdio::piped()).output().unwrap();
+            assert!(!second.status.success());
+            let err = common::stderr(&second);
+            assert!(err.contains("another backfill is running"), "{err}");
             f();
         }
         while t.elapsed() < after {
@@ -412,19 +417,33 @@ fn kill_at_random_moments(run: &dyn Fn() -> Command, first: impl FnOnce()) {
     assert!(kills >= 5, "the run ended before most kills: {kills} of 6");
 }
 
-#[test]
-fn killed_at_random_moments_and_resumed_every_record_is_written_once() {
-    let tmp = scratch();
-    let net = tmp.path().join("net");
-    let (good, bad) = network(&net, 8, 40);
-    let (_sim, base) = start_sim(&net);
-    // Slow enough that every kill lands mid-run: 200 ms per request, two at a time, two
-    // requests per account (its document, its repository): about 8 s of work for six kills
-    // within 1.2 s each.
+/// [`network`] in `net` (four faults planted) served by the `riptide sim` binary slowly enough
+/// that every kill of [`kill_at_random_moments`] lands mid-run: 200 ms per request, two at a
+/// time, two requests per account (its document, its repository), about 8 s of work for six
+/// kills within 1.2 s each. Returns the sim, its base URL, the good DIDs and the bad ones.
+fn slow_network(
+    net: &Path,
+    seed: u64,
+) -> (
+    common::KillOnDrop,
+    String,
+    Vec<String>,
+    BTreeMap<String, String>,
+) {
+    let (good, bad) = network(net, seed, 40);
+    let (sim, base) = start_sim(net);
     reqwest_post(
         &format!("{base}/_sim/faults"),
         &serde_json::json!({"delay_ms": 200}),
     );
+    (sim, base, good, bad)
+}
+
+#[test]
+fn killed_at_random_moments_and_resumed_every_record_is_written_once() {
+    let tmp = scratch();
+    let net = tmp.path().join("net");
+    let (_sim, base, good, bad) = slow_network(&net, 8);
     let state = tmp.path().join("state");
     let out_file = tmp.path().join("out.jsonl");
     let run = || {
@@ -442,12 +461,8 @@ fn killed_at_random_moments_and_resumed_every_record_is_written_once() {
         c
     };
     kill_at_random_moments(&run, || {
-        // One run per state: a second is refused, and `status` does not open the state
-        // beside the run (it reads the run's snapshot, not yet written this early).
-        let second = run().stderr(Stdio::piped()).output().unwrap();
-        assert!(!second.status.success());
-        let err = common::stderr(&second);
-        assert!(err.contains("another backfill is running"), "{err}");
+        // `status` does not open the state beside the run (it reads the run's snapshot, not
+        // yet written this early).
         let st = riptide(&["backfill", "status", "--state", s(&state), "--json"]);
         let err = common::stderr(&st);
         assert!(
@@ -603,13 +618,7 @@ fn a_backfill_into_a_data_directory_is_served_once_from_cursor_zero_on_both_wire
 fn a_data_directory_backfill_killed_at_random_moments_serves_every_record_once() {
     let tmp = scratch();
     let net = tmp.path().join("net");
-    let (good, bad) = network(&net, 9, 40);
-    let (_sim, base) = start_sim(&net);
-    // As in the JSON-lines kill test: slow enough that every kill lands mid-run.
-    reqwest_post(
-        &format!("{base}/_sim/faults"),
-        &serde_json::json!({"delay_ms": 200}),
-    );
+    let (_sim, base, good, bad) = slow_network(&net, 9);
     let data = tmp.path().join("data");
     // The records as JSON lines too (`--data DIR --jsonl --out FILE`), for a pipeline.
     let out_file = tmp.path().join("out.jsonl");
@@ -628,12 +637,7 @@ fn a_data_directory_backfill_killed_at_random_moments_serves_every_record_once()
             .stderr(Stdio::null());
         c
     };
-    kill_at_random_moments(&run, || {
-        let second = run().stderr(Stdio::piped()).output().unwrap();
-        assert!(!second.status.success());
-        let err = common::stderr(&second);
-        assert!(err.contains("another backfill is running"), "{err}");
-    });
+    kill_at_random_moments(&run, || {});
     let out = run().stderr(Stdio::piped()).output().unwrap();
     assert!(out.status.success(), "{}", common::stderr(&out));
     let st = status_json_of("--data", &data);

@@ -364,16 +364,16 @@ mod tests {
             0xa2, 0x61, b'n', 0x03, 0x65, b'$', b't', b'y', b'p', b'e', 0x65, b'a', b'.', b'b',
             b'.', b'c',
         ];
-        let row = StoredRow::Commit {
+        let row = |record| StoredRow::Commit {
             did: "did:plc:x",
             rev: "3l2222222222a",
             action: Action::Create,
             collection: "a.b.c",
             rkey: "k1",
-            record: Some(&rec),
+            record: Some(record),
         };
         let (mut proj, mut json) = (Projector::new(), Vec::new());
-        let e: Event = Event::from_row(&mut proj, &row, 42, 1_000_007, &mut json).unwrap();
+        let e: Event = Event::from_row(&mut proj, &row(&rec), 42, 1_000_007, &mut json).unwrap();
         assert_eq!(
             (e.seq(), e.time_us(), e.kind()),
             (42, 1_000_007, EventKind::Commit)
@@ -396,16 +396,8 @@ mod tests {
         assert_eq!(d.json(), e.json());
         // A record outside the data model (a CBOR float where none may be) is the caller's to count.
         let bad = [0xa1, 0x61, b'n', 0xf9, 0x3c, 0x00];
-        let row = StoredRow::Commit {
-            did: "did:plc:x",
-            rev: "3l2222222222a",
-            action: Action::Create,
-            collection: "a.b.c",
-            rkey: "k1",
-            record: Some(&bad),
-        };
         assert!(matches!(
-            Event::<Utf8Text>::from_row(&mut proj, &row, 43, 1, &mut json),
+            Event::<Utf8Text>::from_row(&mut proj, &row(&bad), 43, 1, &mut json),
             Err(RowError::Record(_))
         ));
     }
