@@ -16,12 +16,15 @@
 //! - [`verify`]: the whole-repository check (`riptide_repo::verify_repo`) and the record index,
 //!   no I/O;
 //! - [`outcome`]: [`Verified`] or a typed [`Failure`] with a stable reason name;
-//! - [`sink`]: where records go ([`JsonlSink`]; a store-backed sink comes with `riptide-store`);
+//! - [`sink`]: where records go ([`JsonlSink`]), and [`store_sink`]: into the store that
+//!   `riptide serve --data DIR` serves ([`StoreSink`]: rows, chain state and progress in one
+//!   batch);
 //! - [`state`]: durable progress (fjall): statuses, cursors, counters, the sink's position;
 //! - [`run`](mod@run): the crawl that ties them, and [`status`](mod@status): the operator's report.
 //!
-//! What it does not do (yet): write into `riptide serve`'s store (`--data`), hold live commits
-//! while an account is backfilled, or spread the crawl over Kafka (issue 37's later parts).
+//! What it does not do (yet): run inside `riptide serve` beside ingest (`serve --backfill`,
+//! holding live commits while an account is backfilled), or spread the crawl over Kafka (issue
+//! 37's later parts).
 
 pub mod collections;
 pub mod discover;
@@ -32,6 +35,7 @@ pub mod run;
 pub mod sink;
 pub mod state;
 pub mod status;
+pub mod store_sink;
 pub mod verify;
 
 pub use collections::{BadPattern, Collections};
@@ -39,7 +43,8 @@ pub use fetch::{Fetcher, Identity};
 pub use limits::{HostLimits, Hosts};
 pub use outcome::{FailKind, Failure, Record, Verified};
 pub use run::{run, BackfillError, Config, Discovery, Progress};
-pub use sink::{JsonlSink, Sink, SinkError, Written};
+pub use sink::{JsonlSink, Sink, SinkError, TeeSink, Written};
 pub use state::{Counters, Listing, RepoStatus, State, StateError};
 pub use status::{status, Status};
+pub use store_sink::{Landed, StoreSink};
 pub use verify::verify_car;

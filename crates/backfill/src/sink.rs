@@ -1,8 +1,8 @@
 //! Where verified records go: the [`Sink`] trait, and [`JsonlSink`] (one JSON line per record).
 //!
-//! Why a trait: the backfill's output is a pipeline's input today (`--jsonl`) and the store that
-//! `riptide serve` reads tomorrow (`--data`, a store-backed sink once the store is its own
-//! crate); the crawl, the limits and the durable progress are the same for both.
+//! Why a trait: the backfill's output is a pipeline's input (`--jsonl`, [`JsonlSink`]) or the
+//! store that `riptide serve` reads (`--data`, [`crate::StoreSink`]); the crawl, the limits and
+//! the durable progress are the same for both.
 //!
 //! The contract with the state ([`crate::state`]): [`Sink::write`] buffers; [`Sink::commit`]
 //! makes everything written durable and returns a position; the state stores that position with
@@ -50,9 +50,36 @@ pub enum SinkError {
     /// The position in the state is not one this sink writes.
     #[error("the backfill state's output position is not this sink's ({0} bytes)")]
     BadPosition(usize),
-    /// Not yet there (the store-backed sink).
+    /// The writer stopped (a local failure said where it happened).
     #[error("{0}")]
     Unavailable(String),
+    /// The store refused a read or a write ([`crate::StoreSink`]).
+    #[error("store {what}: {source}")]
+    Store {
+        /// The data directory.
+        what: String,
+        /// The error.
+        source: riptide_store::StoreError,
+    },
+    /// The store holds fewer events than the backfill state says were written durably: the
+    /// data directory was replaced or restored from an older copy, and records would be lost.
+    #[error("store {what} ends at seq {next_seq} but the backfill state says events up to {expected} were written: the data directory was replaced; start over with a new backfill state (or the data directory it was written with)")]
+    StoreBehind {
+        /// The data directory.
+        what: String,
+        /// The store's next seq.
+        next_seq: u64,
+        /// The next seq the state recorded.
+        expected: u64,
+    },
+    /// A progress entry in the store is not what this version writes.
+    #[error("{what}: {why}")]
+    Corrupt {
+        /// Which entry.
+        what: String,
+        /// What is wrong.
+        why: String,
+    },
 }
 
 /// What a [`Sink::write`] did with one repository.
@@ -246,14 +273,75 @@ impl Sink for JsonlSink {
     }
 }
 
+/// Two outputs at once (`--data DIR --jsonl`: the store, and JSON lines for a pipeline): every
+/// repository written to both, both made durable before the state commits. Its position holds
+/// both positions, so each output recovers to its own; exact when both are.
+pub struct TeeSink {
+    first: Box<dyn Sink>,
+    second: Box<dyn Sink>,
+}
+
+impl std::fmt::Debug for TeeSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TeeSink").finish_non_exhaustive()
+    }
+}
+
+impl TeeSink {
+    /// Writes to `first`, then to `second`.
+    pub fn new(first: Box<dyn Sink>, second: Box<dyn Sink>) -> TeeSink {
+        TeeSink { first, second }
+    }
+}
+
+impl Sink for TeeSink {
+    fn recover(&mut self, position: Option<&[u8]>) -> Result<(), SinkError> {
+        let Some(p) = position else {
+            self.first.recover(None)?;
+            return self.second.recover(None);
+        };
+        // `[u32 le: first's length][first's position][second's position]`.
+        let bad = || SinkError::BadPosition(p.len());
+        let n = p
+            .get(..4)
+            .and_then(|b| b.try_into().ok())
+            .map(u32::from_le_bytes)
+            .ok_or_else(bad)? as usize;
+        let first = p.get(4..4 + n).ok_or_else(bad)?;
+        self.first.recover(Some(first))?;
+        self.second.recover(Some(&p[4 + n..]))
+    }
+
+    fn write(&mut self, repo: &Verified) -> Result<Written, SinkError> {
+        let w = self.first.write(repo)?;
+        self.second.write(repo)?;
+        Ok(w)
+    }
+
+    fn commit(&mut self) -> Result<Vec<u8>, SinkError> {
+        let first = self.first.commit()?;
+        let second = self.second.commit()?;
+        let mut p = Vec::with_capacity(4 + first.len() + second.len());
+        p.extend_from_slice(&(first.len() as u32).to_le_bytes());
+        p.extend_from_slice(&first);
+        p.extend_from_slice(&second);
+        Ok(p)
+    }
+
+    fn exact(&self) -> bool {
+        self.first.exact() && self.second.exact()
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::collections::Collections;
     use crate::verify::verify_car;
     use riptide_sim::fixture;
 
-    fn verified(seed: u8, records: usize) -> Verified {
+    /// A fixture account's repository of `records` records, verified.
+    pub(crate) fn verified(seed: u8, records: usize) -> Verified {
         let a = fixture::account(seed, "x.test", records);
         let key = a.key.public_key();
         verify_car(

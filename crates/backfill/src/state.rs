@@ -17,6 +17,13 @@
 //! failures without a scan of every repository), `listings` (listing key → [`Listing`]), `meta`
 //! (`counters` → [`Counters`], `sink` → the sink's position).
 //!
+//! Creation: fjall creates a partition in several steps, so a `kill -9` while a new keyspace was
+//! being made left one it could not open again (found by the CLI's kill test, killed 200 ms
+//! into a first run). A new state's keyspace is therefore built whole under
+//! `DIR/keyspace.creating` and renamed to `DIR/keyspace`; a leftover `.creating` is removed (no
+//! commit can have reached it). A state made before this (its keyspace directly in `DIR`) is
+//! opened where it is.
+//!
 //! Concurrency: one writer (the run's writer thread) commits repository statuses and counters;
 //! listing cursors are written by the listing's own task. Both go through `&self`.
 
@@ -170,26 +177,78 @@ impl std::fmt::Debug for State {
 }
 
 const COUNTERS: &str = "counters";
+/// The keyspace's directory inside the state directory.
+const KEYSPACE: &str = "keyspace";
+/// Every partition, created together.
+const PARTITIONS: [&str; 4] = ["repos", "failed", "listings", "meta"];
 const SINK: &str = "sink";
 
 impl State {
-    /// Opens (or creates) the state in `dir`.
-    pub fn open(dir: &Path) -> Result<State, StateError> {
+    /// Whether `dir` holds a state (made by [`State::open`]).
+    pub fn exists(dir: &Path) -> bool {
+        dir.join(KEYSPACE).join("version").exists() || dir.join("version").exists()
+    }
+
+    /// Creates the keyspace of a new state whole, or not at all (module docs, "Creation"):
+    /// built under `DIR/keyspace.creating` with every partition, made durable, then renamed to
+    /// `DIR/keyspace`.
+    fn create(dir: &Path, ks_dir: &Path) -> Result<(), StateError> {
+        let io = |e: std::io::Error| StateError::Corrupt {
+            path: dir.to_owned(),
+            key: KEYSPACE.to_owned(),
+            why: format!("creating the state: {e}"),
+        };
         let err = |source| StateError::Store {
             path: dir.to_owned(),
             source,
         };
-        let ks = Config::new(dir).open().map_err(err)?;
+        let tmp = dir.join(format!("{KEYSPACE}.creating"));
+        if tmp.exists() {
+            // An earlier creation that did not finish: nothing was ever committed to it.
+            std::fs::remove_dir_all(&tmp).map_err(io)?;
+        }
+        {
+            let ks = Config::new(&tmp).open().map_err(err)?;
+            for name in PARTITIONS {
+                ks.open_partition(name, PartitionCreateOptions::default())
+                    .map_err(err)?;
+            }
+            ks.persist(PersistMode::SyncAll).map_err(err)?;
+        }
+        std::fs::rename(&tmp, ks_dir).map_err(io)?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io)
+    }
+
+    /// Opens (or creates) the state in `dir`.
+    pub fn open(dir: &Path) -> Result<State, StateError> {
+        // A state from before the keyspace had its own directory is opened where it is.
+        let ks_dir = if dir.join("version").exists() {
+            dir.to_owned()
+        } else {
+            let ks_dir = dir.join(KEYSPACE);
+            if !ks_dir.exists() {
+                std::fs::create_dir_all(dir).map_err(|e| StateError::Corrupt {
+                    path: dir.to_owned(),
+                    key: KEYSPACE.to_owned(),
+                    why: format!("creating the state: {e}"),
+                })?;
+                Self::create(dir, &ks_dir)?;
+            }
+            ks_dir
+        };
+        let err = |source| StateError::Store {
+            path: dir.to_owned(),
+            source,
+        };
+        let ks = Config::new(&ks_dir).open().map_err(err)?;
         let open = |name: &str| {
             ks.open_partition(name, PartitionCreateOptions::default())
                 .map_err(err)
         };
-        let (repos, failed, listings, meta) = (
-            open("repos")?,
-            open("failed")?,
-            open("listings")?,
-            open("meta")?,
-        );
+        let [repos, failed, listings, meta] = PARTITIONS.map(open);
+        let (repos, failed, listings, meta) = (repos?, failed?, listings?, meta?);
         let mut st = State {
             path: dir.to_owned(),
             ks,
@@ -362,6 +421,41 @@ pub fn kind_named(reason: &str) -> Option<FailKind> {
 mod tests {
     use super::*;
     use crate::outcome::FailKind;
+
+    /// A creation killed half-way (a partition without its files, as fjall leaves one) is
+    /// made again; a state from before the keyspace's own directory still opens where it is.
+    #[test]
+    fn a_creation_cut_short_is_made_again_and_old_states_still_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let half = dir.path().join("keyspace.creating/partitions/listings");
+        std::fs::create_dir_all(&half).unwrap();
+        std::fs::write(half.join("config"), b"").unwrap();
+        assert!(!State::exists(dir.path()));
+        let st = State::open(dir.path()).unwrap();
+        st.set_listing("relay", &Listing::default()).unwrap();
+        drop(st);
+        assert!(State::exists(dir.path()));
+        assert!(!dir.path().join("keyspace.creating").exists());
+        assert!(State::open(dir.path()).is_ok());
+
+        let old = tempfile::tempdir().unwrap();
+        {
+            let ks = Config::new(old.path()).open().unwrap();
+            let meta = ks
+                .open_partition("meta", PartitionCreateOptions::default())
+                .unwrap();
+            let c = Counters {
+                ok: 7,
+                ..Counters::default()
+            };
+            meta.insert(COUNTERS, serde_json::to_vec(&c).unwrap())
+                .unwrap();
+            ks.persist(PersistMode::SyncAll).unwrap();
+        }
+        assert!(State::exists(old.path()));
+        assert_eq!(State::open(old.path()).unwrap().counters().ok, 7);
+        assert!(!old.path().join(KEYSPACE).exists());
+    }
 
     #[test]
     fn statuses_counters_and_position_survive_a_reopen() {

@@ -70,10 +70,17 @@ fn network(dir: &Path, seed: u64, accounts: usize) -> (Vec<String>, BTreeMap<Str
 
 /// A generated network in `dir`: `accounts` repositories of 5 to 60 records, no faults.
 fn generate(dir: &Path, seed: u64, accounts: usize) {
-    let mut cfg = riptide_gen::Config::new(seed, accounts, 300);
+    generate_as_of(dir, seed, accounts, 300, None);
+}
+
+/// [`generate`] with `events` frames and the repositories as of frame `repos_at` (`None`: the
+/// stream's end).
+fn generate_as_of(dir: &Path, seed: u64, accounts: usize, events: u64, repos_at: Option<u64>) {
+    let mut cfg = riptide_gen::Config::new(seed, accounts, events);
     cfg.keep_records = true;
     cfg.initial_records = (5, 60);
     cfg.threads = 2;
+    cfg.repos_at = repos_at;
     riptide_gen::write_dir(&cfg, dir).unwrap();
 }
 
@@ -127,14 +134,24 @@ fn assert_exactly_once(dir: &Path, good: &[String], text: &str) {
     );
 }
 
+/// `backfill status --state DIR --json`.
 fn status_json(state: &Path) -> serde_json::Value {
-    let out = riptide(&["backfill", "status", "--state", s(state), "--json"]);
+    status_json_of("--state", state)
+}
+
+/// `backfill status FLAG DIR --json` (`--state` or `--data`).
+fn status_json_of(flag: &str, dir: &Path) -> serde_json::Value {
+    let out = riptide(&["backfill", "status", flag, s(dir), "--json"]);
     assert!(out.status.success(), "{}", common::stderr(&out));
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn assert_failures(state: &Path, good: usize, bad: &BTreeMap<String, String>) {
-    let st = status_json(state);
+    assert_failures_in(&status_json(state), good, bad);
+}
+
+/// The status `st` counts `good` repositories ok and lists exactly `bad` by reason.
+fn assert_failures_in(st: &serde_json::Value, good: usize, bad: &BTreeMap<String, String>) {
     assert_eq!(st["repos_ok"], good as u64, "{st}");
     let mut want: BTreeMap<String, u64> = BTreeMap::new();
     for r in bad.values() {
@@ -216,20 +233,24 @@ fn get_json(url: &str) -> serde_json::Value {
     serde_json::from_str(&body).unwrap()
 }
 
-/// The crawl the issue describes, against `riptide sim --hosts 4`: the relay's `listHosts`, each
-/// host's own `listRepos` and `getRepo` under the sim's default per-IP limits (20 and 10 a
-/// second, answered with 429 and `RateLimit-*` past them), one host offline and five faulty
-/// repositories planted by the sim (its manifest names them). Oracles: the sim's manifest and
-/// each live host's `listRepos` (who is where, who is inactive), and `riptide repo ls` of each
-/// good account's CAR. Every good account of a live host arrives exactly once; every faulty or
-/// inactive one is failed with the reason its fault means; the offline host is a listing
-/// problem, not a silent gap.
-#[test]
-fn a_multi_host_network_is_crawled_host_by_host_under_its_limits() {
-    let tmp = scratch();
-    let net = tmp.path().join("net");
+/// A multi-host sim as the issue describes it.
+struct MultiHost {
+    _sim: common::KillOnDrop,
+    base: String,
+    net: std::path::PathBuf,
+    good: Vec<String>,
+    bad: BTreeMap<String, String>,
+    offline: Vec<String>,
+}
+
+/// `riptide sim --hosts 4` over a generated network under the sim's default per-IP limits (20
+/// and 10 a second, answered with 429 and `RateLimit-*` past them), one host offline and five
+/// faulty repositories planted by the sim (its manifest names them). Oracles: the sim's manifest
+/// and each live host's `listRepos` (who is where, who is inactive).
+fn multi_host(tmp: &Path) -> MultiHost {
+    let net = tmp.join("net");
     generate(&net, 11, 40);
-    let manifest_path = tmp.path().join("manifest.json");
+    let manifest_path = tmp.join("manifest.json");
     let (_sim, base) = common::spawn_printing_url(
         Command::new(BIN)
             .args(["sim", "--from", s(&net), "--listen", "127.0.0.1:0"])
@@ -293,6 +314,35 @@ fn a_multi_host_network_is_crawled_host_by_host_under_its_limits() {
         "too few good accounts to mean much: {good:?}"
     );
 
+    MultiHost {
+        _sim,
+        base,
+        net,
+        good,
+        bad,
+        offline,
+    }
+}
+
+/// The crawl the issue describes, against `riptide sim --hosts 4`: the relay's `listHosts`, each
+/// host's own `listRepos` and `getRepo` under the sim's default per-IP limits (20 and 10 a
+/// second, answered with 429 and `RateLimit-*` past them), one host offline and five faulty
+/// repositories planted by the sim (its manifest names them). Oracles: the sim's manifest and
+/// each live host's `listRepos` (who is where, who is inactive), and `riptide repo ls` of each
+/// good account's CAR. Every good account of a live host arrives exactly once; every faulty or
+/// inactive one is failed with the reason its fault means; the offline host is a listing
+/// problem, not a silent gap.
+#[test]
+fn a_multi_host_network_is_crawled_host_by_host_under_its_limits() {
+    let tmp = scratch();
+    let MultiHost {
+        _sim,
+        base,
+        net,
+        good,
+        bad,
+        offline,
+    } = multi_host(tmp.path());
     let state = tmp.path().join("state");
     let out = backfill(&base, &state).output().unwrap();
     let err = common::stderr(&out);
@@ -325,19 +375,75 @@ fn reqwest_post(url: &str, body: &serde_json::Value) -> String {
     out
 }
 
-#[test]
-fn killed_at_random_moments_and_resumed_every_record_is_written_once() {
-    let tmp = scratch();
-    let net = tmp.path().join("net");
-    let (good, bad) = network(&net, 8, 40);
-    let (_sim, base) = start_sim(&net);
-    // Slow enough that every kill lands mid-run: 200 ms per request, two at a time, two
-    // requests per account (its document, its repository): about 8 s of work for six kills
-    // within 1.2 s each.
+/// Starts `run` six times and SIGKILLs each run at a random moment within 150–1200 ms (unless it
+/// ended first). 100 ms into the first run, a second run beside it is refused (one run per
+/// state), then `first` runs. At least five runs must be killed.
+fn kill_at_random_moments(run: &dyn Fn() -> Command, first: impl FnOnce()) {
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    eprintln!("kill moments from seed {seed}");
+    let mut x = seed | 1;
+    let mut kills = 0;
+    let mut first = Some(first);
+    for _ in 0..6 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let after = Duration::from_millis(150 + (x >> 33) % 1050);
+        let mut child = run().spawn().unwrap();
+        let t = Instant::now();
+        if let Some(f) = first.take() {
+            std::thread::sleep(Duration::from_millis(100));
+            let second = run().stderr(Stdio::piped()).output().unwrap();
+            assert!(!second.status.success());
+            let err = common::stderr(&second);
+            assert!(err.contains("another backfill is running"), "{err}");
+            f();
+        }
+        while t.elapsed() < after {
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if child.try_wait().unwrap().is_none() {
+            child.kill().unwrap(); // SIGKILL
+            kills += 1;
+        }
+        child.wait().unwrap();
+    }
+    assert!(kills >= 5, "the run ended before most kills: {kills} of 6");
+}
+
+/// [`network`] in `net` (four faults planted) served by the `riptide sim` binary slowly enough
+/// that every kill of [`kill_at_random_moments`] lands mid-run: 200 ms per request, two at a
+/// time, two requests per account (its document, its repository), about 8 s of work for six
+/// kills within 1.2 s each. Returns the sim, its base URL, the good DIDs and the bad ones.
+fn slow_network(
+    net: &Path,
+    seed: u64,
+) -> (
+    common::KillOnDrop,
+    String,
+    Vec<String>,
+    BTreeMap<String, String>,
+) {
+    let (good, bad) = network(net, seed, 40);
+    let (sim, base) = start_sim(net);
     reqwest_post(
         &format!("{base}/_sim/faults"),
         &serde_json::json!({"delay_ms": 200}),
     );
+    (sim, base, good, bad)
+}
+
+#[test]
+fn killed_at_random_moments_and_resumed_every_record_is_written_once() {
+    let tmp = scratch();
+    let net = tmp.path().join("net");
+    let (_sim, base, good, bad) = slow_network(&net, 8);
     let state = tmp.path().join("state");
     let out_file = tmp.path().join("out.jsonl");
     let run = || {
@@ -354,48 +460,16 @@ fn killed_at_random_moments_and_resumed_every_record_is_written_once() {
         .stderr(Stdio::null());
         c
     };
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64;
-    eprintln!("kill moments from seed {seed}");
-    let mut x = seed | 1;
-    let mut kills = 0;
-    for _ in 0..6 {
-        x = x
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let after = Duration::from_millis(150 + (x >> 33) % 1050);
-        let mut child = run().spawn().unwrap();
-        let t = Instant::now();
-        if kills == 0 {
-            // One run per state: a second is refused, and `status` does not open the state
-            // beside the run (it reads the run's snapshot, not yet written this early).
-            std::thread::sleep(Duration::from_millis(100));
-            let second = run().stderr(Stdio::piped()).output().unwrap();
-            assert!(!second.status.success());
-            let err = common::stderr(&second);
-            assert!(err.contains("another backfill is running"), "{err}");
-            let st = riptide(&["backfill", "status", "--state", s(&state), "--json"]);
-            let err = common::stderr(&st);
-            assert!(
-                !st.status.success() && err.contains("has not written"),
-                "{err}"
-            );
-        }
-        while t.elapsed() < after {
-            if child.try_wait().unwrap().is_some() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        if child.try_wait().unwrap().is_none() {
-            child.kill().unwrap(); // SIGKILL
-            kills += 1;
-        }
-        child.wait().unwrap();
-    }
-    assert!(kills >= 5, "the run ended before most kills: {kills} of 6");
+    kill_at_random_moments(&run, || {
+        // `status` does not open the state beside the run (it reads the run's snapshot, not
+        // yet written this early).
+        let st = riptide(&["backfill", "status", "--state", s(&state), "--json"]);
+        let err = common::stderr(&st);
+        assert!(
+            !st.status.success() && err.contains("has not written"),
+            "{err}"
+        );
+    });
     let out = run().stderr(Stdio::piped()).output().unwrap();
     assert!(out.status.success(), "{}", common::stderr(&out));
     let text = std::fs::read_to_string(&out_file).unwrap();
@@ -407,30 +481,370 @@ fn killed_at_random_moments_and_resumed_every_record_is_written_once() {
 }
 
 #[test]
-fn the_store_backed_mode_is_refused_as_not_yet() {
+fn an_output_and_a_state_are_asked_for_not_guessed() {
     let tmp = scratch();
-    let out = riptide(&[
-        "backfill",
-        "--relay",
-        "https://relay.invalid",
-        "--data",
-        s(&tmp.path().join("data")),
-    ]);
+    let data = tmp.path().join("data");
+    // No backfill has run on this data directory.
+    let out = riptide(&["backfill", "status", "--data", s(&data)]);
     assert!(!out.status.success());
     assert!(
-        common::stderr(&out).contains("not there yet"),
+        common::stderr(&out).contains("no backfill state"),
         "{}",
         common::stderr(&out)
     );
-    let out = riptide(&["backfill", "status", "--data", s(&tmp.path().join("data"))]);
+    // No output chosen: said, not guessed.
+    let out = riptide(&["backfill", "--relay", "https://relay.invalid"]);
     assert!(!out.status.success());
-    assert!(common::stderr(&out).contains("not there yet"));
-    // No output chosen, no state: said, not guessed.
+    assert!(
+        common::stderr(&out).contains("--data DIR"),
+        "{}",
+        common::stderr(&out)
+    );
+    // No state for JSON lines.
     let out = riptide(&["backfill", "--relay", "https://relay.invalid", "--jsonl"]);
     assert!(!out.status.success());
     assert!(
         common::stderr(&out).contains("--state"),
         "{}",
         common::stderr(&out)
+    );
+}
+
+/// `backfill --data DIR` against `base`.
+fn backfill_into(base: &str, data: &Path) -> Command {
+    let mut c = Command::new(BIN);
+    c.args([
+        "backfill",
+        "--relay",
+        base,
+        "--plc-url",
+        base,
+        "--data",
+        s(data),
+    ])
+    .args(["--retry-backoff-ms", "20", "--attempts", "6"]);
+    c
+}
+
+/// `riptide serve --data DIR` with nothing upstream (an address that refuses): it serves what
+/// the store holds.
+fn serve_data(data: &Path) -> (common::KillOnDrop, String) {
+    common::spawn_serve(common::serve_command(data).args(["--upstream", "ws://127.0.0.1:1"]))
+}
+
+/// Every event a server sends from cursor 0 — `n` on v1's `/subscribe`, and on v2's
+/// `subscribeEvents` exactly `n` (then nothing for a moment) — as the backfill's JSON lines.
+/// Both wires must carry the same events: creates, at cursors 1..=n.
+fn served_from_zero(addr: &str, n: usize) -> String {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let v1 = rt.block_on(common::events_from_start(addr, n));
+    let frames = rt.block_on(common::v2_frames(addr, "cursor=0", n, None));
+    let v2: Vec<&serde_json::Value> = frames
+        .iter()
+        .filter(|f| f["$type"] == "message" && f["payload"]["seq"].is_u64())
+        .map(|f| &f["payload"])
+        .collect();
+    assert_eq!(v2.len(), n, "v2 sends exactly the stored events");
+    let mut text = String::new();
+    for (i, (e, p)) in v1.iter().zip(&v2).enumerate() {
+        let c = &e["commit"];
+        assert_eq!(
+            (&e["kind"], &c["operation"]),
+            (&"commit".into(), &"create".into()),
+            "{e}"
+        );
+        assert_eq!(e["cursor"], (i + 1) as u64, "{e}");
+        assert_eq!(p["seq"], e["cursor"], "{p}");
+        assert!(p["$type"].as_str().unwrap().ends_with("#commit"), "{p}");
+        for k in ["rev", "operation", "collection", "rkey", "cid", "record"] {
+            assert_eq!(p[k], c[k], "{k}: {p} against {e}");
+        }
+        assert_eq!(p["did"], e["did"]);
+        let line = serde_json::json!({
+            "did": e["did"], "rev": c["rev"], "collection": c["collection"],
+            "rkey": c["rkey"], "cid": c["cid"], "record": c["record"],
+        });
+        text.push_str(&line.to_string());
+        text.push('\n');
+    }
+    text
+}
+
+/// Records of the good accounts, by `riptide repo ls` of their CARs.
+fn records_of(net: &Path, good: &[String]) -> usize {
+    good.iter().map(|d| repo_ls(net, d).len()).sum()
+}
+
+/// `riptide backfill --data DIR` against `riptide sim --hosts 4` with its faults, then `riptide
+/// serve --data DIR`: from cursor 0, `/subscribe` and `subscribeEvents` give every good
+/// account's records exactly once, as creates, equal to `riptide repo ls` of its CAR, and nothing
+/// of the faulty ones; `backfill status --data DIR` names each failure. Run again, nothing more
+/// lands; beside a running server, the backfill is refused by the data directory's lock.
+#[test]
+fn a_backfill_into_a_data_directory_is_served_once_from_cursor_zero_on_both_wires() {
+    let tmp = scratch();
+    let m = multi_host(tmp.path());
+    let data = tmp.path().join("data");
+    let out = backfill_into(&m.base, &data).output().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(out.stdout.is_empty(), "--data writes nothing on stdout");
+    let st = status_json_of("--data", &data);
+    assert_failures_in(&st, m.good.len(), &m.bad);
+    let n = records_of(&m.net, &m.good);
+    assert_eq!(st["records"], n as u64, "{st}");
+    // Again: everything has a status; nothing more lands.
+    let out = backfill_into(&m.base, &data).output().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+
+    let (server, addr) = serve_data(&data);
+    let text = served_from_zero(&addr, n);
+    assert_exactly_once(&m.net, &m.good, &text);
+    // The server holds the directory: a backfill into it is refused, naming the holder.
+    let out = backfill_into(&m.base, &data).output().unwrap();
+    assert!(!out.status.success());
+    let err = common::stderr(&out);
+    assert!(err.contains("in use by another riptide process"), "{err}");
+    drop(server);
+}
+
+/// `kill -9` of a `--data DIR --jsonl --out FILE` backfill at six random moments, then a resume:
+/// the server gives every good record exactly once, and so does the file (a repository whose
+/// batch landed before its status did is found in the store and not written again; the file is
+/// cut back to the state's position and written again).
+#[test]
+fn a_data_directory_backfill_killed_at_random_moments_serves_every_record_once() {
+    let tmp = scratch();
+    let net = tmp.path().join("net");
+    let (_sim, base, good, bad) = slow_network(&net, 9);
+    let data = tmp.path().join("data");
+    // The records as JSON lines too (`--data DIR --jsonl --out FILE`), for a pipeline.
+    let out_file = tmp.path().join("out.jsonl");
+    let run = || {
+        let mut c = backfill_into(&base, &data);
+        c.args(["--jsonl", "--out", s(&out_file)])
+            .args([
+                "--concurrency",
+                "2",
+                "--per-host",
+                "2",
+                "--discovery",
+                "relay",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        c
+    };
+    kill_at_random_moments(&run, || {});
+    let out = run().stderr(Stdio::piped()).output().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let st = status_json_of("--data", &data);
+    assert_failures_in(&st, good.len(), &bad);
+    let n = records_of(&net, &good);
+    assert_eq!(st["records"], n as u64, "{st}");
+    assert_exactly_once(&net, &good, &std::fs::read_to_string(&out_file).unwrap());
+    let (_server, addr) = serve_data(&data);
+    assert_exactly_once(&net, &good, &served_from_zero(&addr, n));
+}
+
+/// A backfill into a data directory, then `riptide serve --data DIR --upstream-cursor S-40`, 40
+/// frames before the relay seq S the repositories are as of (`gen --repos-at`, the sim's
+/// `repos_as_of_seq`): the commits up to S are inside the repositories and refused
+/// (`superseded`), each account's first commit after S chains onto the state the backfill
+/// seeded (verified `ok`, no chain break, no resync), and a subscriber from cursor 0 that applies the creates, then
+/// the live creates, updates and deletes, rebuilds every account exactly as `riptide repo ls`
+/// lists its repository at the stream's end (an independent export of the same seed): no
+/// record twice, none missing.
+#[test]
+fn a_backfill_then_the_live_tail_from_its_seq_rebuilds_every_account() {
+    let tmp = scratch();
+    let (live, end) = (tmp.path().join("live"), tmp.path().join("end"));
+    generate_as_of(&live, 21, 20, 500, Some(250));
+    generate_as_of(&end, 21, 20, 500, None);
+    assert_eq!(
+        std::fs::read(live.join("firehose-frames.bin")).unwrap(),
+        std::fs::read(end.join("firehose-frames.bin")).unwrap(),
+        "the same stream"
+    );
+    let (_sim, base) = start_sim(&live);
+    let seq = get_json(&format!("{base}/_sim/manifest"))["repos_as_of_seq"]
+        .as_u64()
+        .unwrap();
+    let data = tmp.path().join("data");
+    let out = backfill_into(&base, &data)
+        .args(["--discovery", "relay"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let backfilled = status_json_of("--data", &data)["records"].as_u64().unwrap();
+    let relay = format!(
+        "{}/xrpc/com.atproto.sync.subscribeRepos",
+        base.replace("http://", "ws://")
+    );
+    let (_server, addr) = common::spawn_serve(
+        common::serve_command(&data)
+            .args([
+                "--upstream",
+                &relay,
+                "--upstream-cursor",
+                &(seq - 40).to_string(),
+            ])
+            .args(["--plc-url", &base]),
+    );
+    // Every generated frame is servable here (the relay numbers them from 1): its last seq is
+    // the frame count.
+    let last = riptide_firehose::corpus::split_frames(
+        &std::fs::read(live.join("firehose-frames.bin")).unwrap(),
+    )
+    .unwrap()
+    .len();
+    assert_eq!(seq, 250, "no frame before K left out");
+    common::wait_for(&addr, "riptide_upstream_seq", last as f64);
+    let verdict =
+        |v: &str| common::metric(&addr, &format!("riptide_verdicts_total{{verdict=\"{v}\"}}"));
+    for v in ["chain-break", "resync-failed", "rev-regression"] {
+        assert_eq!(verdict(v), 0.0, "{v}");
+    }
+    // The 40 frames before S: their commits are inside the repositories, refused as what they
+    // are (`superseded`, not replays), not served.
+    let superseded = verdict("superseded");
+    assert!(superseded > 0.0 && superseded <= 40.0, "{superseded}");
+    assert_eq!(common::metric(&addr, "riptide_resync_queued_total"), 0.0);
+    let live_events = common::metric(&addr, "riptide_events_stored_total") as usize;
+    assert!(live_events > 0, "no live tail");
+    let n = backfilled as usize + live_events;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let events = rt.block_on(common::events_from_start(&addr, n));
+    // Rebuild every account: key -> cid.
+    let mut accounts: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for (i, e) in events.iter().enumerate() {
+        assert_eq!(e["cursor"], (i + 1) as u64, "{e}");
+        if e["kind"] != "commit" {
+            continue;
+        }
+        let c = &e["commit"];
+        let key = format!(
+            "{}/{}",
+            c["collection"].as_str().unwrap(),
+            c["rkey"].as_str().unwrap()
+        );
+        let repo = accounts
+            .entry(e["did"].as_str().unwrap().to_owned())
+            .or_default();
+        let cid = c["cid"].as_str().map(str::to_owned);
+        match c["operation"].as_str().unwrap() {
+            "create" => assert!(
+                repo.insert(key, cid.unwrap()).is_none(),
+                "created twice: {e}"
+            ),
+            "update" => assert!(
+                repo.insert(key, cid.unwrap()).is_some(),
+                "update of nothing: {e}"
+            ),
+            "delete" => assert!(repo.remove(&key).is_some(), "delete of nothing: {e}"),
+            other => panic!("{other}: {e}"),
+        }
+    }
+    let dids: Vec<String> = std::fs::read_dir(end.join("repos"))
+        .unwrap()
+        .map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".car").unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(dids.len(), 20);
+    for did in &dids {
+        let got: BTreeSet<String> = accounts
+            .remove(did)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, c)| format!("{k}\t{c}"))
+            .collect();
+        assert_eq!(got, repo_ls(&end, did), "{did}");
+    }
+    assert!(accounts.is_empty(), "{:?}", accounts.keys());
+}
+
+/// The resync half of issue 37's "the same path fixes resync": `riptide serve --upstream-cursor 0`
+/// far behind a `riptide sim` relay whose repositories are as of the stream's end, on a stream
+/// with planned defects (`gen --adversarial`). The planned chain break resyncs its account from
+/// the current repository, and the account's later commits in the replay are inside it: they
+/// are refused as `superseded`, with that reason, and `rev-regression` counts only the planned
+/// replays (before, every one of them was a `rev-regression`, "a replayed or rolled-back
+/// commit": 54 such against 2 planned on a 3,000-frame stream). Oracle: the generator's list of
+/// planned defects and their verdicts (`adversarial.json`).
+#[test]
+fn a_catch_up_resync_counts_the_commits_it_covers_as_superseded() {
+    let tmp = scratch();
+    let net = tmp.path().join("net");
+    let mut cfg = riptide_gen::Config::new(7, 60, 1500);
+    cfg.keep_records = true;
+    cfg.adversarial = 0.02;
+    cfg.threads = 2;
+    riptide_gen::write_dir(&cfg, &net).unwrap();
+    let planned: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(net.join("adversarial.json")).unwrap()).unwrap();
+    let planned_as = |v: &str| {
+        planned
+            .iter()
+            .filter(|a| a["expected_verdict"] == v)
+            .count() as f64
+    };
+    assert!(planned_as("chain-break") >= 1.0, "a chain break to resync");
+    let (_sim, base) = start_sim(&net);
+    let last = get_json(&format!("{base}/_sim/manifest"))["repos_as_of_seq"]
+        .as_u64()
+        .unwrap();
+    let relay = format!(
+        "{}/xrpc/com.atproto.sync.subscribeRepos",
+        base.replace("http://", "ws://")
+    );
+    let data = tmp.path().join("data");
+    let (_server, addr) = common::spawn_serve(
+        common::serve_command(&data)
+            .args(["--upstream", &relay, "--upstream-cursor", "0"])
+            .args(["--plc-url", &base]),
+    );
+    let verdict =
+        |v: &str| common::metric(&addr, &format!("riptide_verdicts_total{{verdict=\"{v}\"}}"));
+    // Every frame the relay serves gets exactly one verdict (resync attempts aside), held ones
+    // included once their account's resync is over.
+    let deadline = Instant::now() + common::PATIENCE;
+    loop {
+        let judged: f64 = riptide_firehose::verify::Verdict::ALL
+            .iter()
+            .filter(|v| v.as_str() != "resync-failed")
+            .map(|v| verdict(v.as_str()))
+            .sum();
+        if judged >= last as f64 {
+            assert_eq!(judged, last as f64);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{judged} of {last} frames judged"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(verdict("chain-break"), planned_as("chain-break"));
+    assert_eq!(verdict("rev-regression"), planned_as("rev-regression"));
+    assert!(
+        verdict("superseded") > 0.0,
+        "no commit covered by the resync"
+    );
+    // Queued once its breaking frame's batch is durable (which may follow the verdicts).
+    common::wait_for(
+        &addr,
+        "riptide_resync_queued_total",
+        planned_as("chain-break"),
+    );
+    assert_eq!(
+        common::metric(&addr, "riptide_resync_queued_total"),
+        planned_as("chain-break")
     );
 }

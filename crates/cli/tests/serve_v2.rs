@@ -9,19 +9,16 @@ mod common;
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::time::Duration;
 
 use bytes::Bytes;
-use common::{metric, metrics, wait_for, PATIENCE};
+use common::{metric, metrics, v2_frames, v2_texts, wait_for, PATIENCE, V2};
 use futures_util::{SinkExt, StreamExt};
 use riptide_firehose::corpus::split_frames;
 use riptide_firehose::{DecodeOptions, FrameDecoder};
 use riptide_relay::{Relay, RelayConfig, SeqSlot};
 use serde_json::Value;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
-const V2: &str = "/xrpc/network.bsky.jetstream.subscribeEvents";
 const NSID: &str = "network.bsky.jetstream.subscribeEvents";
 const EVENTS: usize = 152;
 const DICT_ID: u32 = 20260811;
@@ -72,64 +69,6 @@ fn http_get(addr: &str, path: &str) -> (u16, String, Vec<u8>) {
         })
         .unwrap_or_default();
     (status, ctype, raw[split + 4..].to_vec())
-}
-
-/// Every frame a v2 subscription sends, as JSON (see [`v2_texts`]).
-async fn v2_frames(addr: &str, query: &str, n: usize, dict: Option<&[u8]>) -> Vec<Value> {
-    v2_texts(addr, query, n, dict)
-        .await
-        .iter()
-        .map(|t| serde_json::from_str(t).unwrap())
-        .collect()
-}
-
-/// Every frame a v2 subscription sends (decompressed with `dict` when given) until `n` message
-/// frames have arrived and then nothing more for a moment.
-async fn v2_texts(addr: &str, query: &str, n: usize, dict: Option<&[u8]>) -> Vec<String> {
-    let mut req = format!("ws://{addr}{V2}?{query}")
-        .into_client_request()
-        .unwrap();
-    req.headers_mut()
-        .insert("sec-websocket-protocol", "xrpc.v1.json".parse().unwrap());
-    let (mut ws, resp) = tokio_tungstenite::connect_async(req).await.unwrap();
-    assert_eq!(
-        resp.headers()
-            .get("sec-websocket-protocol")
-            .map(|v| v.to_str().unwrap()),
-        Some("xrpc.v1.json")
-    );
-    let mut dec = dict.map(|d| zstd::bulk::Decompressor::with_dictionary(d).unwrap());
-    let mut out = Vec::new();
-    let mut messages = 0;
-    loop {
-        // Until n messages: wait as long as it takes; then a quiet moment proves there is no more.
-        let wait = if messages < n {
-            PATIENCE
-        } else {
-            Duration::from_millis(700)
-        };
-        let m = match tokio::time::timeout(wait, ws.next()).await {
-            Err(_) if messages >= n => break,
-            Err(_) => panic!("{query}: {messages} of {n} messages"),
-            Ok(m) => m.unwrap().unwrap(),
-        };
-        let text = match (m, dec.as_mut()) {
-            (Message::Text(t), None) => t.to_string(),
-            (Message::Binary(b), Some(d)) => {
-                let raw = d.decompress(&b, 1 << 24).unwrap();
-                String::from_utf8(raw).unwrap()
-            }
-            (Message::Ping(_) | Message::Pong(_), _) => continue,
-            (m, _) => panic!("{query}: unexpected frame {m:?}"),
-        };
-        let v: Value = serde_json::from_str(&text).unwrap();
-        if v["payload"]["seq"].is_u64() {
-            messages += 1;
-        }
-        out.push(text);
-    }
-    let _ = ws.close(None).await;
-    out
 }
 
 /// The payloads of message frames with a seq.

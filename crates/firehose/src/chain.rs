@@ -167,6 +167,10 @@ pub struct Tip {
     pub commit: CidBuf,
     /// The MST root after it (`data`).
     pub data: CidBuf,
+    /// Taken from a whole repository (a resync, a backfill, or an upstream `#sync`), not from a
+    /// commit: a commit at or below it is inside that repository already
+    /// ([`ChainFailure::Superseded`]), not a replay. The next commit above it clears it.
+    pub from_repo: bool,
 }
 
 impl Tip {
@@ -199,6 +203,15 @@ pub enum ChainFailure {
         /// The stored rev.
         stored: String,
     },
+    /// `rev` at or below the rev of the repository the account's state was taken from (a
+    /// resync, a backfill, an upstream `#sync`): the commit is inside that repository, so what it
+    /// changed is there already. A catch-up replay meets these after a resync.
+    Superseded {
+        /// The frame's rev.
+        rev: String,
+        /// The repository's rev.
+        repo: String,
+    },
     /// `rev` too far ahead of the clock.
     FutureRev {
         /// The frame's rev.
@@ -225,6 +238,10 @@ impl fmt::Display for ChainFailure {
             ChainFailure::RevRegression { rev, stored } => write!(
                 f,
                 "rev {rev} is not later than the account's stored rev {stored} (a replayed or rolled-back commit)"
+            ),
+            ChainFailure::Superseded { rev, repo } => write!(
+                f,
+                "rev {rev} is not later than the repository the account's state was taken from (rev {repo}): the commit is inside it already"
             ),
             ChainFailure::FutureRev { rev, ahead_secs } => write!(
                 f,
@@ -277,6 +294,7 @@ pub fn check_commit(state: Option<&AccountState>, c: &CommitClaim<'_>, now_us: u
         rev,
         commit: c.commit.to_buf(),
         data: c.data.to_buf(),
+        from_repo: false,
     };
     let current = state.copied().unwrap_or_default();
     if !current.hosting.is_active() {
@@ -354,6 +372,7 @@ pub fn check_sync(
             rev: rev_v,
             commit: commit.to_buf(),
             data: data.to_buf(),
+            from_repo: true,
         }),
         hosting: current.hosting,
         sync: SyncStatus::Synchronized,
@@ -375,6 +394,12 @@ pub fn apply_account(
 
 fn rev_checks(tip: Option<&Tip>, rev: u64, rev_str: &str, now_us: u64) -> Option<ChainFailure> {
     if let Some(tip) = tip {
+        if rev <= tip.rev && tip.from_repo {
+            return Some(ChainFailure::Superseded {
+                rev: rev_str.to_owned(),
+                repo: tip.rev_string(),
+            });
+        }
         if rev <= tip.rev {
             return Some(ChainFailure::RevRegression {
                 rev: rev_str.to_owned(),
@@ -637,8 +662,9 @@ pub struct CorruptState {
 const STATE_V1: u8 = 1;
 
 /// Encodes a state compactly (at most 4 + 8 + 2 × 73 bytes; 80 for atproto's 36-byte CIDs):
-/// version 1, hosting, sync, a tip flag, then if there is a tip the rev (u64, big-endian) and
-/// each CID as a length byte and its bytes.
+/// version 1, hosting, sync, a tip flag (0 none, 1 a commit's, 2 a repository's:
+/// [`Tip::from_repo`]), then if there is a tip the rev (u64, big-endian) and each CID as a
+/// length byte and its bytes.
 pub fn encode_state(s: &AccountState, out: &mut Vec<u8>) {
     let hosting = Hosting::ALL
         .iter()
@@ -648,7 +674,12 @@ pub fn encode_state(s: &AccountState, out: &mut Vec<u8>) {
         .iter()
         .position(|&x| x == s.sync)
         .unwrap_or(0) as u8;
-    out.extend_from_slice(&[STATE_V1, hosting, sync, u8::from(s.tip.is_some())]);
+    let tip = match &s.tip {
+        None => 0,
+        Some(t) if t.from_repo => 2,
+        Some(_) => 1,
+    };
+    out.extend_from_slice(&[STATE_V1, hosting, sync, tip]);
     if let Some(t) = &s.tip {
         out.extend_from_slice(&t.rev.to_be_bytes());
         for cid in [&t.commit, &t.data] {
@@ -677,7 +708,7 @@ pub fn decode_state(b: &[u8]) -> Result<AccountState, CorruptState> {
     let tip = match has_tip {
         0 if rest.is_empty() => None,
         0 => return Err(corrupt(4, "trailing bytes")),
-        1 => {
+        1 | 2 => {
             let (rev, r) = rest
                 .split_first_chunk::<8>()
                 .ok_or_else(|| corrupt(4, "truncated rev"))?;
@@ -702,6 +733,7 @@ pub fn decode_state(b: &[u8]) -> Result<AccountState, CorruptState> {
                 rev: u64::from_be_bytes(*rev),
                 commit: cids[0],
                 data: cids[1],
+                from_repo: *has_tip == 2,
             })
         }
         _ => return Err(corrupt(3, "bad tip flag")),
@@ -770,6 +802,7 @@ mod tests {
             out.push(match r {
                 Ok(()) => "ok".to_owned(),
                 Err(ChainFailure::RevRegression { .. }) => "rev-regression".to_owned(),
+                Err(ChainFailure::Superseded { .. }) => "superseded".to_owned(),
                 Err(ChainFailure::FutureRev { .. }) => "future-rev".to_owned(),
                 Err(ChainFailure::ChainBreak { field, .. }) => format!("chain-break:{field}"),
                 Err(ChainFailure::AccountInactive(_)) => "account-inactive".to_owned(),
@@ -918,17 +951,37 @@ mod tests {
             T0,
         );
         assert_eq!((r, again), (Ok(()), None));
-        // A commit continuing from it is ok.
+        // A commit at or below it is inside the repository: superseded, not a replay.
         let mut bufs = Vec::new();
+        commit_at(T0 + 9, Some(T0 + 8), Some(8), 9, &mut bufs);
         commit_at(T0 + 10, Some(T0 + 9), Some(9), 10, &mut bufs);
-        assert!(check_commit(Some(&next), &claim(&bufs[0]), T0).0.is_ok());
+        commit_at(T0 + 10, Some(T0 + 9), Some(9), 10, &mut bufs);
+        let (r, n) = check_commit(Some(&next), &claim(&bufs[0]), T0);
+        assert!(matches!(r, Err(ChainFailure::Superseded { .. })), "{r:?}");
+        assert_eq!(n, None);
+        assert!(r.unwrap_err().to_string().contains("inside it already"));
+        // A commit continuing from it is ok, and the tip is a commit's again: the same commit
+        // once more is a replay.
+        let (r, after) = check_commit(Some(&next), &claim(&bufs[1]), T0);
+        assert!(r.is_ok());
+        let after = after.expect("a new state");
+        assert_eq!(after.tip.map(|t| t.from_repo), Some(false));
+        let (r, _) = check_commit(Some(&after), &claim(&bufs[2]), T0);
+        assert!(
+            matches!(r, Err(ChainFailure::RevRegression { .. })),
+            "{r:?}"
+        );
     }
 
     #[test]
     fn states_round_trip_and_corruption_is_typed() {
         let (_, s) = run(&[(T0, None, None, 1)], T0);
+        let (_, synced) = check_sync(None, &rev(T0 + 9), cid(109).as_cid(), cid(9).as_cid(), T0);
+        let synced = synced.expect("a state");
+        assert_eq!(synced.tip.map(|t| t.from_repo), Some(true));
         for st in [
             s,
+            synced,
             AccountState::default(),
             AccountState {
                 hosting: Hosting::Deleted,
@@ -948,6 +1001,7 @@ mod tests {
             assert!(decode_state(&long).is_err());
         }
         assert!(decode_state(&[2, 0, 0, 0]).is_err());
+        assert!(decode_state(&[1, 0, 0, 3]).is_err(), "no such tip flag");
         assert!(decode_state(&[1, 9, 0, 0]).is_err());
     }
 

@@ -104,11 +104,15 @@ pub enum Verdict {
     /// repository failed (counted per attempt; it is retried with backoff, and the account's
     /// buffered frames wait, never served unverified).
     ResyncFailed,
+    /// Chain state: `rev` at or below the rev of the repository the account's state was taken
+    /// from (a resync, a backfill, an upstream `#sync`): the commit is inside that repository
+    /// already, as a catch-up replay meets after a resync; refused, nothing of it is lost.
+    Superseded,
 }
 
 impl Verdict {
     /// How many verdicts there are.
-    pub const COUNT: usize = 14;
+    pub const COUNT: usize = 15;
 
     /// Every verdict, in counting order.
     pub const ALL: [Verdict; Verdict::COUNT] = [
@@ -126,6 +130,7 @@ impl Verdict {
         Verdict::AccountInactive,
         Verdict::ResyncOverflow,
         Verdict::ResyncFailed,
+        Verdict::Superseded,
     ];
 
     /// `ok`, `bad-signature`, `bad-block-cid`, `missing-block`, `inversion-mismatch`, `malformed`,
@@ -147,6 +152,7 @@ impl Verdict {
             Verdict::AccountInactive => "account-inactive",
             Verdict::ResyncOverflow => "resync-overflow",
             Verdict::ResyncFailed => "resync-failed",
+            Verdict::Superseded => "superseded",
         }
     }
 
@@ -341,6 +347,7 @@ impl Failure {
             },
             Failure::Chain(c) => match c {
                 ChainFailure::RevRegression { .. } => Verdict::RevRegression,
+                ChainFailure::Superseded { .. } => Verdict::Superseded,
                 ChainFailure::FutureRev { .. } => Verdict::FutureRev,
                 ChainFailure::ChainBreak { .. } => Verdict::ChainBreak,
                 ChainFailure::AccountInactive(_) => Verdict::AccountInactive,
@@ -935,7 +942,8 @@ mod tests {
                 "chain-break",
                 "account-inactive",
                 "resync-overflow",
-                "resync-failed"
+                "resync-failed",
+                "superseded"
             ]
         );
         for (i, v) in Verdict::ALL.iter().enumerate() {

@@ -40,6 +40,7 @@ fn state(i: u64) -> AccountState {
             rev: (1_783_173_600_000_000u64 + i) << 10,
             commit: CidBuf::sha256(0x71, &i.to_le_bytes()),
             data: CidBuf::sha256(0x71, &(i ^ u64::MAX).to_le_bytes()),
+            from_repo: false,
         }),
         hosting: Hosting::Active,
         sync: SyncStatus::Synchronized,

@@ -1022,6 +1022,7 @@ impl Worker {
                     rev,
                     commit: r.commit,
                     data: r.data,
+                    from_repo: true,
                 }),
                 hosting: state.hosting,
                 sync: SyncStatus::Synchronized,

@@ -38,7 +38,8 @@
 //!    tip moved meanwhile) is counted in `riptide_resync_stale_total` and as `resync-failed`
 //!    (`stale`), and the account is queued again. The held frames are then
 //!    verified against the new state in their order — those the repository already covers are
-//!    `rev-regression`, those that continue it are `ok` and served — and released from the store,
+//!    `superseded` (inside the repository: [`riptide_firehose::chain::Tip::from_repo`]), those
+//!    that continue it are `ok` and served — and released from the store,
 //!    in one batch with the events they produce.
 //! 5. A `#sync` frame from upstream for the account ends the resync the same way (its commit
 //!    becomes the state, the held frames are checked against it); a repository that lands after

@@ -22,7 +22,7 @@
 use std::ops::Range;
 
 use bytes::Bytes;
-use riptide_jetstream::EventKind;
+use riptide_jetstream::{EventKind, Projector, RowError, StoredRow};
 
 /// A stored value that does not follow the layout: the store is corrupt (ours, not upstream's).
 #[derive(Debug, thiserror::Error)]
@@ -181,6 +181,34 @@ impl<T: Text> Event<T> {
             collection: collection_at,
             json: json_at,
         }
+    }
+
+    /// The stored event of one row ([`StoredRow`]: what the store is moving to keep, issue 38),
+    /// at `seq` and `time_us`: the row projected by [`Projector::project_row`] and rendered as
+    /// ingest renders a frame's event (`{"did","time_us","cursor","kind",…}`), without its zstd
+    /// form (made when a `compress=true` subscriber reads it). The one place where rows become
+    /// v1 events outside the live ingest path: the backfill's rows go through it, and the store's
+    /// own rows will. `json` is a scratch buffer. A row that does not render is the caller's to
+    /// count ([`RowError`]).
+    pub fn from_row(
+        projector: &mut Projector,
+        row: &StoredRow<'_>,
+        seq: u64,
+        time_us: i64,
+        json: &mut Vec<u8>,
+    ) -> Result<Self, RowError> {
+        let p = projector.project_row(row)?;
+        json.clear();
+        p.render(0, time_us, Some(seq), json);
+        Ok(Event::encode(
+            seq,
+            time_us,
+            p.kind(0),
+            p.did(0),
+            p.collection(0),
+            json,
+            &[],
+        ))
     }
 
     /// Parses a stored value.
@@ -350,5 +378,51 @@ mod tests {
         // The layout's size, byte for byte: the fixed fields, then did, collection, JSON, zstd.
         assert_eq!(raw.len(), 18 + 9 + 7 + 2);
         assert_eq!(HEADER_LEN, 18);
+    }
+
+    #[test]
+    fn a_row_becomes_the_event_ingest_would_store() {
+        use riptide_firehose::Action;
+        // {"$type": "a.b.c", "n": 3} in DAG-CBOR (shorter key first).
+        let rec = [
+            0xa2, 0x61, b'n', 0x03, 0x65, b'$', b't', b'y', b'p', b'e', 0x65, b'a', b'.', b'b',
+            b'.', b'c',
+        ];
+        let row = |record| StoredRow::Commit {
+            did: "did:plc:x",
+            rev: "3l2222222222a",
+            action: Action::Create,
+            collection: "a.b.c",
+            rkey: "k1",
+            record: Some(record),
+        };
+        let (mut proj, mut json) = (Projector::new(), Vec::new());
+        let e: Event = Event::from_row(&mut proj, &row(&rec), 42, 1_000_007, &mut json).unwrap();
+        assert_eq!(
+            (e.seq(), e.time_us(), e.kind()),
+            (42, 1_000_007, EventKind::Commit)
+        );
+        assert_eq!(
+            (e.did(), e.collection()),
+            (&b"did:plc:x"[..], &b"a.b.c"[..])
+        );
+        let text = std::str::from_utf8(&e.json()).unwrap().to_owned();
+        let (head, cid) = text.split_once(",\"cid\":\"").unwrap();
+        assert_eq!(
+            head,
+            "{\"did\":\"did:plc:x\",\"time_us\":1000007,\"cursor\":42,\"kind\":\"commit\",\"commit\":{\"rev\":\"3l2222222222a\",\"operation\":\"create\",\"collection\":\"a.b.c\",\"rkey\":\"k1\",\"record\":{\"$type\":\"a.b.c\",\"n\":3}"
+        );
+        // The record's CID (CIDv1, DAG-CBOR, SHA-256: base32 `bafyrei…`), then the ends.
+        assert!(cid.starts_with("bafyrei") && cid.ends_with("\"}}"), "{cid}");
+        assert!(e.zstd().is_empty());
+        // Decodes as a stored value.
+        let d: Event = Event::decode(42, e.raw().clone()).unwrap();
+        assert_eq!(d.json(), e.json());
+        // A record outside the data model (a CBOR float where none may be) is the caller's to count.
+        let bad = [0xa1, 0x61, b'n', 0xf9, 0x3c, 0x00];
+        assert!(matches!(
+            Event::<Utf8Text>::from_row(&mut proj, &row(&bad), 43, 1, &mut json),
+            Err(RowError::Record(_))
+        ));
     }
 }

@@ -10,7 +10,10 @@
 //! has no `accounts` yet: each account's first commit after the upgrade establishes its state. `resync` (`did 0x00 seq` → frame) holds what
 //! `crate::resync` needs to survive a crash: the accounts queued for resync (seq 0, empty) and
 //! the frames held for them until their resync lands; it is small (bounded by the resync
-//! buffers) and written in the same batches as everything else.
+//! buffers) and written in the same batches as everything else. `backfill` (DID → the
+//! backfill's progress for that repository, opaque here: `riptide_backfill`'s store sink writes
+//! and reads it) is written in the batch that holds the repository's rows and its account's chain
+//! state ([`Store::append_with_progress`]), so a repository lands whole and once across crashes.
 //!
 //! <a id="blocks"></a>**Blocks** (layout 3; checksummed since layout 4). Every event used to be stored with both of its forms
 //! (v1 JSON and its own zstd frame): ~900 bytes an event on a generated stream, where Jetstream v2
@@ -511,6 +514,7 @@ struct Partitions {
     times: PartitionHandle,
     accounts: PartitionHandle,
     resync: PartitionHandle,
+    backfill: PartitionHandle,
 }
 
 /// The event store. Cheap to share (`Arc`); all methods take `&self`. `T` is the text type its
@@ -528,6 +532,8 @@ pub struct Store<T = Utf8Text> {
     accounts: PartitionHandle,
     /// Accounts awaiting resync and the frames held for them (`crate::resync`).
     resync: PartitionHandle,
+    /// The backfill's per-repository progress (module docs).
+    backfill: PartitionHandle,
     meta: PartitionHandle,
     /// The retention floor: no read returns a seq below it.
     floor: Arc<AtomicU64>,
@@ -1152,18 +1158,63 @@ impl<T: Text> Store<T> {
         Ok(v.map(|v| be64(&v) as u32))
     }
 
-    /// Locks `dir` for this process (`crate::lock`), then opens its keyspace.
+    /// Locks `dir` for this process (`crate::lock`), then opens its keyspace (made whole first
+    /// if the directory has none: [`Self::create_whole`]).
     fn keyspace(dir: &Path) -> Result<(Keyspace, crate::lock::DirLock), StoreError> {
         let lock = crate::lock::DirLock::acquire(dir)?;
+        if !dir.join("version").exists() {
+            Self::create_whole(dir)?;
+        }
+        Self::keyspace_config(dir)
+            .open()
+            .map_err(fjall_at(dir))
+            .map(|ks| (ks, lock))
+    }
+
+    fn keyspace_config(dir: &Path) -> Config {
         // Durability is chosen per batch (`append`); no background fsync timer is needed. The
         // write buffer has room for a `blocks` memtable filling while the last one flushes
         // (fjall flushes the largest memtables once the buffer is half full).
         Config::new(dir)
             .max_write_buffer_size(3 * u64::from(BLOCKS_MEMTABLE))
             .max_open_files(STORE_MAX_OPEN_FILES)
-            .open()
-            .map_err(fjall_at(dir))
-            .map(|ks| (ks, lock))
+    }
+
+    /// Makes a new directory's keyspace whole or not at all. fjall writes `version` first and
+    /// then creates each partition in several steps, so a `kill -9` during a first start left a
+    /// directory it could not open again (found by the backfill's kill test). Here every
+    /// partition and the layout are made under `DIR/keyspace.creating`, made durable, and moved
+    /// into `DIR` with `version` last: a directory without `version` never held a commit, so
+    /// what an interrupted creation left is removed and the creation starts again.
+    fn create_whole(dir: &Path) -> Result<(), StoreError> {
+        let fj = fjall_at(dir);
+        let io = |e: std::io::Error| StoreError::Fjall {
+            path: dir.display().to_string(),
+            source: fjall::Error::Io(e),
+        };
+        let tmp = dir.join("keyspace.creating");
+        for leftover in [tmp.clone(), dir.join("journals"), dir.join("partitions")] {
+            if leftover.exists() {
+                std::fs::remove_dir_all(&leftover).map_err(io)?;
+            }
+        }
+        {
+            let ks = Self::keyspace_config(&tmp).open().map_err(fj)?;
+            let meta = ks
+                .open_partition("meta", PartitionCreateOptions::default())
+                .map_err(fj)?;
+            Self::partitions(&ks).map_err(fj)?;
+            meta.insert(LAYOUT, LAYOUT_VERSION.to_be_bytes())
+                .map_err(fj)?;
+            ks.persist(PersistMode::SyncAll).map_err(fj)?;
+        }
+        for name in ["partitions", "journals", "version"] {
+            std::fs::rename(tmp.join(name), dir.join(name)).map_err(io)?;
+        }
+        std::fs::remove_dir_all(&tmp).map_err(io)?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io)
     }
 
     /// Opens the keyspace under `dir` and its `meta` partition, and reads which layout the
@@ -1227,6 +1278,7 @@ impl<T: Text> Store<T> {
             times,
             accounts,
             resync,
+            backfill,
         } = Self::partitions(&ks).map_err(fj)?;
         let floor = meta.get(FLOOR).map_err(fj)?.map_or(0, |v| be64(&v));
         let (acked, said) = Acked::open(dir);
@@ -1239,6 +1291,7 @@ impl<T: Text> Store<T> {
             times,
             accounts,
             resync,
+            backfill,
             meta,
             floor: Arc::new(AtomicU64::new(floor)),
             sealed_end: Arc::new(AtomicU64::new(1)),
@@ -1545,6 +1598,7 @@ impl<T: Text> Store<T> {
             times: ks.open_partition("times", log_partition())?,
             accounts: ks.open_partition("accounts", PartitionCreateOptions::default())?,
             resync: ks.open_partition("resync", PartitionCreateOptions::default())?,
+            backfill: ks.open_partition("backfill", PartitionCreateOptions::default())?,
         })
     }
 
@@ -1634,7 +1688,7 @@ impl<T: Text> Store<T> {
         resync: &[PendingChange],
         resume: &Resume,
     ) -> Result<(), StoreError> {
-        self.append_batch(events, None, accounts, resync, resume)
+        self.append_batch(events, None, accounts, resync, &[], resume)
     }
 
     /// [`Self::append_with_pending`], with each event's `.jss` row (`rows[i]` is `events[i]`'s,
@@ -1651,7 +1705,7 @@ impl<T: Text> Store<T> {
         resync: &[PendingChange],
         resume: &Resume,
     ) -> Result<(), StoreError> {
-        self.append_batch(events, Some(rows), accounts, resync, resume)
+        self.append_batch(events, Some(rows), accounts, resync, &[], resume)
     }
 
     /// Everything in the resync partition, in DID order and, per DID, upstream order: `(did,
@@ -1679,7 +1733,41 @@ impl<T: Text> Store<T> {
         accounts: &[(Box<str>, AccountState)],
         resume: &Resume,
     ) -> Result<(), StoreError> {
-        self.append_batch(events, None, accounts, &[], resume)
+        self.append_batch(events, None, accounts, &[], &[], resume)
+    }
+
+    /// [`Self::append_with_accounts`], with the backfill's progress in the same atomic, durable
+    /// write: `progress` is (key, value) pairs for the `backfill` partition, which the store
+    /// keeps and does not read (`riptide_backfill`'s store sink owns their meaning). A
+    /// repository's rows, its account's chain state and its progress land together or not at
+    /// all, so a crash can neither lose nor repeat one.
+    pub fn append_with_progress(
+        &self,
+        events: &[Event<T>],
+        accounts: &[(Box<str>, AccountState)],
+        progress: &[(Box<str>, Vec<u8>)],
+        resume: &Resume,
+    ) -> Result<(), StoreError> {
+        self.append_batch(events, None, accounts, &[], progress, resume)
+    }
+
+    /// The backfill's progress stored under `key` ([`Self::append_with_progress`]).
+    pub fn progress(&self, key: &str) -> Result<Option<Bytes>, StoreError> {
+        Ok(self
+            .backfill
+            .get(key)
+            .map_err(|e| self.err(e))?
+            .map(|v| Bytes::from(v.to_vec())))
+    }
+
+    /// How many progress entries the store holds (the repositories a backfill landed).
+    pub fn progress_len(&self) -> Result<usize, StoreError> {
+        let mut n = 0;
+        for kv in self.backfill.keys() {
+            kv.map_err(|e| self.err(e))?;
+            n += 1;
+        }
+        Ok(n)
     }
 
     fn append_batch(
@@ -1688,6 +1776,7 @@ impl<T: Text> Store<T> {
         rows: Option<&[Row<'_>]>,
         accounts: &[(Box<str>, AccountState)],
         resync: &[PendingChange],
+        progress: &[(Box<str>, Vec<u8>)],
         resume: &Resume,
     ) -> Result<(), StoreError> {
         // Each row encoded as `recent_rows` keeps it, checked against its event first.
@@ -1715,6 +1804,9 @@ impl<T: Text> Store<T> {
         };
         let _writing = lock(&self.writing);
         let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        for (k, v) in progress {
+            b.insert(&self.backfill, k.as_bytes(), v.as_slice());
+        }
         for p in resync {
             match p {
                 PendingChange::Hold { did, seq, frame } => {
@@ -2452,6 +2544,62 @@ mod tests {
         };
         s.read_from(from, limit, &mut out).unwrap();
         out.iter().map(Event::seq).collect()
+    }
+
+    /// What a `kill -9` during a first start leaves (a half-made partition, no `version`, a
+    /// leftover `.creating`) is made again whole; the directory then opens and keeps what it
+    /// is given.
+    #[test]
+    fn a_first_start_cut_short_is_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        for half in ["partitions/listings", "keyspace.creating/partitions/meta"] {
+            let p = dir.path().join(half);
+            std::fs::create_dir_all(&p).unwrap();
+            std::fs::write(p.join("config"), b"").unwrap();
+        }
+        {
+            let (s, r) = Store::open(dir.path(), 0).unwrap();
+            assert_eq!(r.next_seq, 1);
+            s.append(&[ev(1, 10)], &resume(2, 10, 5)).unwrap();
+        }
+        assert!(!dir.path().join("keyspace.creating").exists());
+        assert!(!dir.path().join("partitions/listings").exists());
+        let (s, r) = Store::open(dir.path(), 0).unwrap();
+        assert_eq!(r, resume(2, 10, 5));
+        assert_eq!(seqs(&s, 1), [1]);
+    }
+
+    #[test]
+    fn progress_lands_with_its_events_and_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (s, _) = Store::open(dir.path(), 0).unwrap();
+            assert_eq!(s.progress("did:plc:a").unwrap(), None);
+            let evs: Vec<_> = (1..=3).map(|i| ev(i, 100 + i as i64)).collect();
+            let progress = [("did:plc:a".into(), b"rev-a".to_vec())];
+            let state = AccountState::default();
+            s.append_with_progress(
+                &evs,
+                &[("did:plc:a".into(), state)],
+                &progress,
+                &resume(4, 103, 0),
+            )
+            .unwrap();
+            assert_eq!(
+                s.progress("did:plc:a").unwrap().as_deref(),
+                Some(&b"rev-a"[..])
+            );
+        }
+        let (s, r) = Store::open(dir.path(), 0).unwrap();
+        assert_eq!(r.next_seq, 4);
+        assert_eq!(seqs(&s, 1), [1, 2, 3]);
+        assert_eq!(
+            s.progress("did:plc:a").unwrap().as_deref(),
+            Some(&b"rev-a"[..])
+        );
+        assert_eq!(s.progress("did:plc:b").unwrap(), None);
+        assert_eq!(s.progress_len().unwrap(), 1);
+        assert!(s.account("did:plc:a").unwrap().is_some());
     }
 
     #[test]

@@ -9,9 +9,13 @@
 //! or stdout redirected to a file): the file is cut back to the last committed length at start.
 //! On a pipe, the repositories in flight at a crash may be written again (a warning says so).
 //!
-//! `--data DIR` (the store-backed mode that `serve --data DIR` would serve) is accepted and
-//! refused with "not yet": the store is becoming its own crate (`riptide-store`) and the sink
-//! into it lands with it.
+//! `--data DIR` writes into the store that `riptide serve --data DIR` serves
+//! ([`riptide_backfill::StoreSink`]): one `create` event per record, each account's chain state
+//! and the repository's progress in one atomic batch, exactly once across `kill -9`. The
+//! progress state is then `DIR/backfill` unless `--state` says otherwise; the store's own lock
+//! keeps a running server (or a second backfill) out of the directory. With `--jsonl` as well,
+//! the records are also printed as JSON lines for a pipeline, each output exactly once (a pipe:
+//! as a pipe allows); keep the same outputs when resuming (the state's position is theirs).
 //!
 //! One run per state directory (a lock, `DIR/lock`): a second is refused. `status` never opens
 //! the keyspace beside a running backfill (fjall is one process's); it reads the snapshot the run
@@ -33,6 +37,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use riptide_backfill::{
     Collections, Config, Discovery, Fetcher, HostLimits, Hosts, JsonlSink, Progress, Sink, State,
+    StoreSink, TeeSink,
 };
 use riptide_resolver::{Resolver, ResolverConfig, ResyncConfig, Resyncer};
 
@@ -58,7 +63,7 @@ struct StatusArgs {
     /// The backfill's state directory.
     #[arg(long, required_unless_present = "data")]
     state: Option<PathBuf>,
-    /// The data directory of a store-backed backfill (not yet).
+    /// The data directory of a store-backed backfill (its state is DIR/backfill).
     #[arg(long, conflicts_with = "state")]
     data: Option<PathBuf>,
     /// Print JSON.
@@ -78,13 +83,15 @@ struct RunArgs {
     /// The PLC directory.
     #[arg(long, default_value = riptide_resolver::DEFAULT_PLC_URL)]
     plc_url: String,
-    /// Print each record as one JSON line (on stdout, or into --out).
+    /// Print each record as one JSON line (on stdout, or into --out); with --data, as well as
+    /// writing the store (keep the same outputs when resuming).
     #[arg(long)]
     jsonl: bool,
     /// Write the JSON lines into this file (appended; exactly once across restarts).
     #[arg(long, requires = "jsonl")]
     out: Option<PathBuf>,
-    /// Backfill into a data directory that `riptide serve --data DIR` serves (not yet).
+    /// Backfill into a data directory that `riptide serve --data DIR` serves (one `create`
+    /// event per record, exactly once; progress in DIR/backfill unless --state).
     #[arg(long)]
     data: Option<PathBuf>,
     /// Progress (per-repository status, cursors): resume by running again with the same DIR.
@@ -156,7 +163,8 @@ enum Source {
     Relay,
 }
 
-const NOT_YET: &str = "--data: the store-backed backfill is not there yet (it lands with the store crate, riptide-store); use --jsonl --state DIR";
+/// The backfill's state inside a data directory (`--data DIR` without `--state`).
+const STATE_IN_DATA: &str = "backfill";
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     match a.cmd {
@@ -166,18 +174,21 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 }
 
 fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
-    if a.data.is_some() {
-        anyhow::bail!("{NOT_YET}");
-    }
-    let Some(dir) = a.state else {
-        anyhow::bail!("--state DIR is required");
+    let Some(dir) = a.state.or_else(|| a.data.map(|d| d.join(STATE_IN_DATA))) else {
+        anyhow::bail!("--state DIR (or --data DIR) is required");
     };
-    // Status reads; it must not create a state where there was none (fjall would).
-    if !dir.join("version").exists() {
+    // Status reads; it must not create a state where there was none (fjall would). A run that
+    // holds the lock may still be making its state: it is running all the same.
+    let lock = match dir.join("lock").exists() {
+        true => Some(lock_file(&dir)?),
+        false => None,
+    };
+    let running = lock
+        .as_ref()
+        .is_some_and(|l| matches!(l.try_lock(), Err(std::fs::TryLockError::WouldBlock)));
+    if !running && !State::exists(&dir) {
         anyhow::bail!("{}: no backfill state here", dir.display());
     }
-    let lock = lock_file(&dir)?;
-    let running = matches!(lock.try_lock(), Err(std::fs::TryLockError::WouldBlock));
     let s = if running {
         // A backfill holds the state: its last snapshot (at most five seconds old).
         let path = dir.join(SNAPSHOT);
@@ -263,18 +274,19 @@ fn check_bind(addrs: &[std::net::IpAddr]) -> anyhow::Result<()> {
 }
 
 fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
-    if a.data.is_some() {
-        anyhow::bail!("{NOT_YET}");
-    }
     let Some(relay) = a.relay.as_deref() else {
         anyhow::bail!("--relay URL is required (or `riptide backfill status --state DIR`)");
     };
     let relay = relay_base(relay)?;
     check_bind(&a.bind)?;
-    if !a.jsonl {
-        anyhow::bail!("an output is required: --jsonl (the store-backed --data is not there yet)");
+    if !a.jsonl && a.data.is_none() {
+        anyhow::bail!("an output is required: --data DIR (the store `riptide serve --data DIR` serves) or --jsonl");
     }
-    let Some(state_dir) = a.state.clone() else {
+    let Some(state_dir) = a
+        .state
+        .clone()
+        .or_else(|| a.data.as_ref().map(|d| d.join(STATE_IN_DATA)))
+    else {
         anyhow::bail!("--state DIR is required: the backfill's progress, to resume from");
     };
     let keep =
@@ -323,8 +335,9 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
     let state = Arc::new(
         State::open(&state_dir).with_context(|| format!("opening {}", state_dir.display()))?,
     );
-    let sink: Box<dyn Sink> = match &a.out {
-        Some(path) => {
+    let lines: Option<Box<dyn Sink>> = match (a.jsonl, &a.out) {
+        (false, _) => None,
+        (true, Some(path)) => {
             let f = std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
@@ -332,18 +345,33 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
                 .write(true)
                 .open(path)
                 .with_context(|| format!("opening {}", path.display()))?;
-            Box::new(JsonlSink::file(f, path.display().to_string()))
+            Some(Box::new(JsonlSink::file(f, path.display().to_string())))
         }
-        None => {
+        (true, None) => {
             // Standard output redirected to a regular file is as good as --out.
             let fd = std::io::stdout().as_fd().try_clone_to_owned()?;
             let f = std::fs::File::from(fd);
-            if f.metadata().is_ok_and(|m| m.is_file()) {
+            Some(if f.metadata().is_ok_and(|m| m.is_file()) {
                 Box::new(JsonlSink::file(f, "stdout"))
             } else {
                 Box::new(JsonlSink::pipe(Box::new(std::io::stdout()), "stdout"))
+            })
+        }
+    };
+    let sink: Box<dyn Sink> = match (&a.data, lines) {
+        (Some(data), lines) => {
+            // The store's lock (DIR/riptide.lock) is taken here: a server on DIR refuses us.
+            let (store, resume) = riptide_store::Store::open_any(data)
+                .with_context(|| format!("opening the store in {}", data.display()))?;
+            let store: Box<dyn Sink> = Box::new(StoreSink::new(store, resume));
+            match lines {
+                // Both, each exactly once (a pipe: the lines as a pipe allows).
+                Some(lines) => Box::new(TeeSink::new(store, lines)),
+                None => store,
             }
         }
+        (None, Some(lines)) => lines,
+        (None, None) => anyhow::bail!("an output is required: --data DIR or --jsonl"),
     };
     let unlimited = a.no_rate_limits;
     let limits = HostLimits {

@@ -69,7 +69,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     rt.block_on(demo(args))
 }
 
-/// The verdicts frames broken on purpose may get (`riptide_gen::Defect`'s), `ok` excluded.
+/// The verdicts frames broken on purpose may get (`riptide_gen::Defect`'s), `ok` excluded, and
+/// `superseded`: a planned chain break resyncs its account from its current repository, which
+/// covers the account's commits still in flight behind it.
 fn planned_verdicts(adversarial: f64) -> BTreeSet<&'static str> {
     if adversarial <= 0.0 {
         return BTreeSet::new();
@@ -78,6 +80,7 @@ fn planned_verdicts(adversarial: f64) -> BTreeSet<&'static str> {
         .iter()
         .map(|d| d.expected_verdict())
         .filter(|&v| v != "ok")
+        .chain(["superseded"])
         .collect()
 }
 

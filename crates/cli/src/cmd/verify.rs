@@ -4,7 +4,8 @@
 //! Verifies every frame of a corpus file: block CIDs, commit signatures with the keys of the DID
 //! documents, Sync 1.1 proofs (see `riptide_firehose::verify`), and each frame against its
 //! account's chain state kept across the frames of the input (`riptide_firehose::chain`:
-//! `rev-regression`, `future-rev`, `chain-break`, `account-inactive`; a chain break restarts the
+//! `rev-regression`, `future-rev`, `chain-break`, `account-inactive`, `superseded` (at or below
+//! the rev of an upstream `#sync`); a chain break restarts the
 //! account's chain at the breaking commit, as there is no resync from a file). `--stateless`
 //! checks each frame alone; `--state DIR` loads the chain state from `DIR/chain-state` before the
 //! run and writes it back after (atomically: a temporary file renamed over it), so successive runs

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use serde_json::Value;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 /// The `riptide` binary under test.
@@ -334,5 +335,66 @@ pub async fn events_from_start(addr: &str, n: usize) -> Vec<Value> {
             out.push(serde_json::from_str(&t).unwrap());
         }
     }
+    out
+}
+
+/// Jetstream v2's `subscribeEvents` path.
+pub const V2: &str = "/xrpc/network.bsky.jetstream.subscribeEvents";
+
+/// Every frame a v2 subscription sends, as JSON (see [`v2_texts`]).
+pub async fn v2_frames(addr: &str, query: &str, n: usize, dict: Option<&[u8]>) -> Vec<Value> {
+    v2_texts(addr, query, n, dict)
+        .await
+        .iter()
+        .map(|t| serde_json::from_str(t).unwrap())
+        .collect()
+}
+
+/// Every frame a v2 subscription sends (decompressed with `dict` when given) until `n` message
+/// frames have arrived and then nothing more for a moment.
+pub async fn v2_texts(addr: &str, query: &str, n: usize, dict: Option<&[u8]>) -> Vec<String> {
+    let mut req = format!("ws://{addr}{V2}?{query}")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("sec-websocket-protocol", "xrpc.v1.json".parse().unwrap());
+    let (mut ws, resp) = tokio_tungstenite::connect_async(req).await.unwrap();
+    assert_eq!(
+        resp.headers()
+            .get("sec-websocket-protocol")
+            .map(|v| v.to_str().unwrap()),
+        Some("xrpc.v1.json")
+    );
+    let mut dec = dict.map(|d| zstd::bulk::Decompressor::with_dictionary(d).unwrap());
+    let mut out = Vec::new();
+    let mut messages = 0;
+    loop {
+        // Until n messages: wait as long as it takes; then a quiet moment proves there is no more.
+        let wait = if messages < n {
+            PATIENCE
+        } else {
+            Duration::from_millis(700)
+        };
+        let m = match tokio::time::timeout(wait, ws.next()).await {
+            Err(_) if messages >= n => break,
+            Err(_) => panic!("{query}: {messages} of {n} messages"),
+            Ok(m) => m.unwrap().unwrap(),
+        };
+        let text = match (m, dec.as_mut()) {
+            (Message::Text(t), None) => t.to_string(),
+            (Message::Binary(b), Some(d)) => {
+                let raw = d.decompress(&b, 1 << 24).unwrap();
+                String::from_utf8(raw).unwrap()
+            }
+            (Message::Ping(_) | Message::Pong(_), _) => continue,
+            (m, _) => panic!("{query}: unexpected frame {m:?}"),
+        };
+        let v: Value = serde_json::from_str(&text).unwrap();
+        if v["payload"]["seq"].is_u64() {
+            messages += 1;
+        }
+        out.push(text);
+    }
+    let _ = ws.close(None).await;
     out
 }

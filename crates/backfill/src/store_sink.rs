@@ -1,0 +1,468 @@
+//! [`StoreSink`]: verified repositories written into the store that `riptide serve --data DIR`
+//! serves (`riptide backfill --data DIR`, issue 37).
+//!
+//! Why a sink of its own: a backfill that a server serves must land in the server's seq space,
+//! beside the live stream, and must seed each account's chain state so that its next live commit
+//! is verified statefully. A repository becomes one `create` event per record at its head rev
+//! (the rows are [`StoredRow`]s, rendered by [`Event::from_row`], the one place rows become v1
+//! events), the account's chain state becomes its verified commit, and a small progress entry
+//! (`backfill` partition: DID → [`Landed`]) records that it landed: all three in **one** atomic,
+//! durable store batch ([`Store::append_with_progress`]).
+//!
+//! Exactly once across `kill -9`: the store's progress entry is the truth of what landed. The
+//! backfill's own state ([`crate::state`]) commits the repository's status only after the store
+//! batch is durable (the writer's order); a crash between the two leaves a repository in the
+//! store with no status, so it is fetched again, and this sink finds its entry and writes
+//! nothing, answering with the counts it landed with. Nothing is ever rolled back: a store batch
+//! is all or nothing. Batches are cut only between repositories (at [`FLUSH_AT`] buffered bytes,
+//! and at every [`Sink::commit`]), never inside one.
+//!
+//! An account whose chain state in the store is already at or past the repository's rev (a
+//! data directory a server ingested into before) gets no rows: its live events are newer than
+//! the repository, and the progress entry says so (`superseded`). Replacing an account's earlier
+//! rows (`#sync` then create-resync) is the resync path's, not this sink's.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use riptide_firehose::chain::{check_sync, AccountState};
+use riptide_firehose::Action;
+use riptide_jetstream::{Projector, StoredRow};
+use riptide_store::{Event, Resume, Store};
+use serde::{Deserialize, Serialize};
+
+use crate::outcome::Verified;
+use crate::sink::{Sink, SinkError, Written};
+
+/// Write the buffered repositories to the store past this many bytes of events (between
+/// repositories: one repository is always one batch).
+pub const FLUSH_AT: usize = 16 << 20;
+
+/// What the store's `backfill` partition says of a repository that landed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Landed {
+    /// The rev backfilled.
+    pub rev: String,
+    /// Records written as events.
+    pub records: u64,
+    /// Records not written: outside the atproto data model.
+    pub dropped: u64,
+    /// The seq of its first event (`None`: no event).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_seq: Option<u64>,
+    /// Why it got no rows although verified: the store already held a newer commit of the
+    /// account (module docs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded: Option<String>,
+}
+
+/// The store-backed sink (module docs).
+pub struct StoreSink {
+    store: Store,
+    resume: Resume,
+    projector: Projector,
+    json: Vec<u8>,
+    events: Vec<Event>,
+    accounts: Vec<(Box<str>, AccountState)>,
+    progress: Vec<(Box<str>, Vec<u8>)>,
+    bytes: usize,
+}
+
+impl std::fmt::Debug for StoreSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreSink")
+            .field("store", &self.store)
+            .field("next_seq", &self.resume.next_seq)
+            .finish()
+    }
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+}
+
+impl StoreSink {
+    /// Writes into `store`, whose writer this sink becomes (the data directory's lock, taken
+    /// when the store was opened, keeps any other process out); `resume` is what
+    /// [`Store::open`] returned.
+    pub fn new(store: Store, resume: Resume) -> StoreSink {
+        StoreSink {
+            store,
+            resume,
+            projector: Projector::new(),
+            json: Vec::with_capacity(1 << 14),
+            events: Vec::new(),
+            accounts: Vec::new(),
+            progress: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    /// The store written to.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn store_err(&self, e: riptide_store::StoreError) -> SinkError {
+        SinkError::Store {
+            what: self.store.dir().display().to_string(),
+            source: e,
+        }
+    }
+
+    /// What the store (or this sink's unwritten batch) says landed for `did`.
+    fn landed(&self, did: &str) -> Result<Option<Landed>, SinkError> {
+        let raw = match self.progress.iter().rev().find(|(k, _)| &**k == did) {
+            Some((_, v)) => v.clone(),
+            None => match self.store.progress(did).map_err(|e| self.store_err(e))? {
+                Some(v) => v.to_vec(),
+                None => return Ok(None),
+            },
+        };
+        serde_json::from_slice(&raw)
+            .map(Some)
+            .map_err(|e| SinkError::Corrupt {
+                what: format!("{}: backfill progress of {did}", self.store.dir().display()),
+                why: e.to_string(),
+            })
+    }
+
+    /// The account's chain state: this batch's, else the store's.
+    fn account(&self, did: &str) -> Result<Option<AccountState>, SinkError> {
+        match self.accounts.iter().rev().find(|(k, _)| &**k == did) {
+            Some((_, s)) => Ok(Some(*s)),
+            None => self.store.account(did).map_err(|e| self.store_err(e)),
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), SinkError> {
+        if self.events.is_empty() && self.accounts.is_empty() && self.progress.is_empty() {
+            return Ok(());
+        }
+        self.store
+            .append_with_progress(&self.events, &self.accounts, &self.progress, &self.resume)
+            .map_err(|e| self.store_err(e))?;
+        self.events.clear();
+        self.accounts.clear();
+        self.progress.clear();
+        self.bytes = 0;
+        Ok(())
+    }
+}
+
+impl Sink for StoreSink {
+    fn recover(&mut self, position: Option<&[u8]>) -> Result<(), SinkError> {
+        // Nothing to roll back (module docs); but a store behind the state was replaced.
+        let Some(p) = position else {
+            return Ok(());
+        };
+        let expected =
+            u64::from_le_bytes(p.try_into().map_err(|_| SinkError::BadPosition(p.len()))?);
+        if self.resume.next_seq < expected {
+            return Err(SinkError::StoreBehind {
+                what: self.store.dir().display().to_string(),
+                next_seq: self.resume.next_seq,
+                expected,
+            });
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, repo: &Verified) -> Result<Written, SinkError> {
+        if let Some(l) = self.landed(&repo.did)? {
+            tracing::debug!(did = %repo.did, rev = %l.rev, "backfill: already in the store (landed before a crash); not written again");
+            return Ok(Written {
+                records: l.records,
+                dropped: l.dropped,
+            });
+        }
+        let before = self.account(&repo.did)?;
+        let (checked, next) = check_sync(
+            before.as_ref(),
+            &repo.rev,
+            repo.commit.as_cid(),
+            repo.data.as_cid(),
+            now_us().max(0) as u64,
+        );
+        let mut landed = Landed {
+            rev: repo.rev.clone(),
+            records: 0,
+            dropped: 0,
+            first_seq: None,
+            superseded: None,
+        };
+        match checked {
+            Err(why) => {
+                tracing::warn!(
+                    did = %repo.did, rev = %repo.rev, why = ?why,
+                    "backfill: the store already holds a newer commit of this account; its repository is not written"
+                );
+                landed.superseded = Some(format!("{why:?}"));
+            }
+            Ok(()) => {
+                if let Some(next) = next {
+                    self.accounts.push((repo.did.as_str().into(), next));
+                }
+                for r in repo.records() {
+                    let row = StoredRow::Commit {
+                        did: &repo.did,
+                        rev: &repo.rev,
+                        action: Action::Create,
+                        collection: r.collection,
+                        rkey: r.rkey,
+                        record: Some(r.bytes),
+                    };
+                    let seq = self.resume.next_seq;
+                    let time_us = now_us().max(self.resume.last_time_us + 1);
+                    match Event::from_row(&mut self.projector, &row, seq, time_us, &mut self.json) {
+                        Ok(e) => {
+                            self.bytes += e.raw().len();
+                            self.events.push(e);
+                            self.resume.next_seq += 1;
+                            self.resume.last_time_us = time_us;
+                            landed.first_seq.get_or_insert(seq);
+                            landed.records += 1;
+                        }
+                        Err(_) => landed.dropped += 1,
+                    }
+                }
+            }
+        }
+        if landed.dropped > 0 {
+            tracing::warn!(
+                did = %repo.did, rev = %repo.rev, dropped = landed.dropped,
+                "backfill: records outside the atproto data model not written (counted as records_dropped)"
+            );
+        }
+        let w = Written {
+            records: landed.records,
+            dropped: landed.dropped,
+        };
+        let value = serde_json::to_vec(&landed).unwrap_or_default();
+        self.progress.push((repo.did.as_str().into(), value));
+        if self.bytes >= FLUSH_AT {
+            self.flush()?;
+        }
+        Ok(w)
+    }
+
+    fn commit(&mut self) -> Result<Vec<u8>, SinkError> {
+        self.flush()?;
+        Ok(self.resume.next_seq.to_le_bytes().to_vec())
+    }
+
+    fn exact(&self) -> bool {
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sink::tests::verified;
+    use riptide_store::ReadLimit;
+
+    fn events(store: &Store) -> Vec<serde_json::Value> {
+        let mut out = Vec::new();
+        let mut next = 1;
+        loop {
+            let before = out.len();
+            let limit = ReadLimit {
+                events: 1000,
+                bytes: 1 << 24,
+            };
+            store.read_from(next, limit, &mut out).unwrap();
+            if out.len() == before {
+                break;
+            }
+            next = out.last().map_or(next, |e: &Event| e.seq() + 1);
+        }
+        out.iter()
+            .map(|e| {
+                let v: serde_json::Value = serde_json::from_slice(&e.json()).unwrap();
+                assert_eq!(v["cursor"], e.seq());
+                v
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_repository_lands_as_creates_with_its_chain_state_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (verified(1, 30), verified(2, 12));
+        let pos = {
+            let (store, resume) = Store::open_any(dir.path()).unwrap();
+            let mut sink = StoreSink::new(store, resume);
+            sink.recover(None).unwrap();
+            assert_eq!(sink.write(&a).unwrap().records, 30);
+            assert_eq!(sink.write(&b).unwrap().records, 12);
+            // The same repository again in the same batch: nothing more.
+            assert_eq!(sink.write(&a).unwrap().records, 30);
+            sink.commit().unwrap()
+        };
+        assert_eq!(pos, 43u64.to_le_bytes().to_vec());
+        let (store, resume) = Store::open_any(dir.path()).unwrap();
+        assert_eq!(resume.next_seq, 43);
+        let evs = events(&store);
+        assert_eq!(evs.len(), 42);
+        let mut want: Vec<(String, String, String, String)> = Vec::new();
+        for v in [&a, &b] {
+            for r in v.records() {
+                want.push((
+                    v.did.clone(),
+                    r.collection.to_owned(),
+                    r.rkey.to_owned(),
+                    r.cid.to_string(),
+                ));
+            }
+        }
+        let got: Vec<_> = evs
+            .iter()
+            .map(|e| {
+                let c = &e["commit"];
+                assert_eq!(e["kind"], "commit");
+                assert_eq!(c["operation"], "create");
+                assert_eq!(c["record"]["$type"], c["collection"]);
+                let rev = if e["did"] == a.did.as_str() {
+                    &a.rev
+                } else {
+                    &b.rev
+                };
+                assert_eq!(c["rev"], rev.as_str());
+                let s = |v: &serde_json::Value| v.as_str().unwrap().to_owned();
+                (
+                    s(&e["did"]),
+                    s(&c["collection"]),
+                    s(&c["rkey"]),
+                    s(&c["cid"]),
+                )
+            })
+            .collect();
+        assert_eq!(got, want);
+        // The chain state is the verified commit: the next live commit is checked against it.
+        let st = store.account(&a.did).unwrap().unwrap();
+        let tip = st.tip.unwrap();
+        assert_eq!(
+            (tip.commit, tip.data, tip.rev_string()),
+            (a.commit, a.data, a.rev.clone())
+        );
+        let landed: Landed =
+            serde_json::from_slice(&store.progress(&b.did).unwrap().unwrap()).unwrap();
+        assert_eq!((landed.records, landed.first_seq), (12, Some(31)));
+
+        // Fetched again after a crash that lost the state's commit: found, not written again.
+        let mut sink = StoreSink::new(store, resume);
+        sink.recover(Some(&pos)).unwrap();
+        assert_eq!(sink.write(&b).unwrap().records, 12);
+        assert_eq!(sink.commit().unwrap(), pos);
+        assert_eq!(events(sink.store()).len(), 42);
+    }
+
+    /// `--data DIR --jsonl --out FILE`: a crash after both outputs committed but before the
+    /// state did leaves the store with the repository and the file cut back; written again,
+    /// each output holds it once.
+    #[test]
+    fn a_tee_of_the_store_and_a_file_recovers_each_to_once() {
+        use crate::sink::{JsonlSink, TeeSink};
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (verified(5, 7), verified(6, 9));
+        let path = dir.path().join("out.jsonl");
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap()
+        };
+        let data = dir.path().join("data");
+        let tee = |store: Store, resume: Resume| {
+            TeeSink::new(
+                Box::new(StoreSink::new(store, resume)),
+                Box::new(JsonlSink::file(open(), "out")),
+            )
+        };
+        let (store, resume) = Store::open_any(&data).unwrap();
+        let mut t = tee(store, resume);
+        t.recover(None).unwrap();
+        t.write(&a).unwrap();
+        let pos = t.commit().unwrap();
+        t.write(&b).unwrap();
+        // Committed by both outputs, but the state never heard: it still says `pos`.
+        t.commit().unwrap();
+        assert!(t.exact());
+        drop(t);
+        let (store, resume) = Store::open_any(&data).unwrap();
+        let mut t = tee(store, resume);
+        t.recover(Some(&pos)).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 7);
+        assert_eq!(t.write(&b).unwrap().records, 9);
+        t.commit().unwrap();
+        drop(t);
+        assert_eq!(std::fs::read_to_string(&path).unwrap().lines().count(), 16);
+        let (store, _) = Store::open_any(&data).unwrap();
+        assert_eq!(events(&store).len(), 16);
+        assert!(matches!(
+            tee(store, Resume::default()).recover(Some(b"\x09\0\0\0ab")),
+            Err(SinkError::BadPosition(6))
+        ));
+    }
+
+    #[test]
+    fn a_store_behind_the_state_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, resume) = Store::open_any(dir.path()).unwrap();
+        let mut sink = StoreSink::new(store, resume);
+        let e = sink.recover(Some(&9u64.to_le_bytes())).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SinkError::StoreBehind {
+                    next_seq: 1,
+                    expected: 9,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(matches!(
+            sink.recover(Some(b"\x01")),
+            Err(SinkError::BadPosition(1))
+        ));
+    }
+
+    #[test]
+    fn an_account_already_past_the_repository_gets_no_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = verified(3, 5);
+        let (store, resume) = Store::open_any(dir.path()).unwrap();
+        // A live commit after the repository's: a later rev in the store.
+        let mut later = check_sync(
+            None,
+            &a.rev,
+            a.commit.as_cid(),
+            a.data.as_cid(),
+            now_us() as u64,
+        )
+        .1
+        .unwrap();
+        let other = verified(4, 2);
+        if let Some(t) = later.tip.as_mut() {
+            t.rev += 1;
+            t.commit = other.commit;
+        }
+        store
+            .append_with_accounts(&[], &[(a.did.as_str().into(), later)], &resume)
+            .unwrap();
+        let mut sink = StoreSink::new(store, resume);
+        assert_eq!(sink.write(&a).unwrap().records, 0);
+        sink.commit().unwrap();
+        assert!(events(sink.store()).is_empty());
+        let landed: Landed =
+            serde_json::from_slice(&sink.store().progress(&a.did).unwrap().unwrap()).unwrap();
+        assert!(landed.superseded.is_some(), "{landed:?}");
+        assert_eq!(sink.store().account(&a.did).unwrap(), Some(later));
+    }
+}
