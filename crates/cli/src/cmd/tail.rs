@@ -17,6 +17,10 @@
 //! frame as received (decompressed); the readable view is `seq kind did [operation
 //! collection/rkey]`.
 //!
+//! Jetstream v2's archive: `--snapshot` (the archive up to its sealed tip) and `--replay` (then
+//! the live `subscribeEvents`, each event once) read `planSnapshot`, `getSegment` and `getBlock`
+//! (module `archive`).
+//!
 //! Errors (issue 39), the same on every wire: a permanent one ends `tail` with one line on stderr
 //! and exit 1, because waiting would not change it — the server refusing the connection with a
 //! 4xx other than 408/429 (its reason given: v2's `InvalidRequest`, `CursorTooOld`, an unknown
