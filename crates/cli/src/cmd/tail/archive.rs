@@ -49,6 +49,11 @@ fn archive_config(args: &Args) -> anyhow::Result<ArchiveConfig> {
 }
 
 pub(super) async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if args.snapshot && args.zstd_dictionary.is_some() {
+        anyhow::bail!(
+            "--zstd-dictionary is for the live part of --replay; the archive is not a stream"
+        );
+    }
     let cfg = archive_config(&args)?;
     let url = cfg.url.clone();
     let mut printer = Printer::new(args.count);
