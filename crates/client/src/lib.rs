@@ -9,6 +9,9 @@
 //!   `options_update`, zstd with a dictionary.
 //! - [`JetstreamV2Client`]: Jetstream v2's `subscribeEvents` (`xrpc.v1.json` frames, `kinds`/
 //!   `dids`/`collections`, `zstdDictionary`, seq cursor delivered exactly once per process).
+//! - [`Snapshot`] and [`Replay`]: Jetstream v2's archive (`planSnapshot`, `getSegment` in
+//!   ranges, `getBlock`), rows decoded and checked (record CIDs computed), then the live
+//!   `subscribeEvents` from where the archive ends, each event once (module [`archive`]).
 //! - [`PerDid`]: one DID's events in order, different DIDs in parallel, bounded queues.
 //!
 //! Both streams share one reconnecting session ([`ClientConfig`]): round-robin host rotation,
@@ -39,6 +42,7 @@
 //! What it does not do: verify (use `riptide_firehose::verify` on [`FirehoseEvent::bytes`] and
 //! count with [`ClientStats::record_verdict`]); resolve identities.
 
+pub mod archive;
 mod backoff;
 mod cursor;
 mod firehose;
@@ -48,6 +52,9 @@ mod perdid;
 mod session;
 mod stats;
 
+pub use archive::{
+    ArchiveConfig, ArchiveError, ArchiveEvent, ArchiveStats, Replay, ReplayEvent, Snapshot,
+};
 pub use backoff::Backoff;
 pub use cursor::{CursorStore, FileCursorStore, MemoryCursorStore};
 pub use firehose::{FirehoseClient, FirehoseEvent, FrameKind, Notice, SUBSCRIBE_REPOS};

@@ -62,6 +62,9 @@ pub enum Bench {
     /// Backfill throughput against `riptide sim` without rate limits, and its CPU per GB
     /// against `riptide repo verify`'s on the same repositories.
     Backfill(super::bench_backfill::BackfillArgs),
+    /// Jetstream v2's archive reader (issue 38): `.jss` segments decoded with every record's CID
+    /// computed, events/s, against the Python `atproto` SDK's reader with `--python`.
+    Archive(super::bench_archive::ArchiveArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -106,6 +109,16 @@ impl Passes {
         Ok(())
     }
 
+    /// Warm-up passes (for a bench that hands the counts to another program).
+    pub(super) fn warmup(&self) -> usize {
+        self.warmup
+    }
+
+    /// Measured passes.
+    pub(super) fn passes(&self) -> usize {
+        self.passes
+    }
+
     /// [`Passes::time`] for rounds of two passes whose times are compared, `a` then `b` in even
     /// rounds and `b` then `a` in odd ones: whichever pass runs second in a round runs ~3% faster
     /// on some machines (`docs/gotchas.md`), so a fixed order would bias their ratio.
@@ -147,6 +160,7 @@ pub fn run(b: Bench) -> anyhow::Result<ExitCode> {
         Bench::Resync(a) => super::bench_resync::run(a),
         Bench::Rows(a) => super::bench_rows::run(a),
         Bench::Backfill(a) => super::bench_backfill::run(a),
+        Bench::Archive(a) => super::bench_archive::run(a),
     }
 }
 

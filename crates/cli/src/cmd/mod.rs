@@ -3,6 +3,7 @@
 pub mod account;
 pub mod backfill;
 pub mod bench;
+pub mod bench_archive;
 pub mod bench_backfill;
 pub mod bench_resync;
 pub mod bench_rows;

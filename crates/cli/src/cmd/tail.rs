@@ -19,6 +19,10 @@
 //! frame as received (decompressed); the readable view is `seq kind did [operation
 //! collection/rkey]`.
 //!
+//! Jetstream v2's archive: `--snapshot` (the archive up to its sealed tip) and `--replay` (then
+//! the live `subscribeEvents`, each event once) read `planSnapshot`, `getSegment` and `getBlock`
+//! (module `archive`).
+//!
 //! Errors (issue 39), the same on every wire: a permanent one ends `tail` with one line on stderr
 //! and exit 1, because waiting would not change it — the server refusing the connection with a
 //! 4xx other than 408/429 (its reason given: v2's `InvalidRequest`, `CursorTooOld`, an unknown
@@ -42,6 +46,8 @@ use riptide_client::{
 };
 use riptide_firehose::verify::{Verdict, Verifier};
 use riptide_firehose::{Body, DecodeOptions, FrameDecoder};
+
+mod archive;
 
 use super::DocKeys;
 use crate::out;
@@ -87,6 +93,20 @@ pub struct Args {
     /// Jetstream v2 only: this event kind (commit, identity, account, sync); repeatable.
     #[arg(long = "kind", conflicts_with = "relay")]
     kinds: Vec<String>,
+    /// Jetstream v2: read the archive (planSnapshot, getSegment, getBlock) up to its sealed tip,
+    /// then stop.
+    #[arg(long, requires = "jetstream", conflicts_with = "replay")]
+    snapshot: bool,
+    /// Jetstream v2: read the archive, then the live subscribeEvents from the seq after it, each
+    /// event once.
+    #[arg(long, requires = "jetstream")]
+    replay: bool,
+    /// With --snapshot: the last seq wanted (inclusive).
+    #[arg(long, requires = "snapshot")]
+    before_seq: Option<u64>,
+    /// With --snapshot or --replay: sent as `Authorization: Bearer <token>` to the archive.
+    #[arg(long)]
+    archive_token: Option<String>,
 }
 
 /// Whether `--jetstream` names Jetstream v2's endpoint.
@@ -103,7 +123,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     // Connection trouble (refused, unreachable, wrong path) is a warning on stderr with the host,
     // the error and the next retry: a tail that prints nothing says why.
     super::serve::init_tracing_with("warn");
-    if args.cursor.is_none() {
+    if args.archive_token.is_some() && !(args.snapshot || args.replay) {
+        anyhow::bail!("--archive-token is for --snapshot or --replay");
+    }
+    if args.cursor.is_none() && !(args.snapshot || args.replay) {
         eprintln!(
             "starting live (no cursor): only new events are shown; use --cursor 0 to replay what the server holds"
         );
@@ -112,7 +135,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        if !args.relay.is_empty() {
+        if args.snapshot || args.replay {
+            archive::run(args).await
+        } else if !args.relay.is_empty() {
             relay(args).await
         } else if is_v2(&args.jetstream) {
             jetstream_v2(args).await
@@ -176,21 +201,8 @@ async fn jetstream_v2(args: Args) -> anyhow::Result<ExitCode> {
             printer.line(&m.raw)?;
             continue;
         }
-        let p = &m.payload;
         line.clear();
-        match p.seq {
-            Some(s) => write!(line, "{s} {}", p.kind())?,
-            None => write!(line, "- {}", p.kind())?,
-        }
-        if let Some(did) = &p.did {
-            write!(line, " {did}")?;
-        }
-        if let (Some(op), Some(c), Some(k)) = (&p.operation, &p.collection, &p.rkey) {
-            write!(line, " {op} {c}/{k}")?;
-        }
-        if let Some(name) = &p.name {
-            write!(line, " {name}: {}", p.message.as_deref().unwrap_or(""))?;
-        }
+        v2_line(&m.payload, &mut line)?;
         printer.line(&line)?;
     }
     let printed = printer.finish()?;
@@ -200,6 +212,24 @@ async fn jetstream_v2(args: Args) -> anyhow::Result<ExitCode> {
         s.messages, s.bytes, s.reconnects, s.decode_errors
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The readable view of a v2 message: `seq kind did [operation collection/rkey]`.
+fn v2_line(p: &riptide_client::V2Payload, line: &mut Vec<u8>) -> std::io::Result<()> {
+    match p.seq {
+        Some(s) => write!(line, "{s} {}", p.kind())?,
+        None => write!(line, "- {}", p.kind())?,
+    }
+    if let Some(did) = &p.did {
+        write!(line, " {did}")?;
+    }
+    if let (Some(op), Some(c), Some(k)) = (&p.operation, &p.collection, &p.rkey) {
+        write!(line, " {op} {c}/{k}")?;
+    }
+    if let Some(name) = &p.name {
+        write!(line, " {name}: {}", p.message.as_deref().unwrap_or(""))?;
+    }
+    Ok(())
 }
 
 /// The printing side of both loops: one line per event on stdout, flushed at once when someone
