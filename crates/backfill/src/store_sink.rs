@@ -5,7 +5,9 @@
 //! beside the live stream, and must seed each account's chain state so that its next live commit
 //! is verified statefully. A repository becomes one `create` event per record at its head rev
 //! (the rows are [`StoredRow`]s, rendered by [`Event::from_row`], the one place rows become v1
-//! events), the account's chain state becomes its verified commit, and a small progress entry
+//! events, and handed to the store beside their events, so they are sealed as `.jss` row blocks
+//! as ingest's are: one copy, the record's signed DAG-CBOR), the account's chain state becomes
+//! its verified commit, and a small progress entry
 //! (`backfill` partition: DID → [`Landed`]) records that it landed: all three in **one** atomic,
 //! durable store batch ([`Store::append_with_progress`]).
 //!
@@ -27,6 +29,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use riptide_firehose::chain::{check_sync, AccountState};
 use riptide_firehose::Action;
 use riptide_jetstream::{Projector, StoredRow};
+use riptide_segment::{OwnedRow, Row};
 use riptide_store::{Event, Resume, Store};
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +65,12 @@ pub struct StoreSink {
     projector: Projector,
     json: Vec<u8>,
     events: Vec<Event>,
+    /// `rows[i]` is `events[i]`'s, owned until the batch is written.
+    rows: Vec<OwnedRow>,
+    /// Whether every buffered event has a row a `.jss` block can hold (a collection or record
+    /// key over 255 bytes, which their syntax allows, cannot be one: the batch is then stored
+    /// as JSON blocks, as ingest does with such a batch).
+    all_rows: bool,
     accounts: Vec<(Box<str>, AccountState)>,
     progress: Vec<(Box<str>, Vec<u8>)>,
     bytes: usize,
@@ -93,6 +102,8 @@ impl StoreSink {
             projector: Projector::new(),
             json: Vec::with_capacity(1 << 14),
             events: Vec::new(),
+            rows: Vec::new(),
+            all_rows: true,
             accounts: Vec::new(),
             progress: Vec::new(),
             bytes: 0,
@@ -140,10 +151,19 @@ impl StoreSink {
         if self.events.is_empty() && self.accounts.is_empty() && self.progress.is_empty() {
             return Ok(());
         }
+        let rows: Vec<Row<'_>> = self.rows.iter().map(OwnedRow::as_row).collect();
         self.store
-            .append_with_progress(&self.events, &self.accounts, &self.progress, &self.resume)
+            .append_with_progress(
+                &self.events,
+                self.all_rows.then_some(&rows[..]),
+                &self.accounts,
+                &self.progress,
+                &self.resume,
+            )
             .map_err(|e| self.store_err(e))?;
         self.events.clear();
+        self.rows.clear();
+        self.all_rows = true;
         self.accounts.clear();
         self.progress.clear();
         self.bytes = 0;
@@ -217,8 +237,11 @@ impl Sink for StoreSink {
                     let time_us = now_us().max(self.resume.last_time_us + 1);
                     match Event::from_row(&mut self.projector, &row, seq, time_us, &mut self.json) {
                         Ok(e) => {
-                            self.bytes += e.raw().len();
+                            self.bytes += e.raw().len() + r.bytes.len();
                             self.events.push(e);
+                            let r = row.row(seq, time_us);
+                            self.all_rows &= r.validate().is_ok();
+                            self.rows.push(r.to_owned_row());
                             self.resume.next_seq += 1;
                             self.resume.last_time_us = time_us;
                             landed.first_seq.get_or_insert(seq);
@@ -357,6 +380,47 @@ mod tests {
         assert_eq!(sink.write(&b).unwrap().records, 12);
         assert_eq!(sink.commit().unwrap(), pos);
         assert_eq!(events(sink.store()).len(), 42);
+    }
+
+    #[test]
+    fn repositories_are_sealed_as_row_blocks_that_read_back_as_their_events() {
+        use riptide_store::StoreOptions;
+        let (a, b) = (verified(3, 30), verified(4, 12));
+        let small = StoreOptions {
+            block_events: 10,
+            ..StoreOptions::default()
+        };
+        // The same repositories into a store that seals every 10 events and into one that
+        // seals none (its events read back as ingest rendered them, from `recent`).
+        let land = |dir: &std::path::Path, opts: StoreOptions| {
+            let (store, resume) = Store::open_with(dir, 0, opts).unwrap();
+            let mut sink = StoreSink::new(store, resume);
+            sink.recover(None).unwrap();
+            sink.write(&a).unwrap();
+            sink.write(&b).unwrap();
+            sink.commit().unwrap();
+        };
+        let (sealed, unsealed) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        land(sealed.path(), small);
+        land(unsealed.path(), StoreOptions::default());
+        let (store, _) = Store::open_with(sealed.path(), 0, small).unwrap();
+        let c = store.check().unwrap();
+        // Every sealed block a row block, every event in one or unsealed.
+        assert!(c.blocks >= 2 && c.row_blocks == c.blocks, "{c:?}");
+        assert_eq!(c.events + c.unsealed, 42, "{c:?}");
+        // Rendered from the rows, the events are the ones rendered at landing (times aside).
+        let untimed = |store: &Store| {
+            let mut evs = events(store);
+            for e in &mut evs {
+                e.as_object_mut().unwrap().remove("time_us");
+            }
+            evs
+        };
+        let from_rows = untimed(&store);
+        assert_eq!(from_rows.len(), 42);
+        let (other, _) = Store::open_any(unsealed.path()).unwrap();
+        assert_eq!(other.check().unwrap().blocks, 0);
+        assert_eq!(from_rows, untimed(&other));
     }
 
     /// `--data DIR --jsonl --out FILE`: a crash after both outputs committed but before the

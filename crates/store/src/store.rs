@@ -1740,15 +1740,17 @@ impl<T: Text> Store<T> {
     /// write: `progress` is (key, value) pairs for the `backfill` partition, which the store
     /// keeps and does not read (`riptide_backfill`'s store sink owns their meaning). A
     /// repository's rows, its account's chain state and its progress land together or not at
-    /// all, so a crash can neither lose nor repeat one.
+    /// all, so a crash can neither lose nor repeat one. With `rows` (one per event, as
+    /// [`Self::append_rows`] takes them) the events are sealed as row blocks, as ingest's are.
     pub fn append_with_progress(
         &self,
         events: &[Event<T>],
+        rows: Option<&[Row<'_>]>,
         accounts: &[(Box<str>, AccountState)],
         progress: &[(Box<str>, Vec<u8>)],
         resume: &Resume,
     ) -> Result<(), StoreError> {
-        self.append_batch(events, None, accounts, &[], progress, resume)
+        self.append_batch(events, rows, accounts, &[], progress, resume)
     }
 
     /// The backfill's progress stored under `key` ([`Self::append_with_progress`]).
@@ -2580,6 +2582,7 @@ mod tests {
             let state = AccountState::default();
             s.append_with_progress(
                 &evs,
+                None,
                 &[("did:plc:a".into(), state)],
                 &progress,
                 &resume(4, 103, 0),
@@ -3042,6 +3045,35 @@ mod tests {
             b"",
         );
         (e, row.to_owned_row())
+    }
+
+    #[test]
+    fn progress_with_rows_lands_as_row_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open_with(dir.path(), 0, small(10, 8)).unwrap().0;
+        let evs: Vec<_> = (1..=25).map(row_ev).collect();
+        let events: Vec<Event> = evs.iter().map(|(e, _)| e.clone()).collect();
+        let rows: Vec<Row<'_>> = evs.iter().map(|(_, r)| r.as_row()).collect();
+        let progress = [("did:plc:a".into(), b"landed".to_vec())];
+        s.append_with_progress(&events, Some(&rows), &[], &progress, &resume(26, 1_025, 25))
+            .unwrap();
+        let c = s.check().unwrap();
+        assert!(c.blocks >= 2 && c.row_blocks == c.blocks, "{c:?}");
+        assert_eq!(c.events + c.unsealed, 25, "{c:?}");
+        assert_eq!(
+            s.progress("did:plc:a").unwrap().as_deref(),
+            Some(&b"landed"[..])
+        );
+        // Rows that do not pair with the events: refused whole, progress included.
+        let more: Vec<_> = (26..=27).map(row_ev).collect();
+        let events: Vec<Event> = more.iter().map(|(e, _)| e.clone()).collect();
+        let one = [more[0].1.as_row()];
+        let progress = [("did:plc:b".into(), b"x".to_vec())];
+        assert!(matches!(
+            s.append_with_progress(&events, Some(&one), &[], &progress, &resume(28, 1_027, 27)),
+            Err(StoreError::Rows { .. })
+        ));
+        assert_eq!(s.progress("did:plc:b").unwrap(), None);
     }
 
     #[test]
