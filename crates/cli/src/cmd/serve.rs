@@ -249,7 +249,7 @@ async fn serve(args: Args) -> anyhow::Result<ExitCode> {
     if !crate::log::json() {
         eprintln!("riptide serve: ws://{}/subscribe", running.addr);
         if let Some(m) = running.metrics_addr {
-            eprintln!("riptide serve: probes at http://{m}/metrics, /healthz, /readyz");
+            eprintln!("riptide serve: probes at http://{m}/metrics, /healthz, /readyz, and the status page /");
         }
     }
     let addr = running.addr;
@@ -706,7 +706,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     let metrics_addr = match metrics_listener {
         Some(l) => {
             let bound = l.local_addr()?;
-            tracing::info!("serving http://{bound}/metrics, /healthz, /readyz");
+            tracing::info!("serving http://{bound}/metrics, /healthz, /readyz and the status page /");
             let l = LimitedListener::probes(l, limits.header_timeout, metrics.clone());
             let svc = router(app.clone()).into_make_service_with_connect_info::<ConnInfo>();
             tokio::spawn(async move { axum::serve(l, svc).await });
