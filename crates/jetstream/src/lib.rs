@@ -12,5 +12,6 @@ pub mod project;
 pub mod rows;
 
 pub use project::{
-    write_record_json, DropReason, EventKind, Projection, Projector, RowError, StoredRow,
+    write_record_json, DropReason, EventKind, EventRowKind, Projection, Projector, RowError,
+    StoredRow,
 };

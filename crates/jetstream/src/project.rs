@@ -303,10 +303,9 @@ impl Projector {
             }
             StoredRow::Event { kind, payload, .. } => {
                 let t = match kind {
-                    EventKind::Identity => "#identity",
-                    EventKind::Account => "#account",
-                    EventKind::Sync => "#sync",
-                    EventKind::Commit => return Err(RowError::CommitPayload),
+                    EventRowKind::Identity => "#identity",
+                    EventRowKind::Account => "#account",
+                    EventRowKind::Sync => "#sync",
                 };
                 // The frame header `{"t": t, "op": 1}` (keys in DAG-CBOR's order), then the payload.
                 row_frame.clear();
@@ -319,7 +318,7 @@ impl Projector {
                 let frame = rows.decode(row_frame).map_err(RowError::Payload)?;
                 project_into(arena, out, true, &frame);
                 if out.parts.len() != 1 {
-                    return Err(RowError::NoEvent(kind));
+                    return Err(RowError::NoEvent(kind.event_kind()));
                 }
             }
         }
@@ -367,7 +366,7 @@ impl Projection {
                         _ => return Err(RowError::NoEvent(p.kind)),
                     };
                     rows.push(StoredRow::Event {
-                        kind: p.kind,
+                        kind: EventRowKind::of(p.kind).ok_or(RowError::NoEvent(p.kind))?,
                         did,
                         payload: payload_bytes(frame)?,
                     });
@@ -396,6 +395,39 @@ fn payload_bytes<'f>(frame: &Frame<'f>) -> Result<&'f [u8], RowError> {
     }
 }
 
+/// The kind of a [`StoredRow::Event`]: the events that are not commits. A type of its own, so
+/// that no stored row can claim to be a commit's event and be written as some other kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventRowKind {
+    /// `#identity`.
+    Identity,
+    /// `#account`.
+    Account,
+    /// `#sync`.
+    Sync,
+}
+
+impl EventRowKind {
+    /// The event kind it is (v1's `kind` field, the projection's).
+    pub fn event_kind(self) -> EventKind {
+        match self {
+            EventRowKind::Identity => EventKind::Identity,
+            EventRowKind::Account => EventKind::Account,
+            EventRowKind::Sync => EventKind::Sync,
+        }
+    }
+
+    /// The event row kind of an event kind; `None` for a commit.
+    pub fn of(kind: EventKind) -> Option<EventRowKind> {
+        match kind {
+            EventKind::Identity => Some(EventRowKind::Identity),
+            EventKind::Account => Some(EventRowKind::Account),
+            EventKind::Sync => Some(EventRowKind::Sync),
+            EventKind::Commit => None,
+        }
+    }
+}
+
 /// One row as the store keeps it (the columns of a `.jss` row that make its v1 event).
 #[derive(Clone, Copy, Debug)]
 pub enum StoredRow<'a> {
@@ -416,8 +448,8 @@ pub enum StoredRow<'a> {
     },
     /// An `#identity`, `#account` or `#sync` event.
     Event {
-        /// Which.
-        kind: EventKind,
+        /// Which (a commit is never an event row, by type).
+        kind: EventRowKind,
         /// The account (the payload's `did`; the `.jss` row's DID column).
         did: &'a str,
         /// The upstream event's DAG-CBOR (the frame's payload).
@@ -438,9 +470,6 @@ pub enum RowError {
     /// An event row's payload decodes but gives no event (its DID is not one).
     #[error("stored {} row: payload gives no event", .0.as_str())]
     NoEvent(EventKind),
-    /// An event row said to be a commit: commits are stored as commit rows.
-    #[error("stored row: a commit payload is not an event row")]
-    CommitPayload,
     /// A frame's header is not in strict DAG-CBOR, so its payload's bytes cannot be told apart.
     #[error("frame header not in strict DAG-CBOR: its payload cannot be stored as a row")]
     Header,

@@ -15,7 +15,7 @@
 use riptide_firehose::{Action, Frame};
 use riptide_segment::{Kind, Row};
 
-use crate::{DropReason, EventKind, Projector, RowError, StoredRow};
+use crate::{DropReason, EventRowKind, Projector, RowError, StoredRow};
 
 impl<'a> StoredRow<'a> {
     /// The segment row's kind: the op's action for a commit, the event's kind otherwise.
@@ -27,10 +27,9 @@ impl<'a> StoredRow<'a> {
                 Action::Delete => Kind::Delete,
             },
             StoredRow::Event { kind, .. } => match kind {
-                EventKind::Identity => Kind::Identity,
-                EventKind::Account => Kind::Account,
-                // `stored_rows` makes commit rows of commits, never event rows.
-                EventKind::Sync | EventKind::Commit => Kind::Sync,
+                EventRowKind::Identity => Kind::Identity,
+                EventRowKind::Account => Kind::Account,
+                EventRowKind::Sync => Kind::Sync,
             },
         }
     }
@@ -83,9 +82,9 @@ impl<'a> StoredRow<'a> {
                 rkey: row.rkey,
                 record: (row.kind != Kind::Delete).then_some(row.payload),
             },
-            Kind::Identity => event(EventKind::Identity),
-            Kind::Account => event(EventKind::Account),
-            Kind::Sync => event(EventKind::Sync),
+            Kind::Identity => event(EventRowKind::Identity),
+            Kind::Account => event(EventRowKind::Account),
+            Kind::Sync => event(EventRowKind::Sync),
         }
     }
 }
@@ -114,6 +113,7 @@ pub struct FrameRows<'f> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::EventKind;
     use riptide_cbor::{Arena, Options};
     use riptide_firehose::FrameDecoder;
 

@@ -8,7 +8,7 @@
 
 use riptide_firehose::corpus::split_frames;
 use riptide_firehose::{Action, FrameDecoder};
-use riptide_jetstream::{EventKind, Projector, RowError, StoredRow};
+use riptide_jetstream::{EventRowKind, Projector, RowError, StoredRow};
 use riptide_segment::Row;
 
 /// What the frames gave: events compared, and how many of each kind of row.
@@ -55,10 +55,9 @@ fn check<'a>(frames: impl IntoIterator<Item = &'a [u8]>) -> Seen {
                     Action::Delete => seen.deletes += 1,
                 },
                 StoredRow::Event { kind, .. } => match kind {
-                    EventKind::Identity => seen.identity += 1,
-                    EventKind::Account => seen.account += 1,
-                    EventKind::Sync => seen.sync += 1,
-                    EventKind::Commit => panic!("a commit as an event row"),
+                    EventRowKind::Identity => seen.identity += 1,
+                    EventRowKind::Account => seen.account += 1,
+                    EventRowKind::Sync => seen.sync += 1,
                 },
             }
             got.clear();
@@ -167,7 +166,7 @@ fn a_damaged_row_is_a_typed_error_not_an_event() {
     assert!(matches!(proj.project_row(&cut), Err(RowError::Record(_))));
     // An identity payload that is not one.
     let junk = StoredRow::Event {
-        kind: EventKind::Identity,
+        kind: EventRowKind::Identity,
         did: "did:plc:a",
         payload: b"not cbor",
     };
@@ -188,7 +187,7 @@ fn a_damaged_row_is_a_typed_error_not_an_event() {
         }
     }
     let bad_did = StoredRow::Event {
-        kind: EventKind::Identity,
+        kind: EventRowKind::Identity,
         did: "nope",
         payload: &payload,
     };

@@ -17,7 +17,7 @@ use std::path::Path;
 use riptide_cbor::{write_bool, write_int, write_map_header, write_text};
 use riptide_firehose::corpus::split_frames;
 use riptide_firehose::FrameDecoder;
-use riptide_jetstream::{EventKind, Projector, StoredRow};
+use riptide_jetstream::{EventRowKind, Projector, StoredRow};
 use riptide_segment::{write_segment, OwnedRow, Row, Segment};
 use riptide_store::catalog::SegmentEntry;
 use riptide_store::compact::{CompactError, CrashPoint, Folder};
@@ -103,7 +103,7 @@ fn build(data: &Path) -> Vec<Vec<u8>> {
             let stored: Vec<StoredRow<'_>> = payloads
                 .iter()
                 .map(|(did, payload)| StoredRow::Event {
-                    kind: EventKind::Account,
+                    kind: EventRowKind::Account,
                     did,
                     payload,
                 })

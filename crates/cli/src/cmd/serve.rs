@@ -706,7 +706,9 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     let metrics_addr = match metrics_listener {
         Some(l) => {
             let bound = l.local_addr()?;
-            tracing::info!("serving http://{bound}/metrics, /healthz, /readyz and the status page /");
+            tracing::info!(
+                "serving http://{bound}/metrics, /healthz, /readyz and the status page /"
+            );
             let l = LimitedListener::probes(l, limits.header_timeout, metrics.clone());
             let svc = router(app.clone()).into_make_service_with_connect_info::<ConnInfo>();
             tokio::spawn(async move { axum::serve(l, svc).await });
