@@ -91,6 +91,11 @@ impl KillOnDrop {
         KillOnDrop(child)
     }
 
+    /// The exit status, if the process has ended.
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.0.try_wait().ok().flatten()
+    }
+
     /// SIGKILL now, and wait for the process to end.
     pub fn kill(mut self) {
         self.0.kill().expect("kill the server");
