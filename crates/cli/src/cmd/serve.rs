@@ -451,6 +451,17 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     // dictionaries and both listeners are said, each in one line, before the store is opened,
     // anything connects upstream or to Kafka, or a subscriber is taken.
     let limits = connection_limits(args)?;
+    // Every upstream URL as the client will parse it (a bad scheme, host or port), all of them
+    // and not only the first the rotation picks: a relay URL that cannot be used is a
+    // configuration error, said before the store is opened.
+    if args.from.is_none() && args.ingest_file.is_none() {
+        for h in &hosts {
+            riptide_client::FirehoseClient::new(riptide_client::ClientConfig::with_hosts(vec![
+                h.clone()
+            ]))
+            .with_context(|| format!("--upstream {h}"))?;
+        }
+    }
     if let Some(url) = args.publish.as_ref().or(args.from.as_ref()) {
         super::serve_kafka::check(url).await?;
     }
