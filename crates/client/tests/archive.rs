@@ -291,3 +291,61 @@ async fn a_segment_replaced_between_ranges_is_read_whole_again_and_a_429_waited_
     );
     assert_eq!(seen.lock().unwrap().len(), 4);
 }
+
+#[tokio::test]
+async fn a_server_is_not_trusted_with_memory_a_long_refusal_or_block_is_cut() {
+    // A refusal whose body runs to 1 MiB: the error keeps the head of its reason.
+    let mut long = br#"{"error":"AuthRequired","message":""#.to_vec();
+    long.extend(std::iter::repeat_n(b'x', 1 << 20));
+    long.extend_from_slice(br#""}"#);
+    let (url, _) = server(move |_, _| resp("401 Unauthorized", &[], &long)).await;
+    match read_all(config(&url)).await {
+        Err(e @ ArchiveError::Refused { status: 401, .. }) => {
+            assert!(
+                e.to_string().len() < 8 << 10,
+                "{} bytes",
+                e.to_string().len()
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    // A block's answer longer than the configured bound: refused, not read whole.
+    let plan = serde_json::json!({
+        "plannedThroughSeq": 2, "sealedTipSeq": 2,
+        "segments": [{"name": "seg_0000000001.jss", "index": 1, "checksum": "0000000000000001",
+            "minSeq": 1, "maxSeq": 2, "mode": "blocks", "blocks": [{"first": 0, "last": 0}]}],
+        "stats": {"segmentsExamined": 1, "segmentsMatched": 1, "blocksMatched": 1, "entries": 1}
+    });
+    let (url, seen) = server(move |_, r| {
+        if r.line.contains("planSnapshot") {
+            json(plan.clone())
+        } else {
+            resp("200 OK", &[], &vec![0u8; 64 << 10])
+        }
+    })
+    .await;
+    let mut cfg = config(&url);
+    cfg.max_segment_bytes = 16 << 10;
+    match read_all(cfg).await {
+        Err(
+            e @ ArchiveError::TooLarge {
+                limit: 16_384,
+                bytes,
+                ..
+            },
+        ) => {
+            assert!(e.is_permanent());
+            assert!(bytes > 16_384 && bytes <= 64 << 10, "{bytes}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Refused once, not retried.
+    assert_eq!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.line.contains("getBlock"))
+            .count(),
+        1
+    );
+}

@@ -63,6 +63,39 @@ impl From<reqwest::Error> for Failure {
     }
 }
 
+/// At most this much of a refusal's body is read (its reason, for the error).
+const ERROR_BODY_BYTES: usize = 4 << 10;
+/// At most this much of one `planSnapshot` page: a page of the lexicon's 100,000 entries is a few
+/// MiB of JSON.
+const PLAN_PAGE_BYTES: usize = 64 << 20;
+
+/// A response's body, at most `cap` bytes: a server is not trusted with this process's memory.
+/// `truncate`: keep the first `cap` bytes and stop (a refusal's reason); otherwise a longer body
+/// is a [`ArchiveError::TooLarge`] of `what`.
+async fn body_capped(
+    mut resp: Response,
+    cap: usize,
+    what: &str,
+    truncate: bool,
+) -> Result<Vec<u8>, Failure> {
+    let mut buf = Vec::new();
+    while let Some(chunk) = resp.chunk().await? {
+        if buf.len() + chunk.len() > cap {
+            if truncate {
+                buf.extend_from_slice(&chunk[..cap - buf.len()]);
+                break;
+            }
+            return Err(Failure::Permanent(ArchiveError::TooLarge {
+                what: what.to_owned(),
+                bytes: (buf.len() + chunk.len()) as u64,
+                limit: cap as u64,
+            }));
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf)
+}
+
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
@@ -127,7 +160,10 @@ impl Http {
             return Ok(resp);
         }
         let retry_after = retry_after(resp.headers());
-        let body = resp.text().await.unwrap_or_default();
+        let body = body_capped(resp, ERROR_BODY_BYTES, "an error body", true)
+            .await
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
         let code = status.as_u16();
         if status.is_server_error() || code == 408 || code == 429 {
             return Err(Failure::Transient(
@@ -189,7 +225,7 @@ impl Http {
                             .body(body.to_string()),
                     )
                     .await?;
-                let bytes = r.bytes().await?;
+                let bytes = body_capped(r, PLAN_PAGE_BYTES, "a planSnapshot page", false).await?;
                 serde_json::from_slice::<PlanPage>(&bytes).map_err(|e| {
                     Failure::Permanent(ArchiveError::Corrupt(format!(
                         "planSnapshot answered something that is not a plan: {e}"
@@ -221,7 +257,8 @@ impl Http {
                             .query(&[("segment", segment), ("blockIndex", &index.to_string())]),
                     )
                     .await?;
-                Ok::<_, Failure>(r.bytes().await?)
+                let cap = usize::try_from(self.max_segment_bytes).unwrap_or(usize::MAX);
+                Ok::<_, Failure>(Bytes::from(body_capped(r, cap, &what, false).await?))
             };
             match attempt.await {
                 Ok(b) => {

@@ -128,7 +128,7 @@ pub enum ArchiveError {
     /// A segment larger than [`ArchiveConfig::max_segment_bytes`].
     #[error("{what}: {bytes} bytes, more than the {limit} allowed")]
     TooLarge {
-        /// The segment.
+        /// What was too large: a segment, a block's answer, a `planSnapshot` page.
         what: String,
         /// Its size.
         bytes: u64,
