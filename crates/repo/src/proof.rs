@@ -36,12 +36,23 @@ pub struct ProvenRecord<'a> {
     pub record: &'a [u8],
 }
 
-/// The MST nodes a lookup of `key` visits in `car`'s tree, with the record's CID if the key is
-/// there.
-fn lookup(car: &Car<'_>, data: CidBuf, key: &str) -> Result<(Tree, Option<CidBuf>), RepoError> {
+/// A record found by a lookup: its CID and its block.
+type Found<'a> = Option<(CidBuf, &'a [u8])>;
+
+/// The MST nodes a lookup of `key` visits in `car`'s tree, with the record's CID and block if the
+/// key is there (a CID without its block is [`RepoError::MissingRecord`]).
+fn lookup<'a>(car: &Car<'a>, data: CidBuf, key: &str) -> Result<(Tree, Found<'a>), RepoError> {
     let mut tree = Tree::load(data);
-    let found = tree.get(car, key.as_bytes())?;
-    Ok((tree, found))
+    let Some(cid) = tree.get(car, key.as_bytes())? else {
+        return Ok((tree, None));
+    };
+    let record = car
+        .get(cid.as_cid())
+        .ok_or_else(|| RepoError::MissingRecord {
+            key: key.to_owned(),
+            cid,
+        })?;
+    Ok((tree, Some((cid, record))))
 }
 
 /// The proof CAR of `key` (`collection/rkey`) in a whole repository `car`: rooted at its commit,
@@ -50,15 +61,9 @@ fn lookup(car: &Car<'_>, data: CidBuf, key: &str) -> Result<(Tree, Option<CidBuf
 pub fn record_proof(car: &Car<'_>, key: &str) -> Result<Option<Vec<u8>>, RepoError> {
     let (commit_cid, commit) = commit_of(car)?;
     let (tree, found) = lookup(car, commit.data().to_buf(), key)?;
-    let Some(cid) = found else {
+    let Some((cid, record)) = found else {
         return Ok(None);
     };
-    let record = car
-        .get(cid.as_cid())
-        .ok_or_else(|| RepoError::MissingRecord {
-            key: key.to_owned(),
-            cid,
-        })?;
     let mut w = CarWriter::new(&[commit_cid]);
     w.block(commit_cid.as_cid(), commit.block());
     for node in tree.loaded() {
@@ -84,15 +89,9 @@ pub fn verify_record_proof<'a>(
         commit.verify_signature(k)?;
     }
     let (_, found) = lookup(car, commit.data().to_buf(), key)?;
-    let Some(cid) = found else {
+    let Some((cid, record)) = found else {
         return Ok(None);
     };
-    let record = car
-        .get(cid.as_cid())
-        .ok_or_else(|| RepoError::MissingRecord {
-            key: key.to_owned(),
-            cid,
-        })?;
     Ok(Some(ProvenRecord {
         did: commit.did(),
         rev: commit.rev(),
