@@ -2548,6 +2548,24 @@ mod tests {
         out.iter().map(Event::seq).collect()
     }
 
+    /// Every event from `from` on, read `per_read` at a time as a replaying subscriber would.
+    fn read_every(s: &Store, from: u64, per_read: usize) -> Vec<Event> {
+        let (mut out, mut from) = (Vec::new(), from);
+        let l = ReadLimit {
+            events: per_read,
+            bytes: 1 << 30,
+        };
+        loop {
+            let n = out.len();
+            s.read_from(from, l, &mut out).unwrap();
+            match out.last() {
+                Some(e) if out.len() > n => from = e.seq() + 1,
+                _ => break,
+            }
+        }
+        out
+    }
+
     /// What a `kill -9` during a first start leaves (a half-made partition, no `version`, a
     /// leftover `.creating`) is made again whole; the directory then opens and keeps what it
     /// is given.
@@ -2954,20 +2972,7 @@ mod tests {
     /// Every event a read from 0 returns (all of them, in reads of 7), checked against what was
     /// stored (`ev_z`): a damaged block may be skipped, never served altered.
     fn read_all(s: &Store) -> Vec<u64> {
-        let mut out = Vec::new();
-        let mut from = 0;
-        loop {
-            let n = out.len();
-            let l = ReadLimit {
-                events: 7,
-                bytes: 1 << 20,
-            };
-            s.read_from(from, l, &mut out).unwrap();
-            match out.last() {
-                Some(e) if out.len() > n => from = e.seq() + 1,
-                _ => break,
-            }
-        }
+        let out = read_every(s, 0, 7);
         for e in &out {
             assert_eq!(e.json(), ev_z(e.seq()).json(), "seq {}", e.seq());
         }
@@ -3102,19 +3107,7 @@ mod tests {
             let (s, _) = Store::open_with(dir.path(), 0, small).unwrap();
             // The sound row blocks and the unsealed rows read back as their events were
             // appended; none of the damaged block's.
-            let (mut out, mut from) = (Vec::new(), 1);
-            let l = ReadLimit {
-                events: 7,
-                bytes: 1 << 20,
-            };
-            loop {
-                let n = out.len();
-                s.read_from(from, l, &mut out).unwrap();
-                match out.last() {
-                    Some(e) if out.len() > n => from = e.seq() + 1,
-                    _ => break,
-                }
-            }
+            let out = read_every(&s, 1, 7);
             let want: Vec<u64> = (1..=10).chain(21..=45).collect();
             let got: Vec<u64> = out.iter().map(Event::seq).collect();
             assert_eq!(got, want, "bit flipped at {at}");
@@ -3139,19 +3132,7 @@ mod tests {
             s.append_rows(&events, &rows, &[], &[], &r).unwrap();
         };
         let json_of = |s: &Store| {
-            let (mut out, mut from) = (Vec::new(), 1);
-            let l = ReadLimit {
-                events: 1000,
-                bytes: 1 << 30,
-            };
-            loop {
-                let n = out.len();
-                s.read_from(from, l, &mut out).unwrap();
-                match out.last() {
-                    Some(e) if out.len() > n => from = e.seq() + 1,
-                    _ => break,
-                }
-            }
+            let out = read_every(s, 1, 1000);
             out.iter().map(|e| (e.seq(), e.json())).collect::<Vec<_>>()
         };
         let want = |n: usize| {
@@ -3457,20 +3438,7 @@ mod tests {
     }
 
     fn check_reads_sample(s: &Store, evs: &[Event]) {
-        let mut out = Vec::new();
-        let mut from = 0;
-        loop {
-            let l = ReadLimit {
-                events: 512,
-                bytes: 1 << 20,
-            };
-            let n = out.len();
-            s.read_from(from, l, &mut out).unwrap();
-            match out.last() {
-                Some(e) if out.len() > n => from = e.seq() + 1,
-                _ => break,
-            }
-        }
+        let out = read_every(s, 0, 512);
         assert_eq!(out.len(), evs.len());
         for (a, b) in out.iter().zip(evs) {
             assert_eq!((a.seq(), a.json()), (b.seq(), b.json()));
