@@ -65,6 +65,7 @@ pub use jetstream_v2::{
     fetch_dictionary, JetstreamV2Client, JetstreamV2Config, V2Filter, V2Message, V2Payload,
 };
 pub use perdid::PerDid;
+pub use session::check_host;
 pub use session::ClientConfig;
 pub use stats::{ClientStats, StatsSnapshot};
 

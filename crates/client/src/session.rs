@@ -516,6 +516,13 @@ pub(crate) fn refusal(status: u16, body: &str) -> ClientError {
     }
 }
 
+/// Whether `host` is one a client can use (see [`ClientConfig::hosts`] for the accepted forms),
+/// checked as a connection will parse it: for a server's start-up checks, before anything is
+/// opened.
+pub fn check_host(host: &str) -> Result<(), ClientError> {
+    endpoint_url(host, "/").map(drop)
+}
+
 /// The WebSocket URL of `path` on `host` (see [`ClientConfig::hosts`] for the accepted forms).
 pub(crate) fn endpoint_url(host: &str, path: &str) -> Result<String, ClientError> {
     let host = host.trim();

@@ -456,10 +456,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     // configuration error, said before the store is opened.
     if args.from.is_none() && args.ingest_file.is_none() {
         for h in &hosts {
-            riptide_client::FirehoseClient::new(riptide_client::ClientConfig::with_hosts(vec![
-                h.clone()
-            ]))
-            .with_context(|| format!("--upstream {h}"))?;
+            riptide_client::check_host(h).with_context(|| format!("--upstream {h}"))?;
         }
     }
     if let Some(url) = args.publish.as_ref().or(args.from.as_ref()) {
