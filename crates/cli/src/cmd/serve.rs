@@ -667,14 +667,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                 let _lease = lease;
                 // A pipeline thread that fails stops ingest whatever the source does: a quiet
                 // upstream would otherwise keep this waiting, and the process looking alive.
-                let fed = tokio::select! {
-                    r = &mut source => r
-                        .unwrap_or_else(|e| Err(anyhow::Error::from(e).context("ingest source task"))),
-                    _ = failed.wait_for(Option::is_some) => {
-                        source.abort();
-                        Ok(())
-                    }
-                };
+                let fed = source_outcome(&mut source, &mut failed).await;
                 let joined = tokio::task::spawn_blocking(move || handle.join()).await;
                 app.ingest_finished.store(true, Relaxed);
                 match (fed, joined) {
@@ -745,6 +738,35 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         ingest_done,
         source: source_rt,
     })
+}
+
+/// How the source ended, as `serve` must report it: waits for the source, or for a pipeline
+/// thread's failure (which stops ingest whatever the source does: the source is aborted and the
+/// pipeline's own error is the one `join` gives).
+///
+/// The pipeline also ends without failing when its channel closes, which only the source's end
+/// does: the source drops its sender as it returns, a moment before its task's result is ready.
+/// That end of the watch is not a failure, and it is not the source's result either: the result
+/// is awaited. Taking it for a finished source turned a failed upstream into `ingest finished
+/// frames=0` with the server still serving (seen about once in ten starts).
+async fn source_outcome(
+    source: &mut tokio::task::JoinHandle<anyhow::Result<()>>,
+    failed: &mut tokio::sync::watch::Receiver<Option<String>>,
+) -> anyhow::Result<()> {
+    let result = |r: Result<anyhow::Result<()>, tokio::task::JoinError>| {
+        r.unwrap_or_else(|e| Err(anyhow::Error::from(e).context("ingest source task")))
+    };
+    let pipeline_failed = tokio::select! {
+        biased;
+        r = &mut *source => return result(r),
+        w = failed.wait_for(Option::is_some) => w.is_ok(),
+    };
+    if pipeline_failed {
+        source.abort();
+        Ok(())
+    } else {
+        result(source.await)
+    }
 }
 
 /// The connection limits under the open-file limit, raised first to the hard one
@@ -846,6 +868,36 @@ pub async fn feed_file(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The race behind a server that kept serving after its upstream failed: the pipeline's
+    /// watch closes (the source dropped its sender) before the source's result is ready. The
+    /// source's error must win, every time; a real pipeline failure still stops the source.
+    #[tokio::test]
+    async fn a_source_error_is_not_taken_for_a_finished_source() {
+        for _ in 0..50 {
+            let (tx, mut failed) = tokio::sync::watch::channel(None::<String>);
+            let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+            let mut source = tokio::spawn(async move {
+                let _ = go_rx.await;
+                tokio::task::yield_now().await;
+                Err::<(), _>(anyhow::anyhow!("upstream refused"))
+            });
+            // The pipeline ends first, as it does when the channel closes.
+            drop(tx);
+            go_tx.send(()).unwrap();
+            let r = source_outcome(&mut source, &mut failed).await;
+            assert_eq!(r.unwrap_err().to_string(), "upstream refused");
+        }
+        let (tx, mut failed) = tokio::sync::watch::channel(None::<String>);
+        let mut source = tokio::spawn(std::future::pending::<anyhow::Result<()>>());
+        tx.send_replace(Some("ingest-writer: disk full".into()));
+        assert!(source_outcome(&mut source, &mut failed).await.is_ok());
+        assert!(source.await.unwrap_err().is_cancelled());
+        // A source that ends well is a finished source.
+        let (_tx, mut failed) = tokio::sync::watch::channel(None::<String>);
+        let mut source = tokio::spawn(async { Ok(()) });
+        assert!(source_outcome(&mut source, &mut failed).await.is_ok());
+    }
 
     fn args(a: &[&str]) -> Vec<std::ffi::OsString> {
         a.iter().map(Into::into).collect()
