@@ -13,6 +13,8 @@
 //!   same events a single node serves.
 //! - Three brokers (replication 3, min.insync.replicas 2), one killed with SIGKILL: ingest and
 //!   serving go on.
+//! - Each event's `.jss` row travels with it: an edge seals row blocks, as the ingest node does,
+//!   and replays them byte for byte.
 //!
 //! Kafka needs java, mvn and python3. Where they are not available, set `RIPTIDE_NO_KAFKA=1` to
 //! skip these tests (loudly); under `CI` they always run. `RIPTIDE_KAFKA_BOOTSTRAP=host:port`
@@ -628,6 +630,61 @@ fn ingest_nodes_killed_again_and_again_lose_and_duplicate_nothing() {
     // The standby still waiting is killed on drop.
     drop(leader);
     drop(waiting);
+}
+
+/// One copy of the data on every node (issue 38): the ingest node publishes each event's `.jss`
+/// row beside its JSON (`riptide-row`), so an edge's store seals row blocks as the ingest node's
+/// does — the blocks archive segments are sealed from — not JSON blocks; restarted (its
+/// in-memory tail empty), the edge replays from those rows byte for byte what the ingest node
+/// serves, on both wires.
+#[test]
+fn an_edge_seals_the_ingest_nodes_rows_and_replays_them_byte_for_byte() {
+    if !enabled() {
+        return;
+    }
+    let tmp = common::scratch();
+    let (frames, docs) = generated(tmp.path(), 4500);
+    let kafka = Cluster::one_broker();
+    let url = format!("{}?partitions=3", kafka.url(&topic("rows")));
+    let (_relay, relay_url) = relay(&frames, None);
+    let (_ingest, ingest_addr) = common::spawn_serve(&mut ingest_node(
+        &tmp.path().join("ingest"),
+        &relay_url,
+        &docs,
+        &url,
+    ));
+    common::wait_for(&ingest_addr, "riptide_upstream_seq", 4500.0);
+    let stored = metric(&ingest_addr, "riptide_log_next_seq") - 1.0;
+    assert!(stored > 4096.0, "{stored} events: no block would seal");
+    let edge_dir = tmp.path().join("edge");
+    let (e, edge_addr) = edge(&edge_dir, &url);
+    common::wait_for(&edge_addr, "riptide_log_next_seq", stored + 1.0);
+    drop(e); // SIGKILL: what it stored is what its batches committed
+    let check = common::riptide(&["store", "check", "--data", s(&edge_dir), "--json"]);
+    assert!(check.status.success(), "{}", common::stderr(&check));
+    let c: Value = serde_json::from_slice(&check.stdout).unwrap();
+    let (blocks, rows) = (
+        c["blocks"].as_u64().unwrap(),
+        c["row_blocks"].as_u64().unwrap(),
+    );
+    assert!(
+        blocks >= 1 && rows == blocks,
+        "the edge sealed JSON blocks: {c}"
+    );
+    let (_e, edge_addr) = edge(&edge_dir, &url);
+    let rt = rt();
+    let want = rt.block_on(v1_all_from(&ingest_addr, 0));
+    assert!(want.len() > 4096);
+    assert_same(
+        &rt.block_on(v1_all_from(&edge_addr, 0)),
+        &want,
+        "edge from rows",
+    );
+    let n = stored as usize;
+    assert_eq!(
+        rt.block_on(v2_texts(&edge_addr, n)),
+        rt.block_on(v2_texts(&ingest_addr, n))
+    );
 }
 
 #[test]

@@ -190,14 +190,42 @@ fn parse(m: &rdkafka::message::BorrowedMessage<'_>) -> Result<TopicEvent, BadRec
         .ok_or_else(|| bad("no DID key"))?
         .to_owned();
     let json = bytes::Bytes::copy_from_slice(m.payload().ok_or_else(|| bad("no value"))?);
-    Ok(TopicEvent {
+    let row = header(m, record::H_ROW).map(bytes::Bytes::copy_from_slice);
+    let e = TopicEvent {
         seq,
         time_us,
         kind,
         did,
         collection,
         json,
-    })
+        row,
+    };
+    e.row().map_err(bad)?;
+    Ok(e)
+}
+
+/// Appends `got` (as `events`) to `store` with the batch's account states and resync changes:
+/// as rows when every event came with its row (the store seals them into row blocks, as the
+/// ingest node's store does), else as JSON alone, as before `riptide-row` existed.
+fn append_events(
+    store: &Store,
+    events: &[Event],
+    got: &[TopicEvent],
+    accounts: &[(Box<str>, riptide_firehose::chain::AccountState)],
+    pending: &[riptide_store::store::PendingChange],
+    resume: &Resume,
+) -> Result<(), KafkaError> {
+    // Checked when the record was read (`parse`), so a failure here is not expected; if it
+    // happens anyway the batch goes in as JSON, which reads the same.
+    let rows: Option<Vec<riptide_segment::Row<'_>>> =
+        got.iter().map(|e| e.row().ok().flatten()).collect();
+    match rows {
+        Some(rows) if rows.len() == events.len() => {
+            store.append_rows(events, &rows, accounts, pending, resume)?
+        }
+        _ => store.append_with_pending(events, accounts, pending, resume)?,
+    }
+    Ok(())
 }
 
 /// The batch records of the batch topic from timestamp `ts_ms` (or its beginning) to its end.
@@ -578,7 +606,7 @@ impl Follower {
 
 /// What a held record counts for against [`AheadLimits::bytes`].
 fn held_bytes(e: &TopicEvent) -> usize {
-    e.json.len() + e.did.len() + e.collection.len() + 64
+    e.json.len() + e.row.as_ref().map_or(0, |r| r.len()) + e.did.len() + e.collection.len() + 64
 }
 
 /// The stored form of an event, with its JSON compressed by `compressor` (the local dictionary,
@@ -669,9 +697,11 @@ pub fn catch_up(
     }
     let mut zbuf = Vec::new();
     let mut events = Vec::new();
+    let mut read = Vec::new();
     let mut applied = local;
     for b in todo {
         events.clear();
+        read.clear();
         while follower.next_seq() < b.resume.next_seq {
             let want = (b.resume.next_seq - follower.next_seq()) as usize;
             let got = follower.poll_batch(want, Duration::from_secs(60))?;
@@ -685,9 +715,10 @@ pub fn catch_up(
             for e in &got {
                 events.push(to_event(e, None, &mut zbuf)?);
             }
+            read.extend(got);
         }
         // With the batch's resync changes: what the publisher held, this store holds.
-        store.append_with_pending(&events, &b.accounts, &b.pending, &b.resume)?;
+        append_events(store, &events, &read, &b.accounts, &b.pending, &b.resume)?;
         metrics.kafka.caught_up_batches.fetch_add(1, Relaxed);
         applied = b.resume;
     }
@@ -831,7 +862,7 @@ pub fn run_edge_with(
         let last = &got[got.len() - 1];
         resume.next_seq = last.seq + 1;
         resume.last_time_us = last.time_us;
-        log.store().append(&events, resume)?;
+        append_events(log.store(), &events, &got, &[], &[], resume)?;
         log.publish(&events);
         metrics.frames_in.fetch_add(got.len() as u64, Relaxed);
         metrics.upstream_last_us.store(now, Relaxed);
@@ -900,6 +931,7 @@ mod tests {
                 did: "did:plc:mcc5yghbk7tixqryac2yxku7".into(),
                 collection: String::new(),
                 json: bytes::Bytes::copy_from_slice(json),
+                row: None,
             };
             let without = to_event(&e, None, &mut buf).unwrap();
             assert_eq!(without.zstd_len(), 0);

@@ -26,6 +26,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use riptide_firehose::chain::AccountState;
 use riptide_jetstream::EventKind;
+use riptide_segment::Row;
 use riptide_serve::{Event, Metrics, Publish, PublishError, Resume};
 use riptide_store::store::PendingChange;
 
@@ -125,6 +126,7 @@ impl KafkaPublisher {
     fn attempt(
         &self,
         events: &[Event],
+        rows: Option<&[Vec<u8>]>,
         pending: &[PendingChange],
         batch: &[u8],
         batch_ts: i64,
@@ -132,7 +134,7 @@ impl KafkaPublisher {
         self.producer.begin_transaction()?;
         let mut seq = itoa_buf();
         let mut time = itoa_buf();
-        for e in events {
+        for (i, e) in events.iter().enumerate() {
             let json = e.json();
             let did = e.did();
             let seq_s = fmt_u64(&mut seq, e.seq());
@@ -165,6 +167,12 @@ impl KafkaPublisher {
                         value: Some(rev),
                     });
                 }
+            }
+            if let Some(row) = rows.and_then(|r| r.get(i)) {
+                h = h.insert(Header {
+                    key: record::H_ROW,
+                    value: Some(&row[..]),
+                });
             }
             let rec = BaseRecord::to(&self.url.topic)
                 .key(did)
@@ -208,10 +216,16 @@ impl Publish for KafkaPublisher {
     fn publish(
         &mut self,
         events: &[Event],
+        rows: Option<&[Row<'_>]>,
         accounts: &[(Box<str>, AccountState)],
         pending: &[PendingChange],
         resume: &Resume,
     ) -> Result<(), PublishError> {
+        // Each event's row as the header carries it, or none for the whole batch (an edge
+        // stores a batch as rows only if every event has one, as the store does).
+        let rows: Option<Vec<Vec<u8>>> = rows
+            .filter(|r| r.len() == events.len())
+            .and_then(|r| r.iter().map(record::encode_row).collect());
         let batch = Batch {
             first_seq: events.first().map_or(resume.next_seq, Event::seq),
             resume: *resume,
@@ -232,7 +246,7 @@ impl Publish for KafkaPublisher {
             .store(riptide_serve::now_us(), Relaxed);
         loop {
             let t0 = Instant::now();
-            let e = match self.attempt(events, pending, &batch, ts) {
+            let e = match self.attempt(events, rows.as_deref(), pending, &batch, ts) {
                 Ok(()) => {
                     k.commit_seconds.observe(t0.elapsed());
                     k.transactions_committed.fetch_add(1, Relaxed);

@@ -6,7 +6,10 @@
 //! - Events topic `TOPIC`: one record per stored event, key = the DID, value = the Jetstream v1
 //!   JSON exactly as `/subscribe` sends it (`cursor` = seq, `time_us` stamped by the ingest
 //!   node), timestamp = `time_us / 1000` (CreateTime), headers [`H_SEQ`], [`H_TIME_US`],
-//!   [`H_KIND`], [`H_COLLECTION`] (commits), [`H_REV`] (commits), [`H_VERDICT`].
+//!   [`H_KIND`], [`H_COLLECTION`] (commits), [`H_REV`] (commits), [`H_VERDICT`], and [`H_ROW`]
+//!   (the event's Jetstream v2 `.jss` row, when the ingest node made one: what an edge's store
+//!   seals, so that edges keep rows, not JSON, and can seal the archive's segments as the
+//!   ingest node does).
 //! - Batch topic `TOPIC.cursor` (one partition): one record per ingest batch, in the same
 //!   transaction as the batch's events: key `cursor`, value [`Batch::encode`] (the seq range,
 //!   the upstream cursor, the chain state of the accounts the batch changed). Before it, in the
@@ -19,6 +22,7 @@
 use bytes::Bytes;
 use riptide_firehose::chain::{decode_state, encode_state, AccountState};
 use riptide_jetstream::EventKind;
+use riptide_segment::{decode_block, encode_block, Row};
 use riptide_serve::{Event, Resume};
 use riptide_store::store::PendingChange;
 
@@ -34,6 +38,12 @@ pub const H_COLLECTION: &str = "riptide-collection";
 pub const H_REV: &str = "riptide-rev";
 /// Header: `ok` (signature, proof and chain state verified) or `unverified` (`--no-verify`).
 pub const H_VERDICT: &str = "riptide-verdict";
+/// Header: the event's Jetstream v2 `.jss` row ([`encode_row`]): the uncompressed body of a
+/// one-row block (`riptide_segment::encode_block`), a commit's record as its signed DAG-CBOR.
+/// Present on every event of a batch whose events all had rows at the ingest node (layout 5),
+/// absent otherwise (a publisher older than the header, an event whose row a block cannot
+/// hold): then the edge stores that batch as JSON, as before.
+pub const H_ROW: &str = "riptide-row";
 
 /// The key of the batch records on the batch topic.
 pub const BATCH_KEY: &[u8] = b"cursor";
@@ -90,6 +100,22 @@ pub fn parse_i64(v: &[u8]) -> Option<i64> {
     std::str::from_utf8(v).ok()?.parse().ok()
 }
 
+/// [`H_ROW`]'s value for `row`, or `None` for a row a `.jss` block cannot hold (a column past
+/// its width).
+pub fn encode_row(row: &Row<'_>) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    encode_block(std::slice::from_ref(row), &mut out).ok()?;
+    Some(out)
+}
+
+/// The row of an [`H_ROW`] value, if it holds exactly one.
+pub fn decode_row(bytes: &[u8]) -> Option<Row<'_>> {
+    match decode_block(bytes).ok()?.as_slice() {
+        [row] => Some(*row),
+        _ => None,
+    }
+}
+
 /// One event read back from the events topic: what an edge stores.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopicEvent {
@@ -105,9 +131,35 @@ pub struct TopicEvent {
     pub collection: String,
     /// The v1 JSON (the value).
     pub json: Bytes,
+    /// The `.jss` row ([`H_ROW`]), checked by [`TopicEvent::row`] to hold this event's row.
+    pub row: Option<Bytes>,
 }
 
 impl TopicEvent {
+    /// The event's `.jss` row, if the record carried one. `Err` if it does not decode to
+    /// exactly one row, or to one of another seq, time, kind or DID than the record's headers
+    /// say (a damaged or foreign record).
+    pub fn row(&self) -> Result<Option<Row<'_>>, &'static str> {
+        let Some(bytes) = &self.row else {
+            return Ok(None);
+        };
+        let row = decode_row(bytes).ok_or("riptide-row is not one .jss row")?;
+        if row.seq != self.seq || row.display_time_us() != self.time_us || row.did != self.did {
+            return Err("riptide-row is not the record's event (seq, time or DID)");
+        }
+        use riptide_segment::Kind;
+        let kind = match row.kind {
+            Kind::Create | Kind::Update | Kind::Delete | Kind::CreateResync => EventKind::Commit,
+            Kind::Identity => EventKind::Identity,
+            Kind::Account => EventKind::Account,
+            Kind::Sync => EventKind::Sync,
+        };
+        if kind != self.kind {
+            return Err("riptide-row is of another kind than riptide-kind");
+        }
+        Ok(Some(row))
+    }
+
     /// The stored form, its zstd frame made with `compress` (an edge's own dictionary) if any.
     pub fn to_event(&self, zstd: &[u8]) -> Event {
         Event::encode(
@@ -275,6 +327,59 @@ impl Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `riptide-row`: a row survives its header, and a row that is not the record's own event
+    /// (another seq, time, DID or kind) or is damaged is refused, never stored.
+    #[test]
+    fn a_row_travels_in_its_header_and_must_be_the_records_event() {
+        let row = Row {
+            seq: 7,
+            witnessed_at: 1_700_000_000_000_001,
+            indexed_at: 0,
+            kind: riptide_segment::Kind::Create,
+            did: "did:plc:abc",
+            collection: "app.bsky.feed.like",
+            rkey: "3kabc",
+            rev: "3labc",
+            payload: &[0xa1, 0x61, 0x61, 0x01],
+        };
+        let bytes = encode_row(&row).unwrap();
+        let e = TopicEvent {
+            seq: 7,
+            time_us: 1_700_000_000_000_001,
+            kind: EventKind::Commit,
+            did: "did:plc:abc".into(),
+            collection: "app.bsky.feed.like".into(),
+            json: Bytes::from_static(b"{}"),
+            row: Some(Bytes::from(bytes.clone())),
+        };
+        assert_eq!(e.row(), Ok(Some(row)));
+        for bad in [
+            TopicEvent {
+                seq: 8,
+                ..e.clone()
+            },
+            TopicEvent {
+                time_us: 1,
+                ..e.clone()
+            },
+            TopicEvent {
+                did: "did:plc:other".into(),
+                ..e.clone()
+            },
+            TopicEvent {
+                kind: EventKind::Identity,
+                ..e.clone()
+            },
+            TopicEvent {
+                row: Some(Bytes::from(bytes[..bytes.len() - 1].to_vec())),
+                ..e.clone()
+            },
+        ] {
+            assert!(bad.row().is_err(), "{bad:?}");
+        }
+        assert_eq!(TopicEvent { row: None, ..e }.row(), Ok(None));
+    }
 
     #[test]
     fn a_batch_round_trips_and_damage_is_an_error() {

@@ -1288,10 +1288,6 @@ fn write(
         }));
         pending.clear();
         crate::faults::ingest_panic();
-        if let Some(p) = publisher.as_mut() {
-            // Before the store: the external log is never behind it (crate::publish).
-            p.publish(&events, &state_list, &pending_list, &resume)?;
-        }
         let rows: Option<Vec<Row<'_>>> = all_rows.then(|| {
             let text = |r: &Range<usize>| std::str::from_utf8(&row_buf[r.clone()]).unwrap_or("");
             events
@@ -1310,6 +1306,16 @@ fn write(
                 })
                 .collect()
         });
+        if let Some(p) = publisher.as_mut() {
+            // Before the store: the external log is never behind it (crate::publish).
+            p.publish(
+                &events,
+                rows.as_deref(),
+                &state_list,
+                &pending_list,
+                &resume,
+            )?;
+        }
         append_until_stored(
             &log,
             &metrics,

@@ -17,20 +17,24 @@
 //! and never served.
 
 use riptide_firehose::chain::AccountState;
+use riptide_segment::Row;
 
 use crate::Event;
 use riptide_store::store::{PendingChange, Resume};
 
 /// Where verified batches are published before they are stored.
 pub trait Publish: Send + std::fmt::Debug {
-    /// Publishes one batch atomically: `events` (in seq order), the chain states of the accounts
-    /// its frames changed, its changes to the resync partition (`pending`, in the order the store
-    /// applies them), and `resume`, the position after it. Retries transient failures itself; an
-    /// error is final (e.g. another ingest node took over) and stops ingest before the batch is
-    /// stored.
+    /// Publishes one batch atomically: `events` (in seq order), each event's `.jss` row when
+    /// ingest made one for every event of the batch (`rows`, one per event, as the store gets
+    /// them: what a store of layout 5 seals into row blocks, so that a node reading the external
+    /// log stores rows too, not only JSON), the chain states of the accounts its frames changed,
+    /// its changes to the resync partition (`pending`, in the order the store applies them), and
+    /// `resume`, the position after it. Retries transient failures itself; an error is final
+    /// (e.g. another ingest node took over) and stops ingest before the batch is stored.
     fn publish(
         &mut self,
         events: &[Event],
+        rows: Option<&[Row<'_>]>,
         accounts: &[(Box<str>, AccountState)],
         pending: &[PendingChange],
         resume: &Resume,
