@@ -12,6 +12,8 @@
 //!   directory, did:web), both directions checked ([`Resolver::identity`]).
 //! - the cache (inside [`Resolver`]): LRU-bounded, TTL, negative entries, [`Resolver::invalidate`]
 //!   on `#identity`, one network request for a burst of lookups of one DID.
+//! - [`plc_pause`]: a `429` of the PLC directory pauses every `did:plc` lookup of the resolver
+//!   until the time it asked for, and the lookup asks again ([`Resolver::plc_rate_limited`]).
 //! - [`ResolverKeys`] / [`verify_resolving`]: keys for the synchronous firehose verifier (warm the
 //!   cache, then verify; see [`keys`] for why and what happens on a miss);
 //!   [`DocKeys`]: the same from a static set of DID documents.
@@ -23,6 +25,7 @@
 mod cache;
 mod error;
 pub mod keys;
+pub mod plc_pause;
 mod resolver;
 pub mod resync;
 pub mod trust;

@@ -24,7 +24,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use futures_util::FutureExt;
 use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig as DnsConfig, ResolverOpts};
@@ -109,6 +109,7 @@ pub(crate) struct Inner {
     pub(crate) http: reqwest::Client,
     dns: tokio::sync::OnceCell<Result<TokioAsyncResolver, String>>,
     pub(crate) cache: DocCache,
+    plc_pause: crate::plc_pause::PlcPause,
 }
 
 /// Resolves handles and DIDs, with a shared, coalescing document cache. Cheap to clone (one
@@ -193,6 +194,7 @@ impl Resolver {
                 http,
                 dns: tokio::sync::OnceCell::new(),
                 cache,
+                plc_pause: Default::default(),
             }),
         })
     }
@@ -200,6 +202,12 @@ impl Resolver {
     /// The configuration.
     pub fn config(&self) -> &ResolverConfig {
         &self.inner.cfg
+    }
+
+    /// `429`s the PLC directory has answered this resolver (each waited out by every lookup:
+    /// [`crate::plc_pause`]).
+    pub fn plc_rate_limited(&self) -> u64 {
+        self.inner.plc_pause.count()
     }
 
     /// The HTTP client (shared connection pool), for fetches that follow resolution.
@@ -484,7 +492,21 @@ impl Inner {
         let did = Did::parse(did).map_err(|_| ResolveError::InvalidDid(did.to_owned()))?;
         let url = self.doc_url(&did)?;
         tracing::debug!(did = did.as_str(), url, "fetching DID document");
-        let resp = self.http.get(&url).send().await.map_err(|e| net(&url, e))?;
+        let plc = did.method() == "plc";
+        let mut waits = 0;
+        let resp = loop {
+            if plc {
+                self.plc_pause.wait().await;
+            }
+            let resp = self.http.get(&url).send().await.map_err(|e| net(&url, e))?;
+            if plc && resp.status().as_u16() == 429 && waits < crate::plc_pause::MAX_WAITS {
+                let asked = crate::resync::rate_limit_wait(resp.headers(), SystemTime::now());
+                self.plc_pause.rate_limited(&url, asked);
+                waits += 1;
+                continue;
+            }
+            break resp;
+        };
         let status = resp.status().as_u16();
         match status {
             200 => {}

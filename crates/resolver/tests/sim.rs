@@ -294,3 +294,60 @@ async fn real_capture_verifies_with_resolved_keys() {
     v.forget_key(&missed[0]);
     assert_eq!(v.verify(first.bytes), Verdict::Ok);
 }
+
+/// A `429` of the PLC directory is waited out, not taken for a failed lookup: every third
+/// answer of the sim is a `429` with `Retry-After: 1`; twelve accounts looked up at once all
+/// resolve, each `429` paused every lookup (so the run takes at least a second per pause, and
+/// the directory is not asked again during one), and the resolver counts them. A directory that
+/// answers nothing but `429` fails a lookup as before (transient) once it has waited out
+/// `MAX_WAITS` of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_plc_directory_is_waited_out_by_every_lookup() {
+    let accounts: Vec<_> = (1..=12)
+        .map(|i| fixture::account(i, &format!("a{i}.test"), 1))
+        .collect();
+    let sim = spawn(Network::new(accounts.iter().map(|a| a.doc.clone()), []).unwrap()).await;
+    sim.sim.set_faults(Faults {
+        rate_limit_every: 3,
+        rate_limit_retry_after: Some(1),
+        ..Faults::default()
+    });
+    let r = resolver(&sim);
+    let t0 = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for a in &accounts {
+        let (r, did) = (r.clone(), a.did.clone());
+        tasks.push(tokio::spawn(async move { r.resolve_did(&did).await }));
+    }
+    for (t, a) in tasks.into_iter().zip(&accounts) {
+        let doc = t.await.unwrap().unwrap();
+        assert_eq!(doc.did().as_str(), a.did);
+    }
+    let limited = Counters::get(&sim.sim.counters().errors_injected);
+    assert!(
+        limited >= 4,
+        "every third of at least 12 requests: {limited}"
+    );
+    assert_eq!(r.plc_rate_limited(), limited);
+    assert!(
+        t0.elapsed() >= Duration::from_secs(1),
+        "the lookups did not wait: {:?}",
+        t0.elapsed()
+    );
+
+    sim.sim.set_faults(Faults {
+        rate_limit_every: 1,
+        rate_limit_retry_after: Some(0),
+        ..Faults::default()
+    });
+    let fresh = resolver(&sim);
+    let e = fresh.resolve_did(&accounts[0].did).await.unwrap_err();
+    assert!(
+        matches!(e, ResolveError::Status { status: 429, .. }) && e.is_transient(),
+        "{e}"
+    );
+    assert_eq!(
+        fresh.plc_rate_limited(),
+        u64::from(riptide_resolver::plc_pause::MAX_WAITS)
+    );
+}
