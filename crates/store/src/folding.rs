@@ -276,7 +276,19 @@ impl Folding {
             .name("riptide-compaction".into())
             .spawn(move || {
                 while w.wait(config.interval) {
-                    run_once(&folder, &counts, &recovered, &on_rewritten);
+                    // A bug in a pass must not end folding for the life of the process: it is
+                    // said and counted as a failure, and the next request tries again.
+                    let once = std::panic::AssertUnwindSafe(|| {
+                        run_once(&folder, &counts, &recovered, &on_rewritten)
+                    });
+                    if std::panic::catch_unwind(once).is_err() {
+                        counts.failures.fetch_add(1, Relaxed);
+                        say(
+                            "compaction pass panicked (retried at the next request or interval)",
+                            "riptide_compaction_failures_total",
+                            &"see the panic message above",
+                        );
+                    }
                 }
             })
             .map_err(|e| StoreError::Folding(CompactError::Thread(e)))?;

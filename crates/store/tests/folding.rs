@@ -474,3 +474,47 @@ fn the_interval_runs_passes_unasked_and_a_failing_pass_is_counted_and_retried() 
     let (dropped, _) = check_fold(dir.path(), &originals, &derive_independently(&rows));
     assert_eq!(st.rows_dropped as usize, dropped);
 }
+
+#[test]
+fn open_recovers_what_a_pass_left_and_a_failed_recovery_holds_passes_until_it_succeeds() {
+    let evs = stream();
+    let dir = tempfile::tempdir().unwrap();
+    let originals = {
+        let (s, _) = Store::<Utf8Text>::open_with(dir.path(), 0, opts()).unwrap();
+        append(&s, evs, 64);
+        with_segments(&s, dir.path(), evs, 0)
+    };
+    // What a pass killed after writing its file to tmp/ leaves; and a segment file gone.
+    let tmp = dir.path().join("segments/tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let left = tmp.join(format!("{}.compact", riptide_segment::segment_name(1)));
+    std::fs::write(&left, b"half a segment").unwrap();
+    let second = dir
+        .path()
+        .join("segments")
+        .join(riptide_segment::segment_name(1));
+    std::fs::rename(&second, dir.path().join("aside")).unwrap();
+
+    let (s, _) = Store::<Utf8Text>::open_with(dir.path(), 0, opts()).unwrap();
+    // Recovery stopped at the missing file (entries in order: tmp/ was cleaned first).
+    assert!(!left.exists());
+    assert_eq!(s.folding_stats().failures, 1);
+    s.start_compaction(
+        CompactionConfig {
+            interval: Duration::from_millis(50),
+        },
+        |_| {},
+    )
+    .unwrap();
+    let st = wait_for(&s, "recoveries retried", |st| st.failures >= 3);
+    assert_eq!(
+        (st.passes, st.rows_dropped),
+        (0, 0),
+        "no pass before recovery"
+    );
+    std::fs::rename(dir.path().join("aside"), &second).unwrap();
+    let st = wait_for(&s, "a pass once recovered", |st| st.passes >= 1);
+    let rows: Vec<OwnedRow> = evs.iter().map(|(_, r)| r.clone()).collect();
+    let (dropped, _) = check_fold(dir.path(), &originals, &derive_independently(&rows));
+    assert_eq!(st.rows_dropped as usize, dropped);
+}
