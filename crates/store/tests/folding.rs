@@ -7,6 +7,7 @@
 //! the prune and folds at the next pass.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
 #[path = "../../segment/tests/common/independent.rs"]
 mod independent;
 
@@ -15,11 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use riptide_cbor::{write_bool, write_int, write_map_header, write_text};
 use riptide_firehose::FrameDecoder;
 use riptide_jetstream::{EventKind, EventRowKind, Projector, StoredRow};
-use riptide_segment::{write_segment, Kind, OwnedRow, Row, Segment};
-use riptide_store::catalog::SegmentEntry;
+use riptide_segment::{Kind, OwnedRow, Row};
 use riptide_store::compact::CrashPoint;
 use riptide_store::folding::{CompactionConfig, FoldingStats};
 use riptide_store::{Event, Resume, Store, StoreOptions, Utf8Text};
@@ -28,23 +27,6 @@ const BLOCK_ROWS: usize = 150;
 const SEGMENT_BLOCKS: usize = 6;
 /// Long enough under load (2 busy cores) for a pass over a few segments.
 const PATIENCE: Duration = Duration::from_secs(180);
-
-/// An `#account` payload in DAG-CBOR's key order.
-fn account(did: &str, active: bool, status: &str) -> Vec<u8> {
-    let mut out = Vec::new();
-    write_map_header(&mut out, 5);
-    write_text(&mut out, "did");
-    write_text(&mut out, did);
-    write_text(&mut out, "seq");
-    write_int(&mut out, 1);
-    write_text(&mut out, "time");
-    write_text(&mut out, "2026-11-28T00:00:00Z");
-    write_text(&mut out, "active");
-    write_bool(&mut out, active);
-    write_text(&mut out, "status");
-    write_text(&mut out, status);
-    out
-}
 
 fn time_of(seq: u64) -> i64 {
     1_764_000_000_000_000 + seq as i64 * 1_000
@@ -79,7 +61,7 @@ fn stream() -> &'static [(Event, OwnedRow)] {
                     .enumerate()
                     .map(|(n, d)| {
                         let status = if n < 3 { "deleted" } else { "deactivated" };
-                        (d.clone(), account(d, false, status))
+                        (d.clone(), common::account(d, false, status))
                     })
                     .collect();
                 for (did, payload) in &payloads {
@@ -210,19 +192,14 @@ fn ingest_writes_exactly_the_tombstones_an_independent_derivation_says() {
 /// A store that ingested `evs`, and segment files of the same rows under `DATA/segments` named
 /// by entries (what sealing will make). Returns each file's original bytes.
 fn with_segments(s: &Store, dir: &Path, evs: &[(Event, OwnedRow)], first: u32) -> Vec<Vec<u8>> {
-    std::fs::create_dir_all(dir.join("segments")).unwrap();
     let rows: Vec<Row<'_>> = evs.iter().map(|(_, r)| r.as_row()).collect();
-    let mut files = Vec::new();
-    for (i, seg_rows) in rows.chunks(BLOCK_ROWS * SEGMENT_BLOCKS).enumerate() {
-        let blocks: Vec<&[Row<'_>]> = seg_rows.chunks(BLOCK_ROWS).collect();
-        let file = write_segment(&blocks).unwrap();
-        let seg = Segment::open(&file).unwrap();
-        let entry = SegmentEntry::from_header(first + i as u32, seg.header(), 0);
-        std::fs::write(dir.join("segments").join(entry.name()), &file).unwrap();
-        s.put_segment_entry_for_tests(&entry);
-        files.push(file);
-    }
-    files
+    common::write_segments(
+        &dir.join("segments"),
+        &rows,
+        first,
+        (BLOCK_ROWS, SEGMENT_BLOCKS),
+        |e| s.put_segment_entry_for_tests(e),
+    )
 }
 
 /// Checks every file (segment `i` is `originals[i]`) against the independent fold with
