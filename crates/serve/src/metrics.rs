@@ -52,6 +52,64 @@ pub(crate) fn render_store_integrity(s: &mut String, st: riptide_store::store::I
     }
 }
 
+/// Folding's counters (issue 38, `riptide_store::folding`): the compaction thread's passes over
+/// the sealed segments, and the tombstones the ingest batches write and the writer prunes. Kept
+/// by the store (its thread and its writer do the work) and written here.
+pub(crate) fn render_store_folding(s: &mut String, st: riptide_store::folding::FoldingStats) {
+    for (name, kind, help, v) in [
+        (
+            "riptide_compaction_passes_total",
+            "counter",
+            "Compaction passes over the sealed segments that ended (with or without rows to fold).",
+            st.passes,
+        ),
+        (
+            "riptide_compaction_failures_total",
+            "counter",
+            "Compaction passes, recoveries at open and tombstone prunes that failed (each retried; the log says why).",
+            st.failures,
+        ),
+        (
+            "riptide_compaction_rows_dropped_total",
+            "counter",
+            "Rows folded out of sealed segments (superseded by a later update, delete, #sync or account deletion).",
+            st.rows_dropped,
+        ),
+        (
+            "riptide_compaction_segments_rewritten_total",
+            "counter",
+            "Sealed segment files rewritten by compaction (each a new generation, a new ETag).",
+            st.segments_rewritten,
+        ),
+        (
+            "riptide_compaction_seq",
+            "gauge",
+            "Every sealed row up to this seq is folded (meta.compaction_seq).",
+            st.compaction_seq,
+        ),
+        (
+            "riptide_store_tombstones",
+            "gauge",
+            "Tombstones held for the next compaction pass (approximate: fjall's count).",
+            st.tombstones,
+        ),
+        (
+            "riptide_store_tombstones_pruned_total",
+            "counter",
+            "Tombstones removed once a pass had folded every row below them.",
+            st.tombstones_pruned,
+        ),
+        (
+            "riptide_store_tombstone_errors_total",
+            "counter",
+            "Rows stored without the tombstone they may carry (an #account payload that does not decode): their account is not folded.",
+            st.tombstone_errors,
+        ),
+    ] {
+        sample(s, name, kind, help, v);
+    }
+}
+
 const DROPS: [DropReason; 6] = [
     DropReason::InvalidDid,
     DropReason::InvalidRev,

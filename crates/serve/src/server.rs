@@ -438,6 +438,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
         crate::metrics::sample(&mut text, name, kind, help, v);
     }
     crate::metrics::render_store_integrity(&mut text, app.log.store().integrity_stats());
+    crate::metrics::render_store_folding(&mut text, app.log.store().folding_stats());
     app.v2.render_metrics(&app.metrics, &mut text);
     app.archive.render_metrics(&mut text);
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()

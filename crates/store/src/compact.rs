@@ -82,6 +82,9 @@ pub enum CompactError {
         /// Why.
         source: riptide_segment::Error,
     },
+    /// The compaction thread could not be started.
+    #[error("compaction: starting its thread: {0}")]
+    Thread(std::io::Error),
     /// A test's crash point was reached ([`Folder::crash_at`]).
     #[error("compaction: stopped at {0:?} (test crash point)")]
     Crashed(CrashPoint),
@@ -181,6 +184,11 @@ impl Folder {
     /// The tombstones partition (the ingest batch writes through it).
     pub fn tombstones(&self) -> &Tombstones {
         &self.tombstones
+    }
+
+    /// The directory of the segment files.
+    pub fn segments_dir(&self) -> &Path {
+        &self.dir
     }
 
     /// The segments partition.

@@ -14,12 +14,15 @@
 //! - [`lock`]: one process per data directory;
 //! - [`tombstones`], [`catalog`], [`compact`]: folding the sealed `.jss` segments (issue 38): the
 //!   tombstones an ingest batch writes, the `segments` entries, and the compaction pass;
+//! - [`folding`]: where the store runs them: tombstones in the ingest batch, the writer's
+//!   pruning, the compaction thread and its counters;
 //! - `testing` (feature `testing`, for dev-dependencies): what tests of the store and of its
 //!   users share.
 
 pub mod catalog;
 pub mod compact;
 pub mod event;
+pub mod folding;
 pub mod lock;
 mod rows;
 pub mod store;

@@ -294,6 +294,9 @@ pub enum StoreError {
         /// The layout found.
         found: u64,
     },
+    /// Folding could not be set up at open, or its thread started (`crate::folding`).
+    #[error(transparent)]
+    Folding(#[from] crate::compact::CompactError),
     /// The data directory was written by an older riptide whose store layout this one does not
     /// read as it is.
     #[error("the data directory {path} was written by an older riptide (store layout {found}, this one writes {LAYOUT_VERSION}); {}", if *found == 2 { "convert it once with `riptide serve --migrate-store` (same --data; rewrites its events into compressed blocks) or start with a new --data directory" } else { "start with a new --data directory" })]
@@ -560,6 +563,9 @@ pub struct Store<T = Utf8Text> {
     /// The acknowledged high-water mark's file (module docs, "Journal").
     acked: Arc<Acked>,
     options: StoreOptions,
+    /// Tombstones, pruning and the compaction thread (`crate::folding`); before `_lock`, so that
+    /// the thread is joined before the directory is released.
+    pub(crate) folding: Arc<crate::folding::Folding>,
     /// This process's hold on the data directory (`crate::lock`), released with the last clone.
     _lock: Arc<crate::lock::DirLock>,
 }
@@ -1282,6 +1288,7 @@ impl<T: Text> Store<T> {
         } = Self::partitions(&ks).map_err(fj)?;
         let floor = meta.get(FLOOR).map_err(fj)?.map_or(0, |v| be64(&v));
         let (acked, said) = Acked::open(dir);
+        let folding = Arc::new(crate::folding::Folding::open(&ks, dir)?);
         let store = Store {
             path,
             ks,
@@ -1306,6 +1313,7 @@ impl<T: Text> Store<T> {
             integrity: Arc::default(),
             acked: Arc::new(acked),
             options,
+            folding,
             _lock: Arc::new(dir_lock),
         };
         let get = |k: &[u8]| store.meta.get(k).map_err(|e| store.err(e));
@@ -1805,7 +1813,13 @@ impl<T: Text> Store<T> {
             }
         };
         let _writing = lock(&self.writing);
+        // Between batches, on the writer's side (`crate::folding`).
+        self.folding.prune();
         let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        if let Some(rows) = &rows {
+            let rows: Vec<Row<'_>> = rows.iter().map(|(r, _)| *r).collect();
+            self.folding.write_tombstones(&mut b, &rows);
+        }
         for (k, v) in progress {
             b.insert(&self.backfill, k.as_bytes(), v.as_slice());
         }

@@ -91,6 +91,24 @@ impl Tombstone {
 pub fn derive<'r>(
     rows: impl IntoIterator<Item = &'r Row<'r>>,
 ) -> Result<Vec<Tombstone>, TombstoneError> {
+    let mut first = None;
+    let out = derive_each(rows, |e| {
+        first.get_or_insert(e);
+    });
+    match first {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// [`derive()`] for a batch that is stored whatever its rows hold (the ingest batch): a row whose
+/// tombstone cannot be derived (an `#account` payload that does not decode) is handed to `bad`
+/// and creates none, and every other row's tombstone is still derived. The caller counts and
+/// says each: that row's account stays unfolded (its earlier rows are kept, never dropped).
+pub fn derive_each<'r>(
+    rows: impl IntoIterator<Item = &'r Row<'r>>,
+    mut bad: impl FnMut(TombstoneError),
+) -> Vec<Tombstone> {
     let mut out: Vec<Tombstone> = Vec::new();
     let mut at: HashMap<Vec<u8>, usize> = HashMap::new();
     let mut arena = Arena::new();
@@ -98,7 +116,14 @@ pub fn derive<'r>(
         let t = match r.kind {
             Kind::Update | Kind::Delete => Tombstone::record(r.did, r.collection, r.rkey, r.seq),
             Kind::Sync => Tombstone::did(r.did, r.seq),
-            Kind::Account if account_deleted(&mut arena, r)? => Tombstone::did(r.did, r.seq),
+            Kind::Account => match account_deleted(&mut arena, r) {
+                Ok(true) => Tombstone::did(r.did, r.seq),
+                Ok(false) => continue,
+                Err(e) => {
+                    bad(e);
+                    continue;
+                }
+            },
             _ => continue,
         };
         match at.get(&t.key) {
@@ -109,7 +134,7 @@ pub fn derive<'r>(
             }
         }
     }
-    Ok(out)
+    out
 }
 
 /// [`derive()`] for an ingest batch's [`StoredRow`]s paired with the seqs they are stored under.
@@ -251,19 +276,26 @@ impl Tombstones {
         }
     }
 
-    /// Every tombstone whose seq is above `seq`: what a pass with `compaction_seq = seq` applies
-    /// (one scan of the partition; the pass's memory is that of the tombstones it returns).
-    pub fn above(&self, seq: u64) -> Result<Snapshot, TombstoneError> {
-        let mut snap = Snapshot::default();
-        for kv in self.part.iter() {
+    /// Every entry of the partition, in key order, decoded.
+    fn scan(&self) -> impl Iterator<Item = Result<Tombstone, TombstoneError>> + '_ {
+        self.part.iter().map(|kv| {
             let (k, v) = kv?;
             let at = <[u8; 8]>::try_from(&v[..]).map_err(|_| TombstoneError::Malformed {
                 key: String::from_utf8_lossy(&k).into_owned(),
             })?;
-            let t = Tombstone {
+            Ok(Tombstone {
                 key: k.to_vec(),
                 seq: u64::from_be_bytes(at),
-            };
+            })
+        })
+    }
+
+    /// Every tombstone whose seq is above `seq`: what a pass with `compaction_seq = seq` applies
+    /// (one scan of the partition; the pass's memory is that of the tombstones it returns).
+    pub fn above(&self, seq: u64) -> Result<Snapshot, TombstoneError> {
+        let mut snap = Snapshot::default();
+        for t in self.scan() {
+            let t = t?;
             if t.seq > seq {
                 snap.add(&t)?;
             }
@@ -278,18 +310,30 @@ impl Tombstones {
     pub fn prune(&self, ks: &Keyspace, compaction_seq: u64) -> Result<usize, TombstoneError> {
         let mut batch = ks.batch().durability(Some(fjall::PersistMode::SyncAll));
         let mut n = 0;
-        for kv in self.part.iter() {
-            let (k, v) = kv?;
-            let at = <[u8; 8]>::try_from(&v[..]).map_err(|_| TombstoneError::Malformed {
-                key: String::from_utf8_lossy(&k).into_owned(),
-            })?;
-            if u64::from_be_bytes(at) <= compaction_seq {
-                batch.remove(&self.part, k);
+        for t in self.scan() {
+            let t = t?;
+            if t.seq <= compaction_seq {
+                batch.remove(&self.part, t.key);
                 n += 1;
             }
         }
-        batch.commit()?;
+        if n > 0 {
+            batch.commit()?;
+        }
         Ok(n)
+    }
+
+    /// Every tombstone in the partition, in key order (one scan, all in memory: for tests and
+    /// checks, not for a large partition on a hot path).
+    pub fn all(&self) -> Result<Vec<Tombstone>, TombstoneError> {
+        self.scan().collect()
+    }
+
+    /// About how many tombstones the partition holds, without a scan (fjall's count of its
+    /// items, which counts a key written again more than once until its trees are compacted):
+    /// for `/metrics`.
+    pub fn approximate_len(&self) -> usize {
+        self.part.approximate_len()
     }
 
     /// Tombstones in the partition.
@@ -392,6 +436,39 @@ mod tests {
             matches!(e, TombstoneError::AccountPayload { seq: 7, .. }),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_damaged_account_payload_is_handed_over_and_the_other_rows_still_derive() {
+        let deleted = account("did:plc:b", false, Some("deleted"));
+        let rows = [
+            row(1, Kind::Update, "did:plc:a", "x", b""),
+            row(2, Kind::Account, "did:plc:c", "", b"\xa1"),
+            row(3, Kind::Account, "did:plc:b", "", &deleted),
+            row(4, Kind::Account, "did:plc:d", "", b"\xa0"),
+        ];
+        let mut bad = Vec::new();
+        let got = derive_each(rows.iter(), |e| bad.push(e));
+        assert_eq!(
+            got,
+            [
+                Tombstone::record("did:plc:a", "app.bsky.feed.like", "x", 1),
+                Tombstone::did("did:plc:b", 3),
+            ]
+        );
+        // The undecodable payload and the map without `active`, each said once.
+        let seqs: Vec<u64> = bad
+            .iter()
+            .map(|e| match e {
+                TombstoneError::AccountPayload { seq, .. } => *seq,
+                other => panic!("{other}"),
+            })
+            .collect();
+        assert_eq!(seqs, [2, 4]);
+        assert!(matches!(
+            derive(rows.iter()),
+            Err(TombstoneError::AccountPayload { seq: 2, .. })
+        ));
     }
 
     #[test]

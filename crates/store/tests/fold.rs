@@ -8,40 +8,22 @@
 //! [`Folder::recover`]) and folded again, to the same files.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
 #[path = "../../segment/tests/common/independent.rs"]
 mod independent;
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use riptide_cbor::{write_bool, write_int, write_map_header, write_text};
 use riptide_firehose::corpus::split_frames;
 use riptide_firehose::FrameDecoder;
 use riptide_jetstream::{EventRowKind, Projector, StoredRow};
-use riptide_segment::{write_segment, OwnedRow, Row, Segment};
-use riptide_store::catalog::SegmentEntry;
+use riptide_segment::{OwnedRow, Row, Segment};
 use riptide_store::compact::{CompactError, CrashPoint, Folder};
 use riptide_store::tombstones::derive_stored;
 
 const BLOCK_ROWS: usize = 150;
 const SEGMENT_BLOCKS: usize = 6;
-
-/// An `#account` payload saying the account is deleted, in DAG-CBOR's key order.
-fn deleted_account(did: &str) -> Vec<u8> {
-    let mut out = Vec::new();
-    write_map_header(&mut out, 5);
-    write_text(&mut out, "did");
-    write_text(&mut out, did);
-    write_text(&mut out, "seq");
-    write_int(&mut out, 1);
-    write_text(&mut out, "time");
-    write_text(&mut out, "2026-11-28T00:00:00Z");
-    write_text(&mut out, "active");
-    write_bool(&mut out, false);
-    write_text(&mut out, "status");
-    write_text(&mut out, "deleted");
-    out
-}
 
 /// The frames: the capture (when the corpus is there) then a generated stream; made once.
 fn frames() -> &'static [Vec<u8>] {
@@ -98,7 +80,7 @@ fn build(data: &Path) -> Vec<Vec<u8>> {
             // Three accounts that have rows are deleted, three quarters of the way in.
             let payloads: Vec<(String, Vec<u8>)> = dids[..3]
                 .iter()
-                .map(|d| (d.clone(), deleted_account(d)))
+                .map(|d| (d.clone(), common::account(d, false, "deleted")))
                 .collect();
             let stored: Vec<StoredRow<'_>> = payloads
                 .iter()
@@ -127,20 +109,18 @@ fn build(data: &Path) -> Vec<Vec<u8>> {
 
     let ks = fjall::Config::new(data.join("fjall")).open().unwrap();
     let folder = Folder::new(&ks, &data.join("segments")).unwrap();
-    std::fs::create_dir_all(data.join("segments")).unwrap();
     let rows: Vec<Row<'_>> = rows.iter().map(OwnedRow::as_row).collect();
-    let mut files = Vec::new();
-    for (index, seg_rows) in rows.chunks(BLOCK_ROWS * SEGMENT_BLOCKS).enumerate() {
-        let blocks: Vec<&[Row<'_>]> = seg_rows.chunks(BLOCK_ROWS).collect();
-        let file = write_segment(&blocks).unwrap();
-        let seg = Segment::open(&file).unwrap();
-        let entry = SegmentEntry::from_header(index as u32, seg.header(), 0);
-        std::fs::write(data.join("segments").join(entry.name()), &file).unwrap();
-        let mut b = ks.batch();
-        folder.catalog().put(&mut b, &entry);
-        b.commit().unwrap();
-        files.push(file);
-    }
+    let files = common::write_segments(
+        &data.join("segments"),
+        &rows,
+        0,
+        (BLOCK_ROWS, SEGMENT_BLOCKS),
+        |entry| {
+            let mut b = ks.batch();
+            folder.catalog().put(&mut b, entry);
+            b.commit().unwrap();
+        },
+    );
     for batch in tombstones.chunks(64) {
         let mut b = ks.batch();
         folder.tombstones().write(&mut b, batch);

@@ -531,8 +531,16 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     // The archive: sealed segments under DATA/segments/, verified at start (`archive.rs`).
     let sealed = riptide_serve::archive::SealedSegments::scan(&args.data.join("segments"))
         .with_context(|| format!("scanning {}", args.data.join("segments").display()))?;
+    let sealed = Arc::new(sealed);
+    // Folding (issue 38): the store's compaction thread; each file it rewrites is read again
+    // for the archive (a file that fails is refused there, said and counted).
+    let rewritten = sealed.clone();
+    log.store()
+        .start_compaction(Default::default(), move |path| {
+            let _ = rewritten.add(path);
+        })?;
     let archive = Arc::new(riptide_serve::archive::Archive::new(
-        Arc::new(sealed),
+        sealed,
         riptide_serve::archive::ArchiveConfig {
             token: args.archive_token.clone(),
             quota: args

@@ -1,0 +1,497 @@
+//! Folding wired into the store (issue 38): a generated stream with creates, updates, deletes,
+//! `#sync` and deleted accounts ingested through [`Store::append_rows`] leaves exactly the
+//! tombstones an independent derivation written here says; the store's compaction thread, asked
+//! or on its interval, folds segment files made from the same rows (as sealing makes them) to the
+//! independent fold of the original files (decoded by the format crate's second decoder); the
+//! writer prunes what a pass finished with, and a tombstone raised while a pass runs survives
+//! the prune and folds at the next pass.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+#[path = "../../segment/tests/common/independent.rs"]
+mod independent;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use riptide_firehose::FrameDecoder;
+use riptide_jetstream::{EventKind, EventRowKind, Projector, StoredRow};
+use riptide_segment::{Kind, OwnedRow, Row};
+use riptide_store::compact::CrashPoint;
+use riptide_store::folding::{CompactionConfig, FoldingStats};
+use riptide_store::{Event, Resume, Store, StoreOptions, Utf8Text};
+
+const BLOCK_ROWS: usize = 150;
+const SEGMENT_BLOCKS: usize = 6;
+/// Long enough under load (2 busy cores) for a pass over a few segments.
+const PATIENCE: Duration = Duration::from_secs(180);
+
+fn time_of(seq: u64) -> i64 {
+    1_764_000_000_000_000 + seq as i64 * 1_000
+}
+
+/// A generated stream's events with their rows, seqs from 1; three accounts that have rows are
+/// deleted and one deactivated three quarters of the way in. Made once.
+fn stream() -> &'static [(Event, OwnedRow)] {
+    static S: std::sync::OnceLock<Vec<(Event, OwnedRow)>> = std::sync::OnceLock::new();
+    S.get_or_init(|| {
+        let mut config = riptide_gen::Config::new(38, 60, 3_000);
+        config.threads = 2;
+        config.initial_records = (5, 40);
+        let mut net = riptide_gen::Network::new(config).unwrap();
+        let mut frames = Vec::new();
+        net.run(|f: &[u8]| -> Result<(), riptide_gen::GenError> {
+            frames.push(f.to_vec());
+            Ok(())
+        })
+        .unwrap();
+        let (mut dec, mut proj) = (FrameDecoder::new(), Projector::with_sync());
+        let (mut out, mut json, mut dids) = (Vec::new(), Vec::new(), Vec::<String>::new());
+        let mut push = |r: &StoredRow<'_>, proj: &mut Projector, out: &mut Vec<_>| {
+            let seq = out.len() as u64 + 1;
+            let e = Event::from_row(proj, r, seq, time_of(seq), &mut json).unwrap();
+            out.push((e, r.row(seq, time_of(seq)).to_owned_row()));
+        };
+        for (i, f) in frames.iter().enumerate() {
+            if i == frames.len() * 3 / 4 {
+                let payloads: Vec<(String, Vec<u8>)> = dids[..4]
+                    .iter()
+                    .enumerate()
+                    .map(|(n, d)| {
+                        let status = if n < 3 { "deleted" } else { "deactivated" };
+                        (d.clone(), common::account(d, false, status))
+                    })
+                    .collect();
+                for (did, payload) in &payloads {
+                    let r = StoredRow::Event {
+                        kind: EventRowKind::Account,
+                        did,
+                        payload,
+                    };
+                    push(&r, &mut proj, &mut out);
+                }
+            }
+            let Ok(frame) = dec.decode(f) else { continue };
+            let p = proj.project(&frame);
+            for r in &p.stored_rows(&frame).unwrap() {
+                if let StoredRow::Commit { did, .. } = r {
+                    if !dids.iter().any(|d| d == did) {
+                        dids.push(did.to_string());
+                    }
+                }
+                push(r, &mut proj, &mut out);
+            }
+        }
+        out
+    })
+}
+
+fn opts() -> StoreOptions {
+    StoreOptions {
+        block_events: 200,
+        block_bytes: 4 << 20,
+        block_cache: 2,
+    }
+}
+
+/// Appends `evs` through the ingest path, in batches of `batch`, each event with its row.
+fn append(s: &Store, evs: &[(Event, OwnedRow)], batch: usize) {
+    for chunk in evs.chunks(batch) {
+        let events: Vec<Event> = chunk.iter().map(|(e, _)| e.clone()).collect();
+        let rows: Vec<Row<'_>> = chunk.iter().map(|(_, r)| r.as_row()).collect();
+        let last = &events[events.len() - 1];
+        let resume = Resume {
+            next_seq: last.seq() + 1,
+            last_time_us: last.time_us(),
+            upstream_cursor: Some(last.seq()),
+        };
+        s.append_rows(&events, &rows, &[], &[], &resume).unwrap();
+    }
+}
+
+fn record_key(did: &[u8], collection: &[u8], rkey: &[u8]) -> Vec<u8> {
+    [&b"r"[..], did, b"\0", collection, b"\0", rkey].concat()
+}
+
+/// The independent derivation: the partition's keys and seqs written from this test's reading
+/// of the rules (`docs/archive.md`, "Folding"), over the rows as they were handed to the store.
+fn derive_independently(rows: &[OwnedRow]) -> HashMap<Vec<u8>, u64> {
+    let deleted: &[u8] = b"\x66active\xf4\x66status\x67deleted";
+    let mut out = HashMap::new();
+    for r in rows {
+        let key = match r.kind {
+            Kind::Update | Kind::Delete => {
+                record_key(r.did.as_bytes(), r.collection.as_bytes(), r.rkey.as_bytes())
+            }
+            Kind::Sync => [b"d", r.did.as_bytes()].concat(),
+            Kind::Account if r.payload.windows(deleted.len()).any(|w| w == deleted) => {
+                [b"d", r.did.as_bytes()].concat()
+            }
+            _ => continue,
+        };
+        let slot = out.entry(key).or_insert(0);
+        *slot = r.seq.max(*slot);
+    }
+    out
+}
+
+fn held(s: &Store) -> HashMap<Vec<u8>, u64> {
+    let all = s.tombstones().all().unwrap();
+    all.into_iter().map(|t| (t.key().to_vec(), t.seq)).collect()
+}
+
+#[test]
+fn ingest_writes_exactly_the_tombstones_an_independent_derivation_says() {
+    let evs = stream();
+    let rows: Vec<OwnedRow> = evs.iter().map(|(_, r)| r.clone()).collect();
+    let want = derive_independently(&rows);
+    let dids = want.keys().filter(|k| k[0] == b'd').count();
+    let syncs = rows.iter().filter(|r| r.kind == Kind::Sync).count();
+    assert!(
+        syncs > 0 && dids > 3 && want.len() - dids > 100,
+        "the stream has every kind of tombstone: {syncs} #sync, {dids} DIDs, {} keys",
+        want.len()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let (s, _) = Store::<Utf8Text>::open_with(dir.path(), 0, opts()).unwrap();
+        append(&s, evs, 64);
+        assert_eq!(held(&s), want);
+
+        // An #account whose payload does not decode: stored, counted, no tombstone.
+        let seq = evs.len() as u64 + 1;
+        let did = "did:plc:damagedaccount0000000000";
+        let e = Event::encode(seq, time_of(seq), EventKind::Account, did, "", b"{}", b"");
+        let r = OwnedRow {
+            seq,
+            witnessed_at: time_of(seq),
+            indexed_at: 0,
+            kind: Kind::Account,
+            did: did.into(),
+            collection: String::new(),
+            rkey: String::new(),
+            rev: String::new(),
+            payload: b"\xa1".to_vec(),
+        };
+        append(&s, &[(e, r)], 1);
+        assert_eq!(s.folding_stats().tombstone_errors, 1);
+        let mut got = Vec::new();
+        s.read_from(seq, riptide_store::ReadLimit::default(), &mut got)
+            .unwrap();
+        assert_eq!(got.iter().map(Event::seq).collect::<Vec<_>>(), [seq]);
+        assert_eq!(held(&s), want);
+    }
+    // Durable with their batches.
+    let (s, _) = Store::<Utf8Text>::open_with(dir.path(), 0, opts()).unwrap();
+    assert_eq!(held(&s), want);
+    assert_eq!(s.folding_stats().compaction_seq, 0);
+}
+
+/// A store that ingested `evs`, and segment files of the same rows under `DATA/segments` named
+/// by entries (what sealing will make). Returns each file's original bytes.
+fn with_segments(s: &Store, dir: &Path, evs: &[(Event, OwnedRow)], first: u32) -> Vec<Vec<u8>> {
+    let rows: Vec<Row<'_>> = evs.iter().map(|(_, r)| r.as_row()).collect();
+    common::write_segments(
+        &dir.join("segments"),
+        &rows,
+        first,
+        (BLOCK_ROWS, SEGMENT_BLOCKS),
+        |e| s.put_segment_entry_for_tests(e),
+    )
+}
+
+/// Checks every file (segment `i` is `originals[i]`) against the independent fold with
+/// `tombstones`; returns the rows dropped and the paths of the files that changed.
+fn check_fold(
+    dir: &Path,
+    originals: &[Vec<u8>],
+    tombstones: &HashMap<Vec<u8>, u64>,
+) -> (usize, Vec<PathBuf>) {
+    let (mut dropped, mut changed) = (0, Vec::new());
+    for (i, orig) in originals.iter().enumerate() {
+        let path = dir
+            .join("segments")
+            .join(riptide_segment::segment_name(i as u64));
+        let now = std::fs::read(&path).unwrap();
+        let (o, n) = (
+            independent::decode(orig).unwrap(),
+            independent::decode(&now).unwrap(),
+        );
+        assert!(n.checksum_ok);
+        assert_eq!(n.blocks.len(), o.blocks.len(), "block topology kept");
+        for (ob, nb) in o.blocks.iter().zip(&n.blocks) {
+            let want: Vec<&independent::IRow> = ob
+                .rows
+                .iter()
+                .filter(|r| {
+                    let above = |k: &[u8]| tombstones.get(k).is_some_and(|&s| s > r.seq);
+                    !(matches!(r.kind, 1 | 2 | 7)
+                        && (above(&[b"d", &r.did[..]].concat())
+                            || above(&record_key(&r.did, &r.collection, &r.rkey))))
+                })
+                .collect();
+            assert_eq!(nb.rows.iter().collect::<Vec<_>>(), want, "{path:?}");
+            dropped += ob.rows.len() - want.len();
+        }
+        if now != *orig {
+            changed.push(path);
+        }
+    }
+    (dropped, changed)
+}
+
+/// Polls the store's counters until `done` (the thread runs on its own).
+fn wait_for(s: &Store, what: &str, done: impl Fn(&FoldingStats) -> bool) -> FoldingStats {
+    let start = Instant::now();
+    loop {
+        let st = s.folding_stats();
+        if done(&st) {
+            return st;
+        }
+        assert!(start.elapsed() < PATIENCE, "{what}: {st:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn never() -> CompactionConfig {
+    CompactionConfig {
+        interval: Duration::from_secs(24 * 3600),
+    }
+}
+
+#[test]
+fn a_requested_pass_folds_the_segments_and_the_writer_then_prunes() {
+    let evs = stream();
+    let rows: Vec<OwnedRow> = evs.iter().map(|(_, r)| r.clone()).collect();
+    let tombstones = derive_independently(&rows);
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = Store::<Utf8Text>::open_with(dir.path(), 0, opts()).unwrap();
+    append(&s, evs, 64);
+    let originals = with_segments(&s, dir.path(), evs, 0);
+    assert!(originals.len() >= 4);
+
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let told = seen.clone();
+    s.start_compaction(never(), move |p| told.lock().unwrap().push(p.to_owned()))
+        .unwrap();
+    assert_eq!(
+        s.folding_stats().passes,
+        0,
+        "no pass before one is asked for"
+    );
+    s.request_compaction();
+    let st = wait_for(&s, "the requested pass", |st| st.passes >= 1);
+    let (dropped, changed) = check_fold(dir.path(), &originals, &tombstones);
+    assert!(dropped > 50, "{dropped}");
+    assert_eq!(st.rows_dropped as usize, dropped);
+    assert_eq!(st.segments_rewritten as usize, changed.len());
+    assert_eq!(
+        *seen.lock().unwrap(),
+        changed,
+        "the callback names each file rewritten"
+    );
+    let last = evs.len() as u64;
+    assert_eq!((st.compaction_seq, st.failures), (last, 0));
+
+    // Every tombstone is at or below compaction_seq: the writer's next batch prunes them all,
+    // then writes its own.
+    assert_eq!(
+        held(&s),
+        tombstones,
+        "nothing pruned before the writer's next batch"
+    );
+    let (raise, _) = raised(evs, last + 1, 0);
+    append(&s, &raise, 1);
+    assert_eq!(held(&s), derive_independently(&[raise[0].1.clone()]));
+    assert_eq!(
+        s.folding_stats().tombstones_pruned as usize,
+        tombstones.len()
+    );
+}
+
+/// An update at `seq` of the `nth` record (by seq) whose last operation in `evs` is an update
+/// (not a delete), and the record's key.
+fn raised(evs: &[(Event, OwnedRow)], seq: u64, nth: usize) -> (Vec<(Event, OwnedRow)>, Vec<u8>) {
+    // Records of DIDs without a DID tombstone, so that only the record's own tombstone folds.
+    let whole: Vec<&str> = evs
+        .iter()
+        .filter(|(_, r)| matches!(r.kind, Kind::Sync | Kind::Account))
+        .map(|(_, r)| r.did.as_str())
+        .collect();
+    let mut last: HashMap<Vec<u8>, &OwnedRow> = HashMap::new();
+    for (_, r) in evs {
+        if matches!(r.kind, Kind::Update | Kind::Delete) && !whole.contains(&r.did.as_str()) {
+            let k = record_key(r.did.as_bytes(), r.collection.as_bytes(), r.rkey.as_bytes());
+            last.insert(k, r);
+        }
+    }
+    let mut updates: Vec<(&Vec<u8>, &&OwnedRow)> = last
+        .iter()
+        .filter(|(_, r)| r.kind == Kind::Update)
+        .collect();
+    updates.sort_by_key(|(_, r)| r.seq);
+    let (key, r) = updates[nth];
+    let e = evs.iter().find(|(_, o)| o.seq == r.seq).unwrap().0.clone();
+    let row = OwnedRow {
+        seq,
+        witnessed_at: time_of(seq),
+        ..(*r).clone()
+    };
+    let e = Event::encode(
+        seq,
+        time_of(seq),
+        e.kind(),
+        &r.did,
+        &r.collection,
+        &e.json(),
+        b"",
+    );
+    (vec![(e, row)], key.clone())
+}
+
+#[test]
+fn a_tombstone_raised_while_a_pass_runs_survives_the_prune_and_folds_next() {
+    let evs = stream();
+    let rows: Vec<OwnedRow> = evs.iter().map(|(_, r)| r.clone()).collect();
+    let mut tombstones = derive_independently(&rows);
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = Store::<Utf8Text>::open_with(dir.path(), 0, opts()).unwrap();
+    append(&s, evs, 64);
+    let mut originals = with_segments(&s, dir.path(), evs, 0);
+    let last = evs.len() as u64;
+
+    // The pass stops after its first rename (its tombstones read, its files half done) until
+    // the test lets it go.
+    let (at_tx, at_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let (at_tx, go_rx) = (Mutex::new(Some(at_tx)), Mutex::new(go_rx));
+    s.start_compaction_paused(
+        never(),
+        |_| {},
+        move |p, _| {
+            if p == CrashPoint::Renamed {
+                if let Some(tx) = at_tx.lock().unwrap().take() {
+                    tx.send(()).unwrap();
+                    go_rx.lock().unwrap().recv_timeout(PATIENCE).unwrap();
+                }
+            }
+        },
+    )
+    .unwrap();
+    s.request_compaction();
+    at_rx
+        .recv_timeout(PATIENCE)
+        .expect("the pass reached its first rename");
+    // Meanwhile ingest raises a record's tombstone (its last update was at or below the pass's
+    // target) above the target.
+    let (raise, key) = raised(evs, last + 1, 0);
+    assert!(tombstones[&key] <= last);
+    append(&s, &raise, 1);
+    go_tx.send(()).unwrap();
+    let st = wait_for(&s, "the paused pass", |st| st.passes >= 1);
+    assert_eq!(st.compaction_seq, last);
+    check_fold(dir.path(), &originals, &tombstones);
+    // Nothing is pruned off the writer's thread.
+    let mut now = tombstones.clone();
+    now.insert(key.clone(), last + 1);
+    assert_eq!(held(&s), now);
+
+    // The writer's next batch prunes at `last`: the raised tombstone stays, every other one of
+    // the stream goes (the batch's own record was updated in the stream too, so its tombstone
+    // is pruned, then written again above `last`).
+    let (raise2, key2) = raised(evs, last + 2, 1);
+    append(&s, &raise2, 1);
+    tombstones.insert(key.clone(), last + 1);
+    tombstones.insert(key2.clone(), last + 2);
+    let want: HashMap<Vec<u8>, u64> = [(key, last + 1), (key2, last + 2)].into();
+    assert_eq!(held(&s), want);
+    assert_eq!(
+        s.folding_stats().tombstones_pruned as usize,
+        derive_independently(&rows).len() - 1
+    );
+
+    // The raised tombstones fold the rows they supersede once the next segment is sealed: the
+    // records' last updates of the stream, which the first pass kept.
+    let next: Vec<(Event, OwnedRow)> = raise.into_iter().chain(raise2).collect();
+    originals.extend(with_segments(&s, dir.path(), &next, originals.len() as u32));
+    s.request_compaction();
+    let st2 = wait_for(&s, "the second pass", |st| st.passes >= 2);
+    assert_eq!(st2.compaction_seq, last + 2);
+    assert_eq!(st2.rows_dropped - st.rows_dropped, 2, "{st2:?}");
+    let (dropped, _) = check_fold(dir.path(), &originals, &tombstones);
+    assert_eq!(dropped as u64, st2.rows_dropped);
+}
+
+#[test]
+fn the_interval_runs_passes_unasked_and_a_failing_pass_is_counted_and_retried() {
+    let evs = stream();
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = Store::<Utf8Text>::open_with(dir.path(), 0, opts()).unwrap();
+    append(&s, evs, 64);
+    let originals = with_segments(&s, dir.path(), evs, 0);
+    // The first file is missing: every pass fails on it, nothing is folded.
+    let first = dir
+        .path()
+        .join("segments")
+        .join(riptide_segment::segment_name(0));
+    std::fs::remove_file(&first).unwrap();
+    let config = CompactionConfig {
+        interval: Duration::from_millis(50),
+    };
+    s.start_compaction(config, |_| {}).unwrap();
+    let st = wait_for(&s, "failing passes", |st| st.failures >= 2);
+    assert_eq!((st.passes, st.compaction_seq, st.rows_dropped), (0, 0, 0));
+    // Back in place: the next tick folds, unasked.
+    std::fs::write(&first, &originals[0]).unwrap();
+    let st = wait_for(&s, "a pass on the interval", |st| st.passes >= 1);
+    assert_eq!(st.compaction_seq, evs.len() as u64);
+    let rows: Vec<OwnedRow> = evs.iter().map(|(_, r)| r.clone()).collect();
+    let (dropped, _) = check_fold(dir.path(), &originals, &derive_independently(&rows));
+    assert_eq!(st.rows_dropped as usize, dropped);
+}
+
+#[test]
+fn open_recovers_what_a_pass_left_and_a_failed_recovery_holds_passes_until_it_succeeds() {
+    let evs = stream();
+    let dir = tempfile::tempdir().unwrap();
+    let originals = {
+        let (s, _) = Store::<Utf8Text>::open_with(dir.path(), 0, opts()).unwrap();
+        append(&s, evs, 64);
+        with_segments(&s, dir.path(), evs, 0)
+    };
+    // What a pass killed after writing its file to tmp/ leaves; and a segment file gone.
+    let tmp = dir.path().join("segments/tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let left = tmp.join(format!("{}.compact", riptide_segment::segment_name(1)));
+    std::fs::write(&left, b"half a segment").unwrap();
+    let second = dir
+        .path()
+        .join("segments")
+        .join(riptide_segment::segment_name(1));
+    std::fs::rename(&second, dir.path().join("aside")).unwrap();
+
+    let (s, _) = Store::<Utf8Text>::open_with(dir.path(), 0, opts()).unwrap();
+    // Recovery stopped at the missing file (entries in order: tmp/ was cleaned first).
+    assert!(!left.exists());
+    assert_eq!(s.folding_stats().failures, 1);
+    s.start_compaction(
+        CompactionConfig {
+            interval: Duration::from_millis(50),
+        },
+        |_| {},
+    )
+    .unwrap();
+    let st = wait_for(&s, "recoveries retried", |st| st.failures >= 3);
+    assert_eq!(
+        (st.passes, st.rows_dropped),
+        (0, 0),
+        "no pass before recovery"
+    );
+    std::fs::rename(dir.path().join("aside"), &second).unwrap();
+    let st = wait_for(&s, "a pass once recovered", |st| st.passes >= 1);
+    let rows: Vec<OwnedRow> = evs.iter().map(|(_, r)| r.clone()).collect();
+    let (dropped, _) = check_fold(dir.path(), &originals, &derive_independently(&rows));
+    assert_eq!(st.rows_dropped as usize, dropped);
+}
