@@ -196,8 +196,8 @@ impl Sink for IngestSink {
         let r = BackfillRepo {
             did: repo.did.as_str().into(),
             rev: repo.rev.as_str().into(),
-            commit: repo.commit.clone(),
-            data: repo.data.clone(),
+            commit: repo.commit,
+            data: repo.data,
             buf,
             parts,
             dropped,
@@ -375,10 +375,100 @@ impl BackfillMetrics {
                 "riptide_backfill_eta_seconds",
                 "gauge",
                 "Seconds left at the rate so far (-1: not known).",
-                st.eta_secs.map_or("-1".into(), |e| format!("{e:.0}")),
+                st.eta_secs
+                    .map_or_else(|| "-1".into(), |e| format!("{e:.0}")),
             ),
         ] {
             one(s, name, kind, help, v);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status() -> Status {
+        Status {
+            listings: 3,
+            listings_done: 2,
+            listings_left: 0,
+            listing_problems: [("host-b".to_owned(), "offline".to_owned())].into(),
+            repos_ok: 17,
+            repos_failed: [("bad_cid".to_owned(), 2), ("wrong_did".to_owned(), 1)].into(),
+            repos_failed_total: 3,
+            records: 901,
+            records_dropped: 1,
+            bytes: 123_456,
+            elapsed_secs: 4.0,
+            repos_per_sec: 5.0,
+            records_per_sec: 225.25,
+            expected_repos: Some(24),
+            eta_secs: Some(0.8),
+            failures: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn metrics_say_nothing_without_a_backfill_and_the_status_with_one() {
+        let b = BackfillMetrics::default();
+        let mut s = String::new();
+        b.render(&mut s);
+        assert!(s.is_empty(), "{s}");
+        assert_eq!(b.state(), "off");
+
+        *lock(&b.progress) = Some(Arc::default());
+        b.running.store(true, Relaxed);
+        b.landed.store(17, Relaxed);
+        b.render(&mut s);
+        assert!(s.contains("\nriptide_backfill_running 1\n"), "{s}");
+        assert!(s.contains("\nriptide_backfill_landed_total 17\n"), "{s}");
+        // No report read yet: only the live counts.
+        assert!(!s.contains("riptide_backfill_repos_total"), "{s}");
+        assert_eq!(b.state(), "running");
+
+        *lock(&b.status) = Some(status());
+        s.clear();
+        b.render(&mut s);
+        for line in [
+            "riptide_backfill_listings{state=\"done\"} 2",
+            "riptide_backfill_listings{state=\"problem\"} 1",
+            "riptide_backfill_repos_total{outcome=\"ok\"} 17",
+            "riptide_backfill_repos_total{outcome=\"bad_cid\"} 2",
+            "riptide_backfill_repos_total{outcome=\"wrong_did\"} 1",
+            "riptide_backfill_repos_total{outcome=\"timeout\"} 0",
+            "riptide_backfill_records_total 901",
+            "riptide_backfill_expected_repos 24",
+            "riptide_backfill_eta_seconds 1",
+        ] {
+            assert!(s.contains(&format!("\n{line}\n")), "{line}: {s}");
+        }
+        // Each family once, with its type.
+        assert_eq!(s.matches("# TYPE riptide_backfill_repos_total ").count(), 1);
+        *lock(&b.error) = Some("state: disk full".into());
+        assert_eq!(b.state(), "failed");
+    }
+
+    #[test]
+    fn a_store_behind_the_state_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, resume) = Store::open(dir.path(), 0).unwrap();
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        let mut sink = IngestSink::new(store, tx, resume.next_seq);
+        sink.recover(None).unwrap();
+        sink.recover(Some(&resume.next_seq.to_le_bytes())).unwrap();
+        let e = sink
+            .recover(Some(&(resume.next_seq + 5).to_le_bytes()))
+            .unwrap_err();
+        assert!(matches!(e, SinkError::StoreBehind { .. }), "{e}");
+        assert!(matches!(
+            sink.recover(Some(b"abc")),
+            Err(SinkError::BadPosition(3))
+        ));
+        // Nothing handed over: a commit waits for nothing and says where the store is.
+        assert_eq!(
+            sink.commit().unwrap(),
+            resume.next_seq.to_le_bytes().to_vec()
+        );
     }
 }

@@ -1569,6 +1569,7 @@ const STORE_RETRY_FIRST: Duration = Duration::from_millis(500);
 /// store must be reopened. Ingest stays paused until a probe file can be written to the data
 /// directory again (space is back), and then ends with [`StoreError::NeedsReopen`]; `riptide
 /// serve` restarts itself on it (a restart reopens the store; what was durable is kept).
+#[allow(clippy::too_many_arguments)]
 fn append_until_stored(
     log: &Log,
     metrics: &Metrics,
