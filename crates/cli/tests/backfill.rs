@@ -1136,6 +1136,29 @@ fn serve_backfill_beside_ingest_serves_each_record_once_then_the_verified_live_t
         24,
         "{st}"
     );
+    // The status page's backfill row: the same numbers.
+    let (code, page) = common::http_get(&addr, "/");
+    assert_eq!(code, 200);
+    let row = &page[page.find(">Backfill<").unwrap()..page.find(">Archive<").unwrap()];
+    assert!(row.contains("<td>finished</td>"), "{row}");
+    let cell = |label: &str| {
+        let at = row
+            .find(&format!("<th>{label}</th>"))
+            .unwrap_or_else(|| panic!("{label}: {row}"));
+        let td = &row[at..];
+        let v = &td[td.find("\">").unwrap() + 2..];
+        v[..v.find('<').unwrap()]
+            .replace(',', "")
+            .parse::<u64>()
+            .unwrap()
+    };
+    assert_eq!(
+        cell("Repositories ok"),
+        st["repos_ok"].as_u64().unwrap(),
+        "{row}"
+    );
+    assert_eq!(cell("Failed: missing_block"), 1, "{row}");
+    assert_eq!(cell("Records"), st["records"].as_u64().unwrap(), "{row}");
     assert_rebuilds(
         &addr,
         n,

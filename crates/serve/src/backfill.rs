@@ -4,7 +4,7 @@
 //! Why through ingest and not beside it: the store has one writer (ingest's thread), one seq
 //! space and one chain state per account, and a repository's rows must take their place among
 //! the live events in upstream order, with the account's live commits verified on top of it.
-//! So the crawl ([`riptide_backfill::run`]) writes into an [`IngestSink`], which renders each
+//! So the crawl ([`riptide_backfill::run()`]) writes into an [`IngestSink`], which renders each
 //! verified repository (one `create` event per record at its head rev, as `riptide backfill
 //! --data` writes them) and hands it to the ingest pipeline as an [`Upstream::Backfill`]; the
 //! account's verification worker takes it in order with the frames, and the writer stores its
