@@ -1209,3 +1209,48 @@ fn serve_backfill_killed_mid_crawl_and_restarted_serves_each_record_once() {
         &failed,
     );
 }
+
+/// `riptide serve --backfill` over a data directory that already followed the relay to its end
+/// (every account that committed has a verified commit stored, newer than its repository as of
+/// S): those repositories land as `superseded` (counted, no rows), the accounts that never
+/// committed land as creates, and nothing is stored twice: the events the restart adds are
+/// exactly the records `backfill status` counts.
+#[test]
+fn serve_backfill_over_known_accounts_adds_only_the_unknown_ones() {
+    let tmp = scratch();
+    let (_sim, base, manifest) = live_and_end(tmp.path(), &[]);
+    let data = tmp.path().join("data");
+    let relay = format!(
+        "{}/xrpc/com.atproto.sync.subscribeRepos",
+        base.replace("http://", "ws://")
+    );
+    let before = {
+        let (server, addr) = common::spawn_serve(
+            common::serve_command(&data)
+                .args(["--upstream", &relay, "--upstream-cursor", "0"])
+                .args(["--plc-url", &base]),
+        );
+        common::wait_for(&addr, "riptide_upstream_seq", 500.0);
+        let n = common::metric(&addr, "riptide_log_next_seq");
+        server.kill();
+        n
+    };
+    let (_server, addr) = common::spawn_serve(&mut serve_backfill(&base, &data, 0));
+    let after = settled(&addr, 500) as f64 + 1.0;
+    let failed = failed_as_planted(&data, &manifest);
+    let committed: BTreeSet<String> = live_ops(&tmp.path().join("live"), 0)
+        .into_keys()
+        .map(|(did, _)| did)
+        .collect();
+    let known = committed.difference(&failed).count() as f64;
+    assert!(known >= 10.0, "{known}");
+    let st = status_json_of("--data", &data);
+    let m = |k: &str| common::metric(&addr, k);
+    assert_eq!(m("riptide_backfill_superseded_total"), known);
+    assert_eq!(
+        m("riptide_backfill_landed_total") + known,
+        st["repos_ok"].as_f64().unwrap(),
+        "{st}"
+    );
+    assert_eq!(after - before, st["records"].as_f64().unwrap(), "{st}");
+}

@@ -169,6 +169,25 @@ impl Sink for IngestSink {
                 dropped: l.dropped,
             });
         }
+        // The worker decides against the account's chain state when the repository lands; the
+        // store's says the same for an account already known (its state only moves on, and an
+        // account without one has its frames held), so the counts returned are what lands.
+        let before = self
+            .store
+            .account(&repo.did)
+            .map_err(|e| SinkError::Store {
+                what: self.store.dir().display().to_string(),
+                source: e,
+            })?;
+        let known = riptide_firehose::chain::check_sync(
+            before.as_ref(),
+            &repo.rev,
+            repo.commit.as_cid(),
+            repo.data.as_cid(),
+            crate::now_us().max(0) as u64,
+        )
+        .0
+        .is_err();
         let mut buf = Vec::new();
         let mut parts = Vec::new();
         let mut dropped = 0;
@@ -204,7 +223,7 @@ impl Sink for IngestSink {
             ack,
         };
         let w = Written {
-            records: r.parts.len() as u64,
+            records: if known { 0 } else { r.parts.len() as u64 },
             dropped,
         };
         self.tx
