@@ -96,10 +96,28 @@ pub fn start(
     Ok(())
 }
 
-/// The state's report into the metrics and the snapshot file, every [`REFRESH`].
+/// The state's report into the metrics and the snapshot file, every [`REFRESH`], and a log
+/// line once a minute (a service has no progress bar).
 async fn refresh(state: Arc<State>, dir: std::path::PathBuf, metrics: Arc<Metrics>) {
+    let mut last_line = tokio::time::Instant::now();
     loop {
         report(&state, &dir, &metrics).await;
+        if last_line.elapsed() >= Duration::from_secs(60) {
+            last_line = tokio::time::Instant::now();
+            if let Some(s) = metrics.backfill.status() {
+                tracing::info!(
+                    listings_done = s.listings_done,
+                    listings_left = s.listings_left,
+                    ok = s.repos_ok,
+                    failed = s.repos_failed_total,
+                    records = s.records,
+                    repos_per_sec = format!("{:.1}", s.repos_per_sec),
+                    eta_secs = s.eta_secs.map(|e| e.round() as u64),
+                    held_frames = metrics.resync_held.load(Relaxed),
+                    "backfill: progress"
+                );
+            }
+        }
         tokio::time::sleep(REFRESH).await;
     }
 }
