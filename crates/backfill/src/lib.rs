@@ -22,9 +22,9 @@
 //! - [`state`]: durable progress (fjall): statuses, cursors, counters, the sink's position;
 //! - [`run`](mod@run): the crawl that ties them, and [`status`](mod@status): the operator's report.
 //!
-//! What it does not do (yet): run inside `riptide serve` beside ingest (`serve --backfill`,
-//! holding live commits while an account is backfilled), or spread the crawl over Kafka (issue
-//! 37's later parts).
+//! `riptide serve --backfill` runs [`run()`] beside ingest with a sink of its own
+//! (`riptide_serve::backfill`): the repositories land through ingest's writer. What it does not
+//! do (yet): spread the crawl over Kafka (issue 37's later part).
 
 pub mod collections;
 pub mod discover;
@@ -46,5 +46,5 @@ pub use run::{run, BackfillError, Config, Discovery, Progress};
 pub use sink::{JsonlSink, Sink, SinkError, TeeSink, Written};
 pub use state::{Counters, Listing, RepoStatus, State, StateError};
 pub use status::{status, Status};
-pub use store_sink::{Landed, StoreSink};
+pub use store_sink::{landed_in, Landed, StoreSink};
 pub use verify::verify_car;

@@ -30,7 +30,7 @@ use riptide_firehose::chain::{check_sync, AccountState};
 use riptide_firehose::Action;
 use riptide_jetstream::{Projector, StoredRow};
 use riptide_segment::{OwnedRow, Row};
-use riptide_store::{Event, Resume, Store};
+use riptide_store::{Event, Resume, Store, Text};
 use serde::{Deserialize, Serialize};
 
 use crate::outcome::Verified;
@@ -56,6 +56,33 @@ pub struct Landed {
     /// account (module docs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub superseded: Option<String>,
+}
+
+impl Landed {
+    /// The entry as stored (JSON).
+    pub fn to_vec(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    fn parse<T: Text>(store: &Store<T>, did: &str, raw: &[u8]) -> Result<Landed, SinkError> {
+        serde_json::from_slice(raw).map_err(|e| SinkError::Corrupt {
+            what: format!("{}: backfill progress of {did}", store.dir().display()),
+            why: e.to_string(),
+        })
+    }
+}
+
+/// What `store`'s `backfill` partition says landed for `did` (the truth of what landed: module
+/// docs). Also `riptide serve --backfill`'s, whose repositories land through ingest.
+pub fn landed_in<T: Text>(store: &Store<T>, did: &str) -> Result<Option<Landed>, SinkError> {
+    match store.progress(did) {
+        Ok(Some(v)) => Landed::parse(store, did, &v).map(Some),
+        Ok(None) => Ok(None),
+        Err(e) => Err(SinkError::Store {
+            what: store.dir().display().to_string(),
+            source: e,
+        }),
+    }
 }
 
 /// The store-backed sink (module docs).
@@ -124,19 +151,10 @@ impl StoreSink {
 
     /// What the store (or this sink's unwritten batch) says landed for `did`.
     fn landed(&self, did: &str) -> Result<Option<Landed>, SinkError> {
-        let raw = match self.progress.iter().rev().find(|(k, _)| &**k == did) {
-            Some((_, v)) => v.clone(),
-            None => match self.store.progress(did).map_err(|e| self.store_err(e))? {
-                Some(v) => v.to_vec(),
-                None => return Ok(None),
-            },
-        };
-        serde_json::from_slice(&raw)
-            .map(Some)
-            .map_err(|e| SinkError::Corrupt {
-                what: format!("{}: backfill progress of {did}", self.store.dir().display()),
-                why: e.to_string(),
-            })
+        match self.progress.iter().rev().find(|(k, _)| &**k == did) {
+            Some((_, v)) => Landed::parse(&self.store, did, v).map(Some),
+            None => landed_in(&self.store, did),
+        }
     }
 
     /// The account's chain state: this batch's, else the store's.
@@ -262,8 +280,8 @@ impl Sink for StoreSink {
             records: landed.records,
             dropped: landed.dropped,
         };
-        let value = serde_json::to_vec(&landed).unwrap_or_default();
-        self.progress.push((repo.did.as_str().into(), value));
+        self.progress
+            .push((repo.did.as_str().into(), landed.to_vec()));
         if self.bytes >= FLUSH_AT {
             self.flush()?;
         }

@@ -863,3 +863,409 @@ fn a_catch_up_resync_counts_the_commits_it_covers_as_superseded() {
         planned_as("chain-break")
     );
 }
+
+/// `riptide serve --backfill` against a `riptide sim` (PLC, relay and PDS hosts on one base),
+/// following the relay from `cursor`.
+fn serve_backfill(base: &str, data: &Path, cursor: u64) -> Command {
+    let relay = format!(
+        "{}/xrpc/com.atproto.sync.subscribeRepos",
+        base.replace("http://", "ws://")
+    );
+    let mut c = common::serve_command(data);
+    c.args([
+        "--upstream",
+        &relay,
+        "--upstream-cursor",
+        &cursor.to_string(),
+    ])
+    .args(["--plc-url", base, "--backfill"])
+    .args(["--retry-backoff-ms", "20", "--attempts", "6"]);
+    c
+}
+
+/// Waits until a `serve --backfill` has read the relay to `last`, its crawl has ended and every
+/// frame held for it is released and stored (the count of stored events then stays put); the
+/// events stored.
+fn settled(addr: &str, last: u64) -> usize {
+    let deadline = Instant::now() + common::PATIENCE * 2;
+    let mut seen = (f64::NAN, Instant::now());
+    loop {
+        let m = |n: &str| common::metric(addr, n);
+        let quiet = m("riptide_upstream_seq") == last as f64
+            && m("riptide_backfill_running") == 0.0
+            && m("riptide_resync_held_frames") == 0.0
+            && m("riptide_ingest_queue_frames") == 0.0;
+        // Every event the store holds (a restarted server counts only its own as stored).
+        let stored = m("riptide_log_next_seq") - 1.0;
+        if !quiet || stored != seen.0 {
+            seen = (stored, Instant::now());
+        } else if seen.1.elapsed() > Duration::from_secs(1) {
+            return stored as usize;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never settled: {}",
+            common::metrics(addr)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `(did, rev)` → ops of each commit frame after `cursor` in a generated stream (the relay
+/// numbers frames from 1): what the live tail may serve of an account.
+fn live_ops(net: &Path, cursor: u64) -> BTreeMap<(String, String), usize> {
+    let bytes = std::fs::read(net.join("firehose-frames.bin")).unwrap();
+    let frames = riptide_firehose::corpus::split_frames(&bytes).unwrap();
+    let mut dec = riptide_firehose::FrameDecoder::new();
+    let mut out = BTreeMap::new();
+    for (i, f) in frames.iter().enumerate() {
+        if (i as u64 + 1) <= cursor {
+            continue;
+        }
+        let frame = dec.decode(f.bytes).unwrap();
+        if let riptide_firehose::Body::Commit(c) = frame.body() {
+            *out.entry((c.repo.to_owned(), c.rev.to_owned()))
+                .or_default() += c.op_count();
+        }
+    }
+    out
+}
+
+/// What a subscriber from cursor 0 of `serve --backfill` gets, checked against independent
+/// oracles: the `n` events are the same on `/subscribe` and `subscribeEvents` (seq for seq);
+/// applying each good account's creates, updates and deletes rebuilds it exactly as `riptide
+/// repo ls` of its repository at the stream's end (`end`: an independent export), no record
+/// created twice, none missing; a failed account gets nothing from its repository, only the ops
+/// of its live commits after `cursor`.
+fn assert_rebuilds(
+    addr: &str,
+    n: usize,
+    end: &Path,
+    live: &Path,
+    cursor: u64,
+    failed: &BTreeSet<String>,
+) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let events = rt.block_on(common::events_from_start(addr, n));
+    let frames = rt.block_on(common::v2_frames(addr, "cursor=0", n, None));
+    let v2: BTreeMap<u64, &serde_json::Value> = frames
+        .iter()
+        .filter(|f| f["$type"] == "message" && f["payload"]["seq"].is_u64())
+        .map(|f| (f["payload"]["seq"].as_u64().unwrap(), &f["payload"]))
+        .collect();
+    assert_eq!(v2.len(), n, "v2 sends exactly the stored events");
+    let ops = live_ops(live, cursor);
+    let mut accounts: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let mut of_failed: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (i, e) in events.iter().enumerate() {
+        let seq = (i + 1) as u64;
+        assert_eq!(e["cursor"], seq, "{e}");
+        let p = v2[&seq];
+        assert_eq!(p["did"], e["did"], "{p} against {e}");
+        if e["kind"] != "commit" {
+            continue;
+        }
+        let c = &e["commit"];
+        for k in ["rev", "operation", "collection", "rkey", "cid"] {
+            assert_eq!(p[k], c[k], "{k}: {p} against {e}");
+        }
+        let did = e["did"].as_str().unwrap().to_owned();
+        if failed.contains(&did) {
+            let rev = c["rev"].as_str().unwrap().to_owned();
+            *of_failed.entry((did, rev)).or_default() += 1;
+            continue;
+        }
+        let key = format!(
+            "{}/{}",
+            c["collection"].as_str().unwrap(),
+            c["rkey"].as_str().unwrap()
+        );
+        let repo = accounts.entry(did).or_default();
+        let cid = c["cid"].as_str().map(str::to_owned);
+        match c["operation"].as_str().unwrap() {
+            "create" => assert!(
+                repo.insert(key, cid.unwrap()).is_none(),
+                "created twice: {e}"
+            ),
+            "update" => assert!(
+                repo.insert(key, cid.unwrap()).is_some(),
+                "update of nothing: {e}"
+            ),
+            "delete" => assert!(repo.remove(&key).is_some(), "delete of nothing: {e}"),
+            other => panic!("{other}: {e}"),
+        }
+    }
+    for (k, served) in &of_failed {
+        let planned = ops.get(k).copied().unwrap_or(0);
+        assert!(
+            *served <= planned,
+            "{k:?}: {served} events of a failed account, not from its live commits ({planned} ops)"
+        );
+    }
+    let dids: Vec<String> = std::fs::read_dir(end.join("repos"))
+        .unwrap()
+        .map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".car").unwrap().to_owned()
+        })
+        .filter(|d| !failed.contains(d))
+        .collect();
+    assert!(dids.len() >= 10, "too few good accounts to mean much");
+    for did in &dids {
+        let got: BTreeSet<String> = accounts
+            .remove(did)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, c)| format!("{k}\t{c}"))
+            .collect();
+        assert_eq!(got, repo_ls(end, did), "{did}");
+    }
+    assert!(accounts.is_empty(), "{:?}", accounts.keys());
+}
+
+/// The accounts a backfill failed (its status, `--data DIR`), checked against the faults the
+/// sim planted (its manifest): each planted one failed with its reason, and any other failure is
+/// an account the generated stream deactivated.
+fn failed_as_planted(data: &Path, manifest: &Path) -> BTreeSet<String> {
+    let st = status_json_of("--data", data);
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(manifest).unwrap()).unwrap();
+    let failed: BTreeMap<String, String> = st["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f[0].as_str().unwrap().to_owned(),
+                f[1].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    for f in manifest["faults"].as_array().unwrap() {
+        let did = f["did"].as_str().unwrap();
+        let reason = match f["fault"].as_str().unwrap() {
+            "bad-signature" => "bad_signature",
+            "other-did" => "wrong_did",
+            "missing-block" => "missing_block",
+            // The accounts the generated stream deactivated, which the sim lists as such.
+            "deactivated" => "deactivated",
+            "takendown" => "taken_down",
+            other => panic!("a fault this test did not plant: {other}"),
+        };
+        assert_eq!(failed.get(did).map(String::as_str), Some(reason), "{st}");
+    }
+    for reason in failed.values() {
+        assert!(
+            [
+                "bad_signature",
+                "wrong_did",
+                "missing_block",
+                "deactivated",
+                "taken_down"
+            ]
+            .contains(&reason.as_str()),
+            "{st}"
+        );
+    }
+    failed.into_keys().collect()
+}
+
+/// The live network (repositories as of relay seq 250 of a 500-frame stream, `gen --repos-at`)
+/// on `riptide sim --hosts 3` with three faulty repositories, and the same seed's export at the
+/// stream's end (the oracle); the sim, its base URL, its manifest.
+fn live_and_end(tmp: &Path, extra: &[&str]) -> (common::KillOnDrop, String, std::path::PathBuf) {
+    let (live, end) = (tmp.join("live"), tmp.join("end"));
+    generate_as_of(&live, 21, 24, 500, Some(250));
+    generate_as_of(&end, 21, 24, 500, None);
+    let manifest = tmp.join("manifest.json");
+    let (sim, base) = common::spawn_printing_url(
+        Command::new(BIN)
+            .args(["sim", "--from", s(&live), "--listen", "127.0.0.1:0"])
+            .args(["--hosts", "3", "--seed", "5"])
+            .args([
+                "--repo-faults",
+                "bad-signature=1,other-did=1,missing-block=1",
+            ])
+            .args(["--manifest", s(&manifest)])
+            .args(extra)
+            .stderr(Stdio::inherit()),
+    );
+    let seq = get_json(&format!("{base}/_sim/manifest"))["repos_as_of_seq"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(seq, 250);
+    (sim, base, manifest)
+}
+
+/// `riptide serve --backfill --upstream-cursor S-40` beside a multi-host sim whose repositories
+/// are as of relay seq S, with three faulty repositories: the crawl runs beside ingest and its
+/// repositories land through it. The live frames of each account are held until its repository
+/// lands, then those inside it are `superseded` and the rest verified `ok` on top (no chain
+/// break, no resync, no rev-regression); a subscriber from cursor 0 on both wires rebuilds
+/// every good account exactly (`assert_rebuilds`); the faulty ones are failed with their reasons
+/// and give nothing from their repositories; `/metrics` says what `backfill status` says.
+#[test]
+fn serve_backfill_beside_ingest_serves_each_record_once_then_the_verified_live_tail() {
+    let tmp = scratch();
+    let (_sim, base, manifest) = live_and_end(tmp.path(), &[]);
+    let data = tmp.path().join("data");
+    let (_server, addr) = common::spawn_serve(&mut serve_backfill(&base, &data, 250 - 40));
+    let n = settled(&addr, 500);
+    let verdict =
+        |v: &str| common::metric(&addr, &format!("riptide_verdicts_total{{verdict=\"{v}\"}}"));
+    for v in [
+        "chain-break",
+        "resync-failed",
+        "rev-regression",
+        "resync-overflow",
+    ] {
+        assert_eq!(verdict(v), 0.0, "{v}");
+    }
+    let superseded = verdict("superseded");
+    assert!(superseded > 0.0 && superseded <= 40.0, "{superseded}");
+    let failed = failed_as_planted(&data, &manifest);
+    let st = status_json_of("--data", &data);
+    let m = |k: &str| common::metric(&addr, k);
+    assert_eq!(
+        m("riptide_backfill_landed_total"),
+        st["repos_ok"].as_f64().unwrap()
+    );
+    assert_eq!(
+        m("riptide_backfill_repos_total{outcome=\"ok\"}"),
+        st["repos_ok"].as_f64().unwrap()
+    );
+    assert_eq!(
+        m("riptide_backfill_records_total"),
+        st["records"].as_f64().unwrap()
+    );
+    assert_eq!(m("riptide_backfill_superseded_total"), 0.0);
+    assert_eq!(
+        m("riptide_backfill_repos_total{outcome=\"missing_block\"}"),
+        1.0
+    );
+    assert_eq!(
+        st["repos_ok"].as_u64().unwrap() + failed.len() as u64,
+        24,
+        "{st}"
+    );
+    // The status page's backfill row: the same numbers.
+    let (code, page) = common::http_get(&addr, "/");
+    assert_eq!(code, 200);
+    let row = &page[page.find(">Backfill<").unwrap()..page.find(">Archive<").unwrap()];
+    assert!(row.contains("<td>finished</td>"), "{row}");
+    let cell = |label: &str| {
+        let at = row
+            .find(&format!("<th>{label}</th>"))
+            .unwrap_or_else(|| panic!("{label}: {row}"));
+        let td = &row[at..];
+        let v = &td[td.find("\">").unwrap() + 2..];
+        v[..v.find('<').unwrap()]
+            .replace(',', "")
+            .parse::<u64>()
+            .unwrap()
+    };
+    assert_eq!(
+        cell("Repositories ok"),
+        st["repos_ok"].as_u64().unwrap(),
+        "{row}"
+    );
+    assert_eq!(cell("Failed: missing_block"), 1, "{row}");
+    assert_eq!(cell("Records"), st["records"].as_u64().unwrap(), "{row}");
+    assert_rebuilds(
+        &addr,
+        n,
+        &tmp.path().join("end"),
+        &tmp.path().join("live"),
+        250 - 40,
+        &failed,
+    );
+}
+
+/// `kill -9` of `riptide serve --backfill` mid-crawl (once some repositories have landed, the
+/// sim slowed to 150 ms a request), then a restart with the same arguments: the crawl resumes
+/// from its state, the frames held at the kill are reloaded, and a subscriber from cursor 0
+/// still rebuilds every good account exactly once.
+#[test]
+fn serve_backfill_killed_mid_crawl_and_restarted_serves_each_record_once() {
+    let tmp = scratch();
+    let (_sim, base, manifest) = live_and_end(tmp.path(), &["--fault-delay-ms", "150"]);
+    let data = tmp.path().join("data");
+    let run = || {
+        let mut c = serve_backfill(&base, &data, 250 - 40);
+        c.args(["--concurrency", "2", "--per-host", "1"]);
+        c
+    };
+    {
+        let (server, addr) = common::spawn_serve(&mut run());
+        common::wait_for(&addr, "riptide_backfill_landed_total", 3.0);
+        assert_eq!(
+            common::metric(&addr, "riptide_backfill_running"),
+            1.0,
+            "killed mid-crawl"
+        );
+        server.kill();
+    }
+    let (_server, addr) = common::spawn_serve(&mut run());
+    let n = settled(&addr, 500);
+    for v in ["chain-break", "rev-regression", "resync-overflow"] {
+        let got = common::metric(&addr, &format!("riptide_verdicts_total{{verdict=\"{v}\"}}"));
+        assert_eq!(got, 0.0, "{v}");
+    }
+    let failed = failed_as_planted(&data, &manifest);
+    assert_rebuilds(
+        &addr,
+        n,
+        &tmp.path().join("end"),
+        &tmp.path().join("live"),
+        250 - 40,
+        &failed,
+    );
+}
+
+/// `riptide serve --backfill` over a data directory that already followed the relay to its end
+/// (every account that committed has a verified commit stored, newer than its repository as of
+/// S): those repositories land as `superseded` (counted, no rows), the accounts that never
+/// committed land as creates, and nothing is stored twice: the events the restart adds are
+/// exactly the records `backfill status` counts.
+#[test]
+fn serve_backfill_over_known_accounts_adds_only_the_unknown_ones() {
+    let tmp = scratch();
+    let (_sim, base, manifest) = live_and_end(tmp.path(), &[]);
+    let data = tmp.path().join("data");
+    let relay = format!(
+        "{}/xrpc/com.atproto.sync.subscribeRepos",
+        base.replace("http://", "ws://")
+    );
+    let before = {
+        let (server, addr) = common::spawn_serve(
+            common::serve_command(&data)
+                .args(["--upstream", &relay, "--upstream-cursor", "0"])
+                .args(["--plc-url", &base]),
+        );
+        common::wait_for(&addr, "riptide_upstream_seq", 500.0);
+        let n = common::metric(&addr, "riptide_log_next_seq");
+        server.kill();
+        n
+    };
+    let (_server, addr) = common::spawn_serve(&mut serve_backfill(&base, &data, 0));
+    let after = settled(&addr, 500) as f64 + 1.0;
+    let failed = failed_as_planted(&data, &manifest);
+    let committed: BTreeSet<String> = live_ops(&tmp.path().join("live"), 0)
+        .into_keys()
+        .map(|(did, _)| did)
+        .collect();
+    let known = committed.difference(&failed).count() as f64;
+    assert!(known >= 10.0, "{known}");
+    let st = status_json_of("--data", &data);
+    let m = |k: &str| common::metric(&addr, k);
+    assert_eq!(m("riptide_backfill_superseded_total"), known);
+    assert_eq!(
+        m("riptide_backfill_landed_total") + known,
+        st["repos_ok"].as_f64().unwrap(),
+        "{st}"
+    );
+    assert_eq!(after - before, st["records"].as_f64().unwrap(), "{st}");
+}

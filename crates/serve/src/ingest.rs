@@ -58,6 +58,7 @@ use tokio::sync::mpsc;
 
 use riptide_firehose::chain::{AccountState, ChainStore, SyncStatus, Tip};
 
+use crate::backfill::{BackfillJob, BackfillRepo};
 use crate::chain::{max_in_flight, ServeChain};
 use crate::compress::{compress_into, DictError, Dictionary};
 use crate::keys::Keys;
@@ -89,6 +90,13 @@ pub enum Upstream {
     /// even if the stored cursor is higher (see `upstream.rs`, "Seqs that go backwards"). The
     /// stored cursor then follows the relay.
     CursorReset(u64),
+    /// A backfill runs from here on (`serve --backfill`, [`crate::backfill`]): the frames of an
+    /// account with no verified commit yet are held until its repository lands.
+    BackfillStart,
+    /// A verified repository of the backfill, to land between the frames around it.
+    Backfill(Arc<BackfillRepo>),
+    /// The backfill is over: the frames still held for it are verified and released.
+    BackfillOver,
 }
 
 impl Upstream {
@@ -96,6 +104,7 @@ impl Upstream {
     pub fn seq(&self) -> u64 {
         match self {
             Upstream::Frame((seq, _)) | Upstream::CursorReset(seq) => *seq,
+            Upstream::BackfillStart | Upstream::Backfill(_) | Upstream::BackfillOver => 0,
         }
     }
 }
@@ -287,6 +296,8 @@ struct Job {
     route: Route,
     /// A verified repository for a resyncing account (`crate::resync`), instead of a frame.
     landing: Option<Box<Landing>>,
+    /// The backfill's part (`crate::backfill`), instead of a frame.
+    backfill: Option<BackfillJob>,
 }
 
 /// What the dispatcher's peek found: the DID's byte range in the frame (`None`: unreadable)
@@ -314,7 +325,8 @@ impl Route {
     }
 }
 
-struct Part {
+#[derive(Clone)]
+pub(crate) struct Part {
     kind: EventKind,
     did: Range<usize>,
     collection: Range<usize>,
@@ -348,6 +360,10 @@ struct Done {
     queued: Range<usize>,
     /// Whether `seq` is an upstream frame's (the cursor moves to it); not for a landing.
     moves_cursor: bool,
+    /// Entries of the store's `backfill` partition (a landed repository's), in this batch.
+    progress: Range<usize>,
+    /// Told the store's next seq once this is durable (a landed repository's sink waits).
+    ack: Option<std::sync::mpsc::SyncSender<u64>>,
 }
 
 /// A worker's answer to one chunk of jobs, in job order; all the events' bytes in one buffer.
@@ -359,6 +375,7 @@ struct DoneChunk {
     states: Vec<(Box<str>, AccountState)>,
     pending: Vec<PendingChange>,
     queued: Vec<Box<str>>,
+    progress: Vec<(Box<str>, Vec<u8>)>,
 }
 
 /// Chunks a worker's answer channel holds.
@@ -630,6 +647,19 @@ impl<'a> Dispatch<'a> {
                     self.cursor = seq.checked_sub(1);
                     continue;
                 }
+                Upstream::Backfill(r) => {
+                    let w = owner(&r.did, self.jobs.len());
+                    self.job(w, BackfillJob::Repo(r));
+                    continue;
+                }
+                Upstream::BackfillStart => {
+                    (0..self.jobs.len()).for_each(|w| self.job(w, BackfillJob::Start));
+                    continue;
+                }
+                Upstream::BackfillOver => {
+                    (0..self.jobs.len()).for_each(|w| self.job(w, BackfillJob::Over));
+                    continue;
+                }
             };
             let received_us = crate::now_us();
             self.metrics.frames_in.fetch_add(1, Relaxed);
@@ -648,10 +678,24 @@ impl<'a> Dispatch<'a> {
                 received_us,
                 route,
                 landing: None,
+                backfill: None,
             });
             self.ids.push(w as u8);
         }
         self.flush()
+    }
+
+    /// Queues the backfill's `job` for worker `w`, after the frames dispatched before it.
+    fn job(&mut self, w: usize, job: BackfillJob) {
+        self.pending[w].push(Job {
+            seq: self.cursor.unwrap_or(0),
+            bytes: Bytes::new(),
+            received_us: crate::now_us(),
+            route: Route::default(),
+            landing: None,
+            backfill: Some(job),
+        });
+        self.ids.push(w as u8);
     }
 
     /// The source has ended (a file): before ingest ends, the resyncs it caused land. Waits
@@ -699,6 +743,7 @@ impl<'a> Dispatch<'a> {
             received_us: crate::now_us(),
             route: Route::default(),
             landing: Some(Box::new(l)),
+            backfill: None,
         });
         self.ids.push(w as u8);
         self.flush()
@@ -733,6 +778,9 @@ struct Worker {
     /// `Some` when chain breaks are repaired by resync.
     holds: Option<Holds>,
     arena: Arena,
+    /// A backfill runs: frames of accounts with no verified commit are held
+    /// (`crate::backfill`).
+    backfilling: bool,
 }
 
 impl Worker {
@@ -761,6 +809,7 @@ impl Worker {
             projector: Projector::with_sync(),
             metrics,
             arena: Arena::new(),
+            backfilling: false,
         }
     }
 
@@ -782,10 +831,18 @@ impl Worker {
                 let first_state = out.states.len();
                 let first_pending = out.pending.len();
                 let first_queued = out.queued.len();
-                let moves_cursor = job.landing.is_none();
-                let r = match job.landing {
-                    Some(l) => self.land(&l.resynced, job.seq, &mut out),
-                    None => self.frame(job.seq, &job.bytes, Some(&job.route), &mut out),
+                let first_progress = out.progress.len();
+                let moves_cursor = job.landing.is_none() && job.backfill.is_none();
+                let mut ack = None;
+                let r = match (job.landing, job.backfill) {
+                    (Some(l), _) => self.land(&l.resynced, job.seq, &mut out),
+                    (None, Some(b)) => {
+                        if let BackfillJob::Repo(r) = &b {
+                            ack = Some(r.ack.clone());
+                        }
+                        self.backfill(b, &mut out)
+                    }
+                    (None, None) => self.frame(job.seq, &job.bytes, Some(&job.route), &mut out),
                 };
                 if let Err(e) = r {
                     // This frame was checked against no state: it and what follows are not
@@ -793,6 +850,7 @@ impl Worker {
                     out.parts.truncate(first);
                     out.pending.truncate(first_pending);
                     out.queued.truncate(first_queued);
+                    out.progress.truncate(first_progress);
                     let _ = done.send(out);
                     return Err(e);
                 }
@@ -804,6 +862,8 @@ impl Worker {
                     pending: first_pending..out.pending.len(),
                     queued: first_queued..out.queued.len(),
                     moves_cursor,
+                    progress: first_progress..out.progress.len(),
+                    ack,
                 });
             }
             // The next chunk's buffer starts as large as the largest so far, up to 1 MiB (one
@@ -826,7 +886,11 @@ impl Worker {
         route: Option<&Route>,
         out: &mut DoneChunk,
     ) -> Result<(), IngestError> {
-        if let Some(holds) = self.holds.as_mut().filter(|h| h.any()) {
+        if self
+            .holds
+            .as_ref()
+            .is_some_and(|h| h.any() || self.backfilling)
+        {
             let (did, sync) = match route {
                 Some(r) => (r.did(bytes), r.sync),
                 None => {
@@ -834,17 +898,20 @@ impl Worker {
                     (p.did, p.kind == "sync")
                 }
             };
-            if let Some(did) = did.filter(|d| !sync && holds.is_resyncing(d)) {
+            let did = did.filter(|_| !sync).map(Box::<str>::from);
+            if let Some(did) = did.filter(|d| self.awaits(d)) {
                 let held = Held {
                     seq,
                     frame: bytes.clone(),
                 };
-                if holds.hold(did, held, &self.metrics) {
-                    out.pending.push(PendingChange::Hold {
-                        did: did.into(),
-                        seq,
-                        frame: bytes.clone(),
-                    });
+                if let Some(holds) = self.holds.as_mut() {
+                    if holds.hold(&did, held, &self.metrics) {
+                        out.pending.push(PendingChange::Hold {
+                            did,
+                            seq,
+                            frame: bytes.clone(),
+                        });
+                    }
                 }
                 return Ok(());
             }
@@ -862,6 +929,91 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// Whether `did`'s frames are held: its resync is in flight, or a backfill runs and the
+    /// account has no verified commit yet (or frames held already, kept in order).
+    fn awaits(&mut self, did: &str) -> bool {
+        let Some(holds) = self.holds.as_ref() else {
+            return false;
+        };
+        if holds.is_resyncing(did) {
+            return true;
+        }
+        if !self.backfilling {
+            return false;
+        }
+        if holds.holds_any(did) {
+            return true;
+        }
+        self.verifier
+            .as_mut()
+            .is_some_and(|v| v.chain_mut().get(did).and_then(|s| s.tip).is_none())
+    }
+
+    /// The backfill's part of the stream (`crate::backfill`).
+    fn backfill(&mut self, job: BackfillJob, out: &mut DoneChunk) -> Result<(), IngestError> {
+        match job {
+            BackfillJob::Start => {
+                self.backfilling = true;
+                Ok(())
+            }
+            BackfillJob::Repo(r) => self.land_repo(&r, out),
+            BackfillJob::Over => {
+                self.backfilling = false;
+                let waiting = self
+                    .holds
+                    .as_ref()
+                    .map(Holds::awaiting_backfill)
+                    .unwrap_or_default();
+                for did in waiting {
+                    self.release(&did, out)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A verified repository of the backfill lands: its records as creates at its rev, the
+    /// account's chain state taken from it, its progress entry, then its held frames verified
+    /// on top (`crate::backfill`, "What a subscriber sees").
+    fn land_repo(&mut self, r: &BackfillRepo, out: &mut DoneChunk) -> Result<(), IngestError> {
+        let Some(v) = self.verifier.as_mut() else {
+            // `serve --backfill` verifies (refused with --no-verify): nothing to land on.
+            return Ok(());
+        };
+        let chain = v.chain_mut();
+        let before = chain.get(&r.did);
+        let (checked, next) = riptide_firehose::chain::check_sync(
+            before.as_ref(),
+            &r.rev,
+            r.commit.as_cid(),
+            r.data.as_cid(),
+            crate::now_us().max(0) as u64,
+        );
+        let landed = match checked {
+            Ok(()) => {
+                if let Some(next) = next {
+                    chain.put(&r.did, next);
+                }
+                let at = out.buf.len();
+                out.buf.extend_from_slice(&r.buf);
+                out.parts.extend(r.parts.iter().map(|p| p.shifted(at)));
+                self.metrics.backfill.landed.fetch_add(1, Relaxed);
+                r.landed(None)
+            }
+            Err(why) => {
+                self.metrics.backfill.superseded.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    did = %r.did, rev = %r.rev, why = ?why,
+                    "backfill: the store already holds a newer commit of this account; its repository is not served"
+                );
+                r.landed(Some(format!("{why:?}")))
+            }
+        };
+        self.drain_chain(out)?;
+        out.progress.push((r.did.clone(), landed));
+        self.release(&r.did, out)
     }
 
     /// Verifies and projects one frame; its verdict, kind and DID (`None` without a verifier).
@@ -1097,27 +1249,65 @@ fn project(
         .inspect_err(|e| tracing::debug!(seq, error = %e, "frame's events kept without rows"))
         .ok();
     for i in 0..p.len() {
-        let did = push(&mut out.buf, p.did(i).as_bytes());
-        let collection = push(&mut out.buf, p.collection(i).as_bytes());
-        let head = push_with(&mut out.buf, |b| p.render_head(i, b));
-        let tail = push_with(&mut out.buf, |b| p.render_tail(i, b));
-        // A column past a `.jss` row's width (a collection or record key over 255 bytes, which
-        // their syntax allows) keeps its event as JSON.
-        let row = rows.as_ref().and_then(|r| r.get(i)).map(|r| r.row(0, 0));
-        let row = row.filter(|r| r.validate().is_ok()).map(|r| RowAt {
-            kind: r.kind,
-            rkey: push(&mut out.buf, r.rkey.as_bytes()),
-            rev: push(&mut out.buf, r.rev.as_bytes()),
-            payload: push(&mut out.buf, r.payload),
-        });
-        out.parts.push(Part {
-            kind: p.kind(i),
-            did,
-            collection,
-            head,
-            tail,
-            row,
-        });
+        push_event(
+            &mut out.buf,
+            &mut out.parts,
+            p,
+            i,
+            rows.as_ref().and_then(|r| r.get(i)),
+        );
+    }
+}
+
+/// Appends event `i` of `p` to `buf` and `parts`: its DID, collection, its JSON in two pieces
+/// around the `time_us` value and cursor (the writer's to stamp), and its `.jss` row.
+pub(crate) fn push_event(
+    buf: &mut Vec<u8>,
+    parts: &mut Vec<Part>,
+    p: &riptide_jetstream::Projection,
+    i: usize,
+    row: Option<&riptide_jetstream::StoredRow<'_>>,
+) {
+    let did = push(buf, p.did(i).as_bytes());
+    let collection = push(buf, p.collection(i).as_bytes());
+    let head = push_with(buf, |b| p.render_head(i, b));
+    let tail = push_with(buf, |b| p.render_tail(i, b));
+    // A column past a `.jss` row's width (a collection or record key over 255 bytes, which
+    // their syntax allows) keeps its event as JSON.
+    let row = row.map(|r| r.row(0, 0));
+    let row = row.filter(|r| r.validate().is_ok()).map(|r| RowAt {
+        kind: r.kind,
+        rkey: push(buf, r.rkey.as_bytes()),
+        rev: push(buf, r.rev.as_bytes()),
+        payload: push(buf, r.payload),
+    });
+    parts.push(Part {
+        kind: p.kind(i),
+        did,
+        collection,
+        head,
+        tail,
+        row,
+    });
+}
+
+impl Part {
+    /// This part with its ranges moved `by` bytes on (copied to the end of another buffer).
+    fn shifted(&self, by: usize) -> Part {
+        let m = |r: &Range<usize>| r.start + by..r.end + by;
+        Part {
+            kind: self.kind,
+            did: m(&self.did),
+            collection: m(&self.collection),
+            head: m(&self.head),
+            tail: m(&self.tail),
+            row: self.row.as_ref().map(|r| RowAt {
+                kind: r.kind,
+                rkey: m(&r.rkey),
+                rev: m(&r.rev),
+                payload: m(&r.payload),
+            }),
+        }
     }
 }
 
@@ -1185,6 +1375,9 @@ fn write(
         std::collections::BTreeMap::new();
     let mut pending_list: Vec<PendingChange> = Vec::new();
     let mut queued: Vec<Box<str>> = Vec::new();
+    // Landed repositories' progress entries, and their sinks to tell once durable.
+    let mut progress: Vec<(Box<str>, Vec<u8>)> = Vec::new();
+    let mut acks: Vec<std::sync::mpsc::SyncSender<u64>> = Vec::new();
     let mut received: Vec<i64> = Vec::with_capacity(max_batch);
     let mut json = Vec::with_capacity(1 << 14);
     let mut zbuf = Vec::new();
@@ -1228,6 +1421,8 @@ fn write(
                     };
                 }
                 queued.extend_from_slice(&d.queued[frame.queued.clone()]);
+                progress.extend_from_slice(&d.progress[frame.progress.clone()]);
+                acks.extend(frame.ack.clone());
                 for p in &d.parts[frame.parts.clone()] {
                     let seq = resume.next_seq;
                     let time_us = crate::now_us().max(resume.last_time_us + 1);
@@ -1323,8 +1518,14 @@ fn write(
             rows.as_deref(),
             &state_list,
             &pending_list,
+            &progress,
             &resume,
         )?;
+        progress.clear();
+        for a in acks.drain(..) {
+            // A sink that stopped waiting is gone: nothing to tell.
+            let _ = a.try_send(resume.next_seq);
+        }
         if let Some(q) = &queue {
             for did in queued.drain(..) {
                 metrics.resync_queued.fetch_add(1, Relaxed);
@@ -1374,6 +1575,7 @@ const STORE_RETRY_FIRST: Duration = Duration::from_millis(500);
 /// store must be reopened. Ingest stays paused until a probe file can be written to the data
 /// directory again (space is back), and then ends with [`StoreError::NeedsReopen`]; `riptide
 /// serve` restarts itself on it (a restart reopens the store; what was durable is kept).
+#[allow(clippy::too_many_arguments)]
 fn append_until_stored(
     log: &Log,
     metrics: &Metrics,
@@ -1381,6 +1583,7 @@ fn append_until_stored(
     rows: Option<&[Row<'_>]>,
     accounts: &[(Box<str>, AccountState)],
     pending: &[PendingChange],
+    progress: &[(Box<str>, Vec<u8>)],
     resume: &Resume,
 ) -> Result<(), StoreError> {
     let mut wait = STORE_RETRY_FIRST;
@@ -1400,14 +1603,9 @@ fn append_until_stored(
         }
         let r = match crate::faults::store_write() {
             Some(e) => Err(e),
-            None => match rows {
-                Some(rows) => log
-                    .store()
-                    .append_rows(events, rows, accounts, pending, resume),
-                None => log
-                    .store()
-                    .append_with_pending(events, accounts, pending, resume),
-            },
+            None => log
+                .store()
+                .append_all(events, rows, accounts, pending, progress, resume),
         };
         match r {
             // Not the disk's doing, so not retried as it is: a bug between the rows and the

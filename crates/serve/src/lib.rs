@@ -30,6 +30,7 @@
 //! - `said`: the rule (riptide-throttle) for the rare complaints that can still come in floods.
 
 pub mod archive;
+pub mod backfill;
 pub mod chain;
 pub mod compress;
 mod faults;

@@ -603,6 +603,8 @@ pub struct Metrics {
     pub store_append_seconds: Histogram,
     /// The Kafka scale-out's (rendered on an ingest node or an edge only).
     pub kafka: KafkaMetrics,
+    /// `serve --backfill`'s (rendered only with it: `crate::backfill`).
+    pub backfill: crate::backfill::BackfillMetrics,
 }
 
 impl Metrics {
@@ -1063,6 +1065,7 @@ impl Metrics {
             h.render(&mut s, name, help);
         }
         self.kafka.render(&mut s);
+        self.backfill.render(&mut s);
         for (name, help, v) in extra {
             sample(&mut s, name, "gauge", help, v);
         }

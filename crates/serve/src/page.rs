@@ -76,6 +76,72 @@ fn grouped(n: u64) -> String {
 }
 
 /// A byte count for a person: `12.5 MiB`.
+/// The backfill's row (`serve --backfill`: `crate::backfill`), the numbers `/metrics` renders.
+fn backfill(doc: &mut Doc, b: &crate::backfill::BackfillMetrics) {
+    if !b.enabled() {
+        doc.text("State", "not running", "riptide serve --backfill runs one");
+        return;
+    }
+    doc.text("State", b.state(), &b.error().unwrap_or_default());
+    let Some(st) = b.status() else {
+        return;
+    };
+    doc.count(
+        "Hosts done",
+        "riptide_backfill_listings{state=\"done\"}",
+        st.listings_done,
+        "listings crawled to their end",
+    );
+    doc.count(
+        "Hosts left",
+        "riptide_backfill_listings{state=\"left\"}",
+        st.listings_left,
+        &format!("{} with problems", st.listing_problems.len()),
+    );
+    doc.count(
+        "Repositories ok",
+        "riptide_backfill_repos_total{outcome=\"ok\"}",
+        st.repos_ok,
+        "verified and stored",
+    );
+    for (reason, n) in &st.repos_failed {
+        doc.count(
+            &format!("Failed: {reason}"),
+            &format!("riptide_backfill_repos_total{{outcome=\"{reason}\"}}"),
+            *n,
+            "",
+        );
+    }
+    doc.count(
+        "Records",
+        "riptide_backfill_records_total",
+        st.records,
+        &human_bytes(st.bytes),
+    );
+    doc.count(
+        "Superseded",
+        "riptide_backfill_superseded_total",
+        b.superseded.load(Relaxed),
+        "the store held a newer commit",
+    );
+    doc.text(
+        "Rate",
+        &format!("{:.1} repositories/s", st.repos_per_sec),
+        &format!("{:.0} records/s", st.records_per_sec),
+    );
+    let eta = match st.eta_secs {
+        Some(e) => format!("{e:.0} s"),
+        None => "unknown".into(),
+    };
+    doc.text(
+        "ETA",
+        &eta,
+        &st.expected_repos
+            .map(|n| format!("{n} accounts expected"))
+            .unwrap_or_default(),
+    );
+}
+
 fn human_bytes(n: u64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
@@ -362,7 +428,7 @@ pub fn render(app: &App) -> String {
     );
 
     doc.section("Backfill");
-    doc.text("State", "not running", "");
+    backfill(&mut doc, &m.backfill);
 
     doc.section("Archive");
     let segs = app.archive.segments().snapshot();

@@ -405,6 +405,25 @@ impl Holds {
         self.resyncing.contains(did)
     }
 
+    /// Whether frames of `did` are held (for its resync or, with `serve --backfill`, its
+    /// repository: `crate::backfill`).
+    pub fn holds_any(&self, did: &str) -> bool {
+        self.held.contains_key(did)
+    }
+
+    /// The accounts with frames held that await no resync: those held for the backfill
+    /// (`crate::backfill`), including those reloaded at start.
+    pub fn awaiting_backfill(&self) -> Vec<Box<str>> {
+        let mut v: Vec<Box<str>> = self
+            .held
+            .keys()
+            .filter(|d| !self.resyncing.contains(*d))
+            .cloned()
+            .collect();
+        v.sort();
+        v
+    }
+
     /// `did` awaits resync from now on.
     pub fn start(&mut self, did: &str, metrics: &Metrics) {
         if self.resyncing.insert(did.into()) {

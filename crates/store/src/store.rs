@@ -1761,6 +1761,22 @@ impl<T: Text> Store<T> {
         self.append_batch(events, rows, accounts, &[], progress, resume)
     }
 
+    /// Everything one batch can carry, in one atomic, durable write: events (with their rows,
+    /// or as JSON), account states, changes to the resync partition and the backfill's
+    /// progress. Ingest's writer with `riptide serve --backfill`, where live frames, held ones
+    /// and landed repositories share a batch.
+    pub fn append_all(
+        &self,
+        events: &[Event<T>],
+        rows: Option<&[Row<'_>]>,
+        accounts: &[(Box<str>, AccountState)],
+        resync: &[PendingChange],
+        progress: &[(Box<str>, Vec<u8>)],
+        resume: &Resume,
+    ) -> Result<(), StoreError> {
+        self.append_batch(events, rows, accounts, resync, progress, resume)
+    }
+
     /// The backfill's progress stored under `key` ([`Self::append_with_progress`]).
     pub fn progress(&self, key: &str) -> Result<Option<Bytes>, StoreError> {
         Ok(self

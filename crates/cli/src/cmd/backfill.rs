@@ -97,6 +97,14 @@ struct RunArgs {
     /// Progress (per-repository status, cursors): resume by running again with the same DIR.
     #[arg(long)]
     state: Option<PathBuf>,
+    #[command(flatten)]
+    crawl: CrawlArgs,
+}
+
+/// How the crawl finds accounts and keeps to the hosts' limits: `riptide backfill`'s and
+/// `riptide serve --backfill`'s (the same flags).
+#[derive(clap::Args, Debug)]
+pub struct CrawlArgs {
     /// Where accounts come from: the relay's `listHosts` then each host's `listRepos`
     /// (`hosts`), or the relay's own `listRepos` (`relay`).
     #[arg(long, value_enum, default_value_t = Source::Hosts)]
@@ -157,6 +165,117 @@ struct RunArgs {
     retry_failed: bool,
 }
 
+/// A crawl's plan: where the accounts come from and the limits, checked.
+pub struct Plan {
+    pub cfg: Config,
+    pub limits: HostLimits,
+    pub keep: Collections,
+}
+
+impl CrawlArgs {
+    /// The flags' defaults (a server started from code: `riptide demo`).
+    pub fn defaults() -> CrawlArgs {
+        use clap::{Args as _, FromArgMatches as _};
+        let m = CrawlArgs::augment_args(clap::Command::new("crawl")).get_matches_from(["crawl"]);
+        CrawlArgs::from_arg_matches(&m).unwrap_or_else(|e| e.exit())
+    }
+
+    /// The crawl's configuration against `relay` (an XRPC base: [`relay_base`]); a flag that
+    /// cannot be used is an error, said before anything starts.
+    pub fn plan(&self, relay: &str) -> anyhow::Result<Plan> {
+        let a = self;
+        check_bind(&a.bind)?;
+        let keep = Collections::parse(&a.collections)
+            .map_err(|e| anyhow::anyhow!("--collections: {e}"))?;
+        let discovery = if let Some(file) = &a.dids {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            let (dids, bad) = riptide_backfill::discover::parse_did_file(&text);
+            if !bad.is_empty() {
+                anyhow::bail!(
+                    "{}: {} lines are not DIDs (first: {:?})",
+                    file.display(),
+                    bad.len(),
+                    bad[0]
+                );
+            }
+            Discovery::Dids(dids)
+        } else if let Some(nsids) = keep.discoverable() {
+            Discovery::Collections(nsids.to_vec())
+        } else if a.discovery == Source::Relay {
+            Discovery::RelayRepos
+        } else {
+            Discovery::Hosts
+        };
+        let unlimited = a.no_rate_limits;
+        if !unlimited && (a.get_repo_rate <= 0.0 || a.list_rate <= 0.0) {
+            anyhow::bail!("--get-repo-rate and --list-rate must be above 0 (or --no-rate-limits)");
+        }
+        let limits = HostLimits {
+            get_repo_per_sec: if unlimited {
+                f64::INFINITY
+            } else {
+                a.get_repo_rate
+            },
+            list_per_sec: if unlimited {
+                f64::INFINITY
+            } else {
+                a.list_rate
+            },
+            per_host: a.per_host.max(1),
+        };
+        let cfg = Config {
+            relay: relay.to_owned(),
+            discovery,
+            global: a.concurrency.max(1),
+            window: a.per_host.max(1) * 2,
+            attempts: a.attempts.max(1),
+            backoff: Duration::from_millis(a.retry_backoff_ms),
+            retry_failed: a.retry_failed,
+            ..Config::default()
+        };
+        Ok(Plan { cfg, limits, keep })
+    }
+
+    /// The spool directory: --spool-dir, or `state_dir/spool` (created).
+    pub fn spool(&self, state_dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+        let spool = self
+            .spool_dir
+            .clone()
+            .unwrap_or_else(|| state_dir.join("spool"));
+        std::fs::create_dir_all(&spool).with_context(|| format!("creating {}", spool.display()))?;
+        Ok(spool)
+    }
+
+    /// The fetcher (inside a runtime): `getRepo` through `resolver`, the relay as fallback.
+    pub fn fetcher(
+        &self,
+        resolver: Resolver,
+        relay: String,
+        keep: Collections,
+        spool: PathBuf,
+    ) -> anyhow::Result<Fetcher> {
+        let a = self;
+        let resync = Resyncer::new(
+            resolver.clone(),
+            ResyncConfig {
+                timeout: Duration::from_secs(a.timeout_secs.max(1)),
+                max_repo_bytes: a.max_repo_bytes,
+                per_host: a.per_host.max(1),
+                spool_above: a.spool_above,
+                spool_dir: Some(spool),
+                min_bytes_per_sec: a.min_bytes_per_sec,
+                ..ResyncConfig::default()
+            },
+        );
+        let mut fetcher = Fetcher::new(resolver, resync, Some(relay), keep);
+        if !a.bind.is_empty() {
+            fetcher = fetcher.bound_to(&a.bind)?;
+        }
+        Ok(fetcher)
+    }
+}
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum Source {
     Hosts,
@@ -164,7 +283,7 @@ enum Source {
 }
 
 /// The backfill's state inside a data directory (`--data DIR` without `--state`).
-const STATE_IN_DATA: &str = "backfill";
+pub const STATE_IN_DATA: &str = "backfill";
 
 pub fn run(a: Args) -> anyhow::Result<ExitCode> {
     match a.cmd {
@@ -258,7 +377,7 @@ fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `wss://host/…` or `https://host` → `https://host` (the relay's XRPC base).
-fn relay_base(url: &str) -> anyhow::Result<String> {
+pub fn relay_base(url: &str) -> anyhow::Result<String> {
     riptide_resolver::resync::relay_http_base(url)
         .with_context(|| format!("--relay {url}: not an http(s):// or ws(s):// URL"))
 }
@@ -278,7 +397,7 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--relay URL is required (or `riptide backfill status --state DIR`)");
     };
     let relay = relay_base(relay)?;
-    check_bind(&a.bind)?;
+    let Plan { cfg, limits, keep } = a.crawl.plan(&relay)?;
     if !a.jsonl && a.data.is_none() {
         anyhow::bail!("an output is required: --data DIR (the store `riptide serve --data DIR` serves) or --jsonl");
     }
@@ -289,52 +408,8 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
     else {
         anyhow::bail!("--state DIR is required: the backfill's progress, to resume from");
     };
-    let keep =
-        Collections::parse(&a.collections).map_err(|e| anyhow::anyhow!("--collections: {e}"))?;
-    let discovery = if let Some(file) = &a.dids {
-        let text =
-            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        let (dids, bad) = riptide_backfill::discover::parse_did_file(&text);
-        if !bad.is_empty() {
-            anyhow::bail!(
-                "{}: {} lines are not DIDs (first: {:?})",
-                file.display(),
-                bad.len(),
-                bad[0]
-            );
-        }
-        Discovery::Dids(dids)
-    } else if let Some(nsids) = keep.discoverable() {
-        Discovery::Collections(nsids.to_vec())
-    } else if a.discovery == Source::Relay {
-        Discovery::RelayRepos
-    } else {
-        Discovery::Hosts
-    };
-    std::fs::create_dir_all(&state_dir)
-        .with_context(|| format!("creating {}", state_dir.display()))?;
-    let spool = a
-        .spool_dir
-        .clone()
-        .unwrap_or_else(|| state_dir.join("spool"));
-    std::fs::create_dir_all(&spool).with_context(|| format!("creating {}", spool.display()))?;
-    // One run per state directory: a second one (or a `status` opening the keyspace) beside a
-    // running backfill would open fjall twice. Held until the process ends.
-    let lock = lock_file(&state_dir)?;
-    match lock.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
-            "{}: another backfill is running on this state (`riptide backfill status --state {}` reports it)",
-            state_dir.display(),
-            state_dir.display()
-        ),
-        Err(std::fs::TryLockError::Error(e)) => {
-            return Err(e).with_context(|| format!("locking {}", state_dir.display()))
-        }
-    }
-    let state = Arc::new(
-        State::open(&state_dir).with_context(|| format!("opening {}", state_dir.display()))?,
-    );
+    let (state, _lock) = open_state(&state_dir)?;
+    let spool = a.crawl.spool(&state_dir)?;
     let lines: Option<Box<dyn Sink>> = match (a.jsonl, &a.out) {
         (false, _) => None,
         (true, Some(path)) => {
@@ -373,33 +448,6 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         (None, Some(lines)) => lines,
         (None, None) => anyhow::bail!("an output is required: --data DIR or --jsonl"),
     };
-    let unlimited = a.no_rate_limits;
-    let limits = HostLimits {
-        get_repo_per_sec: if unlimited {
-            f64::INFINITY
-        } else {
-            a.get_repo_rate
-        },
-        list_per_sec: if unlimited {
-            f64::INFINITY
-        } else {
-            a.list_rate
-        },
-        per_host: a.per_host.max(1),
-    };
-    if !unlimited && (a.get_repo_rate <= 0.0 || a.list_rate <= 0.0) {
-        anyhow::bail!("--get-repo-rate and --list-rate must be above 0 (or --no-rate-limits)");
-    }
-    let cfg = Config {
-        relay: relay.clone(),
-        discovery,
-        global: a.concurrency.max(1),
-        window: a.per_host.max(1) * 2,
-        attempts: a.attempts.max(1),
-        backoff: Duration::from_millis(a.retry_backoff_ms),
-        retry_failed: a.retry_failed,
-        ..Config::default()
-    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -411,22 +459,7 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
             plc_url: a.plc_url.trim_end_matches('/').to_owned(),
             ..ResolverConfig::default()
         })?;
-        let resync = Resyncer::new(
-            resolver.clone(),
-            ResyncConfig {
-                timeout: Duration::from_secs(a.timeout_secs.max(1)),
-                max_repo_bytes: a.max_repo_bytes,
-                per_host: a.per_host.max(1),
-                spool_above: a.spool_above,
-                spool_dir: Some(spool),
-                min_bytes_per_sec: a.min_bytes_per_sec,
-                ..ResyncConfig::default()
-            },
-        );
-        let mut fetcher = Fetcher::new(resolver, resync, Some(relay), keep);
-        if !a.bind.is_empty() {
-            fetcher = fetcher.bound_to(&a.bind)?;
-        }
+        let fetcher = a.crawl.fetcher(resolver, relay, keep, spool)?;
         let hosts = Hosts::new(limits, cfg.global);
         let shown = tokio::spawn(show_progress(progress.clone()));
         let snapshots = tokio::spawn(snapshot_status(state.clone(), state_dir.clone()));
@@ -452,6 +485,27 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Opens a state directory (created) for one run: a second one (or a `status` opening the
+/// keyspace) beside a running backfill would open fjall twice, so the directory's lock is
+/// taken, and held for as long as the returned file lives.
+pub fn open_state(dir: &std::path::Path) -> anyhow::Result<(Arc<State>, std::fs::File)> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let lock = lock_file(dir)?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "{}: another backfill is running on this state (`riptide backfill status --state {}` reports it)",
+            dir.display(),
+            dir.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("locking {}", dir.display()))
+        }
+    }
+    let state = State::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    Ok((Arc::new(state), lock))
+}
+
 /// The lock file of a state directory.
 fn lock_file(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     let path = dir.join("lock");
@@ -468,7 +522,7 @@ fn lock_file(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
 const SNAPSHOT: &str = "status.json";
 
 /// Writes the status snapshot (atomically: a temporary file renamed over it).
-fn write_snapshot(state: &State, dir: &std::path::Path) {
+pub fn write_snapshot(state: &State, dir: &std::path::Path) {
     let Ok(s) = riptide_backfill::status(state, 20) else {
         return;
     };

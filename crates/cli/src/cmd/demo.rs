@@ -273,6 +273,8 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         workers: None,
         // The demo prints its own line a second; the server's (INFO) is below its log level.
         status_interval: riptide_serve::status::EVERY,
+        backfill: false,
+        crawl: super::backfill::CrawlArgs::defaults(),
     };
     let running = super::serve::start(&serve_args).await?;
     let addr = running.addr;

@@ -24,6 +24,7 @@ pub mod repo;
 pub mod repo_export;
 pub mod resolve;
 pub mod serve;
+pub mod serve_backfill;
 pub mod serve_kafka;
 pub mod sim;
 pub mod store;

@@ -155,6 +155,15 @@ pub struct Args {
     /// Not a contract: at most this many frames per second from the file.
     #[arg(long, requires = "ingest_file")]
     pub ingest_rate: Option<f64>,
+    /// Backfill the network's existing repositories beside ingest (issue 37): the first
+    /// --upstream's hosts and accounts crawled as `riptide backfill` crawls them, each
+    /// repository verified and stored through ingest as one `create` per record, the live
+    /// frames of an account held until its repository lands; progress in DATA/backfill, so a
+    /// restart resumes. The discovery and limit flags below are `riptide backfill`'s.
+    #[arg(long, conflicts_with_all = ["no_verify", "stateless", "no_resync", "from", "publish", "ingest_file"])]
+    pub backfill: bool,
+    #[command(flatten, next_help_heading = "Backfill (with --backfill)")]
+    pub crawl: super::backfill::CrawlArgs,
 }
 
 /// Resync's settings: large repositories spool under `DATA/spool/` (created here), not the
@@ -462,6 +471,10 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     if let Some(url) = args.publish.as_ref().or(args.from.as_ref()) {
         super::serve_kafka::check(url).await?;
     }
+    let backfill = match args.backfill {
+        true => Some(super::serve_backfill::plan(&args.crawl, &hosts[0])?),
+        false => None,
+    };
     let dict = match &args.zstd_dictionary {
         Some(p) => Some(super::load_dictionary(p)?),
         None => None,
@@ -619,6 +632,25 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
             ))
         };
         let (tx, rx) = tokio::sync::mpsc::channel(4096);
+        match backfill {
+            Some(plan) => {
+                let r = match &resolver {
+                    Some(r) => r.clone(),
+                    None => new_resolver()?,
+                };
+                let wiring = super::serve_backfill::Wiring {
+                    store: log.store().clone(),
+                    next_seq: resume.next_seq,
+                    tx: tx.clone(),
+                    metrics: metrics.clone(),
+                };
+                super::serve_backfill::start(&args.crawl, &args.data, plan, r, wiring)?;
+            }
+            // Frames a backfill held when the server last stopped are verified and released.
+            None => {
+                let _ = tx.try_send(riptide_serve::Upstream::BackfillOver);
+            }
+        }
         let (publisher, lease) = match publishing {
             Some(p) => (Some(p.publisher), Some(p.lease)),
             None => (None, None),
