@@ -314,22 +314,24 @@ impl Route {
     }
 }
 
-struct Part {
-    kind: EventKind,
+/// One event of a worker's answer: its columns and its JSON around `time_us` and the cursor, in
+/// the answer's buffer.
+pub(crate) struct Part {
+    pub(crate) kind: EventKind,
     did: Range<usize>,
     collection: Range<usize>,
-    head: Range<usize>,
-    tail: Range<usize>,
+    pub(crate) head: Range<usize>,
+    pub(crate) tail: Range<usize>,
     /// The event's `.jss` row, which the store keeps instead of its JSON once sealed
     /// (`riptide_store`, "Row blocks"); `None` if its frame's rows could not be told apart.
-    row: Option<RowAt>,
+    pub(crate) row: Option<RowAt>,
 }
 
 /// Where the columns of an event's row lie in its chunk's buffer, beside its DID and collection
 /// (the row's own); its seq and time are the writer's to assign.
 #[derive(Clone)]
-struct RowAt {
-    kind: Kind,
+pub(crate) struct RowAt {
+    pub(crate) kind: Kind,
     rkey: Range<usize>,
     rev: Range<usize>,
     payload: Range<usize>,
@@ -356,8 +358,8 @@ struct Done {
 #[derive(Default)]
 pub(crate) struct DoneChunk {
     frames: Vec<Done>,
-    parts: Vec<Part>,
-    buf: Vec<u8>,
+    pub(crate) parts: Vec<Part>,
+    pub(crate) buf: Vec<u8>,
     states: Vec<(Box<str>, AccountState)>,
     pending: Vec<PendingChange>,
     queued: Vec<Box<str>>,
@@ -1113,17 +1115,24 @@ fn project(
         tracing::debug!(seq, op, reason = why.as_str(), "op dropped");
     }
     // Nothing is lost without them: the events are then sealed as JSON.
-    let rows: Option<Vec<Row<'_>>> = p
+    let rows = p
         .stored_rows(frame)
         .inspect_err(|e| tracing::debug!(seq, error = %e, "frame's events kept without rows"))
-        .ok()
-        .map(|rows| rows.iter().map(|r| r.row(0, 0)).collect());
-    push_parts(p, rows.as_deref(), out);
+        .ok();
+    push_parts(
+        p,
+        |i| rows.as_ref().and_then(|r| r.get(i)).map(|r| r.row(0, 0)),
+        out,
+    );
 }
 
-/// Pushes the events of `p` into `out`, each with its `.jss` row (`rows[i]`, seq and time for the
+/// Pushes the events of `p` into `out`, each with its `.jss` row (`row(i)`, seq and time for the
 /// writer to assign) when there is one.
-pub(crate) fn push_parts(p: &Projection, rows: Option<&[Row<'_>]>, out: &mut DoneChunk) {
+pub(crate) fn push_parts<'r>(
+    p: &Projection,
+    row: impl Fn(usize) -> Option<Row<'r>>,
+    out: &mut DoneChunk,
+) {
     for i in 0..p.len() {
         let did = push(&mut out.buf, p.did(i).as_bytes());
         let collection = push(&mut out.buf, p.collection(i).as_bytes());
@@ -1131,8 +1140,7 @@ pub(crate) fn push_parts(p: &Projection, rows: Option<&[Row<'_>]>, out: &mut Don
         let tail = push_with(&mut out.buf, |b| p.render_tail(i, b));
         // A column past a `.jss` row's width (a collection or record key over 255 bytes, which
         // their syntax allows) keeps its event as JSON.
-        let row = rows.and_then(|r| r.get(i));
-        let row = row.filter(|r| r.validate().is_ok()).map(|r| RowAt {
+        let row = row(i).filter(|r| r.validate().is_ok()).map(|r| RowAt {
             kind: r.kind,
             rkey: push(&mut out.buf, r.rkey.as_bytes()),
             rev: push(&mut out.buf, r.rev.as_bytes()),

@@ -71,7 +71,7 @@ pub(crate) fn land_over_earlier_rows(
     );
     let sync = sync_row(repo.did, &body);
     match projector.project_row(&sync) {
-        Ok(p) => push_parts(p, Some(&[replacement_row(&sync, 0, 0)]), out),
+        Ok(p) => push_parts(p, |_| Some(replacement_row(&sync, 0, 0)), out),
         Err(e) => {
             // Built here from a verified commit: a bug, said; the records still follow.
             tracing::error!(did = repo.did, error = %e, "the #sync of a replacement does not project: not served");
@@ -88,7 +88,7 @@ pub(crate) fn land_over_earlier_rows(
         };
         match projected {
             Ok((p, row)) => {
-                push_parts(p, Some(&[replacement_row(&row, 0, 0)]), out);
+                push_parts(p, |_| Some(replacement_row(&row, 0, 0)), out);
                 done.records += 1;
             }
             Err(why) => {
@@ -139,4 +139,135 @@ pub(crate) fn car_records(
         });
     }
     Ok(unread)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use riptide_jetstream::EventKind;
+    use riptide_segment::Kind;
+
+    /// (`collection/rkey`, CID) per record.
+    type Listing = Vec<(String, String)>;
+
+    /// The corpus repository and goat's listing of it.
+    fn goat() -> Option<(Vec<u8>, Listing)> {
+        let car = riptide_testdata::read("jetstream-2026-07/repo.car")?;
+        let tsv = riptide_testdata::read("jetstream-2026-07/car_expected_records.tsv")?;
+        let listing = String::from_utf8(tsv)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                let (k, c) = l.split_once('\t').unwrap();
+                (k.to_owned(), c.to_owned())
+            })
+            .collect();
+        Some((car, listing))
+    }
+
+    fn land(car: &[u8], out: &mut DoneChunk) -> Replaced {
+        let mut reader = riptide_car::CarReader::new();
+        let opts = riptide_car::CarOptions {
+            verify: false,
+            ..riptide_car::CarOptions::repository()
+        };
+        let parsed = reader.read(car, &opts).unwrap();
+        let (commit, c) = riptide_repo::commit_of(&parsed).unwrap();
+        let block = parsed.get(commit.as_cid()).unwrap();
+        let repo = Repository {
+            did: c.did(),
+            rev: c.rev(),
+            commit: &commit,
+            commit_block: block,
+        };
+        let mut projector = Projector::with_sync();
+        land_over_earlier_rows(
+            &mut projector,
+            &repo,
+            7,
+            "2026-11-28T18:00:00.000000Z",
+            out,
+            |each| car_records(car, each).unwrap(),
+        )
+    }
+
+    /// A real repository export lands as its `#sync`, then one `create-resync` per record, in
+    /// MST key order, each with the CID goat lists for it.
+    #[test]
+    fn a_real_repository_lands_as_a_sync_then_its_records_as_goat_lists_them() {
+        let Some((car, listing)) = goat() else {
+            return;
+        };
+        let mut out = DoneChunk::default();
+        let done = land(&car, &mut out);
+        assert_eq!(
+            done,
+            Replaced {
+                records: 23,
+                dropped: 0
+            }
+        );
+        assert_eq!(out.replaced, Some(done));
+        assert_eq!(out.parts.len(), 24);
+        let sync = &out.parts[0];
+        assert_eq!(sync.kind, EventKind::Sync);
+        assert_eq!(sync.row.as_ref().map(|r| r.kind), Some(Kind::Sync));
+        let mut got = Vec::new();
+        for p in &out.parts[1..] {
+            assert_eq!(p.kind, EventKind::Commit);
+            let r = p.row.as_ref().unwrap();
+            assert_eq!(r.kind, Kind::CreateResync);
+            let mut json = out.buf[p.head.clone()].to_vec();
+            json.extend_from_slice(b"0,\"cursor\":1");
+            json.extend_from_slice(&out.buf[p.tail.clone()]);
+            let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+            let c = &v["commit"];
+            assert_eq!(c["operation"], "create", "{v}");
+            got.push((
+                format!(
+                    "{}/{}",
+                    c["collection"].as_str().unwrap(),
+                    c["rkey"].as_str().unwrap()
+                ),
+                c["cid"].as_str().unwrap().to_owned(),
+            ));
+        }
+        let mut sorted = got.clone();
+        sorted.sort();
+        assert_eq!(got, sorted, "MST key order");
+        let mut want = listing;
+        want.sort();
+        assert_eq!(got, want);
+    }
+
+    /// A record block that does not hash to its MST CID gets no row, and is counted.
+    #[test]
+    fn a_record_whose_block_is_not_its_cid_is_dropped_and_counted() {
+        let Some((mut car, _)) = goat() else {
+            return;
+        };
+        // The first record's block, found in the CAR's bytes, altered.
+        let at = {
+            let mut reader = riptide_car::CarReader::new();
+            let parsed = reader
+                .read(&car, &riptide_car::CarOptions::repository())
+                .unwrap();
+            let (_, cid) = riptide_repo::list_records(&parsed).unwrap().remove(0);
+            let block = parsed.get(cid.as_cid()).unwrap();
+            block.as_ptr() as usize - car.as_ptr() as usize + block.len() - 1
+        };
+        car[at] ^= 1;
+        let mut out = DoneChunk::default();
+        let done = land(&car, &mut out);
+        assert_eq!(
+            done,
+            Replaced {
+                records: 22,
+                dropped: 1
+            }
+        );
+        assert_eq!(out.parts.len(), 23);
+    }
 }
