@@ -19,15 +19,21 @@
 //! is all or nothing. Batches are cut only between repositories (at [`FLUSH_AT`] buffered bytes,
 //! and at every [`Sink::commit`]), never inside one.
 //!
-//! An account whose chain state in the store is already at or past the repository's rev (a
-//! data directory a server ingested into before) gets no rows: its live events are newer than
-//! the repository, and the progress entry says so (`superseded`). Replacing an account's earlier
-//! rows (`#sync` then create-resync) is the resync path's, not this sink's.
+//! **Over earlier rows.** An account the store already holds commits of (a data directory a
+//! server ingested into before: its chain state has a tip) below or at the repository's rev gets
+//! *replacement rows* instead of creates (`riptide_jetstream::replace`, as the resync path in
+//! `riptide serve` emits them, and as Jetstream v2 does): a `#sync` event, the account's DID
+//! tombstone, then one `create-resync` (kind 7) row per record, in the same batch as its chain
+//! state; a v2 subscriber that drops the account at the `#sync` and applies the creates holds
+//! exactly the repository ([`Landed::replaced`]). An account whose chain state is already past
+//! the repository's rev gets no rows: its stored events are newer than the repository (rows
+//! landed after them would roll it back), and the progress entry says so (`superseded`).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use riptide_firehose::chain::{check_sync, AccountState};
 use riptide_firehose::Action;
+use riptide_jetstream::replace::{replacement_row, sync_body, sync_row, ReplacementRecord};
 use riptide_jetstream::{Projector, StoredRow};
 use riptide_segment::{OwnedRow, Row};
 use riptide_store::{Event, Resume, Store, Text};
@@ -56,6 +62,10 @@ pub struct Landed {
     /// account (module docs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub superseded: Option<String>,
+    /// Whether it replaced the account's earlier rows: a `#sync`, then its records as
+    /// `create-resync` rows (module docs).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replaced: bool,
 }
 
 impl Landed {
@@ -126,7 +136,8 @@ impl StoreSink {
         StoreSink {
             store,
             resume,
-            projector: Projector::new(),
+            // `#sync` too: a replacement begins with one.
+            projector: Projector::with_sync(),
             json: Vec::with_capacity(1 << 14),
             events: Vec::new(),
             rows: Vec::new(),
@@ -165,6 +176,26 @@ impl StoreSink {
         }
     }
 
+    /// Appends `row`'s event, and its `.jss` row (a replacement's kind when `replacing`), to the
+    /// batch at the next seq; its seq, or `None` if it does not render (outside the data model).
+    fn push_row(&mut self, row: &StoredRow<'_>, replacing: bool) -> Option<u64> {
+        let seq = self.resume.next_seq;
+        let time_us = now_us().max(self.resume.last_time_us + 1);
+        let e = Event::from_row(&mut self.projector, row, seq, time_us, &mut self.json).ok()?;
+        let r = if replacing {
+            replacement_row(row, seq, time_us)
+        } else {
+            row.row(seq, time_us)
+        };
+        self.bytes += e.raw().len() + r.payload.len();
+        self.events.push(e);
+        self.all_rows &= r.validate().is_ok();
+        self.rows.push(r.to_owned_row());
+        self.resume.next_seq += 1;
+        self.resume.last_time_us = time_us;
+        Some(seq)
+    }
+
     fn flush(&mut self) -> Result<(), SinkError> {
         if self.events.is_empty() && self.accounts.is_empty() && self.progress.is_empty() {
             return Ok(());
@@ -187,6 +218,20 @@ impl StoreSink {
         self.bytes = 0;
         Ok(())
     }
+}
+
+/// The signed commit block of a verified repository (what its `#sync` carries).
+fn commit_block(repo: &Verified) -> Option<Vec<u8>> {
+    let mut reader = riptide_car::CarReader::new();
+    let opts = riptide_car::CarOptions {
+        verify: false,
+        ..riptide_car::CarOptions::repository()
+    };
+    reader
+        .read(&repo.car, &opts)
+        .ok()?
+        .get(repo.commit.as_cid())
+        .map(<[u8]>::to_vec)
 }
 
 impl Sink for StoreSink {
@@ -229,6 +274,7 @@ impl Sink for StoreSink {
             dropped: 0,
             first_seq: None,
             superseded: None,
+            replaced: false,
         };
         match checked {
             Err(why) => {
@@ -242,30 +288,64 @@ impl Sink for StoreSink {
                 if let Some(next) = next {
                     self.accounts.push((repo.did.as_str().into(), next));
                 }
+                // Commits of the account are stored already: its records replace them.
+                landed.replaced = before.is_some_and(|s| s.tip.is_some());
+                if landed.replaced {
+                    let time = riptide_syntax::format_utc(
+                        now_us().max(0) as u64,
+                        riptide_syntax::Precision::Millis,
+                    );
+                    let body = sync_body(
+                        &repo.did,
+                        &repo.rev,
+                        &repo.commit,
+                        &commit_block(repo).unwrap_or_default(),
+                        0,
+                        &time,
+                    );
+                    let sync = sync_row(&repo.did, &body);
+                    match self.push_row(&sync, true) {
+                        Some(seq) => {
+                            landed.first_seq.get_or_insert(seq);
+                        }
+                        // Built here from a verified commit: a bug, said.
+                        None => tracing::error!(
+                            did = %repo.did, rev = %repo.rev,
+                            "backfill: the #sync of a replacement does not render: its records follow without it"
+                        ),
+                    }
+                }
                 for r in repo.records() {
-                    let row = StoredRow::Commit {
-                        did: &repo.did,
-                        rev: &repo.rev,
-                        action: Action::Create,
-                        collection: r.collection,
-                        rkey: r.rkey,
-                        record: Some(r.bytes),
+                    let row = if landed.replaced {
+                        let rec = ReplacementRecord {
+                            collection: r.collection,
+                            rkey: r.rkey,
+                            cid: r.cid,
+                            bytes: r.bytes,
+                        };
+                        match rec.stored_row(&repo.did, &repo.rev) {
+                            Ok(row) => row,
+                            Err(_) => {
+                                landed.dropped += 1;
+                                continue;
+                            }
+                        }
+                    } else {
+                        StoredRow::Commit {
+                            did: &repo.did,
+                            rev: &repo.rev,
+                            action: Action::Create,
+                            collection: r.collection,
+                            rkey: r.rkey,
+                            record: Some(r.bytes),
+                        }
                     };
-                    let seq = self.resume.next_seq;
-                    let time_us = now_us().max(self.resume.last_time_us + 1);
-                    match Event::from_row(&mut self.projector, &row, seq, time_us, &mut self.json) {
-                        Ok(e) => {
-                            self.bytes += e.raw().len() + r.bytes.len();
-                            self.events.push(e);
-                            let r = row.row(seq, time_us);
-                            self.all_rows &= r.validate().is_ok();
-                            self.rows.push(r.to_owned_row());
-                            self.resume.next_seq += 1;
-                            self.resume.last_time_us = time_us;
+                    match self.push_row(&row, landed.replaced) {
+                        Some(seq) => {
                             landed.first_seq.get_or_insert(seq);
                             landed.records += 1;
                         }
-                        Err(_) => landed.dropped += 1,
+                        None => landed.dropped += 1,
                     }
                 }
             }
@@ -303,6 +383,7 @@ mod tests {
     use super::*;
     use crate::sink::tests::verified;
     use riptide_store::ReadLimit;
+    use std::collections::BTreeMap;
 
     fn events(store: &Store) -> Vec<serde_json::Value> {
         let mut out = Vec::new();
@@ -546,5 +627,117 @@ mod tests {
             serde_json::from_slice(&sink.store().progress(&a.did).unwrap().unwrap()).unwrap();
         assert!(landed.superseded.is_some(), "{landed:?}");
         assert_eq!(sink.store().account(&a.did).unwrap(), Some(later));
+    }
+
+    /// A repository for an account the store holds earlier commits of (a lower rev): a `#sync`
+    /// (the DID tombstone) then one `create-resync` row per record, in one batch with the new
+    /// chain state. A subscriber that drops the account at the `#sync` and applies the creates
+    /// holds exactly the repository's records, whatever it held before.
+    #[test]
+    fn a_repository_over_earlier_rows_lands_as_a_sync_then_create_resync_rows() {
+        use riptide_segment::Kind;
+        let dir = tempfile::tempdir().unwrap();
+        let a = verified(7, 9);
+        let (store, mut resume) = Store::open_any(dir.path()).unwrap();
+        // Earlier rows of the account (records the repository no longer has) and its chain
+        // state at an earlier rev, as a server that ingested it live leaves them.
+        let mut earlier = check_sync(
+            None,
+            &a.rev,
+            a.commit.as_cid(),
+            a.data.as_cid(),
+            now_us() as u64,
+        )
+        .1
+        .unwrap();
+        if let Some(t) = earlier.tip.as_mut() {
+            t.rev -= 1;
+            t.from_repo = false;
+            t.commit = verified(8, 1).commit;
+        }
+        let old_record = {
+            let mut b = Vec::new();
+            riptide_cbor::write_map_header(&mut b, 1);
+            riptide_cbor::write_text(&mut b, "$type");
+            riptide_cbor::write_text(&mut b, "app.bsky.feed.like");
+            b
+        };
+        let (mut proj, mut json) = (Projector::new(), Vec::new());
+        let mut old = Vec::new();
+        for rkey in ["3kaaaaaaaaaa2", "3kaaaaaaaaab2"] {
+            let row = StoredRow::Commit {
+                did: &a.did,
+                rev: "3kaaaaaaaaaa2",
+                action: Action::Create,
+                collection: "app.bsky.feed.like",
+                rkey,
+                record: Some(&old_record),
+            };
+            let e = Event::from_row(&mut proj, &row, resume.next_seq, 1, &mut json).unwrap();
+            old.push(e);
+            resume.next_seq += 1;
+            resume.last_time_us = 1;
+        }
+        store
+            .append_with_accounts(&old, &[(a.did.as_str().into(), earlier)], &resume)
+            .unwrap();
+
+        let mut sink = StoreSink::new(store, resume);
+        sink.recover(None).unwrap();
+        assert_eq!(sink.write(&a).unwrap().records, 9);
+        // The rows: the `#sync`, then kind 7 per record, in MST key order, at the repository's rev.
+        let kinds: Vec<Kind> = sink.rows.iter().map(|r| r.as_row().kind).collect();
+        assert_eq!(kinds[0], Kind::Sync);
+        assert!(
+            kinds[1..].iter().all(|k| *k == Kind::CreateResync),
+            "{kinds:?}"
+        );
+        assert_eq!(kinds.len(), 10);
+        for (r, want) in sink.rows[1..].iter().zip(a.records()) {
+            let r = r.as_row();
+            assert_eq!(
+                (r.collection, r.rkey, r.rev),
+                (want.collection, want.rkey, &*a.rev)
+            );
+            assert_eq!(r.payload, want.bytes, "the record as signed");
+        }
+        sink.commit().unwrap();
+        let store = sink.store();
+        let landed: Landed =
+            serde_json::from_slice(&store.progress(&a.did).unwrap().unwrap()).unwrap();
+        assert!(landed.replaced && landed.superseded.is_none(), "{landed:?}");
+        assert_eq!((landed.records, landed.first_seq), (9, Some(3)));
+        let tip = store.account(&a.did).unwrap().unwrap().tip.unwrap();
+        assert_eq!((tip.commit, tip.rev_string()), (a.commit, a.rev.clone()));
+
+        // Folded as a v2 subscriber does: the `#sync` drops the account, the creates rebuild it.
+        let evs = events(store);
+        assert_eq!(evs.len(), 2 + 1 + 9);
+        assert_eq!(evs[2]["kind"], "sync", "{}", evs[2]);
+        assert_eq!(evs[2]["sync"]["rev"], a.rev.as_str(), "{}", evs[2]);
+        let mut held: BTreeMap<String, String> = BTreeMap::new();
+        for e in &evs {
+            match e["kind"].as_str().unwrap() {
+                "sync" => held.clear(),
+                "commit" => {
+                    let c = &e["commit"];
+                    assert_eq!(c["operation"], "create");
+                    held.insert(
+                        format!(
+                            "{}/{}",
+                            c["collection"].as_str().unwrap(),
+                            c["rkey"].as_str().unwrap()
+                        ),
+                        c["cid"].as_str().unwrap().to_owned(),
+                    );
+                }
+                k => panic!("{k}"),
+            }
+        }
+        let want: BTreeMap<String, String> = a
+            .records()
+            .map(|r| (format!("{}/{}", r.collection, r.rkey), r.cid.to_string()))
+            .collect();
+        assert_eq!(held, want);
     }
 }

@@ -852,15 +852,181 @@ fn a_catch_up_resync_counts_the_commits_it_covers_as_superseded() {
         verdict("superseded") > 0.0,
         "no commit covered by the resync"
     );
+    // Each upstream `#sync` that verifies is resynced too (its repository replaces the account's
+    // rows): the stream's `#sync` frames, less those broken on purpose.
+    let broken: BTreeSet<u64> = planned
+        .iter()
+        .filter(|a| a["expected_verdict"] != "ok")
+        .map(|a| a["index"].as_u64().unwrap())
+        .collect();
+    let stream = std::fs::read(net.join("firehose-frames.bin")).unwrap();
+    let mut arena = riptide_cbor::Arena::new();
+    let syncs = riptide_firehose::corpus::split_frames(&stream)
+        .unwrap()
+        .iter()
+        .enumerate()
+        .filter(|(i, f)| {
+            !broken.contains(&(*i as u64))
+                && riptide_firehose::verify::peek(&mut arena, f.bytes).kind == "sync"
+        })
+        .count() as f64;
+    assert!(syncs >= 1.0, "an upstream #sync to resync");
     // Queued once its breaking frame's batch is durable (which may follow the verdicts).
-    common::wait_for(
-        &addr,
-        "riptide_resync_queued_total",
-        planned_as("chain-break"),
-    );
+    let queued = planned_as("chain-break") + syncs;
+    common::wait_for(&addr, "riptide_resync_queued_total", queued);
+    assert_eq!(common::metric(&addr, "riptide_resync_queued_total"), queued);
+    replacement_rows_rebuild_the_resynced_accounts(&net, &addr, last);
+}
+
+/// The replacement half (issue 37, "the same path fixes resync"): every resync that landed
+/// emitted its repository as replacement rows, and a subscriber from cursor 0 rebuilds each
+/// resynced account from the stream alone. On v2 `subscribeEvents`, folding `#sync` as "drop
+/// the account" and `#commit` creates, updates and deletes, each resynced account ends exactly
+/// as `riptide repo ls` lists the generator's end-of-stream export of its repository (the
+/// repositories the sim serves are as of the stream's end, so every later commit of the account
+/// is `superseded`). On v1 `/subscribe` the same events come without the `#sync`s: each
+/// resynced account holds every record of its repository with its CID (an upsert of the
+/// replacement creates); what v1 cannot say is a record deleted in the gap.
+fn replacement_rows_rebuild_the_resynced_accounts(net: &Path, addr: &str, last: u64) {
+    // All stored once the last frame's cursor is, no account awaits its resync (every one was
+    // queued: the caller waited for that) and every landed resync's replacement is durable (the
+    // writer counts it after the batch that holds it, and after counting its events stored).
+    let deadline = Instant::now() + common::PATIENCE;
+    loop {
+        let settled = common::metric(addr, "riptide_upstream_seq") >= last as f64
+            && common::metric(addr, "riptide_resync_accounts") == 0.0
+            && common::metric(addr, "riptide_resync_in_flight") == 0.0
+            && common::metric(addr, "riptide_replaced_repositories_total")
+                == common::metric(addr, "riptide_resync_landed_total");
+        if settled {
+            break;
+        }
+        assert!(Instant::now() < deadline, "ingest never settled");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stored = common::metric(addr, "riptide_events_stored_total") as usize;
+    let replaced = common::metric(addr, "riptide_replaced_repositories_total");
     assert_eq!(
-        common::metric(&addr, "riptide_resync_queued_total"),
-        planned_as("chain-break")
+        replaced,
+        common::metric(addr, "riptide_resync_landed_total"),
+        "one replacement per landed resync"
+    );
+    assert!(replaced >= 1.0);
+    let rows = common::metric(addr, "riptide_replacement_rows_total");
+    assert_eq!(
+        common::metric(addr, "riptide_replacement_records_dropped_total"),
+        0.0
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let frames = rt.block_on(common::v2_frames(addr, "cursor=0", stored, None));
+    let v2: Vec<&serde_json::Value> = frames
+        .iter()
+        .filter(|f| f["$type"] == "message" && f["payload"]["seq"].is_u64())
+        .map(|f| &f["payload"])
+        .collect();
+    assert_eq!(v2.len(), stored, "v2 sends every stored event");
+    let syncs = v2
+        .iter()
+        .filter(|p| p["$type"].as_str().unwrap().ends_with("#sync"))
+        .count();
+    let v1 = rt.block_on(common::events_from_start(addr, stored - syncs));
+
+    type Account = BTreeMap<String, String>;
+    let key = |c: &serde_json::Value| {
+        format!(
+            "{}/{}",
+            c["collection"].as_str().unwrap(),
+            c["rkey"].as_str().unwrap()
+        )
+    };
+    // v2: `#sync` drops the account; the records after it are its repository.
+    let mut accounts: BTreeMap<String, Account> = BTreeMap::new();
+    // DID → the rev of its last `#sync`, which its replacement rows carry.
+    let mut resynced: BTreeMap<String, String> = BTreeMap::new();
+    let mut replacement_rows = 0;
+    for p in &v2 {
+        let did = p["did"].as_str().unwrap().to_owned();
+        let t = p["$type"].as_str().unwrap();
+        if t.ends_with("#sync") {
+            accounts.insert(did.clone(), Account::new());
+            let rev = p["sync"]["rev"].as_str().unwrap_or_else(|| panic!("{p}"));
+            resynced.insert(did, rev.to_owned());
+        } else if t.ends_with("#commit") {
+            if resynced.get(&did).map(String::as_str) == p["rev"].as_str() {
+                assert_eq!(p["operation"], "create", "{p}");
+                replacement_rows += 1;
+            }
+            let acct = accounts.entry(did).or_default();
+            match p["operation"].as_str().unwrap() {
+                "create" | "update" => {
+                    acct.insert(key(p), p["cid"].as_str().unwrap().to_owned());
+                }
+                "delete" => {
+                    acct.remove(&key(p));
+                }
+                other => panic!("{other}: {p}"),
+            }
+        }
+    }
+    assert_eq!(
+        syncs as f64, replaced,
+        "one #sync per replacement, none of upstream's"
+    );
+    for did in resynced.keys() {
+        let got: BTreeSet<String> = accounts[did]
+            .iter()
+            .map(|(k, c)| format!("{k}\t{c}"))
+            .collect();
+        let want = repo_ls(net, did);
+        assert!(!want.is_empty());
+        assert_eq!(got, want, "v2 rebuilds {did}");
+    }
+    assert_eq!(
+        rows, replacement_rows as f64,
+        "one create-resync per record"
+    );
+
+    // v1: the same events without the `#sync`s, at the same cursors; each resynced account
+    // holds every record of its repository.
+    let mut v2_events = v2
+        .iter()
+        .filter(|p| !p["$type"].as_str().unwrap().ends_with("#sync"));
+    let mut held: BTreeMap<String, Account> = BTreeMap::new();
+    for e in &v1 {
+        let p = v2_events.next().unwrap();
+        assert_eq!(e["cursor"], p["seq"], "{e} against {p}");
+        assert_eq!(e["did"], p["did"]);
+        if e["kind"] != "commit" {
+            continue;
+        }
+        let c = &e["commit"];
+        assert_eq!(c["operation"], p["operation"], "{e} against {p}");
+        let acct = held
+            .entry(e["did"].as_str().unwrap().to_owned())
+            .or_default();
+        match c["operation"].as_str().unwrap() {
+            "delete" => {
+                acct.remove(&key(c));
+            }
+            _ => {
+                acct.insert(key(c), c["cid"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    assert!(v2_events.next().is_none());
+    let mut stale = 0;
+    for did in resynced.keys() {
+        let want = repo_ls(net, did);
+        let got: BTreeSet<String> = held[did].iter().map(|(k, c)| format!("{k}\t{c}")).collect();
+        assert!(got.is_superset(&want), "v1 holds every record of {did}");
+        stale += got.len() - want.len();
+    }
+    eprintln!(
+        "{} resynced accounts, {replacement_rows} replacement rows; v1 folders keep {stale} records deleted in the gaps",
+        resynced.len()
     );
 }
 

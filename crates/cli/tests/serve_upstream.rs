@@ -362,9 +362,17 @@ fn plc_resolution_verifies_a_generated_stream() {
     });
     let relay = rt.block_on(relay(frames, RelayConfig::default()));
     let data = tempfile::tempdir().unwrap();
+    // The sim serves no repositories here: an upstream `#sync` would be resynced (its account
+    // held until its repository lands), and this test is about keys.
     let (server, addr) = serve(
         data.path(),
-        &["--upstream", &relay.url(), "--plc-url", &sim.base_url()],
+        &[
+            "--upstream",
+            &relay.url(),
+            "--plc-url",
+            &sim.base_url(),
+            "--no-resync",
+        ],
     );
     wait_for(&addr, "riptide_upstream_seq", n as f64);
     assert_eq!(verdicts(&addr), BTreeMap::from([("ok".to_owned(), n)]));

@@ -5,10 +5,12 @@
 //! `riptide jetstream` command and the clients all go through it, so there is one definition.
 //!
 //! Today it holds the projection of relay frames to v1 events ([`project`]) and to Jetstream v2
-//! archive rows ([`rows`]). The server, filters
+//! archive rows ([`rows`]), and the rows a repository lands as over earlier rows
+//! ([`replace`]). The server, filters
 //! and zstd framing will live beside it.
 
 pub mod project;
+pub mod replace;
 pub mod rows;
 
 pub use project::{

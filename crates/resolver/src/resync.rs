@@ -126,6 +126,9 @@ pub struct Resynced {
     pub data: CidBuf,
     /// The signed commit block itself (what a `#sync` frame carries).
     pub commit_block: Vec<u8>,
+    /// The verified repository's CAR, in memory or mapped from its spool file: what its records
+    /// are read from when they replace the account's earlier rows (`riptide serve`).
+    pub car: Arc<RepoBytes>,
     /// Records in the repository.
     pub records: usize,
     /// Bytes fetched.
@@ -370,7 +373,7 @@ impl Resyncer {
                     let verified = tokio::task::spawn_blocking(move || {
                         riptide_repo::verify_repo(&car, Some(&k)).map(|r| {
                             let block = commit_block(&car, &r.commit);
-                            (r, block)
+                            (r, block.map(|b| (b, car)))
                         })
                     })
                     .await;
@@ -394,13 +397,14 @@ impl Resyncer {
                                 stale: true,
                             });
                         }
-                        Ok(Ok((r, Some(commit_block)))) if r.did == did => {
+                        Ok(Ok((r, Some((commit_block, car))))) if r.did == did => {
                             return Ok(Resynced {
                                 did: did.to_owned(),
                                 rev: r.rev,
                                 commit: r.commit,
                                 data: r.data,
                                 commit_block,
+                                car: Arc::new(car),
                                 records: r.records,
                                 bytes,
                                 source: url,
@@ -843,8 +847,25 @@ pub enum FetchError {
 
 /// A fetched repository's bytes, in memory or mapped from its spool file (module docs:
 /// memory). Dereferences to the CAR's bytes; `Send`, so it can go to a blocking thread.
-#[derive(Debug)]
 pub struct RepoBytes(Body);
+
+impl std::fmt::Debug for RepoBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RepoBytes")
+            .field("len", &self.len())
+            .field("spooled", &self.is_spooled())
+            .finish()
+    }
+}
+
+/// Equal when the bytes are.
+impl PartialEq for RepoBytes {
+    fn eq(&self, other: &RepoBytes) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for RepoBytes {}
 
 impl std::ops::Deref for RepoBytes {
     type Target = [u8];

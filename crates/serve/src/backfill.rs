@@ -98,6 +98,9 @@ impl BackfillRepo {
             // The writer numbers the events; the entry is written before that.
             first_seq: None,
             superseded,
+            // Over an account the store knows, the crawl inside `serve` adds no rows yet
+            // (docs/archive.md, "Backfill").
+            replaced: false,
         }
         .to_vec()
     }
@@ -201,7 +204,7 @@ impl Sink for IngestSink {
                 record: Some(r.bytes),
             };
             match self.projector.project_row(&row) {
-                Ok(p) => push_event(&mut buf, &mut parts, p, 0, Some(&row)),
+                Ok(p) => push_event(&mut buf, &mut parts, p, 0, Some(row.row(0, 0))),
                 Err(_) => dropped += 1,
             }
         }

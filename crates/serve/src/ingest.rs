@@ -51,7 +51,7 @@ use bytes::Bytes;
 use riptide_cbor::{write_json_int, Arena};
 use riptide_firehose::verify::{peek, Verdict, Verifier};
 use riptide_firehose::{DecodeOptions, FrameDecoder};
-use riptide_jetstream::{EventKind, Projector};
+use riptide_jetstream::{EventKind, Projection, Projector};
 use riptide_segment::{Kind, Row};
 use riptide_throttle::{Say, Throttle};
 use tokio::sync::mpsc;
@@ -325,23 +325,25 @@ impl Route {
     }
 }
 
+/// One event of a worker's answer: its columns and its JSON around `time_us` and the cursor, in
+/// the answer's buffer.
 #[derive(Clone)]
 pub(crate) struct Part {
-    kind: EventKind,
+    pub(crate) kind: EventKind,
     did: Range<usize>,
     collection: Range<usize>,
-    head: Range<usize>,
-    tail: Range<usize>,
+    pub(crate) head: Range<usize>,
+    pub(crate) tail: Range<usize>,
     /// The event's `.jss` row, which the store keeps instead of its JSON once sealed
     /// (`riptide_store`, "Row blocks"); `None` if its frame's rows could not be told apart.
-    row: Option<RowAt>,
+    pub(crate) row: Option<RowAt>,
 }
 
 /// Where the columns of an event's row lie in its chunk's buffer, beside its DID and collection
 /// (the row's own); its seq and time are the writer's to assign.
 #[derive(Clone)]
-struct RowAt {
-    kind: Kind,
+pub(crate) struct RowAt {
+    pub(crate) kind: Kind,
     rkey: Range<usize>,
     rev: Range<usize>,
     payload: Range<usize>,
@@ -364,18 +366,22 @@ struct Done {
     progress: Range<usize>,
     /// Told the store's next seq once this is durable (a landed repository's sink waits).
     ack: Option<std::sync::mpsc::SyncSender<u64>>,
+    /// A repository that replaced its account's earlier rows with this job's events.
+    replaced: Option<crate::replace::Replaced>,
 }
 
 /// A worker's answer to one chunk of jobs, in job order; all the events' bytes in one buffer.
 #[derive(Default)]
-struct DoneChunk {
+pub(crate) struct DoneChunk {
     frames: Vec<Done>,
-    parts: Vec<Part>,
-    buf: Vec<u8>,
+    pub(crate) parts: Vec<Part>,
+    pub(crate) buf: Vec<u8>,
     states: Vec<(Box<str>, AccountState)>,
     pending: Vec<PendingChange>,
     queued: Vec<Box<str>>,
     progress: Vec<(Box<str>, Vec<u8>)>,
+    /// What the job being answered replaced (`crate::replace`), moved into its [`Done`].
+    pub(crate) replaced: Option<crate::replace::Replaced>,
 }
 
 /// Chunks a worker's answer channel holds.
@@ -864,6 +870,7 @@ impl Worker {
                     moves_cursor,
                     progress: first_progress..out.progress.len(),
                     ack,
+                    replaced: out.replaced.take(),
                 });
             }
             // The next chunk's buffer starts as large as the largest so far, up to 1 MiB (one
@@ -916,16 +923,18 @@ impl Worker {
                 return Ok(());
             }
         }
+        let first_part = out.parts.len();
         let checked = self.check(seq, bytes, out)?;
         if let (Some((verdict, kind, Some(did))), true) = (checked, self.holds.is_some()) {
             if verdict == Verdict::ChainBreak {
                 self.start_resync(did, out);
-            } else if verdict == Verdict::Ok
-                && kind == "sync"
-                && self.holds.as_ref().is_some_and(|h| h.is_resyncing(did))
-            {
-                // The upstream's own `#sync` resynchronized the account (`crate::resync`, step 5).
-                self.release(did, out)?;
+            } else if verdict == Verdict::Ok && kind == "sync" {
+                // The upstream's `#sync` says the account's repository is now its commit: the
+                // repository is fetched, and lands as replacement rows (`crate::resync`, step
+                // 5). Its own event is not stored: a `#sync` with no records after it would
+                // tell a v2 subscriber to drop the account and give it nothing back.
+                out.parts.truncate(first_part);
+                self.start_resync(did, out);
             }
         }
         Ok(())
@@ -1112,7 +1121,8 @@ impl Worker {
         Ok(())
     }
 
-    /// `did`'s chain broke: it awaits resync from now on (`crate::resync`, step 1).
+    /// `did`'s chain broke, or the upstream sent its `#sync`: it awaits resync from now on
+    /// (`crate::resync`, steps 1 and 5).
     fn start_resync(&mut self, did: &str, out: &mut DoneChunk) {
         let (Some(v), Some(holds)) = (self.verifier.as_mut(), self.holds.as_mut()) else {
             return;
@@ -1182,15 +1192,28 @@ impl Worker {
         );
         self.drain_chain(out)?;
         self.metrics.resync_landed.fetch_add(1, Relaxed);
-        let now = crate::now_us();
-        let frame = crate::resync::sync_frame(r, upstream_seq, &crate::v2::rfc3339_micros(now));
-        match self.decoder.decode(&frame) {
-            Ok(f) => project(&mut self.projector, &f, upstream_seq, &self.metrics, out),
-            Err(e) => {
-                tracing::error!(did, error = %e, "the #sync frame of a resync does not decode: not served")
-            }
-        }
-        tracing::info!(did, rev = %r.rev, "resync landed: the account is synchronized");
+        // Its records replace the account's earlier rows (`crate::replace`), in this answer.
+        let repo = crate::replace::Repository {
+            did,
+            rev: &r.rev,
+            commit: &r.commit,
+            commit_block: &r.commit_block,
+        };
+        let time = crate::v2::rfc3339_micros(crate::now_us());
+        let done = crate::replace::land_over_earlier_rows(
+            &mut self.projector,
+            &repo,
+            upstream_seq,
+            &time,
+            out,
+            |each| {
+                crate::replace::car_records(&r.car, each).unwrap_or_else(|e| {
+                    tracing::error!(did, error = %e, "a resynced repository's records do not read: none emitted");
+                    r.records as u64
+                })
+            },
+        );
+        tracing::info!(did, rev = %r.rev, records = done.records, dropped = done.dropped, "resync landed: the account is synchronized, its records replace its earlier rows");
         self.release(did, out)
     }
 
@@ -1248,14 +1271,22 @@ fn project(
         .stored_rows(frame)
         .inspect_err(|e| tracing::debug!(seq, error = %e, "frame's events kept without rows"))
         .ok();
+    push_parts(
+        p,
+        |i| rows.as_ref().and_then(|r| r.get(i)).map(|r| r.row(0, 0)),
+        out,
+    );
+}
+
+/// Pushes the events of `p` into `out`, each with its `.jss` row (`row(i)`, seq and time for the
+/// writer to assign) when there is one.
+pub(crate) fn push_parts<'r>(
+    p: &Projection,
+    row: impl Fn(usize) -> Option<Row<'r>>,
+    out: &mut DoneChunk,
+) {
     for i in 0..p.len() {
-        push_event(
-            &mut out.buf,
-            &mut out.parts,
-            p,
-            i,
-            rows.as_ref().and_then(|r| r.get(i)),
-        );
+        push_event(&mut out.buf, &mut out.parts, p, i, row(i));
     }
 }
 
@@ -1266,7 +1297,7 @@ pub(crate) fn push_event(
     parts: &mut Vec<Part>,
     p: &riptide_jetstream::Projection,
     i: usize,
-    row: Option<&riptide_jetstream::StoredRow<'_>>,
+    row: Option<Row<'_>>,
 ) {
     let did = push(buf, p.did(i).as_bytes());
     let collection = push(buf, p.collection(i).as_bytes());
@@ -1274,7 +1305,6 @@ pub(crate) fn push_event(
     let tail = push_with(buf, |b| p.render_tail(i, b));
     // A column past a `.jss` row's width (a collection or record key over 255 bytes, which
     // their syntax allows) keeps its event as JSON.
-    let row = row.map(|r| r.row(0, 0));
     let row = row.filter(|r| r.validate().is_ok()).map(|r| RowAt {
         kind: r.kind,
         rkey: push(buf, r.rkey.as_bytes()),
@@ -1378,6 +1408,8 @@ fn write(
     // Landed repositories' progress entries, and their sinks to tell once durable.
     let mut progress: Vec<(Box<str>, Vec<u8>)> = Vec::new();
     let mut acks: Vec<std::sync::mpsc::SyncSender<u64>> = Vec::new();
+    // The batch's replacements (`crate::replace`), counted once they are durable.
+    let mut replaced: Vec<crate::replace::Replaced> = Vec::new();
     let mut received: Vec<i64> = Vec::with_capacity(max_batch);
     let mut json = Vec::with_capacity(1 << 14);
     let mut zbuf = Vec::new();
@@ -1461,6 +1493,9 @@ fn write(
                 if frame.moves_cursor {
                     resume.upstream_cursor = Some(frame.seq);
                 }
+                if let Some(r) = frame.replaced {
+                    replaced.push(r);
+                }
             }
             if received.len() < max_batch {
                 ids = order.try_recv().ok();
@@ -1530,7 +1565,7 @@ fn write(
             for did in queued.drain(..) {
                 metrics.resync_queued.fetch_add(1, Relaxed);
                 crate::said::say("chain break", "riptide_resync_queued_total", || {
-                    tracing::warn!(did = %did, "chain break: account queued for resync; its frames are held until it lands");
+                    tracing::warn!(did = %did, "chain break or upstream #sync: account queued for resync; its frames are held until it lands");
                 });
                 let _ = q.send(did.into());
             }
@@ -1549,6 +1584,9 @@ fn write(
         metrics
             .events_stored
             .fetch_add(events.len() as u64, Relaxed);
+        for r in replaced.drain(..) {
+            metrics.replaced(r);
+        }
         metrics
             .upstream_seq
             .store(resume.upstream_cursor.unwrap_or(0), Relaxed);

@@ -42,6 +42,7 @@ pub mod metrics;
 pub mod options;
 pub mod page;
 pub mod publish;
+pub mod replace;
 pub mod resync;
 mod said;
 pub mod server;

@@ -592,6 +592,13 @@ pub struct Metrics {
     pub resync_bytes: AtomicU64,
     /// Records in repositories fetched and verified by resyncs.
     pub resync_records: AtomicU64,
+    /// Repositories that landed over their account's earlier rows (`crate::replace`).
+    pub replaced_repositories: AtomicU64,
+    /// Replacement rows emitted: one `create-resync` per record (the `#sync`s are
+    /// [`Metrics::replaced_repositories`]).
+    pub replacement_rows: AtomicU64,
+    /// Records of replacing repositories not emitted (CID mismatch, outside v1's data model).
+    pub replacement_dropped: AtomicU64,
     /// Failed resync attempts, by [`ResyncFailure`] reason ([`Metrics::resync_failed`]).
     resync_failures: [AtomicU64; 3],
     /// Per frame: verifying it (a worker's time from starting the check to its verdict).
@@ -624,6 +631,13 @@ impl Metrics {
     pub fn resync_failed(&self, why: ResyncFailure) {
         self.verdict(Verdict::ResyncFailed);
         self.resync_failures[why as usize].fetch_add(1, Relaxed);
+    }
+
+    /// Counts a repository that replaced its account's earlier rows, once they are durable.
+    pub fn replaced(&self, r: crate::replace::Replaced) {
+        self.replaced_repositories.fetch_add(1, Relaxed);
+        self.replacement_rows.fetch_add(r.records, Relaxed);
+        self.replacement_dropped.fetch_add(r.dropped, Relaxed);
     }
 
     /// Failed resync attempts for `why` so far.
@@ -993,6 +1007,24 @@ impl Metrics {
                 "counter",
                 "Records in repositories fetched and verified by resyncs.",
                 &self.resync_records,
+            ),
+            (
+                "riptide_replaced_repositories_total",
+                "counter",
+                "Repositories that landed over their account's earlier rows: a #sync, then one create-resync row per record.",
+                &self.replaced_repositories,
+            ),
+            (
+                "riptide_replacement_rows_total",
+                "counter",
+                "create-resync rows emitted for repositories that replaced their account's earlier rows.",
+                &self.replacement_rows,
+            ),
+            (
+                "riptide_replacement_records_dropped_total",
+                "counter",
+                "Records of replacing repositories not emitted (block not matching its CID, or outside the data model).",
+                &self.replacement_dropped,
             ),
             (
                 "riptide_key_lookup_retries_total",

@@ -41,19 +41,27 @@
 //!    `superseded` (inside the repository: [`riptide_firehose::chain::Tip::from_repo`]), those
 //!    that continue it are `ok` and served — and released from the store,
 //!    in one batch with the events they produce.
-//! 5. A `#sync` frame from upstream for the account ends the resync the same way (its commit
-//!    becomes the state, the held frames are checked against it); a repository that lands after
-//!    it is stale.
+//! 5. A `#sync` frame from upstream that verifies (its commit signed by the account's key, its
+//!    rev past the account's) starts a resync the same way, whether or not one is under way: its
+//!    commit becomes the account's tip (so a repository older than it is stale), the account's
+//!    later frames are held, and its repository is fetched; the upstream `#sync` itself is not
+//!    stored, since the landing brings its own (a `#sync` with no records after it would tell a
+//!    v2 subscriber to drop the account and give it nothing back). Jetstream v2 does the same: its
+//!    verifier resyncs the repository on every `#sync` and archives the records after it.
 //!
-//! **What subscribers see.** A resync that lands is stored as an event of kind `sync` carrying
-//! the verified commit (a `#sync` frame riptide builds: the commit block in a CAR, the account's
-//! DID and rev, the upstream seq at which the new state took effect, the time it landed), exactly
-//! as an upstream `#sync` is. Jetstream v2's `subscribeEvents` sends it as `#sync`, which its
-//! lexicon defines as "broken commit chain; consumers should resync the repo": a consumer that
-//! keeps a copy of the account refetches it, which is the only way to learn the changes in the
-//! gap (riptide keeps no repositories, so it cannot list them as creates and deletes). The frozen
-//! v1 `/subscribe` never sends `#sync` (Jetstream's rule): a v1 consumer sees the account's
-//! events stop at the break and resume after the resync, with the missing commits absent.
+//! **What subscribers see.** A resync that lands replaces the account's earlier rows
+//! (`crate::replace`): a `#sync` event carrying the verified commit (a `#sync` frame riptide
+//! builds: the commit block in a CAR, the account's DID and rev, the upstream seq at which the new
+//! state took effect, the time it landed), then one `create-resync` row per record of the
+//! repository, in MST key order, at its rev — in the same batch as the new state. Jetstream v2's
+//! `subscribeEvents` sends the `#sync` (its lexicon: "broken commit chain; consumers should
+//! resync the repo") and each record as a `#commit` with `operation: "create"`, as Jetstream
+//! does: a consumer that drops the account at the `#sync` and applies the creates holds exactly
+//! the repository. The frozen v1 `/subscribe` never sends `#sync` (Jetstream's rule) but sends
+//! the records as `create` commits (where Jetstream's v1 wire skips them: `docs/archive.md`,
+//! "Replacement rows", says why): a v1 consumer gets every record of the repository, but is not
+//! told of records deleted in the gap. Commits of the gap the repository covers are counted as
+//! `superseded`.
 //!
 //! **Crashes.** Everything above that matters is in the store and written atomically with the
 //! upstream cursor: the `resyncing` state, the queue mark, every held frame, and their release
@@ -69,7 +77,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use riptide_cbor::{write_bytes, write_int, write_map_header, write_text};
 use riptide_firehose::chain::SyncStatus;
 use riptide_firehose::verify::Verdict;
 use riptide_resolver::{ResyncError, Resynced, Resyncer};
@@ -500,36 +507,6 @@ pub(crate) fn mark(did: &str) -> PendingChange {
         seq: 0,
         frame: Bytes::new(),
     }
-}
-
-/// A `#sync` frame for a verified repository: header `{t: "#sync", op: 1}`, body `{did, rev,
-/// seq, time, blocks}` with `blocks` a CAR of the signed commit block alone, its CID the root
-/// (the lexicon's `com.atproto.sync.subscribeRepos#sync`). Ingest stores it as an upstream
-/// `#sync` would be (module docs: what subscribers see).
-pub(crate) fn sync_frame(r: &Resynced, upstream_seq: u64, time: &str) -> Vec<u8> {
-    let car = riptide_car::write_car(
-        std::slice::from_ref(&r.commit),
-        [(r.commit.as_cid(), r.commit_block.as_slice())],
-    );
-    let mut out = Vec::with_capacity(car.len() + 200);
-    // DAG-CBOR map keys in canonical order: shorter first, then bytewise.
-    write_map_header(&mut out, 2);
-    write_text(&mut out, "t");
-    write_text(&mut out, "#sync");
-    write_text(&mut out, "op");
-    write_int(&mut out, 1);
-    write_map_header(&mut out, 5);
-    write_text(&mut out, "did");
-    write_text(&mut out, &r.did);
-    write_text(&mut out, "rev");
-    write_text(&mut out, &r.rev);
-    write_text(&mut out, "seq");
-    write_int(&mut out, upstream_seq.min(i64::MAX as u64) as i64);
-    write_text(&mut out, "time");
-    write_text(&mut out, time);
-    write_text(&mut out, "blocks");
-    write_bytes(&mut out, &car);
-    out
 }
 
 #[cfg(test)]

@@ -49,6 +49,10 @@ struct World {
     /// With [`stale_world`]: the repositories as they were before the victim's chain tip (what
     /// a lagging mirror holds).
     old_repos: Vec<(String, Bytes)>,
+    /// The repositories at the stream's end (what the PDS holds when phase two is over).
+    end_repos: Vec<(String, Bytes)>,
+    /// Upstream `#sync` frames in the stream, of any account.
+    syncs: usize,
 }
 
 /// A world whose victim has an upstream `#sync` after its break (`with_sync`) or none.
@@ -57,6 +61,15 @@ fn world(seed: u64, with_sync: bool) -> World {
         .filter_map(|s| world_of(s, false).filter(|w| w.victim_sync.is_some() == with_sync))
         .next()
         .expect("a seed that gives the world asked for")
+}
+
+/// A world without any upstream `#sync` (each would resync its account: `crate::resync`, step
+/// 5), so that every account but the victim is served exactly as without the break.
+fn quiet_world(seed: u64) -> World {
+    (seed..seed + 50)
+        .filter_map(|s| world_of(s, false).filter(|w| w.syncs == 0))
+        .next()
+        .expect("a seed without #sync frames")
 }
 
 /// A world (without an upstream `#sync` of the victim) whose `old_repos` were exported before
@@ -100,6 +113,10 @@ fn world_of(seed: u64, stale: bool) -> Option<World> {
     net.extend(200);
     let mut two = Vec::new();
     run(&mut net, &mut two);
+    let end_repos: Vec<(String, Bytes)> = net
+        .export_repos()
+        .map(|r| r.map(|(d, c)| (d.to_owned(), Bytes::from(c))).unwrap())
+        .collect();
     // The account with most commits in phase one, whose last event of phase one is a commit.
     let mut arena = riptide_cbor::Arena::new();
     let mut commits: BTreeMap<String, Vec<usize>> = BTreeMap::new();
@@ -132,6 +149,10 @@ fn world_of(seed: u64, stale: bool) -> Option<World> {
     let victim_after = after.len();
     let victim_sync = after.iter().position(|k| *k == "sync");
     let whole: Vec<Vec<u8>> = one.iter().chain(&two).cloned().collect();
+    let syncs = whole
+        .iter()
+        .filter(|f| peek(&mut arena, f).kind == "sync")
+        .count();
     let frames = one
         .iter()
         .enumerate()
@@ -148,6 +169,8 @@ fn world_of(seed: u64, stale: bool) -> Option<World> {
         victim_after,
         victim_sync,
         old_repos,
+        end_repos,
+        syncs,
     })
 }
 
@@ -156,7 +179,12 @@ fn keys(w: &World) -> Keys {
 }
 
 async fn sim(w: &World, forged: bool, faults: Faults) -> SimHandle {
-    let repos = w.repos.iter().map(|(d, c)| {
+    sim_of(w, &w.repos, forged, faults).await
+}
+
+/// [`sim`] serving `repos`.
+async fn sim_of(w: &World, repos: &[(String, Bytes)], forged: bool, faults: Faults) -> SimHandle {
+    let repos = repos.iter().map(|(d, c)| {
         let c = if forged && *d == w.victim {
             Bytes::from(fixture::tamper_last_block(c))
         } else {
@@ -325,9 +353,76 @@ fn count(m: &Metrics, v: Verdict) -> u64 {
     m.verdict_count(v)
 }
 
+/// `did`'s repository among `repos` as `riptide repo ls` lists it: (`collection/rkey`, CID),
+/// in MST key order.
+fn listing(repos: &[(String, Bytes)], did: &str) -> Vec<(String, String)> {
+    let car = &repos.iter().find(|(d, _)| d == did).unwrap().1;
+    let mut reader = riptide_car::CarReader::new();
+    let c = reader
+        .read(car, &riptide_car::CarOptions::repository())
+        .unwrap();
+    riptide_repo::list_records(&c)
+        .unwrap()
+        .into_iter()
+        .map(|(k, cid)| (k, cid.to_string()))
+        .collect()
+}
+
+/// Stored commit events (as [`per_did`] gives them) that must all be creates: (`collection/rkey`,
+/// CID).
+fn creates(events: &[(String, String)]) -> Vec<(String, String)> {
+    events
+        .iter()
+        .map(|(k, json)| {
+            assert_eq!(k, "Commit", "{json}");
+            let v: serde_json::Value = serde_json::from_str(json).unwrap();
+            let c = &v["commit"];
+            assert_eq!(c["operation"], "create", "{json}");
+            (
+                format!(
+                    "{}/{}",
+                    c["collection"].as_str().unwrap(),
+                    c["rkey"].as_str().unwrap()
+                ),
+                c["cid"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// An account rebuilt from its stored events as a v2 subscriber does: a `#sync` drops what it
+/// held, commits create, update and delete.
+fn fold(events: &[(String, String)]) -> BTreeMap<String, String> {
+    let mut held = BTreeMap::new();
+    for (k, json) in events {
+        let v: serde_json::Value = serde_json::from_str(json).unwrap();
+        match k.as_str() {
+            "Sync" => held.clear(),
+            "Commit" => {
+                let c = &v["commit"];
+                let key = format!(
+                    "{}/{}",
+                    c["collection"].as_str().unwrap(),
+                    c["rkey"].as_str().unwrap()
+                );
+                match c["operation"].as_str().unwrap() {
+                    "delete" => {
+                        held.remove(&key);
+                    }
+                    _ => {
+                        held.insert(key, c["cid"].as_str().unwrap().to_owned());
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    held
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_chain_is_resynced_and_held_frames_are_released_in_order() {
-    let w = world(31, false);
+    let w = quiet_world(31);
     // The reference: the uninterrupted stream, no resync needed.
     let rdir = tempfile::tempdir().unwrap();
     let quiet = sim(&w, false, Faults::default()).await;
@@ -376,7 +471,8 @@ async fn a_broken_chain_is_resynced_and_held_frames_are_released_in_order() {
             continue;
         }
         // The victim: its events up to the dropped commit, then (the dropped and the breaking
-        // commits' events missing) one #sync, then everything after, in order.
+        // commits' events missing) one #sync, its repository's records as replacement
+        // creates, then everything after, in order.
         let sync_at = have
             .iter()
             .position(|(k, _)| k == "Sync")
@@ -386,8 +482,18 @@ async fn a_broken_chain_is_resynced_and_held_frames_are_released_in_order() {
             1,
             "one #sync"
         );
+        let repo = listing(&w.repos, did);
+        let n = repo.len();
+        assert!(n > 0);
+        assert_eq!(
+            creates(&have[sync_at + 1..sync_at + 1 + n]),
+            repo,
+            "the repository's records, in MST key order, after the #sync"
+        );
+        assert_eq!(m.replacement_rows.load(Relaxed), n as u64);
+        assert_eq!(m.replaced_repositories.load(Relaxed), 1);
         let before = &have[..sync_at];
-        let after = &have[sync_at + 1..];
+        let after = &have[sync_at + 1 + n..];
         assert!(want.starts_with(before), "the prefix is the reference's");
         assert!(want.ends_with(after), "the rest is the reference's tail");
         assert!(
@@ -501,39 +607,101 @@ async fn a_forged_repository_serves_nothing_and_a_restart_finishes_the_resync() 
     );
 }
 
+/// An upstream `#sync` of an account that is being resynced (the host is too slow for the
+/// resync to land first) moves its tip to the `#sync`'s commit and keeps it resyncing; the
+/// repository that lands (the host's, as of the stream's end) replaces the account's rows: one
+/// `#sync` of riptide's (the upstream one is not stored), then its records, and the frames held
+/// meanwhile are inside it (`superseded`). Every other account with an upstream `#sync` is
+/// resynced the same way. Folding each account's stored events as a v2 subscriber does (a
+/// `#sync` drops the account) gives exactly its repository at the stream's end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upstream_sync_ends_the_resync_and_covers_the_held_commits() {
+async fn an_upstream_sync_is_resynced_and_its_repository_replaces_the_account() {
     let w = world(40, true);
-    let at = w.victim_sync.unwrap();
-    // The host is too slow for the resync to land before the #sync is ingested.
-    let (_slow, _dir, r) = fed(&w, slowed(4000), ResyncConfig::default(), Vec::new()).await;
+    let host = sim_of(&w, &w.end_repos, false, slowed(4000)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let r = start_with(
+        dir.path(),
+        &w,
+        &host,
+        Some(ResyncConfig::default()),
+        Vec::new(),
+    )
+    .await;
+    feed(&r, &w.frames, 1).await;
     let m = r.metrics.clone();
-    wait_for("the late resync to be found stale", || {
-        m.resync_stale.load(Relaxed) == 1
+    // The break's resync and one per upstream #sync are queued (the victim's #sync while its
+    // resync is in flight); all land.
+    let queued = 1 + w.syncs as u64;
+    wait_for("every resync to land", || {
+        m.resync_queued.load(Relaxed) == queued
+            && m.resync_accounts.load(Relaxed) == 0
+            && m.resync_in_flight.load(Relaxed) == 0
     })
     .await;
     let (m, store, _) = stop(r).await;
-    assert_eq!(m.resync_landed.load(Relaxed), 0, "the #sync came first");
-    assert_eq!(m.resync_held.load(Relaxed), 0);
     assert_eq!(count(&m, Verdict::ChainBreak), 1);
-    // The victim's frames held before its #sync are older than it: covered, not served, and
-    // counted as what they are (`superseded`: inside the repository the #sync announced), not
-    // as replays. (A commit's rev is below the #sync's; an #identity or #account is served
-    // when released.)
+    assert_eq!(
+        m.resync_stale.load(Relaxed),
+        0,
+        "the host's repositories are current"
+    );
+    assert_eq!(count(&m, Verdict::ResyncFailed), 0);
     assert_eq!(count(&m, Verdict::RevRegression), 0);
-    assert!(count(&m, Verdict::Superseded) <= at as u64);
     assert_eq!(
         count(&m, Verdict::Ok) + count(&m, Verdict::Superseded),
         w.frames.len() as u64 - 1
     );
+    let landed = m.resync_landed.load(Relaxed);
+    assert!(landed >= 1 && landed <= queued, "{landed}");
+    assert_eq!(m.replaced_repositories.load(Relaxed), landed);
     assert!(store.held().unwrap().is_empty());
     let state = store.account(&w.victim).unwrap().unwrap();
     assert_eq!(state.sync, SyncStatus::Synchronized);
+
     let got = per_did(&store);
-    assert!(
-        got[&w.victim].iter().any(|(k, _)| k == "Sync"),
-        "the upstream #sync is served"
+    let syncs: usize = got
+        .values()
+        .map(|evs| evs.iter().filter(|(k, _)| k == "Sync").count())
+        .sum();
+    assert_eq!(
+        syncs as u64, landed,
+        "one #sync per replacement, none from upstream"
     );
+    let mut rows = 0;
+    for (did, evs) in &got {
+        let Some(at) = evs.iter().rposition(|(k, _)| k == "Sync") else {
+            assert_ne!(*did, w.victim, "the victim was resynced");
+            continue;
+        };
+        let end: BTreeMap<String, String> = listing(&w.end_repos, did).into_iter().collect();
+        assert_eq!(fold(evs), end, "{did} rebuilt from its events");
+        // Its records right after its #sync; nothing of the account after them (the host's
+        // repository is as of the stream's end).
+        assert_eq!(evs.len() - at - 1, end.len(), "{did}");
+        rows += end.len() as u64;
+    }
+    // Every replacement row is counted: the creates at each #sync's rev right after it.
+    let mut replacement = 0;
+    for evs in got.values() {
+        for (i, (k, json)) in evs.iter().enumerate() {
+            if k != "Sync" {
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(json).unwrap();
+            let rev = &v["sync"]["rev"];
+            replacement += evs[i + 1..]
+                .iter()
+                .take_while(|(k, j)| {
+                    let c: serde_json::Value = serde_json::from_str(j).unwrap();
+                    k == "Commit"
+                        && c["commit"]["rev"] == *rev
+                        && c["commit"]["operation"] == "create"
+                })
+                .count() as u64;
+        }
+    }
+    assert!(replacement >= rows);
+    assert_eq!(m.replacement_rows.load(Relaxed), replacement);
 }
 
 /// Issue 40: `Retry-After: 18446744073709551615` on `getRepo` overflowed `Instant + Duration`
