@@ -1,7 +1,7 @@
 //! The native half of `riptide.Archive`: Jetstream v2's archive (`planSnapshot` →
 //! `getSegment` / `getBlock` → rows) read by `riptide_client::archive` (`Snapshot`, `Replay`),
 //! run on the clients' threads (`crate::clients::Pipeline`), and `read_segment` for a `.jss`
-//! file already in memory.
+//! file already in memory (decoded block by block on a thread of its own).
 //!
 //! Why a module: an archive row is not a wire message. It becomes the dict the live v2 client
 //! yields for the same event (`crate::v2::v1_event`), so that one consumer handles the archive,
@@ -19,18 +19,20 @@
 //! Errors (`crate::errors::archive_error`) end the read after the events before them; a row
 //! whose payload is not DAG-CBOR is not delivered, and counted (`stats()["rows_rejected"]`).
 
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
+use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict};
 use riptide_client::archive::RowDecoder;
 use riptide_client::{
     ArchiveConfig, ArchiveError, ArchiveEvent, ArchiveStats, ClientConfig, ClientStats, Replay,
     ReplayEvent, Snapshot, V2Filter,
 };
-use riptide_segment::Kind;
+use riptide_segment::{Kind, Segment};
 
 use crate::clients::{AsyncNext, ClientCore, Counters, Failure, Item, NextFuture, Pipeline};
 use crate::errors::archive_error;
@@ -311,33 +313,34 @@ pub(crate) fn event_to_py<'py>(
     record_bytes: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     let r = &e.row;
+    // The keys and the fixed values are interned: made once, their hashes cached.
     let (kind, op) = match r.kind {
-        Kind::Create | Kind::CreateResync => ("commit", Some("create")),
-        Kind::Update => ("commit", Some("update")),
-        Kind::Delete => ("commit", Some("delete")),
-        Kind::Identity => ("identity", None),
-        Kind::Account => ("account", None),
-        Kind::Sync => ("sync", None),
+        Kind::Create | Kind::CreateResync => (intern!(py, "commit"), Some(intern!(py, "create"))),
+        Kind::Update => (intern!(py, "commit"), Some(intern!(py, "update"))),
+        Kind::Delete => (intern!(py, "commit"), Some(intern!(py, "delete"))),
+        Kind::Identity => (intern!(py, "identity"), None),
+        Kind::Account => (intern!(py, "account"), None),
+        Kind::Sync => (intern!(py, "sync"), None),
     };
     let d = PyDict::new(py);
-    d.set_item("did", &r.did)?;
-    d.set_item("time_us", r.as_row().display_time_us())?;
-    d.set_item("cursor", r.seq)?;
-    d.set_item("kind", kind)?;
+    d.set_item(intern!(py, "did"), &r.did)?;
+    d.set_item(intern!(py, "time_us"), r.as_row().display_time_us())?;
+    d.set_item(intern!(py, "cursor"), r.seq)?;
+    d.set_item(intern!(py, "kind"), kind)?;
     // The reader delivers only rows whose payload decoded as DAG-CBOR (deletes have none).
     let payload = || record_to_py(py, &r.payload, 0..r.payload.len());
     match op {
         Some(op) => {
             let c = PyDict::new(py);
-            c.set_item("rev", &r.rev)?;
-            c.set_item("operation", op)?;
-            c.set_item("collection", &r.collection)?;
-            c.set_item("rkey", &r.rkey)?;
+            c.set_item(intern!(py, "rev"), &r.rev)?;
+            c.set_item(intern!(py, "operation"), op)?;
+            c.set_item(intern!(py, "collection"), &r.collection)?;
+            c.set_item(intern!(py, "rkey"), &r.rkey)?;
             if let Some(cid) = &e.cid {
-                c.set_item("record", payload()?)?;
-                c.set_item("cid", cid.to_string())?;
+                c.set_item(intern!(py, "record"), payload()?)?;
+                c.set_item(intern!(py, "cid"), cid.to_string())?;
                 if record_bytes {
-                    c.set_item("record_bytes", PyBytes::new(py, &r.payload))?;
+                    c.set_item(intern!(py, "record_bytes"), PyBytes::new(py, &r.payload))?;
                 }
             }
             d.set_item(kind, c)?;
@@ -347,37 +350,114 @@ pub(crate) fn event_to_py<'py>(
     Ok(d)
 }
 
-/// `riptide.read_segment`: every row of a whole `.jss` file as event dicts, the file verified
-/// (header, footer, checksums, every block), each payload checked to be DAG-CBOR and each
-/// record's CID computed, with the GIL released for all but building the dicts.
+/// Blocks decoded ahead of the Python consumer by `read_segment`'s thread.
+const SEGMENT_AHEAD: usize = 2;
+
+/// One block's events, or what ended the file.
+type Block = Result<Vec<ArchiveEvent>, ArchiveError>;
+
+/// `riptide.read_segment(data)`: an iterator of every row of a whole `.jss` file as event dicts,
+/// the file verified (header, footer, checksums, every block), each payload checked to be
+/// DAG-CBOR and each record's CID computed. A thread (the GIL released) opens the file once and
+/// decodes it block by block, at most [`SEGMENT_AHEAD`] blocks ahead of the consumer, which
+/// builds each event's dict as it asks for it: memory stays bounded by a few blocks' rows
+/// however large the file, and decoding overlaps with the Python side. A file or block that does
+/// not verify, or a row whose payload is not DAG-CBOR, raises `CorruptArchiveError` when
+/// iteration reaches it (a file whose header or footer is wrong: before the first event).
+#[pyclass(module = "riptide", name = "SegmentEvents")]
+pub struct SegmentEvents {
+    rx: Mutex<Option<Receiver<Block>>>,
+    ready: Mutex<std::vec::IntoIter<ArchiveEvent>>,
+    record_bytes: bool,
+}
+
+impl std::fmt::Debug for SegmentEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SegmentEvents").finish_non_exhaustive()
+    }
+}
+
+/// What `read_segment`'s thread runs: every block's rows, in order, sent as they are decoded.
+fn decode_blocks(data: &[u8], tx: &SyncSender<Block>) {
+    let seg = match Segment::open(data) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = tx.send(Err(ArchiveError::Corrupt(format!("segment: {e}"))));
+            return;
+        }
+    };
+    let mut dec = RowDecoder::new();
+    for i in 0..seg.blocks().len() {
+        let mut out = Vec::new();
+        let r = dec.decode_segment_block(&seg, i, &mut out).and_then(|()| {
+            if dec.rejected == 0 {
+                return Ok(out);
+            }
+            Err(ArchiveError::Corrupt(format!(
+                "segment block {i}: {} rows whose payload is not DAG-CBOR",
+                dec.rejected
+            )))
+        });
+        let failed = r.is_err();
+        // The consumer gone (the iterator dropped): stop.
+        if tx.send(r).is_err() || failed {
+            return;
+        }
+    }
+}
+
+#[pymethods]
+impl SegmentEvents {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        loop {
+            let next = self.ready.lock().unwrap_or_else(|p| p.into_inner()).next();
+            if let Some(e) = next {
+                return event_to_py(py, &e, self.record_bytes).map(Some);
+            }
+            let got = py.detach(|| {
+                let rx = self.rx.lock().unwrap_or_else(|p| p.into_inner());
+                rx.as_ref().map(|rx| rx.recv())
+            });
+            match got {
+                Some(Ok(Ok(events))) => {
+                    *self.ready.lock().unwrap_or_else(|p| p.into_inner()) = events.into_iter()
+                }
+                Some(Ok(Err(e))) => {
+                    self.rx.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    return Err(archive_error(py, &e, "read_segment"));
+                }
+                // The thread is done (every block sent), or an error was raised already.
+                Some(Err(_)) | None => return Ok(None),
+            }
+        }
+    }
+}
+
 #[pyfunction]
 #[pyo3(signature = (data, record_bytes = false))]
-fn read_segment<'py>(
-    py: Python<'py>,
-    data: &[u8],
-    record_bytes: bool,
-) -> PyResult<Bound<'py, PyList>> {
-    let (read, rejected) = py.detach(|| {
-        let mut dec = RowDecoder::new();
-        let mut out = Vec::new();
-        let r = dec.decode_segment(data, &mut out);
-        (r.map(|()| out), dec.rejected)
-    });
-    let events = read.map_err(|e| archive_error(py, &e, "read_segment"))?;
-    if rejected > 0 {
-        let e = ArchiveError::Corrupt(format!("{rejected} rows whose payload is not DAG-CBOR"));
-        return Err(archive_error(py, &e, "read_segment"));
-    }
-    let list = PyList::empty(py);
-    for e in &events {
-        list.append(event_to_py(py, e, record_bytes)?)?;
-    }
-    Ok(list)
+fn read_segment(data: &[u8], record_bytes: bool) -> PyResult<SegmentEvents> {
+    // A copy the thread owns (a memcpy: the bytes object stays the caller's).
+    let data = data.to_vec();
+    let (tx, rx) = sync_channel(SEGMENT_AHEAD);
+    std::thread::Builder::new()
+        .name("riptide-segment".into())
+        .spawn(move || decode_blocks(&data, &tx))
+        .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(format!("thread: {e}")))?;
+    Ok(SegmentEvents {
+        rx: Mutex::new(Some(rx)),
+        ready: Mutex::new(Vec::new().into_iter()),
+        record_bytes,
+    })
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(archive_snapshot, m)?)?;
     m.add_function(wrap_pyfunction!(archive_replay, m)?)?;
+    m.add_class::<SegmentEvents>()?;
     m.add_function(wrap_pyfunction!(read_segment, m)?)?;
     Ok(())
 }

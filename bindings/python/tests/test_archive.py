@@ -146,9 +146,12 @@ def cases(t):
 def test_filters_snapshot_and_replay_each_event_once(arch):
     t = arch
     a = riptide.Archive(t.url, token=TOKEN)
+    fetched = Counter()
     for kw, pred in cases(t):
         want = expected(t, pred, t.sealed)
-        assert [key(e) for e in read_all(a.snapshot(**kw))] == want, kw
+        snap = a.snapshot(**kw)
+        assert [key(e) for e in read_all(snap)] == want, kw
+        fetched.update({k: snap.stats()[k] for k in ("segments", "blocks")})
         # Archive then live: every matching event of the capture once across the switch.
         everything = expected(t, pred, 152)
         assert everything, kw
@@ -160,6 +163,9 @@ def test_filters_snapshot_and_replay_each_event_once(arch):
         live = len(everything) - len(want)
         if live:
             assert s["live"] is not None and s["live"]["messages"] >= live, (kw, s)
+
+    # The planner chose whole segments for some reads and single blocks (getBlock) for others.
+    assert fetched["segments"] >= 1 and fetched["blocks"] >= 1, fetched
 
     # A window: after seq 37 (exclusive) through seq 90 (inclusive).
     r = a.snapshot(after_seq=37, before_seq=90)
@@ -195,9 +201,14 @@ def test_read_segment_reads_each_file(arch):
     bad = bytearray(files[0].read_bytes())
     bad[300] ^= 0xFF
     with pytest.raises(riptide.CorruptArchiveError):
-        riptide.read_segment(bytes(bad))
+        list(riptide.read_segment(bytes(bad)))
     with pytest.raises(riptide.CorruptArchiveError):
-        riptide.read_segment(b"jss0")
+        next(riptide.read_segment(b"jss0"))
+    # A truncated file: the error, once, then nothing.
+    it = riptide.read_segment(files[-1].read_bytes()[:-1])
+    with pytest.raises(riptide.CorruptArchiveError):
+        next(it)
+    assert list(it) == []
 
 
 def test_a_wrong_or_missing_token_is_refused_once(arch):

@@ -41,6 +41,7 @@ from ._riptide import (
     decode_frame,
     decode_frames,
     list_records,
+    SegmentEvents,
     read_segment,
     verify_repo,
 )
@@ -82,6 +83,7 @@ __all__ = [
     "RelayError",
     "RepoOp",
     "RepoReport",
+    "SegmentEvents",
     "StalledPlannerError",
     "TooLargeError",
     "TruncatedError",
