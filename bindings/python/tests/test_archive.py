@@ -279,3 +279,21 @@ def test_cursor_too_old_is_typed(answer):
     e = raised.value
     assert isinstance(e, riptide.RefusedError)
     assert (e.status, e.error) == (400, "CursorTooOld") and "floor 51" in e.message
+
+
+def test_next_batch_and_close_mid_read(arch):
+    t = arch
+    r = riptide.Archive(t.url, token=TOKEN, range_bytes=4096).snapshot()
+    got = []
+    while len(got) < t.sealed:
+        batch = r.next_batch(timeout=PATIENCE)
+        assert batch, f"no events after {len(got)}"
+        got.extend(batch)
+    assert [key(e) for e in got] == expected(t, lambda k: True, t.sealed)
+    assert r.next_batch(timeout=PATIENCE) == [] and r._closed
+    assert r.stats()["segments"] >= 1
+    # Closed after the first event: iteration ends, nothing hangs.
+    r = riptide.Archive(t.url, token=TOKEN).replay()
+    assert next(r)["cursor"] == 1
+    r.close()
+    assert list(r) == []
