@@ -34,6 +34,7 @@
 //! one is `last_error()`.
 
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,8 +45,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use riptide_cbor::Arena;
 use riptide_client::{
-    ClientConfig, ClientError, ClientStats, FirehoseClient, FirehoseEvent, JetstreamClient,
-    JetstreamConfig, JetstreamEvent, JetstreamOptions,
+    ArchiveError, ArchiveEvent, ClientConfig, ClientError, ClientStats, FirehoseClient,
+    FirehoseEvent, JetstreamClient, JetstreamConfig, JetstreamEvent, JetstreamOptions,
 };
 use riptide_crypto::PublicKey;
 use riptide_firehose::verify::{
@@ -54,7 +55,7 @@ use riptide_firehose::verify::{
 use riptide_firehose::FrameDecoder;
 use tokio::sync::oneshot;
 
-use crate::errors::connect_error;
+use crate::errors::{archive_error, connect_error};
 use crate::frame::{Buf, Frame, FrameData};
 use crate::keys::Keys;
 use crate::log::LogLines;
@@ -75,28 +76,73 @@ pub(crate) enum Item {
     /// A Jetstream message that is not JSON. (The client parses every message before handing
     /// it over, so this does not happen; if it ever did, Python would see it, not lose it.)
     BadEvent(String),
+    /// A row of Jetstream v2's archive (`crate::archive`), made a dict under the GIL (with its
+    /// payload's bytes when `record_bytes`).
+    Archive {
+        event: Box<ArchiveEvent>,
+        record_bytes: bool,
+    },
     /// The permanent failure that ended the stream (module docs): the last item.
-    Failed(ClientError),
+    Failed(Failure),
+}
+
+/// What ends a stream: a live client's failure, or an archive read's (`crate::archive`).
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Client(ClientError),
+    Archive(ArchiveError),
+}
+
+/// A stream's counters as Python sees them (`stats()`, `last_error()`): a live client's
+/// [`ClientStats`], or an archive read's (`crate::archive`).
+pub(crate) trait Counters: Send + Sync {
+    fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>>;
+    fn last_error(&self) -> Option<String>;
+}
+
+impl Counters for ClientStats {
+    fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.snapshot();
+        let d = PyDict::new(py);
+        d.set_item("messages", s.messages)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("connects", s.connects)?;
+        d.set_item("reconnects", s.reconnects)?;
+        d.set_item("connect_failures", s.connect_failures)?;
+        d.set_item("decode_errors", s.decode_errors)?;
+        let v = PyDict::new(py);
+        for (verdict, n) in RsVerdict::ALL.iter().zip(s.verdicts) {
+            v.set_item(verdict.as_str(), n)?;
+        }
+        d.set_item("verdicts", v)?;
+        Ok(d)
+    }
+
+    fn last_error(&self) -> Option<String> {
+        ClientStats::last_error(self)
+    }
 }
 
 /// A running client: the batch queue, the stop signal, the counters and the log lines.
 pub(crate) struct Pipeline {
     rx: Mutex<Option<Receiver<Vec<Item>>>>,
     stop: Mutex<Option<oneshot::Sender<()>>>,
-    stats: Arc<ClientStats>,
+    /// Set when the stream ended by itself (an archive read that is complete).
+    ended: Arc<AtomicBool>,
+    stats: Arc<dyn Counters>,
     log: LogLines,
     /// The URL as given, for the messages of errors that do not name it.
     url: String,
 }
 
 impl Pipeline {
-    /// Starts the socket thread (`next` gives the stream's events, or the permanent failure that
-    /// ends it) and the worker (`process` turns the events that have arrived, up to [`BATCH`],
+    /// Starts the socket thread (`next` gives the stream's events, `None` when it ends (a
+    /// finite stream: an archive read), or the permanent failure that ends it) and the worker (`process` turns the events that have arrived, up to [`BATCH`],
     /// into items, in order). Both threads log into `log` (`crate::log`).
     pub(crate) fn start<C, E, N, P>(
         url: String,
         client: C,
-        stats: Arc<ClientStats>,
+        stats: Arc<dyn Counters>,
         log: LogLines,
         next: N,
         mut process: P,
@@ -107,7 +153,7 @@ impl Pipeline {
         N: for<'c> AsyncNext<'c, C, E> + Send + 'static,
         P: FnMut(Vec<E>) -> Vec<Item> + Send + 'static,
     {
-        let (raw_tx, raw_rx) = sync_channel::<Result<E, ClientError>>(RAW_QUEUE);
+        let (raw_tx, raw_rx) = sync_channel::<Result<E, Failure>>(RAW_QUEUE);
         let (out_tx, out_rx) = sync_channel::<Vec<Item>>(OUT_QUEUE);
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -115,11 +161,13 @@ impl Pipeline {
             .build()
             .map_err(|e| PyRuntimeError::new_err(format!("runtime: {e}")))?;
         let capture = log.clone();
+        let ended = Arc::new(AtomicBool::new(false));
+        let end = ended.clone();
         std::thread::Builder::new()
             .name("riptide-socket".into())
             .spawn(move || {
                 let _log = tracing::subscriber::set_default(capture.capture());
-                socket_loop(rt, client, next, raw_tx, stop_rx)
+                socket_loop(rt, client, next, raw_tx, stop_rx, &end)
             })
             .map_err(|e| PyRuntimeError::new_err(format!("thread: {e}")))?;
         let capture = log.clone();
@@ -157,6 +205,7 @@ impl Pipeline {
         Ok(Pipeline {
             rx: Mutex::new(Some(out_rx)),
             stop: Mutex::new(Some(stop_tx)),
+            ended,
             stats,
             log,
             url,
@@ -179,7 +228,7 @@ impl Pipeline {
             Ok(batch) => Ok(Some(batch)),
             Err(RecvTimeoutError::Timeout) => Ok(Some(Vec::new())),
             Err(RecvTimeoutError::Disconnected) => {
-                if self.is_closed() {
+                if self.is_closed() || self.ended.load(Ordering::Acquire) {
                     Ok(None)
                 } else {
                     Err(PyRuntimeError::new_err("the client's threads stopped"))
@@ -203,20 +252,7 @@ impl Pipeline {
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.stats.snapshot();
-        let d = PyDict::new(py);
-        d.set_item("messages", s.messages)?;
-        d.set_item("bytes", s.bytes)?;
-        d.set_item("connects", s.connects)?;
-        d.set_item("reconnects", s.reconnects)?;
-        d.set_item("connect_failures", s.connect_failures)?;
-        d.set_item("decode_errors", s.decode_errors)?;
-        let v = PyDict::new(py);
-        for (verdict, n) in RsVerdict::ALL.iter().zip(s.verdicts) {
-            v.set_item(verdict.as_str(), n)?;
-        }
-        d.set_item("verdicts", v)?;
-        Ok(d)
+        self.stats.to_py(py)
     }
 }
 
@@ -226,22 +262,30 @@ impl Drop for Pipeline {
     }
 }
 
-/// The stream's next event or the permanent failure that ends it (`next_checked`), as a trait,
-/// so one socket loop serves every client.
+/// The stream's next event, `None` once a finite stream (an archive read) is complete, or the
+/// permanent failure that ends it (`next_checked`), as a trait, so one socket loop serves every
+/// client.
 pub(crate) trait AsyncNext<'c, C, E> {
-    type Fut: std::future::Future<Output = Result<E, ClientError>> + 'c;
+    type Fut: std::future::Future<Output = Result<Option<E>, Failure>> + 'c;
     fn next(&self, client: &'c mut C) -> Self::Fut;
 }
 
 /// The future of one [`AsyncNext::next`].
 pub(crate) type NextFuture<'c, E> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<E, ClientError>> + 'c>>;
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<E>, Failure>> + 'c>>;
+
+/// A live client's next event as an [`AsyncNext`] answer (a live stream never ends by itself).
+pub(crate) fn live<'c, E>(
+    next: impl std::future::Future<Output = Result<E, ClientError>> + 'c,
+) -> NextFuture<'c, E> {
+    Box::pin(async move { next.await.map(Some).map_err(Failure::Client) })
+}
 
 struct FirehoseNext;
 impl<'c> AsyncNext<'c, FirehoseClient, FirehoseEvent> for FirehoseNext {
     type Fut = NextFuture<'c, FirehoseEvent>;
     fn next(&self, client: &'c mut FirehoseClient) -> Self::Fut {
-        Box::pin(client.next_checked())
+        live(client.next_checked())
     }
 }
 
@@ -250,7 +294,7 @@ impl<'c> AsyncNext<'c, JetstreamClient, JetstreamEvent> for JetstreamNext {
     type Fut = NextFuture<'c, JetstreamEvent>;
     fn next(&self, client: &'c mut JetstreamClient) -> Self::Fut {
         // Undecodable messages are counted and skipped (0: never an error for that).
-        Box::pin(client.next_checked(0))
+        live(client.next_checked(0))
     }
 }
 
@@ -258,8 +302,9 @@ fn socket_loop<C, E, N>(
     rt: tokio::runtime::Runtime,
     mut client: C,
     next: N,
-    raw_tx: SyncSender<Result<E, ClientError>>,
+    raw_tx: SyncSender<Result<E, Failure>>,
     mut stop_rx: oneshot::Receiver<()>,
+    ended: &AtomicBool,
 ) where
     N: for<'c> AsyncNext<'c, C, E>,
 {
@@ -268,6 +313,15 @@ fn socket_loop<C, E, N>(
             let event = tokio::select! {
                 _ = &mut stop_rx => break,
                 e = next.next(&mut client) => e,
+            };
+            let event = match event {
+                Ok(Some(e)) => Ok(e),
+                Ok(None) => {
+                    // Complete: the queues drain, then `take` answers `None`.
+                    ended.store(true, Ordering::Release);
+                    break;
+                }
+                Err(e) => Err(e),
             };
             let end = event.is_err();
             // Blocks this thread (its own runtime) while the worker is behind: backpressure.
@@ -414,8 +468,9 @@ fn process_frames(
     out.into_iter().flatten().collect()
 }
 
-/// The native half of a client (`riptide.Firehose`, `riptide.Jetstream`), made by
-/// `_firehose`, `_jetstream` or `_jetstream_v2`.
+/// The native half of a client (`riptide.Firehose`, `riptide.Jetstream`, `riptide.Archive`'s
+/// reads), made by `_firehose`, `_jetstream`, `_jetstream_v2`, `_archive_snapshot` or
+/// `_archive_replay`.
 #[pyclass(module = "riptide", name = "_ClientCore")]
 pub struct ClientCore {
     pipeline: Pipeline,
@@ -578,7 +633,16 @@ fn items_to_py(
                 d.set_item("error", why)?;
                 list.append(d)?;
             }
-            Item::Failed(e) => list.append(connect_error(py, &e, url).into_value(py))?,
+            Item::Archive {
+                event,
+                record_bytes,
+            } => list.append(crate::archive::event_to_py(py, &event, record_bytes)?)?,
+            Item::Failed(Failure::Client(e)) => {
+                list.append(connect_error(py, &e, url).into_value(py))?
+            }
+            Item::Failed(Failure::Archive(e)) => {
+                list.append(archive_error(py, &e, url).into_value(py))?
+            }
         }
     }
     Ok(Some(list.unbind()))

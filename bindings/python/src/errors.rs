@@ -10,7 +10,7 @@
 use pyo3::create_exception;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use riptide_client::ClientError;
+use riptide_client::{ArchiveError, ClientError};
 use riptide_firehose::corpus::CorpusError as CorpusFormatError;
 use riptide_firehose::FrameError;
 
@@ -93,6 +93,94 @@ pub fn corpus_error(py: Python<'_>, e: &CorpusFormatError) -> PyErr {
     err
 }
 
+/// A refusal as `RefusedError`, or the subclass its reason names: `UnauthorizedError` for a 401
+/// or `AuthRequired` (a missing or wrong bearer token), `CursorTooOldError` for `CursorTooOld`
+/// (the cursor is below the live floor: read the archive first).
+fn refused<'py>(
+    m: &Bound<'py, PyModule>,
+    text: String,
+    status: u16,
+    error: &str,
+    message: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let class = if error == "CursorTooOld" {
+        "CursorTooOldError"
+    } else if status == 401 || error == "AuthRequired" {
+        "UnauthorizedError"
+    } else {
+        "RefusedError"
+    };
+    let v = m.getattr(class)?.call1((text,))?;
+    v.setattr("status", status)?;
+    v.setattr("error", error)?;
+    v.setattr("message", message)?;
+    Ok(v)
+}
+
+/// An archive read's error (`riptide.Archive`) as the Python exception of its class, in the
+/// `ConnectError` family: `InvalidUrlError`; a refusal as for the live clients (`RefusedError`,
+/// `UnauthorizedError`, `CursorTooOldError`); `UnavailableError` (`.what`, `.attempts`,
+/// `.last`) when transient failures went on for every attempt; `StalledPlannerError`
+/// (`.after_seq`, `.planned`, `.tip`) for a `planSnapshot` that stopped advancing;
+/// `TooLargeError` (`.what`, `.bytes`, `.limit`); `CorruptArchiveError` for a file, block or
+/// plan that does not verify; a request that cannot be asked is a `ValueError`. The live half of
+/// a replay fails as the live clients do ([`connect_error`]). `at` (the URL) starts the message.
+pub fn archive_error(py: Python<'_>, e: &ArchiveError, at: &str) -> PyErr {
+    build_archive_error(py, e, at).unwrap_or_else(|err| err)
+}
+
+fn build_archive_error(py: Python<'_>, e: &ArchiveError, at: &str) -> PyResult<PyErr> {
+    let m = py.import("riptide._errors")?;
+    let make = |class: &str| m.getattr(class)?.call1((format!("{at}: {e}"),));
+    let value = match e {
+        ArchiveError::Live(c) => return Ok(connect_error(py, c, at)),
+        ArchiveError::InvalidRequest(_) => return Ok(PyValueError::new_err(e.to_string())),
+        ArchiveError::InvalidUrl(url) => {
+            let v = m.getattr("InvalidUrlError")?.call1((e.to_string(),))?;
+            v.setattr("url", url)?;
+            v
+        }
+        ArchiveError::Refused {
+            status,
+            error,
+            message,
+        } => refused(&m, format!("{at}: {e}"), *status, error, message)?,
+        ArchiveError::Unavailable {
+            what,
+            attempts,
+            last,
+        } => {
+            let v = make("UnavailableError")?;
+            v.setattr("url", at)?;
+            v.setattr("reason", last)?;
+            v.setattr("what", what)?;
+            v.setattr("attempts", attempts)?;
+            v.setattr("last", last)?;
+            v
+        }
+        ArchiveError::Stalled {
+            after,
+            planned,
+            tip,
+        } => {
+            let v = make("StalledPlannerError")?;
+            v.setattr("after_seq", after)?;
+            v.setattr("planned", planned)?;
+            v.setattr("tip", tip)?;
+            v
+        }
+        ArchiveError::TooLarge { what, bytes, limit } => {
+            let v = make("TooLargeError")?;
+            v.setattr("what", what)?;
+            v.setattr("bytes", bytes)?;
+            v.setattr("limit", limit)?;
+            v
+        }
+        _ => make("CorruptArchiveError")?,
+    };
+    Ok(PyErr::from_value(value))
+}
+
 /// A client's error as the Python exception of its class (`riptide._errors`), mirroring
 /// `riptide-client`'s split: `InvalidUrlError`, `RefusedError` (`.status`, `.error`, `.message`:
 /// the server's reason), `UnknownHostError` (`.url`, `.reason`) and `RelayError` (`.name`,
@@ -118,13 +206,7 @@ fn build_connect_error(py: Python<'_>, e: &ClientError, at: &str) -> PyResult<Py
             status,
             error,
             message,
-        } => {
-            let v = make("RefusedError", named())?;
-            v.setattr("status", status)?;
-            v.setattr("error", error)?;
-            v.setattr("message", message)?;
-            v
-        }
+        } => refused(&m, named(), *status, error, message)?,
         ClientError::UnknownHost { url, reason } => {
             let v = make("UnknownHostError", e.to_string())?;
             v.setattr("url", url)?;

@@ -473,7 +473,7 @@ thread_local! {
 }
 
 /// Decodes one record block (already checked when the frame was decoded) into Python objects.
-fn record_to_py<'py>(
+pub(crate) fn record_to_py<'py>(
     py: Python<'py>,
     bytes: &[u8],
     range: std::ops::Range<usize>,

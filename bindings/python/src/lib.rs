@@ -15,6 +15,7 @@
 //! hand Python whole batches. Bad input raises a Python exception; nothing here panics on input
 //! (and PyO3 turns a panic into `pyo3_runtime.PanicException` rather than aborting).
 
+mod archive;
 mod batch;
 mod clients;
 mod errors;
@@ -38,5 +39,6 @@ fn _riptide(m: &Bound<'_, PyModule>) -> PyResult<()> {
     repo::register(m)?;
     clients::register(m)?;
     v2::register(m)?;
+    archive::register(m)?;
     Ok(())
 }

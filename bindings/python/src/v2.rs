@@ -25,7 +25,9 @@ use riptide_client::{
 };
 use serde_json::{Map, Value};
 
-use crate::clients::{client_error, config, AsyncNext, ClientCore, Item, NextFuture, Pipeline};
+use crate::clients::{
+    client_error, config, live, AsyncNext, ClientCore, Item, NextFuture, Pipeline,
+};
 use crate::errors::connect_error;
 use crate::log::LogLines;
 
@@ -36,7 +38,7 @@ struct V2Next;
 impl<'c> AsyncNext<'c, JetstreamV2Client, V2Message> for V2Next {
     type Fut = NextFuture<'c, V2Message>;
     fn next(&self, client: &'c mut JetstreamV2Client) -> Self::Fut {
-        Box::pin(client.next())
+        live(client.next())
     }
 }
 
@@ -86,7 +88,11 @@ fn jetstream_v2(
 
 /// The server's dictionary (module docs), fetched with the GIL released; `None` when it has none
 /// (said in the client's log).
-fn server_dictionary(py: Python<'_>, url: &str, log: &LogLines) -> PyResult<Option<Vec<u8>>> {
+pub(crate) fn server_dictionary(
+    py: Python<'_>,
+    url: &str,
+    log: &LogLines,
+) -> PyResult<Option<Vec<u8>>> {
     let fetched = py.detach(|| {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -110,7 +116,7 @@ fn server_dictionary(py: Python<'_>, url: &str, log: &LogLines) -> PyResult<Opti
 }
 
 /// A v2 payload as the v1 event it corresponds to (module docs).
-fn v1_event(p: V2Payload) -> Value {
+pub(crate) fn v1_event(p: V2Payload) -> Value {
     let kind = p.kind().to_owned();
     let mut o = Map::new();
     if let Some(did) = p.did {

@@ -41,22 +41,35 @@ from ._riptide import (
     decode_frame,
     decode_frames,
     list_records,
+    SegmentEvents,
+    read_segment,
     verify_repo,
 )
+from ._archive import Archive, ArchiveRead
 from ._clients import Firehose, Jetstream
 from ._errors import (
     ConnectError,
+    CorruptArchiveError,
+    CursorTooOldError,
     InvalidUrlError,
     PermanentConnectError,
     RefusedError,
     RelayError,
+    StalledPlannerError,
+    TooLargeError,
+    UnauthorizedError,
+    UnavailableError,
     UnknownHostError,
 )
 
 __all__ = [
+    "Archive",
+    "ArchiveRead",
     "BadBlockCidError",
     "ConnectError",
     "CorpusError",
+    "CorruptArchiveError",
+    "CursorTooOldError",
     "DecodeError",
     "Firehose",
     "Frame",
@@ -70,7 +83,12 @@ __all__ = [
     "RelayError",
     "RepoOp",
     "RepoReport",
+    "SegmentEvents",
+    "StalledPlannerError",
+    "TooLargeError",
     "TruncatedError",
+    "UnauthorizedError",
+    "UnavailableError",
     "UnknownHostError",
     "Verdict",
     "Verifier",
@@ -79,6 +97,7 @@ __all__ = [
     "decode_frames",
     "list_records",
     "read_corpus",
+    "read_segment",
     "verify_repo",
 ]
 

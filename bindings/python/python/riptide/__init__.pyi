@@ -175,6 +175,14 @@ def read_corpus(path: _Path) -> Iterator[bytes]: ...
 def decode_frame(data: bytes, verify_cids: bool = True) -> Frame: ...
 def verify_repo(car: bytes, key: Optional[str] = None) -> RepoReport: ...
 def list_records(car: bytes) -> List[Tuple[str, str]]: ...
+class SegmentEvents(Iterator[Dict[str, Any]]):
+    def __iter__(self) -> "SegmentEvents": ...
+    def __next__(self) -> Dict[str, Any]: ...
+
+def read_segment(data: bytes, record_bytes: bool = False) -> SegmentEvents:
+    """Every event of a whole `.jss` segment file, as `Archive.snapshot` yields them (the file
+    verified, each payload checked, each record's CID computed), decoded block by block on a Rust
+    thread; CorruptArchiveError from iteration when the file does not verify."""
 
 class Verifier:
     def __init__(self, did_docs: Optional[_DidDocs] = None, plc_url: Optional[str] = None) -> None: ...
@@ -199,6 +207,34 @@ class RefusedError(PermanentConnectError):
     status: int
     error: str
     message: str
+
+class UnauthorizedError(RefusedError):
+    """HTTP 401 `AuthRequired`: a missing or wrong bearer token (`Archive(token=...)`)."""
+
+class CursorTooOldError(RefusedError):
+    """v2's `CursorTooOld`: the cursor is below the live floor (`.message` names it); read the
+    archive first (`Archive.replay`)."""
+
+class UnavailableError(ConnectError):
+    """An archive request failed transiently on every attempt; the read ended."""
+    what: str
+    attempts: int
+    last: str
+
+class StalledPlannerError(PermanentConnectError):
+    """A `planSnapshot` page did not advance."""
+    after_seq: Optional[int]
+    planned: int
+    tip: int
+
+class TooLargeError(PermanentConnectError):
+    """A segment, block or plan page over its limit."""
+    what: str
+    bytes: int
+    limit: int
+
+class CorruptArchiveError(PermanentConnectError):
+    """A segment, block or plan that does not verify or decode."""
 
 class UnknownHostError(PermanentConnectError):
     """The host name does not exist."""
@@ -261,3 +297,46 @@ class Jetstream(_Client):
     def next_batch(self, timeout: Optional[float] = None) -> List[Dict[str, Any]]: ...
     def __enter__(self) -> "Jetstream": ...
     async def __aenter__(self) -> "Jetstream": ...
+
+class ArchiveRead(_Client):
+    """One archive read (`Archive.snapshot` / `Archive.replay`): event dicts in seq order, each
+    once; `cursor` is the last seq handed out."""
+    def __iter__(self) -> Iterator[Dict[str, Any]]: ...
+    def __next__(self) -> Dict[str, Any]: ...
+    def __aiter__(self) -> AsyncIterator[Dict[str, Any]]: ...
+    async def __anext__(self) -> Dict[str, Any]: ...
+    def next_batch(self, timeout: Optional[float] = None) -> List[Dict[str, Any]]: ...
+    def __enter__(self) -> "ArchiveRead": ...
+    async def __aenter__(self) -> "ArchiveRead": ...
+
+class Archive:
+    """A Jetstream v2 server's archive (planSnapshot, getSegment, getBlock)."""
+    url: str
+    def __init__(
+        self,
+        url: str,
+        token: Optional[str] = None,
+        range_bytes: Optional[int] = None,
+        max_segment_bytes: Optional[int] = None,
+        max_attempts: Optional[int] = None,
+        timeout: Optional[float] = None,
+    ) -> None: ...
+    def snapshot(
+        self,
+        kinds: Optional[Iterable[str]] = None,
+        dids: Optional[Iterable[str]] = None,
+        collections: Optional[Iterable[str]] = None,
+        after_seq: Optional[int] = None,
+        before_seq: Optional[int] = None,
+        record_bytes: bool = False,
+    ) -> ArchiveRead: ...
+    def replay(
+        self,
+        kinds: Optional[Iterable[str]] = None,
+        dids: Optional[Iterable[str]] = None,
+        collections: Optional[Iterable[str]] = None,
+        after_seq: Optional[int] = None,
+        record_bytes: bool = False,
+        compress: bool = False,
+        zstd_dictionary: Optional[Union[bytes, _Path]] = None,
+    ) -> ArchiveRead: ...

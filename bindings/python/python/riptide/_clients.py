@@ -1,6 +1,7 @@
 """The clients' Python half: the iterator and `async for` protocols over the native cores.
 
-The native core (`_ClientCore`, made by `_firehose`, `_jetstream`, `_jetstream_v2`) runs the
+The native core (`_ClientCore`, made by `_firehose`, `_jetstream`, `_jetstream_v2`, and for
+`riptide.Archive`'s reads (`_archive`) `_archive_snapshot`, `_archive_replay`) runs the
 connection, the reconnects with backoff (resuming after the last event received) and the decoding
 and verification on Rust threads, and hands over whole batches (`take`). This side keeps the
 current batch, hands out one event at a time and tracks the cursor of the last event handed out.
@@ -73,6 +74,16 @@ class _Log:
     def _summary(k: List[Any], now: float) -> None:
         _logger.log(k[3], "%s [%d more like this not logged since the last line, %d in all]", k[4], k[1], k[0])
         k[1], k[2] = 0, now
+
+
+def _dictionary(zstd_dictionary: Optional[Union[bytes, str, "os.PathLike[str]"]]) -> Optional[bytes]:
+    """A zstd dictionary given as bytes or as the path of its file."""
+    if zstd_dictionary is None:
+        return None
+    if isinstance(zstd_dictionary, (str, os.PathLike)):
+        with open(zstd_dictionary, "rb") as f:
+            return f.read()
+    return bytes(zstd_dictionary)
 
 
 class _Client:
@@ -290,13 +301,7 @@ class Jetstream(_Client):
         self._v2 = _V2_NSID in url if v2 is None else bool(v2)
         if kinds is not None and not self._v2:
             raise ValueError("kinds is a Jetstream v2 filter: give a subscribeEvents URL (or v2=True)")
-        dictionary = None
-        if compress and zstd_dictionary is not None:
-            if isinstance(zstd_dictionary, (str, os.PathLike)):
-                with open(zstd_dictionary, "rb") as f:
-                    dictionary = f.read()
-            else:
-                dictionary = bytes(zstd_dictionary)
+        dictionary = _dictionary(zstd_dictionary) if compress else None
         cols = list(collections) if collections is not None else None
         dids_ = list(dids) if dids is not None else None
         if self._v2:

@@ -1,5 +1,6 @@
-//! `riptide bench archive FILE|DIR… [--python PY]`: the archive reader's events/s (issue 38:
-//! riptide's reader against the Python `atproto` SDK's on the same segments, ≥ 10×).
+//! `riptide bench archive FILE|DIR… [--python PY] [--binding-python PY]`: the archive reader's
+//! events/s (issue 38: riptide's Rust and Python readers against the Python `atproto` SDK's on
+//! the same segments, ≥ 10×).
 //!
 //! Why a bench of its own: it times exactly what a client does with a downloaded segment — open
 //! and verify the file, decompress every block, decode the rows, check each payload is DAG-CBOR
@@ -7,7 +8,9 @@
 //! uses) — over `.jss` files in memory, on one thread, no socket. With `--python`, the same
 //! files go through the SDK's own functions (`bench/archive_reader.py`: `iter_block_frames`,
 //! `decode_block`, `to_messages(with_cid=True)`) in that interpreter, and the two medians are
-//! compared; both must count the same events. Median, min and max of `--passes` after
+//! compared; both must count the same events. With `--binding-python`, a third column: riptide's
+//! Python binding (`bench/archive_binding.py`: `riptide.read_segment`, every event a dict with its
+//! record as Python objects and its CID computed) in that interpreter. Median, min and max of `--passes` after
 //! `--warmup`; the load average before and after is printed, since the machine is shared.
 
 use std::path::PathBuf;
@@ -21,6 +24,10 @@ use super::bench::{load_avg, spread_warning, utc_now, Passes, Stats};
 
 /// The SDK side, run by `--python`.
 const PY_READER: &str = include_str!("../../../../bench/archive_reader.py");
+/// riptide's Python binding, run by `--binding-python`.
+const BINDING_READER: &str = include_str!("../../../../bench/archive_binding.py");
+/// The timing loop both Python readers run after their own text.
+const PY_HARNESS: &str = include_str!("../../../../bench/archive_harness.py");
 
 #[derive(clap::Args, Debug)]
 pub struct ArchiveArgs {
@@ -32,6 +39,9 @@ pub struct ArchiveArgs {
     /// A Python with the `atproto` SDK (e.g. the v2 oracle's venv): time its reader too.
     #[arg(long)]
     python: Option<PathBuf>,
+    /// A Python with riptide's binding installed (`pip install ./bindings/python`): time it too.
+    #[arg(long)]
+    binding_python: Option<PathBuf>,
     /// One JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -91,43 +101,30 @@ pub fn run(a: ArchiveArgs) -> anyhow::Result<ExitCode> {
         dec.rejected
     );
 
-    let python = match &a.python {
-        None => None,
-        Some(py) => {
-            let mut cmd = Command::new(py);
-            cmd.arg("-c")
-                .arg(PY_READER)
-                .arg(a.runs.warmup().to_string())
-                .arg(a.runs.passes().to_string())
-                .args(&paths);
-            let o = cmd
-                .output()
-                .with_context(|| format!("running {}", py.display()))?;
-            anyhow::ensure!(
-                o.status.success(),
-                "the SDK's reader failed: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
-            let n = v["events"].as_u64().unwrap_or(0) as usize;
-            anyhow::ensure!(
-                n == events,
-                "the SDK's reader counted {n} events, riptide's {events}"
-            );
-            let rates = v["secs"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|s| s.as_f64())
-                        .map(|s| n as f64 / s)
-                        .collect()
-                })
-                .unwrap_or_default();
-            Some(Stats::of(rates))
-        }
-    };
+    let python = a
+        .python
+        .as_deref()
+        .map(|py| python_reader(py, PY_READER, "the SDK's reader", &a.runs, &paths, events))
+        .transpose()?;
+    let binding = a
+        .binding_python
+        .as_deref()
+        .map(|py| {
+            python_reader(
+                py,
+                BINDING_READER,
+                "riptide's binding",
+                &a.runs,
+                &paths,
+                events,
+            )
+        })
+        .transpose()?;
     let load_after = load_avg();
     let ratio = python.map(|p| rust.median / p.median.max(1e-9));
+    let binding_ratio = python
+        .zip(binding)
+        .map(|(p, b)| b.median / p.median.max(1e-9));
     if a.json {
         let v = serde_json::json!({
             "bench": "archive",
@@ -140,6 +137,8 @@ pub fn run(a: ArchiveArgs) -> anyhow::Result<ExitCode> {
             "riptide_events_per_s": rust.json(),
             "python_events_per_s": python.map(|p| p.json()),
             "ratio_of_medians": ratio,
+            "binding_events_per_s": binding.map(|b| b.json()),
+            "binding_ratio_of_medians": binding_ratio,
         });
         println!("{v}");
     } else {
@@ -156,9 +155,61 @@ pub fn run(a: ArchiveArgs) -> anyhow::Result<ExitCode> {
                 p.median, p.min, p.max
             );
         }
+        if let Some(b) = binding {
+            print!(
+                "riptide's Python binding: {:.0} events/s (min {:.0}, max {:.0})",
+                b.median, b.min, b.max
+            );
+            match binding_ratio {
+                Some(r) => println!("; binding ÷ SDK = {r:.1}×"),
+                None => println!(),
+            }
+        }
     }
     if let Some(w) = spread_warning(&rust, (load_before, load_after)) {
         eprintln!("{w}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs a Python reader (its `script` defining `one_pass`, then [`PY_HARNESS`], with arguments
+/// `WARMUP PASSES FILE…`, printing `{"events", "secs"}`) in `py`: its events/s; it must count the
+/// `events` riptide's Rust reader counted.
+fn python_reader(
+    py: &std::path::Path,
+    script: &str,
+    who: &str,
+    runs: &Passes,
+    paths: &[PathBuf],
+    events: usize,
+) -> anyhow::Result<Stats> {
+    let o = Command::new(py)
+        .arg("-c")
+        .arg(format!("{script}\n{PY_HARNESS}"))
+        .arg(runs.warmup().to_string())
+        .arg(runs.passes().to_string())
+        .args(paths)
+        .output()
+        .with_context(|| format!("running {}", py.display()))?;
+    anyhow::ensure!(
+        o.status.success(),
+        "{who} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
+    let n = v["events"].as_u64().unwrap_or(0) as usize;
+    anyhow::ensure!(
+        n == events,
+        "{who} counted {n} events, riptide's Rust reader {events}"
+    );
+    let rates = v["secs"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_f64())
+                .map(|s| n as f64 / s)
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(Stats::of(rates))
 }

@@ -101,11 +101,35 @@ impl RowDecoder {
             if b.event_count == 0 || !filter.overlaps(b.min_seq, b.max_seq) {
                 continue;
             }
-            let body = seg.block_body(i).map_err(corrupt)?;
-            let rows = seg.rows(i, &body).map_err(corrupt)?;
-            self.keep(&rows, filter, out);
+            self.segment_block(name, &seg, i, filter, out)?;
         }
         Ok(())
+    }
+
+    fn segment_block(
+        &mut self,
+        name: &str,
+        seg: &Segment<'_>,
+        i: usize,
+        filter: &RowFilter,
+        out: &mut Vec<ArchiveEvent>,
+    ) -> Result<(), ArchiveError> {
+        let corrupt = |e: riptide_segment::Error| ArchiveError::Corrupt(format!("{name}: {e}"));
+        let body = seg.block_body(i).map_err(corrupt)?;
+        let rows = seg.rows(i, &body).map_err(corrupt)?;
+        self.keep(&rows, filter, out);
+        Ok(())
+    }
+
+    /// Every row of block `i` of an opened segment, checked (no filter): for a reader that hands
+    /// a large file's events over block by block (the Python binding's `read_segment`).
+    pub fn decode_segment_block(
+        &mut self,
+        seg: &Segment<'_>,
+        i: usize,
+        out: &mut Vec<ArchiveEvent>,
+    ) -> Result<(), ArchiveError> {
+        self.segment_block("segment", seg, i, &RowFilter::default(), out)
     }
 
     /// A bare block frame's (`getBlock`) rows that `filter` names, in order.
@@ -176,6 +200,16 @@ mod tests {
         assert_eq!(out[0].cid.unwrap().as_bytes(), want.as_slice());
         assert_eq!(out[1].cid, None);
         assert_eq!(out[2].cid, out[0].cid);
+
+        // Block by block: the same events, in order.
+        let seg = Segment::open(&file).unwrap();
+        let mut d2 = RowDecoder::new();
+        let mut by_block = Vec::new();
+        for i in 0..seg.blocks().len() {
+            d2.decode_segment_block(&seg, i, &mut by_block).unwrap();
+        }
+        assert_eq!(by_block, out);
+        assert_eq!(d2.rejected, 2);
 
         // A damaged file is an error, not rows.
         let mut bad = file.clone();
