@@ -22,9 +22,12 @@
 //! - [`state`]: durable progress (fjall): statuses, cursors, counters, the sink's position;
 //! - [`run`](mod@run): the crawl that ties them, and [`status`](mod@status): the operator's report.
 //!
+//! The crawl over several machines is `riptide-kafka`'s (`backfill` module): its workers reuse
+//! [`Getter`] (one account's fetch, one listing request, under the limits) and
+//! [`record_line`], and keep their progress in Kafka rather than in [`State`].
+//!
 //! What it does not do (yet): run inside `riptide serve` beside ingest (`serve --backfill`,
-//! holding live commits while an account is backfilled), or spread the crawl over Kafka (issue
-//! 37's later parts).
+//! holding live commits while an account is backfilled).
 
 pub mod collections;
 pub mod discover;
@@ -42,8 +45,8 @@ pub use collections::{BadPattern, Collections};
 pub use fetch::{Fetcher, Identity};
 pub use limits::{HostLimits, Hosts};
 pub use outcome::{FailKind, Failure, Record, Verified};
-pub use run::{run, BackfillError, Config, Discovery, Progress};
-pub use sink::{JsonlSink, Sink, SinkError, TeeSink, Written};
+pub use run::{run, BackfillError, Config, Discovery, Getter, Progress};
+pub use sink::{record_line, JsonlSink, Sink, SinkError, TeeSink, Written};
 pub use state::{Counters, Listing, RepoStatus, State, StateError};
 pub use status::{status, Status};
 pub use store_sink::{Landed, StoreSink};

@@ -13,6 +13,12 @@
 //!   same events a single node serves.
 //! - Three brokers (replication 3, min.insync.replicas 2), one killed with SIGKILL: ingest and
 //!   serving go on.
+//! - The backfill spread over three workers of one consumer group (`riptide backfill --publish`)
+//!   against `riptide sim --hosts 6`, one worker killed with SIGKILL mid-way: every good
+//!   repository's records exactly once on `TOPIC.backfill` (read_committed), equal to `riptide
+//!   repo ls` of its CAR; every faulty or inactive one exactly once on `TOPIC.backfill.failed`
+//!   with its reason (the sim's manifest and each host's `listRepos` say which). The same on
+//!   three brokers is `--ignored` (a minute more of start-up).
 //!
 //! Kafka needs java, mvn and python3. Where they are not available, set `RIPTIDE_NO_KAFKA=1` to
 //! skip these tests (loudly); under `CI` they always run. `RIPTIDE_KAFKA_BOOTSTRAP=host:port`
@@ -22,7 +28,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -885,8 +891,9 @@ fn a_standby_taking_over_holds_what_the_publisher_held_for_resync() {
     assert!(store.held().unwrap().is_empty(), "nothing left held");
 }
 
-/// Every committed record of `topic`'s partition `p`: (offset, key, seq header if any).
-fn records_of(bootstrap: &str, topic: &str, p: i32) -> Vec<(i64, Vec<u8>, Option<u64>)> {
+/// Every committed record of `topic`'s partition `p`: (offset, key, seq header if any, value).
+#[allow(clippy::type_complexity)]
+fn records_of(bootstrap: &str, topic: &str, p: i32) -> Vec<(i64, Vec<u8>, Option<u64>, Vec<u8>)> {
     use riptide_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
     use riptide_kafka::rdkafka::message::{Headers, Message};
     use riptide_kafka::rdkafka::ClientConfig;
@@ -913,7 +920,12 @@ fn records_of(bootstrap: &str, topic: &str, p: i32) -> Vec<(i64, Vec<u8>, Option
                         .find(|h| h.key == "riptide-seq")
                         .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
                 });
-                out.push((m.offset(), m.key().unwrap_or_default().to_vec(), seq));
+                out.push((
+                    m.offset(),
+                    m.key().unwrap_or_default().to_vec(),
+                    seq,
+                    m.payload().unwrap_or_default().to_vec(),
+                ));
             }
             Some(Err(riptide_kafka::rdkafka::error::KafkaError::PartitionEOF(_))) => return out,
             _ => {}
@@ -1157,4 +1169,223 @@ fn an_outage_of_two_brokers_of_three_is_seen_and_waited_out() {
         }
         std::thread::sleep(Duration::from_secs(1));
     }
+}
+
+/// `riptide repo ls` of `car`: `collection/rkey\tcid` lines.
+fn repo_ls_lines(car: &Path) -> BTreeSet<String> {
+    let out = common::riptide(&["repo", "ls", s(car)]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Every committed record of every partition of `topic` (`n` partitions): (key, value).
+fn all_records(bootstrap: &str, topic: &str, n: i32) -> Vec<(String, Value)> {
+    (0..n)
+        .flat_map(|p| records_of(bootstrap, topic, p))
+        .map(|r| {
+            let v = serde_json::from_slice(&r.3).unwrap_or_else(|e| panic!("{topic}: {e}"));
+            (String::from_utf8(r.1).unwrap(), v)
+        })
+        .collect()
+}
+
+/// Three `riptide backfill --publish` workers on `cluster` against `riptide sim --hosts 6`,
+/// the first killed with SIGKILL once the crawl has published records (module docs).
+fn backfill_workers_one_killed(cluster: &Cluster) {
+    let tmp = common::scratch();
+    let net = tmp.path().join("net");
+    let mut cfg = riptide_gen::Config::new(23, 90, 200);
+    cfg.keep_records = true;
+    cfg.initial_records = (5, 60);
+    cfg.threads = 2;
+    riptide_gen::write_dir(&cfg, &net).unwrap();
+    let manifest_path = tmp.path().join("manifest.json");
+    let (_sim, base) = common::spawn_printing_url(
+        Command::new(common::BIN)
+            .args(["sim", "--from", s(&net), "--listen", "127.0.0.1:0"])
+            .args(["--hosts", "6", "--seed", "5"])
+            .args(["--repo-faults", "bad-signature=1,other-did=1"])
+            .args(["--manifest", s(&manifest_path)]),
+    );
+    let manifest: Value = serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    // The oracle of who is good: the sim's planted faults, and each host's own listing (who is
+    // inactive).
+    let planted: BTreeMap<String, &str> = manifest["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let reason = match f["fault"].as_str().unwrap() {
+                "bad-signature" => "bad_signature",
+                "other-did" => "wrong_did",
+                other => panic!("not planted here: {other}"),
+            };
+            (f["did"].as_str().unwrap().to_owned(), reason)
+        })
+        .collect();
+    let (mut good, mut bad) = (BTreeSet::new(), BTreeMap::new());
+    for h in manifest["hosts"].as_array().unwrap() {
+        let (code, body) = common::http_get(
+            h["hostname"].as_str().unwrap(),
+            "/xrpc/com.atproto.sync.listRepos?limit=1000",
+        );
+        assert_eq!(code, 200, "{body}");
+        let listed: Value = serde_json::from_str(&body).unwrap();
+        for r in listed["repos"].as_array().unwrap() {
+            let did = r["did"].as_str().unwrap().to_owned();
+            let inactive =
+                (r["active"].as_bool() == Some(false)).then(|| match r["status"].as_str() {
+                    Some("takendown") => "taken_down",
+                    Some("suspended") => "suspended",
+                    _ => "deactivated",
+                });
+            match planted.get(&did).copied().or(inactive) {
+                Some(reason) => {
+                    bad.insert(did, reason.to_owned());
+                }
+                None => {
+                    good.insert(did);
+                }
+            }
+        }
+    }
+    assert_eq!(good.len() + bad.len(), 90, "every account listed once");
+    assert!(bad.len() >= 2 && good.len() >= 60, "{bad:?}");
+
+    let name = topic("backfill");
+    let url = format!("{}?partitions=6", cluster.url(&name));
+    let rows = format!("{name}.backfill");
+    let worker = |i: usize| {
+        let log = std::fs::File::create(tmp.path().join(format!("worker-{i}.log"))).unwrap();
+        let child = Command::new(common::BIN)
+            .args(["backfill", "--relay", &base, "--plc-url", &base])
+            .args(["--publish", &url])
+            // Slow enough (each host at 4 getRepo/s) that the kill lands mid-crawl.
+            .args([
+                "--get-repo-rate",
+                "4",
+                "--retry-backoff-ms",
+                "20",
+                "--attempts",
+                "6",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        KillOnDrop::from_child(child)
+    };
+    let log_of = |i: usize| {
+        std::fs::read_to_string(tmp.path().join(format!("worker-{i}.log"))).unwrap_or_default()
+    };
+    let mut workers: Vec<Option<KillOnDrop>> = (0..3).map(|i| Some(worker(i))).collect();
+    // Mid-way: the first worker owns partitions and the crawl has committed records.
+    let published = || -> i64 {
+        (0..6)
+            .map(|p| records_of(&cluster.bootstrap, &rows, p).len() as i64)
+            .sum()
+    };
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        assert!(Instant::now() < deadline, "no progress: {}", log_of(0));
+        if log_of(0).contains("taking this work partition over") && published() > 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let at_kill = published();
+    workers[0].take().unwrap().kill();
+    for (i, w) in workers.iter_mut().enumerate().skip(1) {
+        let w = w.as_mut().unwrap();
+        let deadline = Instant::now() + PATIENCE * 3;
+        let status = loop {
+            if let Some(st) = w.try_wait() {
+                break st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker {i} did not end: {}",
+                log_of(i)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert!(status.success(), "worker {i}: {}", log_of(i));
+    }
+    // The survivors took the killed worker's partitions over (6 in all at first, then more).
+    let takeovers: usize = (1..3)
+        .map(|i| log_of(i).matches("taking this work partition over").count())
+        .sum();
+    assert!(
+        takeovers > 4,
+        "{takeovers} partitions taken by the survivors"
+    );
+
+    let got = all_records(&cluster.bootstrap, &rows, 6);
+    assert!(
+        (at_kill as usize) < got.len(),
+        "the kill came after the end ({at_kill} of {})",
+        got.len()
+    );
+    let mut by_did: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (key, v) in &got {
+        let field = |k: &str| {
+            v[k].as_str()
+                .unwrap_or_else(|| panic!("{k}: {v}"))
+                .to_owned()
+        };
+        assert_eq!(key, &field("did"), "records are keyed by DID");
+        assert_eq!(
+            v["record"]["$type"].as_str(),
+            Some(field("collection").as_str())
+        );
+        by_did.entry(field("did")).or_default().push(format!(
+            "{}/{}\t{}",
+            field("collection"),
+            field("rkey"),
+            field("cid")
+        ));
+    }
+    for did in &good {
+        let lines = by_did.remove(did).unwrap_or_default();
+        let set: BTreeSet<String> = lines.iter().cloned().collect();
+        assert_eq!(set.len(), lines.len(), "{did}: a record published twice");
+        let car = net.join("repos").join(format!("{did}.car"));
+        assert_eq!(set, repo_ls_lines(&car), "{did}");
+    }
+    assert!(
+        by_did.is_empty(),
+        "records of faulty accounts: {:?}",
+        by_did.keys()
+    );
+    let failed = all_records(&cluster.bootstrap, &format!("{name}.backfill.failed"), 6);
+    let mut reasons = BTreeMap::new();
+    for (did, v) in failed {
+        let r = v["reason"].as_str().unwrap().to_owned();
+        assert!(
+            reasons.insert(did.clone(), r).is_none(),
+            "{did} failed twice"
+        );
+    }
+    assert_eq!(reasons, bad);
+}
+
+#[test]
+fn backfill_workers_one_killed_publish_every_repository_once() {
+    if !enabled() {
+        return;
+    }
+    backfill_workers_one_killed(&Cluster::one_broker());
+}
+
+#[test]
+#[ignore = "three brokers (a minute more): cargo test -p riptide-cli --test kafka -- --ignored"]
+fn backfill_workers_one_killed_on_three_brokers_publish_every_repository_once() {
+    if !enabled() {
+        return;
+    }
+    backfill_workers_one_killed(&Cluster::start(3));
 }

@@ -17,6 +17,10 @@
 //! the records are also printed as JSON lines for a pipeline, each output exactly once (a pipe:
 //! as a pipe allows); keep the same outputs when resuming (the state's position is theirs).
 //!
+//! `--publish kafka://BROKERS/TOPIC` makes the run one worker of a backfill spread over a Kafka
+//! consumer group (`riptide_kafka::backfill`, docs/kafka.md): no state directory, the progress
+//! is in Kafka, the records go to `TOPIC.backfill`; it ends when every host is done.
+//!
 //! One run per state directory (a lock, `DIR/lock`): a second is refused. `status` never opens
 //! the keyspace beside a running backfill (fjall is one process's); it reads the snapshot the run
 //! writes every five seconds (`DIR/status.json`) and says it is running.
@@ -97,6 +101,14 @@ struct RunArgs {
     /// Progress (per-repository status, cursors): resume by running again with the same DIR.
     #[arg(long)]
     state: Option<PathBuf>,
+    /// Crawl as one worker of a Kafka consumer group (kafka://HOST:PORT[,…]/TOPIC[?partitions=N]):
+    /// the relay's hosts are the work, each worker crawls the hosts of its partitions, and each
+    /// verified repository's records go to TOPIC.backfill in one transaction with its host's
+    /// progress, exactly once across killed workers (docs/kafka.md). Start the same command on
+    /// each machine; each ends when every host is done.
+    #[cfg(feature = "kafka")]
+    #[arg(long, value_name = "kafka://BROKERS/TOPIC", conflicts_with_all = ["data", "jsonl", "state", "dids", "collections"])]
+    publish: Option<String>,
     /// Where accounts come from: the relay's `listHosts` then each host's `listRepos`
     /// (`hosts`), or the relay's own `listRepos` (`relay`).
     #[arg(long, value_enum, default_value_t = Source::Hosts)]
@@ -279,6 +291,10 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let relay = relay_base(relay)?;
     check_bind(&a.bind)?;
+    #[cfg(feature = "kafka")]
+    if let Some(url) = a.publish.clone() {
+        return worker(&a, relay, &url);
+    }
     if !a.jsonl && a.data.is_none() {
         anyhow::bail!("an output is required: --data DIR (the store `riptide serve --data DIR` serves) or --jsonl");
     }
@@ -373,23 +389,7 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         (None, Some(lines)) => lines,
         (None, None) => anyhow::bail!("an output is required: --data DIR or --jsonl"),
     };
-    let unlimited = a.no_rate_limits;
-    let limits = HostLimits {
-        get_repo_per_sec: if unlimited {
-            f64::INFINITY
-        } else {
-            a.get_repo_rate
-        },
-        list_per_sec: if unlimited {
-            f64::INFINITY
-        } else {
-            a.list_rate
-        },
-        per_host: a.per_host.max(1),
-    };
-    if !unlimited && (a.get_repo_rate <= 0.0 || a.list_rate <= 0.0) {
-        anyhow::bail!("--get-repo-rate and --list-rate must be above 0 (or --no-rate-limits)");
-    }
+    let limits = host_limits(&a)?;
     let cfg = Config {
         relay: relay.clone(),
         discovery,
@@ -407,26 +407,7 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
     let progress = Arc::new(Progress::default());
     let started = Instant::now();
     let result = rt.block_on(async {
-        let resolver = Resolver::new(ResolverConfig {
-            plc_url: a.plc_url.trim_end_matches('/').to_owned(),
-            ..ResolverConfig::default()
-        })?;
-        let resync = Resyncer::new(
-            resolver.clone(),
-            ResyncConfig {
-                timeout: Duration::from_secs(a.timeout_secs.max(1)),
-                max_repo_bytes: a.max_repo_bytes,
-                per_host: a.per_host.max(1),
-                spool_above: a.spool_above,
-                spool_dir: Some(spool),
-                min_bytes_per_sec: a.min_bytes_per_sec,
-                ..ResyncConfig::default()
-            },
-        );
-        let mut fetcher = Fetcher::new(resolver, resync, Some(relay), keep);
-        if !a.bind.is_empty() {
-            fetcher = fetcher.bound_to(&a.bind)?;
-        }
+        let fetcher = make_fetcher(&a, &relay, keep, spool)?;
         let hosts = Hosts::new(limits, cfg.global);
         let shown = tokio::spawn(show_progress(progress.clone()));
         let snapshots = tokio::spawn(snapshot_status(state.clone(), state_dir.clone()));
@@ -448,6 +429,113 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         bytes = p.bytes.load(Relaxed),
         secs = started.elapsed().as_secs_f64(),
         "backfill: done (riptide backfill status --state DIR for failures by reason)"
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The per-host limits the flags ask for.
+fn host_limits(a: &RunArgs) -> anyhow::Result<HostLimits> {
+    let unlimited = a.no_rate_limits;
+    if !unlimited && (a.get_repo_rate <= 0.0 || a.list_rate <= 0.0) {
+        anyhow::bail!("--get-repo-rate and --list-rate must be above 0 (or --no-rate-limits)");
+    }
+    Ok(HostLimits {
+        get_repo_per_sec: if unlimited {
+            f64::INFINITY
+        } else {
+            a.get_repo_rate
+        },
+        list_per_sec: if unlimited {
+            f64::INFINITY
+        } else {
+            a.list_rate
+        },
+        per_host: a.per_host.max(1),
+    })
+}
+
+/// The fetcher the flags ask for (identity from --plc-url, the resync fetch's bounds, --bind).
+fn make_fetcher(
+    a: &RunArgs,
+    relay: &str,
+    keep: Collections,
+    spool: PathBuf,
+) -> anyhow::Result<Fetcher> {
+    let resolver = Resolver::new(ResolverConfig {
+        plc_url: a.plc_url.trim_end_matches('/').to_owned(),
+        ..ResolverConfig::default()
+    })?;
+    let resync = Resyncer::new(
+        resolver.clone(),
+        ResyncConfig {
+            timeout: Duration::from_secs(a.timeout_secs.max(1)),
+            max_repo_bytes: a.max_repo_bytes,
+            per_host: a.per_host.max(1),
+            spool_above: a.spool_above,
+            spool_dir: Some(spool),
+            min_bytes_per_sec: a.min_bytes_per_sec,
+            ..ResyncConfig::default()
+        },
+    );
+    let mut fetcher = Fetcher::new(resolver, resync, Some(relay.to_owned()), keep);
+    if !a.bind.is_empty() {
+        fetcher = fetcher.bound_to(&a.bind)?;
+    }
+    Ok(fetcher)
+}
+
+/// `--publish kafka://…`: one worker of the Kafka consumer group (docs/kafka.md), to the end of
+/// the whole backfill. Large repositories are spooled under --spool-dir (default: the system's
+/// temporary directory; unnamed files).
+#[cfg(feature = "kafka")]
+fn worker(a: &RunArgs, relay: String, url: &str) -> anyhow::Result<ExitCode> {
+    use riptide_kafka::backfill::{run_worker, WorkerConfig, WorkerCounts};
+    let url = riptide_kafka::KafkaUrl::parse(url).map_err(|e| anyhow::anyhow!("--publish: {e}"))?;
+    if a.discovery != Source::Hosts {
+        anyhow::bail!("--publish crawls the relay's hosts (listHosts): --discovery relay is not spread over workers");
+    }
+    let spool = a.spool_dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&spool).with_context(|| format!("creating {}", spool.display()))?;
+    let limits = host_limits(a)?;
+    let cfg = Config {
+        relay: relay.clone(),
+        global: a.concurrency.max(1),
+        window: a.per_host.max(1) * 2,
+        attempts: a.attempts.max(1),
+        backoff: Duration::from_millis(a.retry_backoff_ms),
+        ..Config::default()
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let getter = {
+        let _entered = rt.enter();
+        let fetcher = make_fetcher(a, &relay, Collections::default(), spool)?;
+        Arc::new(riptide_backfill::Getter::new(
+            cfg.clone(),
+            fetcher,
+            Hosts::new(limits, cfg.global),
+        )?)
+    };
+    let counts = Arc::new(WorkerCounts::default());
+    let started = Instant::now();
+    let wcfg = WorkerConfig {
+        url,
+        relay,
+        window: cfg.window,
+    };
+    run_worker(&wcfg, getter, rt.handle().clone(), counts.clone())?;
+    tracing::info!(
+        ok = counts.ok.load(Relaxed),
+        failed = counts.failed.load(Relaxed),
+        records = counts.records.load(Relaxed),
+        hosts = counts.hosts.load(Relaxed),
+        partitions_taken = counts.partitions.load(Relaxed),
+        transactions = counts.committed.load(Relaxed),
+        aborted = counts.aborted.load(Relaxed),
+        secs = started.elapsed().as_secs_f64(),
+        "backfill worker: every host of the work topic is done (failures: TOPIC.backfill.failed)"
     );
     Ok(ExitCode::SUCCESS)
 }
