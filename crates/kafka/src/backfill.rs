@@ -841,9 +841,9 @@ async fn offer_hosts(
         let v = getter
             .list(&u)
             .await
-            .map_err(|e| KafkaError::Inconsistent(format!("the relay's listHosts: {e}")))?;
-        let (page, next) = discover::parse_hosts(&v)
-            .map_err(|e| KafkaError::Inconsistent(format!("the relay's listHosts: {e}")))?;
+            .map_err(|e| KafkaError::Relay(e.to_string()))?;
+        let (page, next) =
+            discover::parse_hosts(&v).map_err(|e| KafkaError::Relay(e.to_string()))?;
         let empty = page.is_empty();
         for h in page {
             if h.status.as_deref() == Some("banned") {

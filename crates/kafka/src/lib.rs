@@ -187,6 +187,9 @@ pub enum KafkaError {
     /// The topic and the local store disagree in a way that cannot be repaired here.
     #[error("{0}")]
     Inconsistent(String),
+    /// The relay did not give its hosts (a backfill worker needs its `listHosts`).
+    #[error("the relay's listHosts (backfill workers need it): {0}")]
+    Relay(String),
     /// A wait on the cluster ran out of time.
     #[error("Kafka ({brokers}): timed out {what}")]
     Timeout {
