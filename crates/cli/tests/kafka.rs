@@ -14,11 +14,13 @@
 //! - Three brokers (replication 3, min.insync.replicas 2), one killed with SIGKILL: ingest and
 //!   serving go on.
 //! - The backfill spread over three workers of one consumer group (`riptide backfill --publish`)
-//!   against `riptide sim --hosts 6`, one worker killed with SIGKILL mid-way: every good
+//!   against `riptide sim --hosts 6` (one host offline: a listing problem in the status), one
+//!   worker killed with SIGKILL mid-way: every good
 //!   repository's records exactly once on `TOPIC.backfill` (read_committed), equal to `riptide
 //!   repo ls` of its CAR; every faulty or inactive one exactly once on `TOPIC.backfill.failed`
-//!   with its reason (the sim's manifest and each host's `listRepos` say which). The same on
-//!   three brokers is `--ignored` (a minute more of start-up).
+//!   with its reason (the sim's manifest and each host's `listRepos` say which); `backfill status
+//!   --publish` counts the same from the committed progress. The same on three brokers is
+//!   `--ignored` (a minute more of start-up).
 //!
 //! Kafka needs java, mvn and python3. Where they are not available, set `RIPTIDE_NO_KAFKA=1` to
 //! skip these tests (loudly); under `CI` they always run. `RIPTIDE_KAFKA_BOOTSTRAP=host:port`
@@ -1209,6 +1211,7 @@ fn backfill_workers_one_killed(cluster: &Cluster) {
             .args(["sim", "--from", s(&net), "--listen", "127.0.0.1:0"])
             .args(["--hosts", "6", "--seed", "5"])
             .args(["--repo-faults", "bad-signature=1,other-did=1"])
+            .args(["--host-faults", "offline=1"])
             .args(["--manifest", s(&manifest_path)]),
     );
     let manifest: Value = serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
@@ -1228,7 +1231,15 @@ fn backfill_workers_one_killed(cluster: &Cluster) {
         })
         .collect();
     let (mut good, mut bad) = (BTreeSet::new(), BTreeMap::new());
+    let mut offline = Vec::new();
     for h in manifest["hosts"].as_array().unwrap() {
+        if h["fault"].as_str() == Some("offline") {
+            offline.push((
+                h["hostname"].as_str().unwrap().to_owned(),
+                h["accounts"].as_u64().unwrap(),
+            ));
+            continue;
+        }
         let (code, body) = common::http_get(
             h["hostname"].as_str().unwrap(),
             "/xrpc/com.atproto.sync.listRepos?limit=1000",
@@ -1253,7 +1264,12 @@ fn backfill_workers_one_killed(cluster: &Cluster) {
             }
         }
     }
-    assert_eq!(good.len() + bad.len(), 90, "every account listed once");
+    assert_eq!(offline.len(), 1, "{manifest}");
+    assert_eq!(
+        good.len() as u64 + bad.len() as u64 + offline[0].1,
+        90,
+        "every account listed once"
+    );
     assert!(bad.len() >= 2 && good.len() >= 60, "{bad:?}");
 
     let name = topic("backfill");
@@ -1371,6 +1387,26 @@ fn backfill_workers_one_killed(cluster: &Cluster) {
         );
     }
     assert_eq!(reasons, bad);
+    // The committed progress counts the same, each repository once (`backfill status`).
+    let out = common::riptide(&["backfill", "status", "--publish", &url, "--json"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st["hosts"], 6, "{st}");
+    assert_eq!(st["hosts_done"], 6, "{st}");
+    // The offline host is a listing problem, said, not a silent gap.
+    let problems = st["listing_problems"].as_object().unwrap();
+    assert_eq!(problems.len(), 1, "{st}");
+    assert!(problems.contains_key(&offline[0].0), "{st}");
+    assert_eq!(st["repos_ok"], good.len() as u64, "{st}");
+    assert_eq!(st["records"], got.len() as u64, "{st}");
+    let mut by_reason: BTreeMap<String, u64> = BTreeMap::new();
+    for r in bad.values() {
+        *by_reason.entry(r.clone()).or_default() += 1;
+    }
+    assert_eq!(
+        serde_json::from_value::<BTreeMap<String, u64>>(st["repos_failed"].clone()).unwrap(),
+        by_reason
+    );
 }
 
 #[test]

@@ -884,10 +884,24 @@ async fn offer_hosts(
 
 /// The keys of every record of `topic` (read to its end).
 fn read_keys(url: &KafkaUrl, topic: &str) -> Result<HashSet<String>, KafkaError> {
+    let mut keys = HashSet::new();
+    read_all(url, topic, |m| {
+        keys.insert(String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned());
+        Ok(())
+    })?;
+    Ok(keys)
+}
+
+/// Every committed record of every partition of `topic`, to its end, handed to `each`.
+fn read_all(
+    url: &KafkaUrl,
+    topic: &str,
+    mut each: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> Result<(), KafkaError>,
+) -> Result<(), KafkaError> {
     let c = url.reader()?;
     let md = c
         .fetch_metadata(Some(topic), Duration::from_secs(30))
-        .map_err(url.client_err("reading the work topic's metadata"))?;
+        .map_err(url.client_err("reading a backfill topic's metadata"))?;
     let mut tpl = TopicPartitionList::new();
     let mut left = 0;
     for p in md
@@ -899,34 +913,94 @@ fn read_keys(url: &KafkaUrl, topic: &str) -> Result<HashSet<String>, KafkaError>
         let (low, high) = watermarks(url, &c, topic, p.id())?;
         if high > low {
             tpl.add_partition_offset(topic, p.id(), Offset::Beginning)
-                .map_err(url.client_err("assigning the work topic"))?;
+                .map_err(url.client_err("assigning a backfill topic"))?;
             left += 1;
         }
     }
-    let mut keys = HashSet::new();
     if left == 0 {
-        return Ok(keys);
+        return Ok(());
     }
     c.assign(&tpl)
-        .map_err(url.client_err("assigning the work topic"))?;
+        .map_err(url.client_err("assigning a backfill topic"))?;
     let deadline = Instant::now() + Duration::from_secs(300);
     while left > 0 {
         match c.poll(Duration::from_millis(500)) {
-            Some(Ok(m)) => {
-                keys.insert(String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned());
-            }
+            Some(Ok(m)) => each(&m)?,
             Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => left -= 1,
-            Some(Err(e)) => tracing::warn!(error = %e, "reading the work topic"),
+            Some(Err(e)) => tracing::warn!(topic, error = %e, "reading a backfill topic"),
             None => {}
         }
         if Instant::now() > deadline {
             return Err(KafkaError::Timeout {
                 brokers: url.brokers.clone(),
-                what: "reading the work topic to its end",
+                what: "reading a backfill topic to its end",
             });
         }
     }
-    Ok(keys)
+    Ok(())
+}
+
+/// What the workers' committed progress says (`riptide backfill status --publish URL`): the
+/// sums of every host's last progress record.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct BackfillStatus {
+    /// Hosts on the work topic.
+    pub hosts: u64,
+    /// Hosts finished.
+    pub hosts_done: u64,
+    /// Hosts not finished (not started, or in progress).
+    pub hosts_left: u64,
+    /// Hosts whose listing failed, with why.
+    pub listing_problems: BTreeMap<String, String>,
+    /// Repositories published.
+    pub repos_ok: u64,
+    /// Repositories failed, by reason (each on the failed topic).
+    pub repos_failed: BTreeMap<String, u64>,
+    /// Records published.
+    pub records: u64,
+    /// Records outside the atproto data model, not published.
+    pub records_dropped: u64,
+    /// Listing entries that were not DIDs.
+    pub invalid_entries: u64,
+}
+
+/// Reads the work and progress topics of the backfill on `url`'s topic (read_committed).
+pub fn status(url: &KafkaUrl) -> Result<BackfillStatus, KafkaError> {
+    let t = Topics::of(&url.topic);
+    let hosts = read_keys(url, &t.hosts)?;
+    let mut last: HashMap<String, HostProgress> = HashMap::new();
+    read_all(url, &t.progress, |m| {
+        let v: HostProgress =
+            serde_json::from_slice(m.payload().unwrap_or_default()).map_err(|e| {
+                KafkaError::Inconsistent(format!(
+                    "{}: the record at partition {} offset {} is not a host's progress: {e}",
+                    t.progress,
+                    m.partition(),
+                    m.offset()
+                ))
+            })?;
+        last.insert(v.host.clone(), v);
+        Ok(())
+    })?;
+    let mut s = BackfillStatus {
+        hosts: hosts.len() as u64,
+        ..BackfillStatus::default()
+    };
+    for p in last.values() {
+        s.hosts_done += u64::from(p.finished);
+        if let Some(why) = &p.problem {
+            s.listing_problems.insert(p.host.clone(), why.clone());
+        }
+        s.repos_ok += p.ok;
+        for (reason, n) in &p.failed {
+            *s.repos_failed.entry(reason.clone()).or_default() += n;
+        }
+        s.records += p.records;
+        s.records_dropped += p.dropped;
+        s.invalid_entries += p.invalid;
+    }
+    s.hosts_left = s.hosts.saturating_sub(s.hosts_done);
+    Ok(s)
 }
 
 #[cfg(test)]

@@ -65,7 +65,7 @@ enum Sub {
 #[derive(clap::Args, Debug)]
 struct StatusArgs {
     /// The backfill's state directory.
-    #[arg(long, required_unless_present = "data")]
+    #[arg(long)]
     state: Option<PathBuf>,
     /// The data directory of a store-backed backfill (its state is DIR/backfill).
     #[arg(long, conflicts_with = "state")]
@@ -73,6 +73,11 @@ struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// The Kafka backfill (`--publish kafka://BROKERS/TOPIC` of its workers): hosts done and
+    /// left, repositories ok and failed by reason, records, from the committed progress.
+    #[cfg(feature = "kafka")]
+    #[arg(long, value_name = "kafka://BROKERS/TOPIC", conflicts_with_all = ["state", "data"])]
+    publish: Option<String>,
     /// Failed repositories listed (with --json, or below the summary).
     #[arg(long, default_value_t = 20)]
     failures: usize,
@@ -186,8 +191,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 }
 
 fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
+    #[cfg(feature = "kafka")]
+    if let Some(url) = &a.publish {
+        return kafka_status(url, a.json);
+    }
     let Some(dir) = a.state.or_else(|| a.data.map(|d| d.join(STATE_IN_DATA))) else {
-        anyhow::bail!("--state DIR (or --data DIR) is required");
+        anyhow::bail!("--state DIR, --data DIR or --publish kafka://BROKERS/TOPIC is required");
     };
     // Status reads; it must not create a state where there was none (fjall would). A run that
     // holds the lock may still be making its state: it is running all the same.
@@ -430,6 +439,42 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         secs = started.elapsed().as_secs_f64(),
         "backfill: done (riptide backfill status --state DIR for failures by reason)"
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `status --publish kafka://…`: the Kafka backfill's committed progress.
+#[cfg(feature = "kafka")]
+fn kafka_status(url: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let url = riptide_kafka::KafkaUrl::parse(url).map_err(|e| anyhow::anyhow!("--publish: {e}"))?;
+    let s = riptide_kafka::backfill::status(&url)?;
+    let mut w = out::stdout();
+    if json {
+        serde_json::to_writer(&mut w, &s)?;
+        writeln!(w)?;
+    } else {
+        writeln!(
+            w,
+            "hosts: {} done, {} left, {} with problems (of {})",
+            s.hosts_done,
+            s.hosts_left,
+            s.listing_problems.len(),
+            s.hosts
+        )?;
+        for (h, p) in &s.listing_problems {
+            writeln!(w, "  {h}: {p}")?;
+        }
+        let failed: u64 = s.repos_failed.values().sum();
+        writeln!(w, "repositories: {} ok, {failed} failed", s.repos_ok)?;
+        for (reason, n) in &s.repos_failed {
+            writeln!(w, "  {reason}: {n}")?;
+        }
+        writeln!(
+            w,
+            "records: {} ({} not written: outside the data model)",
+            s.records, s.records_dropped
+        )?;
+    }
+    w.flush()?;
     Ok(ExitCode::SUCCESS)
 }
 
