@@ -474,6 +474,9 @@ impl Partition {
     async fn crawl_host(&mut self, prog: &mut HostProgress, offset: i64) -> Result<(), Lost> {
         let base = host_base(&prog.host);
         let window = self.cfg.window.max(1);
+        tracing::info!(partition = self.p, host = prog.host.as_str(), cursor = ?prog.cursor,
+            done_in_page = prog.done.len(), ok = prog.ok,
+            "backfill worker: crawling a host (from its committed progress)");
         loop {
             self.check_stop()?;
             let url = page_url(
