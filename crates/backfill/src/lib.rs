@@ -23,8 +23,10 @@
 //! - [`run`](mod@run): the crawl that ties them, and [`status`](mod@status): the operator's report.
 //!
 //! `riptide serve --backfill` runs [`run()`] beside ingest with a sink of its own
-//! (`riptide_serve::backfill`): the repositories land through ingest's writer. What it does not
-//! do (yet): spread the crawl over Kafka (issue 37's later part).
+//! (`riptide_serve::backfill`): the repositories land through ingest's writer. The crawl over
+//! several machines is `riptide-kafka`'s (`backfill` module): its workers reuse [`Getter`] (one
+//! account's fetch, one listing request, under the limits) and [`record_line`], and keep their
+//! progress in Kafka rather than in [`State`].
 
 pub mod collections;
 pub mod discover;
@@ -42,8 +44,8 @@ pub use collections::{BadPattern, Collections};
 pub use fetch::{Fetcher, Identity};
 pub use limits::{HostLimits, Hosts};
 pub use outcome::{FailKind, Failure, Record, Verified};
-pub use run::{run, BackfillError, Config, Discovery, Progress};
-pub use sink::{JsonlSink, Sink, SinkError, TeeSink, Written};
+pub use run::{run, BackfillError, Config, Discovery, Getter, Progress};
+pub use sink::{record_line, JsonlSink, Sink, SinkError, TeeSink, Written};
 pub use state::{Counters, Listing, RepoStatus, State, StateError};
 pub use status::{status, Status};
 pub use store_sink::{landed_in, Landed, StoreSink};

@@ -143,15 +143,11 @@ struct Job {
 
 struct Crawl {
     cfg: Config,
-    fetcher: Fetcher,
-    hosts: Hosts,
-    http: reqwest::Client,
+    get: Getter,
     state: Arc<State>,
     progress: Arc<Progress>,
     writer: mpsc::Sender<Job>,
     inflight: Mutex<HashSet<String>>,
-    /// Per host, the lane its next repository goes out on (module docs).
-    next_lane: Mutex<HashMap<String, usize>>,
     /// The first local failure (the writer's): everyone stops.
     fatal: Mutex<Option<String>>,
 }
@@ -183,23 +179,13 @@ pub async fn run(
                 })
             })?
     };
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .connect_timeout(Duration::from_secs(10))
-        .user_agent(concat!("riptide/", env!("CARGO_PKG_VERSION")))
-        .local_address(fetcher.address(0))
-        .build()
-        .map_err(|e| BackfillError::Discovery(e.to_string()))?;
     let crawl = Arc::new(Crawl {
+        get: Getter::new(cfg.clone(), fetcher, hosts)?,
         cfg,
-        fetcher,
-        hosts,
-        http,
         state,
         progress,
         writer: tx,
         inflight: Mutex::default(),
-        next_lane: Mutex::default(),
         fatal: Mutex::default(),
     });
     let result = crawl.clone().crawl_all().await;
@@ -281,22 +267,6 @@ impl Crawl {
         f.get_or_insert(why);
     }
 
-    /// The lane of `host`'s next repository: its lanes in turn (module docs).
-    fn lane_for(&self, host: &str) -> usize {
-        let lanes = self.fetcher.lanes();
-        if lanes == 1 {
-            return 0;
-        }
-        let mut next = self
-            .next_lane
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = next.entry(host.to_owned()).or_default();
-        let lane = *n % lanes;
-        *n = n.wrapping_add(1);
-        lane
-    }
-
     async fn crawl_all(self: Arc<Self>) -> Result<(), BackfillError> {
         let relay = self.cfg.relay.trim_end_matches('/').to_owned();
         let listings: Vec<Unit> = match &self.cfg.discovery {
@@ -370,38 +340,6 @@ impl Crawl {
         Ok(())
     }
 
-    /// One listing request under the listing host's rate, `429`s waited out, transient
-    /// failures retried.
-    async fn list(&self, url: &str) -> Result<serde_json::Value, ListError> {
-        let host = host_of(url).to_owned();
-        let mut attempt = 0;
-        let mut waits = 0;
-        loop {
-            let permit = self.hosts.admit(&host, Kind::List).await;
-            let r = get_json(&self.http, url).await;
-            drop(permit);
-            match r {
-                Err(ListError::RateLimited(d)) if waits < MAX_WAITS => {
-                    waits += 1;
-                    self.hosts.pause(&host, d);
-                }
-                Err(ListError::Failed(e)) if attempt + 1 < self.cfg.attempts => {
-                    attempt += 1;
-                    tracing::debug!(url, error = %e, attempt, "backfill: listing failed; retrying");
-                    tokio::time::sleep(self.backoff(attempt)).await;
-                }
-                other => return other,
-            }
-        }
-    }
-
-    fn backoff(&self, attempt: u32) -> Duration {
-        self.cfg
-            .backoff
-            .saturating_mul(4u32.saturating_pow(attempt.saturating_sub(1)))
-            .min(Duration::from_secs(300))
-    }
-
     /// The relay's hosts, each a listing; banned hosts recorded as skipped, and said.
     async fn list_hosts(&self, relay: &str) -> Result<Vec<Unit>, ListError> {
         let mut units = Vec::new();
@@ -415,7 +353,7 @@ impl Crawl {
                 None,
                 cursor.as_deref(),
             );
-            let v = self.list(&url).await?;
+            let v = self.get.list(&url).await?;
             let (hosts, next) = discover::parse_hosts(&v)?;
             let empty = hosts.is_empty();
             for h in hosts {
@@ -512,7 +450,7 @@ impl Crawl {
                 unit.collection.as_deref(),
                 listing.cursor.as_deref(),
             );
-            let v = match self.list(&url).await {
+            let v = match self.get.list(&url).await {
                 Ok(v) => v,
                 Err(e) => {
                     // Reported, never skipped silently: in status, and here.
@@ -579,7 +517,7 @@ impl Crawl {
             }
             let me = self.clone();
             tasks.spawn(async move {
-                let outcome = me.repo(&e).await;
+                let outcome = me.get.repo(&e).await;
                 me.finish(&e.did, outcome).await;
                 me.inflight
                     .lock()
@@ -618,9 +556,101 @@ impl Crawl {
             Err(_) => self.stop("the writer stopped".into()),
         }
     }
+}
+
+/// One account's fetch and one listing request, under the host limits, with the retries and
+/// `429` waits of the module docs: the part of the crawl that does not care where progress is
+/// kept. Public for the Kafka workers (`riptide-kafka`), which keep it in Kafka.
+pub struct Getter {
+    cfg: Config,
+    fetcher: Fetcher,
+    hosts: Hosts,
+    http: reqwest::Client,
+    /// Per host, the lane its next repository goes out on (module docs).
+    next_lane: Mutex<HashMap<String, usize>>,
+}
+
+impl std::fmt::Debug for Getter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Getter").finish_non_exhaustive()
+    }
+}
+
+impl Getter {
+    /// A getter with `cfg`'s attempts and backoff; listings go out from the fetcher's first
+    /// address.
+    pub fn new(cfg: Config, fetcher: Fetcher, hosts: Hosts) -> Result<Getter, BackfillError> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .connect_timeout(Duration::from_secs(10))
+            .user_agent(concat!("riptide/", env!("CARGO_PKG_VERSION")))
+            .local_address(fetcher.address(0))
+            .build()
+            .map_err(|e| BackfillError::Discovery(e.to_string()))?;
+        Ok(Getter {
+            cfg,
+            fetcher,
+            hosts,
+            http,
+            next_lane: Mutex::default(),
+        })
+    }
+
+    /// The configuration it was made with.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The lane of `host`'s next repository: its lanes in turn (module docs).
+    fn lane_for(&self, host: &str) -> usize {
+        let lanes = self.fetcher.lanes();
+        if lanes == 1 {
+            return 0;
+        }
+        let mut next = self
+            .next_lane
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = next.entry(host.to_owned()).or_default();
+        let lane = *n % lanes;
+        *n = n.wrapping_add(1);
+        lane
+    }
+
+    /// One listing request under the listing host's rate, `429`s waited out, transient
+    /// failures retried.
+    pub async fn list(&self, url: &str) -> Result<serde_json::Value, ListError> {
+        let host = host_of(url).to_owned();
+        let mut attempt = 0;
+        let mut waits = 0;
+        loop {
+            let permit = self.hosts.admit(&host, Kind::List).await;
+            let r = get_json(&self.http, url).await;
+            drop(permit);
+            match r {
+                Err(ListError::RateLimited(d)) if waits < MAX_WAITS => {
+                    waits += 1;
+                    self.hosts.pause(&host, d);
+                }
+                Err(ListError::Failed(e)) if attempt + 1 < self.cfg.attempts => {
+                    attempt += 1;
+                    tracing::debug!(url, error = %e, attempt, "backfill: listing failed; retrying");
+                    tokio::time::sleep(self.backoff(attempt)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn backoff(&self, attempt: u32) -> Duration {
+        self.cfg
+            .backoff
+            .saturating_mul(4u32.saturating_pow(attempt.saturating_sub(1)))
+            .min(Duration::from_secs(300))
+    }
 
     /// One account to a verified repository or a final failure (module docs).
-    async fn repo(&self, e: &Entry) -> Result<Verified, (Failure, u32)> {
+    pub async fn repo(&self, e: &Entry) -> Result<Verified, (Failure, u32)> {
         let did = e.did.as_str();
         if let Some(status) = &e.inactive {
             let kind = match status.as_str() {

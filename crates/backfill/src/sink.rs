@@ -22,7 +22,7 @@ use std::io::{Seek, SeekFrom, Write};
 use riptide_cbor::{write_json_string, Arena};
 use riptide_jetstream::write_record_json;
 
-use crate::outcome::Verified;
+use crate::outcome::{Record, Verified};
 
 /// Why the output failed: it stops the run (the state is not advanced past it).
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +102,32 @@ pub trait Sink: Send {
     fn commit(&mut self) -> Result<Vec<u8>, SinkError>;
     /// Whether a crash can repeat output ([`JsonlSink`] on a pipe).
     fn exact(&self) -> bool;
+}
+
+/// Appends one record's line (without its newline) to `buf`:
+/// `{"did","rev","collection","rkey","cid","record"}`, the record rendered as Jetstream's
+/// projection renders it. False (and `buf` as it was) for a record outside the atproto data
+/// model, which is not written. Shared by [`JsonlSink`] and the Kafka workers' records.
+pub fn record_line(arena: &mut Arena, buf: &mut Vec<u8>, repo: &Verified, r: &Record<'_>) -> bool {
+    let mark = buf.len();
+    buf.extend_from_slice(b"{\"did\":");
+    write_json_string(buf, &repo.did);
+    buf.extend_from_slice(b",\"rev\":");
+    write_json_string(buf, &repo.rev);
+    buf.extend_from_slice(b",\"collection\":");
+    write_json_string(buf, r.collection);
+    buf.extend_from_slice(b",\"rkey\":");
+    write_json_string(buf, r.rkey);
+    buf.extend_from_slice(b",\"cid\":\"");
+    r.cid.as_cid().write_string(buf);
+    buf.extend_from_slice(b"\",\"record\":");
+    if write_record_json(arena, r.bytes, buf) {
+        buf.push(b'}');
+        true
+    } else {
+        buf.truncate(mark);
+        false
+    }
 }
 
 /// JSON lines: `{"did","rev","collection","rkey","cid","record"}` per record, the record
@@ -225,23 +251,10 @@ impl Sink for JsonlSink {
     fn write(&mut self, repo: &Verified) -> Result<Written, SinkError> {
         let mut w = Written::default();
         for r in repo.records() {
-            let mark = self.buf.len();
-            self.buf.extend_from_slice(b"{\"did\":");
-            write_json_string(&mut self.buf, &repo.did);
-            self.buf.extend_from_slice(b",\"rev\":");
-            write_json_string(&mut self.buf, &repo.rev);
-            self.buf.extend_from_slice(b",\"collection\":");
-            write_json_string(&mut self.buf, r.collection);
-            self.buf.extend_from_slice(b",\"rkey\":");
-            write_json_string(&mut self.buf, r.rkey);
-            self.buf.extend_from_slice(b",\"cid\":\"");
-            r.cid.as_cid().write_string(&mut self.buf);
-            self.buf.extend_from_slice(b"\",\"record\":");
-            if write_record_json(&mut self.arena, r.bytes, &mut self.buf) {
-                self.buf.extend_from_slice(b"}\n");
+            if record_line(&mut self.arena, &mut self.buf, repo, &r) {
+                self.buf.push(b'\n');
                 w.records += 1;
             } else {
-                self.buf.truncate(mark);
                 w.dropped += 1;
             }
             if self.buf.len() >= FLUSH_AT {

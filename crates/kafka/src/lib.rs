@@ -18,11 +18,15 @@
 //!   store, from which both Jetstream wires are served as on a single node. Every edge stores
 //!   the ingest node's seq and JSON, so cursors are the same on every edge.
 //! - [`record`]: the record format (`docs/kafka.md`).
+//! - [`backfill`]: the backfill crawl spread over a consumer group (`riptide backfill --publish
+//!   kafka://BROKERS/TOPIC`, issue 37): hosts as work items, each verified repository published
+//!   in one transaction with its host's progress, exactly once across killed workers.
 //!
 //! Why rdkafka: librdkafka is the reference non-JVM client (idempotent and transactional
 //! producer, read_committed consumer, consumer groups), maintained by Confluent and used by
 //! most non-Java clients; the pure-Rust clients lack transactions.
 
+pub mod backfill;
 pub mod follow;
 pub mod lease;
 pub mod publish;
@@ -126,6 +130,9 @@ pub(crate) const REACHING: &str = "reaching the brokers";
 /// How long one metadata request may wait in [`KafkaUrl::reach`] before it is asked again.
 pub const REACH_TRY: Duration = Duration::from_secs(2);
 
+/// A topic to create: (name, partitions, topic configuration).
+pub(crate) type TopicSpec<'a> = (&'a str, i32, &'a [(&'a str, &'a str)]);
+
 /// A consumer with the [`Quiet`] context.
 pub type Reader = BaseConsumer<Quiet>;
 
@@ -180,6 +187,9 @@ pub enum KafkaError {
     /// The topic and the local store disagree in a way that cannot be repaired here.
     #[error("{0}")]
     Inconsistent(String),
+    /// The relay did not give its hosts (a backfill worker needs its `listHosts`).
+    #[error("the relay's listHosts (backfill workers need it): {0}")]
+    Relay(String),
     /// A wait on the cluster ran out of time.
     #[error("Kafka ({brokers}): timed out {what}")]
     Timeout {
@@ -327,42 +337,15 @@ impl KafkaUrl {
     /// partition count as it is.
     pub async fn ensure_topics(&self) -> Result<i32, KafkaError> {
         let probe = self.reader()?;
-        // Blocking (as the metadata request was), for as long as the cluster is away: this runs
-        // at start, before anything else is served.
-        let brokers = self.reach(&probe, None)?;
-        let rf = brokers.min(3) as i32;
-        let admin: AdminClient<Quiet> = self
-            .config()
-            .create_with_context(Quiet)
-            .map_err(self.client_err("creating an admin client"))?;
         let batch = self.batch_topic();
         // Records up to 16 MiB (an event's JSON can pass the default 1 MB; a record the topic
         // refused would stall ingest in retries).
-        let topics = [
-            NewTopic::new(&self.topic, self.partitions, TopicReplication::Fixed(rf))
-                .set("max.message.bytes", MAX_RECORD_BYTES),
-            NewTopic::new(&batch, 1, TopicReplication::Fixed(rf))
-                .set("max.message.bytes", MAX_RECORD_BYTES),
-        ];
-        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
-        let results = admin
-            .create_topics(&topics, &opts)
-            .await
-            .map_err(self.client_err("creating topics"))?;
-        for r in results {
-            match r {
-                Ok(t) => tracing::info!(topic = %t, replication = rf, "created Kafka topic"),
-                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((t, code)) => {
-                    return Err(KafkaError::Client {
-                        brokers: self.brokers.clone(),
-                        what: "creating a topic",
-                        source: rdkafka::error::KafkaError::AdminOp(code),
-                    })
-                    .inspect_err(|_| tracing::error!(topic = %t, "topic creation failed"));
-                }
-            }
-        }
+        let big = [("max.message.bytes", MAX_RECORD_BYTES)];
+        self.create_topics(
+            &probe,
+            &[(&self.topic, self.partitions, &big), (&batch, 1, &big)],
+        )
+        .await?;
         // Wait until both topics' leaders are known (creation is asynchronous).
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
@@ -402,6 +385,52 @@ impl KafkaUrl {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Creates each `(name, partitions, config)` topic that does not exist, with replication
+    /// factor min(3, brokers in the cluster); waits (blocking) for the cluster first.
+    pub(crate) async fn create_topics(
+        &self,
+        probe: &Reader,
+        topics: &[TopicSpec<'_>],
+    ) -> Result<(), KafkaError> {
+        // Blocking (as the metadata request was), for as long as the cluster is away: this runs
+        // at start, before anything else is served.
+        let brokers = self.reach(probe, None)?;
+        let rf = brokers.min(3) as i32;
+        let admin: AdminClient<Quiet> = self
+            .config()
+            .create_with_context(Quiet)
+            .map_err(self.client_err("creating an admin client"))?;
+        let new: Vec<NewTopic<'_>> = topics
+            .iter()
+            .map(|(name, partitions, config)| {
+                config.iter().fold(
+                    NewTopic::new(name, *partitions, TopicReplication::Fixed(rf)),
+                    |t, (k, v)| t.set(k, v),
+                )
+            })
+            .collect();
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+        let results = admin
+            .create_topics(&new, &opts)
+            .await
+            .map_err(self.client_err("creating topics"))?;
+        for r in results {
+            match r {
+                Ok(t) => tracing::info!(topic = %t, replication = rf, "created Kafka topic"),
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((t, code)) => {
+                    return Err(KafkaError::Client {
+                        brokers: self.brokers.clone(),
+                        what: "creating a topic",
+                        source: rdkafka::error::KafkaError::AdminOp(code),
+                    })
+                    .inspect_err(|_| tracing::error!(topic = %t, "topic creation failed"));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The events topic's partition count (0 if it does not exist).

@@ -17,6 +17,10 @@
 //! the records are also printed as JSON lines for a pipeline, each output exactly once (a pipe:
 //! as a pipe allows); keep the same outputs when resuming (the state's position is theirs).
 //!
+//! `--publish kafka://BROKERS/TOPIC` makes the run one worker of a backfill spread over a Kafka
+//! consumer group (`riptide_kafka::backfill`, docs/kafka.md): no state directory, the progress
+//! is in Kafka, the records go to `TOPIC.backfill`; it ends when every host is done.
+//!
 //! One run per state directory (a lock, `DIR/lock`): a second is refused. `status` never opens
 //! the keyspace beside a running backfill (fjall is one process's); it reads the snapshot the run
 //! writes every five seconds (`DIR/status.json`) and says it is running.
@@ -61,7 +65,7 @@ enum Sub {
 #[derive(clap::Args, Debug)]
 struct StatusArgs {
     /// The backfill's state directory.
-    #[arg(long, required_unless_present = "data")]
+    #[arg(long)]
     state: Option<PathBuf>,
     /// The data directory of a store-backed backfill (its state is DIR/backfill).
     #[arg(long, conflicts_with = "state")]
@@ -69,6 +73,11 @@ struct StatusArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    /// The Kafka backfill (`--publish kafka://BROKERS/TOPIC` of its workers): hosts done and
+    /// left, repositories ok and failed by reason, records, from the committed progress.
+    #[cfg(feature = "kafka")]
+    #[arg(long, value_name = "kafka://BROKERS/TOPIC", conflicts_with_all = ["state", "data"])]
+    publish: Option<String>,
     /// Failed repositories listed (with --json, or below the summary).
     #[arg(long, default_value_t = 20)]
     failures: usize,
@@ -97,6 +106,14 @@ struct RunArgs {
     /// Progress (per-repository status, cursors): resume by running again with the same DIR.
     #[arg(long)]
     state: Option<PathBuf>,
+    /// Crawl as one worker of a Kafka consumer group (kafka://HOST:PORT[,…]/TOPIC[?partitions=N]):
+    /// the relay's hosts are the work, each worker crawls the hosts of its partitions, and each
+    /// verified repository's records go to TOPIC.backfill in one transaction with its host's
+    /// progress, exactly once across killed workers (docs/kafka.md). Start the same command on
+    /// each machine; each ends when every host is done.
+    #[cfg(feature = "kafka")]
+    #[arg(long, value_name = "kafka://BROKERS/TOPIC", conflicts_with_all = ["data", "jsonl", "state", "dids", "collections"])]
+    publish: Option<String>,
     #[command(flatten)]
     crawl: CrawlArgs,
 }
@@ -293,8 +310,12 @@ pub fn run(a: Args) -> anyhow::Result<ExitCode> {
 }
 
 fn status(a: StatusArgs) -> anyhow::Result<ExitCode> {
+    #[cfg(feature = "kafka")]
+    if let Some(url) = &a.publish {
+        return kafka_status(url, a.json);
+    }
     let Some(dir) = a.state.or_else(|| a.data.map(|d| d.join(STATE_IN_DATA))) else {
-        anyhow::bail!("--state DIR (or --data DIR) is required");
+        anyhow::bail!("--state DIR, --data DIR or --publish kafka://BROKERS/TOPIC is required");
     };
     // Status reads; it must not create a state where there was none (fjall would). A run that
     // holds the lock may still be making its state: it is running all the same.
@@ -397,6 +418,10 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("--relay URL is required (or `riptide backfill status --state DIR`)");
     };
     let relay = relay_base(relay)?;
+    #[cfg(feature = "kafka")]
+    if let Some(url) = a.publish.clone() {
+        return worker(&a, relay, &url);
+    }
     let Plan { cfg, limits, keep } = a.crawl.plan(&relay)?;
     if !a.jsonl && a.data.is_none() {
         anyhow::bail!("an output is required: --data DIR (the store `riptide serve --data DIR` serves) or --jsonl");
@@ -504,6 +529,96 @@ pub fn open_state(dir: &std::path::Path) -> anyhow::Result<(Arc<State>, std::fs:
     }
     let state = State::open(dir).with_context(|| format!("opening {}", dir.display()))?;
     Ok((Arc::new(state), lock))
+}
+
+/// `status --publish kafka://…`: the Kafka backfill's committed progress.
+#[cfg(feature = "kafka")]
+fn kafka_status(url: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let url = riptide_kafka::KafkaUrl::parse(url).map_err(|e| anyhow::anyhow!("--publish: {e}"))?;
+    let s = riptide_kafka::backfill::status(&url)?;
+    let mut w = out::stdout();
+    if json {
+        serde_json::to_writer(&mut w, &s)?;
+        writeln!(w)?;
+    } else {
+        writeln!(
+            w,
+            "hosts: {} done, {} left, {} with problems (of {})",
+            s.hosts_done,
+            s.hosts_left,
+            s.listing_problems.len(),
+            s.hosts
+        )?;
+        for (h, p) in &s.listing_problems {
+            writeln!(w, "  {h}: {p}")?;
+        }
+        let failed: u64 = s.repos_failed.values().sum();
+        writeln!(w, "repositories: {} ok, {failed} failed", s.repos_ok)?;
+        for (reason, n) in &s.repos_failed {
+            writeln!(w, "  {reason}: {n}")?;
+        }
+        writeln!(
+            w,
+            "records: {} ({} not written: outside the data model)",
+            s.records, s.records_dropped
+        )?;
+    }
+    w.flush()?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--publish kafka://…`: one worker of the Kafka consumer group (docs/kafka.md), to the end of
+/// the whole backfill. Large repositories are spooled under --spool-dir (default: the system's
+/// temporary directory; unnamed files).
+#[cfg(feature = "kafka")]
+fn worker(a: &RunArgs, relay: String, url: &str) -> anyhow::Result<ExitCode> {
+    use riptide_kafka::backfill::{run_worker, WorkerConfig, WorkerCounts};
+    let url = riptide_kafka::KafkaUrl::parse(url).map_err(|e| anyhow::anyhow!("--publish: {e}"))?;
+    if a.crawl.discovery != Source::Hosts {
+        anyhow::bail!("--publish crawls the relay's hosts (listHosts): --discovery relay is not spread over workers");
+    }
+    let spool = a.crawl.spool_dir.clone().unwrap_or_else(std::env::temp_dir);
+    std::fs::create_dir_all(&spool).with_context(|| format!("creating {}", spool.display()))?;
+    let Plan { cfg, limits, .. } = a.crawl.plan(&relay)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let getter = {
+        let _entered = rt.enter();
+        let resolver = Resolver::new(ResolverConfig {
+            plc_url: a.plc_url.trim_end_matches('/').to_owned(),
+            ..ResolverConfig::default()
+        })?;
+        let fetcher = a
+            .crawl
+            .fetcher(resolver, relay.clone(), Collections::default(), spool)?;
+        Arc::new(riptide_backfill::Getter::new(
+            cfg.clone(),
+            fetcher,
+            Hosts::new(limits, cfg.global),
+        )?)
+    };
+    let counts = Arc::new(WorkerCounts::default());
+    let started = Instant::now();
+    let wcfg = WorkerConfig {
+        url,
+        relay,
+        window: cfg.window,
+    };
+    run_worker(&wcfg, getter, rt.handle().clone(), counts.clone())?;
+    tracing::info!(
+        ok = counts.ok.load(Relaxed),
+        failed = counts.failed.load(Relaxed),
+        records = counts.records.load(Relaxed),
+        hosts = counts.hosts.load(Relaxed),
+        partitions_taken = counts.partitions.load(Relaxed),
+        transactions = counts.committed.load(Relaxed),
+        aborted = counts.aborted.load(Relaxed),
+        secs = started.elapsed().as_secs_f64(),
+        "backfill worker: every host of the work topic is done (failures: TOPIC.backfill.failed)"
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The lock file of a state directory.
