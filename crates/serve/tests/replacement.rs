@@ -129,7 +129,14 @@ async fn check_wires(addr: SocketAddr, app: &App, evs: &[Event], repl: &[bool]) 
     let skipped = repl.iter().filter(|r| **r).count() as u64;
     assert!(skipped >= 4 && plain.len() >= 8);
     let v1 = texts(addr, "/subscribe?cursor=0", plain.len(), |_| true).await;
-    assert_eq!(v1, plain, "v1 sends the events that are not replacements'");
+    let cursors =
+        |v: &[serde_json::Value]| v.iter().map(|e| e["cursor"].clone()).collect::<Vec<_>>();
+    assert_eq!(
+        cursors(&v1),
+        cursors(&plain),
+        "v1 sends the events that are not replacements'"
+    );
+    assert_eq!(v1, plain);
     // The last event is not a replacement's: every replacement was skipped before it was sent.
     assert!(!repl.last().unwrap());
     let m = &app.metrics;
