@@ -23,8 +23,9 @@
 //! server ingested into before: its chain state has a tip) below or at the repository's rev gets
 //! *replacement rows* instead of creates (`riptide_jetstream::replace`, as the resync path in
 //! `riptide serve` emits them, and as Jetstream v2 does): a `#sync` event, the account's DID
-//! tombstone, then one `create-resync` (kind 7) row per record, in the same batch as its chain
-//! state; a v2 subscriber that drops the account at the `#sync` and applies the creates holds
+//! tombstone, then one `create-resync` (kind 7) row per record (its event made by
+//! [`Event::replacement_from_row`]: a replacement's, which v1 `/subscribe` never sends), in the
+//! same batch as its chain state; a v2 subscriber that drops the account at the `#sync` and applies the creates holds
 //! exactly the repository ([`Landed::replaced`]). An account whose chain state is already past
 //! the repository's rev gets no rows: its stored events are newer than the repository (rows
 //! landed after them would roll it back), and the progress entry says so (`superseded`).
@@ -181,7 +182,12 @@ impl StoreSink {
     fn push_row(&mut self, row: &StoredRow<'_>, replacing: bool) -> Option<u64> {
         let seq = self.resume.next_seq;
         let time_us = now_us().max(self.resume.last_time_us + 1);
-        let e = Event::from_row(&mut self.projector, row, seq, time_us, &mut self.json).ok()?;
+        let e = if replacing {
+            Event::replacement_from_row(&mut self.projector, row, seq, time_us, &mut self.json)
+        } else {
+            Event::from_row(&mut self.projector, row, seq, time_us, &mut self.json)
+        }
+        .ok()?;
         let r = if replacing {
             replacement_row(row, seq, time_us)
         } else {
@@ -382,10 +388,23 @@ impl Sink for StoreSink {
 mod tests {
     use super::*;
     use crate::sink::tests::verified;
+    use riptide_jetstream::EventKind;
     use riptide_store::ReadLimit;
     use std::collections::BTreeMap;
 
     fn events(store: &Store) -> Vec<serde_json::Value> {
+        stored(store)
+            .iter()
+            .map(|e| {
+                let v: serde_json::Value = serde_json::from_slice(&e.json()).unwrap();
+                assert_eq!(v["cursor"], e.seq());
+                v
+            })
+            .collect()
+    }
+
+    /// Every event the store holds, as stored.
+    fn stored(store: &Store) -> Vec<Event> {
         let mut out = Vec::new();
         let mut next = 1;
         loop {
@@ -400,13 +419,7 @@ mod tests {
             }
             next = out.last().map_or(next, |e: &Event| e.seq() + 1);
         }
-        out.iter()
-            .map(|e| {
-                let v: serde_json::Value = serde_json::from_slice(&e.json()).unwrap();
-                assert_eq!(v["cursor"], e.seq());
-                v
-            })
-            .collect()
+        out
     }
 
     #[test]
@@ -710,6 +723,17 @@ mod tests {
         let tip = store.account(&a.did).unwrap().unwrap().tip.unwrap();
         assert_eq!((tip.commit, tip.rev_string()), (a.commit, a.rev.clone()));
 
+        // Stored as a replacement's: the earlier commits stay commits, the records after the
+        // `#sync` are of the kind v1 never sends.
+        let kinds: Vec<EventKind> = stored(store).iter().map(|e| e.kind()).collect();
+        assert_eq!(
+            kinds[..3],
+            [EventKind::Commit, EventKind::Commit, EventKind::Sync]
+        );
+        assert!(
+            kinds[3..].iter().all(|k| *k == EventKind::Replacement),
+            "{kinds:?}"
+        );
         // Folded as a v2 subscriber does: the `#sync` drops the account, the creates rebuild it.
         let evs = events(store);
         assert_eq!(evs.len(), 2 + 1 + 9);

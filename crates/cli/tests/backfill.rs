@@ -18,6 +18,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
+
 use common::{riptide, s, scratch, start_sim, BIN};
 
 /// A generated network in `dir` with four faults planted; returns (good DIDs, bad DID →
@@ -884,9 +886,9 @@ fn a_catch_up_resync_counts_the_commits_it_covers_as_superseded() {
 /// the account" and `#commit` creates, updates and deletes, each resynced account ends exactly
 /// as `riptide repo ls` lists the generator's end-of-stream export of its repository (the
 /// repositories the sim serves are as of the stream's end, so every later commit of the account
-/// is `superseded`). On v1 `/subscribe` the same events come without the `#sync`s: each
-/// resynced account holds every record of its repository with its CID (an upsert of the
-/// replacement creates); what v1 cannot say is a record deleted in the gap.
+/// is `superseded`). On v1 `/subscribe` the same events come without the `#sync`s and without
+/// the replacement rows (protocol §4.1, §7 item 8: Jetstream never sends them on v1), each
+/// replacement row counted once on `riptide_v1_events_skipped_total{reason="resync_replacement"}`.
 fn replacement_rows_rebuild_the_resynced_accounts(net: &Path, addr: &str, last: u64) {
     // All stored once the last frame's cursor is, no account awaits its resync (every one was
     // queued: the caller waited for that) and every landed resync's replacement is durable (the
@@ -932,7 +934,6 @@ fn replacement_rows_rebuild_the_resynced_accounts(net: &Path, addr: &str, last: 
         .iter()
         .filter(|p| p["$type"].as_str().unwrap().ends_with("#sync"))
         .count();
-    let v1 = rt.block_on(common::events_from_start(addr, stored - syncs));
 
     type Account = BTreeMap<String, String>;
     let key = |c: &serde_json::Value| {
@@ -947,6 +948,7 @@ fn replacement_rows_rebuild_the_resynced_accounts(net: &Path, addr: &str, last: 
     // DID → the rev of its last `#sync`, which its replacement rows carry.
     let mut resynced: BTreeMap<String, String> = BTreeMap::new();
     let mut replacement_rows = 0;
+    let mut replacement_seqs = BTreeSet::new();
     for p in &v2 {
         let did = p["did"].as_str().unwrap().to_owned();
         let t = p["$type"].as_str().unwrap();
@@ -958,6 +960,7 @@ fn replacement_rows_rebuild_the_resynced_accounts(net: &Path, addr: &str, last: 
             if resynced.get(&did).map(String::as_str) == p["rev"].as_str() {
                 assert_eq!(p["operation"], "create", "{p}");
                 replacement_rows += 1;
+                replacement_seqs.insert(p["seq"].as_u64().unwrap());
             }
             let acct = accounts.entry(did).or_default();
             match p["operation"].as_str().unwrap() {
@@ -989,43 +992,67 @@ fn replacement_rows_rebuild_the_resynced_accounts(net: &Path, addr: &str, last: 
         "one create-resync per record"
     );
 
-    // v1: the same events without the `#sync`s, at the same cursors; each resynced account
-    // holds every record of its repository.
-    let mut v2_events = v2
+    // v1 (protocol §4.1, §7 item 8): the same events without the `#sync`s and without the
+    // replacement rows, at the same cursors; each one it skips is counted.
+    let v1_events: Vec<&&serde_json::Value> = v2
         .iter()
-        .filter(|p| !p["$type"].as_str().unwrap().ends_with("#sync"));
-    let mut held: BTreeMap<String, Account> = BTreeMap::new();
-    for e in &v1 {
-        let p = v2_events.next().unwrap();
+        .filter(|p| {
+            !p["$type"].as_str().unwrap().ends_with("#sync")
+                && !replacement_seqs.contains(&p["seq"].as_u64().unwrap())
+        })
+        .collect();
+    let skipped = "riptide_v1_events_skipped_total{reason=\"resync_replacement\"}";
+    assert_eq!(common::metric(addr, skipped), 0.0);
+    let v1 = rt.block_on(async {
+        let (mut ws, _) =
+            tokio_tungstenite::connect_async(format!("ws://{addr}/subscribe?cursor=0"))
+                .await
+                .unwrap();
+        let mut out = Vec::new();
+        while out.len() < v1_events.len() {
+            let m = tokio::time::timeout(common::PATIENCE, ws.next())
+                .await
+                .expect("timed out reading v1 events")
+                .unwrap()
+                .unwrap();
+            if let tokio_tungstenite::tungstenite::Message::Text(t) = m {
+                out.push(serde_json::from_str::<serde_json::Value>(&t).unwrap());
+            }
+        }
+        // Connected until the subscriber has passed every stored event: each replacement row
+        // counted once, and nothing more sent.
+        let deadline = Instant::now() + common::PATIENCE;
+        while common::metric(addr, skipped) < rows {
+            assert!(
+                Instant::now() < deadline,
+                "v1 never skipped every replacement row"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        match tokio::time::timeout(Duration::from_millis(500), ws.next()).await {
+            Err(_) => {}
+            Ok(m) => panic!("v1 sent more than the events that are not replacements: {m:?}"),
+        }
+        out
+    });
+    assert_eq!(v1.len(), v1_events.len());
+    for (e, p) in v1.iter().zip(&v1_events) {
         assert_eq!(e["cursor"], p["seq"], "{e} against {p}");
         assert_eq!(e["did"], p["did"]);
-        if e["kind"] != "commit" {
-            continue;
-        }
-        let c = &e["commit"];
-        assert_eq!(c["operation"], p["operation"], "{e} against {p}");
-        let acct = held
-            .entry(e["did"].as_str().unwrap().to_owned())
-            .or_default();
-        match c["operation"].as_str().unwrap() {
-            "delete" => {
-                acct.remove(&key(c));
-            }
-            _ => {
-                acct.insert(key(c), c["cid"].as_str().unwrap().to_owned());
+        if e["kind"] == "commit" {
+            let c = &e["commit"];
+            for k in ["rev", "operation", "collection", "rkey", "cid"] {
+                assert_eq!(c[k], p[k], "{k}: {e} against {p}");
             }
         }
     }
-    assert!(v2_events.next().is_none());
-    let mut stale = 0;
-    for did in resynced.keys() {
-        let want = repo_ls(net, did);
-        let got: BTreeSet<String> = held[did].iter().map(|(k, c)| format!("{k}\t{c}")).collect();
-        assert!(got.is_superset(&want), "v1 holds every record of {did}");
-        stale += got.len() - want.len();
-    }
+    assert_eq!(
+        common::metric(addr, skipped),
+        rows,
+        "v1 counts each replacement row it skips, once"
+    );
     eprintln!(
-        "{} resynced accounts, {replacement_rows} replacement rows; v1 folders keep {stale} records deleted in the gaps",
+        "{} resynced accounts, {replacement_rows} replacement rows, none of them sent on v1",
         resynced.len()
     );
 }

@@ -945,6 +945,25 @@ fn a_standby_taking_over_holds_what_the_publisher_held_for_resync() {
     assert!(metric(&b_addr, "riptide_kafka_caught_up_batches_total") >= 1.0);
     wait_settled(&b_addr);
     assert!(metric(&b_addr, "riptide_resync_landed_total") >= accounts);
+    // The landed repositories' replacement rows reach an edge marked as such (`riptide-kind`
+    // `commit-resync`): its v1 skips them as the standby's does (protocol §4.1), and both send
+    // the same v1 events.
+    let rows = metric(&b_addr, "riptide_replacement_rows_total");
+    assert!(rows >= 1.0, "no replacement rows to hide");
+    let (_edge, e_addr) = edge(&tmp.path().join("edge"), &url);
+    common::wait_for(
+        &e_addr,
+        "riptide_upstream_seq",
+        metric(&b_addr, "riptide_kafka_published_seq"),
+    );
+    let rt = rt();
+    let skipped = "riptide_v1_events_skipped_total{reason=\"resync_replacement\"}";
+    let v1_b = rt.block_on(v1_all_from(&b_addr, 0));
+    let v1_e = rt.block_on(v1_all_from(&e_addr, 0));
+    assert_eq!(v1_e.len(), v1_b.len());
+    assert!(v1_e == v1_b, "the edge's v1 events are the standby's");
+    assert_eq!(metric(&b_addr, skipped), rows);
+    assert_eq!(metric(&e_addr, skipped), rows);
     b.kill();
     assert_eq!(
         store_accounts(&tmp.path().join("b")),

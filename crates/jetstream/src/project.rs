@@ -39,16 +39,48 @@ pub enum EventKind {
     /// A `#sync` event: stored for Jetstream v2's `subscribeEvents`, never sent on v1 (only a
     /// [`Projector::with_sync`] projects it).
     Sync,
+    /// A replacement row's `create` (`.jss` kind 7, `create-resync`: a verified repository
+    /// landing over an account's earlier rows, [`crate::replace`]): a commit on Jetstream v2's
+    /// `subscribeEvents` and in the archive, never sent on v1 `/subscribe` (protocol §4.1, §7
+    /// item 8). Its v1 JSON says `"kind":"commit"`. No projection of a frame or a
+    /// [`StoredRow`] gives it: it is the kind of the row ([`EventKind::of_row`]).
+    Replacement,
 }
 
 impl EventKind {
-    /// `commit`, `identity` or `account`.
+    /// `commit`, `identity`, `account` or `sync`: the v1 JSON's `kind` (`commit` for a
+    /// [`EventKind::Replacement`]).
     pub fn as_str(self) -> &'static str {
         match self {
-            EventKind::Commit => "commit",
+            EventKind::Commit | EventKind::Replacement => "commit",
             EventKind::Identity => "identity",
             EventKind::Account => "account",
             EventKind::Sync => "sync",
+        }
+    }
+
+    /// A commit: an ordinary one or a replacement's (what the collection filters and a v2
+    /// frame's flat commit fields apply to).
+    pub fn is_commit(self) -> bool {
+        matches!(self, EventKind::Commit | EventKind::Replacement)
+    }
+
+    /// Whether v1 `/subscribe` sends events of this kind: not a `#sync` nor a replacement's
+    /// record (protocol §4.1, §7 item 8).
+    pub fn sent_on_v1(self) -> bool {
+        !matches!(self, EventKind::Sync | EventKind::Replacement)
+    }
+
+    /// The kind of the event a `.jss` row of kind `row` is: a `create-resync` is a
+    /// [`EventKind::Replacement`], a create, update or delete a commit.
+    pub fn of_row(row: riptide_segment::Kind) -> EventKind {
+        use riptide_segment::Kind;
+        match row {
+            Kind::Create | Kind::Update | Kind::Delete => EventKind::Commit,
+            Kind::CreateResync => EventKind::Replacement,
+            Kind::Identity => EventKind::Identity,
+            Kind::Account => EventKind::Account,
+            Kind::Sync => EventKind::Sync,
         }
     }
 }
@@ -423,7 +455,7 @@ impl EventRowKind {
             EventKind::Identity => Some(EventRowKind::Identity),
             EventKind::Account => Some(EventRowKind::Account),
             EventKind::Sync => Some(EventRowKind::Sync),
-            EventKind::Commit => None,
+            EventKind::Commit | EventKind::Replacement => None,
         }
     }
 }
@@ -707,6 +739,33 @@ fn push(buf: &mut Vec<u8>, s: &str) -> Range<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `create-resync` row is a replacement's record: a commit (`"kind":"commit"`, the
+    /// collection filters' business) that v1 never sends; every other row kind keeps its kind.
+    #[test]
+    fn a_create_resync_row_is_a_replacement_commit_v1_never_sends() {
+        use riptide_segment::Kind;
+        let kinds = [
+            (Kind::Create, EventKind::Commit),
+            (Kind::Update, EventKind::Commit),
+            (Kind::Delete, EventKind::Commit),
+            (Kind::CreateResync, EventKind::Replacement),
+            (Kind::Identity, EventKind::Identity),
+            (Kind::Account, EventKind::Account),
+            (Kind::Sync, EventKind::Sync),
+        ];
+        for (row, want) in kinds {
+            assert_eq!(EventKind::of_row(row), want, "{row:?}");
+        }
+        let r = EventKind::Replacement;
+        assert_eq!(
+            (r.as_str(), r.is_commit(), r.sent_on_v1()),
+            ("commit", true, false)
+        );
+        assert_eq!(EventRowKind::of(r), None);
+        assert!(!EventKind::Sync.sent_on_v1() && !EventKind::Sync.is_commit());
+        assert!(EventKind::Commit.sent_on_v1() && EventKind::Commit.is_commit());
+    }
 
     #[test]
     fn a_record_renders_as_jetstream_does_or_not_at_all() {

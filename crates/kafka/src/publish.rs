@@ -25,7 +25,6 @@ use std::time::{Duration, Instant};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use riptide_firehose::chain::AccountState;
-use riptide_jetstream::EventKind;
 use riptide_segment::Row;
 use riptide_serve::{Event, Metrics, Publish, PublishError, Resume};
 use riptide_store::store::PendingChange;
@@ -150,13 +149,13 @@ impl KafkaPublisher {
                 })
                 .insert(Header {
                     key: record::H_KIND,
-                    value: Some(e.kind().as_str()),
+                    value: Some(record::kind_str(e.kind())),
                 })
                 .insert(Header {
                     key: record::H_VERDICT,
                     value: Some(self.verdict),
                 });
-            if e.kind() == EventKind::Commit {
+            if e.kind().is_commit() {
                 h = h.insert(Header {
                     key: record::H_COLLECTION,
                     value: Some(e.collection()),

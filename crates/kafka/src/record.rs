@@ -30,7 +30,8 @@ use riptide_store::store::PendingChange;
 pub const H_SEQ: &str = "riptide-seq";
 /// Header: the event's `time_us`, decimal ASCII.
 pub const H_TIME_US: &str = "riptide-time-us";
-/// Header: `commit`, `identity`, `account` or `sync`.
+/// Header: `commit`, `identity`, `account`, `sync` or `commit-resync` (a replacement row's
+/// record: a `commit` on v2, never sent on v1; [`kind_str`]).
 pub const H_KIND: &str = "riptide-kind";
 /// Header: the record's collection (commits only).
 pub const H_COLLECTION: &str = "riptide-collection";
@@ -77,8 +78,18 @@ pub fn kind_from_str(s: &[u8]) -> Option<EventKind> {
         b"identity" => EventKind::Identity,
         b"account" => EventKind::Account,
         b"sync" => EventKind::Sync,
+        b"commit-resync" => EventKind::Replacement,
         _ => return None,
     })
+}
+
+/// The [`H_KIND`] header's value for `kind` ([`kind_from_str`]'s inverse): its v1 `kind`, but
+/// `commit-resync` for a replacement's record, so that an edge keeps it from v1 too.
+pub fn kind_str(kind: EventKind) -> &'static str {
+    match kind {
+        EventKind::Replacement => "commit-resync",
+        k => k.as_str(),
+    }
 }
 
 /// The commit's rev from its v1 JSON (`"commit":{"rev":"…"` comes first in Jetstream's field
@@ -147,14 +158,7 @@ impl TopicEvent {
         if row.seq != self.seq || row.display_time_us() != self.time_us || row.did != self.did {
             return Err("riptide-row is not the record's event (seq, time or DID)");
         }
-        use riptide_segment::Kind;
-        let kind = match row.kind {
-            Kind::Create | Kind::Update | Kind::Delete | Kind::CreateResync => EventKind::Commit,
-            Kind::Identity => EventKind::Identity,
-            Kind::Account => EventKind::Account,
-            Kind::Sync => EventKind::Sync,
-        };
-        if kind != self.kind {
+        if EventKind::of_row(row.kind) != self.kind {
             return Err("riptide-row is of another kind than riptide-kind");
         }
         Ok(Some(row))
@@ -378,7 +382,54 @@ mod tests {
         ] {
             assert!(bad.row().is_err(), "{bad:?}");
         }
-        assert_eq!(TopicEvent { row: None, ..e }.row(), Ok(None));
+        assert_eq!(
+            TopicEvent {
+                row: None,
+                ..e.clone()
+            }
+            .row(),
+            Ok(None)
+        );
+
+        // A replacement's record: a `create-resync` row is the event of a `commit-resync`
+        // record, not of a `commit` one (nor a `create` row of a `commit-resync` record).
+        let resync = Row {
+            kind: riptide_segment::Kind::CreateResync,
+            ..row
+        };
+        let e = TopicEvent {
+            kind: EventKind::Replacement,
+            row: Some(Bytes::from(encode_row(&resync).unwrap())),
+            ..e
+        };
+        assert_eq!(e.row(), Ok(Some(resync)));
+        let plain = TopicEvent {
+            kind: EventKind::Commit,
+            ..e.clone()
+        };
+        assert!(plain.row().is_err());
+        let create = TopicEvent {
+            row: Some(Bytes::from(bytes)),
+            ..e
+        };
+        assert!(create.row().is_err());
+    }
+
+    /// `riptide-kind`: every kind survives its header, a replacement's record as
+    /// `commit-resync` (so that an edge, too, keeps it from v1).
+    #[test]
+    fn every_kind_travels_in_its_header() {
+        for k in [
+            EventKind::Commit,
+            EventKind::Identity,
+            EventKind::Account,
+            EventKind::Sync,
+            EventKind::Replacement,
+        ] {
+            assert_eq!(kind_from_str(kind_str(k).as_bytes()), Some(k));
+        }
+        assert_eq!(kind_str(EventKind::Replacement), "commit-resync");
+        assert_eq!(kind_from_str(b"create-resync"), None);
     }
 
     #[test]

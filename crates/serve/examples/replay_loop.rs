@@ -63,10 +63,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         log.publish(&all);
     }
     let expect = match wire.as_str() {
-        "v1" => all
-            .iter()
-            .filter(|e| e.kind() != riptide_jetstream::EventKind::Sync)
-            .count(),
+        "v1" => all.iter().filter(|e| e.kind().sent_on_v1()).count(),
         _ => all.len(),
     } as u64;
     drop(all);

@@ -1303,6 +1303,11 @@ pub(crate) fn push_event(
     let collection = push(buf, p.collection(i).as_bytes());
     let head = push_with(buf, |b| p.render_head(i, b));
     let tail = push_with(buf, |b| p.render_tail(i, b));
+    // A replacement's record (a `create-resync` row) is a commit v1 never sends.
+    let kind = match row.map(|r| EventKind::of_row(r.kind)) {
+        Some(EventKind::Replacement) => EventKind::Replacement,
+        _ => p.kind(i),
+    };
     // A column past a `.jss` row's width (a collection or record key over 255 bytes, which
     // their syntax allows) keeps its event as JSON.
     let row = row.filter(|r| r.validate().is_ok()).map(|r| RowAt {
@@ -1312,7 +1317,7 @@ pub(crate) fn push_event(
         payload: push(buf, r.payload),
     });
     parts.push(Part {
-        kind: p.kind(i),
+        kind,
         did,
         collection,
         head,

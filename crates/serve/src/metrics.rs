@@ -485,6 +485,10 @@ pub struct Metrics {
     pub events_filtered: AtomicU64,
     /// Events not sent because they exceed `maxMessageSizeBytes`.
     pub events_oversize: AtomicU64,
+    /// Replacement rows' records (`create-resync`) not sent on v1 `/subscribe`, which never
+    /// sends them (protocol §4.1), one per subscriber and record:
+    /// `riptide_v1_events_skipped_total{reason="resync_replacement"}`.
+    pub v1_skipped_replacement: AtomicU64,
     /// Events not sent: their stored JSON is not UTF-8 (or, on `subscribeEvents`, lacks the v1
     /// prefix a frame is made from). Never expected: what ingest writes always is.
     pub events_unsendable: AtomicU64,
@@ -799,6 +803,12 @@ impl Metrics {
             "counter",
             "Events not sent: over maxMessageSizeBytes.",
             c(&self.events_oversize),
+        );
+        let _ = writeln!(lab, "# HELP riptide_v1_events_skipped_total Events /subscribe (v1) never sends, one per subscriber and event, by reason (resync_replacement: a replacement row's record, sent on subscribeEvents only).\n# TYPE riptide_v1_events_skipped_total counter");
+        let _ = writeln!(
+            lab,
+            "riptide_v1_events_skipped_total{{reason=\"resync_replacement\"}} {}",
+            self.v1_skipped_replacement.load(Relaxed)
         );
         one(
             "riptide_events_unsendable_total",

@@ -3,7 +3,6 @@
 
 use std::collections::HashSet;
 
-use riptide_jetstream::EventKind;
 use riptide_syntax::{is_valid_did, is_valid_nsid};
 use serde_json::Value;
 
@@ -87,7 +86,7 @@ impl Filter {
         if !self.dids.is_empty() && !self.dids.contains(e.did()) {
             return false;
         }
-        if e.kind() != EventKind::Commit || (self.exact.is_empty() && self.prefixes.is_empty()) {
+        if !e.kind().is_commit() || (self.exact.is_empty() && self.prefixes.is_empty()) {
             return true;
         }
         let c = e.collection();
@@ -266,6 +265,7 @@ pub fn parse_client_message(text: &[u8]) -> Result<ClientMessage, ClientError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use riptide_jetstream::EventKind;
 
     fn ev(did: &str, coll: &str, kind: EventKind) -> Event {
         Event::encode(1, 1, kind, did, coll, b"{}", b"")

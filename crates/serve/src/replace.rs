@@ -8,9 +8,9 @@
 //! one `create-resync` (kind 7) row per record, in MST key order, each the record's DAG-CBOR as
 //! signed and checked against its CID, all at the repository's rev. They are parts of **one**
 //! worker answer, so the writer stores them in one atomic batch with the account's new chain
-//! state and the release of its held frames, in the store's seq space; v1 `/subscribe` sends the
-//! records as `create` commits and skips the `#sync`, as it skips every `#sync` (docs/archive.md
-//! says why).
+//! state and the release of its held frames, in the store's seq space. v1 `/subscribe` sends none of them, as Jetstream's
+//! (protocol §4.1, §7 item 8): each record is stored as an `EventKind::Replacement` event
+//! (`ingest::push_event` tells it by its `create-resync` row), which v1 skips and counts.
 //!
 //! The rows themselves (the `#sync` body, the record's row and its kind 7) are
 //! [`riptide_jetstream::replace`]'s, shared with the backfill's store sink.
@@ -216,7 +216,7 @@ mod tests {
         assert_eq!(sync.row.as_ref().map(|r| r.kind), Some(Kind::Sync));
         let mut got = Vec::new();
         for p in &out.parts[1..] {
-            assert_eq!(p.kind, EventKind::Commit);
+            assert_eq!(p.kind, EventKind::Replacement, "a record v1 never sends");
             let r = p.row.as_ref().unwrap();
             assert_eq!(r.kind, Kind::CreateResync);
             let mut json = out.buf[p.head.clone()].to_vec();

@@ -952,9 +952,15 @@ impl Frames for V1Frames<'_> {
 
     fn frame(&mut self, app: &App, e: &Event) -> Result<Option<(Message, usize)>, Outcome> {
         let m = &app.metrics;
-        // `#sync` is stored for v2 and never sent on v1 (protocol §4.1).
-        if e.kind() == riptide_jetstream::EventKind::Sync {
-            return Ok(None);
+        // `#sync` and a replacement's records are stored for v2 and never sent on v1 (protocol
+        // §4.1, §7 item 8); the records are counted, as Jetstream counts them.
+        match e.kind() {
+            riptide_jetstream::EventKind::Sync => return Ok(None),
+            riptide_jetstream::EventKind::Replacement => {
+                m.v1_skipped_replacement.fetch_add(1, Relaxed);
+                return Ok(None);
+            }
+            _ => {}
         }
         if !self.filter.wants(e) {
             m.events_filtered.fetch_add(1, Relaxed);

@@ -174,7 +174,7 @@ impl Kind {
 
     fn of(k: EventKind) -> Kind {
         match k {
-            EventKind::Commit => Kind::Commit,
+            EventKind::Commit | EventKind::Replacement => Kind::Commit,
             EventKind::Identity => Kind::Identity,
             EventKind::Account => Kind::Account,
             EventKind::Sync => Kind::Sync,
@@ -557,7 +557,7 @@ fn kind_text(k: EventKind) -> &'static KindText {
     static ACCOUNT: KindText = kind_text!("account");
     static SYNC: KindText = kind_text!("sync");
     match k {
-        EventKind::Commit => &COMMIT,
+        EventKind::Commit | EventKind::Replacement => &COMMIT,
         EventKind::Identity => &IDENTITY,
         EventKind::Account => &ACCOUNT,
         EventKind::Sync => &SYNC,
@@ -632,7 +632,7 @@ pub fn render_with(e: &Event, times: &mut TimeFormat) -> Option<String> {
     // are character boundaries.
     let seq = json.get(p.seq)?;
     let did = json.get(p.did)?;
-    let commit = e.kind() == EventKind::Commit;
+    let commit = e.kind().is_commit();
     // A commit's fields go in flat: `"rev":…}` closes the payload, `}` the envelope.
     let body = json.get(if commit { p.obj + 1 } else { p.obj }..)?;
     let len = kind.v2_head.len()

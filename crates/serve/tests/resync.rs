@@ -374,7 +374,7 @@ fn creates(events: &[(String, String)]) -> Vec<(String, String)> {
     events
         .iter()
         .map(|(k, json)| {
-            assert_eq!(k, "Commit", "{json}");
+            assert_eq!(k, "Replacement", "{json}");
             let v: serde_json::Value = serde_json::from_str(json).unwrap();
             let c = &v["commit"];
             assert_eq!(c["operation"], "create", "{json}");
@@ -398,7 +398,7 @@ fn fold(events: &[(String, String)]) -> BTreeMap<String, String> {
         let v: serde_json::Value = serde_json::from_str(json).unwrap();
         match k.as_str() {
             "Sync" => held.clear(),
-            "Commit" => {
+            "Commit" | "Replacement" => {
                 let c = &v["commit"];
                 let key = format!(
                     "{}/{}",
@@ -693,7 +693,7 @@ async fn an_upstream_sync_is_resynced_and_its_repository_replaces_the_account() 
                 .iter()
                 .take_while(|(k, j)| {
                     let c: serde_json::Value = serde_json::from_str(j).unwrap();
-                    k == "Commit"
+                    k == "Replacement"
                         && c["commit"]["rev"] == *rev
                         && c["commit"]["operation"] == "create"
                 })

@@ -1,6 +1,8 @@
 //! One stored v1 event: its JSON and (while a `compress=true` subscriber wants it: the server's `log.rs`)
 //! its zstd form, produced once at ingest, in one buffer.
-//! (Kind `sync` (3) is stored in the same shape for v2's `subscribeEvents` and never sent on v1.)
+//! (Kind `sync` (3) is stored in the same shape for v2's `subscribeEvents` and never sent on v1;
+//! so is kind 4, a replacement row's `create` ([`EventKind::Replacement`]), whose JSON says
+//! `"kind":"commit"`. A riptide older than kind 4 reads such a value as corrupt.)
 //!
 //! Why one buffer: the same bytes are the store's value, the in-memory tail's entry and, sliced,
 //! the WebSocket message. Nothing is re-encoded between ingest and the socket; a clone is a
@@ -108,6 +110,7 @@ fn kind_byte(k: EventKind) -> u8 {
         EventKind::Identity => 1,
         EventKind::Account => 2,
         EventKind::Sync => 3,
+        EventKind::Replacement => 4,
     }
 }
 
@@ -197,13 +200,41 @@ impl<T: Text> Event<T> {
         time_us: i64,
         json: &mut Vec<u8>,
     ) -> Result<Self, RowError> {
+        Self::from_row_as(projector, row, false, seq, time_us, json)
+    }
+
+    /// [`Event::from_row`] for a replacement's record (its `.jss` row a `create-resync`,
+    /// `riptide_jetstream::replace`): the same JSON, of kind [`EventKind::Replacement`], which
+    /// v1 never sends.
+    pub fn replacement_from_row(
+        projector: &mut Projector,
+        row: &StoredRow<'_>,
+        seq: u64,
+        time_us: i64,
+        json: &mut Vec<u8>,
+    ) -> Result<Self, RowError> {
+        Self::from_row_as(projector, row, true, seq, time_us, json)
+    }
+
+    fn from_row_as(
+        projector: &mut Projector,
+        row: &StoredRow<'_>,
+        replacement: bool,
+        seq: u64,
+        time_us: i64,
+        json: &mut Vec<u8>,
+    ) -> Result<Self, RowError> {
         let p = projector.project_row(row)?;
         json.clear();
         p.render(0, time_us, Some(seq), json);
+        let kind = match p.kind(0) {
+            EventKind::Commit if replacement => EventKind::Replacement,
+            k => k,
+        };
         Ok(Event::encode(
             seq,
             time_us,
-            p.kind(0),
+            kind,
             p.did(0),
             p.collection(0),
             json,
@@ -223,6 +254,7 @@ impl<T: Text> Event<T> {
             1 => EventKind::Identity,
             2 => EventKind::Account,
             3 => EventKind::Sync,
+            4 => EventKind::Replacement,
             _ => return Err(bad("kind")),
         };
         let time_us = i64::from_be_bytes(b[2..10].try_into().map_err(|_| bad("time"))?);
@@ -380,6 +412,30 @@ mod tests {
         assert_eq!(HEADER_LEN, 18);
     }
 
+    /// Every kind survives the stored value, a replacement's record as kind byte 4; a kind byte
+    /// no riptide writes is a corrupt value, not a guess.
+    #[test]
+    fn every_kind_round_trips_and_an_unknown_kind_is_corrupt() {
+        for kind in [
+            EventKind::Commit,
+            EventKind::Identity,
+            EventKind::Account,
+            EventKind::Sync,
+            EventKind::Replacement,
+        ] {
+            let e: Event = Event::encode(3, 5, kind, "did:plc:x", "a.b.c", b"{}", b"");
+            assert_eq!(e.raw()[1], kind_byte(kind));
+            let d: Event = Event::decode(3, e.raw().clone()).unwrap();
+            assert_eq!(d.kind(), kind);
+        }
+        assert_eq!(kind_byte(EventKind::Replacement), 4);
+        let e: Event = Event::encode(3, 5, EventKind::Replacement, "did:plc:x", "", b"{}", b"");
+        let mut raw = e.raw().to_vec();
+        raw[1] = 5;
+        let err = Event::<Utf8Text>::decode(3, Bytes::from(raw)).unwrap_err();
+        assert_eq!(err.what, "kind");
+    }
+
     #[test]
     fn a_row_becomes_the_event_ingest_would_store() {
         use riptide_firehose::Action;
@@ -397,7 +453,12 @@ mod tests {
             record: Some(record),
         };
         let (mut proj, mut json) = (Projector::new(), Vec::new());
+        // A replacement's record: the same JSON, of its own kind.
+        let r: Event =
+            Event::replacement_from_row(&mut proj, &row(&rec), 42, 1_000_007, &mut json).unwrap();
+        assert_eq!(r.kind(), EventKind::Replacement);
         let e: Event = Event::from_row(&mut proj, &row(&rec), 42, 1_000_007, &mut json).unwrap();
+        assert_eq!(r.json(), e.json());
         assert_eq!(
             (e.seq(), e.time_us(), e.kind()),
             (42, 1_000_007, EventKind::Commit)

@@ -16,7 +16,7 @@
 
 use std::cell::RefCell;
 
-use riptide_jetstream::{Projector, StoredRow};
+use riptide_jetstream::{EventKind, Projector, StoredRow};
 use riptide_segment::{decode_block, encode_block, Row};
 
 use crate::event::append_value;
@@ -79,10 +79,16 @@ pub(crate) fn render_rows(
             let at = data.len();
             data.extend_from_slice(&[0; 4]);
             starts.push((at + 4) as u32);
+            // A `create-resync` row renders as a `create`; its event is a replacement's, which
+            // v1 never sends (`EventKind::Replacement`).
+            let kind = match EventKind::of_row(row.kind) {
+                EventKind::Replacement => EventKind::Replacement,
+                _ => projected.kind(0),
+            };
             append_value(
                 data,
                 time_us,
-                projected.kind(0),
+                kind,
                 projected.did(0),
                 projected.collection(0),
                 |out| projected.render(0, time_us, Some(row.seq), out),
@@ -169,6 +175,53 @@ mod tests {
             render_rows(5, 2, &body[..9], &mut data, &mut starts),
             Err("rows")
         );
+        // A replacement's record (kind 7) comes back as one: a `create` v1 never sends.
+        // {"$type": "a.b.c", "n": 3} in DAG-CBOR (shorter key first).
+        let rec = [
+            0xa2, 0x61, b'n', 0x03, 0x65, b'$', b't', b'y', b'p', b'e', 0x65, b'a', b'.', b'b',
+            b'.', b'c',
+        ];
+        let create = |seq, kind| Row {
+            kind,
+            payload: &rec,
+            ..delete(seq)
+        };
+        body.clear();
+        encode_block(
+            &[create(5, Kind::Create), create(6, Kind::CreateResync)],
+            &mut body,
+        )
+        .unwrap();
+        let (mut data, mut starts) = (Vec::new(), Vec::new());
+        render_rows(5, 2, &body, &mut data, &mut starts).unwrap();
+        let at = |i: usize| {
+            let end = starts.get(i + 1).map_or(data.len(), |&n| n as usize - 4);
+            Event::<Utf8Text>::decode(
+                5 + i as u64,
+                Bytes::copy_from_slice(&data[starts[i] as usize..end]),
+            )
+            .unwrap()
+        };
+        let (plain, replacement) = (at(0), at(1));
+        assert_eq!(plain.kind(), EventKind::Commit);
+        assert_eq!(replacement.kind(), EventKind::Replacement);
+        let text = |e: &Event<Utf8Text>| String::from_utf8(e.json().to_vec()).unwrap();
+        // The same event but for its time and cursor.
+        assert_eq!(
+            text(&plain).replace(
+                r#""time_us":1005,"cursor":5,"#,
+                r#""time_us":1006,"cursor":6,"#
+            ),
+            text(&replacement)
+        );
+        assert!(
+            text(&replacement).contains(
+                r#","kind":"commit","commit":{"rev":"3l3qo2vutsw2b","operation":"create","#
+            ),
+            "{}",
+            text(&replacement)
+        );
+
         // A create whose record is not DAG-CBOR.
         let bad = Row {
             kind: Kind::Create,

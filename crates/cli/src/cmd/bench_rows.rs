@@ -44,7 +44,7 @@ use anyhow::Context;
 use riptide_firehose::FrameDecoder;
 use riptide_jetstream::{EventKind, Projector, StoredRow};
 use riptide_segment::{
-    decode_block, decode_block_frame, encode_block_frame, Kind, OwnedRow, Row, SegmentWriter,
+    decode_block, decode_block_frame, encode_block_frame, OwnedRow, Row, SegmentWriter,
     HEADER_BYTES,
 };
 use riptide_store::{Event, Resume, Store, StoreOptions, Utf8Text};
@@ -100,12 +100,7 @@ pub fn run(a: RowsArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|m| {
             let r = m.row.as_row();
-            let kind = match r.kind {
-                Kind::Identity => EventKind::Identity,
-                Kind::Account => EventKind::Account,
-                Kind::Sync => EventKind::Sync,
-                _ => EventKind::Commit,
-            };
+            let kind = EventKind::of_row(r.kind);
             Event::encode(
                 r.seq,
                 r.witnessed_at,

@@ -660,10 +660,7 @@ fn wire_counts(log: &Log) -> anyhow::Result<WireCounts> {
         };
         from = last.seq() + 1;
         n.v2 += batch.len() as u64;
-        n.v1 += batch
-            .iter()
-            .filter(|e| e.kind() != riptide_jetstream::EventKind::Sync)
-            .count() as u64;
+        n.v1 += batch.iter().filter(|e| e.kind().sent_on_v1()).count() as u64;
     }
 }
 
