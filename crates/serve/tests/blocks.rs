@@ -28,6 +28,7 @@ const SMALL: StoreOptions = StoreOptions {
     block_events: 16,
     block_bytes: 1 << 20,
     block_cache: 2,
+    segment_bytes: None,
 };
 
 fn dictionary(name: &str) -> Dictionary {
