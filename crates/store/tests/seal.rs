@@ -42,8 +42,10 @@ fn append_sealing(s: &Store, evs: &[(Event, OwnedRow)], batch: usize) -> usize {
 fn check_files(s: &Store, evs: &[(Event, OwnedRow)]) -> Vec<u64> {
     let mut seqs = Vec::new();
     let entries = s.segment_entries();
-    for (i, e) in entries.iter().enumerate() {
-        assert_eq!(e.index, i as u32, "indices follow each other");
+    for w in entries.windows(2) {
+        assert!(w[0].index < w[1].index && w[0].max_seq < w[1].min_seq);
+    }
+    for e in &entries {
         let bytes = std::fs::read(s.segment_path(e)).unwrap();
         let seg = Segment::open(&bytes).unwrap();
         assert_eq!(
@@ -191,29 +193,44 @@ fn a_seal_stopped_after_its_batch_is_done() {
     crash_then_recover(SealPoint::Committed);
 }
 
+/// Files no entry names: one that starts where the unsealed row blocks start is taken for a
+/// seal's and removed when its frames are not theirs; one that does not (copied in) is left as
+/// it is, and seals never overwrite it.
 #[test]
-fn a_renamed_file_that_is_not_the_next_blocks_is_removed() {
+fn files_no_entry_names_are_removed_if_a_seals_else_left_alone() {
     let evs = generated();
     let dir = tempfile::tempdir().unwrap();
     {
-        let (s, _) = Store::<Utf8Text>::open_with(dir.path(), 0, opts()).unwrap();
-        append_sealing(&s, &evs[..1000], 64);
+        let unsealing = StoreOptions {
+            segment_bytes: None,
+            ..opts()
+        };
+        let (s, _) = Store::<Utf8Text>::open_with(dir.path(), 0, unsealing).unwrap();
+        append(&s, &evs[..1000], 64, |_| false);
     }
-    let n = {
-        let (s, _) = Store::<Utf8Text>::open_with(dir.path(), 0, opts()).unwrap();
-        s.segment_entries().len()
+    let segments = dir.path().join("segments");
+    std::fs::create_dir_all(&segments).unwrap();
+    let file = |rows: &[(Event, OwnedRow)]| {
+        let rows: Vec<_> = rows.iter().map(|(_, r)| r.as_row()).collect();
+        riptide_segment::write_segment(&[&rows]).unwrap()
     };
-    // A valid segment of other rows (the last 3 events), under the next index's name.
-    let rows: Vec<_> = evs[evs.len() - 3..]
-        .iter()
-        .map(|(_, r)| r.as_row())
-        .collect();
-    let foreign = riptide_segment::write_segment(&[&rows]).unwrap();
-    let name = riptide_segment::segment_name(n as u64);
-    std::fs::write(dir.path().join("segments").join(&name), foreign).unwrap();
+    // Seqs 1..=10 in one block: where the blocks start, but not their frames.
+    let ours = segments.join(riptide_segment::segment_name(0));
+    std::fs::write(&ours, file(&evs[..10])).unwrap();
+    // The last three events, as someone else's file.
+    let theirs = segments.join(riptide_segment::segment_name(5));
+    let foreign = file(&evs[evs.len() - 3..]);
+    std::fs::write(&theirs, &foreign).unwrap();
+
     let (s, _) = Store::<Utf8Text>::open_with(dir.path(), 0, opts()).unwrap();
-    assert_eq!(s.segment_entries().len(), n);
-    assert!(!dir.path().join("segments").join(&name).exists());
+    assert!(!ours.exists());
+    assert_eq!(std::fs::read(&theirs).unwrap(), foreign);
+    assert!(s.segment_entries().is_empty());
+    same(&read_all(&s, 1), &evs[..1000]);
+    let sealed = s.seal_segments().unwrap();
+    assert!(!sealed.is_empty());
+    assert_eq!(sealed[0].index, 6, "past the file copied in");
+    assert_eq!(std::fs::read(&theirs).unwrap(), foreign);
     same(&read_all(&s, 1), &evs[..1000]);
 }
 

@@ -33,7 +33,10 @@
 //! entry is adopted if it verifies (checksum included) and its blocks are exactly the row blocks
 //! in `blocks` that follow the newest entry (same first seqs, counts and frames), in one batch as
 //! a seal would have done, else deleted (its blocks are all still in `blocks`); once the batch is
-//! committed the seal is done. A file named by an entry that is missing or fails verification at
+//! committed the seal is done. A file no entry names whose first seq is not where the unsealed
+//! row blocks start is not a seal's (a file copied in, `riptide corpus segments`' fixtures): it
+//! is left alone and not read by the store (the server's archive serves it, `serve`), and a seal
+//! takes an index past every file in the directory, so it is never overwritten. A file named by an entry that is missing or fails verification at
 //! open is logged at error, its blocks counted as corrupt (`/metrics`), and its seqs not served.
 //!
 //! **Space.** `blocks` is a FIFO partition that never merges, so the removed blocks' bytes would
@@ -285,7 +288,21 @@ impl<T: Text> Store<T> {
     fn seal_one(&self, hook: Option<&Hook>) -> Result<Option<SegmentEntry>, StoreError> {
         let newest = self.catalog.newest()?;
         let after = newest.as_ref().map_or(0, |e| e.max_seq);
-        let index = newest.as_ref().map_or(0, |e| e.index + 1);
+        // Past every file in the directory: a file no entry names (copied in) is never
+        // overwritten.
+        let index = self
+            .segment_files()
+            .last()
+            .map(|(i, _)| *i + 1)
+            .into_iter()
+            .chain(newest.as_ref().map(|e| u64::from(e.index) + 1))
+            .max()
+            .unwrap_or(0);
+        let index = u32::try_from(index).map_err(|_| {
+            format_at(&self.segments_dir())(riptide_segment::Error::Footer(
+                "segment index past u32".into(),
+            ))
+        })?;
         let limit = self.options.segment_bytes.unwrap_or(u64::MAX).max(1);
         let run = self.next_run(after, limit)?;
         if run.is_empty() {
@@ -480,24 +497,13 @@ impl<T: Text> Store<T> {
             }
         }
         let mut newest = self.catalog.newest()?;
-        let mut found: Vec<(u64, PathBuf)> = match std::fs::read_dir(&dir) {
-            Ok(list) => list
-                .filter_map(|f| f.ok())
-                .filter_map(|f| {
-                    let i = parse_segment_name(&f.file_name().to_string_lossy())?;
-                    Some((i, f.path()))
-                })
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-        found.sort();
-        for (i, path) in found {
+        for (i, path) in self.segment_files() {
             if newest.as_ref().is_some_and(|e| i <= u64::from(e.index)) {
                 continue;
             }
             match self.adopt_renamed(i, &path, newest.as_ref())? {
-                Some(e) => newest = Some(e),
-                None => {
+                Renamed::Adopted(e) => newest = Some(e),
+                Renamed::Removed => {
                     std::fs::remove_file(&path).map_err(io_at(&path))?;
                     sync_dir(&dir)?;
                     tracing::warn!(
@@ -506,6 +512,11 @@ impl<T: Text> Store<T> {
                          last sealed segment: removed (its blocks are still in the store)"
                     );
                 }
+                Renamed::NotOurs => tracing::warn!(
+                    file = %path.display(),
+                    "a segment file no entry of the store names, not starting where the store's \
+                     unsealed blocks start: left as it is, not read by the store"
+                ),
             }
         }
         let mut last = None;
@@ -570,17 +581,27 @@ impl<T: Text> Store<T> {
         index: u64,
         path: &Path,
         newest: Option<&SegmentEntry>,
-    ) -> Result<Option<SegmentEntry>, StoreError> {
-        let expected = newest.map_or(0, |e| e.index + 1);
-        if index != u64::from(expected) {
-            return Ok(None);
+    ) -> Result<Renamed, StoreError> {
+        let after = newest.map_or(0, |e| e.max_seq);
+        let run = self.next_run(after, u64::MAX)?;
+        // What a seal renames starts where the unsealed row blocks start; anything else was
+        // put there by someone else (`riptide corpus segments`, a copy).
+        let mut head = [0u8; HEADER_BYTES];
+        let starts_here = File::open(path)
+            .and_then(|f| f.read_exact_at(&mut head, 0))
+            .ok()
+            .and_then(|()| Header::parse(&head).ok())
+            .is_some_and(|h| run.first().is_some_and(|(first, _)| h.min_seq == *first));
+        let Ok(expected) = u32::try_from(index) else {
+            return Ok(Renamed::NotOurs);
+        };
+        if !starts_here {
+            return Ok(Renamed::NotOurs);
         }
         let bytes = std::fs::read(path).map_err(io_at(path))?;
         let Ok(seg) = Segment::open(&bytes) else {
-            return Ok(None);
+            return Ok(Renamed::Removed);
         };
-        let after = newest.map_or(0, |e| e.max_seq);
-        let run = self.next_run(after, u64::MAX)?;
         let matches = seg.blocks().len() <= run.len()
             && seg
                 .blocks()
@@ -595,7 +616,7 @@ impl<T: Text> Store<T> {
                             == Some(&v[BLOCK_HEADER..v.len() - BLOCK_CHECKSUM])
                 });
         if !matches {
-            return Ok(None);
+            return Ok(Renamed::Removed);
         }
         let run = &run[..seg.blocks().len()];
         let entry = SegmentEntry::from_header(expected, seg.header(), 0);
@@ -605,8 +626,34 @@ impl<T: Text> Store<T> {
             segment = %entry.name(),
             "a segment renamed into place before its entry was adopted"
         );
-        Ok(Some(entry))
+        Ok(Renamed::Adopted(entry))
     }
+
+    /// The `seg_*.jss` files in `segments/`, by index.
+    fn segment_files(&self) -> Vec<(u64, PathBuf)> {
+        let mut found: Vec<(u64, PathBuf)> = match std::fs::read_dir(self.segments_dir()) {
+            Ok(list) => list
+                .filter_map(|f| f.ok())
+                .filter_map(|f| {
+                    let i = parse_segment_name(&f.file_name().to_string_lossy())?;
+                    Some((i, f.path()))
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        found.sort();
+        found
+    }
+}
+
+/// What [`Store::open_segments`] does with a file no entry names.
+enum Renamed {
+    /// A seal's, renamed before its batch: now finished.
+    Adopted(SegmentEntry),
+    /// A seal's that does not match the blocks (they are all still in `blocks`): to remove.
+    Removed,
+    /// Not a seal's: left alone.
+    NotOurs,
 }
 
 /// A little-endian u64 (the `.jss` length prefix).
