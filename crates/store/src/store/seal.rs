@@ -142,8 +142,9 @@ fn read_exact_at(file: &File, buf: &mut [u8], at: u64, path: &Path) -> Result<()
 /// blocks: the footer is read only once the header's counts bound it
 /// (`riptide_segment::max_footer_bytes`), so a damaged header cannot make this read a large file
 /// into memory.
-pub fn read_segment_meta(path: &Path) -> Result<SegmentMeta, StoreError> {
-    let file = File::open(path).map_err(io_at(path))?;
+/// `file` is open at `path` (named in errors): a server takes its validators from the file it
+/// actually opened.
+pub fn read_segment_meta(file: &File, path: &Path) -> Result<SegmentMeta, StoreError> {
     let mut head = [0u8; HEADER_BYTES];
     let len = file.metadata().map_err(io_at(path))?.len();
     if len < HEADER_BYTES as u64 {
@@ -151,21 +152,24 @@ pub fn read_segment_meta(path: &Path) -> Result<SegmentMeta, StoreError> {
             "{len} bytes: shorter than a header"
         ))));
     }
-    read_exact_at(&file, &mut head, 0, path)?;
+    read_exact_at(file, &mut head, 0, path)?;
     let header = Header::parse(&head).map_err(format_at(path))?;
-    let bound = riptide_segment::max_footer_bytes(&header);
-    if header.footer_offset < HEADER_BYTES as u64
-        || header.footer_offset > len
-        || len - header.footer_offset > bound
-    {
+    if header.footer_offset < HEADER_BYTES as u64 || header.footer_offset > len {
         return Err(format_at(path)(riptide_segment::Error::Footer(format!(
-            "footer at {} of a {len}-byte file: outside the file or past the {bound} bytes \
-             its counts allow",
+            "footer offset {} outside [256, {len}]",
+            header.footer_offset
+        ))));
+    }
+    let footer_len = len - header.footer_offset;
+    let bound = riptide_segment::max_footer_bytes(&header);
+    if footer_len > bound {
+        return Err(format_at(path)(riptide_segment::Error::Footer(format!(
+            "footer of {footer_len} bytes at {}: the header's counts allow at most {bound}",
             header.footer_offset
         ))));
     }
     let mut footer = Vec::new();
-    let mut f = &file;
+    let mut f = file;
     f.seek(SeekFrom::Start(header.footer_offset))
         .map_err(io_at(path))?;
     f.take(len - header.footer_offset)
@@ -523,17 +527,20 @@ impl<T: Text> Store<T> {
         *self.segments.write().unwrap_or_else(|p| p.into_inner()) = Arc::default();
         for e in self.catalog.entries()? {
             let path = self.segment_path(&e);
-            let meta = read_segment_meta(&path).and_then(|m| {
-                if m.header().checksum == e.checksum {
-                    Ok(m)
-                } else {
-                    Err(format_at(&path)(riptide_segment::Error::Footer(format!(
-                        "checksum {:016x}, its entry says {:016x}",
-                        m.header().checksum,
-                        e.checksum
-                    ))))
-                }
-            });
+            let meta = File::open(&path).map_err(io_at(&path));
+            let meta = meta
+                .and_then(|f| read_segment_meta(&f, &path))
+                .and_then(|m| {
+                    if m.header().checksum == e.checksum {
+                        Ok(m)
+                    } else {
+                        Err(format_at(&path)(riptide_segment::Error::Footer(format!(
+                            "checksum {:016x}, its entry says {:016x}",
+                            m.header().checksum,
+                            e.checksum
+                        ))))
+                    }
+                });
             match meta {
                 Ok(m) => {
                     last = Some((e.max_seq, m.header().max_witnessed_at));
