@@ -42,8 +42,12 @@
 //! **Space.** `blocks` is a FIFO partition that never merges, so the removed blocks' bytes would
 //! stay on disk until retention's time-to-live dropped their files, which a sealing store no
 //! longer runs on `blocks` (an unsealed block must not expire: the archive keeps everything).
-//! So each seal ends with a major compaction of `blocks`: what is left (the blocks above the
-//! segment, and any JSON block) is rewritten and the removed values are dropped.
+//! So each seal ends with a major compaction of `blocks` (what is on disk: removals still in
+//! the memtable are merged by a later seal, once flushed): what is left (the blocks above the
+//! segment, and any JSON block) is rewritten and the removed values are dropped. Not verified
+//! by a test yet: a small test (`seal.rs`) kept 80 KB in `blocks` after sealing 118 KB of rows
+//! (58 KB before the seals, with most removals flushed after the last merge), and flushing
+//! the memtable inside the seal (`rotate_memtable_and_wait`) hung the crash-point tests.
 //!
 //! Not done: blocks with gaps in their seqs (a compacted segment's folded blocks) are refused as
 //! corrupt by the reader here (a cached block holds consecutive seqs); folding is not yet wired.
@@ -384,10 +388,11 @@ impl<T: Text> Store<T> {
         batch.commit().map_err(|e| self.err(e))?;
         self.live_row_bytes
             .fetch_sub(bytes.min(self.live_row_bytes()), Relaxed);
-        // The removed values leave the FIFO partition's files (module docs, "Space").
+        // The removed values leave the FIFO partition's files (module docs, "Space"): a merge
+        // of what is on disk; removals still in the memtable are merged by a later seal.
         self.blocks
             .tree
-            .major_compact(u64::from(BLOCKS_MEMTABLE), u64::MAX)
+            .major_compact(u64::from(BLOCKS_MEMTABLE), self.ks.instant())
             .map_err(|e| self.err(e.into()))?;
         Ok(bytes)
     }
