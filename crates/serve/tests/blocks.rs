@@ -317,6 +317,20 @@ async fn readers_behind_the_tail_share_each_decompressed_block() {
     }
 }
 
+/// A GET over HTTP/1.0: the status and the JSON body.
+async fn get_json(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    let (head, json) = body.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap();
+    (status, serde_json::from_str(json).unwrap())
+}
+
 /// `serve --segment-bytes` (issue 38, "Sealing"): the capture ingested into a store that seals
 /// a segment every few blocks, the server's own seal loop sealing them and handing each file to
 /// the archive; replays from cursor 0 on both wires, from disk (segments, blocks and unsealed
@@ -387,19 +401,8 @@ async fn sealed_segments_replay_byte_for_byte_and_the_archive_lists_them() {
     }
     assert_eq!(messages(mem, v2, 152).await, messages(disk, v2, 152).await);
     // The archive lists the store's segments, by name and seq range.
-    let listed = {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(disk).await.unwrap();
-        let path = riptide_serve::archive::LIST_SEGMENTS;
-        s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
-        let mut body = String::new();
-        s.read_to_string(&mut body).await.unwrap();
-        let (head, json) = body.split_once("\r\n\r\n").unwrap();
-        assert!(head.starts_with("HTTP/1.0 200"), "{head}");
-        serde_json::from_str::<serde_json::Value>(json).unwrap()
-    };
+    let (status, listed) = get_json(disk, riptide_serve::archive::LIST_SEGMENTS).await;
+    assert_eq!(status, 200);
     let listed: Vec<(String, u64, u64)> = listed["segments"]
         .as_array()
         .unwrap()
@@ -438,4 +441,40 @@ async fn sealed_segments_replay_byte_for_byte_and_the_archive_lists_them() {
     let reopened = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
     let again = serve(disk_only(&reopened, next)).await;
     assert_eq!(messages(again, "/subscribe?cursor=0", 152).await, v1_text);
+
+    let named: Vec<_> = entries
+        .iter()
+        .map(|e| reopened.store().segment_path(e))
+        .collect();
+    let segments = SealedSegments::start(&reopened.store().segments_dir(), &named).unwrap();
+    assert_eq!(segments.snapshot().len(), entries.len());
+    let archive = Arc::new(Archive::new(Arc::new(segments), ArchiveConfig::default()));
+    let config = ServerConfig {
+        archive: Some(archive),
+        ..ServerConfig::default()
+    };
+    let again = serve_with(disk_only(&reopened, next), config).await;
+    // Retention past every event moves only the live floor, to the newest segment's first seq:
+    // below it subscribeEvents says to plan from the archive, which reaches the floor.
+    let newest = entries.last().unwrap();
+    let x = reopened
+        .store()
+        .expire(i64::MAX, Duration::from_secs(1))
+        .unwrap();
+    assert_eq!(x.floor, newest.min_seq);
+    let (status, e) = get_json(
+        again,
+        "/xrpc/network.bsky.jetstream.subscribeEvents?cursor=1",
+    )
+    .await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (400, Some("CursorTooOld")),
+        "{e}"
+    );
+    let m = e["message"].as_str().unwrap();
+    assert!(
+        m.contains("plan from the archive first") && m.contains(&newest.min_seq.to_string()),
+        "{m}"
+    );
 }
