@@ -139,12 +139,13 @@ impl SealedSegment {
             source,
         };
         let file = std::fs::File::open(path).map_err(io)?;
-        let meta = read_meta(&file).map_err(|e| match e {
-            MetaError::Io(source) => io(source),
-            MetaError::Format(source) => ArchiveError::Format {
+        let meta = riptide_store::read_segment_meta(&file, path).map_err(|e| match e {
+            riptide_store::StoreError::Segment { source, .. } => ArchiveError::Format {
                 path: path.to_owned(),
                 source,
             },
+            riptide_store::StoreError::SegmentIo { source, .. } => io(source),
+            other => io(std::io::Error::other(other)),
         })?;
         Ok(SealedSegment {
             index,
@@ -157,17 +158,12 @@ impl SealedSegment {
     }
 }
 
-enum MetaError {
-    Io(std::io::Error),
-    Format(riptide_segment::Error),
-}
-
-/// A file's header, parsed.
-fn read_header(file: &std::fs::File) -> Result<([u8; HEADER_BYTES], Header), MetaError> {
+/// A file's header, parsed (`None`: unreadable or not a header).
+fn read_header(file: &std::fs::File) -> Option<([u8; HEADER_BYTES], Header)> {
     let mut head = [0u8; HEADER_BYTES];
-    let n = read_full_at(file, &mut head, 0).map_err(MetaError::Io)?;
-    let header = Header::parse(&head[..n]).map_err(MetaError::Format)?;
-    Ok((head, header))
+    let n = read_full_at(file, &mut head, 0).ok()?;
+    let header = Header::parse(&head[..n]).ok()?;
+    Some((head, header))
 }
 
 /// Reads into `buf` from `at` until it is full or the file ends; the bytes read.
@@ -182,37 +178,6 @@ fn read_full_at(file: &std::fs::File, buf: &mut [u8], at: u64) -> std::io::Resul
         }
     }
     Ok(n)
-}
-
-/// Header and footer of an open file, verified.
-fn read_meta(file: &std::fs::File) -> Result<SegmentMeta, MetaError> {
-    let (head, header) = read_header(file)?;
-    let len = file.metadata().map_err(MetaError::Io)?.len();
-    if header.footer_offset < HEADER_BYTES as u64 || header.footer_offset > len {
-        return Err(MetaError::Format(riptide_segment::Error::Footer(format!(
-            "footer offset {} outside [256, {len}]",
-            header.footer_offset
-        ))));
-    }
-    // The footer is at most the file (checked above) and at most what the header's counts allow
-    // (the format's maxima: a damaged footer offset must not make us read most of a file into
-    // memory), and read only once the header names it.
-    let footer_len = len - header.footer_offset;
-    let bound = riptide_segment::max_footer_bytes(&header);
-    if footer_len > bound {
-        return Err(MetaError::Format(riptide_segment::Error::Footer(format!(
-            "footer of {footer_len} bytes at {}: the header's counts allow at most {bound}",
-            header.footer_offset
-        ))));
-    }
-    let mut footer = Vec::new();
-    let mut f = file;
-    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(header.footer_offset))
-        .map_err(MetaError::Io)?;
-    f.take(len - header.footer_offset)
-        .read_to_end(&mut footer)
-        .map_err(MetaError::Io)?;
-    SegmentMeta::from_parts(&head, footer).map_err(MetaError::Format)
 }
 
 /// The current sealed segments, ascending by index.
@@ -236,6 +201,13 @@ impl SealedSegments {
     /// Scans `dir` (`DIR/segments`, created if missing) for `*.jss` files and verifies each:
     /// a file that fails is logged and counted, not served. `tmp/` is not looked at.
     pub fn scan(dir: &Path) -> std::io::Result<SealedSegments> {
+        let s = SealedSegments::scan_except(dir, &[])?;
+        tracing::info!(dir = %dir.display(), segments = s.snapshot().len(), rejected = s.rejected.load(Relaxed), "archive: sealed segments scanned");
+        Ok(s)
+    }
+
+    /// [`SealedSegments::scan`] of the files not in `except`.
+    fn scan_except(dir: &Path, except: &[PathBuf]) -> std::io::Result<SealedSegments> {
         std::fs::create_dir_all(dir)?;
         let s = SealedSegments {
             dir: Some(dir.to_owned()),
@@ -244,7 +216,10 @@ impl SealedSegments {
         let mut found = Vec::new();
         for e in std::fs::read_dir(dir)? {
             let path = e?.path();
-            if path.extension().is_none_or(|x| x != "jss") || !path.is_file() {
+            if path.extension().is_none_or(|x| x != "jss")
+                || !path.is_file()
+                || except.contains(&path)
+            {
                 continue;
             }
             match SealedSegment::open(&path) {
@@ -253,9 +228,28 @@ impl SealedSegments {
             }
         }
         found.sort_by_key(|s| s.index);
-        let n = found.len();
         *s.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(found);
-        tracing::info!(dir = %dir.display(), segments = n, rejected = s.rejected.load(Relaxed), "archive: sealed segments scanned");
+        Ok(s)
+    }
+
+    /// At start: the store's sealed segments (`named`, its catalog's files, in order), then any
+    /// other `*.jss` file in `dir` (copied in: `riptide corpus segments`, a Jetstream file),
+    /// which the store does not read but the archive serves as a scan did. Each is verified; a
+    /// file that fails, or a named one that is missing, is logged and counted, not served.
+    pub fn start(dir: &Path, named: &[PathBuf]) -> std::io::Result<SealedSegments> {
+        let s = SealedSegments::scan_except(dir, named)?;
+        let copied = s.snapshot().len();
+        for path in named {
+            // `add` logs and counts a refusal.
+            let _ = s.add(path);
+        }
+        tracing::info!(
+            dir = %dir.display(),
+            sealed = named.len(),
+            copied_in = copied,
+            rejected = s.rejected.load(Relaxed),
+            "archive: the store's sealed segments and files copied in"
+        );
         Ok(s)
     }
 
@@ -820,7 +814,7 @@ fn open_current(
         tracing::error!(path = %seg.path.display(), error = %e, "archive: open failed");
         internal("failed to open segment")
     })?;
-    let header = read_header(&file).map_err(|_| {
+    let header = read_header(&file).ok_or_else(|| {
         tracing::error!(path = %seg.path.display(), "archive: header unreadable");
         internal("failed to read segment header")
     })?;

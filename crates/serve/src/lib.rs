@@ -128,6 +128,50 @@ pub async fn retention_loop(
     }
 }
 
+/// Seals the store's row blocks into segment files whenever they reach `--segment-bytes`
+/// (`riptide_store::Store::seal_segments`, on the blocking pool: never the ingest thread), and
+/// hands each file sealed to the archive (`SealedSegments::add`), checked every `every` (a load
+/// of an atomic). A failed seal is logged and counted (`riptide_seal_failures_total`), and tried
+/// again a minute later: nothing was removed from the store (the store's module `seal`).
+pub async fn seal_loop(
+    log: std::sync::Arc<Log>,
+    archive: std::sync::Arc<archive::SealedSegments>,
+    metrics: std::sync::Arc<Metrics>,
+    every: std::time::Duration,
+) {
+    loop {
+        let mut wait = every;
+        if log.store().seal_due() {
+            let (l, a, m) = (log.clone(), archive.clone(), metrics.clone());
+            match tokio::task::spawn_blocking(move || seal_pass(&l, &a, &m)).await {
+                Ok(true) => {}
+                Ok(false) => wait = every * 60,
+                Err(e) => tracing::error!(error = %e, "seal task failed"),
+            }
+        }
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// One round of sealing (blocking I/O); false when it failed.
+fn seal_pass(log: &Log, archive: &archive::SealedSegments, metrics: &Metrics) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    let store = log.store();
+    let sealed = store.seal_segments();
+    let ok = sealed.is_ok();
+    let entries = sealed.unwrap_or_else(|e| {
+        metrics.seal_failures.fetch_add(1, Relaxed);
+        tracing::error!(error = %e, "sealing a segment failed (nothing was removed from the store; tried again in a minute)");
+        Vec::new()
+    });
+    for e in entries {
+        metrics.segments_sealed.fetch_add(1, Relaxed);
+        // A refusal is logged and counted by the archive (`riptide_archive_segments_rejected_total`).
+        let _ = archive.add(&store.segment_path(&e));
+    }
+    ok
+}
+
 /// One retention pass (blocking I/O): expire what left the window, then publish the floor and the
 /// store's size on disk.
 fn retention_pass(log: &Log, metrics: &Metrics, retention: std::time::Duration) {

@@ -512,6 +512,10 @@ pub struct Metrics {
     pub retention_deleted: AtomicU64,
     /// The retention floor: the oldest seq served.
     pub retention_floor: AtomicU64,
+    /// Segment files the store sealed since start (`--segment-bytes`).
+    pub segments_sealed: AtomicU64,
+    /// Seals that failed (logged; tried again).
+    pub seal_failures: AtomicU64,
     /// Bytes of the store's segment files and journals (updated by each retention pass).
     pub store_bytes: AtomicU64,
     /// Segment files of the store's log partitions (updated by each retention pass).
@@ -845,6 +849,18 @@ impl Metrics {
             "counter",
             "Events expired by retention (below the floor; their disk space is reclaimed a segment file at a time).",
             c(&self.retention_deleted),
+        );
+        one(
+            "riptide_segments_sealed_total",
+            "counter",
+            "Segment files the store sealed from its row blocks since start (--segment-bytes).",
+            c(&self.segments_sealed),
+        );
+        one(
+            "riptide_seal_failures_total",
+            "counter",
+            "Seals of a segment that failed (logged; nothing removed from the store; tried again).",
+            c(&self.seal_failures),
         );
         for (name, help, v) in [
             (

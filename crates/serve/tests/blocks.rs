@@ -28,6 +28,7 @@ const SMALL: StoreOptions = StoreOptions {
     block_events: 16,
     block_bytes: 1 << 20,
     block_cache: 2,
+    segment_bytes: None,
 };
 
 fn dictionary(name: &str) -> Dictionary {
@@ -314,4 +315,166 @@ async fn readers_behind_the_tail_share_each_decompressed_block() {
             "reader {i}"
         );
     }
+}
+
+/// A GET over HTTP/1.0: the status and the JSON body.
+async fn get_json(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    let (head, json) = body.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap();
+    (status, serde_json::from_str(json).unwrap())
+}
+
+/// `serve --segment-bytes` (issue 38, "Sealing"): the capture ingested into a store that seals
+/// a segment every few blocks, the server's own seal loop sealing them and handing each file to
+/// the archive; replays from cursor 0 on both wires, from disk (segments, blocks and unsealed
+/// events) and after a reopen, are byte for byte what ingest made, and `listSegments` lists
+/// exactly the store's segments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealed_segments_replay_byte_for_byte_and_the_archive_lists_them() {
+    use riptide_serve::archive::{Archive, ArchiveConfig, SealedSegments};
+    let sealing = StoreOptions {
+        segment_bytes: Some(4_000),
+        ..SMALL
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let Some(log) = ingest_capture_with(dir.path(), sealing).await else {
+        return;
+    };
+    let next = log.next_seq();
+    let mut tail: Vec<Event> = Vec::new();
+    let all = ReadLimit {
+        events: 1000,
+        bytes: 1 << 30,
+    };
+    log.read(1, all, &mut tail).unwrap();
+    let v1_text: Vec<Vec<u8>> = tail.iter().map(|e| e.json().to_vec()).collect();
+    let v1_zstd: Vec<Vec<u8>> = tail.iter().map(|e| e.zstd().to_vec()).collect();
+
+    let store = log.store().clone();
+    let segments = Arc::new(SealedSegments::start(&store.segments_dir(), &[]).unwrap());
+    let metrics = Arc::new(Metrics::default());
+    let sealer = tokio::spawn(riptide_serve::seal_loop(
+        log.clone(),
+        segments.clone(),
+        metrics.clone(),
+        Duration::from_millis(10),
+    ));
+    // Poll until the loop has sealed all it should and the archive holds every file.
+    let deadline = std::time::Instant::now() + T;
+    while store.seal_due()
+        || store.segment_entries().is_empty()
+        || segments.snapshot().len() != store.segment_entries().len()
+    {
+        assert!(std::time::Instant::now() < deadline, "no seal");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    sealer.abort();
+    let _ = sealer.await;
+    let entries = store.segment_entries();
+    assert!(entries.len() >= 3, "{} segments", entries.len());
+    let sealed = metrics
+        .segments_sealed
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(sealed, entries.len() as u64);
+
+    let archive = Arc::new(Archive::new(segments, ArchiveConfig::default()));
+    let config = || ServerConfig {
+        archive: Some(archive.clone()),
+        ..ServerConfig::default()
+    };
+    let (mem, mem_task) = serving(log.clone(), config()).await;
+    let (disk, disk_task) = serving(disk_only(&log, next), config()).await;
+    let v2 = "/xrpc/network.bsky.jetstream.subscribeEvents?cursor=0";
+    for addr in [mem, disk] {
+        assert_eq!(messages(addr, "/subscribe?cursor=0", 152).await, v1_text);
+        assert_eq!(
+            messages(addr, "/subscribe?cursor=0&compress=true", 152).await,
+            v1_zstd
+        );
+    }
+    assert_eq!(messages(mem, v2, 152).await, messages(disk, v2, 152).await);
+    // The archive lists the store's segments, by name and seq range.
+    let (status, listed) = get_json(disk, riptide_serve::archive::LIST_SEGMENTS).await;
+    assert_eq!(status, 200);
+    let listed: Vec<(String, u64, u64)> = listed["segments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap().to_string(),
+                s["minSeq"].as_u64().unwrap(),
+                s["maxSeq"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, u64, u64)> = entries
+        .iter()
+        .map(|e| (e.name(), e.min_seq, e.max_seq))
+        .collect();
+    assert_eq!(listed, want);
+    assert_eq!(want[0].1, 1, "sealed from the first seq");
+
+    // Reopened: the segments are the store's again, and the replay is the same.
+    drop((log, store, archive));
+    for t in [mem_task, disk_task] {
+        t.abort();
+        let _ = t.await;
+    }
+    let dict = dictionary("legacy_subscribe.zdict");
+    let (store, resume) = common::reopen(dir.path(), dict.id(), sealing).await;
+    assert_eq!(resume.next_seq, next);
+    assert_eq!(store.segment_entries(), entries);
+    let c = store.check().unwrap();
+    assert!(
+        c.damaged.is_empty() && c.segments == entries.len() as u64,
+        "{c:?}"
+    );
+    assert_eq!(c.events + c.unsealed, 152, "{c:?}");
+    let reopened = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
+    let again = serve(disk_only(&reopened, next)).await;
+    assert_eq!(messages(again, "/subscribe?cursor=0", 152).await, v1_text);
+
+    let named: Vec<_> = entries
+        .iter()
+        .map(|e| reopened.store().segment_path(e))
+        .collect();
+    let segments = SealedSegments::start(&reopened.store().segments_dir(), &named).unwrap();
+    assert_eq!(segments.snapshot().len(), entries.len());
+    let archive = Arc::new(Archive::new(Arc::new(segments), ArchiveConfig::default()));
+    let config = ServerConfig {
+        archive: Some(archive),
+        ..ServerConfig::default()
+    };
+    let again = serve_with(disk_only(&reopened, next), config).await;
+    // Retention past every event moves only the live floor, to the newest segment's first seq:
+    // below it subscribeEvents says to plan from the archive, which reaches the floor.
+    let newest = entries.last().unwrap();
+    let x = reopened
+        .store()
+        .expire(i64::MAX, Duration::from_secs(1))
+        .unwrap();
+    assert_eq!(x.floor, newest.min_seq);
+    let (status, e) = get_json(
+        again,
+        "/xrpc/network.bsky.jetstream.subscribeEvents?cursor=1",
+    )
+    .await;
+    assert_eq!(
+        (status, e["error"].as_str()),
+        (400, Some("CursorTooOld")),
+        "{e}"
+    );
+    let m = e["message"].as_str().unwrap();
+    assert!(
+        m.contains("plan from the archive first") && m.contains(&newest.min_seq.to_string()),
+        "{m}"
+    );
 }

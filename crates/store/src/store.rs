@@ -173,6 +173,14 @@
 //! did (`bench/results/2026-11-22-vm/serve-5.md` for the old figures). A much longer window or a
 //! much faster network would need segments merged once (not yet done).
 //!
+//! **Sealed segments** (issue 38, module `seal`). With [`StoreOptions::segment_bytes`] (`serve
+//! --segment-bytes`), the row blocks above the newest segment move into a `.jss` file under
+//! `DIR/segments/` once they hold that many bytes ([`Store::seal_segments`], on a background
+//! thread), named by the `segments` catalog; reads find old seqs there. Such a store deletes
+//! nothing by age: [`Store::expire`] only moves the floor, which is the *live floor*
+//! (`Catalog::live_floor`: never above the newest segment's first seq), and runs no
+//! time-to-live on `blocks` (a block leaves it when it is sealed).
+//!
 //! **Older layouts.** A data directory written by layout 1 (leveled partitions, deletes by
 //! tombstone) or layout 2 (one `events` value per event, both forms) is refused with
 //! [`StoreError::OldLayout`], which says what to do: `riptide serve --migrate-store` rewrites a
@@ -199,6 +207,9 @@ use riptide_segment::{compress as compress_block, encode_block, Row};
 
 use crate::event::{CorruptEvent, Event, Text, Utf8Text};
 use crate::ReadLimit;
+
+mod seal;
+pub use seal::{read_segment_meta, SealPoint};
 
 /// Most files the store keeps open (fjall's descriptor cache; its default is 900). Kept small
 /// and fixed so the connection budget can leave room for it (`limits.rs`): a store that cannot
@@ -275,6 +286,30 @@ pub enum StoreError {
         /// The key, lossily as text.
         key: String,
     },
+    /// Sealing live blocks into a segment file, or reading one back, failed on a file
+    /// (`seal`: `docs/archive.md`, "Sealing"). Nothing was removed from `blocks`.
+    #[error("segment file {path}: {source}")]
+    SegmentIo {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A segment file does not verify (at open, adopting a file renamed before its entry, or
+    /// writing one).
+    #[error("segment file {path}: {source}")]
+    Segment {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong.
+        source: riptide_segment::Error,
+    },
+    /// The `segments` catalog could not be read.
+    #[error(transparent)]
+    Catalog(#[from] crate::catalog::CatalogError),
+    /// A test's seal crash point was reached ([`Store::seal_crash_at`]).
+    #[error("sealing stopped at {0:?} (test crash point)")]
+    SealCrashed(SealPoint),
     /// The data directory was written with another zstd dictionary.
     #[error("the data directory holds events compressed with zstd dictionary {stored}, but the server was started with {given} (0 = none); use the same --zstd-dictionary or a new --data directory")]
     DictionaryMismatch {
@@ -352,6 +387,10 @@ pub struct StoreOptions {
     /// Decompressed blocks kept for reads (module docs): at most this many times `block_bytes`
     /// of memory, shared by every reader.
     pub block_cache: usize,
+    /// Seal the row blocks into a `.jss` segment file once they hold this many bytes
+    /// (`serve --segment-bytes`; [`Store::seal_segments`], module `seal`). `None`: this store
+    /// never seals segments (tools, the Kafka follower) and retention works as before.
+    pub segment_bytes: Option<u64>,
 }
 
 impl Default for StoreOptions {
@@ -360,6 +399,7 @@ impl Default for StoreOptions {
             block_events: 4096,
             block_bytes: 4 << 20,
             block_cache: 8,
+            segment_bytes: None,
         }
     }
 }
@@ -563,6 +603,14 @@ pub struct Store<T = Utf8Text> {
     /// The acknowledged high-water mark's file (module docs, "Journal").
     acked: Arc<Acked>,
     options: StoreOptions,
+    /// The sealed segment files reads find old seqs in (module `seal`), by first seq.
+    segments: Arc<std::sync::RwLock<seal::Files>>,
+    /// The `segments` partition: which files are sealed.
+    catalog: crate::catalog::Catalog,
+    /// Held by a sealer for the whole of a seal (one at a time), with the tests' crash hook.
+    sealing: Arc<Mutex<seal::Sealing>>,
+    /// Bytes of the row blocks in `blocks` above the newest segment (what the next seals take).
+    live_row_bytes: Arc<AtomicU64>,
     /// Tombstones, pruning and the compaction thread (`crate::folding`); before `_lock`, so that
     /// the thread is joined before the directory is released.
     pub(crate) folding: Arc<crate::folding::Folding>,
@@ -602,7 +650,12 @@ pub struct Checked {
     /// Of them, row blocks (layout 5, module docs "Row blocks"), each frame decoded and every
     /// row rendered.
     pub row_blocks: u64,
-    /// Events in the blocks that read whole.
+    /// Sealed segment files (module `seal`), every block of each decoded and rendered as a
+    /// row block is; their blocks are not counted in `blocks`.
+    pub segments: u64,
+    /// Blocks in those files.
+    pub segment_blocks: u64,
+    /// Events in the blocks (and segment blocks) that read whole.
     pub events: u64,
     /// The blocks that did not.
     pub damaged: Vec<DamagedBlock>,
@@ -986,6 +1039,15 @@ fn seal<T: Text>(
     Ok(out)
 }
 
+/// A sealed block value's bytes if it is a row block (what a segment takes), else 0.
+fn row_block_bytes(v: &[u8]) -> u64 {
+    if v.first() == Some(&BLOCK_FORMAT_ROWS) {
+        v.len() as u64
+    } else {
+        0
+    }
+}
+
 /// A block value's header, checked.
 #[derive(Clone, Copy, Debug)]
 struct BlockHeader {
@@ -1288,6 +1350,7 @@ impl<T: Text> Store<T> {
         } = Self::partitions(&ks).map_err(fj)?;
         let floor = meta.get(FLOOR).map_err(fj)?.map_or(0, |v| be64(&v));
         let (acked, said) = Acked::open(dir);
+        let ks_catalog = ks.clone();
         let folding = Arc::new(crate::folding::Folding::open(&ks, dir)?);
         let store = Store {
             path,
@@ -1313,6 +1376,10 @@ impl<T: Text> Store<T> {
             integrity: Arc::default(),
             acked: Arc::new(acked),
             options,
+            segments: Arc::default(),
+            catalog: crate::catalog::Catalog::open(&ks_catalog)?,
+            sealing: Arc::default(),
+            live_row_bytes: Arc::default(),
             folding,
             _lock: Arc::new(dir_lock),
         };
@@ -1344,19 +1411,27 @@ impl<T: Text> Store<T> {
             last_time_us: get(LAST_TIME)?.map_or(0, |v| be64(&v) as i64),
             upstream_cursor: get(UPSTREAM)?.map(|v| be64(&v)),
         };
+        // The segment files first (a seal cut short is finished or undone: module `seal`).
+        let sealed_through = store.open_segments()?;
+        if let Some((max_seq, max_time)) = sealed_through {
+            store.sealed_end.store(max_seq + 1, Relaxed);
+            resume.next_seq = resume.next_seq.max(max_seq + 1);
+            resume.last_time_us = resume.last_time_us.max(max_time);
+        }
         // Where the blocks end, and the unsealed events (module docs).
         // A last block whose header is damaged: where it ends is found below.
         let mut damaged_last = None;
         if let Some((k, v)) = store.blocks.last_key_value().map_err(|e| store.err(e))? {
             match block_header(be64(&k), &v) {
                 Ok(h) => {
-                    store.sealed_end.store(h.first + h.count, Relaxed);
+                    // (A JSON block left below the segments does not end the sealed seqs.)
+                    store.sealed_end.fetch_max(h.first + h.count, Relaxed);
                     // Belt and braces: never restart below an event that is on disk.
                     resume.next_seq = resume.next_seq.max(h.first + h.count);
                     resume.last_time_us = resume.last_time_us.max(h.last_time);
                 }
                 Err(StoreError::CorruptBlock { first, what }) => {
-                    store.sealed_end.store(first + 1, Relaxed);
+                    store.sealed_end.fetch_max(first + 1, Relaxed);
                     damaged_last = Some((first, what));
                 }
                 Err(e) => return Err(e),
@@ -1467,7 +1542,9 @@ impl<T: Text> Store<T> {
         resume.last_time_us = resume.last_time_us.max(acked_time);
         let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
         let mut p = lock(&self.pending);
+        let mut row_bytes = 0;
         for (first, v) in seal(&p.events, p.decoded_rows().as_deref(), self.options)? {
+            row_bytes += row_block_bytes(&v);
             b.insert(&self.blocks, first.to_be_bytes(), v);
         }
         for e in &p.events {
@@ -1484,6 +1561,7 @@ impl<T: Text> Store<T> {
             (resume.last_time_us as u64).to_be_bytes(),
         );
         b.commit().map_err(|e| self.err(e))?;
+        self.live_row_bytes.fetch_add(row_bytes, Relaxed);
         if let Some(last) = p.events.last() {
             self.sealed_end.store(last.seq() + 1, Relaxed);
         }
@@ -1506,19 +1584,8 @@ impl<T: Text> Store<T> {
                 Some(&(BLOCK_FORMAT | BLOCK_FORMAT_ROWS))
             ));
             c.row_blocks += u64::from(v.first() == Some(&BLOCK_FORMAT_ROWS));
-            let opened = block_header(key, &v).and_then(|h| {
-                let b = open_block(&h, &v, Vec::new())?;
-                for i in 0..b.starts.len() {
-                    let raw = Bytes::copy_from_slice(b.value(i));
-                    Event::<T>::decode(b.first + i as u64, raw).map_err(|_| {
-                        StoreError::CorruptBlock {
-                            first: key,
-                            what: "event",
-                        }
-                    })?;
-                }
-                Ok(b.count())
-            });
+            let opened = block_header(key, &v)
+                .and_then(|h| Self::check_events(&open_block(&h, &v, Vec::new())?));
             match opened {
                 Ok(events) => c.events += events,
                 Err(StoreError::CorruptBlock { first, what }) => {
@@ -1527,12 +1594,37 @@ impl<T: Text> Store<T> {
                 Err(e) => return Err(e),
             }
         }
+        for (blocks, opened) in self.check_segments() {
+            c.segments += 1;
+            c.segment_blocks += blocks;
+            for o in opened {
+                match o {
+                    Ok(events) => c.events += events,
+                    Err(StoreError::CorruptBlock { first, what }) => {
+                        self.note_damaged(first, what);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
         c.damaged = self.damaged_blocks();
         c.unsealed = lock(&self.pending).events.len() as u64;
         c.damaged_unsealed = lock(&self.damaged_unsealed).clone();
         c.journal_lost_at_open = self.integrity.journal_lost.load(Relaxed);
         c.lost = self.lost_ranges()?;
         Ok(c)
+    }
+
+    /// Every stored event of a block decodes: its number, or the block is corrupt.
+    fn check_events(b: &Block) -> Result<u64, StoreError> {
+        for i in 0..b.starts.len() {
+            let raw = Bytes::copy_from_slice(b.value(i));
+            Event::<T>::decode(b.first + i as u64, raw).map_err(|_| StoreError::CorruptBlock {
+                first: b.first,
+                what: "event",
+            })?;
+        }
+        Ok(b.count())
     }
 
     /// Removes what [`Self::check`] finds damaged — the damaged blocks and unsealed values — and
@@ -1876,6 +1968,8 @@ impl<T: Text> Store<T> {
             (sealing.then(|| (p.events.clone(), rows)), p.rows_stored)
         };
         let mut sealed_end = None;
+        // Bytes of the row blocks this batch seals (what the next segment takes: module `seal`).
+        let mut row_bytes = 0;
         // Events past the last whole row block, left unsealed (module docs, "Row blocks").
         let mut left: Option<(Vec<Event<T>>, Vec<Bytes>)> = None;
         if let Some((unsealed, all_rows)) = unsealed {
@@ -1894,6 +1988,7 @@ impl<T: Text> Store<T> {
                 decoded.as_ref().map(|d| &d[..split]),
                 self.options,
             )? {
+                row_bytes += row_block_bytes(&v);
                 b.insert(&self.blocks, first.to_be_bytes(), v);
             }
             for e in unsealed.iter().take(split) {
@@ -1954,6 +2049,7 @@ impl<T: Text> Store<T> {
         }
         b.commit().map_err(|e| self.err(e))?;
         self.acked.record(resume.next_seq, resume.last_time_us);
+        self.live_row_bytes.fetch_add(row_bytes, Relaxed);
         // Durable: now the in-memory view follows.
         let mut p = lock(&self.pending);
         match sealed_end {
@@ -2117,8 +2213,11 @@ impl<T: Text> Store<T> {
             Some(Ok((k, _))) => be64(&k),
             Some(Err(_)) => first + 1,
             None => sealed_end,
-        }
-        .max(first + 1);
+        };
+        let end = self
+            .next_segment_block(first)
+            .map_or(end, |s| s.min(end))
+            .max(first + 1);
         let b = DamagedBlock { first, end, what };
         let mut d = lock(&self.damaged);
         if d.insert(first, b).is_none() {
@@ -2193,18 +2292,29 @@ impl<T: Text> Store<T> {
             }
             None => None,
         };
-        let (h, v) = match found {
-            Some(hv) => hv,
+        let found = match found {
+            Some(hv) => Some(hv),
             None => match self.blocks.range(key..).next() {
                 Some(kv) => {
                     let (k, v) = kv.map_err(|e| self.err(e))?;
-                    (block_header(be64(&k), &v)?, v)
+                    Some((block_header(be64(&k), &v)?, v))
                 }
-                None => return Ok(None),
+                None => None,
             },
         };
+        // A sealed file's block (module `seal`), looked up after `blocks`: a seal adds its file
+        // to the index before its blocks leave `blocks`, so a block is always in one of them.
+        let in_file = self.segment_block(seq).filter(|s| {
+            found
+                .as_ref()
+                .is_none_or(|(h, _)| h.first > seq && (s.holds(seq) || s.first() < h.first))
+        });
         let spare = std::mem::take(&mut *lock(&self.spare));
-        let block = Arc::new(open_block(&h, &v, spare)?);
+        let block = match (in_file, found) {
+            (Some(s), _) => Arc::new(self.open_segment_block(&s, spare)?),
+            (None, Some((h, v))) => Arc::new(open_block(&h, &v, spare)?),
+            (None, None) => return Ok(None),
+        };
         self.cache_stats.loads.fetch_add(1, Relaxed);
         let mut c = lock(&self.cache);
         // Another reader may have loaded the same block meanwhile: keep one copy.
@@ -2444,8 +2554,15 @@ impl<T: Text> Store<T> {
             Some(seq) => seq,
             None => self.end().unwrap_or(old),
         };
-        let floor = next.max(old);
-        if floor > old {
+        // A sealing store deletes nothing (module `seal`): the floor is the live floor, never
+        // above the newest segment's first seq, and it may come down to it.
+        let sealing = self.options.segment_bytes.is_some();
+        let floor = if sealing {
+            self.catalog.live_floor(next.max(old))?
+        } else {
+            next.max(old)
+        };
+        if floor != old {
             self.meta
                 .insert(FLOOR, floor.to_be_bytes())
                 .map_err(|e| self.err(e))?;
@@ -2454,7 +2571,14 @@ impl<T: Text> Store<T> {
         // FIFO's time-to-live counts whole seconds and is off at 0: round up, at least 1 s.
         let ttl = window.as_secs() + u64::from(window.subsec_nanos() > 0);
         let drop_old = Arc::new(Fifo::new(u64::MAX, Some(ttl.max(1))));
-        for p in [&self.blocks, &self.times] {
+        // A sealing store's blocks leave `blocks` when sealed, never by age: one not yet sealed
+        // must reach its segment.
+        let logs: &[&PartitionHandle] = if sealing {
+            &[&self.times]
+        } else {
+            &[&self.blocks, &self.times]
+        };
+        for p in logs {
             // Threshold 0: the strategy only drops whole files; should it merge (segments that
             // overlap, which this layout never makes) it keeps every version.
             p.tree
@@ -2809,6 +2933,7 @@ mod tests {
             block_events,
             block_bytes: 1 << 20,
             block_cache,
+            segment_bytes: None,
         }
     }
 
@@ -2992,6 +3117,7 @@ mod tests {
             block_events: 100,
             block_bytes: one * 3,
             block_cache: 2,
+            segment_bytes: None,
         };
         let s = filled(dir.path(), small, 10);
         assert_eq!(s.sealed_end.load(Relaxed), 11);

@@ -22,6 +22,7 @@ pub const SMALL: StoreOptions = StoreOptions {
     block_events: 16,
     block_bytes: 1 << 20,
     block_cache: 2,
+    segment_bytes: None,
 };
 
 /// Event `i` (seq and `time_us` both `i`): a commit by `did:plc:a` in `a.b.c` with this JSON,

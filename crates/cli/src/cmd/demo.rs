@@ -260,6 +260,7 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         no_resync: true,
         data: root.join("data"),
         retention: Duration::from_secs(3600),
+        segment_bytes: 256 << 20,
         listen: args.listen,
         metrics_listen: None,
         zstd_dictionary: None,

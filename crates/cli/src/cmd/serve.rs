@@ -112,6 +112,14 @@ pub struct Args {
     /// How long events are kept for replay (e.g. 24h, 90m, 2d).
     #[arg(long, value_name = "DUR", default_value = "24h", value_parser = parse_nonzero_duration)]
     pub retention: Duration,
+    /// Seal the store's row blocks into a segment file of Jetstream v2's archive
+    /// (DATA/segments/seg_XXXXXXXXXX.jss) once they hold this many bytes (default 256 MiB, as
+    /// Jetstream). Sealed events stay replayable on both wires and are served by the archive
+    /// endpoints; the store then deletes nothing, and --retention only sets the live floor (the
+    /// oldest cursor served live; never above the newest segment's first seq). Not used with
+    /// --from (an edge node's store holds no rows).
+    #[arg(long, value_name = "BYTES", default_value_t = 256 << 20, value_parser = parse_positive_u64)]
+    pub segment_bytes: u64,
     /// Listen address.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6008", value_parser = super::parse_listen)]
     pub listen: SocketAddr,
@@ -506,7 +514,13 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
             "store migrated (--migrate-store)"
         );
     }
-    let (store, mut resume) = Store::open(&args.data, dict.as_ref().map_or(0, Dictionary::id))?;
+    // An edge node (--from) stores JSON without rows: nothing it holds can be sealed.
+    let options = riptide_serve::StoreOptions {
+        segment_bytes: args.from.is_none().then_some(args.segment_bytes),
+        ..Default::default()
+    };
+    let (store, mut resume) =
+        Store::open_with(&args.data, dict.as_ref().map_or(0, Dictionary::id), options)?;
     if args.reset_upstream_cursor {
         store.set_upstream_cursor(None)?;
         tracing::warn!(
@@ -541,8 +555,15 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         None => None,
     };
     let log = Arc::new(Log::new(store, resume.next_seq, TailLimits::default()));
-    // The archive: sealed segments under DATA/segments/, verified at start (`archive.rs`).
-    let sealed = riptide_serve::archive::SealedSegments::scan(&args.data.join("segments"))
+    // The archive: the store's sealed segments, as its catalog names them, and any file copied
+    // into DATA/segments/, verified at start (`archive.rs`); then each segment the store seals.
+    let named: Vec<_> = log
+        .store()
+        .segment_entries()
+        .iter()
+        .map(|e| log.store().segment_path(e))
+        .collect();
+    let sealed = riptide_serve::archive::SealedSegments::start(&log.store().segments_dir(), &named)
         .with_context(|| format!("scanning {}", args.data.join("segments").display()))?;
     let sealed = Arc::new(sealed);
     // Folding (issue 38): the store's compaction thread; each file it rewrites is read again
@@ -565,6 +586,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
             ..Default::default()
         },
     ));
+    let archived = archive.segments().clone();
     // What the status page says the server ingests from.
     let mut sources = match (&args.from, &args.ingest_file) {
         (Some(url), _) => vec![format!("{url} (edge)")],
@@ -728,6 +750,12 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
         };
         ingest_done
     };
+    tokio::spawn(riptide_serve::seal_loop(
+        log.clone(),
+        archived,
+        metrics.clone(),
+        Duration::from_secs(1),
+    ));
     tokio::spawn(riptide_serve::retention_loop(
         log.clone(),
         metrics.clone(),
