@@ -648,8 +648,9 @@ fn ingest_nodes_killed_again_and_again_lose_and_duplicate_nothing() {
 /// One copy of the data on every node (issue 38): the ingest node publishes each event's `.jss`
 /// row beside its JSON (`riptide-row`), so an edge's store seals row blocks as the ingest node's
 /// does — the blocks archive segments are sealed from — not JSON blocks; restarted (its
-/// in-memory tail empty), the edge replays from those rows byte for byte what the ingest node
-/// serves, on both wires.
+/// in-memory tail empty) with a tiny `--segment-bytes`, it seals them into the archive's
+/// segment files and replays from those files byte for byte what the ingest node serves, on
+/// both wires.
 #[test]
 fn an_edge_seals_the_ingest_nodes_rows_and_replays_them_byte_for_byte() {
     if !enabled() {
@@ -684,7 +685,36 @@ fn an_edge_seals_the_ingest_nodes_rows_and_replays_them_byte_for_byte() {
         blocks >= 1 && rows == blocks,
         "the edge sealed JSON blocks: {c}"
     );
-    let (_e, edge_addr) = edge(&edge_dir, &url);
+    // Restarted with a tiny --segment-bytes, the edge seals those row blocks into archive
+    // segments at once, and its replays below read them from the segment files.
+    let (_e, edge_addr) = common::spawn_serve(common::serve_command(&edge_dir).args([
+        "--from",
+        &url,
+        "--segment-bytes",
+        "1",
+    ]));
+    let deadline = Instant::now() + PATIENCE;
+    let sealed = loop {
+        let (_, body) = get(
+            &edge_addr,
+            "/xrpc/network.bsky.jetstream.listSegments?limit=1000",
+        )
+        .unwrap();
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let max = v["segments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|s| s["maxSeq"].as_u64())
+            .max()
+            .unwrap_or(0);
+        if max >= 4096 {
+            break max;
+        }
+        assert!(Instant::now() < deadline, "the edge sealed no segment: {v}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(sealed % 4096, 0, "segments hold whole blocks");
     let rt = rt();
     let want = rt.block_on(v1_all_from(&ingest_addr, 0));
     assert!(want.len() > 4096);

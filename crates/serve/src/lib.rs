@@ -164,10 +164,16 @@ fn seal_pass(log: &Log, archive: &archive::SealedSegments, metrics: &Metrics) ->
         tracing::error!(error = %e, "sealing a segment failed (nothing was removed from the store; tried again in a minute)");
         Vec::new()
     });
+    let sealed_any = !entries.is_empty();
     for e in entries {
         metrics.segments_sealed.fetch_add(1, Relaxed);
         // A refusal is logged and counted by the archive (`riptide_archive_segments_rejected_total`).
         let _ = archive.add(&store.segment_path(&e));
+    }
+    if sealed_any {
+        // Folding after each seal, as Jetstream's compaction does, once a compaction thread runs
+        // (not yet in `riptide serve`: docs/archive.md, "Folding"); nothing without one.
+        store.request_compaction();
     }
     ok
 }

@@ -93,6 +93,7 @@ fn opts() -> StoreOptions {
         block_events: 200,
         block_bytes: 4 << 20,
         block_cache: 2,
+        ..StoreOptions::default()
     }
 }
 
