@@ -30,6 +30,7 @@ const SMALL: StoreOptions = StoreOptions {
     block_events: 4,
     block_bytes: 1 << 20,
     block_cache: 2,
+    segment_bytes: None,
 };
 
 /// The first `n` creates of the capture, as rows.
