@@ -473,6 +473,16 @@ fn sync_events_are_served_on_v2_only() {
     let v1_seqs: Vec<u64> = v1.iter().map(|e| e["cursor"].as_u64().unwrap()).collect();
     assert!(v1_seqs.iter().all(|s| !sync_seqs.contains(s)));
     assert_eq!(v1_seqs.len() + sync_seqs.len(), stored);
+    // Each #sync the v1 subscriber stepped over is counted, as Jetstream counts it.
+    let passed = sync_seqs
+        .iter()
+        .filter(|&&s| s < v1_seqs[v1_seqs.len() - 1])
+        .count() as f64;
+    let skipped = metric(&addr, "riptide_v1_events_skipped_total{reason=\"sync\"}");
+    assert!(
+        passed >= 1.0 && skipped >= passed && skipped <= sync_seqs.len() as f64,
+        "{skipped} #sync skips counted, {passed} passed by the v1 subscriber"
+    );
     let only = rt.block_on(v2_frames(&addr, "cursor=0&kinds=sync", syncs.len(), None));
     assert_eq!(
         payloads(&only)

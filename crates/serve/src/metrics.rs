@@ -489,6 +489,8 @@ pub struct Metrics {
     /// sends them (protocol §4.1), one per subscriber and record:
     /// `riptide_v1_events_skipped_total{reason="resync_replacement"}`.
     pub v1_skipped_replacement: AtomicU64,
+    /// `riptide_v1_events_skipped_total{reason="sync"}`.
+    pub v1_skipped_sync: AtomicU64,
     /// Events not sent: their stored JSON is not UTF-8 (or, on `subscribeEvents`, lacks the v1
     /// prefix a frame is made from). Never expected: what ingest writes always is.
     pub events_unsendable: AtomicU64,
@@ -808,11 +810,16 @@ impl Metrics {
             "Events not sent: over maxMessageSizeBytes.",
             c(&self.events_oversize),
         );
-        let _ = writeln!(lab, "# HELP riptide_v1_events_skipped_total Events /subscribe (v1) never sends, one per subscriber and event, by reason (resync_replacement: a replacement row's record, sent on subscribeEvents only).\n# TYPE riptide_v1_events_skipped_total counter");
+        let _ = writeln!(lab, "# HELP riptide_v1_events_skipped_total Events /subscribe (v1) never sends, one per subscriber and event, by reason (resync_replacement: a replacement row's record; sync: a #sync event; both sent on subscribeEvents only).\n# TYPE riptide_v1_events_skipped_total counter");
         let _ = writeln!(
             lab,
             "riptide_v1_events_skipped_total{{reason=\"resync_replacement\"}} {}",
             self.v1_skipped_replacement.load(Relaxed)
+        );
+        let _ = writeln!(
+            lab,
+            "riptide_v1_events_skipped_total{{reason=\"sync\"}} {}",
+            self.v1_skipped_sync.load(Relaxed)
         );
         one(
             "riptide_events_unsendable_total",

@@ -953,9 +953,12 @@ impl Frames for V1Frames<'_> {
     fn frame(&mut self, app: &App, e: &Event) -> Result<Option<(Message, usize)>, Outcome> {
         let m = &app.metrics;
         // `#sync` and a replacement's records are stored for v2 and never sent on v1 (protocol
-        // §4.1, §7 item 8); the records are counted, as Jetstream counts them.
+        // §4.1, §7 item 8); both are counted, as Jetstream counts them.
         match e.kind() {
-            riptide_jetstream::EventKind::Sync => return Ok(None),
+            riptide_jetstream::EventKind::Sync => {
+                m.v1_skipped_sync.fetch_add(1, Relaxed);
+                return Ok(None);
+            }
             riptide_jetstream::EventKind::Replacement => {
                 m.v1_skipped_replacement.fetch_add(1, Relaxed);
                 return Ok(None);
