@@ -598,3 +598,56 @@ fn the_v2_client_resumes_exactly_once_across_a_server_restart() {
     assert_eq!(seqs, (1..=EVENTS as u64).collect::<Vec<_>>());
     assert!(reconnects >= 1);
 }
+
+/// `--segment-bytes` (issue 38): with a size the server seals its row blocks into the archive's
+/// segment files; `0` turns that off (the store keeps deleting what `--retention` leaves
+/// behind, as before sealing existed). The capture 30 times over (4,560 events) fills one
+/// block of 4,096 rows.
+#[test]
+fn segment_bytes_seals_the_archive_and_zero_turns_it_off() {
+    let Some(dir) = common::capture_dir() else {
+        return;
+    };
+    let raw = std::fs::read(dir.join("firehose-frames.bin")).unwrap();
+    let frames = split_frames(&raw).unwrap();
+    let tmp = common::scratch();
+    let file = tmp.path().join("x30.bin");
+    let mut out = ((frames.len() * 30) as u32).to_be_bytes().to_vec();
+    for _ in 0..30 {
+        for f in &frames {
+            out.extend_from_slice(&(f.bytes.len() as u32).to_be_bytes());
+            out.extend_from_slice(f.bytes);
+        }
+    }
+    std::fs::write(&file, out).unwrap();
+    for (bytes, seals) in [("1", true), ("0", false)] {
+        let data = tmp.path().join(format!("data-{bytes}"));
+        let (_server, addr) = common::spawn_serve(
+            common::serve_command(&data)
+                .args(["--no-verify", "--segment-bytes", bytes, "--ingest-file"])
+                .arg(&file),
+        );
+        wait_for(&addr, "riptide_ingest_finished", 1.0);
+        if seals {
+            wait_for(&addr, "riptide_segments_sealed_total", 1.0);
+        } else {
+            // The seal loop looks every second: three of its rounds find nothing to do.
+            std::thread::sleep(std::time::Duration::from_secs(3));
+            assert_eq!(metric(&addr, "riptide_segments_sealed_total"), 0.0);
+        }
+        let files = std::fs::read_dir(data.join("segments"))
+            .map(|d| {
+                d.filter(|e| {
+                    e.as_ref()
+                        .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".jss"))
+                })
+                .count()
+            })
+            .unwrap_or(0);
+        assert_eq!(
+            files > 0,
+            seals,
+            "--segment-bytes {bytes}: {files} segment files"
+        );
+    }
+}

@@ -118,8 +118,9 @@ pub struct Args {
     /// endpoints; the store then deletes nothing, and --retention only sets the live floor (the
     /// oldest cursor served live; never above the newest segment's first seq). An edge
     /// (--from) seals the rows the ingest node publishes with its events (docs/kafka.md,
-    /// `riptide-row`), so it serves the same archive.
-    #[arg(long, value_name = "BYTES", default_value_t = 256 << 20, value_parser = parse_positive_u64)]
+    /// `riptide-row`), so it serves the same archive. 0: no archive of our own; the store
+    /// deletes what --retention leaves behind, as before sealing existed.
+    #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
     pub segment_bytes: u64,
     /// Listen address.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:6008", value_parser = super::parse_listen)]
@@ -517,7 +518,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     }
     // An edge (--from) stores the rows the ingest node publishes, so it seals as it does.
     let options = riptide_serve::StoreOptions {
-        segment_bytes: Some(args.segment_bytes),
+        segment_bytes: (args.segment_bytes > 0).then_some(args.segment_bytes),
         ..Default::default()
     };
     let (store, mut resume) =
