@@ -232,6 +232,19 @@ pub struct Record<'a> {
 }
 
 impl Verified {
+    /// Record `r` of this repository as the row it lands as over an account with no earlier
+    /// rows: a `create` at the repository's rev (the store sink's and `serve --backfill`'s).
+    pub fn create_row<'a>(&'a self, r: &Record<'a>) -> riptide_jetstream::StoredRow<'a> {
+        riptide_jetstream::StoredRow::Commit {
+            did: &self.did,
+            rev: &self.rev,
+            action: riptide_firehose::Action::Create,
+            collection: r.collection,
+            rkey: r.rkey,
+            record: Some(r.bytes),
+        }
+    }
+
     /// The records kept (all, or those of the collections asked for), in MST key order.
     pub fn records(&self) -> impl ExactSizeIterator<Item = Record<'_>> + '_ {
         self.records.iter().map(move |r| Record {

@@ -33,7 +33,6 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use riptide_firehose::chain::{check_sync, AccountState};
-use riptide_firehose::Action;
 use riptide_jetstream::replace::{replacement_row, sync_body, sync_row, ReplacementRecord};
 use riptide_jetstream::{Projector, StoredRow};
 use riptide_segment::{OwnedRow, Row};
@@ -337,14 +336,7 @@ impl Sink for StoreSink {
                             }
                         }
                     } else {
-                        StoredRow::Commit {
-                            did: &repo.did,
-                            rev: &repo.rev,
-                            action: Action::Create,
-                            collection: r.collection,
-                            rkey: r.rkey,
-                            record: Some(r.bytes),
-                        }
+                        repo.create_row(&r)
                     };
                     match self.push_row(&row, landed.replaced) {
                         Some(seq) => {
@@ -388,6 +380,7 @@ impl Sink for StoreSink {
 mod tests {
     use super::*;
     use crate::sink::tests::verified;
+    use riptide_firehose::Action;
     use riptide_jetstream::EventKind;
     use riptide_store::ReadLimit;
     use std::collections::BTreeMap;

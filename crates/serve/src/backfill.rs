@@ -43,8 +43,7 @@ use std::sync::{Arc, Mutex};
 
 use riptide_backfill::{landed_in, Landed, Progress, Sink, SinkError, Status, Verified, Written};
 use riptide_cbor::CidBuf;
-use riptide_firehose::Action;
-use riptide_jetstream::{Projector, StoredRow};
+use riptide_jetstream::Projector;
 
 use crate::ingest::{push_event, Part};
 use crate::{Store, Upstream};
@@ -195,14 +194,7 @@ impl Sink for IngestSink {
         let mut parts = Vec::new();
         let mut dropped = 0;
         for r in repo.records() {
-            let row = StoredRow::Commit {
-                did: &repo.did,
-                rev: &repo.rev,
-                action: Action::Create,
-                collection: r.collection,
-                rkey: r.rkey,
-                record: Some(r.bytes),
-            };
+            let row = repo.create_row(&r);
             match self.projector.project_row(&row) {
                 Ok(p) => push_event(&mut buf, &mut parts, p, 0, Some(row.row(0, 0))),
                 Err(_) => dropped += 1,
