@@ -293,6 +293,16 @@ impl CrawlArgs {
     }
 }
 
+impl RunArgs {
+    /// The resolver of the accounts' DID documents (--plc-url), for the fetcher.
+    fn resolver(&self) -> anyhow::Result<Resolver> {
+        Ok(Resolver::new(ResolverConfig {
+            plc_url: self.plc_url.trim_end_matches('/').to_owned(),
+            ..ResolverConfig::default()
+        })?)
+    }
+}
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum Source {
     Hosts,
@@ -480,10 +490,7 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
     let progress = Arc::new(Progress::default());
     let started = Instant::now();
     let result = rt.block_on(async {
-        let resolver = Resolver::new(ResolverConfig {
-            plc_url: a.plc_url.trim_end_matches('/').to_owned(),
-            ..ResolverConfig::default()
-        })?;
+        let resolver = a.resolver()?;
         let fetcher = a.crawl.fetcher(resolver, relay, keep, spool)?;
         let hosts = Hosts::new(limits, cfg.global);
         let shown = tokio::spawn(show_progress(progress.clone()));
@@ -586,10 +593,7 @@ fn worker(a: &RunArgs, relay: String, url: &str) -> anyhow::Result<ExitCode> {
         .context("starting the async runtime")?;
     let getter = {
         let _entered = rt.enter();
-        let resolver = Resolver::new(ResolverConfig {
-            plc_url: a.plc_url.trim_end_matches('/').to_owned(),
-            ..ResolverConfig::default()
-        })?;
+        let resolver = a.resolver()?;
         let fetcher = a
             .crawl
             .fetcher(resolver, relay.clone(), Collections::default(), spool)?;
