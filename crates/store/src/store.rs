@@ -1788,7 +1788,7 @@ impl<T: Text> Store<T> {
         resync: &[PendingChange],
         resume: &Resume,
     ) -> Result<(), StoreError> {
-        self.append_batch(events, None, accounts, resync, &[], resume)
+        self.append_all(events, None, accounts, resync, &[], resume)
     }
 
     /// [`Self::append_with_pending`], with each event's `.jss` row (`rows[i]` is `events[i]`'s,
@@ -1805,7 +1805,7 @@ impl<T: Text> Store<T> {
         resync: &[PendingChange],
         resume: &Resume,
     ) -> Result<(), StoreError> {
-        self.append_batch(events, Some(rows), accounts, resync, &[], resume)
+        self.append_all(events, Some(rows), accounts, resync, &[], resume)
     }
 
     /// Everything in the resync partition, in DID order and, per DID, upstream order: `(did,
@@ -1833,7 +1833,7 @@ impl<T: Text> Store<T> {
         accounts: &[(Box<str>, AccountState)],
         resume: &Resume,
     ) -> Result<(), StoreError> {
-        self.append_batch(events, None, accounts, &[], &[], resume)
+        self.append_all(events, None, accounts, &[], &[], resume)
     }
 
     /// [`Self::append_with_accounts`], with the backfill's progress in the same atomic, durable
@@ -1850,23 +1850,7 @@ impl<T: Text> Store<T> {
         progress: &[(Box<str>, Vec<u8>)],
         resume: &Resume,
     ) -> Result<(), StoreError> {
-        self.append_batch(events, rows, accounts, &[], progress, resume)
-    }
-
-    /// Everything one batch can carry, in one atomic, durable write: events (with their rows,
-    /// or as JSON), account states, changes to the resync partition and the backfill's
-    /// progress. Ingest's writer with `riptide serve --backfill`, where live frames, held ones
-    /// and landed repositories share a batch.
-    pub fn append_all(
-        &self,
-        events: &[Event<T>],
-        rows: Option<&[Row<'_>]>,
-        accounts: &[(Box<str>, AccountState)],
-        resync: &[PendingChange],
-        progress: &[(Box<str>, Vec<u8>)],
-        resume: &Resume,
-    ) -> Result<(), StoreError> {
-        self.append_batch(events, rows, accounts, resync, progress, resume)
+        self.append_all(events, rows, accounts, &[], progress, resume)
     }
 
     /// The backfill's progress stored under `key` ([`Self::append_with_progress`]).
@@ -1888,7 +1872,11 @@ impl<T: Text> Store<T> {
         Ok(n)
     }
 
-    fn append_batch(
+    /// Everything one batch can carry, in one atomic, durable write: events (with their rows,
+    /// or as JSON), account states, changes to the resync partition and the backfill's
+    /// progress. Ingest's writer with `riptide serve --backfill`, where live frames, held ones
+    /// and landed repositories share a batch.
+    pub fn append_all(
         &self,
         events: &[Event<T>],
         rows: Option<&[Row<'_>]>,
