@@ -416,14 +416,7 @@ impl Partition {
     fn reader(&self) -> Result<Reader, Lost> {
         self.cfg
             .url
-            .config()
-            .set("group.id", group_id(&self.cfg.url.topic))
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("isolation.level", "read_committed")
-            .set("enable.partition.eof", "true")
-            .set("auto.offset.reset", "earliest")
-            .set("fetch.wait.max.ms", "50")
+            .committed_reader(&group_id(&self.cfg.url.topic))
             .create_with_context(Quiet)
             .map_err(|e| self.lost(format!("creating a reader: {e}")))
     }
@@ -645,7 +638,7 @@ impl Partition {
                     continue;
                 }
                 records += 1;
-                send(
+                crate::send(
                     producer,
                     BaseRecord::to(&topics.rows)
                         .key(v.did.as_bytes())
@@ -663,7 +656,7 @@ impl Partition {
                 attempts: *attempts,
             };
             let json = serde_json::to_vec(&rec).unwrap_or_default();
-            send(
+            crate::send(
                 producer,
                 BaseRecord::to(&topics.failed)
                     .key(f.did.as_bytes())
@@ -678,7 +671,7 @@ impl Partition {
                 *counted = Some((records, dropped));
             }
             let json = serde_json::to_vec(&*prog).unwrap_or_default();
-            send(
+            crate::send(
                 producer,
                 BaseRecord::to(&topics.progress)
                     .partition(*p)
@@ -700,28 +693,6 @@ impl Partition {
             producer.poll(Duration::from_millis(1));
         }
         producer.commit_transaction(COMMIT_TIMEOUT)
-    }
-}
-
-/// Sends one record, serving delivery reports while librdkafka's queue is full.
-fn send(
-    producer: &BaseProducer<Quiet>,
-    mut rec: BaseRecord<'_, [u8], [u8]>,
-) -> Result<(), rdkafka::error::KafkaError> {
-    loop {
-        match producer.send(rec) {
-            Ok(()) => return Ok(()),
-            Err((
-                rdkafka::error::KafkaError::MessageProduction(
-                    rdkafka::types::RDKafkaErrorCode::QueueFull,
-                ),
-                r,
-            )) => {
-                rec = r;
-                producer.poll(Duration::from_millis(5));
-            }
-            Err((e, _)) => return Err(e),
-        }
     }
 }
 
@@ -870,7 +841,7 @@ async fn offer_hosts(
         .map_err(url.client_err("creating the work producer"))?;
     let mut added = 0;
     for h in hosts.iter().filter(|h| !known.contains(*h)) {
-        send(
+        crate::send(
             &producer,
             BaseRecord::to(&t.hosts)
                 .key(h.as_bytes())

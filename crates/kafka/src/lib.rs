@@ -39,7 +39,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
-use rdkafka::producer::{DeliveryResult, ProducerContext};
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, ProducerContext};
 use rdkafka::types::RDKafkaErrorCode;
 use riptide_throttle::{Say, Throttle};
 
@@ -282,16 +282,23 @@ impl KafkaUrl {
         c
     }
 
-    /// A read_committed consumer with no group (partitions are assigned by hand).
-    pub(crate) fn reader(&self) -> Result<Reader, KafkaError> {
-        self.config()
-            .set("group.id", "riptide-reader")
+    /// The settings of a consumer that reads only committed records, from the earliest, with
+    /// offsets stored by hand, as `group` (the edges' reader and the backfill workers').
+    pub(crate) fn committed_reader(&self, group: &str) -> ClientConfig {
+        let mut c = self.config();
+        c.set("group.id", group)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("isolation.level", "read_committed")
             .set("enable.partition.eof", "true")
             .set("auto.offset.reset", "earliest")
-            .set("fetch.wait.max.ms", "50")
+            .set("fetch.wait.max.ms", "50");
+        c
+    }
+
+    /// A read_committed consumer with no group (partitions are assigned by hand).
+    pub(crate) fn reader(&self) -> Result<Reader, KafkaError> {
+        self.committed_reader("riptide-reader")
             .create_with_context(Quiet)
             .map_err(self.client_err("creating a consumer"))
     }
@@ -443,6 +450,28 @@ impl KafkaUrl {
             .first()
             .filter(|t| t.error().is_none())
             .map_or(0, |t| t.partitions().len() as i32))
+    }
+}
+
+/// Sends one record, serving delivery reports while librdkafka's queue is full.
+pub(crate) fn send(
+    producer: &BaseProducer<Quiet>,
+    mut rec: BaseRecord<'_, [u8], [u8]>,
+) -> Result<(), rdkafka::error::KafkaError> {
+    loop {
+        match producer.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((
+                rdkafka::error::KafkaError::MessageProduction(
+                    rdkafka::types::RDKafkaErrorCode::QueueFull,
+                ),
+                r,
+            )) => {
+                rec = r;
+                producer.poll(Duration::from_millis(5));
+            }
+            Err((e, _)) => return Err(e),
+        }
     }
 }
 

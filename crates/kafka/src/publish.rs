@@ -103,22 +103,8 @@ impl KafkaPublisher {
     }
 
     /// Sends one record, serving delivery reports while librdkafka's queue is full.
-    fn send(&self, mut rec: BaseRecord<'_, [u8], [u8]>) -> Result<(), rdkafka::error::KafkaError> {
-        loop {
-            match self.producer.send(rec) {
-                Ok(()) => return Ok(()),
-                Err((
-                    rdkafka::error::KafkaError::MessageProduction(
-                        rdkafka::types::RDKafkaErrorCode::QueueFull,
-                    ),
-                    r,
-                )) => {
-                    rec = r;
-                    self.producer.poll(Duration::from_millis(5));
-                }
-                Err((e, _)) => return Err(e),
-            }
-        }
+    fn send(&self, rec: BaseRecord<'_, [u8], [u8]>) -> Result<(), rdkafka::error::KafkaError> {
+        crate::send(&self.producer, rec)
     }
 
     /// One attempt: the whole batch in one transaction.
