@@ -72,8 +72,9 @@ pub(crate) enum BackfillJob {
     Start(BackfillHold),
     /// A repository lands.
     Repo(Arc<BackfillRepo>),
-    /// No repository of this account will land: stop holding it, release its frames.
-    Settled(Box<str>),
+    /// No repository of this account will land: stop holding it, release its frames; whom to
+    /// tell once that is durable.
+    Settled(Box<str>, SyncSender<u64>),
     /// Stop holding; release what is held for the backfill.
     Over,
 }
@@ -268,9 +269,15 @@ impl Sink for IngestSink {
     }
 
     fn settled(&mut self, did: &str) -> Result<(), SinkError> {
+        // Waited for at the commit, as a landing is: a failure's status is durable only after
+        // the release of its held frames is (else a restart would reload them and, the account
+        // being done, hold them to the crawl's end).
+        let (ack, told) = sync_channel(1);
         self.tx
-            .blocking_send(Upstream::BackfillSettled(did.into()))
-            .map_err(|_| Self::gone())
+            .blocking_send(Upstream::BackfillSettled(did.into(), ack))
+            .map_err(|_| Self::gone())?;
+        self.waiting.push(told);
+        Ok(())
     }
 }
 

@@ -96,8 +96,9 @@ pub enum Upstream {
     /// A verified repository of the backfill, to land between the frames around it.
     Backfill(Arc<BackfillRepo>),
     /// No repository of this account will land in this crawl (it failed, or landed before a
-    /// restart): its held frames are verified and released.
-    BackfillSettled(Box<str>),
+    /// restart): its held frames are verified and released; the store's next seq is sent once
+    /// that is durable (the crawl's status commits after it).
+    BackfillSettled(Box<str>, std::sync::mpsc::SyncSender<u64>),
     /// The backfill is over: the frames still held for it are verified and released.
     BackfillOver,
 }
@@ -109,7 +110,7 @@ impl Upstream {
             Upstream::Frame((seq, _)) | Upstream::CursorReset(seq) => *seq,
             Upstream::BackfillStart(_)
             | Upstream::Backfill(_)
-            | Upstream::BackfillSettled(_)
+            | Upstream::BackfillSettled(..)
             | Upstream::BackfillOver => 0,
         }
     }
@@ -669,9 +670,9 @@ impl<'a> Dispatch<'a> {
                         .for_each(|w| self.job(w, BackfillJob::Start(hold.clone())));
                     continue;
                 }
-                Upstream::BackfillSettled(did) => {
+                Upstream::BackfillSettled(did, ack) => {
                     let w = owner(&did, self.jobs.len());
-                    self.job(w, BackfillJob::Settled(did));
+                    self.job(w, BackfillJob::Settled(did, ack));
                     continue;
                 }
                 Upstream::BackfillOver => {
@@ -858,9 +859,11 @@ impl Worker {
                 let r = match (job.landing, job.backfill) {
                     (Some(l), _) => self.land(&l.resynced, job.seq, &mut out),
                     (None, Some(b)) => {
-                        if let BackfillJob::Repo(r) = &b {
-                            ack = Some(r.ack.clone());
-                        }
+                        ack = match &b {
+                            BackfillJob::Repo(r) => Some(r.ack.clone()),
+                            BackfillJob::Settled(_, told) => Some(told.clone()),
+                            _ => None,
+                        };
                         self.backfill(b, job.seq, &mut out)
                     }
                     (None, None) => self.frame(job.seq, &job.bytes, Some(&job.route), &mut out),
@@ -995,7 +998,7 @@ impl Worker {
                 Ok(())
             }
             BackfillJob::Repo(r) => self.land_repo(&r, upstream_seq, out),
-            BackfillJob::Settled(did) => {
+            BackfillJob::Settled(did, _) => {
                 if let Some(f) = &self.fetching {
                     f.end(&did);
                 }
