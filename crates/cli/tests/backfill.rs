@@ -1759,7 +1759,7 @@ fn serve_backfill_holding_only_accounts_in_flight_serves_each_record_once() {
         counts.sort_unstable_by(|a, b| b.cmp(a));
         counts.iter().take(in_flight_bound).sum::<usize>() as f64
     };
-    let (mut most_in_flight, mut most_held) = (0.0f64, 0.0f64);
+    let (mut most_in_flight, mut most_held, mut most_accounts) = (0.0f64, 0.0f64, 0.0f64);
     let deadline = Instant::now() + common::PATIENCE * 2;
     loop {
         let m = common::metrics(&addr);
@@ -1769,14 +1769,17 @@ fn serve_backfill_holding_only_accounts_in_flight_serves_each_record_once() {
         };
         most_in_flight = most_in_flight.max(get("riptide_backfill_in_flight").unwrap_or(0.0));
         most_held = most_held.max(get("riptide_resync_held_frames").unwrap_or(0.0));
+        most_accounts = most_accounts.max(get("riptide_resync_held_accounts").unwrap_or(0.0));
         if get("riptide_backfill_running") == Some(0.0) {
             break;
         }
         assert!(Instant::now() < deadline, "the crawl never ended");
         std::thread::sleep(Duration::from_millis(20));
     }
-    eprintln!("at most {most_in_flight} accounts in flight, {most_held} frames held (bound {frames_bound})");
+    eprintln!("at most {most_in_flight} accounts in flight, {most_accounts} accounts and {most_held} frames held (bound {frames_bound})");
     assert!(most_in_flight <= in_flight_bound as f64, "{most_in_flight}");
+    // Only accounts in flight are held.
+    assert!(most_accounts <= in_flight_bound as f64, "{most_accounts}");
     assert!(most_held <= frames_bound, "{most_held} > {frames_bound}");
     let n = settled(&addr, 500);
     assert_eq!(common::metric(&addr, "riptide_backfill_in_flight"), 0.0);
