@@ -38,6 +38,13 @@ impl Fetching {
         was
     }
 
+    /// None is fetched any more (the crawl has ended, or stopped on a local failure with
+    /// fetches it will not finish).
+    pub fn clear(&self) {
+        self.dids.write().unwrap_or_else(|e| e.into_inner()).clear();
+        self.len.store(0, Relaxed);
+    }
+
     /// Whether `did` is being fetched.
     pub fn contains(&self, did: &str) -> bool {
         self.len.load(Relaxed) > 0
@@ -76,5 +83,7 @@ mod tests {
         assert!(!f.end("did:plc:a"), "ended once");
         assert!(!f.contains("did:plc:a"));
         assert_eq!(f.len(), 1);
+        f.clear();
+        assert!(f.is_empty() && !f.contains("did:plc:b"));
     }
 }

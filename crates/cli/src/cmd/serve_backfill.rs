@@ -87,7 +87,13 @@ pub fn start(
     tokio::spawn(async move {
         let _lock = lock;
         let refresh = tokio::spawn(refresh(state.clone(), state_dir.clone(), metrics.clone()));
+        let fetching = cfg.fetching.clone();
         let r = riptide_backfill::run(cfg, fetcher, hosts, state.clone(), sink, progress).await;
+        // A crawl that stopped early leaves fetches it will not finish: none is in flight now
+        // (the frames held for them are released with the rest below).
+        if let Some(f) = fetching {
+            f.clear();
+        }
         refresh.abort();
         report(&state, &state_dir, &metrics).await;
         let b = &metrics.backfill;
