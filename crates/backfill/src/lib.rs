@@ -31,6 +31,7 @@
 pub mod collections;
 pub mod discover;
 pub mod fetch;
+pub mod fetching;
 pub mod limits;
 pub mod outcome;
 pub mod run;
@@ -42,6 +43,7 @@ pub mod verify;
 
 pub use collections::{BadPattern, Collections};
 pub use fetch::{Fetcher, Identity};
+pub use fetching::Fetching;
 pub use limits::{HostLimits, Hosts};
 pub use outcome::{FailKind, Failure, Record, Verified};
 pub use run::{run, BackfillError, Config, Discovery, Getter, Progress};

@@ -204,6 +204,9 @@ pub struct Verified {
     pub source: String,
     pub(crate) car: RepoBytes,
     pub(crate) records: Vec<RecordAt>,
+    /// Where the signed commit block is in `car` (found by the verification's walk; `None` for
+    /// a repository without records, whose walk visits none).
+    pub(crate) commit_at: Option<Range<usize>>,
 }
 
 impl std::fmt::Debug for Verified {
@@ -258,5 +261,24 @@ impl Verified {
     /// How many records are kept.
     pub fn kept(&self) -> usize {
         self.records.len()
+    }
+
+    /// The signed commit block (what a replacement's `#sync` carries): where the verification
+    /// found it, else read from the CAR again (a repository without records). `None` only if
+    /// the CAR no longer reads, which a verified one does.
+    pub fn commit_block(&self) -> Option<std::borrow::Cow<'_, [u8]>> {
+        if let Some(at) = &self.commit_at {
+            return self.car.get(at.clone()).map(std::borrow::Cow::Borrowed);
+        }
+        let mut reader = riptide_car::CarReader::new();
+        let opts = riptide_car::CarOptions {
+            verify: false,
+            ..riptide_car::CarOptions::repository()
+        };
+        reader
+            .read(&self.car, &opts)
+            .ok()?
+            .get(self.commit.as_cid())
+            .map(|b| std::borrow::Cow::Owned(b.to_vec()))
     }
 }

@@ -33,6 +33,7 @@ use tokio::task::JoinSet;
 
 use crate::discover::{self, get_json, host_base, page_url, Entry, ListError, Page};
 use crate::fetch::{host_of, Fetched, Fetcher};
+use crate::fetching::Fetching;
 use crate::limits::{Hosts, Kind};
 use crate::outcome::{FailKind, Failure, Verified};
 use crate::sink::{Sink, SinkError};
@@ -78,6 +79,9 @@ pub struct Config {
     pub page: usize,
     /// Retry repositories that failed in an earlier run.
     pub retry_failed: bool,
+    /// Told of each account whose fetch begins (before its `getRepo`); the consumer ends it
+    /// (`riptide serve --backfill`'s hold of in-flight accounts, [`Fetching`]).
+    pub fetching: Option<Arc<Fetching>>,
 }
 
 impl Default for Config {
@@ -92,6 +96,7 @@ impl Default for Config {
             backoff: Duration::from_secs(1),
             page: 500,
             retry_failed: false,
+            fetching: None,
         }
     }
 }
@@ -226,7 +231,13 @@ fn write_loop(
                         break;
                     }
                 },
-                Err((f, attempts)) => done.push(Done::failed(f, *attempts)),
+                Err((f, attempts)) => match sink.settled(&f.did) {
+                    Ok(()) => done.push(Done::failed(f, *attempts)),
+                    Err(e) => {
+                        failed = Some(e.to_string());
+                        break;
+                    }
+                },
             }
         }
         let committed = match failed {
@@ -514,6 +525,9 @@ impl Crawl {
             }
             while tasks.len() >= unit.window.max(1) {
                 tasks.join_next().await;
+            }
+            if let Some(f) = &self.cfg.fetching {
+                f.start(&e.did);
             }
             let me = self.clone();
             tasks.spawn(async move {

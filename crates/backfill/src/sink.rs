@@ -102,6 +102,11 @@ pub trait Sink: Send {
     fn commit(&mut self) -> Result<Vec<u8>, SinkError>;
     /// Whether a crash can repeat output ([`JsonlSink`] on a pipe).
     fn exact(&self) -> bool;
+    /// `did` failed: no repository of it will be written by this run (buffered in order with
+    /// the writes; `riptide serve --backfill` stops holding the account's live frames).
+    fn settled(&mut self, _did: &str) -> Result<(), SinkError> {
+        Ok(())
+    }
 }
 
 /// Appends one record's line (without its newline) to `buf`:
@@ -339,6 +344,11 @@ impl Sink for TeeSink {
         p.extend_from_slice(&first);
         p.extend_from_slice(&second);
         Ok(p)
+    }
+
+    fn settled(&mut self, did: &str) -> Result<(), SinkError> {
+        self.first.settled(did)?;
+        self.second.settled(did)
     }
 
     fn exact(&self) -> bool {

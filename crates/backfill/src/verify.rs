@@ -9,6 +9,7 @@
 //! no second walk. Its errors map onto [`FailKind`]s.
 
 use riptide_car::CarErrorKind;
+use riptide_cbor::CidBuf;
 use riptide_crypto::PublicKey;
 use riptide_repo::{MstError, RepoError, RepoOptions};
 
@@ -32,12 +33,21 @@ pub fn verify_car(
     let base = car.as_ptr() as usize;
     let mut records = Vec::new();
     let mut bad_key: Option<String> = None;
+    // The CAR's root (the commit block, checked against the report's commit below).
+    let mut root: Option<(CidBuf, std::ops::Range<usize>)> = None;
     let verified = riptide_repo::verify_repo_visiting(
         &car,
         key,
         &RepoOptions::default(),
         &mut progress,
         |parsed, k, cid| {
+            if root.is_none() {
+                root = parsed.roots().next().and_then(|c| {
+                    let block = parsed.get(c)?;
+                    let start = block.as_ptr() as usize - base;
+                    Some((c.to_buf(), start..start + block.len()))
+                });
+            }
             let Some((k, slash)) = std::str::from_utf8(k)
                 .ok()
                 .and_then(|k| Some((k, k.find('/')?)))
@@ -83,6 +93,7 @@ pub fn verify_car(
         total_records: report.records,
         bytes: car.len() as u64,
         source: source.to_owned(),
+        commit_at: root.filter(|(c, _)| *c == report.commit).map(|(_, at)| at),
         car,
         records,
     })

@@ -37,6 +37,13 @@ fn the_real_export_gives_goats_records_with_their_signed_bytes() {
     assert_eq!(want.len(), 23);
     assert_eq!(got, want);
     assert_eq!(v.total_records, 23);
+    // The commit block a replacement's `#sync` carries: the block that hashes to the commit.
+    let block = v.commit_block().unwrap();
+    assert!(
+        matches!(block, std::borrow::Cow::Borrowed(_)),
+        "found by the walk"
+    );
+    assert_eq!(CidBuf::sha256(DAG_CBOR, &block), v.commit);
 
     // Only the collections asked for.
     let keep = Collections::parse(["app.bsky.feed.*", "app.bsky.actor.profile"]).unwrap();
@@ -54,6 +61,16 @@ fn the_real_export_gives_goats_records_with_their_signed_bytes() {
     assert_eq!(kept, want_kept);
     assert_eq!(kept.len(), 20);
     assert_eq!(v.total_records, 23);
+
+    // None kept: the walk still found the commit block.
+    let none = Collections::parse(["com.example.nothing.*"]).unwrap();
+    let car = riptide_testdata::read("jetstream-2026-07/repo.car").unwrap();
+    let v = verify_car(Box::new(car), DID, None, &none, "corpus").unwrap();
+    assert_eq!(v.kept(), 0);
+    assert_eq!(
+        CidBuf::sha256(DAG_CBOR, &v.commit_block().unwrap()),
+        v.commit
+    );
 
     // Someone else's repository.
     let car = riptide_testdata::read("jetstream-2026-07/repo.car").unwrap();

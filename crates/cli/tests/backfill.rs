@@ -1273,10 +1273,32 @@ fn live_and_end(tmp: &Path, extra: &[&str]) -> (common::KillOnDrop, String, std:
     let (live, end) = (tmp.join("live"), tmp.join("end"));
     generate_as_of(&live, 21, 24, 500, Some(250));
     generate_as_of(&end, 21, 24, 500, None);
+    let (sim, base, manifest) = sim_of(tmp, &live, extra);
+    let seq = get_json(&format!("{base}/_sim/manifest"))["repos_as_of_seq"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(seq, 250);
+    (sim, base, manifest)
+}
+
+/// The network as the real one is: every repository as of the stream's end (`getRepo` returns
+/// the current repository), the same seed and faults as [`live_and_end`]; its export is `end`.
+fn current_network(tmp: &Path, extra: &[&str]) -> (common::KillOnDrop, String, std::path::PathBuf) {
+    let end = tmp.join("end");
+    generate_as_of(&end, 21, 24, 500, None);
+    sim_of(tmp, &end, extra)
+}
+
+/// `riptide sim --hosts 3` over the generated network `net`, with three faulty repositories.
+fn sim_of(
+    tmp: &Path,
+    net: &Path,
+    extra: &[&str],
+) -> (common::KillOnDrop, String, std::path::PathBuf) {
     let manifest = tmp.join("manifest.json");
     let (sim, base) = common::spawn_printing_url(
         Command::new(BIN)
-            .args(["sim", "--from", s(&live), "--listen", "127.0.0.1:0"])
+            .args(["sim", "--from", s(net), "--listen", "127.0.0.1:0"])
             .args(["--hosts", "3", "--seed", "5"])
             .args([
                 "--repo-faults",
@@ -1286,10 +1308,6 @@ fn live_and_end(tmp: &Path, extra: &[&str]) -> (common::KillOnDrop, String, std:
             .args(extra)
             .stderr(Stdio::inherit()),
     );
-    let seq = get_json(&format!("{base}/_sim/manifest"))["repos_as_of_seq"]
-        .as_u64()
-        .unwrap();
-    assert_eq!(seq, 250);
     (sim, base, manifest)
 }
 
@@ -1305,7 +1323,9 @@ fn serve_backfill_beside_ingest_serves_each_record_once_then_the_verified_live_t
     let tmp = scratch();
     let (_sim, base, manifest) = live_and_end(tmp.path(), &[]);
     let data = tmp.path().join("data");
-    let (_server, addr) = common::spawn_serve(&mut serve_backfill(&base, &data, 250 - 40));
+    let (_server, addr) = common::spawn_serve(
+        serve_backfill(&base, &data, 250 - 40).args(["--backfill-hold", "all"]),
+    );
     let n = settled(&addr, 500);
     let verdict =
         |v: &str| common::metric(&addr, &format!("riptide_verdicts_total{{verdict=\"{v}\"}}"));
@@ -1388,7 +1408,8 @@ fn serve_backfill_killed_mid_crawl_and_restarted_serves_each_record_once() {
     let data = tmp.path().join("data");
     let run = || {
         let mut c = serve_backfill(&base, &data, 250 - 40);
-        c.args(["--concurrency", "2", "--per-host", "1"]);
+        c.args(["--concurrency", "2", "--per-host", "1"])
+            .args(["--backfill-hold", "all"]);
         c
     };
     {
@@ -1461,4 +1482,358 @@ fn serve_backfill_over_known_accounts_adds_only_the_unknown_ones() {
         "{st}"
     );
     assert_eq!(after - before, st["records"].as_f64().unwrap(), "{st}");
+}
+
+/// What a v2 subscriber from cursor 0 rebuilds of each account, folding strictly: a `#sync`
+/// drops the account; a `create` of a record the account holds, an `update` or `delete` of one
+/// it does not, fails. Checked: each account outside `failed` is exactly `riptide repo ls` of
+/// its export in `end` (an independent oracle); the `#sync`s are `replaced`, one per
+/// replacement; v1 `/subscribe` sends the same events without the `#sync`s and the replacement
+/// rows, at the same cursors, and counts each replacement row it skips. Returns the accounts
+/// that were replaced.
+fn assert_folds_on_v2(
+    addr: &str,
+    n: usize,
+    end: &Path,
+    failed: &BTreeSet<String>,
+) -> BTreeSet<String> {
+    assert_folds_on_v2_from(addr, n, end, failed, true)
+}
+
+/// [`assert_folds_on_v2`]; `counted`: this server stored every event (its counters cover them
+/// all), so the `#sync`s and replacement rows are checked against them and v1's skips.
+fn assert_folds_on_v2_from(
+    addr: &str,
+    n: usize,
+    end: &Path,
+    failed: &BTreeSet<String>,
+    counted: bool,
+) -> BTreeSet<String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let frames = rt.block_on(common::v2_frames(addr, "cursor=0", n, None));
+    let v2: Vec<&serde_json::Value> = frames
+        .iter()
+        .filter(|f| f["$type"] == "message" && f["payload"]["seq"].is_u64())
+        .map(|f| &f["payload"])
+        .collect();
+    assert_eq!(v2.len(), n, "v2 sends every stored event");
+    // Before its first `#sync` an account's live commits may touch records from before the
+    // stream (not checked); from it on, every op is checked against what the stream built.
+    let first_sync: BTreeMap<&str, u64> = v2
+        .iter()
+        .rev()
+        .filter(|p| p["$type"].as_str().unwrap().ends_with("#sync"))
+        .map(|p| (p["did"].as_str().unwrap(), p["seq"].as_u64().unwrap()))
+        .collect();
+    let mut accounts: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let mut synced: BTreeMap<String, String> = BTreeMap::new();
+    let mut replacement_seqs = BTreeSet::new();
+    let mut syncs = 0;
+    for p in &v2 {
+        let did = p["did"].as_str().unwrap().to_owned();
+        let t = p["$type"].as_str().unwrap();
+        if t.ends_with("#sync") {
+            syncs += 1;
+            accounts.insert(did.clone(), BTreeMap::new());
+            synced.insert(did, p["sync"]["rev"].as_str().unwrap().to_owned());
+            continue;
+        }
+        if !t.ends_with("#commit") {
+            continue;
+        }
+        if synced.get(&did).map(String::as_str) == p["rev"].as_str() {
+            assert_eq!(p["operation"], "create", "{p}");
+            replacement_seqs.insert(p["seq"].as_u64().unwrap());
+        }
+        if failed.contains(&did) {
+            continue;
+        }
+        let key = format!(
+            "{}/{}",
+            p["collection"].as_str().unwrap(),
+            p["rkey"].as_str().unwrap()
+        );
+        let strict = first_sync
+            .get(did.as_str())
+            .is_none_or(|at| *at < p["seq"].as_u64().unwrap());
+        let acct = accounts.entry(did).or_default();
+        let cid = p["cid"].as_str().map(str::to_owned);
+        match p["operation"].as_str().unwrap() {
+            _ if !strict => {
+                match cid {
+                    Some(c) => acct.insert(key, c),
+                    None => acct.remove(&key),
+                };
+            }
+            "create" => assert!(
+                acct.insert(key, cid.unwrap()).is_none(),
+                "created twice: {p}"
+            ),
+            "update" => assert!(
+                acct.insert(key, cid.unwrap()).is_some(),
+                "update of nothing: {p}"
+            ),
+            "delete" => assert!(acct.remove(&key).is_some(), "delete of nothing: {p}"),
+            other => panic!("{other}: {p}"),
+        }
+    }
+    if counted {
+        assert_eq!(
+            syncs as f64,
+            common::metric(addr, "riptide_replaced_repositories_total"),
+            "one #sync per replacement"
+        );
+        assert_eq!(
+            replacement_seqs.len() as f64,
+            common::metric(addr, "riptide_replacement_rows_total"),
+            "one create-resync per record"
+        );
+    }
+    let dids: Vec<String> = std::fs::read_dir(end.join("repos"))
+        .unwrap()
+        .map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".car").unwrap().to_owned()
+        })
+        .filter(|d| !failed.contains(d))
+        .collect();
+    assert!(dids.len() >= 10, "too few good accounts to mean much");
+    for did in &dids {
+        let got: BTreeSet<String> = accounts
+            .remove(did)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, c)| format!("{k}\t{c}"))
+            .collect();
+        assert_eq!(got, repo_ls(end, did), "v2 rebuilds {did}");
+    }
+    accounts.retain(|d, _| !failed.contains(d));
+    assert!(accounts.is_empty(), "{:?}", accounts.keys());
+
+    // v1: the same events without the `#sync`s and the replacement rows, each one skipped
+    // counted.
+    let want: Vec<&&serde_json::Value> = v2
+        .iter()
+        .filter(|p| {
+            !p["$type"].as_str().unwrap().ends_with("#sync")
+                && !replacement_seqs.contains(&p["seq"].as_u64().unwrap())
+        })
+        .collect();
+    let v1 = rt.block_on(common::events_from_start(addr, want.len()));
+    for (e, p) in v1.iter().zip(&want) {
+        assert_eq!(e["cursor"], p["seq"], "{e} against {p}");
+        assert_eq!(e["did"], p["did"]);
+        if e["kind"] == "commit" {
+            for k in ["rev", "operation", "collection", "rkey", "cid"] {
+                assert_eq!(e["commit"][k], p[k], "{k}: {e} against {p}");
+            }
+        }
+    }
+    let skipped = "riptide_v1_events_skipped_total{reason=\"resync_replacement\"}";
+    let deadline = Instant::now() + common::PATIENCE;
+    while counted && common::metric(addr, skipped) < replacement_seqs.len() as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "v1 never skipped every replacement row"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    if counted {
+        assert_eq!(common::metric(addr, skipped), replacement_seqs.len() as f64);
+    }
+    synced.into_keys().collect()
+}
+
+/// `riptide serve --backfill` over a data directory that served the first half of the stream
+/// (frames 1..250 from a file), against a network whose repositories are current (as of the
+/// stream's end, as `getRepo` answers on the real network): every account that committed in
+/// the first half lands over its earlier rows as replacement rows (a `#sync`, then one
+/// `create-resync` per record), the others as plain creates, and on v2 every good account folds
+/// to exactly `repo ls` of its export; v1 gets neither the `#sync`s nor the replacement rows.
+#[test]
+fn serve_backfill_over_accounts_served_before_replaces_their_rows() {
+    let tmp = scratch();
+    let (_sim, base, manifest) = current_network(tmp.path(), &[]);
+    let end = tmp.path().join("end");
+    let bytes = std::fs::read(end.join("firehose-frames.bin")).unwrap();
+    let frames = riptide_firehose::corpus::split_frames(&bytes).unwrap();
+    let half = &frames[..250];
+    let first_half = tmp.path().join("first-half.bin");
+    std::fs::write(
+        &first_half,
+        riptide_firehose::corpus::write_frames(half.iter().map(|f| f.bytes)),
+    )
+    .unwrap();
+    let data = tmp.path().join("data");
+    {
+        let (server, addr) = common::spawn_serve(
+            common::serve_command(&data)
+                .args(["--ingest-file", s(&first_half)])
+                .args(["--plc-url", &base]),
+        );
+        common::wait_for(&addr, "riptide_upstream_seq", 250.0);
+        server.kill();
+    }
+    // Hold-all: which accounts are served before their repository lands does not depend on
+    // timing (those committed in the first half), so the count below is exact.
+    let (_server, addr) =
+        common::spawn_serve(serve_backfill(&base, &data, 0).args(["--backfill-hold", "all"]));
+    let n = settled(&addr, 500);
+    let failed = failed_as_planted(&data, &manifest);
+    for v in [
+        "chain-break",
+        "rev-regression",
+        "resync-overflow",
+        "resync-failed",
+    ] {
+        let got = common::metric(&addr, &format!("riptide_verdicts_total{{verdict=\"{v}\"}}"));
+        assert_eq!(got, 0.0, "{v}");
+    }
+    // Committed in the first half (frames 1..250) and not failed.
+    let first: BTreeSet<String> = {
+        let mut dec = riptide_firehose::FrameDecoder::new();
+        half.iter()
+            .filter_map(|f| match dec.decode(f.bytes).unwrap().body() {
+                riptide_firehose::Body::Commit(c) => Some(c.repo.to_owned()),
+                _ => None,
+            })
+            .filter(|d| !failed.contains(d))
+            .collect()
+    };
+    assert!(first.len() >= 5, "{}", first.len());
+    assert_eq!(
+        common::metric(&addr, "riptide_backfill_superseded_total"),
+        0.0
+    );
+    let replaced = assert_folds_on_v2(&addr, n, &end, &failed);
+    assert_eq!(
+        replaced, first,
+        "exactly the accounts served before were replaced"
+    );
+}
+
+/// The default `--backfill-hold in-flight` against a network whose repositories are current,
+/// the relay paced (100 frames/s) and the crawl slowed (50 ms a request, one `getRepo` per
+/// host at once) so that live frames arrive before, during and after each account's fetch:
+/// frames of an account not yet fetched are verified and served live, those arriving while it
+/// is fetched are held, and its repository replaces what was served. Each good account folds
+/// on v2 to exactly `repo ls` of its export, nothing is served unverified (no chain break, no
+/// rev regression, no overflow), and the hold stays within the in-flight bound: at most
+/// `hosts × 2 × --per-host` accounts in flight, holding no more frames than the busiest such
+/// accounts have in the whole stream.
+#[test]
+fn serve_backfill_holding_only_accounts_in_flight_serves_each_record_once() {
+    let tmp = scratch();
+    let (_sim, base, manifest) = current_network(
+        tmp.path(),
+        &["--relay-rate", "100", "--fault-delay-ms", "50"],
+    );
+    let end = tmp.path().join("end");
+    let data = tmp.path().join("data");
+    let (_server, addr) = common::spawn_serve(serve_backfill(&base, &data, 0).args([
+        "--concurrency",
+        "2",
+        "--per-host",
+        "1",
+    ]));
+    // 3 listings (hosts) × a window of 2 × --per-host 1.
+    let in_flight_bound = 3 * 2;
+    let frames_bound: f64 = {
+        let bytes = std::fs::read(end.join("firehose-frames.bin")).unwrap();
+        let frames = riptide_firehose::corpus::split_frames(&bytes).unwrap();
+        let mut dec = riptide_firehose::FrameDecoder::new();
+        let mut per: BTreeMap<String, usize> = BTreeMap::new();
+        for f in &frames {
+            let did = match dec.decode(f.bytes).unwrap().body() {
+                riptide_firehose::Body::Commit(c) => c.repo.to_owned(),
+                riptide_firehose::Body::Identity(i) => i.did.to_owned(),
+                riptide_firehose::Body::Account(a) => a.did.to_owned(),
+                _ => continue,
+            };
+            *per.entry(did).or_default() += 1;
+        }
+        let mut counts: Vec<usize> = per.into_values().collect();
+        counts.sort_unstable_by(|a, b| b.cmp(a));
+        counts.iter().take(in_flight_bound).sum::<usize>() as f64
+    };
+    let (mut most_in_flight, mut most_held, mut most_accounts) = (0.0f64, 0.0f64, 0.0f64);
+    let deadline = Instant::now() + common::PATIENCE * 2;
+    loop {
+        let m = common::metrics(&addr);
+        let get = |name: &str| {
+            m.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+        };
+        most_in_flight = most_in_flight.max(get("riptide_backfill_in_flight").unwrap_or(0.0));
+        most_held = most_held.max(get("riptide_resync_held_frames").unwrap_or(0.0));
+        most_accounts = most_accounts.max(get("riptide_resync_held_accounts").unwrap_or(0.0));
+        if get("riptide_backfill_running") == Some(0.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the crawl never ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("at most {most_in_flight} accounts in flight, {most_accounts} accounts and {most_held} frames held (bound {frames_bound})");
+    assert!(most_in_flight <= in_flight_bound as f64, "{most_in_flight}");
+    // Only accounts in flight are held.
+    assert!(most_accounts <= in_flight_bound as f64, "{most_accounts}");
+    assert!(most_held <= frames_bound, "{most_held} > {frames_bound}");
+    let n = settled(&addr, 500);
+    assert_eq!(common::metric(&addr, "riptide_backfill_in_flight"), 0.0);
+    for v in [
+        "chain-break",
+        "rev-regression",
+        "resync-overflow",
+        "resync-failed",
+    ] {
+        let got = common::metric(&addr, &format!("riptide_verdicts_total{{verdict=\"{v}\"}}"));
+        assert_eq!(got, 0.0, "{v}");
+    }
+    let failed = failed_as_planted(&data, &manifest);
+    let replaced = assert_folds_on_v2(&addr, n, &end, &failed);
+    // Frames of most accounts were served before their fetch began.
+    assert!(!replaced.is_empty());
+    eprintln!("{} accounts replaced", replaced.len());
+}
+
+/// `kill -9` of `riptide serve --backfill` holding only accounts in flight, mid-crawl with frames
+/// held and accounts served live, then a restart with the same arguments: the held frames are
+/// reloaded, accounts that landed or failed before the kill are settled (their frames released),
+/// and on v2 every good account still folds to exactly `repo ls` of its export.
+#[test]
+fn serve_backfill_in_flight_killed_mid_crawl_and_restarted_folds_each_account_once() {
+    let tmp = scratch();
+    let (_sim, base, manifest) = current_network(
+        tmp.path(),
+        &["--relay-rate", "100", "--fault-delay-ms", "100"],
+    );
+    let end = tmp.path().join("end");
+    let data = tmp.path().join("data");
+    let run = || {
+        let mut c = serve_backfill(&base, &data, 0);
+        c.args(["--concurrency", "2", "--per-host", "1"]);
+        c
+    };
+    {
+        let (server, addr) = common::spawn_serve(&mut run());
+        common::wait_for(&addr, "riptide_backfill_landed_total", 3.0);
+        assert_eq!(
+            common::metric(&addr, "riptide_backfill_running"),
+            1.0,
+            "killed mid-crawl"
+        );
+        server.kill();
+    }
+    let (_server, addr) = common::spawn_serve(&mut run());
+    let n = settled(&addr, 500);
+    for v in ["chain-break", "rev-regression", "resync-overflow"] {
+        let got = common::metric(&addr, &format!("riptide_verdicts_total{{verdict=\"{v}\"}}"));
+        assert_eq!(got, 0.0, "{v}");
+    }
+    let failed = failed_as_planted(&data, &manifest);
+    // Replacements of the first run are not in this run's counters: fold only.
+    assert_folds_on_v2_from(&addr, n, &end, &failed, false);
 }

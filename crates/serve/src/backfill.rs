@@ -15,23 +15,27 @@
 //! repeat a repository: one that landed but whose status was lost is found by its progress
 //! entry and not handed over again.
 //!
-//! **Live commits of accounts not yet backfilled are held.** From the start of the crawl
-//! ([`Upstream::BackfillStart`], before any frame) to its end ([`Upstream::BackfillOver`]),
-//! every frame (but `#sync`) of an account with no verified commit in the store is held, as
-//! resync holds frames (`crate::resync`: in the worker and, in the same batch as the upstream
-//! cursor that passes it, in the store's `resync` partition, so a restart reloads it; bounded
-//! by the same limits, a frame past them dropped with the verdict `resync-overflow`, after which
-//! the account's next commit breaks its chain and the account is resynced). When the account's
-//! repository lands, its held frames are verified on top of it in upstream order: those at or
-//! below its rev are `superseded`, the rest are `ok` and served after the repository's events.
-//! An account whose repository failed (or that no listing names) keeps its frames held until the
-//! crawl ends; they are then verified as any live frame is (the first commit of an account
-//! with no state is its chain's start) and served.
+//! **Live frames are held as [`BackfillHold`] says**, as resync holds frames (`crate::resync`:
+//! in the worker and, in the same batch as the upstream cursor that passes it, in the store's
+//! `resync` partition, so a restart reloads it; bounded by the same limits, a frame past them
+//! dropped with the verdict `resync-overflow`, after which the account's next commit breaks its
+//! chain and the account is resynced). With [`BackfillHold::InFlight`] (the default) only the
+//! accounts whose fetch is in flight are held ([`riptide_backfill::Fetching`]: an account enters
+//! before its `getRepo` is asked, so whatever was served of it before is inside the repository,
+//! and leaves when its repository lands or it is [`Upstream::BackfillSettled`]); the others are
+//! served live. With [`BackfillHold::All`], every account with no verified commit is held from
+//! the start of the crawl ([`Upstream::BackfillStart`], before any frame) to its end
+//! ([`Upstream::BackfillOver`]). When the account's repository lands, its held frames are
+//! verified on top of it in upstream order: those at or below its rev are `superseded`, the rest
+//! are `ok` and served after the repository's events. A failed account's frames are released
+//! when its failure is recorded, and verified as any live frame is.
 //!
-//! **An account already known** (a verified commit stored before its repository landed: an
-//! earlier run ingested it) gets no rows: the store's chain state is newer, the repository is
-//! counted as `superseded` (`riptide_backfill_superseded_total`) and its progress entry says
-//! why, as `riptide backfill --data` does. Its records before that commit are not served.
+//! **Over an account with earlier rows** (commits served before its repository landed: live
+//! before its fetch, or ingested by an earlier run) the repository lands as replacement rows
+//! (`crate::replace`: a `#sync`, then one `create-resync` per record, v2 only), so a subscriber
+//! can rebuild the account from the stream; one older than the stored tip (a stale source) gets
+//! no rows, is counted as `superseded` (`riptide_backfill_superseded_total`) and its progress
+//! entry says why, as `riptide backfill --data` does.
 //!
 //! Operators see the crawl on `/metrics` (`riptide_backfill_*`, the same numbers `riptide
 //! backfill status --data DIR` prints) and on the status page's backfill row.
@@ -41,19 +45,36 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 
-use riptide_backfill::{landed_in, Landed, Progress, Sink, SinkError, Status, Verified, Written};
+use riptide_backfill::{
+    landed_in, Fetching, Landed, Progress, Sink, SinkError, Status, Verified, Written,
+};
 use riptide_cbor::CidBuf;
 use riptide_jetstream::Projector;
 
 use crate::ingest::{push_event, Part};
 use crate::{Store, Upstream};
 
+/// Whose live frames a backfill holds (module docs, "What a subscriber sees").
+#[derive(Clone, Debug)]
+pub enum BackfillHold {
+    /// Every account with no verified commit, from the crawl's start to its end: exact against
+    /// a network whose repositories are as of the relay's seq the stream starts from (the sim's
+    /// `--repos-at`), but on the real network it fills the hold's bound in minutes.
+    All,
+    /// Only the accounts whose fetch is in flight (the crawl's [`Fetching`] set); the others'
+    /// frames are verified and served live, and their repository lands over them later.
+    InFlight(Arc<Fetching>),
+}
+
 /// The backfill's jobs for a verification worker, in upstream order with the frames.
 pub(crate) enum BackfillJob {
-    /// Hold the frames of accounts with no verified commit from now on.
-    Start,
+    /// Hold the frames the mode says from now on.
+    Start(BackfillHold),
     /// A repository lands.
     Repo(Arc<BackfillRepo>),
+    /// No repository of this account will land: stop holding it, release its frames; whom to
+    /// tell once that is durable.
+    Settled(Box<str>, SyncSender<u64>),
     /// Stop holding; release what is held for the backfill.
     Over,
 }
@@ -65,11 +86,13 @@ pub struct BackfillRepo {
     pub(crate) rev: Box<str>,
     pub(crate) commit: CidBuf,
     pub(crate) data: CidBuf,
+    /// The signed commit block (a replacement's `#sync` carries it).
+    pub(crate) commit_block: Vec<u8>,
     /// The events' bytes; `parts` point into it.
     pub(crate) buf: Vec<u8>,
     pub(crate) parts: Vec<Part>,
     /// Records outside the atproto data model, not rendered.
-    dropped: u64,
+    pub(crate) dropped: u64,
     pub(crate) ack: SyncSender<u64>,
 }
 
@@ -84,8 +107,9 @@ impl std::fmt::Debug for BackfillRepo {
 }
 
 impl BackfillRepo {
-    /// Its progress entry: landed with its events, or `superseded` (why) with none.
-    pub(crate) fn landed(&self, superseded: Option<String>) -> Vec<u8> {
+    /// Its progress entry: landed with its events (`replaced`: over the account's earlier
+    /// rows), or `superseded` (why) with none.
+    pub(crate) fn landed(&self, superseded: Option<String>, replaced: bool) -> Vec<u8> {
         Landed {
             rev: self.rev.to_string(),
             records: if superseded.is_some() {
@@ -97,9 +121,7 @@ impl BackfillRepo {
             // The writer numbers the events; the entry is written before that.
             first_seq: None,
             superseded,
-            // Over an account the store knows, the crawl inside `serve` adds no rows yet
-            // (docs/archive.md, "Backfill").
-            replaced: false,
+            replaced,
         }
         .to_vec()
     }
@@ -166,6 +188,8 @@ impl Sink for IngestSink {
     fn write(&mut self, repo: &Verified) -> Result<Written, SinkError> {
         if let Some(l) = landed_in(&self.store, &repo.did)? {
             tracing::debug!(did = %repo.did, rev = %l.rev, "backfill: already in the store (landed before a crash); not handed over again");
+            // Frames held for it since the restart are released.
+            self.settled(&repo.did)?;
             return Ok(Written {
                 records: l.records,
                 dropped: l.dropped,
@@ -212,6 +236,10 @@ impl Sink for IngestSink {
             rev: repo.rev.as_str().into(),
             commit: repo.commit,
             data: repo.data,
+            commit_block: repo
+                .commit_block()
+                .map(|b| b.into_owned())
+                .unwrap_or_default(),
             buf,
             parts,
             dropped,
@@ -239,6 +267,18 @@ impl Sink for IngestSink {
     fn exact(&self) -> bool {
         true
     }
+
+    fn settled(&mut self, did: &str) -> Result<(), SinkError> {
+        // Waited for at the commit, as a landing is: a failure's status is durable only after
+        // the release of its held frames is (else a restart would reload them and, the account
+        // being done, hold them to the crawl's end).
+        let (ack, told) = sync_channel(1);
+        self.tx
+            .blocking_send(Upstream::BackfillSettled(did.into(), ack))
+            .map_err(|_| Self::gone())?;
+        self.waiting.push(told);
+        Ok(())
+    }
 }
 
 /// What `/metrics` and the status page say of the backfill (module docs).
@@ -258,6 +298,8 @@ pub struct BackfillMetrics {
     pub status: Mutex<Option<Status>>,
     /// Why the crawl stopped early (a local failure: its state or the store).
     pub error: Mutex<Option<String>>,
+    /// The accounts being fetched, when only those are held ([`BackfillHold::InFlight`]).
+    pub fetching: Mutex<Option<Arc<Fetching>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -316,6 +358,15 @@ impl BackfillMetrics {
             "Backfilled repositories whose events were stored (since start).",
             self.landed.load(Relaxed).to_string(),
         );
+        if let Some(f) = lock(&self.fetching).as_ref() {
+            one(
+                s,
+                "riptide_backfill_in_flight",
+                "gauge",
+                "Accounts whose repository is being fetched (their live frames held, with --backfill-hold in-flight).",
+                f.len().to_string(),
+            );
+        }
         one(
             s,
             "riptide_backfill_superseded_total",

@@ -58,7 +58,7 @@ use tokio::sync::mpsc;
 
 use riptide_firehose::chain::{AccountState, ChainStore, SyncStatus, Tip};
 
-use crate::backfill::{BackfillJob, BackfillRepo};
+use crate::backfill::{BackfillHold, BackfillJob, BackfillRepo};
 use crate::chain::{max_in_flight, ServeChain};
 use crate::compress::{compress_into, DictError, Dictionary};
 use crate::keys::Keys;
@@ -90,11 +90,15 @@ pub enum Upstream {
     /// even if the stored cursor is higher (see `upstream.rs`, "Seqs that go backwards"). The
     /// stored cursor then follows the relay.
     CursorReset(u64),
-    /// A backfill runs from here on (`serve --backfill`, [`crate::backfill`]): the frames of an
-    /// account with no verified commit yet are held until its repository lands.
-    BackfillStart,
+    /// A backfill runs from here on (`serve --backfill`, [`crate::backfill`]): the frames of the
+    /// accounts it says are held until their repository lands.
+    BackfillStart(BackfillHold),
     /// A verified repository of the backfill, to land between the frames around it.
     Backfill(Arc<BackfillRepo>),
+    /// No repository of this account will land in this crawl (it failed, or landed before a
+    /// restart): its held frames are verified and released; the store's next seq is sent once
+    /// that is durable (the crawl's status commits after it).
+    BackfillSettled(Box<str>, std::sync::mpsc::SyncSender<u64>),
     /// The backfill is over: the frames still held for it are verified and released.
     BackfillOver,
 }
@@ -104,7 +108,10 @@ impl Upstream {
     pub fn seq(&self) -> u64 {
         match self {
             Upstream::Frame((seq, _)) | Upstream::CursorReset(seq) => *seq,
-            Upstream::BackfillStart | Upstream::Backfill(_) | Upstream::BackfillOver => 0,
+            Upstream::BackfillStart(_)
+            | Upstream::Backfill(_)
+            | Upstream::BackfillSettled(..)
+            | Upstream::BackfillOver => 0,
         }
     }
 }
@@ -658,8 +665,14 @@ impl<'a> Dispatch<'a> {
                     self.job(w, BackfillJob::Repo(r));
                     continue;
                 }
-                Upstream::BackfillStart => {
-                    (0..self.jobs.len()).for_each(|w| self.job(w, BackfillJob::Start));
+                Upstream::BackfillStart(hold) => {
+                    (0..self.jobs.len())
+                        .for_each(|w| self.job(w, BackfillJob::Start(hold.clone())));
+                    continue;
+                }
+                Upstream::BackfillSettled(did, ack) => {
+                    let w = owner(&did, self.jobs.len());
+                    self.job(w, BackfillJob::Settled(did, ack));
                     continue;
                 }
                 Upstream::BackfillOver => {
@@ -787,6 +800,8 @@ struct Worker {
     /// A backfill runs: frames of accounts with no verified commit are held
     /// (`crate::backfill`).
     backfilling: bool,
+    /// ...or, holding only the accounts in flight, those the crawl is fetching.
+    fetching: Option<Arc<riptide_backfill::Fetching>>,
 }
 
 impl Worker {
@@ -816,6 +831,7 @@ impl Worker {
             metrics,
             arena: Arena::new(),
             backfilling: false,
+            fetching: None,
         }
     }
 
@@ -843,10 +859,12 @@ impl Worker {
                 let r = match (job.landing, job.backfill) {
                     (Some(l), _) => self.land(&l.resynced, job.seq, &mut out),
                     (None, Some(b)) => {
-                        if let BackfillJob::Repo(r) = &b {
-                            ack = Some(r.ack.clone());
-                        }
-                        self.backfill(b, &mut out)
+                        ack = match &b {
+                            BackfillJob::Repo(r) => Some(r.ack.clone()),
+                            BackfillJob::Settled(_, told) => Some(told.clone()),
+                            _ => None,
+                        };
+                        self.backfill(b, job.seq, &mut out)
                     }
                     (None, None) => self.frame(job.seq, &job.bytes, Some(&job.route), &mut out),
                 };
@@ -955,21 +973,45 @@ impl Worker {
         if holds.holds_any(did) {
             return true;
         }
+        if let Some(f) = &self.fetching {
+            return f.contains(did);
+        }
         self.verifier
             .as_mut()
             .is_some_and(|v| v.chain_mut().get(did).and_then(|s| s.tip).is_none())
     }
 
     /// The backfill's part of the stream (`crate::backfill`).
-    fn backfill(&mut self, job: BackfillJob, out: &mut DoneChunk) -> Result<(), IngestError> {
+    fn backfill(
+        &mut self,
+        job: BackfillJob,
+        upstream_seq: u64,
+        out: &mut DoneChunk,
+    ) -> Result<(), IngestError> {
         match job {
-            BackfillJob::Start => {
+            BackfillJob::Start(hold) => {
                 self.backfilling = true;
+                self.fetching = match hold {
+                    BackfillHold::All => None,
+                    BackfillHold::InFlight(f) => Some(f),
+                };
                 Ok(())
             }
-            BackfillJob::Repo(r) => self.land_repo(&r, out),
+            BackfillJob::Repo(r) => self.land_repo(&r, upstream_seq, out),
+            BackfillJob::Settled(did, _) => {
+                if let Some(f) = &self.fetching {
+                    f.end(&did);
+                }
+                match self.holds.as_ref() {
+                    Some(h) if h.holds_any(&did) && !h.is_resyncing(&did) => {
+                        self.release(&did, out)
+                    }
+                    _ => Ok(()),
+                }
+            }
             BackfillJob::Over => {
                 self.backfilling = false;
+                self.fetching = None;
                 let waiting = self
                     .holds
                     .as_ref()
@@ -983,10 +1025,19 @@ impl Worker {
         }
     }
 
-    /// A verified repository of the backfill lands: its records as creates at its rev, the
-    /// account's chain state taken from it, its progress entry, then its held frames verified
-    /// on top (`crate::backfill`, "What a subscriber sees").
-    fn land_repo(&mut self, r: &BackfillRepo, out: &mut DoneChunk) -> Result<(), IngestError> {
+    /// A verified repository of the backfill lands: its records as creates at its rev (over an
+    /// account with earlier rows, as replacement rows: `crate::replace`), the account's chain
+    /// state taken from it, its progress entry, then its held frames verified on top
+    /// (`crate::backfill`, "What a subscriber sees").
+    fn land_repo(
+        &mut self,
+        r: &BackfillRepo,
+        upstream_seq: u64,
+        out: &mut DoneChunk,
+    ) -> Result<(), IngestError> {
+        if let Some(f) = &self.fetching {
+            f.end(&r.did);
+        }
         let Some(v) = self.verifier.as_mut() else {
             // `serve --backfill` verifies (refused with --no-verify): nothing to land on.
             return Ok(());
@@ -1000,16 +1051,44 @@ impl Worker {
             r.data.as_cid(),
             crate::now_us().max(0) as u64,
         );
+        // Commits of the account were served: its records replace them.
+        let earlier = before.as_ref().is_some_and(|s| s.tip.is_some());
         let landed = match checked {
             Ok(()) => {
+                // The same commit as the stored tip changes nothing but where the tip came
+                // from: frames at or below it are then inside the repository (`superseded`).
+                let next = next.or_else(|| {
+                    let mut s = before?;
+                    s.tip.as_mut()?.from_repo = true;
+                    Some(s)
+                });
                 if let Some(next) = next {
                     chain.put(&r.did, next);
                 }
-                let at = out.buf.len();
-                out.buf.extend_from_slice(&r.buf);
-                out.parts.extend(r.parts.iter().map(|p| p.shifted(at)));
+                if earlier {
+                    let repo = crate::replace::Repository {
+                        did: &r.did,
+                        rev: &r.rev,
+                        commit: &r.commit,
+                        commit_block: &r.commit_block,
+                    };
+                    let time = crate::v2::rfc3339_micros(crate::now_us());
+                    let done = crate::replace::land_rendered_over_earlier_rows(
+                        &mut self.projector,
+                        &repo,
+                        upstream_seq,
+                        &time,
+                        out,
+                        (&r.buf, &r.parts, r.dropped),
+                    );
+                    tracing::debug!(did = %r.did, rev = %r.rev, records = done.records, "backfill: the repository replaces the account's earlier rows");
+                } else {
+                    let at = out.buf.len();
+                    out.buf.extend_from_slice(&r.buf);
+                    out.parts.extend(r.parts.iter().map(|p| p.shifted(at)));
+                }
                 self.metrics.backfill.landed.fetch_add(1, Relaxed);
-                r.landed(None)
+                r.landed(None, earlier)
             }
             Err(why) => {
                 self.metrics.backfill.superseded.fetch_add(1, Relaxed);
@@ -1017,7 +1096,7 @@ impl Worker {
                     did = %r.did, rev = %r.rev, why = ?why,
                     "backfill: the store already holds a newer commit of this account; its repository is not served"
                 );
-                r.landed(Some(format!("{why:?}")))
+                r.landed(Some(format!("{why:?}")), false)
             }
         };
         self.drain_chain(out)?;
@@ -1327,8 +1406,18 @@ pub(crate) fn push_event(
 }
 
 impl Part {
+    /// This part as a replacement's record (`crate::replace`): an event v1 never sends, its
+    /// row a `create-resync`.
+    pub(crate) fn replacement(mut self) -> Part {
+        self.kind = EventKind::Replacement;
+        if let Some(r) = self.row.as_mut().filter(|r| r.kind == Kind::Create) {
+            r.kind = Kind::CreateResync;
+        }
+        self
+    }
+
     /// This part with its ranges moved `by` bytes on (copied to the end of another buffer).
-    fn shifted(&self, by: usize) -> Part {
+    pub(crate) fn shifted(&self, by: usize) -> Part {
         let m = |r: &Range<usize>| r.start + by..r.end + by;
         Part {
             kind: self.kind,

@@ -596,6 +596,8 @@ pub struct Metrics {
     pub resync_in_flight: AtomicU64,
     /// Frames held for accounts awaiting resync, now.
     pub resync_held: AtomicU64,
+    /// Accounts with frames held (for a resync or `serve --backfill`), now.
+    pub resync_held_accounts: AtomicU64,
     /// Accounts awaiting resync, now.
     pub resync_accounts: AtomicU64,
     /// Bytes of repositories fetched and verified by resyncs.
@@ -1022,6 +1024,12 @@ impl Metrics {
                 "gauge",
                 "Frames held (durably) for accounts awaiting resync.",
                 &self.resync_held,
+            ),
+            (
+                "riptide_resync_held_accounts",
+                "gauge",
+                "Accounts with frames held, for a resync or the backfill (--backfill-hold).",
+                &self.resync_held_accounts,
             ),
             (
                 "riptide_resync_accounts",

@@ -21,7 +21,7 @@ use riptide_jetstream::replace::{
 };
 use riptide_jetstream::{Projector, StoredRow};
 
-use crate::ingest::{push_parts, DoneChunk};
+use crate::ingest::{push_parts, DoneChunk, Part};
 
 /// A verified repository about to replace an account's earlier rows.
 #[derive(Clone, Copy, Debug)]
@@ -61,22 +61,7 @@ pub(crate) fn land_over_earlier_rows(
     records: impl FnOnce(&mut dyn FnMut(ReplacementRecord<'_>)) -> u64,
 ) -> Replaced {
     let mut done = Replaced::default();
-    let body = sync_body(
-        repo.did,
-        repo.rev,
-        repo.commit,
-        repo.commit_block,
-        upstream_seq,
-        time,
-    );
-    let sync = sync_row(repo.did, &body);
-    match projector.project_row(&sync) {
-        Ok(p) => push_parts(p, |_| Some(replacement_row(&sync, 0, 0)), out),
-        Err(e) => {
-            // Built here from a verified commit: a bug, said; the records still follow.
-            tracing::error!(did = repo.did, error = %e, "the #sync of a replacement does not project: not served");
-        }
-    }
+    push_sync(projector, repo, upstream_seq, time, out);
     let unread = records(&mut |r| {
         let row: Result<StoredRow<'_>, ReplacementError> = r.stored_row(repo.did, repo.rev);
         let projected = match row {
@@ -107,6 +92,56 @@ pub(crate) fn land_over_earlier_rows(
     // Counted by the writer once the batch holding them is durable.
     out.replaced = Some(done);
     done
+}
+
+/// [`land_over_earlier_rows`] for a repository whose records are rendered already as `create`
+/// events (`serve --backfill`'s, `crate::backfill`): its `#sync`, then each of `parts` (in
+/// `buf`) as a `create-resync`; `dropped` records were not rendered (counted as dropped).
+pub(crate) fn land_rendered_over_earlier_rows(
+    projector: &mut Projector,
+    repo: &Repository<'_>,
+    upstream_seq: u64,
+    time: &str,
+    out: &mut DoneChunk,
+    (buf, parts, dropped): (&[u8], &[Part], u64),
+) -> Replaced {
+    push_sync(projector, repo, upstream_seq, time, out);
+    let at = out.buf.len();
+    out.buf.extend_from_slice(buf);
+    out.parts
+        .extend(parts.iter().map(|p| p.shifted(at).replacement()));
+    let done = Replaced {
+        records: parts.len() as u64,
+        dropped,
+    };
+    out.replaced = Some(done);
+    done
+}
+
+/// The replacement's `#sync` (module docs) into `out`.
+fn push_sync(
+    projector: &mut Projector,
+    repo: &Repository<'_>,
+    upstream_seq: u64,
+    time: &str,
+    out: &mut DoneChunk,
+) {
+    let body = sync_body(
+        repo.did,
+        repo.rev,
+        repo.commit,
+        repo.commit_block,
+        upstream_seq,
+        time,
+    );
+    let sync = sync_row(repo.did, &body);
+    match projector.project_row(&sync) {
+        Ok(p) => push_parts(p, |_| Some(replacement_row(&sync, 0, 0)), out),
+        Err(e) => {
+            // Built here from a verified commit: a bug, said; the records still follow.
+            tracing::error!(did = repo.did, error = %e, "the #sync of a replacement does not project: not served");
+        }
+    }
 }
 
 /// Hands `each` every record of a verified repository's CAR, in MST key order; how many it

@@ -441,7 +441,7 @@ impl Holds {
     /// Holds a frame of `did`; `false` if a bound is reached (`resync-overflow`, logged once per
     /// resync of the account).
     pub fn hold(&mut self, did: &str, h: Held, metrics: &Metrics) -> bool {
-        let q = self.held.entry(did.into()).or_default();
+        let q = Self::queue(&mut self.held, did, metrics);
         if q.len() >= self.per_account || self.bytes + h.frame.len() > self.max_bytes {
             metrics.verdict(Verdict::ResyncOverflow);
             if self.overflowed.insert(did.into()) {
@@ -464,10 +464,28 @@ impl Holds {
             metrics.resync_accounts.fetch_sub(1, Relaxed);
         }
         self.overflowed.remove(did);
-        let q = self.held.remove(did).unwrap_or_default();
+        let q = match self.held.remove(did) {
+            Some(q) => {
+                metrics.resync_held_accounts.fetch_sub(1, Relaxed);
+                q
+            }
+            None => VecDeque::new(),
+        };
         self.bytes -= q.iter().map(|h| h.frame.len()).sum::<usize>();
         metrics.resync_held.fetch_sub(q.len() as u64, Relaxed);
         q
+    }
+
+    /// `did`'s queue of held frames, made (and counted) if it has none.
+    fn queue<'h>(
+        held: &'h mut HashMap<Box<str>, VecDeque<Held>>,
+        did: &str,
+        metrics: &Metrics,
+    ) -> &'h mut VecDeque<Held> {
+        held.entry(did.into()).or_insert_with(|| {
+            metrics.resync_held_accounts.fetch_add(1, Relaxed);
+            VecDeque::new()
+        })
     }
 }
 
@@ -491,10 +509,7 @@ pub(crate) fn load_pending(
             // Held before the crash, so within the bounds then; kept whatever the bounds now.
             h.bytes += frame.len();
             metrics.resync_held.fetch_add(1, Relaxed);
-            h.held
-                .entry(did.as_str().into())
-                .or_default()
-                .push_back(Held { seq, frame });
+            Holds::queue(&mut h.held, &did, metrics).push_back(Held { seq, frame });
         }
     }
     Ok((holds, queue))

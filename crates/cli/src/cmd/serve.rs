@@ -167,13 +167,30 @@ pub struct Args {
     pub ingest_rate: Option<f64>,
     /// Backfill the network's existing repositories beside ingest (issue 37): the first
     /// --upstream's hosts and accounts crawled as `riptide backfill` crawls them, each
-    /// repository verified and stored through ingest as one `create` per record, the live
-    /// frames of an account held until its repository lands; progress in DATA/backfill, so a
+    /// repository verified and stored through ingest as one `create` per record (over an
+    /// account already served, as replacement rows: a `#sync` then its records, v2 only), the
+    /// live frames of an account held as --backfill-hold says; progress in DATA/backfill, so a
     /// restart resumes. The discovery and limit flags below are `riptide backfill`'s.
     #[arg(long, conflicts_with_all = ["no_verify", "stateless", "no_resync", "from", "publish", "ingest_file"])]
     pub backfill: bool,
+    /// Whose live frames --backfill holds until their repository lands: `in-flight` (only the
+    /// accounts being fetched; the others are served live, and their repository replaces what
+    /// was served) or `all` (every account not yet backfilled, from the crawl's start to its
+    /// end: exact against a network whose repositories are as of the stream's start, but on
+    /// the real network the hold's 256 MiB fill in minutes and the rest overflow into resyncs).
+    #[arg(long, value_enum, default_value_t = BackfillHold::InFlight, requires = "backfill")]
+    pub backfill_hold: BackfillHold,
     #[command(flatten, next_help_heading = "Backfill (with --backfill)")]
     pub crawl: super::backfill::CrawlArgs,
+}
+
+/// `--backfill-hold` (`riptide_serve::backfill::BackfillHold`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackfillHold {
+    /// Only the accounts whose repository is being fetched.
+    InFlight,
+    /// Every account not yet backfilled, for the whole crawl.
+    All,
 }
 
 /// Resync's settings: large repositories spool under `DATA/spool/` (created here), not the
@@ -666,7 +683,14 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                     tx: tx.clone(),
                     metrics: metrics.clone(),
                 };
-                super::serve_backfill::start(&args.crawl, &args.data, plan, r, wiring)?;
+                super::serve_backfill::start(
+                    &args.crawl,
+                    args.backfill_hold,
+                    &args.data,
+                    plan,
+                    r,
+                    wiring,
+                )?;
             }
             // Frames a backfill held when the server last stopped are verified and released.
             None => {

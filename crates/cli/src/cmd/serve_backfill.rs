@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use riptide_backfill::{Hosts, Progress, State};
+use riptide_backfill::{Fetching, Hosts, Progress, State};
 use riptide_resolver::Resolver;
 use riptide_serve::backfill::IngestSink;
 use riptide_serve::{Metrics, Store, Upstream};
@@ -45,6 +45,7 @@ pub struct Wiring {
 /// frame). Its state is `DATA/backfill`, locked for as long as the crawl runs.
 pub fn start(
     crawl: &CrawlArgs,
+    hold: super::serve::BackfillHold,
     data: &std::path::Path,
     (relay, plan): (String, Plan),
     resolver: Resolver,
@@ -53,7 +54,24 @@ pub fn start(
     let state_dir = data.join(STATE_IN_DATA);
     let (state, lock) = open_state(&state_dir)?;
     let spool = crawl.spool(&state_dir)?;
-    let Plan { cfg, limits, keep } = plan;
+    let Plan {
+        mut cfg,
+        limits,
+        keep,
+    } = plan;
+    let hold = match hold {
+        super::serve::BackfillHold::All => riptide_serve::backfill::BackfillHold::All,
+        super::serve::BackfillHold::InFlight => {
+            let f = Arc::new(Fetching::default());
+            cfg.fetching = Some(f.clone());
+            *w.metrics
+                .backfill
+                .fetching
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some(f.clone());
+            riptide_serve::backfill::BackfillHold::InFlight(f)
+        }
+    };
     let fetcher = crawl.fetcher(resolver, relay, keep, spool)?;
     let hosts = Hosts::new(limits, cfg.global);
     let progress = Arc::new(Progress::default());
@@ -61,7 +79,7 @@ pub fn start(
     *b.progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(progress.clone());
     b.running.store(true, Relaxed);
     // First in ingest's input: nothing of the upstream has been sent yet.
-    w.tx.try_send(Upstream::BackfillStart)
+    w.tx.try_send(Upstream::BackfillStart(hold))
         .map_err(|_| anyhow::anyhow!("ingest's input is not open"))?;
     let sink = Box::new(IngestSink::new(w.store, w.tx.clone(), w.next_seq));
     let (tx, metrics) = (w.tx, w.metrics);
@@ -69,7 +87,13 @@ pub fn start(
     tokio::spawn(async move {
         let _lock = lock;
         let refresh = tokio::spawn(refresh(state.clone(), state_dir.clone(), metrics.clone()));
+        let fetching = cfg.fetching.clone();
         let r = riptide_backfill::run(cfg, fetcher, hosts, state.clone(), sink, progress).await;
+        // A crawl that stopped early leaves fetches it will not finish: none is in flight now
+        // (the frames held for them are released with the rest below).
+        if let Some(f) = fetching {
+            f.clear();
+        }
         refresh.abort();
         report(&state, &state_dir, &metrics).await;
         let b = &metrics.backfill;
