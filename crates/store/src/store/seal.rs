@@ -90,16 +90,16 @@ pub(super) struct Sealing {
     hook: Option<Hook>,
 }
 
-/// One sealed file as reads use it: its entry, where it is, its block index, and the file
-/// itself, open: the index and the bytes it addresses are one generation of the file, even while
-/// folding renames a new generation over the path (readers keep the old one until
-/// [`refresh_file`] swaps the new one in).
+/// One sealed file as reads use it: its entry, where it is, and its block index. Not held open
+/// (a long-lived archive has thousands of files, and the server's connection budget counts on
+/// the open-file limit): a read opens the path and checks the header's checksum against the
+/// entry's, so that an index of one generation never addresses the bytes of another (folding
+/// renames a new generation over the path before [`refresh_file`] swaps its index in).
 #[derive(Debug)]
 pub(super) struct SealedFile {
     entry: SegmentEntry,
     path: PathBuf,
     blocks: Vec<BlockInfo>,
-    file: File,
 }
 
 impl SealedFile {
@@ -121,7 +121,6 @@ impl SealedFile {
                 entry,
                 path,
                 blocks,
-                file,
             },
             meta,
         ))
@@ -472,12 +471,10 @@ impl<T: Text> Store<T> {
         blocks: Vec<BlockInfo>,
         run: &[(u64, Slice)],
     ) -> Result<u64, StoreError> {
-        let file = File::open(&path).map_err(io_at(&path))?;
         self.add_file(SealedFile {
             entry: entry.clone(),
             path,
             blocks,
-            file,
         });
         let mut batch = self.ks.batch().durability(Some(PersistMode::SyncAll));
         self.catalog.put(&mut batch, &entry);
@@ -522,6 +519,33 @@ impl<T: Text> Store<T> {
         None
     }
 
+    /// The index entry of `at`'s block in the generation of the file `f` (opened at `path`):
+    /// `None` when it is the generation `at` was found in (the header's checksum is the
+    /// entry's), else the same block (folding keeps the block topology) in the new generation's
+    /// footer, read from `f`: folding renamed it over the path and its index is not swapped in
+    /// yet (`refresh_file`).
+    fn current_info(
+        f: &File,
+        path: &Path,
+        at: &SegmentBlock,
+    ) -> Result<Option<BlockInfo>, StoreError> {
+        let mut head = [0u8; HEADER_BYTES];
+        read_exact_at(f, &mut head, 0, path)?;
+        let header = Header::parse(&head).map_err(format_at(path))?;
+        if header.checksum == at.file.entry.checksum {
+            return Ok(None);
+        }
+        let meta = read_segment_meta(f, path)?;
+        match meta.blocks().get(at.index) {
+            Some(b) if b.min_seq == at.first() => Ok(Some(*b)),
+            _ => Err(format_at(path)(riptide_segment::Error::Footer(format!(
+                "block {} of the new generation is not the block at seq {}",
+                at.index,
+                at.first()
+            )))),
+        }
+    }
+
     /// Reads, decompresses and renders a sealed file's block into `buf` (a cached block's
     /// form). A block that does not match its index entry or does not render is corrupt.
     pub(super) fn open_segment_block(
@@ -535,8 +559,10 @@ impl<T: Text> Store<T> {
             first: info.min_seq,
             what,
         };
+        let f = File::open(path).map_err(io_at(path))?;
+        let info = Self::current_info(&f, path, at)?.unwrap_or(info);
         let mut frame = vec![0u8; 8 + info.compressed_size as usize];
-        read_exact_at(&at.file.file, &mut frame, info.offset, path)?;
+        read_exact_at(&f, &mut frame, info.offset, path)?;
         if be64_le(&frame[..8]) != u64::from(info.compressed_size) {
             return Err(bad("segment block length"));
         }
