@@ -115,11 +115,13 @@ pub struct Args {
     /// Seal the store's row blocks into a segment file of Jetstream v2's archive
     /// (DATA/segments/seg_XXXXXXXXXX.jss) once they hold this many bytes (default 256 MiB, as
     /// Jetstream). Sealed events stay replayable on both wires and are served by the archive
-    /// endpoints; the store then deletes nothing, and --retention only sets the live floor (the
-    /// oldest cursor served live; never above the newest segment's first seq). An edge
-    /// (--from) seals the rows the ingest node publishes with its events (docs/kafka.md,
-    /// `riptide-row`), so it serves the same archive. 0: no archive of our own; the store
-    /// deletes what --retention leaves behind, as before sealing existed.
+    /// endpoints, folded by the store's compaction thread (superseded rows leave the files,
+    /// docs/archive.md "Folding"); the store deletes nothing by age, and --retention only sets
+    /// the live floor (the oldest cursor served live; never above the newest segment's first
+    /// seq). An edge (--from) seals and folds the rows the ingest node publishes with its
+    /// events (docs/kafka.md, `riptide-row`), so it serves the same archive. 0: no archive of
+    /// our own and no folding; the store deletes what --retention leaves behind, as before
+    /// sealing existed.
     #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
     pub segment_bytes: u64,
     /// Listen address.

@@ -44,10 +44,11 @@
 //! longer runs on `blocks` (an unsealed block must not expire: the archive keeps everything).
 //! So each seal ends with a major compaction of `blocks` (what is on disk: removals still in
 //! the memtable are merged by a later seal, once flushed): what is left (the blocks above the
-//! segment, and any JSON block) is rewritten and the removed values are dropped. Not verified
-//! by a test yet: a small test (`seal.rs`) kept 80 KB in `blocks` after sealing 118 KB of rows
-//! (58 KB before the seals, with most removals flushed after the last merge), and flushing
-//! the memtable inside the seal (`rotate_memtable_and_wait`) hung the crash-point tests.
+//! segment, and any JSON block) is rewritten and the removed values are dropped. A small test
+//! (`seal.rs`) kept 80 KB in `blocks` after sealing 118 KB of rows (most removals flushed after
+//! the last merge), and flushing the memtable inside the seal (`rotate_memtable_and_wait`) hung
+//! the crash-point tests; over 800,000 events sealed into 64 segments `blocks` stayed between 0
+//! and 7.9 MB on disk, never growing (`examples/fold_disk.rs`; `docs/archive.md`, "Folding").
 //!
 //! **Folded blocks.** A block rewritten by folding (`crate::compact`) keeps its index entry's
 //! seq bounds and only the rows that survived, so its seqs have gaps, and a block whose rows were
