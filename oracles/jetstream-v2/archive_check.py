@@ -23,11 +23,14 @@ Scenarios (each must yield exactly the expected events, each once, in seq order)
   5. kind 7 (create-resync) rows: the SDK drops them silently (checked on its own functions);
   6. replay(): an archive of the first 100 frames' events, the live store all 152: the archive,
      then the live tail from the archive's end, every event once;
-  7. a store that sealed its own segments: `riptide serve --segment-bytes` ingests a generated
-     stream (`riptide gen`, ~9,200 events: two whole blocks of 4,096 rows sealed, each its own
-     segment, the rest live) and the archive serves what it sealed; snapshot() (no filter, one
-     DID, a collection) gives every sealed event once, and replay() the archive then the live
-     tail, against `riptide jetstream`'s v1 projection of the same frames;
+  7. a store that sealed its own segments and folded them: `riptide serve --segment-bytes`
+     ingests a generated stream (`riptide gen`, ~9,200 events: two whole blocks of 4,096 rows
+     sealed, each its own segment, the rest live; ingested with sealing out of reach, then
+     restarted to seal, so the one pass after the seals knows every tombstone) and its
+     compaction thread folds them; snapshot() (no filter, one DID, a collection) gives exactly
+     the fold derived here (`fold`: the frames' seqs read with libipld, the rules applied to
+     `riptide jetstream`'s v1 projection and the `#sync` frames), each once, and replay() the
+     folded archive then the live tail, unfolded;
   8. after a backfill: `riptide backfill --data D` of a `riptide sim --hosts 3` network (40
      accounts, repositories as of relay seq 1,500), then `riptide serve --data D` following the
      sim's relay from seq 1,460 and sealing: replay() gives the backfilled creates from the sealed
@@ -209,14 +212,73 @@ def check_replay(tmp, want):
         srv.kill()
 
 
-def projected(frames):
-    """`riptide jetstream`'s v1 projection of `frames`, as the SDK's models give it (seq i + 1)."""
+def v1_projection(frames):
+    """`riptide jetstream`'s v1 projection of `frames` (seq i + 1 in `cursor`)."""
     p = subprocess.run([RIPTIDE, "jetstream", frames], check=True, stdout=subprocess.PIPE,
                        stderr=subprocess.DEVNULL, text=True)
     want = [strip(json.loads(line)) for line in p.stdout.splitlines() if line.strip()]
     for i, e in enumerate(want):
         e["cursor"] = i + 1
-    return [expected(e) for e in want]
+    return want
+
+
+def projected(frames):
+    """`riptide jetstream`'s v1 projection of `frames`, as the SDK's models give it (seq i + 1)."""
+    return [expected(e) for e in v1_projection(frames)]
+
+
+def server_seqs(path, v1):
+    """The seq `riptide serve` gives each of `v1`'s events (the projection of the frames at
+    `path`) and each `#sync` frame's row, read from the frames with libipld: a commit's ops, an
+    `#identity` and an `#account` are one event each, in frame order, and a `#sync` one row that
+    v1 does not send. Returns (the v1 events' seqs, [(did, seq)] of the `#sync` rows); the counts
+    are checked against the projection."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    n, at, seq, mine, syncs = int.from_bytes(raw[:4], "big"), 4, 0, [], []
+    for _ in range(n):
+        ln = int.from_bytes(raw[at:at + 4], "big")
+        header, body = libipld.decode_dag_cbor_multi(raw[at + 4:at + 4 + ln])
+        at += 4 + ln
+        t = header.get("t")
+        if t == "#sync":
+            seq += 1
+            syncs.append((body["did"], seq))
+        for _ in range(len(body.get("ops") or []) if t == "#commit" else int(t in ("#identity", "#account"))):
+            seq += 1
+            mine.append(seq)
+    expect(len(mine) == len(v1), f"{len(mine)} events in the frames, the projection has {len(v1)}")
+    return mine, syncs
+
+
+def fold(v1, seqs, syncs, folded):
+    """The rows left once every row at or below `folded` is folded, derived here from the rules
+    (docs/archive.md, "Folding"), sharing nothing with riptide's: a record's update or delete
+    supersedes its earlier rows; a `#sync`, or an `#account` with `active: false, status:
+    deleted`, every earlier row of its DID; a superseded create or update at or below `folded` is
+    gone, everything else (deletes, identity, account and sync rows) stays. `v1` are the
+    projection's events at server seqs `seqs`; returns the indices in `v1` of those left."""
+    tombstones = {}
+
+    def raise_to(key, seq):
+        tombstones[key] = max(tombstones.get(key, 0), seq)
+
+    for e, seq in zip(v1, seqs):
+        c, a = e.get("commit"), e.get("account")
+        if c is not None and c["operation"] in ("update", "delete"):
+            raise_to(("r", e["did"], c["collection"], c["rkey"]), seq)
+        elif a is not None and a.get("active") is False and a.get("status") == "deleted":
+            raise_to(("d", e["did"]), seq)
+    for did, seq in syncs:
+        raise_to(("d", did), seq)
+    left = []
+    for i, (e, seq) in enumerate(zip(v1, seqs)):
+        c = e.get("commit")
+        superseded = c is not None and c["operation"] in ("create", "update") and any(
+            tombstones.get(k, 0) > seq for k in (("r", e["did"], c["collection"], c["rkey"]), ("d", e["did"])))
+        if not (seq <= folded and superseded):
+            left.append(i)
+    return left
 
 
 def replay_all(addr, n, params=None):
@@ -274,29 +336,36 @@ def split_syncs(label, got, syncs):
     return len(mine), [m for m in got if as_v1(m)["$type"] != NSID + "#sync"]
 
 
-def check_aligned(label, got, want):
-    """`check_events` for messages whose seqs count `#sync` rows that v1's numbering skips: the
-    same events in the same order, each at the seq it came with."""
-    expect(len(got) == len(want), f"{label}: {len(got)} events, want {len(want)}")
-    check_events(label, got, [dict(e, seq=m.seq) for m, e in zip(got, want)])
-
-
 def check_sealed_by_serve(tmp):
-    """7. The archive of a store that sealed its own segments from what it ingested."""
+    """7. The archive of a store that sealed its own segments from what it ingested, and folded
+    them (its compaction thread)."""
     gen = os.path.join(tmp, "gen")
     subprocess.run([RIPTIDE, "gen", "--seed", "38", "--accounts", "40", "--events", "9000",
                     "--out", gen, "-q"], check=True, stderr=subprocess.DEVNULL)
     frames = os.path.join(gen, "firehose-frames.bin")
-    want, syncs = projected(frames), sync_frames(frames)
-    total = len(want) + len(syncs)
+    v1, syncs = v1_projection(frames), sync_frames(frames)
+    at, sync_seqs = server_seqs(frames, v1)
+    total = len(v1) + len(syncs)
     block = 4096
     sealed = total // block * block
     expect(sealed >= 2 * block, f"{total} events: fewer than two whole blocks")
-    srv = Server(os.path.join(tmp, "sealing"),
-                 ["--no-verify", "--ingest-file", frames, "--segment-bytes", "100000"])
+    # Ingest with sealing out of reach, then a restart that seals: the one pass after the seals
+    # knows every tombstone, so the fold is exactly `fold`'s (a pass while ingest runs folds
+    # with the tombstones written so far, the next with the rest).
+    data = os.path.join(tmp, "sealing")
+    srv = Server(data, ["--no-verify", "--ingest-file", frames, "--segment-bytes", str(1 << 40)])
     try:
         srv.wait_metric("riptide_ingest_finished", 1)
-        srv.wait_metric("riptide_segments_sealed_total", sealed // block)
+    finally:
+        srv.kill()
+    left = fold(v1, at, sync_seqs, sealed)
+    expect(len(left) < len(v1), "nothing to fold: the stream has no superseded row")
+    want = [expected(dict(v1[i], cursor=at[i])) for i in left]
+    sealed_seqs = sorted([at[i] for i in left if at[i] <= sealed] + [s for _, s in sync_seqs if s <= sealed])
+    srv = Server(data, ["--no-verify", "--ingest-file", frames, "--segment-bytes", "100000"])
+    try:
+        srv.wait_metric("riptide_compaction_seq", sealed)
+        expect(srv.metric("riptide_compaction_failures_total") == 0, "a compaction pass failed")
         with urllib.request.urlopen(f"http://{srv.addr}/xrpc/{LIST}?limit=1000", timeout=60) as r:
             segs = json.load(r)["segments"]
         expect([(s["minSeq"], s["maxSeq"]) for s in segs]
@@ -304,12 +373,13 @@ def check_sealed_by_serve(tmp):
                f"segments {[(s['minSeq'], s['maxSeq']) for s in segs]}")
         t0 = time.monotonic()
         got, c = snapshot(srv.addr, "any-key")
-        expect([m.seq for m in got] == list(range(1, sealed + 1)), "snapshot(): not seqs 1..sealed once each")
+        expect([m.seq for m in got] == sealed_seqs, "snapshot(): not the folded seqs of 1..sealed once each")
         n_sync, others = split_syncs("sealed by serve", got, syncs)
-        check_aligned("sealed by serve", others, want[:len(others)])
-        log(f"7. serve --segment-bytes sealed {len(segs)} segments of {block} rows; snapshot(): "
-            f"{len(got)} events ({n_sync} #sync), each once, equal to v1's and the frames' "
-            f"({c.bytes_downloaded} bytes, {time.monotonic() - t0:.1f} s)")
+        check_events("sealed by serve", others, want[:len(others)])
+        log(f"7. serve --segment-bytes sealed {len(segs)} segments of {block} rows and folded them; "
+            f"snapshot(): {len(got)} events ({n_sync} #sync, {sealed - len(got)} superseded rows "
+            f"folded away), each once, equal to v1's and the frames' ({c.bytes_downloaded} bytes, "
+            f"{time.monotonic() - t0:.1f} s)")
         all_syncs = [m for m in got if m not in others]
         k = len(others)
         counts = collections.Counter(e["did"] for e in want[:k])
@@ -326,7 +396,7 @@ def check_sealed_by_serve(tmp):
             got, c = snapshot(srv.addr, "any-key", params)
             mine = [m.seq for m in got if as_v1(m)["$type"] == NSID + "#sync"]
             expect(mine == [m.seq for m in all_syncs if sync_pred(m)], f"{params}: #sync {mine[:8]}")
-            check_aligned(f"sealed by serve, {params}", [m for m in got if m.seq not in set(mine)], exp)
+            check_events(f"sealed by serve, {params}", [m for m in got if m.seq not in set(mine)], exp)
             log(f"7. snapshot({params}): {len(got)} events ({c.bytes_downloaded} bytes)")
         # Without #sync: this SDK's live reader cannot parse a #sync message's `blocks` as the
         # JSON wire carries bytes (`{"$bytes": …}`, a ModelError), archive or not.
@@ -335,8 +405,8 @@ def check_sealed_by_serve(tmp):
         seqs = [m.seq for m in got]
         expect(seqs == sorted(set(seqs)) and seqs[-1] == total, "replay(): a seq twice, out of order or short")
         expect(not {m.seq for m in all_syncs} & set(seqs), "replay(): a #sync despite the filter")
-        check_aligned("sealed by serve, replay", got, want)
-        log(f"7. replay({kinds}): seqs 1..{sealed} from the store's segments, then "
+        check_events("sealed by serve, replay", got, want)
+        log(f"7. replay({kinds}): the folded seqs of 1..{sealed} from the store's segments, then "
             f"{sealed + 1}..{total} live, {len(got)} events each once, equal to v1's")
     finally:
         srv.kill()

@@ -171,8 +171,8 @@ fn seal_pass(log: &Log, archive: &archive::SealedSegments, metrics: &Metrics) ->
         let _ = archive.add(&store.segment_path(&e));
     }
     if sealed_any {
-        // Folding after each seal, as Jetstream's compaction does, once a compaction thread runs
-        // (not yet in `riptide serve`: docs/archive.md, "Folding"); nothing without one.
+        // Folding after each seal, as Jetstream's compaction does (docs/archive.md, "Folding"):
+        // the store's compaction thread, which `riptide serve` starts whenever it seals.
         store.request_compaction();
     }
     ok

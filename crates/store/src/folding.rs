@@ -38,6 +38,7 @@ use fjall::{Batch, Keyspace};
 use riptide_segment::Row;
 use riptide_throttle::{Say, Throttle};
 
+use crate::catalog::SegmentEntry;
 use crate::compact::{CompactError, CrashPoint, Folder};
 use crate::event::Text;
 use crate::store::{Store, StoreError};
@@ -96,7 +97,7 @@ struct Counts {
     tombstone_errors: AtomicU64,
 }
 
-type OnRewritten = Box<dyn Fn(&Path) + Send + Sync>;
+type OnRewritten = Box<dyn Fn(&SegmentEntry, &Path) + Send + Sync>;
 type Pause = Box<dyn Fn(CrashPoint, u32) + Send + Sync>;
 
 /// The thread's wake-up: a pass requested, or the store closing.
@@ -364,7 +365,7 @@ fn run_once(folder: &Folder, counts: &Counts, recovered: &AtomicBool, on_rewritt
                 .segments_rewritten
                 .fetch_add(p.rewritten.len() as u64, Relaxed);
             for e in &p.rewritten {
-                on_rewritten(&folder.segments_dir().join(e.name()));
+                on_rewritten(e, &folder.segments_dir().join(e.name()));
             }
             // Last: the writer prunes at this seq from its next batch on.
             counts.compaction_seq.store(p.to_seq, Relaxed);
@@ -383,14 +384,26 @@ fn run_once(folder: &Folder, counts: &Counts, recovered: &AtomicBool, on_rewritt
 impl<T: Text> Store<T> {
     /// Starts the compaction thread (module docs), once; a second call does nothing.
     /// `on_rewritten(path)` is called on that thread for each segment file a pass rewrote, once
-    /// it is in place and named by its entry (the server re-reads it: `SealedSegments::add`);
-    /// it must not hold a clone of this store (the last clone's drop joins the thread).
+    /// it is in place and named by its entry and the store's own readers have switched to it
+    /// (the server re-reads it: `SealedSegments::add`); it must not hold a clone of this store
+    /// (the last clone's drop joins the thread).
     pub fn start_compaction(
         &self,
         config: CompactionConfig,
         on_rewritten: impl Fn(&Path) + Send + Sync + 'static,
     ) -> Result<(), StoreError> {
-        self.folding.start(config, Box::new(on_rewritten), None)
+        self.folding
+            .start(config, self.rewritten_then(on_rewritten), None)
+    }
+
+    /// The thread's callback: the store's readers take the new generation of the file
+    /// (`store::seal::refresh_file`), then `then(path)`.
+    fn rewritten_then(&self, then: impl Fn(&Path) + Send + Sync + 'static) -> OnRewritten {
+        let readers = self.readers_of_segments();
+        Box::new(move |entry: &SegmentEntry, path: &Path| {
+            readers.refresh(entry, path);
+            then(path)
+        })
     }
 
     /// [`Self::start_compaction`] with a test hook called at each of a pass's
@@ -403,8 +416,11 @@ impl<T: Text> Store<T> {
         on_rewritten: impl Fn(&Path) + Send + Sync + 'static,
         pause: impl Fn(CrashPoint, u32) + Send + Sync + 'static,
     ) -> Result<(), StoreError> {
-        self.folding
-            .start(config, Box::new(on_rewritten), Some(Box::new(pause)))
+        self.folding.start(
+            config,
+            self.rewritten_then(on_rewritten),
+            Some(Box::new(pause)),
+        )
     }
 
     /// Asks the compaction thread for a pass (the sealer, after each new segment). Returns at

@@ -42,25 +42,33 @@ thread_local! {
     static PROJECTOR: RefCell<Projector> = RefCell::new(Projector::new());
 }
 
-/// Renders a row block's body (`first`'s block, `count` rows) into `data` as the store's
-/// decompressed blocks hold events — `[u32 len][stored value]` each, no zstd form — with where
-/// each value starts in `starts`: every row's v1 event, `time_us` its display time and `cursor`
-/// its seq, as ingest rendered it. `Err` names what is wrong: the rows are not the block's
-/// (count, seqs) or one does not render (a damaged store: ingest keeps only rows that render).
+/// Renders a row block's body (the block of index entry `first..=last`, `count` rows) into
+/// `data` as the store's decompressed blocks hold events — `[u32 len][stored value]` each, no
+/// zstd form — with where each value starts in `starts` and each row's seq in `seqs`: every
+/// row's v1 event, `time_us` its display time and `cursor` its seq, as ingest rendered it.
+///
+/// The seqs need not be consecutive: a block folded by compaction keeps its entry's bounds and
+/// only the rows that survived (`docs/archive.md`, "Folding"). They must be strictly increasing
+/// and inside `first..=last`, and there must be `count` of them; a live block (`last = first +
+/// count - 1`) is thereby held to consecutive seqs. `Err` names what is wrong: the rows are not
+/// the block's (count, seqs) or one does not render (a damaged store: ingest keeps only rows
+/// that render).
 pub(crate) fn render_rows(
-    first: u64,
+    (first, last): (u64, u64),
     count: u64,
     body: &[u8],
     data: &mut Vec<u8>,
     starts: &mut Vec<u32>,
+    seqs: &mut Vec<u64>,
 ) -> Result<(), &'static str> {
     let rows = decode_block(body).map_err(|_| "rows")?;
     if rows.len() as u64 != count {
         return Err("count");
     }
-    if rows.iter().zip(first..).any(|(r, seq)| r.seq != seq) {
+    if !rows_fit(first, last, rows.iter().map(|r| r.seq)) {
         return Err("row seq");
     }
+    seqs.extend(rows.iter().map(|r| r.seq));
     let stored: Vec<StoredRow<'_>> = rows.iter().map(StoredRow::from_row).collect();
     let mut failed = None;
     PROJECTOR.with(|p| {
@@ -103,6 +111,19 @@ pub(crate) fn render_rows(
     }
 }
 
+/// Whether `seqs` are strictly increasing and all inside `first..=last` (a block's rows against
+/// its index entry).
+fn rows_fit(first: u64, last: u64, seqs: impl Iterator<Item = u64>) -> bool {
+    let mut next = first;
+    for seq in seqs {
+        if seq < next || seq > last {
+            return false;
+        }
+        next = seq + 1;
+    }
+    true
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,7 +164,7 @@ mod tests {
         let mut body = Vec::new();
         encode_block(&rows, &mut body).unwrap();
         let (mut data, mut starts) = (Vec::new(), Vec::new());
-        render_rows(5, 2, &body, &mut data, &mut starts).unwrap();
+        render_rows((5, 6), 2, &body, &mut data, &mut starts, &mut Vec::new()).unwrap();
         assert_eq!(starts.len(), 2);
         for (i, &s) in starts.iter().enumerate() {
             let end = starts.get(i + 1).map_or(data.len(), |&n| n as usize - 4);
@@ -164,15 +185,22 @@ mod tests {
         }
         let (mut data, mut starts) = (Vec::new(), Vec::new());
         assert_eq!(
-            render_rows(4, 2, &body, &mut data, &mut starts),
+            render_rows((4, 5), 2, &body, &mut data, &mut starts, &mut Vec::new()),
             Err("row seq")
         );
         assert_eq!(
-            render_rows(5, 3, &body, &mut data, &mut starts),
+            render_rows((5, 7), 3, &body, &mut data, &mut starts, &mut Vec::new()),
             Err("count")
         );
         assert_eq!(
-            render_rows(5, 2, &body[..9], &mut data, &mut starts),
+            render_rows(
+                (5, 6),
+                2,
+                &body[..9],
+                &mut data,
+                &mut starts,
+                &mut Vec::new()
+            ),
             Err("rows")
         );
         // A replacement's record (kind 7) comes back as one: a `create` v1 never sends.
@@ -193,7 +221,7 @@ mod tests {
         )
         .unwrap();
         let (mut data, mut starts) = (Vec::new(), Vec::new());
-        render_rows(5, 2, &body, &mut data, &mut starts).unwrap();
+        render_rows((5, 6), 2, &body, &mut data, &mut starts, &mut Vec::new()).unwrap();
         let at = |i: usize| {
             let end = starts.get(i + 1).map_or(data.len(), |&n| n as usize - 4);
             Event::<Utf8Text>::decode(
@@ -231,8 +259,59 @@ mod tests {
         body.clear();
         encode_block(&[delete(5), bad], &mut body).unwrap();
         assert_eq!(
-            render_rows(5, 2, &body, &mut data, &mut starts),
+            render_rows((5, 6), 2, &body, &mut data, &mut starts, &mut Vec::new()),
             Err("row does not render")
         );
+    }
+
+    #[test]
+    fn a_folded_block_renders_its_rows_under_their_own_seqs() {
+        // What compaction leaves of the block 10..=20: three rows, gaps before, between, after.
+        let rows = [delete(12), delete(13), delete(17)];
+        let mut body = Vec::new();
+        encode_block(&rows, &mut body).unwrap();
+        let (mut data, mut starts, mut seqs) = (Vec::new(), Vec::new(), Vec::new());
+        render_rows((10, 20), 3, &body, &mut data, &mut starts, &mut seqs).unwrap();
+        assert_eq!(seqs, [12, 13, 17]);
+        for (i, &s) in starts.iter().enumerate() {
+            let end = starts.get(i + 1).map_or(data.len(), |&n| n as usize - 4);
+            let e =
+                Event::<Utf8Text>::decode(seqs[i], Bytes::copy_from_slice(&data[s as usize..end]))
+                    .unwrap();
+            let json = String::from_utf8(e.json().to_vec()).unwrap();
+            assert!(
+                json.contains(&format!(r#""cursor":{},"#, seqs[i])),
+                "{json}"
+            );
+        }
+        // Rows that contradict the entry are still refused: outside its bounds on either side,
+        // out of order, repeated, or not as many as it says.
+        let refused = |rows: &[Row<'_>], first, last, count| {
+            let mut body = Vec::new();
+            encode_block(rows, &mut body).unwrap();
+            let (mut data, mut starts, mut seqs) = (Vec::new(), Vec::new(), Vec::new());
+            render_rows(
+                (first, last),
+                count,
+                &body,
+                &mut data,
+                &mut starts,
+                &mut seqs,
+            )
+            .err()
+        };
+        assert_eq!(refused(&rows, 13, 20, 3), Some("row seq"));
+        assert_eq!(refused(&rows, 10, 16, 3), Some("row seq"));
+        assert_eq!(
+            refused(&[delete(13), delete(12)], 10, 20, 2),
+            Some("row seq")
+        );
+        assert_eq!(
+            refused(&[delete(13), delete(13)], 10, 20, 2),
+            Some("row seq")
+        );
+        assert_eq!(refused(&rows, 10, 20, 2), Some("count"));
+        assert_eq!(refused(&rows, 10, 20, 3), None);
+        assert_eq!(refused(&rows, 12, 17, 3), None);
     }
 }

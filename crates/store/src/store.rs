@@ -211,6 +211,20 @@ use crate::ReadLimit;
 mod seal;
 pub use seal::{read_segment_meta, SealPoint};
 
+/// The sealed files' index and the block cache, shared with folding's thread
+/// ([`Store::readers_of_segments`]) without a clone of the store.
+pub(crate) struct SegmentReaders {
+    files: Arc<std::sync::RwLock<seal::Files>>,
+    cache: Arc<Mutex<VecDeque<Arc<Block>>>>,
+}
+
+impl SegmentReaders {
+    /// Folding rewrote the file of `entry` at `path`: readers take it (`seal::refresh_file`).
+    pub(crate) fn refresh(&self, entry: &crate::catalog::SegmentEntry, path: &Path) {
+        seal::refresh_file(&self.files, &self.cache, entry, path);
+    }
+}
+
 /// Most files the store keeps open (fjall's descriptor cache; its default is 900). Kept small
 /// and fixed so the connection budget can leave room for it (`limits.rs`): a store that cannot
 /// open its next journal file is poisoned.
@@ -405,12 +419,26 @@ impl Default for StoreOptions {
 }
 
 /// One decompressed block: `[u32 len][value]…`, the events' stored values (without zstd forms).
+///
+/// Its events' seqs are increasing but need not be consecutive: a segment block folded by
+/// compaction keeps its index entry's bounds and only the rows that survived (`docs/archive.md`,
+/// "Folding"). A cursor inside a gap starts at the next event present.
 #[derive(Debug)]
 struct Block {
+    /// The first seq of its index entry (its key in `blocks`, `min_seq` in a segment): what a
+    /// damage is recorded under.
     first: u64,
+    /// The lowest seq the block answers for: `first`, or lower when the segment blocks just
+    /// before it were emptied by folding (they hold nothing, so a reader there goes on here,
+    /// and finds this block cached rather than loading it again).
+    from: u64,
+    /// The last seq of its index entry.
+    last: u64,
     data: Vec<u8>,
     /// Where each event's value starts in `data` (its length prefix is the 4 bytes before).
     starts: Vec<u32>,
+    /// Each event's seq, increasing.
+    seqs: Vec<u64>,
 }
 
 impl Block {
@@ -418,14 +446,19 @@ impl Block {
         self.starts.len() as u64
     }
 
-    /// The seq after the block's last event.
+    /// The seq after the block's range (its entry's last seq + 1).
     fn end(&self) -> u64 {
-        self.first + self.count()
+        self.last + 1
     }
 
-    /// Whether the block holds the event `seq`.
+    /// Whether `seq` is in the block's range (held, or in a gap of it).
     fn holds(&self, seq: u64) -> bool {
-        self.first <= seq && seq < self.end()
+        self.from <= seq && seq <= self.last
+    }
+
+    /// The index of the first event with a seq ≥ `seq` (the count if there is none).
+    fn index_of(&self, seq: u64) -> usize {
+        self.seqs.partition_point(|&s| s < seq)
     }
 
     /// The value of the block's `i`th event.
@@ -1113,11 +1146,17 @@ fn open_block(h: &BlockHeader, v: &[u8], mut buf: Vec<u8>) -> Result<Block, Stor
         let mut body = Vec::with_capacity(h.raw_len);
         decompress(v, h, &mut body)?;
         let mut starts = Vec::with_capacity(h.count as usize);
-        crate::rows::render_rows(h.first, h.count, &body, &mut buf, &mut starts).map_err(bad)?;
+        let mut seqs = Vec::with_capacity(h.count as usize);
+        let bounds = (h.first, h.first + h.count - 1);
+        crate::rows::render_rows(bounds, h.count, &body, &mut buf, &mut starts, &mut seqs)
+            .map_err(bad)?;
         return Ok(Block {
             first: h.first,
+            from: h.first,
+            last: bounds.1,
             data: buf,
             starts,
+            seqs,
         });
     }
     buf.reserve(h.raw_len);
@@ -1141,8 +1180,11 @@ fn open_block(h: &BlockHeader, v: &[u8], mut buf: Vec<u8>) -> Result<Block, Stor
     }
     Ok(Block {
         first: h.first,
+        from: h.first,
+        last: h.first + h.count - 1,
         data,
         starts,
+        seqs: (h.first..h.first + h.count).collect(),
     })
 }
 
@@ -1619,7 +1661,7 @@ impl<T: Text> Store<T> {
     fn check_events(b: &Block) -> Result<u64, StoreError> {
         for i in 0..b.starts.len() {
             let raw = Bytes::copy_from_slice(b.value(i));
-            Event::<T>::decode(b.first + i as u64, raw).map_err(|_| StoreError::CorruptBlock {
+            Event::<T>::decode(b.seqs[i], raw).map_err(|_| StoreError::CorruptBlock {
                 first: b.first,
                 what: "event",
             })?;
@@ -2263,6 +2305,15 @@ impl<T: Text> Store<T> {
         }
     }
 
+    /// What folding's thread needs to switch readers to a rewritten file
+    /// (`seal::refresh_file`) without holding a clone of the store.
+    pub(crate) fn readers_of_segments(&self) -> SegmentReaders {
+        SegmentReaders {
+            files: self.segments.clone(),
+            cache: self.cache.clone(),
+        }
+    }
+
     /// Whether the block holding `seq` is cached (not counted as a hit).
     fn is_cached(&self, seq: u64) -> bool {
         lock(&self.cache).iter().any(|b| b.holds(seq))
@@ -2299,7 +2350,16 @@ impl<T: Text> Store<T> {
         });
         let spare = std::mem::take(&mut *lock(&self.spare));
         let block = match (in_file, found) {
-            (Some(s), _) => Arc::new(self.open_segment_block(&s, spare)?),
+            (Some(s), _) => {
+                let block = Arc::new(self.open_segment_block(&s, spare)?);
+                // Folding replaced the file meanwhile: this reader has its block, but the cache
+                // takes only the current generation's (module `seal`, `refresh_file`).
+                if !s.is_current(&self.files()) {
+                    self.cache_stats.loads.fetch_add(1, Relaxed);
+                    return Ok(Some(block));
+                }
+                block
+            }
             (None, Some((h, v))) => Arc::new(open_block(&h, &v, spare)?),
             (None, None) => return Ok(None),
         };
@@ -2429,7 +2489,8 @@ impl<T: Text> Store<T> {
                 };
                 // The events that fit, copied out in one piece (their values are back to back
                 // in the block), each a slice of it: one allocation per read, not per event.
-                let skip = from.saturating_sub(block.first) as usize;
+                // By seq: a folded block's seqs have gaps (a cursor in one starts after it).
+                let skip = block.index_of(from);
                 let mut end = skip;
                 while end < block.starts.len() {
                     let n = out.len() - start + (end - skip);
@@ -2447,7 +2508,7 @@ impl<T: Text> Store<T> {
                     for i in skip..end {
                         let at = block.starts[i] as usize - base;
                         let raw = copy.slice(at..at + block.value(i).len());
-                        match Event::<T>::decode(block.first + i as u64, raw) {
+                        match Event::<T>::decode(block.seqs[i], raw) {
                             Ok(e) => out.push(e),
                             // Only in a block from before checksums (a checksummed one holds
                             // what was sealed): none of its events is served from here on.
@@ -2512,7 +2573,11 @@ impl<T: Text> Store<T> {
                 continue;
             }
             match self.block_at(from) {
-                Ok(Some(b)) => return Ok(Some(from.max(b.first))),
+                Ok(Some(b)) => match b.seqs.get(b.index_of(from)) {
+                    Some(&seq) => return Ok(Some(seq)),
+                    // Past its last event (a folded block's tail): the next block's.
+                    None => from = b.end().max(from + 1),
+                },
                 Ok(None) => break,
                 Err(StoreError::CorruptBlock { first, what }) => {
                     from = self.note_damaged(first, what).end.max(from + 1);

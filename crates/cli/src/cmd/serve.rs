@@ -115,11 +115,13 @@ pub struct Args {
     /// Seal the store's row blocks into a segment file of Jetstream v2's archive
     /// (DATA/segments/seg_XXXXXXXXXX.jss) once they hold this many bytes (default 256 MiB, as
     /// Jetstream). Sealed events stay replayable on both wires and are served by the archive
-    /// endpoints; the store then deletes nothing, and --retention only sets the live floor (the
-    /// oldest cursor served live; never above the newest segment's first seq). An edge
-    /// (--from) seals the rows the ingest node publishes with its events (docs/kafka.md,
-    /// `riptide-row`), so it serves the same archive. 0: no archive of our own; the store
-    /// deletes what --retention leaves behind, as before sealing existed.
+    /// endpoints, folded by the store's compaction thread (superseded rows leave the files,
+    /// docs/archive.md "Folding"); the store deletes nothing by age, and --retention only sets
+    /// the live floor (the oldest cursor served live; never above the newest segment's first
+    /// seq). An edge (--from) seals and folds the rows the ingest node publishes with its
+    /// events (docs/kafka.md, `riptide-row`), so it serves the same archive. 0: no archive of
+    /// our own and no folding; the store deletes what --retention leaves behind, as before
+    /// sealing existed.
     #[arg(long, value_name = "BYTES", default_value_t = 256 << 20)]
     pub segment_bytes: u64,
     /// Listen address.
@@ -585,11 +587,19 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     let sealed = riptide_serve::archive::SealedSegments::start(&log.store().segments_dir(), &named)
         .with_context(|| format!("scanning {}", args.data.join("segments").display()))?;
     let sealed = Arc::new(sealed);
-    // Folding (issue 38) is built (`Store::start_compaction`, tombstones written by ingest) but
-    // not run here: a folded segment's blocks have gaps in their seqs, and the store's replay
-    // path reads blocks of contiguous seqs (`Block` in riptide-store), so a replay over a folded
-    // segment would skip it as damaged. Until that path reads sparse blocks, the archive is
-    // served unfolded (docs/archive.md, "Folding").
+    // Folding (issue 38, docs/archive.md "Folding"): whenever the store seals, its compaction
+    // thread folds the sealed segments after each seal (`seal_loop` asks) and every minute
+    // besides; the writer then prunes the tombstones a pass finished with. Each file it rewrites
+    // is read again for the archive (a file that fails is refused there, said and counted). The
+    // thread stops with the store's last clone (a pass finishes its current file first).
+    if args.segment_bytes > 0 {
+        let rewritten = sealed.clone();
+        log.store()
+            .start_compaction(Default::default(), move |path| {
+                let _ = rewritten.add(path);
+            })
+            .context("starting the compaction thread")?;
+    }
     let archive = Arc::new(riptide_serve::archive::Archive::new(
         sealed,
         riptide_serve::archive::ArchiveConfig {

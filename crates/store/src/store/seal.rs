@@ -44,13 +44,18 @@
 //! longer runs on `blocks` (an unsealed block must not expire: the archive keeps everything).
 //! So each seal ends with a major compaction of `blocks` (what is on disk: removals still in
 //! the memtable are merged by a later seal, once flushed): what is left (the blocks above the
-//! segment, and any JSON block) is rewritten and the removed values are dropped. Not verified
-//! by a test yet: a small test (`seal.rs`) kept 80 KB in `blocks` after sealing 118 KB of rows
-//! (58 KB before the seals, with most removals flushed after the last merge), and flushing
-//! the memtable inside the seal (`rotate_memtable_and_wait`) hung the crash-point tests.
+//! segment, and any JSON block) is rewritten and the removed values are dropped. A small test
+//! (`seal.rs`) kept 80 KB in `blocks` after sealing 118 KB of rows (most removals flushed after
+//! the last merge), and flushing the memtable inside the seal (`rotate_memtable_and_wait`) hung
+//! the crash-point tests; over 800,000 events sealed into 64 segments `blocks` stayed between 0
+//! and 7.9 MB on disk, never growing (`examples/fold_disk.rs`; `docs/archive.md`, "Folding").
 //!
-//! Not done: blocks with gaps in their seqs (a compacted segment's folded blocks) are refused as
-//! corrupt by the reader here (a cached block holds consecutive seqs); folding is not yet wired.
+//! **Folded blocks.** A block rewritten by folding (`crate::compact`) keeps its index entry's
+//! seq bounds and only the rows that survived, so its seqs have gaps, and a block whose rows were
+//! all superseded is listed with no events. A reader finds a block by its bounds
+//! ([`SegmentBlock::holds`]), the event by seq inside it (a cursor in a gap starts at the next
+//! event present), and skips emptied blocks; the rows are checked against the entry (increasing,
+//! within its bounds, as many as it says: `crate::rows::render_rows`), so damage is still found.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -86,12 +91,74 @@ pub(super) struct Sealing {
     hook: Option<Hook>,
 }
 
-/// One sealed file as reads use it: its entry, where it is, and its block index.
+/// One sealed file as reads use it: its entry, where it is, and its block index. Not held open
+/// (a long-lived archive has thousands of files, and the server's connection budget counts on
+/// the open-file limit): a read opens the path and checks the header's checksum against the
+/// entry's, so that an index of one generation never addresses the bytes of another (folding
+/// renames a new generation over the path before [`refresh_file`] swaps its index in).
 #[derive(Debug)]
 pub(super) struct SealedFile {
     entry: SegmentEntry,
     path: PathBuf,
     blocks: Vec<BlockInfo>,
+}
+
+impl SealedFile {
+    /// The file at `path` as `entry` names it: opened, its header and footer read and its
+    /// checksum checked against the entry's.
+    fn open(entry: SegmentEntry, path: PathBuf) -> Result<(SealedFile, SegmentMeta), StoreError> {
+        let file = File::open(&path).map_err(io_at(&path))?;
+        let meta = read_segment_meta(&file, &path)?;
+        if meta.header().checksum != entry.checksum {
+            return Err(format_at(&path)(riptide_segment::Error::Footer(format!(
+                "checksum {:016x}, its entry says {:016x}",
+                meta.header().checksum,
+                entry.checksum
+            ))));
+        }
+        let blocks = meta.blocks().to_vec();
+        Ok((
+            SealedFile {
+                entry,
+                path,
+                blocks,
+            },
+            meta,
+        ))
+    }
+}
+
+/// After folding rewrote the file of `entry` (now at `path`): readers take the new generation
+/// from here on, and the blocks of the old one leave the block cache (a replay then serves the
+/// fold). If the new file cannot be read, readers keep the old generation (still open, so still
+/// readable) and the failure is logged: nothing is lost, the fold is served after a restart.
+pub(super) fn refresh_file(
+    files: &std::sync::RwLock<Files>,
+    cache: &Mutex<VecDeque<Arc<Block>>>,
+    entry: &SegmentEntry,
+    path: &Path,
+) {
+    let fresh = match SealedFile::open(entry.clone(), path.to_owned()) {
+        Ok((f, _)) => f,
+        Err(e) => {
+            tracing::error!(
+                segment = %entry.name(),
+                error = %e,
+                "a folded segment cannot be read back: replays keep serving its previous                  generation until the store is reopened"
+            );
+            return;
+        }
+    };
+    {
+        let mut cur = files.write().unwrap_or_else(|p| p.into_inner());
+        let mut next: Vec<Arc<SealedFile>> = cur.as_ref().clone();
+        match next.iter().position(|f| f.entry.index == entry.index) {
+            Some(i) => next[i] = Arc::new(fresh),
+            None => return,
+        }
+        *cur = Arc::new(next);
+    }
+    lock(cache).retain(|b| !(entry.min_seq..=entry.max_seq).contains(&b.first));
 }
 
 /// The sealed files, ascending by seq, swapped whole when one is added.
@@ -104,15 +171,47 @@ pub(super) struct SegmentBlock {
 }
 
 impl SegmentBlock {
+    /// Whether its file is still the generation readers take (not replaced by folding since).
+    pub(super) fn is_current(&self, files: &Files) -> bool {
+        files.iter().any(|f| Arc::ptr_eq(f, &self.file))
+    }
+
     /// The block's first seq.
     pub(super) fn first(&self) -> u64 {
         self.file.blocks[self.index].min_seq
     }
 
-    /// Whether it holds `seq`.
+    /// Whether `seq` is in its range (its index entry's bounds: a folded block keeps them, with
+    /// gaps between the rows that survived).
     pub(super) fn holds(&self, seq: u64) -> bool {
         let b = &self.file.blocks[self.index];
-        b.min_seq <= seq && seq < b.min_seq + u64::from(b.event_count)
+        b.min_seq <= seq && seq <= b.max_seq
+    }
+
+    /// The lowest seq a reader finds nothing at before this block: the seq after the last
+    /// non-empty block before it, across the blocks emptied by folding just before it (in its
+    /// file, and in the files right before it when they are contiguous: nothing else holds those
+    /// seqs). Its own first seq when the block before it holds events.
+    fn reaches_back_to(&self, files: &[Arc<SealedFile>]) -> u64 {
+        let mut at = self.file.blocks[self.index].min_seq;
+        let mut file = files.iter().rposition(|f| Arc::ptr_eq(f, &self.file));
+        let mut blocks = &self.file.blocks[..self.index];
+        loop {
+            match blocks.iter().rev().find(|b| b.event_count > 0) {
+                Some(b) => return b.max_seq + 1,
+                None => {
+                    let Some(i) = file else { return at };
+                    at = at.min(files[i].entry.min_seq);
+                    match i.checked_sub(1).map(|p| &files[p]) {
+                        Some(prev) if prev.entry.max_seq + 1 == files[i].entry.min_seq => {
+                            file = Some(i - 1);
+                            blocks = &prev.blocks;
+                        }
+                        _ => return at,
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -223,7 +322,7 @@ impl<T: Text> Store<T> {
         lock(&self.sealing).hook = Some(Arc::new(stop));
     }
 
-    fn files(&self) -> Files {
+    pub(super) fn files(&self) -> Files {
         self.segments
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -421,6 +520,33 @@ impl<T: Text> Store<T> {
         None
     }
 
+    /// The index entry of `at`'s block in the generation of the file `f` (opened at `path`):
+    /// `None` when it is the generation `at` was found in (the header's checksum is the
+    /// entry's), else the same block (folding keeps the block topology) in the new generation's
+    /// footer, read from `f`: folding renamed it over the path and its index is not swapped in
+    /// yet (`refresh_file`).
+    fn current_info(
+        f: &File,
+        path: &Path,
+        at: &SegmentBlock,
+    ) -> Result<Option<BlockInfo>, StoreError> {
+        let mut head = [0u8; HEADER_BYTES];
+        read_exact_at(f, &mut head, 0, path)?;
+        let header = Header::parse(&head).map_err(format_at(path))?;
+        if header.checksum == at.file.entry.checksum {
+            return Ok(None);
+        }
+        let meta = read_segment_meta(f, path)?;
+        match meta.blocks().get(at.index) {
+            Some(b) if b.min_seq == at.first() => Ok(Some(*b)),
+            _ => Err(format_at(path)(riptide_segment::Error::Footer(format!(
+                "block {} of the new generation is not the block at seq {}",
+                at.index,
+                at.first()
+            )))),
+        }
+    }
+
     /// Reads, decompresses and renders a sealed file's block into `buf` (a cached block's
     /// form). A block that does not match its index entry or does not render is corrupt.
     pub(super) fn open_segment_block(
@@ -435,6 +561,7 @@ impl<T: Text> Store<T> {
             what,
         };
         let f = File::open(path).map_err(io_at(path))?;
+        let info = Self::current_info(&f, path, at)?.unwrap_or(info);
         let mut frame = vec![0u8; 8 + info.compressed_size as usize];
         read_exact_at(&f, &mut frame, info.offset, path)?;
         if be64_le(&frame[..8]) != u64::from(info.compressed_size) {
@@ -448,11 +575,17 @@ impl<T: Text> Store<T> {
         buf.clear();
         let count = u64::from(info.event_count);
         let mut starts = Vec::with_capacity(count as usize);
-        crate::rows::render_rows(info.min_seq, count, &body, &mut buf, &mut starts).map_err(bad)?;
+        let mut seqs = Vec::with_capacity(count as usize);
+        let bounds = (info.min_seq, info.max_seq);
+        crate::rows::render_rows(bounds, count, &body, &mut buf, &mut starts, &mut seqs)
+            .map_err(bad)?;
         Ok(Block {
             first: info.min_seq,
+            from: at.reaches_back_to(&self.files()),
+            last: info.max_seq,
             data: buf,
             starts,
+            seqs,
         })
     }
 
@@ -532,28 +665,10 @@ impl<T: Text> Store<T> {
         *self.segments.write().unwrap_or_else(|p| p.into_inner()) = Arc::default();
         for e in self.catalog.entries()? {
             let path = self.segment_path(&e);
-            let meta = File::open(&path).map_err(io_at(&path));
-            let meta = meta
-                .and_then(|f| read_segment_meta(&f, &path))
-                .and_then(|m| {
-                    if m.header().checksum == e.checksum {
-                        Ok(m)
-                    } else {
-                        Err(format_at(&path)(riptide_segment::Error::Footer(format!(
-                            "checksum {:016x}, its entry says {:016x}",
-                            m.header().checksum,
-                            e.checksum
-                        ))))
-                    }
-                });
-            match meta {
-                Ok(m) => {
+            match SealedFile::open(e.clone(), path) {
+                Ok((file, m)) => {
                     last = Some((e.max_seq, m.header().max_witnessed_at));
-                    self.add_file(SealedFile {
-                        entry: e,
-                        path,
-                        blocks: m.blocks().to_vec(),
-                    });
+                    self.add_file(file);
                 }
                 Err(err) => {
                     last = Some((e.max_seq, 0));
