@@ -464,13 +464,22 @@ def check_backfill_then_live(tmp):
                             "--no-resync", "--segment-bytes", "100000"])
         srv.wait_metric("riptide_upstream_seq", frames_n)
         srv.wait_metric("riptide_segments_sealed_total", 1)
+        # Nothing may change between the reads below: the seal loop (once a second) has sealed
+        # what it will, and the compaction thread has folded every sealed segment.
+        sealed, deadline = -1.0, time.monotonic() + 120
+        while sealed != srv.metric("riptide_segments_sealed_total"):
+            expect(time.monotonic() < deadline, "the server never stopped sealing")
+            sealed = srv.metric("riptide_segments_sealed_total")
+            time.sleep(3)
+        with urllib.request.urlopen(f"http://{srv.addr}/xrpc/{LIST}?limit=1000", timeout=60) as r:
+            tip = max(seg["maxSeq"] for seg in json.load(r)["segments"])
+        srv.wait_metric("riptide_compaction_seq", tip)
         v1 = v1_all(srv.addr)
         want = [expected(dict(strip(e), cursor=e["cursor"])) for e in v1]
         expect(len(want) > 4096 + 1000, f"{len(want)} events served on v1")
         kinds = {"kinds": ["commit", "identity", "account"]}
         got = replay_all(srv.addr, len(want), kinds)
         check_events("backfill then live, replay()", got, want)
-        sealed = srv.metric("riptide_segments_sealed_total")
         # Each account folds to its repository at the end of the stream (riptide repo ls of
         # the generator's export), but for the deactivated ones (not backfilled) and those with
         # a #sync in the stream (their chain was
@@ -497,7 +506,7 @@ def check_backfill_then_live(tmp):
                    f"has {len(want_repo)}")
             checked += 1
         log(f"8. backfill ({st['repos_ok']} repositories from 3 hosts, {len(failed)} deactivated) then live: replay() gave {len(got)} events "
-            f"({int(sealed)} segments sealed, then live), each once, equal to v1's; {checked} accounts "
+            f"({int(sealed)} segments sealed and folded, then live), each once, equal to v1's; {checked} accounts "
             f"fold to their repositories, {len(synced)} with a #sync left out ({time.monotonic() - t0:.1f} s)")
         # Interrupted: a snapshot() abandoned half-way, then another from the last seq it gave.
         whole, _ = snapshot(srv.addr, "any-key")
