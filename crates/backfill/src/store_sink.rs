@@ -33,7 +33,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use riptide_firehose::chain::{check_sync, AccountState};
-use riptide_jetstream::replace::{replacement_row, sync_body, sync_row, ReplacementRecord};
+use riptide_jetstream::replace::{replacement_row, sync_body, sync_row};
 use riptide_jetstream::{Projector, StoredRow};
 use riptide_segment::{OwnedRow, Row};
 use riptide_store::{Event, Resume, Store, Text};
@@ -225,20 +225,6 @@ impl StoreSink {
     }
 }
 
-/// The signed commit block of a verified repository (what its `#sync` carries).
-fn commit_block(repo: &Verified) -> Option<Vec<u8>> {
-    let mut reader = riptide_car::CarReader::new();
-    let opts = riptide_car::CarOptions {
-        verify: false,
-        ..riptide_car::CarOptions::repository()
-    };
-    reader
-        .read(&repo.car, &opts)
-        .ok()?
-        .get(repo.commit.as_cid())
-        .map(<[u8]>::to_vec)
-}
-
 impl Sink for StoreSink {
     fn recover(&mut self, position: Option<&[u8]>) -> Result<(), SinkError> {
         // Nothing to roll back (module docs); but a store behind the state was replaced.
@@ -304,7 +290,7 @@ impl Sink for StoreSink {
                         &repo.did,
                         &repo.rev,
                         &repo.commit,
-                        &commit_block(repo).unwrap_or_default(),
+                        repo.commit_block().unwrap_or_default(),
                         0,
                         &time,
                     );
@@ -322,13 +308,7 @@ impl Sink for StoreSink {
                 }
                 for r in repo.records() {
                     let row = if landed.replaced {
-                        let rec = ReplacementRecord {
-                            collection: r.collection,
-                            rkey: r.rkey,
-                            cid: r.cid,
-                            bytes: r.bytes,
-                        };
-                        match rec.stored_row(&repo.did, &repo.rev) {
+                        match r.stored_row(&repo.did, &repo.rev) {
                             Ok(row) => row,
                             Err(_) => {
                                 landed.dropped += 1;
