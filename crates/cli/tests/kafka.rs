@@ -1306,6 +1306,97 @@ fn all_records(bootstrap: &str, topic: &str, n: i32) -> Vec<(String, Value)> {
         .collect()
 }
 
+/// Every repository on the workers' `topic` (`n` partitions, `riptide_kafka::repo_record`
+/// chunks), rebuilt (each record's block checked against its CID): DID → `collection/rkey\tcid`
+/// lines, as `riptide repo ls` prints them, one per record published (a repository published
+/// twice has its lines twice).
+fn published_repos(bootstrap: &str, topic: &str, n: i32) -> BTreeMap<String, Vec<String>> {
+    use riptide_kafka::repo_record;
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for p in 0..n {
+        let recs = records_of(bootstrap, topic, p);
+        let mut i = 0;
+        while i < recs.len() {
+            let (key, value) = (&recs[i].1, &recs[i].3);
+            let c = repo_record::decode(key, value).unwrap_or_else(|e| panic!("{topic}/{p}: {e}"));
+            // One worker's transaction: a repository's chunks follow one another.
+            let values: Vec<Vec<u8>> = recs[i..i + c.count as usize]
+                .iter()
+                .map(|r| r.3.clone())
+                .collect();
+            i += c.count as usize;
+            let chunks: Vec<_> = values
+                .iter()
+                .map(|v| repo_record::decode(key, v).unwrap())
+                .collect();
+            let v = riptide_backfill::Verified::from_records(
+                c.did,
+                c.rev,
+                c.commit,
+                c.data,
+                c.commit_block,
+                chunks.iter().flat_map(|c| c.records()),
+                "test",
+            )
+            .unwrap_or_else(|e| panic!("{}: {e}", c.did));
+            out.entry(c.did.to_owned()).or_default().extend(
+                v.records()
+                    .map(|r| format!("{}/{}\t{}", r.collection, r.rkey, r.cid)),
+            );
+        }
+    }
+    out
+}
+
+/// The accounts of a `riptide sim` by its manifest: the good ones, the bad ones with their
+/// reason (`planted` faults, and those each host's own `listRepos` says are inactive), and the
+/// offline hosts with their account counts.
+#[allow(clippy::type_complexity)]
+fn sim_accounts(
+    manifest: &Value,
+    planted: &BTreeMap<String, &str>,
+) -> (
+    BTreeSet<String>,
+    BTreeMap<String, String>,
+    Vec<(String, u64)>,
+) {
+    let (mut good, mut bad) = (BTreeSet::new(), BTreeMap::new());
+    let mut offline = Vec::new();
+    for h in manifest["hosts"].as_array().unwrap() {
+        if h["fault"].as_str() == Some("offline") {
+            offline.push((
+                h["hostname"].as_str().unwrap().to_owned(),
+                h["accounts"].as_u64().unwrap(),
+            ));
+            continue;
+        }
+        let (code, body) = common::http_get(
+            h["hostname"].as_str().unwrap(),
+            "/xrpc/com.atproto.sync.listRepos?limit=1000",
+        );
+        assert_eq!(code, 200, "{body}");
+        let listed: Value = serde_json::from_str(&body).unwrap();
+        for r in listed["repos"].as_array().unwrap() {
+            let did = r["did"].as_str().unwrap().to_owned();
+            let inactive =
+                (r["active"].as_bool() == Some(false)).then(|| match r["status"].as_str() {
+                    Some("takendown") => "taken_down",
+                    Some("suspended") => "suspended",
+                    _ => "deactivated",
+                });
+            match planted.get(&did).copied().or(inactive) {
+                Some(reason) => {
+                    bad.insert(did, reason.to_owned());
+                }
+                None => {
+                    good.insert(did);
+                }
+            }
+        }
+    }
+    (good, bad, offline)
+}
+
 /// Three `riptide backfill --publish` workers on `cluster` against `riptide sim --hosts 6`,
 /// one killed with SIGKILL while it crawls a host (module docs).
 fn backfill_workers_one_killed(cluster: &Cluster) {
@@ -1341,40 +1432,7 @@ fn backfill_workers_one_killed(cluster: &Cluster) {
             (f["did"].as_str().unwrap().to_owned(), reason)
         })
         .collect();
-    let (mut good, mut bad) = (BTreeSet::new(), BTreeMap::new());
-    let mut offline = Vec::new();
-    for h in manifest["hosts"].as_array().unwrap() {
-        if h["fault"].as_str() == Some("offline") {
-            offline.push((
-                h["hostname"].as_str().unwrap().to_owned(),
-                h["accounts"].as_u64().unwrap(),
-            ));
-            continue;
-        }
-        let (code, body) = common::http_get(
-            h["hostname"].as_str().unwrap(),
-            "/xrpc/com.atproto.sync.listRepos?limit=1000",
-        );
-        assert_eq!(code, 200, "{body}");
-        let listed: Value = serde_json::from_str(&body).unwrap();
-        for r in listed["repos"].as_array().unwrap() {
-            let did = r["did"].as_str().unwrap().to_owned();
-            let inactive =
-                (r["active"].as_bool() == Some(false)).then(|| match r["status"].as_str() {
-                    Some("takendown") => "taken_down",
-                    Some("suspended") => "suspended",
-                    _ => "deactivated",
-                });
-            match planted.get(&did).copied().or(inactive) {
-                Some(reason) => {
-                    bad.insert(did, reason.to_owned());
-                }
-                None => {
-                    good.insert(did);
-                }
-            }
-        }
-    }
+    let (good, bad, offline) = sim_accounts(&manifest, &planted);
     assert_eq!(offline.len(), 1, "{manifest}");
     assert_eq!(
         good.len() as u64 + bad.len() as u64 + offline[0].1,
@@ -1468,26 +1526,8 @@ fn backfill_workers_one_killed(cluster: &Cluster) {
         "{host} was not finished by the survivors"
     );
 
-    let got = all_records(&cluster.bootstrap, &rows, 6);
-    let mut by_did: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (key, v) in &got {
-        let field = |k: &str| {
-            v[k].as_str()
-                .unwrap_or_else(|| panic!("{k}: {v}"))
-                .to_owned()
-        };
-        assert_eq!(key, &field("did"), "records are keyed by DID");
-        assert_eq!(
-            v["record"]["$type"].as_str(),
-            Some(field("collection").as_str())
-        );
-        by_did.entry(field("did")).or_default().push(format!(
-            "{}/{}\t{}",
-            field("collection"),
-            field("rkey"),
-            field("cid")
-        ));
-    }
+    let mut by_did = published_repos(&cluster.bootstrap, &rows, 6);
+    let published: usize = by_did.values().map(Vec::len).sum();
     for did in &good {
         let lines = by_did.remove(did).unwrap_or_default();
         let set: BTreeSet<String> = lines.iter().cloned().collect();
@@ -1521,7 +1561,7 @@ fn backfill_workers_one_killed(cluster: &Cluster) {
     assert_eq!(problems.len(), 1, "{st}");
     assert!(problems.contains_key(&offline[0].0), "{st}");
     assert_eq!(st["repos_ok"], good.len() as u64, "{st}");
-    assert_eq!(st["records"], got.len() as u64, "{st}");
+    assert_eq!(st["records"], published as u64, "{st}");
     let mut by_reason: BTreeMap<String, u64> = BTreeMap::new();
     for r in bad.values() {
         *by_reason.entry(r.clone()).or_default() += 1;
@@ -1548,3 +1588,4 @@ fn backfill_workers_one_killed_on_three_brokers_publish_every_repository_once() 
     }
     backfill_workers_one_killed(&Cluster::start(3));
 }
+
