@@ -275,6 +275,7 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         // The demo prints its own line a second; the server's (INFO) is below its log level.
         status_interval: riptide_serve::status::EVERY,
         backfill: false,
+        backfill_from: None,
         crawl: super::backfill::CrawlArgs::defaults(),
     };
     let running = super::serve::start(&serve_args).await?;
