@@ -23,6 +23,10 @@
 //!   with its reason (the sim's manifest and each host's `listRepos` say which); `backfill status
 //!   --publish` counts the same from the committed progress. The same on three brokers is
 //!   `--ignored` (a minute more of start-up).
+//! - The ingest node landing the workers' output (`serve --publish … --backfill-from …`):
+//!   every good repository served once (= `riptide repo ls` of its CAR) in its stream, then the
+//!   live tail verified on top, an edge serving the same; `--ignored`, the same with the ingest
+//!   node killed with SIGKILL mid-backfill and restarted.
 //!
 //! Kafka needs java, mvn and python3. Where they are not available, set `RIPTIDE_NO_KAFKA=1` to
 //! skip these tests (loudly); under `CI` they always run. `RIPTIDE_KAFKA_BOOTSTRAP=host:port`
