@@ -1742,7 +1742,11 @@ fn ingest_node_serves_the_workers_backfill(cluster: &Cluster, kill: bool) {
     if !kill {
         let superseded = verdict("superseded");
         assert!(superseded > 0.0 && superseded <= 40.0, "{superseded}");
+        // Every good repository landed with its events, none superseded (the hold).
+        assert_eq!(m(&addr, "riptide_backfill_landed_total"), good.len() as f64);
+        assert_eq!(m(&addr, "riptide_backfill_superseded_total"), 0.0);
     }
+    assert_eq!(m(&addr, "riptide_backfill_running"), 0.0);
 
     let rt = rt();
     let served = rt.block_on(v1_from(&addr, 0, n));

@@ -26,6 +26,7 @@ mod imp {
     use super::*;
     use anyhow::Context;
     use riptide_kafka::{KafkaPublisher, KafkaUrl, Lease};
+    use std::sync::atomic::Ordering::Relaxed;
 
     /// The `kafka://` address checked at start, before any side effect: it parses, and each
     /// broker's host resolves (within 10 s). Reaching the brokers is not checked here: a
@@ -137,23 +138,42 @@ mod imp {
         metrics: Arc<Metrics>,
     ) -> anyhow::Result<()> {
         let url = KafkaUrl::parse(url)?;
+        // `/metrics`' riptide_backfill_running, _landed_total, _superseded_total and the status
+        // page's backfill state, as for `--backfill` (the crawl's own numbers are the workers':
+        // `riptide backfill status --publish`).
+        let b = &metrics.backfill;
+        *b.progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::default());
+        b.running.store(true, Relaxed);
         // A thread, not a blocking task: the runtime's shutdown must not wait for it.
         std::thread::Builder::new()
             .name("kafka-backfill".into())
             .spawn(move || {
                 let mut sink = riptide_serve::backfill::IngestSink::new(store, tx.clone(), next_seq);
                 let mut released = false;
+                let b = &metrics.backfill;
                 let mut over = || {
                     if !released {
                         released = true;
+                        b.running.store(false, Relaxed);
                         let _ = tx.blocking_send(Upstream::BackfillOver);
                     }
                 };
                 let never = std::sync::atomic::AtomicBool::new(false);
-                let r = riptide_kafka::backfill_tail::run(&url, &mut sink, &metrics, &mut over, &never);
+                let r = riptide_kafka::backfill_tail::run(
+                    &url,
+                    &mut sink,
+                    &metrics,
+                    &mut || {
+                        metrics.backfill.finished.store(true, Relaxed);
+                        over()
+                    },
+                    &never,
+                );
                 if let Err(e) = r {
                     tracing::error!(error = %e, topic = %url.topic,
                         "backfill from Kafka stopped: the frames held for it are released; restart to resume it");
+                    *metrics.backfill.error.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(e.to_string());
                 }
                 over();
             })?;
