@@ -13,8 +13,8 @@
 //! whose chunks have not all arrived. After a crash it reads again from the last committed
 //! offset, and a repository that landed already is not handed over twice: the sink finds its
 //! progress entry (`riptide_backfill::landed_in`), or, on a node that caught its store up from
-//! `T` without it, the account's chain state at the repository's rev (it is then `superseded`
-//! and adds no rows).
+//! `T` (whose batch records carry chain states, not progress entries), the account's state is
+//! that very commit (not handed over) or a later one (`superseded`, no rows).
 //!
 //! **The hold.** Like `serve --backfill`, the caller holds the live frames of accounts with no
 //! verified commit from the start (`Upstream::BackfillStart`); this loop calls `over` once the
