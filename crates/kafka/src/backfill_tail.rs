@@ -27,7 +27,7 @@
 //! their repository are bounded ([`MAX_ASSEMBLING_BYTES`]); past it the oldest repository in
 //! assembly is given up, counted and said.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
@@ -236,6 +236,14 @@ pub fn run(
         .committed_reader(&group_id(&url.topic))
         // The workers create the topic: see it soon after they do.
         .set("topic.metadata.refresh.interval.ms", "2000")
+        // A node killed with SIGKILL leaves its member in the group until its session times
+        // out, and its successor gets the partitions only then (librdkafka's default: 45 s,
+        // live frames held meanwhile); the ingest lease's timeout, so both move together.
+        .set(
+            "session.timeout.ms",
+            crate::lease::SESSION_TIMEOUT_MS.to_string(),
+        )
+        .set("heartbeat.interval.ms", "1000")
         .create_with_context(Quiet)
         .map_err(url.client_err("creating the backfill consumer"))?;
     consumer
@@ -253,6 +261,10 @@ pub fn run(
     let mut done = false;
     let mut waiting_said = false;
     let mut last_check = Instant::now() - Duration::from_secs(60);
+    // Partitions read to their end with no record since (librdkafka's EOF).
+    let mut at_end: HashSet<i32> = HashSet::new();
+    // Since when the workers have been seen done.
+    let mut done_since: Option<Instant> = None;
     loop {
         if stop.load(Relaxed) {
             break;
@@ -260,7 +272,10 @@ pub fn run(
         let mut idle = false;
         match consumer.poll(Duration::from_millis(100)) {
             None => idle = true,
-            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => idle = true,
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+                idle = true;
+            }
             // No worker has created it yet: waited for, said once.
             Some(Err(rdkafka::error::KafkaError::MessageConsumption(
                 RDKafkaErrorCode::UnknownTopicOrPartition,
@@ -279,6 +294,7 @@ pub fn run(
             }
             Some(Ok(m)) => {
                 let (p, o) = (m.partition(), m.offset());
+                at_end.remove(&p);
                 next.insert(p, o + 1);
                 k.backfill_records_consumed.fetch_add(1, Relaxed);
                 let key = m.key().unwrap_or_default();
@@ -320,7 +336,9 @@ pub fn run(
         }
         if !done && idle && handed == 0 && last_check.elapsed() >= Duration::from_secs(1) {
             last_check = Instant::now();
-            if asm.open.is_empty() && landed_all(url, &probe, &consumer, &topics)? {
+            if asm.open.is_empty()
+                && landed_all(url, &probe, &consumer, &topics, &at_end, &mut done_since)?
+            {
                 done = true;
                 k.backfill_done.store(true, Relaxed);
                 tracing::info!(
@@ -400,13 +418,19 @@ fn partitions(url: &KafkaUrl, probe: &Reader, topic: &str) -> Result<i32, KafkaE
         .map_or(0, |t| t.partitions().len() as i32))
 }
 
-/// Whether the workers are done (every host offered finished) and every partition of their topic has
-/// been read to its end since: positions at the high watermarks read after the workers' word.
+/// Whether the workers are done (every host offered finished) and every partition of their
+/// topic has been read to its end since: its position at the high watermark read after the
+/// workers' word (librdkafka's position passes the transaction markers), or, for a partition
+/// with nothing read since this node started (a restart after the backfill ended: no position
+/// yet), its end reached (EOF) with nothing after it for a second after the workers were seen
+/// done (records committed before that have been fetched by then).
 fn landed_all(
     url: &KafkaUrl,
     probe: &Reader,
     consumer: &Reader,
     topics: &Topics,
+    at_end: &HashSet<i32>,
+    done_since: &mut Option<Instant>,
 ) -> Result<bool, KafkaError> {
     // No host offered yet (no worker has started, or the first is still listing the relay's
     // hosts) is not a backfill done.
@@ -416,8 +440,11 @@ fn landed_all(
         offered += crate::backfill::watermarks(url, probe, &topics.hosts, p)?.1;
     }
     if offered == 0 || !crate::backfill::all_done(url, probe, &topics.hosts)? {
+        *done_since = None;
         return Ok(false);
     }
+    let since = *done_since.get_or_insert_with(Instant::now);
+    let settled = since.elapsed() >= Duration::from_secs(1);
     let n = partitions(url, probe, &topics.rows)?;
     if n == 0 {
         return Ok(false);
@@ -436,9 +463,8 @@ fn landed_all(
                 Offset::Offset(o) => Some(o),
                 _ => None,
             });
-        // The position passes the transaction markers (librdkafka skips them); the high
-        // watermark was read after the workers said they are done, so it covers their output.
-        if at.is_none_or(|o| o < high) {
+        let read = at.is_some_and(|o| o >= high) || (settled && at_end.contains(&p));
+        if !read {
             return Ok(false);
         }
     }
