@@ -383,6 +383,23 @@ mod tests {
         for n in 0..v.len() {
             assert!(decode(key, &v[..n]).is_err(), "cut at {n}");
         }
+        // Every byte flipped: an error or a chunk, never a panic; a chunk that decodes rebuilds
+        // or is refused, never a panic either.
+        for n in 0..v.len() {
+            let mut bad = v.clone();
+            bad[n] ^= 0xff;
+            if let Ok(c) = decode(key, &bad) {
+                let _ = Verified::from_records(
+                    c.did,
+                    c.rev,
+                    c.commit,
+                    c.data,
+                    c.commit_block,
+                    c.records(),
+                    "kafka",
+                );
+            }
+        }
         let mut longer = v.clone();
         longer.push(0);
         assert_eq!(
