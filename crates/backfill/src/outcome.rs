@@ -221,18 +221,10 @@ impl std::fmt::Debug for Verified {
     }
 }
 
-/// One record of a [`Verified`] repository: its DAG-CBOR bytes exactly as signed.
-#[derive(Debug, Clone, Copy)]
-pub struct Record<'a> {
-    /// The collection NSID.
-    pub collection: &'a str,
-    /// The record key.
-    pub rkey: &'a str,
-    /// The record's CID (the MST leaf's, which the block hashes to).
-    pub cid: &'a CidBuf,
-    /// The record block.
-    pub bytes: &'a [u8],
-}
+/// One record of a [`Verified`] repository: its DAG-CBOR bytes exactly as signed. The one type
+/// of a repository's record, whether it lands as a `create` or as a replacement row
+/// (`riptide_jetstream::replace`, where it is defined).
+pub use riptide_jetstream::replace::ReplacementRecord as Record;
 
 impl Verified {
     /// Record `r` of this repository as the row it lands as over an account with no earlier
@@ -248,6 +240,85 @@ impl Verified {
         }
     }
 
+    /// A repository verified elsewhere, rebuilt from its commit and its records (a backfill
+    /// worker's output on Kafka, `riptide_kafka::repo_record`): its bytes become a CAR rooted
+    /// at `commit` holding the commit block and each record's block, and reading that CAR back
+    /// checks every block against its CID, so a record whose bytes are not the ones its CID
+    /// names is refused here. The MST is not carried, so its membership is the worker's word
+    /// (the worker verified the whole repository).
+    pub fn from_records<'r>(
+        did: &str,
+        rev: &str,
+        commit: CidBuf,
+        data: CidBuf,
+        commit_block: &[u8],
+        records: impl IntoIterator<Item = Record<'r>> + Clone,
+        source: &str,
+    ) -> Result<Verified, riptide_car::CarError> {
+        let car = riptide_car::write_car(
+            std::slice::from_ref(&commit),
+            std::iter::once((commit.as_cid(), commit_block)).chain(
+                records
+                    .clone()
+                    .into_iter()
+                    .map(|r| (r.cid.as_cid(), r.bytes)),
+            ),
+        );
+        let mut reader = riptide_car::CarReader::new();
+        let parsed = reader.read(&car, &riptide_car::CarOptions::repository())?;
+        let base = car.as_ptr() as usize;
+        let commit_at = parsed.get(commit.as_cid()).map(|b| {
+            let start = b.as_ptr() as usize - base;
+            start..start + b.len()
+        });
+        let mut at = Vec::new();
+        for r in records {
+            // Every block was just written, and verified by the read.
+            if let Some(block) = parsed.get(r.cid.as_cid()) {
+                let start = block.as_ptr() as usize - base;
+                at.push(RecordAt {
+                    key: format!("{}/{}", r.collection, r.rkey),
+                    slash: r.collection.len(),
+                    cid: *r.cid,
+                    at: start..start + block.len(),
+                });
+            }
+        }
+        Ok(Verified {
+            did: did.to_owned(),
+            rev: rev.to_owned(),
+            commit,
+            data,
+            total_records: at.len(),
+            bytes: car.len() as u64,
+            source: source.to_owned(),
+            car: Box::new(car),
+            records: at,
+            commit_at,
+        })
+    }
+
+    /// The signed commit block (what a replacement's `#sync` and a worker's Kafka record
+    /// carry): where the verification found it, else read from the CAR again (a repository
+    /// without records). `None` only if the CAR no longer reads, which a verified one does.
+    pub fn commit_block(&self) -> Option<&[u8]> {
+        if let Some(at) = &self.commit_at {
+            return self.car.get(at.clone());
+        }
+        let mut reader = riptide_car::CarReader::new();
+        let opts = riptide_car::CarOptions {
+            verify: false,
+            ..riptide_car::CarOptions::repository()
+        };
+        let block = reader
+            .read(&self.car, &opts)
+            .ok()?
+            .get(self.commit.as_cid())?;
+        // The reader indexes `self.car` without copying: the block is a slice of it.
+        let start = block.as_ptr() as usize - self.car.as_ptr() as usize;
+        Some(&self.car[start..start + block.len()])
+    }
+
     /// The records kept (all, or those of the collections asked for), in MST key order.
     pub fn records(&self) -> impl ExactSizeIterator<Item = Record<'_>> + '_ {
         self.records.iter().map(move |r| Record {
@@ -261,24 +332,5 @@ impl Verified {
     /// How many records are kept.
     pub fn kept(&self) -> usize {
         self.records.len()
-    }
-
-    /// The signed commit block (what a replacement's `#sync` carries): where the verification
-    /// found it, else read from the CAR again (a repository without records). `None` only if
-    /// the CAR no longer reads, which a verified one does.
-    pub fn commit_block(&self) -> Option<std::borrow::Cow<'_, [u8]>> {
-        if let Some(at) = &self.commit_at {
-            return self.car.get(at.clone()).map(std::borrow::Cow::Borrowed);
-        }
-        let mut reader = riptide_car::CarReader::new();
-        let opts = riptide_car::CarOptions {
-            verify: false,
-            ..riptide_car::CarOptions::repository()
-        };
-        reader
-            .read(&self.car, &opts)
-            .ok()?
-            .get(self.commit.as_cid())
-            .map(|b| std::borrow::Cow::Owned(b.to_vec()))
     }
 }

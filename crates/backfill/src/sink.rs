@@ -112,7 +112,7 @@ pub trait Sink: Send {
 /// Appends one record's line (without its newline) to `buf`:
 /// `{"did","rev","collection","rkey","cid","record"}`, the record rendered as Jetstream's
 /// projection renders it. False (and `buf` as it was) for a record outside the atproto data
-/// model, which is not written. Shared by [`JsonlSink`] and the Kafka workers' records.
+/// model, which is not written. [`JsonlSink`]'s (`riptide backfill --jsonl`).
 pub fn record_line(arena: &mut Arena, buf: &mut Vec<u8>, repo: &Verified, r: &Record<'_>) -> bool {
     let mark = buf.len();
     buf.extend_from_slice(b"{\"did\":");

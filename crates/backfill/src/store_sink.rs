@@ -33,7 +33,7 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use riptide_firehose::chain::{check_sync, AccountState};
-use riptide_jetstream::replace::{replacement_row, sync_body, sync_row, ReplacementRecord};
+use riptide_jetstream::replace::{replacement_row, sync_body, sync_row};
 use riptide_jetstream::{Projector, StoredRow};
 use riptide_segment::{OwnedRow, Row};
 use riptide_store::{Event, Resume, Store, Text};
@@ -290,7 +290,7 @@ impl Sink for StoreSink {
                         &repo.did,
                         &repo.rev,
                         &repo.commit,
-                        &repo.commit_block().unwrap_or_default(),
+                        repo.commit_block().unwrap_or_default(),
                         0,
                         &time,
                     );
@@ -308,13 +308,7 @@ impl Sink for StoreSink {
                 }
                 for r in repo.records() {
                     let row = if landed.replaced {
-                        let rec = ReplacementRecord {
-                            collection: r.collection,
-                            rkey: r.rkey,
-                            cid: r.cid,
-                            bytes: r.bytes,
-                        };
-                        match rec.stored_row(&repo.did, &repo.rev) {
+                        match r.stored_row(&repo.did, &repo.rev) {
                             Ok(row) => row,
                             Err(_) => {
                                 landed.dropped += 1;

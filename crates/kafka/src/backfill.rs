@@ -18,8 +18,8 @@
 //!   finished, the group's consumed offset of its work record (`send_offsets_to_transaction`,
 //!   which also fences a member of an older group generation). Hosts of a partition are crawled
 //!   one after another in offset order, so the consumed offset says which host is next.
-//! - **Output**: each repository's records on `TOPIC.backfill` (key: DID; value: the JSON line
-//!   of `riptide backfill --jsonl`), its failure (reason, detail) on `TOPIC.backfill.failed`,
+//! - **Output**: each repository on `TOPIC.backfill` (key: DID; value: [`crate::repo_record`]
+//!   chunks: its records' DAG-CBOR as signed, with its commit), its failure (reason, detail) on `TOPIC.backfill.failed`,
 //!   all in the transaction that moves its host's progress past it. Readers use
 //!   `read_committed`. The rows carry no seq: a single seq space is assigned once, by whoever
 //!   appends them to a store (the design's second half, `docs/kafka.md`).
@@ -38,7 +38,9 @@ use rdkafka::message::Message;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use riptide_backfill::discover::{self, host_base, page_url, Entry};
-use riptide_backfill::{record_line, Failure, Getter, Verified};
+use riptide_backfill::{Failure, Getter, Verified};
+
+use crate::repo_record;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
@@ -57,7 +59,8 @@ pub struct Topics {
     pub hosts: String,
     /// `TOPIC.backfill.progress` (compacted): each host's progress, in its work partition.
     pub progress: String,
-    /// `TOPIC.backfill`: every verified record, one JSON line each, keyed by DID.
+    /// `TOPIC.backfill`: every verified repository, as [`crate::repo_record`] chunks keyed by
+    /// DID.
     pub rows: String,
     /// `TOPIC.backfill.failed`: every repository that failed, with its reason, keyed by DID.
     pub failed: String,
@@ -279,8 +282,6 @@ impl Owner {
             stop: stop.clone(),
             idle: idle.clone(),
             producer: None,
-            arena: riptide_cbor::Arena::new(),
-            line: Vec::new(),
         };
         let rt = rt.clone();
         let thread = std::thread::Builder::new()
@@ -320,8 +321,6 @@ struct Partition {
     stop: Arc<AtomicBool>,
     idle: Arc<AtomicBool>,
     producer: Option<BaseProducer<Quiet>>,
-    arena: riptide_cbor::Arena,
-    line: Vec<u8>,
 }
 
 /// What one transaction carries besides the progress record.
@@ -619,8 +618,6 @@ impl Partition {
         let Partition {
             producer,
             topics,
-            arena,
-            line,
             cgm,
             p,
             ..
@@ -631,18 +628,22 @@ impl Partition {
         producer.begin_transaction()?;
         let (mut records, mut dropped) = (0u64, 0u64);
         for v in &out.ok {
-            for r in v.records() {
-                line.clear();
-                if !record_line(arena, line, v, &r) {
-                    dropped += 1;
-                    continue;
-                }
-                records += 1;
+            // The repository as `crate::repo_record` chunks: its records' DAG-CBOR as signed and
+            // its commit, what the ingest node lands (`crate::backfill_tail`).
+            let Some((values, left_out)) = repo_record::encode(v, repo_record::CHUNK_BYTES) else {
+                // Verified, so it has a commit block and a DID and rev of their syntax.
+                tracing::error!(did = %v.did, "backfill worker: a verified repository has no commit block to publish: its records are counted as dropped");
+                dropped += v.kept() as u64;
+                continue;
+            };
+            records += v.kept() as u64 - left_out;
+            dropped += left_out;
+            for value in &values {
                 crate::send(
                     producer,
                     BaseRecord::to(&topics.rows)
                         .key(v.did.as_bytes())
-                        .payload(&line[..]),
+                        .payload(&value[..]),
                 )?;
             }
         }
@@ -698,7 +699,12 @@ impl Partition {
 
 /// A partition's low and high watermarks, asked again for up to 30 s while the cluster says it
 /// is not ready (a topic just created: its leader is not known everywhere yet).
-fn watermarks(url: &KafkaUrl, c: &Reader, topic: &str, p: i32) -> Result<(i64, i64), KafkaError> {
+pub(crate) fn watermarks(
+    url: &KafkaUrl,
+    c: &Reader,
+    topic: &str,
+    p: i32,
+) -> Result<(i64, i64), KafkaError> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         match c.fetch_watermarks(topic, p, Duration::from_secs(10)) {
@@ -713,7 +719,7 @@ fn watermarks(url: &KafkaUrl, c: &Reader, topic: &str, p: i32) -> Result<(i64, i
 }
 
 /// Whether every work partition's consumed offset has reached its end.
-fn all_done(url: &KafkaUrl, c: &Reader, hosts: &str) -> Result<bool, KafkaError> {
+pub(crate) fn all_done(url: &KafkaUrl, c: &Reader, hosts: &str) -> Result<bool, KafkaError> {
     let md = c
         .fetch_metadata(Some(hosts), Duration::from_secs(10))
         .map_err(url.client_err("reading the work topic's metadata"))?;

@@ -18,6 +18,10 @@
 //!   store, from which both Jetstream wires are served as on a single node. Every edge stores
 //!   the ingest node's seq and JSON, so cursors are the same on every edge.
 //! - [`record`]: the record format (`docs/kafka.md`).
+//! - [`backfill_tail`]: the ingest node landing the workers' repositories (`serve
+//!   --backfill-from`), in its seq space, exactly once.
+//! - [`repo_record`]: a verified repository on `TOPIC.backfill` (its records' DAG-CBOR and its
+//!   commit), as the backfill workers publish it and the ingest node lands it.
 //! - [`backfill`]: the backfill crawl spread over a consumer group (`riptide backfill --publish
 //!   kafka://BROKERS/TOPIC`, issue 37): hosts as work items, each verified repository published
 //!   in one transaction with its host's progress, exactly once across killed workers.
@@ -27,10 +31,12 @@
 //! most non-Java clients; the pure-Rust clients lack transactions.
 
 pub mod backfill;
+pub mod backfill_tail;
 pub mod follow;
 pub mod lease;
 pub mod publish;
 pub mod record;
+pub mod repo_record;
 
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};

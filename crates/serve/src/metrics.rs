@@ -302,6 +302,17 @@ pub struct KafkaMetrics {
     pub gap_seqs: AtomicU64,
     /// Ingest node: time of one Kafka transaction (begin to committed).
     pub commit_seconds: Histogram,
+    /// Ingest node with `--backfill-from`: records of the workers' `TOPIC.backfill` read.
+    pub backfill_records_consumed: AtomicU64,
+    /// Ingest node with `--backfill-from`: repositories of it handed to ingest (each lands,
+    /// is superseded, or had landed before a restart).
+    pub backfill_repos: AtomicU64,
+    /// Ingest node with `--backfill-from`: records of it skipped as damaged, of another
+    /// format, or a repository's chunks that never completed.
+    pub backfill_bad_records: AtomicU64,
+    /// Ingest node with `--backfill-from`: set once the workers are done and everything they
+    /// published has landed (the frames held for the backfill are then released).
+    pub backfill_done: AtomicBool,
 }
 
 impl KafkaMetrics {
@@ -384,6 +395,30 @@ impl KafkaMetrics {
                 "counter",
                 "Ingest node: batches of the topic applied to the local store at start (after a crash, or taking over as standby).",
                 c(&self.caught_up_batches),
+            ),
+            (
+                "riptide_kafka_backfill_records_consumed_total",
+                "counter",
+                "Ingest node (--backfill-from): records of the backfill workers' TOPIC.backfill read.",
+                c(&self.backfill_records_consumed),
+            ),
+            (
+                "riptide_kafka_backfill_repos_total",
+                "counter",
+                "Ingest node (--backfill-from): backfilled repositories handed to ingest.",
+                c(&self.backfill_repos),
+            ),
+            (
+                "riptide_kafka_backfill_done",
+                "gauge",
+                "Ingest node (--backfill-from): 1 once the workers are done and every repository they published has landed.",
+                (self.backfill_done.load(Relaxed) as u8).to_string(),
+            ),
+            (
+                "riptide_kafka_backfill_bad_records_total",
+                "counter",
+                "Ingest node (--backfill-from): records of TOPIC.backfill skipped (damaged, another format, a repository whose chunks never completed).",
+                c(&self.backfill_bad_records),
             ),
         ];
         let edge = [

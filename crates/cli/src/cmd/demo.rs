@@ -276,6 +276,7 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         status_interval: riptide_serve::status::EVERY,
         backfill: false,
         backfill_hold: super::serve::BackfillHold::InFlight,
+        backfill_from: None,
         crawl: super::backfill::CrawlArgs::defaults(),
     };
     let running = super::serve::start(&serve_args).await?;

@@ -182,6 +182,13 @@ pub struct Args {
     /// the real network the hold's 256 MiB fill in minutes and the rest overflow into resyncs).
     #[arg(long, value_enum, default_value_t = BackfillHold::InFlight, requires = "backfill")]
     pub backfill_hold: BackfillHold,
+    /// With --publish: also serve the backfill workers' output (`riptide backfill --publish
+    /// kafka://BROKERS/TOPIC` writes TOPIC.backfill): each verified repository lands through
+    /// ingest in this node's seq space (and so reaches the edges), the live frames of accounts
+    /// with no verified commit held until theirs lands or the workers are done, as with
+    /// --backfill (docs/kafka.md).
+    #[arg(long, value_name = "kafka://BROKERS/TOPIC", requires = "publish", conflicts_with_all = ["backfill", "no_verify", "stateless"])]
+    pub backfill_from: Option<String>,
     #[command(flatten, next_help_heading = "Backfill (with --backfill)")]
     pub crawl: super::backfill::CrawlArgs,
 }
@@ -500,6 +507,11 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     if let Some(url) = args.publish.as_ref().or(args.from.as_ref()) {
         super::serve_kafka::check(url).await?;
     }
+    if let Some(url) = &args.backfill_from {
+        super::serve_kafka::check(url)
+            .await
+            .context("--backfill-from")?;
+    }
     let backfill = match args.backfill {
         true => Some(super::serve_backfill::plan(&args.crawl, &hosts[0])?),
         false => None,
@@ -623,6 +635,9 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
     if let Some(url) = &args.publish {
         sources.push(format!("publishing to {url}"));
     }
+    if let Some(url) = &args.backfill_from {
+        sources.push(format!("backfill from {url}"));
+    }
     let config = ServerConfig {
         sources,
         archive: Some(archive),
@@ -700,6 +715,21 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                     plan,
                     r,
                     wiring,
+                )?;
+            }
+            // The backfill workers' output on Kafka: held from the start, as above; every
+            // account not yet backfilled (this node cannot see which the workers are fetching).
+            None if args.backfill_from.is_some() => {
+                tx.try_send(riptide_serve::Upstream::BackfillStart(
+                    riptide_serve::backfill::BackfillHold::All,
+                ))
+                .map_err(|_| anyhow::anyhow!("ingest's input is not open"))?;
+                super::serve_kafka::backfill_tail(
+                    args.backfill_from.as_deref().unwrap_or_default(),
+                    log.store().clone(),
+                    tx.clone(),
+                    resume.next_seq,
+                    metrics.clone(),
                 )?;
             }
             // Frames a backfill held when the server last stopped are verified and released.

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use riptide_serve::{Dictionary, Log, Metrics, Publish, Resume, Store};
+use riptide_serve::{Dictionary, Log, Metrics, Publish, Resume, Store, Upstream};
 
 /// What an ingest node needs to publish: the publisher, the position to ingest from (the
 /// store caught up with the topic), and the lease, held for as long as it lives.
@@ -26,6 +26,7 @@ mod imp {
     use super::*;
     use anyhow::Context;
     use riptide_kafka::{KafkaPublisher, KafkaUrl, Lease};
+    use std::sync::atomic::Ordering::Relaxed;
 
     /// The `kafka://` address checked at start, before any side effect: it parses, and each
     /// broker's host resolves (within 10 s). Reaching the brokers is not checked here: a
@@ -123,6 +124,61 @@ mod imp {
         });
         Ok(Edge { done })
     }
+
+    /// Starts landing the backfill workers' repositories (`--backfill-from`,
+    /// `riptide_kafka::backfill_tail`) through ingest's input `tx` into `store` (next seq
+    /// `next_seq`). The caller sent `Upstream::BackfillStart` first; `BackfillOver` follows
+    /// when the workers are done and their output landed, or when the landing stops on an
+    /// error (said; the frames held for it are then released, as `serve --backfill` does).
+    pub fn backfill_tail(
+        url: &str,
+        store: Store,
+        tx: tokio::sync::mpsc::Sender<Upstream>,
+        next_seq: u64,
+        metrics: Arc<Metrics>,
+    ) -> anyhow::Result<()> {
+        let url = KafkaUrl::parse(url)?;
+        // `/metrics`' riptide_backfill_running, _landed_total, _superseded_total and the status
+        // page's backfill state, as for `--backfill` (the crawl's own numbers are the workers':
+        // `riptide backfill status --publish`).
+        let b = &metrics.backfill;
+        *b.progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::default());
+        b.running.store(true, Relaxed);
+        // A thread, not a blocking task: the runtime's shutdown must not wait for it.
+        std::thread::Builder::new()
+            .name("kafka-backfill".into())
+            .spawn(move || {
+                let mut sink = riptide_serve::backfill::IngestSink::new(store, tx.clone(), next_seq);
+                let mut released = false;
+                let b = &metrics.backfill;
+                let mut over = || {
+                    if !released {
+                        released = true;
+                        b.running.store(false, Relaxed);
+                        let _ = tx.blocking_send(Upstream::BackfillOver);
+                    }
+                };
+                let never = std::sync::atomic::AtomicBool::new(false);
+                let r = riptide_kafka::backfill_tail::run(
+                    &url,
+                    &mut sink,
+                    &metrics,
+                    &mut || {
+                        metrics.backfill.finished.store(true, Relaxed);
+                        over()
+                    },
+                    &never,
+                );
+                if let Err(e) = r {
+                    tracing::error!(error = %e, topic = %url.topic,
+                        "backfill from Kafka stopped: the frames held for it are released; restart to resume it");
+                    *metrics.backfill.error.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(e.to_string());
+                }
+                over();
+            })?;
+        Ok(())
+    }
 }
 
 #[cfg(not(feature = "kafka"))]
@@ -154,6 +210,16 @@ mod imp {
     ) -> anyhow::Result<Edge> {
         anyhow::bail!(NO)
     }
+
+    pub fn backfill_tail(
+        _: &str,
+        _: Store,
+        _: tokio::sync::mpsc::Sender<Upstream>,
+        _: u64,
+        _: Arc<Metrics>,
+    ) -> anyhow::Result<()> {
+        anyhow::bail!(NO)
+    }
 }
 
-pub use imp::{check, edge, publishing};
+pub use imp::{backfill_tail, check, edge, publishing};
