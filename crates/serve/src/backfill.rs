@@ -137,6 +137,8 @@ pub struct IngestSink {
     next_seq: u64,
     /// Repositories handed over and not yet durable.
     waiting: Vec<Receiver<u64>>,
+    /// A repository at the account's stored commit counts as landed ([`Self::caught_up_from_kafka`]).
+    stored_commit_is_landed: bool,
 }
 
 impl std::fmt::Debug for IngestSink {
@@ -158,7 +160,19 @@ impl IngestSink {
             projector: Projector::new(),
             next_seq,
             waiting: Vec::new(),
+            stored_commit_is_landed: false,
         }
+    }
+
+    /// For a store caught up from Kafka (`riptide_kafka::backfill_tail`): its batch records
+    /// carry chain states but not the backfill's progress entries, so a repository read again
+    /// after a crash or a takeover finds no progress entry; one whose commit is the account's
+    /// stored state already landed, and is not handed over again. Not for `serve --backfill`,
+    /// whose progress entries land with the rows: there an account at that commit without one
+    /// was only served live, and its repository replaces those rows.
+    pub fn caught_up_from_kafka(mut self) -> Self {
+        self.stored_commit_is_landed = true;
+        self
     }
 
     fn gone() -> SinkError {
@@ -212,12 +226,16 @@ impl Sink for IngestSink {
             repo.data.as_cid(),
             crate::now_us().max(0) as u64,
         );
-        // The account's state is this very commit already: the repository landed, and its
-        // progress entry is not in this store (a node that caught its store up from Kafka,
+        // On a store caught up from Kafka, the account's state is this very commit already:
+        // the repository landed, and its progress entry is not in this store (a node that caught its store up from Kafka,
         // whose batch records carry chain states but not progress entries, reading the
         // backfill topic again after a crash or a takeover: `riptide_kafka::backfill_tail`).
         // Landing it again would serve its records twice.
-        if checked.is_ok() && next.is_none() && before.is_some_and(|s| s.tip.is_some()) {
+        if self.stored_commit_is_landed
+            && checked.is_ok()
+            && next.is_none()
+            && before.is_some_and(|s| s.tip.is_some())
+        {
             tracing::debug!(did = %repo.did, rev = %repo.rev, "backfill: the store's chain state is this repository's commit already; not handed over again");
             return Ok(Written::default());
         }
@@ -538,7 +556,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (store, resume) = Store::open(dir.path(), 0).unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::channel(4);
-        let mut sink = IngestSink::new(store.clone(), tx, resume.next_seq);
+        let mut sink = IngestSink::new(store.clone(), tx, resume.next_seq).caught_up_from_kafka();
         // Not known yet: handed over.
         sink.write(&repo).unwrap();
         assert!(matches!(rx.try_recv(), Ok(Upstream::Backfill(_))));
