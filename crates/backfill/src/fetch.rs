@@ -157,8 +157,13 @@ impl Fetcher {
         let resync = self.lanes.get(lane).map_or(&self.resync, |(_, r)| r);
         let car = match resync.fetch_repo(&url).await {
             Ok(car) => car,
-            Err(FetchError::RateLimited { retry_in, .. }) => {
-                return Err(Fetched::Wait(retry_in));
+            Err(FetchError::RateLimited {
+                retry_in, asked, ..
+            }) => {
+                return Err(Fetched::Wait {
+                    retry_in,
+                    sent: asked,
+                });
             }
             Err(e) => return Err(Fetched::Failed(fetch_failure(did, &e))),
         };
@@ -181,8 +186,15 @@ impl Fetcher {
 /// Why [`Fetcher::fetch_verify`] gave no repository.
 #[derive(Debug)]
 pub enum Fetched {
-    /// The host rate-limited us: ask it again after this long (not a failed attempt).
-    Wait(std::time::Duration),
+    /// The host rate-limited us: ask it again after `retry_in` (not a failed attempt). `sent`:
+    /// the request was sent and refused (a `429`); otherwise it was not sent at all, because
+    /// the host's last answer said its window was spent (`RateLimit-Remaining: 0`).
+    Wait {
+        /// How long to wait.
+        retry_in: std::time::Duration,
+        /// Whether the request went out.
+        sent: bool,
+    },
     /// A failure.
     Failed(Failure),
 }

@@ -11,6 +11,8 @@
 //! - [`discover`]: where the accounts come from (the relay's `listHosts` then each host's
 //!   `listRepos`; the relay's `listRepos`; `listReposByCollection`; a DID file);
 //! - [`limits`]: per-host token buckets and concurrency, `429` pauses, the global bound;
+//! - [`metrics`]: the `riptide_backfill_*` families as Prometheus text, for every process that
+//!   runs a crawl;
 //! - [`fetch`]: identity (key, PDS), then one `getRepo` per source through
 //!   `riptide_resolver::resync`'s fetch (size bound, spooling, timeout, minimum rate);
 //! - [`verify`]: the whole-repository check (`riptide_repo::verify_repo`) and the record index,
@@ -33,6 +35,7 @@ pub mod discover;
 pub mod fetch;
 pub mod fetching;
 pub mod limits;
+pub mod metrics;
 pub mod outcome;
 pub mod run;
 pub mod sink;

@@ -85,6 +85,11 @@ impl Bucket {
             Some(Duration::from_secs_f64((1.0 - self.tokens) / self.rate))
         }
     }
+
+    /// Gives back a token taken for a request that was not sent.
+    fn give_back(&mut self) {
+        self.tokens = (self.tokens + 1.0).min(self.rate.max(1.0));
+    }
 }
 
 #[derive(Debug)]
@@ -98,6 +103,18 @@ struct HostState {
     get: Bucket,
     list: Bucket,
     not_before: Option<Instant>,
+    waits: Waits,
+}
+
+/// What a host's limits cost so far (`/metrics`, [`crate::metrics`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Waits {
+    /// `429` answers received ([`Hosts::rate_limited`]).
+    pub rate_limited: u64,
+    /// Pauses: after a `429`, or after an answer saying the host's window was spent.
+    pub pauses: u64,
+    /// Seconds of those pauses, as asked.
+    pub paused_secs: f64,
 }
 
 /// Every host's limits, and the global slots. Cheap to share (`Arc` inside).
@@ -111,8 +128,27 @@ pub struct Hosts {
 /// Leave to send one request: the host's slot and a global one, released on drop.
 #[derive(Debug)]
 pub struct Permit {
-    _host: OwnedSemaphorePermit,
+    host: Arc<Host>,
+    kind: Kind,
+    _slot: OwnedSemaphorePermit,
     _global: OwnedSemaphorePermit,
+}
+
+impl Permit {
+    /// The request was not sent after all (the client knew the host would refuse it: its
+    /// window was spent): the token it took is given back, so that the host's rate is not
+    /// spent on requests that never went out.
+    pub fn not_sent(self) {
+        let mut st = self
+            .host
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match self.kind {
+            Kind::GetRepo => st.get.give_back(),
+            Kind::List => st.list.give_back(),
+        }
+    }
 }
 
 impl Hosts {
@@ -140,6 +176,7 @@ impl Hosts {
                         get: Bucket::new(self.limits.get_repo_per_sec, now),
                         list: Bucket::new(self.limits.list_per_sec, now),
                         not_before: None,
+                        waits: Waits::default(),
                     }),
                 })
             })
@@ -185,23 +222,65 @@ impl Hosts {
             .await
             .expect("the global slots are never closed");
         Permit {
-            _host: slot,
+            host: h,
+            kind,
+            _slot: slot,
             _global: global,
         }
     }
 
-    /// `host` asked us to wait `d` (a `429`): nothing is sent to it before then.
+    /// `host` answered `429` and asked us to wait `d`: counted, and nothing is sent to it
+    /// before then.
+    pub fn rate_limited(&self, host: &str, d: Duration) {
+        self.wait(host, d, true);
+    }
+
+    /// `host` said its window is spent until `d` from now (`RateLimit-Remaining: 0`): nothing
+    /// is sent to it before then.
     pub fn pause(&self, host: &str, d: Duration) {
+        self.wait(host, d, false);
+    }
+
+    fn wait(&self, host: &str, d: Duration, refused: bool) {
         let h = self.host(host);
         let mut st = h
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        st.waits.rate_limited += u64::from(refused);
+        st.waits.pauses += 1;
+        st.waits.paused_secs += d.as_secs_f64();
         let until = Instant::now().checked_add(d);
         st.not_before = match (st.not_before, until) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => b.or(a),
         };
+    }
+}
+
+impl Hosts {
+    /// Every host that was made to wait, with what it cost, by name.
+    pub fn waits(&self) -> Vec<(String, Waits)> {
+        let hosts: Vec<(String, Arc<Host>)> = self
+            .hosts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(k, h)| (k.clone(), h.clone()))
+            .collect();
+        let mut out: Vec<(String, Waits)> = hosts
+            .into_iter()
+            .filter_map(|(k, h)| {
+                let w = h
+                    .state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .waits;
+                (w.pauses > 0).then_some((k, w))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
     }
 }
 
@@ -258,6 +337,35 @@ mod tests {
         drop(p);
         let admitted = slow.await.unwrap();
         assert!(admitted.duration_since(t) >= Duration::from_secs(29));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_not_sent_spends_no_token() {
+        let hosts = Hosts::new(
+            HostLimits {
+                get_repo_per_sec: 1.0,
+                ..HostLimits::default()
+            },
+            4,
+        );
+        let t = Instant::now();
+        // The one token, taken for a request the host's spent window kept back: given back,
+        // the retry goes at once rather than a second later.
+        hosts.admit("pds:1", Kind::GetRepo).await.not_sent();
+        drop(hosts.admit("pds:1", Kind::GetRepo).await);
+        assert!(t.elapsed() < Duration::from_millis(10), "{:?}", t.elapsed());
+        // A request that went out spent its token: the next waits its second.
+        drop(hosts.admit("pds:1", Kind::GetRepo).await);
+        let took = t.elapsed().as_secs_f64();
+        assert!((took - 1.0).abs() < 0.01, "{took}");
+        // Given back, never above the bucket's size.
+        hosts.admit("pds:1", Kind::GetRepo).await.not_sent();
+        hosts.admit("pds:1", Kind::GetRepo).await.not_sent();
+        let t = Instant::now();
+        drop(hosts.admit("pds:1", Kind::GetRepo).await);
+        drop(hosts.admit("pds:1", Kind::GetRepo).await);
+        let took = t.elapsed().as_secs_f64();
+        assert!((took - 1.0).abs() < 0.01, "{took}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -644,7 +644,7 @@ impl Getter {
             match r {
                 Err(ListError::RateLimited(d)) if waits < MAX_WAITS => {
                     waits += 1;
-                    self.hosts.pause(&host, d);
+                    self.hosts.rate_limited(&host, d);
                 }
                 Err(ListError::Failed(e)) if attempt + 1 < self.cfg.attempts => {
                     attempt += 1;
@@ -696,14 +696,24 @@ impl Getter {
                         loop {
                             let permit = self.hosts.admit(&host, Kind::GetRepo).await;
                             let r = self.fetcher.fetch_verify_on(lane, base, did, &id.key).await;
-                            drop(permit);
                             match r {
                                 Ok(v) => return Ok(v),
-                                Err(Fetched::Wait(d)) if waits < MAX_WAITS => {
-                                    waits += 1;
+                                Err(Fetched::Wait {
+                                    retry_in: d,
+                                    sent: false,
+                                }) => {
+                                    // Our own pacing (the host's window is spent), not a
+                                    // refusal: its token is not spent, nor is a wait counted.
+                                    permit.not_sent();
                                     self.hosts.pause(&host, d);
                                 }
-                                Err(Fetched::Wait(d)) => {
+                                Err(Fetched::Wait { retry_in: d, .. }) if waits < MAX_WAITS => {
+                                    drop(permit);
+                                    waits += 1;
+                                    self.hosts.rate_limited(&host, d);
+                                }
+                                Err(Fetched::Wait { retry_in: d, .. }) => {
+                                    self.hosts.rate_limited(&host, d);
                                     last = Some(Failure::new(
                                         did,
                                         FailKind::RateLimited,

@@ -148,6 +148,10 @@ pub struct WorkerCounts {
     pub failed: AtomicU64,
     /// Records published.
     pub records: AtomicU64,
+    /// Bytes of the repositories published (their CARs, as verified).
+    pub bytes: AtomicU64,
+    /// Repositories failed, by reason (`riptide backfill status`'s names).
+    pub failed_by_reason: Mutex<BTreeMap<String, u64>>,
     /// Hosts finished by this worker.
     pub hosts: AtomicU64,
     /// Transactions committed.
@@ -156,6 +160,35 @@ pub struct WorkerCounts {
     pub aborted: AtomicU64,
     /// Partitions taken over.
     pub partitions: AtomicU64,
+}
+
+impl WorkerCounts {
+    /// This worker's counts for `/metrics` ([`riptide_backfill::metrics`]), after running
+    /// `secs`: the hosts it finished (what is left is the group's, `backfill status
+    /// --publish`), its repositories by outcome, records and bytes, its rate; no ETA.
+    pub fn counts(&self, secs: f64) -> riptide_backfill::metrics::Counts {
+        let repos_failed = self
+            .failed_by_reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let ok = self.ok.load(Relaxed);
+        let failed = self.failed.load(Relaxed);
+        riptide_backfill::metrics::Counts {
+            listings: (self.hosts.load(Relaxed), None, None),
+            repos_ok: ok,
+            repos_failed,
+            records: (self.records.load(Relaxed), 0),
+            bytes: self.bytes.load(Relaxed),
+            repos_per_sec: if secs > 0.0 {
+                (ok + failed) as f64 / secs
+            } else {
+                0.0
+            },
+            expected_repos: None,
+            eta_secs: None,
+        }
+    }
 }
 
 /// Why an owner stopped before its partition's end: it is no longer the owner.
@@ -580,6 +613,19 @@ impl Partition {
                         .fetch_add(out.failed.len() as u64, Relaxed);
                     let (records, _) = counted.unwrap_or_default();
                     self.counts.records.fetch_add(records, Relaxed);
+                    self.counts
+                        .bytes
+                        .fetch_add(out.ok.iter().map(|v| v.bytes).sum(), Relaxed);
+                    if !out.failed.is_empty() {
+                        let mut by = self
+                            .counts
+                            .failed_by_reason
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner);
+                        for (f, _) in &out.failed {
+                            *by.entry(f.kind.reason().to_owned()).or_default() += 1;
+                        }
+                    }
                     return Ok(());
                 }
                 Err(e) => {

@@ -759,12 +759,13 @@ pub fn rate_limit_wait(
         return Some(d);
     }
     let reset: u64 = text("ratelimit-reset")?.trim().parse().ok()?;
-    let epoch = now
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    // A value past 2001 in epoch seconds is a time, not a delay of 31 years.
+    // A value past 2001 in epoch seconds is a time, not a delay of 31 years. It is measured
+    // from now to the millisecond: counted from the start of the current second it would wait
+    // up to a second too long, and the last request of every window (`RateLimit-Remaining: 0`)
+    // would then cost a whole window, halving a crawl at one request a second (issue 37).
     Some(if reset > 1_000_000_000 {
-        Duration::from_secs(reset.saturating_sub(epoch))
+        let at = std::time::UNIX_EPOCH + Duration::from_secs(reset);
+        at.duration_since(now).unwrap_or(Duration::ZERO)
     } else {
         Duration::from_secs(reset)
     })
@@ -1023,6 +1024,11 @@ mod tests {
             h(&[("ratelimit-reset", "1700000000")]),
             Some(Duration::ZERO)
         );
+        // An epoch time is waited for from now, not from the start of now's second.
+        let late = now + Duration::from_millis(750);
+        let mut m = HeaderMap::new();
+        m.insert("ratelimit-reset", HeaderValue::from_static("1800000001"));
+        assert_eq!(rate_limit_wait(&m, late), Some(Duration::from_millis(250)));
         assert_eq!(h(&[("ratelimit-reset", "soon")]), None);
     }
 

@@ -360,7 +360,6 @@ impl BackfillMetrics {
 
     /// Appends the `riptide_backfill_*` families (only with `--backfill`).
     pub(crate) fn render(&self, s: &mut String) {
-        use std::fmt::Write;
         if !self.enabled() {
             return;
         }
@@ -397,77 +396,8 @@ impl BackfillMetrics {
             "Backfilled repositories not served: the store held a newer commit of the account (since start).",
             self.superseded.load(Relaxed).to_string(),
         );
-        let Some(st) = self.status() else {
-            return;
-        };
-        let _ = writeln!(
-            s,
-            "# HELP riptide_backfill_listings Listings (hosts...) by state, as `riptide backfill status` counts them.\n# TYPE riptide_backfill_listings gauge"
-        );
-        for (state, n) in [
-            ("done", st.listings_done),
-            ("left", st.listings_left),
-            ("problem", st.listing_problems.len() as u64),
-        ] {
-            let _ = writeln!(s, "riptide_backfill_listings{{state=\"{state}\"}} {n}");
-        }
-        let _ = writeln!(
-            s,
-            "# HELP riptide_backfill_repos_total Repositories by outcome (over all runs).\n# TYPE riptide_backfill_repos_total counter"
-        );
-        let _ = writeln!(
-            s,
-            "riptide_backfill_repos_total{{outcome=\"ok\"}} {}",
-            st.repos_ok
-        );
-        for k in riptide_backfill::FailKind::ALL {
-            let n = st.repos_failed.get(k.reason()).copied().unwrap_or(0);
-            let _ = writeln!(
-                s,
-                "riptide_backfill_repos_total{{outcome=\"{}\"}} {n}",
-                k.reason()
-            );
-        }
-        for (name, kind, help, v) in [
-            (
-                "riptide_backfill_records_total",
-                "counter",
-                "Records backfilled (over all runs).",
-                st.records.to_string(),
-            ),
-            (
-                "riptide_backfill_records_dropped_total",
-                "counter",
-                "Records not written: outside the atproto data model.",
-                st.records_dropped.to_string(),
-            ),
-            (
-                "riptide_backfill_bytes_total",
-                "counter",
-                "Bytes of repositories verified (over all runs).",
-                st.bytes.to_string(),
-            ),
-            (
-                "riptide_backfill_repos_per_second",
-                "gauge",
-                "Repositories finished per second of running.",
-                format!("{:.3}", st.repos_per_sec),
-            ),
-            (
-                "riptide_backfill_expected_repos",
-                "gauge",
-                "Accounts the hosts' listHosts counts add up to (0: not known).",
-                st.expected_repos.unwrap_or(0).to_string(),
-            ),
-            (
-                "riptide_backfill_eta_seconds",
-                "gauge",
-                "Seconds left at the rate so far (-1: not known).",
-                st.eta_secs
-                    .map_or_else(|| "-1".into(), |e| format!("{e:.0}")),
-            ),
-        ] {
-            one(s, name, kind, help, v);
+        if let Some(st) = self.status() {
+            riptide_backfill::metrics::render_status(s, &st);
         }
     }
 }

@@ -114,6 +114,11 @@ struct RunArgs {
     #[cfg(feature = "kafka")]
     #[arg(long, value_name = "kafka://BROKERS/TOPIC", conflicts_with_all = ["data", "jsonl", "state", "dids", "collections"])]
     publish: Option<String>,
+    /// Serve the crawl's numbers at http://ADDR/metrics (Prometheus text, the
+    /// `riptide_backfill_*` names of `serve --backfill`; with --publish, this worker's own),
+    /// for as long as the run lasts. Port 0: any free port (the address is logged).
+    #[arg(long, value_name = "ADDR", value_parser = super::parse_listen)]
+    metrics_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     crawl: CrawlArgs,
 }
@@ -483,6 +488,7 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         (None, Some(lines)) => lines,
         (None, None) => anyhow::bail!("an output is required: --data DIR or --jsonl"),
     };
+    let metrics_listener = bind_metrics(a.metrics_listen)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -493,6 +499,18 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         let resolver = a.resolver()?;
         let fetcher = a.crawl.fetcher(resolver, relay, keep, spool)?;
         let hosts = Hosts::new(limits, cfg.global);
+        if let Some(l) = metrics_listener {
+            let (state, hosts) = (state.clone(), hosts.clone());
+            serve_metrics(l, move || {
+                let mut s = String::new();
+                match riptide_backfill::status(&state, 0) {
+                    Ok(st) => riptide_backfill::metrics::render_status(&mut s, &st),
+                    Err(e) => tracing::warn!(error = %e, "backfill: /metrics: the state could not be read"),
+                }
+                riptide_backfill::metrics::render_waits(&mut s, &hosts);
+                s
+            })?;
+        }
         let shown = tokio::spawn(show_progress(progress.clone()));
         let snapshots = tokio::spawn(snapshot_status(state.clone(), state_dir.clone()));
         let r =
@@ -591,20 +609,28 @@ fn worker(a: &RunArgs, relay: String, url: &str) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    let metrics_listener = bind_metrics(a.metrics_listen)?;
+    let counts = Arc::new(WorkerCounts::default());
+    let started = Instant::now();
     let getter = {
         let _entered = rt.enter();
         let resolver = a.resolver()?;
         let fetcher = a
             .crawl
             .fetcher(resolver, relay.clone(), Collections::default(), spool)?;
-        Arc::new(riptide_backfill::Getter::new(
-            cfg.clone(),
-            fetcher,
-            Hosts::new(limits, cfg.global),
-        )?)
+        let hosts = Hosts::new(limits, cfg.global);
+        if let Some(l) = metrics_listener {
+            let (counts, hosts) = (counts.clone(), hosts.clone());
+            serve_metrics(l, move || {
+                let mut s = String::new();
+                let c = counts.counts(started.elapsed().as_secs_f64());
+                riptide_backfill::metrics::render_counts(&mut s, &c);
+                riptide_backfill::metrics::render_waits(&mut s, &hosts);
+                s
+            })?;
+        }
+        Arc::new(riptide_backfill::Getter::new(cfg.clone(), fetcher, hosts)?)
     };
-    let counts = Arc::new(WorkerCounts::default());
-    let started = Instant::now();
     let wcfg = WorkerConfig {
         url,
         relay,
@@ -623,6 +649,49 @@ fn worker(a: &RunArgs, relay: String, url: &str) -> anyhow::Result<ExitCode> {
         "backfill worker: every host of the work topic is done (failures: TOPIC.backfill.failed)"
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Binds `--metrics-listen` before anything starts, so that an address in use is said at once.
+fn bind_metrics(
+    addr: Option<std::net::SocketAddr>,
+) -> anyhow::Result<Option<std::net::TcpListener>> {
+    addr.map(|at| {
+        let l = std::net::TcpListener::bind(at)
+            .with_context(|| format!("listening on {at} (--metrics-listen)"))?;
+        l.set_nonblocking(true)?;
+        Ok(l)
+    })
+    .transpose()
+}
+
+/// Serves `render()` at `/metrics` on `l` (inside the runtime) for as long as the process runs.
+fn serve_metrics(
+    l: std::net::TcpListener,
+    render: impl Fn() -> String + Clone + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    let bound = l.local_addr()?;
+    let l = tokio::net::TcpListener::from_std(l)?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let render = render.clone();
+            async move {
+                let text = tokio::task::spawn_blocking(render)
+                    .await
+                    .unwrap_or_default();
+                (
+                    [(
+                        axum::http::header::CONTENT_TYPE,
+                        "text/plain; version=0.0.4; charset=utf-8",
+                    )],
+                    text,
+                )
+            }
+        }),
+    );
+    tracing::info!("backfill: serving http://{bound}/metrics");
+    tokio::spawn(async move { axum::serve(l, app).await });
+    Ok(())
 }
 
 /// The lock file of a state directory.

@@ -247,6 +247,16 @@ pub fn spawn_serve_later(cmd: &mut Command) -> (KillOnDrop, Announced) {
     })
 }
 
+/// Spawns `riptide backfill … --metrics-listen 127.0.0.1:0` and returns it with the `host:port`
+/// of the `/metrics` address it logs on stderr (`RUST_LOG=info` is set here).
+pub fn spawn_backfill_with_metrics(cmd: &mut Command) -> (KillOnDrop, String) {
+    cmd.env("RUST_LOG", "info");
+    spawn_announcing(cmd, Pipe::Stderr, |l| {
+        let (_, rest) = l.split_once("serving http://")?;
+        Some(rest.split_once("/metrics")?.0.to_owned())
+    })
+}
+
 /// The DID documents of a generated network (`NET/did_docs.json`) with every account's PDS
 /// moved to `pds` (a `riptide sim`, as its PLC directory would serve them), written beside them:
 /// for a server given `--did-docs`, which resyncs from the documents' PDS too (one identity
