@@ -649,6 +649,9 @@ fn a_data_directory_backfill_killed_at_random_moments_serves_every_record_once()
                 "2",
                 "--discovery",
                 "relay",
+                // Repositories land in pieces of 3 records: a kill may fall between them.
+                "--landing-records",
+                "3",
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
