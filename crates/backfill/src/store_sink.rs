@@ -413,7 +413,8 @@ impl Sink for StoreSink {
             repo.data.as_cid(),
             now_us().max(0) as u64,
         );
-        let mut landed = resumed.clone().unwrap_or(Landed {
+        let resuming = resumed.is_some();
+        let mut landed = resumed.unwrap_or_else(|| Landed {
             rev: repo.rev.clone(),
             records: 0,
             dropped: 0,
@@ -431,7 +432,7 @@ impl Sink for StoreSink {
                 landed.superseded = Some(format!("{why:?}"));
             }
             Ok(()) => {
-                if resumed.is_none() {
+                if !resuming {
                     // Commits of the account are stored already: its records replace them.
                     landed.replaced = earlier_pieces || before.is_some_and(|s| s.tip.is_some());
                     if landed.replaced {
