@@ -1718,6 +1718,56 @@ fn serve_backfill_over_accounts_served_before_replaces_their_rows() {
     );
 }
 
+/// `riptide backfill --data DIR` stopped between the pieces of a repository (a crash point after
+/// its first piece of 3 records: its creates and a `partial` progress entry, no chain state),
+/// then `riptide serve --backfill` over DIR: the account's repository lands as replacement rows
+/// (a `#sync`, then a create per record), so a v2 subscriber folding from cursor 0 holds exactly
+/// its export, the 3 earlier creates dropped at the `#sync`; no other account is replaced.
+#[test]
+fn serve_backfill_over_an_interrupted_landing_replaces_its_pieces() {
+    use riptide_backfill::{store_sink::StoreSink, Collections, Sink};
+    let tmp = scratch();
+    let (_sim, base, manifest) = current_network(tmp.path(), &[]);
+    let end = tmp.path().join("end");
+    let data = tmp.path().join("data");
+    let planted: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let faulty: BTreeSet<&str> = planted["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["did"].as_str().unwrap())
+        .collect();
+    let (did, repo) = std::fs::read_dir(end.join("repos"))
+        .unwrap()
+        .map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".car").unwrap().to_owned()
+        })
+        .filter(|d| !faulty.contains(d.as_str()))
+        .find_map(|d| {
+            let car = std::fs::read(end.join("repos").join(format!("{d}.car"))).unwrap();
+            let v = riptide_backfill::verify_car(Box::new(car), &d, None, &Collections::all(), "t")
+                .unwrap();
+            (v.kept() > 3).then_some((d, v))
+        })
+        .unwrap();
+    {
+        let (store, resume) = riptide_store::Store::open_any(&data).unwrap();
+        let mut sink = StoreSink::new(store, resume).with_piece_records(3);
+        sink.recover(None).unwrap();
+        sink.crash_after_pieces(1);
+        assert!(sink.write(&repo).is_err());
+    }
+    let (_server, addr) =
+        common::spawn_serve(serve_backfill(&base, &data, 0).args(["--backfill-hold", "all"]));
+    let n = settled(&addr, 500);
+    let failed = failed_as_planted(&data, &manifest);
+    assert!(!failed.contains(&did), "{did} failed");
+    let replaced = assert_folds_on_v2(&addr, n, &end, &failed);
+    assert_eq!(replaced, BTreeSet::from([did]));
+}
+
 /// The default `--backfill-hold in-flight` against a network whose repositories are current,
 /// the relay paced (100 frames/s) and the crawl slowed (50 ms a request, one `getRepo` per
 /// host at once) so that live frames arrive before, during and after each account's fetch:
