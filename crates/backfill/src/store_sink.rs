@@ -24,11 +24,11 @@
 //! that what a landing buffers (events and rows) is bounded by the piece, not by the repository
 //! (up to `max_repo_bytes`; the verified CAR itself stays in memory, or spooled, as the fetch
 //! left it). Every piece but the last carries the account's progress entry marked
-//! [`Landed::partial`]: the commit landing and the index of its next record. The last piece
+//! [`Landed::partial`]: the commit landing and the key of the last record written. The last piece
 //! carries the chain state and the plain entry, so the account reads as landed (and its next
 //! live commit is checked against the repository) only once all of it is durable. After a
-//! crash between pieces the repository is fetched again: the same commit resumes at the entry's
-//! next record (neither lost nor written twice); another commit (the account moved on) starts
+//! crash between pieces the repository is fetched again: the same commit resumes after the
+//! entry's key, in MST key order (neither lost nor written twice); another commit (the account moved on) starts
 //! over as a replacement (below), its `#sync` dropping the pieces written, so a subscriber
 //! folding the account from either `#sync` holds a complete repository.
 //!
@@ -69,9 +69,9 @@ pub const PIECE_RECORDS: usize = 10_000;
 pub struct Partial {
     /// The commit landing (its CID).
     pub commit: String,
-    /// The index, among the repository's kept records in MST key order, of the first record
-    /// not written yet.
-    pub next: u64,
+    /// The key (`collection/rkey`) of the last record the durable pieces hold: the landing
+    /// resumes after it in MST key order.
+    pub after: String,
 }
 
 /// What the store's `backfill` partition says of a repository that landed.
@@ -278,20 +278,22 @@ impl StoreSink {
         }
     }
 
-    /// The repository's records from the `start`th on into the batch, written in pieces of at
-    /// most [`Self::piece`] records: each full piece but the last is written at once with a
-    /// progress entry saying where the next begins (module docs, "In pieces").
+    /// The repository's records after the key `after` (all: `None`) into the batch, written in
+    /// pieces of at most [`Self::piece`] records: each full piece but the last is written at once
+    /// with a progress entry saying where the next begins (module docs, "In pieces").
     fn push_records(
         &mut self,
         repo: &Verified,
-        start: usize,
+        after: Option<&str>,
         commit: &str,
         landed: &mut Landed,
     ) -> Result<(), SinkError> {
         let total = repo.kept();
         let mut in_piece = 0;
         let mut pieces = 0u32;
-        for (i, r) in repo.records().enumerate().skip(start) {
+        let key = |r: &crate::Record<'_>| format!("{}/{}", r.collection, r.rkey);
+        let written = |r: &crate::Record<'_>| after.is_some_and(|a| *key(r) <= *a);
+        for (i, r) in repo.records().enumerate().skip_while(|(_, r)| written(r)) {
             let row = if landed.replaced {
                 let rec = ReplacementRecord {
                     collection: r.collection,
@@ -315,7 +317,7 @@ impl StoreSink {
                 let partial = Landed {
                     partial: Some(Partial {
                         commit: commit.to_owned(),
-                        next: (i + 1) as u64,
+                        after: key(&r),
                     }),
                     ..landed.clone()
                 };
@@ -381,7 +383,7 @@ impl Sink for StoreSink {
         let commit = repo.commit.to_string();
         // Where this landing begins: at the first record, or after the pieces of the same commit
         // a crash interrupted (module docs, "In pieces").
-        let mut start = 0;
+        let mut after = None;
         let mut resumed = None;
         let mut earlier_pieces = false;
         if let Some(l) = self.landed(&repo.did)? {
@@ -394,8 +396,8 @@ impl Sink for StoreSink {
                     });
                 }
                 Some(p) if p.commit == commit && l.rev == repo.rev => {
-                    tracing::debug!(did = %repo.did, rev = %l.rev, next = p.next, "backfill: resuming a landing after its durable pieces");
-                    start = usize::try_from(p.next).unwrap_or(usize::MAX);
+                    tracing::debug!(did = %repo.did, rev = %l.rev, after = %p.after, "backfill: resuming a landing after its durable pieces");
+                    after = Some(p.after.clone());
                     resumed = Some(Landed {
                         partial: None,
                         ..l.clone()
@@ -439,7 +441,7 @@ impl Sink for StoreSink {
                         self.push_sync(repo, &mut landed);
                     }
                 }
-                self.push_records(repo, start, &commit, &mut landed)?;
+                self.push_records(repo, after.as_deref(), &commit, &mut landed)?;
                 // The chain state with the last piece only: nothing reads the account as landed
                 // before all of it is durable.
                 if let Some(next) = next {
@@ -967,7 +969,11 @@ mod tests {
                 14,
                 Some(Partial {
                     commit: real.commit.to_string(),
-                    next: 14
+                    after: real
+                        .records()
+                        .nth(13)
+                        .map(|r| format!("{}/{}", r.collection, r.rkey))
+                        .unwrap()
                 })
             )
         );
