@@ -431,6 +431,14 @@ impl Sink for StoreSink {
                     did = %repo.did, rev = %repo.rev, why = ?why,
                     "backfill: the store already holds a newer commit of this account; its repository is not written"
                 );
+                if resuming || earlier_pieces {
+                    // A server ingested the account between the pieces and now: what it stored
+                    // follows the pieces; no repository of its newer commit is at hand.
+                    tracing::warn!(
+                        did = %repo.did, rev = %repo.rev,
+                        "backfill: the pieces of an interrupted landing of this account stay without the rest of its repository"
+                    );
+                }
                 landed.superseded = Some(format!("{why:?}"));
             }
             Ok(()) => {
