@@ -669,6 +669,39 @@ fn a_data_directory_backfill_killed_at_random_moments_serves_every_record_once()
     assert_exactly_once(&net, &good, &served_from_zero(&addr, n));
 }
 
+/// `riptide backfill --data DIR --landing-records 3` stopped once 2 pieces of a repository are
+/// durable (the fault hook `RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES`: the directory as a crash
+/// there leaves it), then run again: the landing resumes after its pieces, and `riptide serve
+/// --data DIR` gives every good record exactly once from cursor 0, as creates, on both wires.
+#[test]
+fn a_data_directory_backfill_stopped_between_pieces_resumes_them_once() {
+    let tmp = scratch();
+    let net = tmp.path().join("net");
+    let (good, bad) = network(&net, 10, 12);
+    let (_sim, base) = start_sim(&net);
+    let data = tmp.path().join("data");
+    let run = || {
+        let mut c = backfill_into(&base, &data);
+        c.args(["--landing-records", "3", "--concurrency", "1"]);
+        c
+    };
+    let out = run()
+        .env("RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES", "2")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = common::stderr(&out);
+    assert!(err.contains("test crash point after 2 pieces"), "{err}");
+    let out = run().output().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let st = status_json_of("--data", &data);
+    assert_failures_in(&st, good.len(), &bad);
+    let n = records_of(&net, &good);
+    assert_eq!(st["records"], n as u64, "{st}");
+    let (_server, addr) = serve_data(&data);
+    assert_exactly_once(&net, &good, &served_from_zero(&addr, n));
+}
+
 /// A backfill into a data directory, then `riptide serve --data DIR --upstream-cursor S-40`, 40
 /// frames before the relay seq S the repositories are as of (`gen --repos-at`, the sim's
 /// `repos_as_of_seq`): the commits up to S are inside the repositories and refused

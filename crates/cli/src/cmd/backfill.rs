@@ -478,10 +478,17 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
             // The store's lock (DIR/riptide.lock) is taken here: a server on DIR refuses us.
             let (store, resume) = riptide_store::Store::open_any(data)
                 .with_context(|| format!("opening the store in {}", data.display()))?;
-            let store: Box<dyn Sink> = Box::new(
-                StoreSink::new(store, resume)
-                    .with_piece_records(usize::try_from(a.landing_records).unwrap_or(usize::MAX)),
-            );
+            let mut sink = StoreSink::new(store, resume)
+                .with_piece_records(usize::try_from(a.landing_records).unwrap_or(usize::MAX));
+            // Fault hook (tests): stop a landing once N of its pieces are durable, leaving the
+            // data directory as a crash there would.
+            if let Some(n) = std::env::var("RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+            {
+                sink.crash_after_pieces(n);
+            }
+            let store: Box<dyn Sink> = Box::new(sink);
             match lines {
                 // Both, each exactly once (a pipe: the lines as a pipe allows).
                 Some(lines) => Box::new(TeeSink::new(store, lines)),
