@@ -20,7 +20,8 @@
 //! at every [`Sink::commit`]) and inside a large one only between its pieces (below).
 //!
 //! **In pieces.** A repository of more than [`PIECE_RECORDS`] records (`riptide backfill
-//! --landing-records N`) lands in pieces of at most that many records, each its own batch, so
+//! --landing-records N`) or of more than [`FLUSH_AT`] bytes of events and rows lands in pieces
+//! of at most that many records (ending early at that many bytes), each its own batch, so
 //! that what a landing buffers (events and rows) is bounded by the piece, not by the repository
 //! (up to `max_repo_bytes`; the verified CAR itself stays in memory, or spooled, as the fetch
 //! left it). Every piece but the last carries the account's progress entry marked
@@ -145,6 +146,8 @@ pub struct StoreSink {
     bytes: usize,
     /// Most records per landing piece (module docs, "In pieces").
     piece: usize,
+    /// Most buffered bytes (events and rows) before a piece ends early ([`FLUSH_AT`]).
+    piece_bytes: usize,
     /// Tests' crash point: stop after this many pieces are durable ([`Self::crash_after_pieces`]).
     crash_after: Option<u32>,
 }
@@ -182,6 +185,7 @@ impl StoreSink {
             progress: Vec::new(),
             bytes: 0,
             piece: PIECE_RECORDS,
+            piece_bytes: FLUSH_AT,
             crash_after: None,
         }
     }
@@ -190,6 +194,13 @@ impl StoreSink {
     /// "In pieces"); [`PIECE_RECORDS`] unless told.
     pub fn with_piece_records(mut self, records: usize) -> StoreSink {
         self.piece = records.max(1);
+        self
+    }
+
+    /// Ends a piece early once the batch buffers `bytes` bytes of events and rows ([`FLUSH_AT`]
+    /// unless told): a piece of large records is bounded in bytes too.
+    pub fn with_piece_bytes(mut self, bytes: usize) -> StoreSink {
+        self.piece_bytes = bytes.max(1);
         self
     }
 
@@ -313,7 +324,7 @@ impl StoreSink {
                 None => landed.dropped += 1,
             }
             in_piece += 1;
-            if in_piece == self.piece && i + 1 < total {
+            if (in_piece >= self.piece || self.bytes >= self.piece_bytes) && i + 1 < total {
                 let partial = Landed {
                     partial: Some(Partial {
                         commit: commit.to_owned(),
@@ -996,6 +1007,31 @@ mod tests {
             sink.store().account(&real.did).unwrap(),
             whole.account(&real.did).unwrap()
         );
+    }
+
+    /// A piece ends at its byte bound too: with a bound below one record's event, every record
+    /// is a piece of its own (a crash point after 5 pieces leaves 5 records), and the landing
+    /// resumed with the same bound completes the one-batch result.
+    #[test]
+    fn a_piece_ends_at_its_byte_bound() {
+        let a = verified(13, 12);
+        let whole = tempfile::tempdir().unwrap();
+        let whole = land_all(whole.path(), PIECE_RECORDS, &[&a]);
+        let dir = tempfile::tempdir().unwrap();
+        let open = || {
+            let (store, resume) = Store::open_any(dir.path()).unwrap();
+            StoreSink::new(store, resume).with_piece_bytes(1)
+        };
+        {
+            let mut sink = open();
+            sink.crash_after_pieces(5);
+            assert!(sink.write(&a).is_err());
+        }
+        let mut sink = open();
+        assert_eq!(events(sink.store()).len(), 5);
+        assert_eq!(sink.write(&a).unwrap().records, 12);
+        sink.commit().unwrap();
+        assert_eq!(untimed(sink.store()), untimed(&whole));
     }
 
     /// Pieces of one commit, then another commit of the account (it moved on before the
