@@ -199,8 +199,10 @@ pub async fn run(
     let written = writer
         .join()
         .unwrap_or_else(|_| Err(SinkError::Unavailable("the writer thread panicked".into())));
-    result?;
+    // The writer's failure first: it is why the crawl stopped, and the crawl's own error may be
+    // only a task's "the writer stopped", which won the race to say it.
     written?;
+    result?;
     Ok(())
 }
 

@@ -16,8 +16,22 @@
 //! batch is durable (the writer's order); a crash between the two leaves a repository in the
 //! store with no status, so it is fetched again, and this sink finds its entry and writes
 //! nothing, answering with the counts it landed with. Nothing is ever rolled back: a store batch
-//! is all or nothing. Batches are cut only between repositories (at [`FLUSH_AT`] buffered bytes,
-//! and at every [`Sink::commit`]), never inside one.
+//! is all or nothing. Batches are cut between repositories (at [`FLUSH_AT`] buffered bytes, and
+//! at every [`Sink::commit`]) and inside a large one only between its pieces (below).
+//!
+//! **In pieces.** A repository of more than [`PIECE_RECORDS`] records (`riptide backfill
+//! --landing-records N`) or of more than [`FLUSH_AT`] bytes of events and rows lands in pieces
+//! of at most that many records (ending early at that many bytes), each its own batch, so
+//! that what a landing buffers (events and rows) is bounded by the piece, not by the repository
+//! (up to `max_repo_bytes`; the verified CAR itself stays in memory, or spooled, as the fetch
+//! left it). Every piece but the last carries the account's progress entry marked
+//! [`Landed::partial`]: the commit landing and the key of the last record written. The last piece
+//! carries the chain state and the plain entry, so the account reads as landed (and its next
+//! live commit is checked against the repository) only once all of it is durable. After a
+//! crash between pieces the repository is fetched again: the same commit resumes after the
+//! entry's key, in MST key order (neither lost nor written twice); another commit (the account moved on) starts
+//! over as a replacement (below), its `#sync` dropping the pieces written, so a subscriber
+//! folding the account from either `#sync` holds a complete repository.
 //!
 //! **Over earlier rows.** An account the store already holds commits of (a data directory a
 //! server ingested into before: its chain state has a tip) below or at the repository's rev gets
@@ -43,8 +57,23 @@ use crate::outcome::Verified;
 use crate::sink::{Sink, SinkError, Written};
 
 /// Write the buffered repositories to the store past this many bytes of events (between
-/// repositories: one repository is always one batch).
+/// repositories, or at a piece's end: module docs, "In pieces").
 pub const FLUSH_AT: usize = 16 << 20;
+
+/// Records per landing piece by default (module docs, "In pieces"): about 10 MB of events and
+/// rows for typical Bluesky records, against up to 2 GiB for a repository in one batch.
+pub const PIECE_RECORDS: usize = 10_000;
+
+/// A repository landing in pieces whose last piece is not durable yet (module docs, "In
+/// pieces"): which commit, and where its next piece begins.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partial {
+    /// The commit landing (its CID).
+    pub commit: String,
+    /// The key (`collection/rkey`) of the last record the durable pieces hold: the landing
+    /// resumes after it in MST key order.
+    pub after: String,
+}
 
 /// What the store's `backfill` partition says of a repository that landed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,6 +95,10 @@ pub struct Landed {
     /// `create-resync` rows (module docs).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replaced: bool,
+    /// Set while the repository lands in pieces and its last piece is not durable: the counts
+    /// above are then those of the pieces written (module docs, "In pieces").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partial: Option<Partial>,
 }
 
 impl Landed {
@@ -111,6 +144,12 @@ pub struct StoreSink {
     accounts: Vec<(Box<str>, AccountState)>,
     progress: Vec<(Box<str>, Vec<u8>)>,
     bytes: usize,
+    /// Most records per landing piece (module docs, "In pieces").
+    piece: usize,
+    /// Most buffered bytes (events and rows) before a piece ends early ([`FLUSH_AT`]).
+    piece_bytes: usize,
+    /// Tests' crash point: stop after this many pieces are durable ([`Self::crash_after_pieces`]).
+    crash_after: Option<u32>,
 }
 
 impl std::fmt::Debug for StoreSink {
@@ -145,7 +184,31 @@ impl StoreSink {
             accounts: Vec::new(),
             progress: Vec::new(),
             bytes: 0,
+            piece: PIECE_RECORDS,
+            piece_bytes: FLUSH_AT,
+            crash_after: None,
         }
+    }
+
+    /// Lands each repository in pieces of at most `records` records (at least 1; module docs,
+    /// "In pieces"); [`PIECE_RECORDS`] unless told.
+    pub fn with_piece_records(mut self, records: usize) -> StoreSink {
+        self.piece = records.max(1);
+        self
+    }
+
+    /// Ends a piece early once the batch buffers `bytes` bytes of events and rows ([`FLUSH_AT`]
+    /// unless told): a piece of large records is bounded in bytes too.
+    pub fn with_piece_bytes(mut self, bytes: usize) -> StoreSink {
+        self.piece_bytes = bytes.max(1);
+        self
+    }
+
+    /// For tests: once `pieces` pieces of a landing are durable, [`Sink::write`] stops with
+    /// [`SinkError::Unavailable`] before anything else of it is written, leaving the disk as a
+    /// `kill -9` at that point would (drop the sink then, as the process would be gone).
+    pub fn crash_after_pieces(&mut self, pieces: u32) {
+        self.crash_after = Some(pieces);
     }
 
     /// The store written to.
@@ -201,6 +264,84 @@ impl StoreSink {
         Some(seq)
     }
 
+    /// A replacement's `#sync` (module docs) into the batch.
+    fn push_sync(&mut self, repo: &Verified, landed: &mut Landed) {
+        let time =
+            riptide_syntax::format_utc(now_us().max(0) as u64, riptide_syntax::Precision::Millis);
+        let body = sync_body(
+            &repo.did,
+            &repo.rev,
+            &repo.commit,
+            repo.commit_block().unwrap_or_default(),
+            0,
+            &time,
+        );
+        let sync = sync_row(&repo.did, &body);
+        match self.push_row(&sync, true) {
+            Some(seq) => {
+                landed.first_seq.get_or_insert(seq);
+            }
+            // Built here from a verified commit: a bug, said.
+            None => tracing::error!(
+                did = %repo.did, rev = %repo.rev,
+                "backfill: the #sync of a replacement does not render: its records follow without it"
+            ),
+        }
+    }
+
+    /// The repository's records after the key `after` (all: `None`) into the batch, written in
+    /// pieces of at most [`Self::piece`] records: each full piece but the last is written at once
+    /// with a progress entry saying where the next begins (module docs, "In pieces").
+    fn push_records(
+        &mut self,
+        repo: &Verified,
+        after: Option<&str>,
+        commit: &str,
+        landed: &mut Landed,
+    ) -> Result<(), SinkError> {
+        let total = repo.kept();
+        let mut in_piece = 0;
+        let mut pieces = 0u32;
+        let key = |r: &crate::Record<'_>| format!("{}/{}", r.collection, r.rkey);
+        let written = |r: &crate::Record<'_>| after.is_some_and(|a| *key(r) <= *a);
+        for (i, r) in repo.records().enumerate().skip_while(|(_, r)| written(r)) {
+            let row = if landed.replaced {
+                r.stored_row(&repo.did, &repo.rev).ok()
+            } else {
+                Some(repo.create_row(&r))
+            };
+            match row.and_then(|row| self.push_row(&row, landed.replaced)) {
+                Some(seq) => {
+                    landed.first_seq.get_or_insert(seq);
+                    landed.records += 1;
+                }
+                None => landed.dropped += 1,
+            }
+            in_piece += 1;
+            if (in_piece >= self.piece || self.bytes >= self.piece_bytes) && i + 1 < total {
+                let partial = Landed {
+                    partial: Some(Partial {
+                        commit: commit.to_owned(),
+                        after: key(&r),
+                    }),
+                    ..landed.clone()
+                };
+                self.progress
+                    .push((repo.did.as_str().into(), partial.to_vec()));
+                self.flush()?;
+                in_piece = 0;
+                pieces += 1;
+                if self.crash_after == Some(pieces) {
+                    return Err(SinkError::Unavailable(format!(
+                        "test crash point after {pieces} pieces of {}",
+                        repo.did
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn flush(&mut self) -> Result<(), SinkError> {
         if self.events.is_empty() && self.accounts.is_empty() && self.progress.is_empty() {
             return Ok(());
@@ -244,12 +385,32 @@ impl Sink for StoreSink {
     }
 
     fn write(&mut self, repo: &Verified) -> Result<Written, SinkError> {
+        let commit = repo.commit.to_string();
+        // Where this landing begins: at the first record, or after the pieces of the same commit
+        // a crash interrupted (module docs, "In pieces").
+        let mut after = None;
+        let mut resumed = None;
+        let mut earlier_pieces = false;
         if let Some(l) = self.landed(&repo.did)? {
-            tracing::debug!(did = %repo.did, rev = %l.rev, "backfill: already in the store (landed before a crash); not written again");
-            return Ok(Written {
-                records: l.records,
-                dropped: l.dropped,
-            });
+            match &l.partial {
+                None => {
+                    tracing::debug!(did = %repo.did, rev = %l.rev, "backfill: already in the store (landed before a crash); not written again");
+                    return Ok(Written {
+                        records: l.records,
+                        dropped: l.dropped,
+                    });
+                }
+                Some(p) if p.commit == commit && l.rev == repo.rev => {
+                    tracing::debug!(did = %repo.did, rev = %l.rev, after = %p.after, "backfill: resuming a landing after its durable pieces");
+                    after = Some(p.after.clone());
+                    resumed = Some(Landed {
+                        partial: None,
+                        ..l.clone()
+                    });
+                }
+                // Another commit of the account: its pieces are earlier rows, replaced anew.
+                Some(_) => earlier_pieces = true,
+            }
         }
         let before = self.account(&repo.did)?;
         let (checked, next) = check_sync(
@@ -259,72 +420,45 @@ impl Sink for StoreSink {
             repo.data.as_cid(),
             now_us().max(0) as u64,
         );
-        let mut landed = Landed {
+        let resuming = resumed.is_some();
+        let mut landed = resumed.unwrap_or_else(|| Landed {
             rev: repo.rev.clone(),
             records: 0,
             dropped: 0,
             first_seq: None,
             superseded: None,
             replaced: false,
-        };
+            partial: None,
+        });
         match checked {
             Err(why) => {
                 tracing::warn!(
                     did = %repo.did, rev = %repo.rev, why = ?why,
                     "backfill: the store already holds a newer commit of this account; its repository is not written"
                 );
+                if resuming || earlier_pieces {
+                    // A server ingested the account between the pieces and now: what it stored
+                    // follows the pieces; no repository of its newer commit is at hand.
+                    tracing::warn!(
+                        did = %repo.did, rev = %repo.rev,
+                        "backfill: the pieces of an interrupted landing of this account stay without the rest of its repository"
+                    );
+                }
                 landed.superseded = Some(format!("{why:?}"));
             }
             Ok(()) => {
+                if !resuming {
+                    // Commits of the account are stored already: its records replace them.
+                    landed.replaced = earlier_pieces || before.is_some_and(|s| s.tip.is_some());
+                    if landed.replaced {
+                        self.push_sync(repo, &mut landed);
+                    }
+                }
+                self.push_records(repo, after.as_deref(), &commit, &mut landed)?;
+                // The chain state with the last piece only: nothing reads the account as landed
+                // before all of it is durable.
                 if let Some(next) = next {
                     self.accounts.push((repo.did.as_str().into(), next));
-                }
-                // Commits of the account are stored already: its records replace them.
-                landed.replaced = before.is_some_and(|s| s.tip.is_some());
-                if landed.replaced {
-                    let time = riptide_syntax::format_utc(
-                        now_us().max(0) as u64,
-                        riptide_syntax::Precision::Millis,
-                    );
-                    let body = sync_body(
-                        &repo.did,
-                        &repo.rev,
-                        &repo.commit,
-                        repo.commit_block().unwrap_or_default(),
-                        0,
-                        &time,
-                    );
-                    let sync = sync_row(&repo.did, &body);
-                    match self.push_row(&sync, true) {
-                        Some(seq) => {
-                            landed.first_seq.get_or_insert(seq);
-                        }
-                        // Built here from a verified commit: a bug, said.
-                        None => tracing::error!(
-                            did = %repo.did, rev = %repo.rev,
-                            "backfill: the #sync of a replacement does not render: its records follow without it"
-                        ),
-                    }
-                }
-                for r in repo.records() {
-                    let row = if landed.replaced {
-                        match r.stored_row(&repo.did, &repo.rev) {
-                            Ok(row) => row,
-                            Err(_) => {
-                                landed.dropped += 1;
-                                continue;
-                            }
-                        }
-                    } else {
-                        repo.create_row(&r)
-                    };
-                    match self.push_row(&row, landed.replaced) {
-                        Some(seq) => {
-                            landed.first_seq.get_or_insert(seq);
-                            landed.records += 1;
-                        }
-                        None => landed.dropped += 1,
-                    }
                 }
             }
         }
@@ -736,5 +870,219 @@ mod tests {
             .map(|r| (format!("{}/{}", r.collection, r.rkey), r.cid.to_string()))
             .collect();
         assert_eq!(held, want);
+    }
+
+    /// The corpus's real export (`repo.car`, 23 records), verified; `None` without the corpus.
+    fn real_repo() -> Option<Verified> {
+        let car = riptide_testdata::read("jetstream-2026-07/repo.car")?;
+        let did = "did:plc:53iucmf5ldftgqyf2ac7hmhd";
+        Some(
+            crate::verify_car(
+                Box::new(car),
+                did,
+                None,
+                &crate::Collections::all(),
+                "corpus",
+            )
+            .unwrap(),
+        )
+    }
+
+    /// Every stored event as JSON without its landing time, with its stored kind.
+    fn untimed(store: &Store) -> Vec<(EventKind, serde_json::Value)> {
+        stored(store)
+            .iter()
+            .zip(events(store))
+            .map(|(e, mut v)| {
+                v.as_object_mut().unwrap().remove("time_us");
+                (e.kind(), v)
+            })
+            .collect()
+    }
+
+    /// Lands `repos` into a new store under `dir` in pieces of `piece` records.
+    fn land_all(dir: &std::path::Path, piece: usize, repos: &[&Verified]) -> Store {
+        let (store, resume) = Store::open_any(dir).unwrap();
+        let mut sink = StoreSink::new(store, resume).with_piece_records(piece);
+        sink.recover(None).unwrap();
+        for r in repos {
+            sink.write(r).unwrap();
+        }
+        sink.commit().unwrap();
+        let StoreSink { store, .. } = sink;
+        store
+    }
+
+    /// A real repository landed in pieces of 7 records (4 batches) is, row for row, what one
+    /// batch lands, and is goat's listing of the export; only the last piece seeds its chain
+    /// state and its plain progress entry.
+    #[test]
+    fn a_real_repository_in_pieces_lands_as_in_one_batch() {
+        let Some(real) = real_repo() else { return };
+        let other = verified(11, 9);
+        let (one, pieces) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let one = land_all(one.path(), PIECE_RECORDS, &[&other, &real]);
+        let pieces = land_all(pieces.path(), 7, &[&other, &real]);
+        let got = untimed(&pieces);
+        assert_eq!(got.len(), 9 + 23);
+        assert_eq!(got, untimed(&one));
+        let goat =
+            riptide_testdata::read_string("jetstream-2026-07/car_expected_records.tsv").unwrap();
+        let listed: Vec<String> = got[9..]
+            .iter()
+            .map(|(k, e)| {
+                assert_eq!(*k, EventKind::Commit);
+                let c = &e["commit"];
+                format!(
+                    "{}/{}\t{}",
+                    c["collection"].as_str().unwrap(),
+                    c["rkey"].as_str().unwrap(),
+                    c["cid"].as_str().unwrap()
+                )
+            })
+            .collect();
+        assert_eq!(listed, goat.lines().collect::<Vec<_>>());
+        for store in [&one, &pieces] {
+            let landed = landed_in(store, &real.did).unwrap().unwrap();
+            assert_eq!(
+                (landed.records, landed.first_seq, landed.partial),
+                (23, Some(10), None)
+            );
+            let tip = store.account(&real.did).unwrap().unwrap().tip.unwrap();
+            assert_eq!(tip.commit, real.commit);
+        }
+    }
+
+    /// A crash between pieces (after 2 of 4 are durable) leaves 14 of the 23 records and no
+    /// chain state (the account does not read as landed); landed again after the restart, the
+    /// repository resumes at its 15th record: the store is the uninterrupted one, row for row.
+    #[test]
+    fn a_crash_between_pieces_resumes_and_lands_each_record_once() {
+        let Some(real) = real_repo() else { return };
+        let dir = tempfile::tempdir().unwrap();
+        let whole = tempfile::tempdir().unwrap();
+        let whole = land_all(whole.path(), PIECE_RECORDS, &[&real]);
+        {
+            let (store, resume) = Store::open_any(dir.path()).unwrap();
+            let mut sink = StoreSink::new(store, resume).with_piece_records(7);
+            sink.recover(None).unwrap();
+            sink.crash_after_pieces(2);
+            let e = sink.write(&real).unwrap_err();
+            assert!(matches!(e, SinkError::Unavailable(_)), "{e}");
+            // The process is gone: nothing of the sink's buffer reaches the store.
+        }
+        let (store, resume) = Store::open_any(dir.path()).unwrap();
+        assert_eq!(resume.next_seq, 15);
+        assert_eq!(events(&store).len(), 14);
+        assert_eq!(store.account(&real.did).unwrap(), None);
+        let l = landed_in(&store, &real.did).unwrap().unwrap();
+        assert_eq!(
+            (l.records, l.partial.clone()),
+            (
+                14,
+                Some(Partial {
+                    commit: real.commit.to_string(),
+                    after: real
+                        .records()
+                        .nth(13)
+                        .map(|r| format!("{}/{}", r.collection, r.rkey))
+                        .unwrap()
+                })
+            )
+        );
+        let mut sink = StoreSink::new(store, resume).with_piece_records(7);
+        sink.recover(None).unwrap();
+        assert_eq!(sink.write(&real).unwrap().records, 23);
+        sink.commit().unwrap();
+        assert_eq!(untimed(sink.store()), untimed(&whole));
+        let l = landed_in(sink.store(), &real.did).unwrap().unwrap();
+        assert_eq!((l.records, l.first_seq, l.partial), (23, Some(1), None));
+        assert_eq!(
+            sink.store().account(&real.did).unwrap(),
+            whole.account(&real.did).unwrap()
+        );
+    }
+
+    /// A piece ends at its byte bound too: with a bound below one record's event, every record
+    /// is a piece of its own (a crash point after 5 pieces leaves 5 records), and the landing
+    /// resumed with the same bound completes the one-batch result.
+    #[test]
+    fn a_piece_ends_at_its_byte_bound() {
+        let a = verified(13, 12);
+        let whole = tempfile::tempdir().unwrap();
+        let whole = land_all(whole.path(), PIECE_RECORDS, &[&a]);
+        let dir = tempfile::tempdir().unwrap();
+        let open = || {
+            let (store, resume) = Store::open_any(dir.path()).unwrap();
+            StoreSink::new(store, resume).with_piece_bytes(1)
+        };
+        {
+            let mut sink = open();
+            sink.crash_after_pieces(5);
+            assert!(sink.write(&a).is_err());
+        }
+        let mut sink = open();
+        assert_eq!(events(sink.store()).len(), 5);
+        assert_eq!(sink.write(&a).unwrap().records, 12);
+        sink.commit().unwrap();
+        assert_eq!(untimed(sink.store()), untimed(&whole));
+    }
+
+    /// Pieces of one commit, then another commit of the account (it moved on before the
+    /// restart): the new one lands as a replacement, its `#sync` dropping the pieces, so folding
+    /// the account from the stream holds exactly the new repository.
+    #[test]
+    fn a_partial_landing_of_another_commit_is_replaced_whole() {
+        let (old, new) = (verified(12, 20), verified(12, 25));
+        assert_eq!(old.did, new.did);
+        assert_ne!(old.commit, new.commit);
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (store, resume) = Store::open_any(dir.path()).unwrap();
+            let mut sink = StoreSink::new(store, resume).with_piece_records(7);
+            sink.crash_after_pieces(1);
+            assert!(sink.write(&old).is_err());
+        }
+        let (store, resume) = Store::open_any(dir.path()).unwrap();
+        let mut sink = StoreSink::new(store, resume).with_piece_records(7);
+        assert_eq!(sink.write(&new).unwrap().records, 25);
+        sink.commit().unwrap();
+        let store = sink.store();
+        let kinds: Vec<EventKind> = untimed(store).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(kinds.len(), 7 + 1 + 25);
+        assert!(
+            kinds[..7].iter().all(|k| *k == EventKind::Commit),
+            "{kinds:?}"
+        );
+        assert_eq!(kinds[7], EventKind::Sync);
+        assert!(
+            kinds[8..].iter().all(|k| *k == EventKind::Replacement),
+            "{kinds:?}"
+        );
+        let mut held: BTreeMap<String, String> = BTreeMap::new();
+        for e in events(store) {
+            match e["kind"].as_str().unwrap() {
+                "sync" => held.clear(),
+                _ => {
+                    let c = &e["commit"];
+                    held.insert(
+                        format!(
+                            "{}/{}",
+                            c["collection"].as_str().unwrap(),
+                            c["rkey"].as_str().unwrap()
+                        ),
+                        c["cid"].as_str().unwrap().to_owned(),
+                    );
+                }
+            }
+        }
+        let want: BTreeMap<String, String> = new
+            .records()
+            .map(|r| (format!("{}/{}", r.collection, r.rkey), r.cid.to_string()))
+            .collect();
+        assert_eq!(held, want);
+        let l = landed_in(store, &new.did).unwrap().unwrap();
+        assert!(l.replaced && l.partial.is_none(), "{l:?}");
+        assert_eq!((l.records, l.first_seq), (25, Some(8)));
     }
 }

@@ -649,6 +649,9 @@ fn a_data_directory_backfill_killed_at_random_moments_serves_every_record_once()
                 "2",
                 "--discovery",
                 "relay",
+                // Repositories land in pieces of 3 records: a kill may fall between them.
+                "--landing-records",
+                "3",
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -662,6 +665,39 @@ fn a_data_directory_backfill_killed_at_random_moments_serves_every_record_once()
     let n = records_of(&net, &good);
     assert_eq!(st["records"], n as u64, "{st}");
     assert_exactly_once(&net, &good, &std::fs::read_to_string(&out_file).unwrap());
+    let (_server, addr) = serve_data(&data);
+    assert_exactly_once(&net, &good, &served_from_zero(&addr, n));
+}
+
+/// `riptide backfill --data DIR --landing-records 3` stopped once 2 pieces of a repository are
+/// durable (the fault hook `RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES`: the directory as a crash
+/// there leaves it), then run again: the landing resumes after its pieces, and `riptide serve
+/// --data DIR` gives every good record exactly once from cursor 0, as creates, on both wires.
+#[test]
+fn a_data_directory_backfill_stopped_between_pieces_resumes_them_once() {
+    let tmp = scratch();
+    let net = tmp.path().join("net");
+    let (good, bad) = network(&net, 10, 12);
+    let (_sim, base) = start_sim(&net);
+    let data = tmp.path().join("data");
+    let run = || {
+        let mut c = backfill_into(&base, &data);
+        c.args(["--landing-records", "3", "--concurrency", "1"]);
+        c
+    };
+    let out = run()
+        .env("RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES", "2")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = common::stderr(&out);
+    assert!(err.contains("test crash point after 2 pieces"), "{err}");
+    let out = run().output().unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let st = status_json_of("--data", &data);
+    assert_failures_in(&st, good.len(), &bad);
+    let n = records_of(&net, &good);
+    assert_eq!(st["records"], n as u64, "{st}");
     let (_server, addr) = serve_data(&data);
     assert_exactly_once(&net, &good, &served_from_zero(&addr, n));
 }
@@ -1713,6 +1749,56 @@ fn serve_backfill_over_accounts_served_before_replaces_their_rows() {
         replaced, first,
         "exactly the accounts served before were replaced"
     );
+}
+
+/// `riptide backfill --data DIR` stopped between the pieces of a repository (a crash point after
+/// its first piece of 3 records: its creates and a `partial` progress entry, no chain state),
+/// then `riptide serve --backfill` over DIR: the account's repository lands as replacement rows
+/// (a `#sync`, then a create per record), so a v2 subscriber folding from cursor 0 holds exactly
+/// its export, the 3 earlier creates dropped at the `#sync`; no other account is replaced.
+#[test]
+fn serve_backfill_over_an_interrupted_landing_replaces_its_pieces() {
+    use riptide_backfill::{store_sink::StoreSink, Collections, Sink};
+    let tmp = scratch();
+    let (_sim, base, manifest) = current_network(tmp.path(), &[]);
+    let end = tmp.path().join("end");
+    let data = tmp.path().join("data");
+    let planted: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    let faulty: BTreeSet<&str> = planted["faults"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["did"].as_str().unwrap())
+        .collect();
+    let (did, repo) = std::fs::read_dir(end.join("repos"))
+        .unwrap()
+        .map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".car").unwrap().to_owned()
+        })
+        .filter(|d| !faulty.contains(d.as_str()))
+        .find_map(|d| {
+            let car = std::fs::read(end.join("repos").join(format!("{d}.car"))).unwrap();
+            let v = riptide_backfill::verify_car(Box::new(car), &d, None, &Collections::all(), "t")
+                .unwrap();
+            (v.kept() > 3).then_some((d, v))
+        })
+        .unwrap();
+    {
+        let (store, resume) = riptide_store::Store::open_any(&data).unwrap();
+        let mut sink = StoreSink::new(store, resume).with_piece_records(3);
+        sink.recover(None).unwrap();
+        sink.crash_after_pieces(1);
+        assert!(sink.write(&repo).is_err());
+    }
+    let (_server, addr) =
+        common::spawn_serve(serve_backfill(&base, &data, 0).args(["--backfill-hold", "all"]));
+    let n = settled(&addr, 500);
+    let failed = failed_as_planted(&data, &manifest);
+    assert!(!failed.contains(&did), "{did} failed");
+    let replaced = assert_folds_on_v2(&addr, n, &end, &failed);
+    assert_eq!(replaced, BTreeSet::from([did]));
 }
 
 /// The default `--backfill-hold in-flight` against a network whose repositories are current,

@@ -93,6 +93,9 @@ pub struct BackfillRepo {
     pub(crate) parts: Vec<Part>,
     /// Records outside the atproto data model, not rendered.
     pub(crate) dropped: u64,
+    /// The store holds pieces of an interrupted `riptide backfill --data` landing of the
+    /// account ([`Landed::partial`]): earlier rows, replaced as served commits are.
+    pub(crate) earlier_pieces: bool,
     pub(crate) ack: SyncSender<u64>,
 }
 
@@ -122,6 +125,7 @@ impl BackfillRepo {
             first_seq: None,
             superseded,
             replaced,
+            partial: None,
         }
         .to_vec()
     }
@@ -200,7 +204,9 @@ impl Sink for IngestSink {
     }
 
     fn write(&mut self, repo: &Verified) -> Result<Written, SinkError> {
-        if let Some(l) = landed_in(&self.store, &repo.did)? {
+        let landed = landed_in(&self.store, &repo.did)?;
+        let earlier_pieces = landed.as_ref().is_some_and(|l| l.partial.is_some());
+        if let Some(l) = landed.filter(|l| l.partial.is_none()) {
             tracing::debug!(did = %repo.did, rev = %l.rev, "backfill: already in the store (landed before a crash); not handed over again");
             // Frames held for it since the restart are released.
             self.settled(&repo.did)?;
@@ -266,6 +272,7 @@ impl Sink for IngestSink {
             buf,
             parts,
             dropped,
+            earlier_pieces,
             ack,
         };
         let w = Written {

@@ -1052,7 +1052,7 @@ impl Worker {
             crate::now_us().max(0) as u64,
         );
         // Commits of the account were served: its records replace them.
-        let earlier = before.as_ref().is_some_and(|s| s.tip.is_some());
+        let earlier = r.earlier_pieces || before.as_ref().is_some_and(|s| s.tip.is_some());
         let landed = match checked {
             Ok(()) => {
                 // The same commit as the stored tip changes nothing but where the tip came

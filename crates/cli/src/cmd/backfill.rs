@@ -103,6 +103,11 @@ struct RunArgs {
     /// event per record, exactly once; progress in DIR/backfill unless --state).
     #[arg(long)]
     data: Option<PathBuf>,
+    /// With --data: land a repository in pieces of at most N records, each its own durable
+    /// store batch (memory per landing bounded by the piece; a restart resumes after the last
+    /// piece written).
+    #[arg(long, value_name = "N", default_value_t = riptide_backfill::store_sink::PIECE_RECORDS as u64, value_parser = clap::value_parser!(u64).range(1..), requires = "data")]
+    landing_records: u64,
     /// Progress (per-repository status, cursors): resume by running again with the same DIR.
     #[arg(long)]
     state: Option<PathBuf>,
@@ -478,7 +483,17 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
             // The store's lock (DIR/riptide.lock) is taken here: a server on DIR refuses us.
             let (store, resume) = riptide_store::Store::open_any(data)
                 .with_context(|| format!("opening the store in {}", data.display()))?;
-            let store: Box<dyn Sink> = Box::new(StoreSink::new(store, resume));
+            let mut sink = StoreSink::new(store, resume)
+                .with_piece_records(usize::try_from(a.landing_records).unwrap_or(usize::MAX));
+            // Fault hook (tests): stop a landing once N of its pieces are durable, leaving the
+            // data directory as a crash there would.
+            if let Some(n) = std::env::var("RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+            {
+                sink.crash_after_pieces(n);
+            }
+            let store: Box<dyn Sink> = Box::new(sink);
             match lines {
                 // Both, each exactly once (a pipe: the lines as a pipe allows).
                 Some(lines) => Box::new(TeeSink::new(store, lines)),
