@@ -64,7 +64,7 @@ fn the_real_export_gives_goats_records_with_their_signed_bytes() {
     let v = verify_car(Box::new(car), DID, None, &none, "corpus").unwrap();
     assert_eq!(v.kept(), 0);
     assert_eq!(
-        CidBuf::sha256(DAG_CBOR, &v.commit_block().unwrap()),
+        CidBuf::sha256(DAG_CBOR, v.commit_block().unwrap()),
         v.commit
     );
 
