@@ -144,7 +144,8 @@ pub(super) fn refresh_file(
             tracing::error!(
                 segment = %entry.name(),
                 error = %e,
-                "a folded segment cannot be read back: replays keep serving its previous                  generation until the store is reopened"
+                "a folded segment cannot be read back: replays keep serving its previous \
+                 generation until the store is reopened"
             );
             return;
         }
