@@ -1396,20 +1396,8 @@ fn published_repos(bootstrap: &str, topic: &str, n: i32) -> BTreeMap<String, Vec
                 .map(|r| r.3.clone())
                 .collect();
             i += c.count as usize;
-            let chunks: Vec<_> = values
-                .iter()
-                .map(|v| repo_record::decode(key, v).unwrap())
-                .collect();
-            let v = riptide_backfill::Verified::from_records(
-                c.did,
-                c.rev,
-                c.commit,
-                c.data,
-                c.commit_block,
-                chunks.iter().flat_map(|c| c.records()),
-                "test",
-            )
-            .unwrap_or_else(|e| panic!("{}: {e}", c.did));
+            let v = repo_record::rebuild(key, &values, "test")
+                .unwrap_or_else(|e| panic!("{}: {e}", c.did));
             out.entry(c.did.to_owned()).or_default().extend(
                 v.records()
                     .map(|r| format!("{}/{}\t{}", r.collection, r.rkey, r.cid)),

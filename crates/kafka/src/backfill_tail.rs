@@ -35,7 +35,7 @@ use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
-use riptide_backfill::{Sink, SinkError, Verified};
+use riptide_backfill::{Sink, SinkError};
 use riptide_serve::Metrics;
 use riptide_throttle::Say;
 
@@ -199,26 +199,6 @@ impl Assembler {
     }
 }
 
-/// A complete repository's values rebuilt as the [`Verified`] the sinks take.
-fn rebuild(values: &[Vec<u8>], key: &[u8], source: &str) -> Result<Verified, String> {
-    let chunks = values
-        .iter()
-        .map(|v| repo_record::decode(key, v))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
-    let c = &chunks[0];
-    Verified::from_records(
-        c.did,
-        c.rev,
-        c.commit,
-        c.data,
-        c.commit_block,
-        chunks.iter().flat_map(|c| c.records()),
-        source,
-    )
-    .map_err(|e| format!("a block is not its CID's: {e}"))
-}
-
 /// Reads `W.backfill` of the workers' address `url` into `sink` until `stop` (module docs);
 /// calls `over` once when the workers are done and their output has landed.
 pub fn run(
@@ -303,10 +283,10 @@ pub fn run(
                     Ok(Pushed::Waiting) => None,
                     Ok(Pushed::Complete(values)) => {
                         let source = format!("{topic}/{p}@{o}");
-                        match rebuild(&values, key, &source) {
+                        match repo_record::rebuild(key, &values, &source) {
                             Ok(v) => Some(v),
                             Err(why) => {
-                                bad(metrics, topic, p, o, &why);
+                                bad(metrics, topic, p, o, &why.to_string());
                                 None
                             }
                         }
@@ -474,7 +454,7 @@ fn landed_all(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use riptide_backfill::Collections;
+    use riptide_backfill::{Collections, Verified};
 
     fn repo() -> Option<Verified> {
         let bytes = riptide_testdata::read("jetstream-2026-07/repo.car")?;
@@ -510,7 +490,7 @@ mod tests {
                 Pushed::Complete(all) => {
                     assert_eq!(i + 1, values.len());
                     assert_eq!(&all, &values);
-                    let back = rebuild(&all, key, "t").unwrap();
+                    let back = repo_record::rebuild(key, &all, "t").unwrap();
                     let ls = |v: &Verified| -> Vec<String> {
                         v.records()
                             .map(|r| format!("{}/{}\t{}", r.collection, r.rkey, r.cid))
@@ -546,7 +526,9 @@ mod tests {
         // Flip the last byte of the last record's DAG-CBOR.
         let last = values[0].len() - 1;
         values[0][last] ^= 1;
-        let e = rebuild(&values, key, "t").unwrap_err();
+        let e = repo_record::rebuild(key, &values, "t")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("CID"), "{e}");
     }
 }

@@ -64,6 +64,46 @@ pub enum BadRepoRecord {
     Key(String),
 }
 
+/// Why a complete repository's chunks do not rebuild ([`rebuild`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadRepository {
+    /// No chunk at all.
+    #[error("a repository of no chunk")]
+    Empty,
+    /// A chunk does not decode.
+    #[error(transparent)]
+    Chunk(#[from] BadRepoRecord),
+    /// A block is not the one its CID names (the record's bytes, or the commit's).
+    #[error("a block is not its CID's: {0}")]
+    Block(String),
+}
+
+/// A repository's chunk values, keyed by its DID, decoded and rebuilt as the [`Verified`] the
+/// sinks take ([`Verified::from_records`]: every block checked against its CID). The chunks are
+/// one repository's, in order (the ingest node's assembly checks that as they arrive).
+pub fn rebuild<V: AsRef<[u8]>>(
+    key: &[u8],
+    values: &[V],
+    source: &str,
+) -> Result<Verified, BadRepository> {
+    let chunks = values
+        .iter()
+        .map(|v| decode(key, v.as_ref()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let c = chunks.first().ok_or(BadRepository::Empty)?;
+    Verified::from_records(
+        c.did,
+        c.rev,
+        c.commit,
+        c.data,
+        c.commit_block,
+        chunks.iter().flat_map(|c| c.records()),
+        source,
+    )
+    .map_err(|e| BadRepository::Block(e.to_string()))
+}
+
 /// One chunk of a repository, read from a value (borrowing it).
 #[derive(Debug)]
 pub struct Chunk<'a> {
@@ -336,16 +376,7 @@ mod tests {
         let (values, _) = encode(&repo, CHUNK_BYTES).unwrap();
         assert_eq!(values.len(), 1);
         let c = decode(repo.did.as_bytes(), &values[0]).unwrap();
-        let back = Verified::from_records(
-            c.did,
-            c.rev,
-            c.commit,
-            c.data,
-            c.commit_block,
-            c.records(),
-            "kafka",
-        )
-        .unwrap();
+        let back = rebuild(repo.did.as_bytes(), &values, "kafka").unwrap();
         assert_eq!((back.did.as_str(), back.rev.as_str()), (c.did, c.rev));
         assert_eq!(back.commit_block(), repo.commit_block());
         let pairs = |v: &Verified| -> Vec<_> {
@@ -388,16 +419,8 @@ mod tests {
         for n in 0..v.len() {
             let mut bad = v.clone();
             bad[n] ^= 0xff;
-            if let Ok(c) = decode(key, &bad) {
-                let _ = Verified::from_records(
-                    c.did,
-                    c.rev,
-                    c.commit,
-                    c.data,
-                    c.commit_block,
-                    c.records(),
-                    "kafka",
-                );
+            if decode(key, &bad).is_ok() {
+                let _ = rebuild(key, &[&bad], "kafka");
             }
         }
         let mut longer = v.clone();
