@@ -216,6 +216,24 @@ impl<T: Text> Event<T> {
         Self::from_row_as(projector, row, true, seq, time_us, json)
     }
 
+    /// The length of the stored value (without a zstd form) that [`Event::from_row`] would
+    /// make of `row` at `seq` and `time_us`, rendered into the scratch buffer `json` and not
+    /// kept: what a writer that hands the store rows without events
+    /// ([`crate::Store::append_landing`]) checks each row with (a row that does not render is
+    /// the caller's to count, as with [`Event::from_row`]) and measures it by.
+    pub fn value_len_of_row(
+        projector: &mut Projector,
+        row: &StoredRow<'_>,
+        seq: u64,
+        time_us: i64,
+        json: &mut Vec<u8>,
+    ) -> Result<usize, RowError> {
+        let p = projector.project_row(row)?;
+        json.clear();
+        p.render(0, time_us, Some(seq), json);
+        Ok(HEADER_LEN + cut(p.did(0)).len() + cut(p.collection(0)).len() + json.len())
+    }
+
     fn from_row_as(
         projector: &mut Projector,
         row: &StoredRow<'_>,

@@ -32,7 +32,9 @@ pub mod tombstones;
 
 pub use event::{CorruptEvent, Event, Text, Utf8Text};
 pub use lock::{DirLock, LockError};
-pub use store::{read_segment_meta, Resume, SealPoint, Store, StoreError, StoreOptions};
+pub use store::{
+    read_segment_meta, LandingRow, Resume, SealPoint, Store, StoreError, StoreOptions,
+};
 
 /// How much one subscriber read may return: at most `events` events and, past the first event,
 /// at most `bytes` bytes of stored values. The byte cap is what keeps a subscriber's memory

@@ -17,9 +17,9 @@
 use std::cell::RefCell;
 
 use riptide_jetstream::{EventKind, Projector, StoredRow};
-use riptide_segment::{decode_block, encode_block, Row};
+use riptide_segment::{decode_block, encode_block, Kind, Row};
 
-use crate::event::append_value;
+use crate::event::{append_value, Event, Text};
 
 /// A row as `recent_rows` keeps it until its block is sealed: the uncompressed body of a
 /// one-row `.jss` block. `None` for a row a `.jss` block cannot hold (a column past its width).
@@ -109,6 +109,26 @@ pub(crate) fn render_rows(
         Some(what) => Err(what),
         None => Ok(()),
     }
+}
+
+/// The stored event of one `.jss` row, at its seq and display time, rendered as
+/// [`Event::from_row`] renders it (a `create-resync` row as a replacement's:
+/// [`EventKind::Replacement`]); `json` is a scratch buffer. For a landing's rows left unsealed
+/// (`Store::append_landing`), which wait in `recent` and the in-memory tail as events.
+pub(crate) fn event_of_row<T: Text>(
+    row: &Row<'_>,
+    json: &mut Vec<u8>,
+) -> Result<Event<T>, riptide_jetstream::RowError> {
+    let stored = StoredRow::from_row(row);
+    let time_us = row.display_time_us();
+    PROJECTOR.with(|p| {
+        let mut p = p.borrow_mut();
+        if row.kind == Kind::CreateResync {
+            Event::replacement_from_row(&mut p, &stored, row.seq, time_us, json)
+        } else {
+            Event::from_row(&mut p, &stored, row.seq, time_us, json)
+        }
+    })
 }
 
 /// Whether `seqs` are strictly increasing and all inside `first..=last` (a block's rows against

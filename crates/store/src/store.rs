@@ -77,6 +77,9 @@
 //! Row blocks are sealed whole: where more than 4,096 events with rows are unsealed, the ones past
 //! the last whole block of 4,096 stay unsealed (in `recent` and `recent_rows`) for the next
 //! sealing, since a row block cannot take up to twice a block's worth as a JSON block does.
+//! A backfill's landing hands rows without events ([`Store::append_landing`], module
+//! `landing`): the blocks are the same, the rows sealed at once are never made into events,
+//! and only those past the last whole block wait as above.
 //! A block is a row block only if every one of its events came with its row; otherwise (a
 //! writer that hands none, or a batch without rows among them) it is sealed as JSON, as before,
 //! and both kinds read alike. Reading a row block renders it (`crate::rows`: its rows through
@@ -208,7 +211,10 @@ use riptide_segment::{compress as compress_block, encode_block, Row};
 use crate::event::{CorruptEvent, Event, Text, Utf8Text};
 use crate::ReadLimit;
 
+mod landing;
 mod seal;
+
+pub use landing::LandingRow;
 pub use seal::{read_segment_meta, SealPoint};
 
 /// The sealed files' index and the block cache, shared with folding's thread
@@ -990,6 +996,32 @@ fn sealed_value<T: Text>(e: &Event<T>) -> &[u8] {
     &e.raw()[..e.raw().len() - e.zstd_len()]
 }
 
+/// What [`seal`] reads of each event it seals: an [`Event`], or a landing's row that has no
+/// event made (`landing`), which is only ever sealed into a row block.
+trait Sealable {
+    fn seq(&self) -> u64;
+    fn time_us(&self) -> i64;
+    /// The length of its stored value without its zstd form (what a loaded block holds).
+    fn value_len(&self) -> usize;
+    /// That value, for a JSON block; `None` if there is none.
+    fn value(&self) -> Option<&[u8]>;
+}
+
+impl<T: Text> Sealable for Event<T> {
+    fn seq(&self) -> u64 {
+        Event::seq(self)
+    }
+    fn time_us(&self) -> i64 {
+        Event::time_us(self)
+    }
+    fn value_len(&self) -> usize {
+        sealed_value(self).len()
+    }
+    fn value(&self) -> Option<&[u8]> {
+        Some(sealed_value(self))
+    }
+}
+
 /// Seals `events` (consecutive seqs) into blocks: (first seq, value). A block holds
 /// `opts.block_events` events, and the last one also the fewer than that left after it, all
 /// within `opts.block_bytes`: sealing all the unsealed events once a block's worth has come
@@ -1000,8 +1032,8 @@ fn sealed_value<T: Text>(e: &Event<T>) -> &[u8] {
 /// blocks of at most [`MAX_BLOCK_ROWS`] rows (a block's worth past that is cut in equal parts);
 /// their events are still counted against `opts.block_bytes` by their JSON, which is what a
 /// loaded block holds.
-fn seal<T: Text>(
-    events: &[Event<T>],
+fn seal<E: Sealable>(
+    events: &[E],
     rows: Option<&[Row<'_>]>,
     opts: StoreOptions,
 ) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
@@ -1020,7 +1052,7 @@ fn seal<T: Text>(
         }
         let (mut n, mut bytes) = (0, 0);
         while n < want {
-            let len = sealed_value(&rest[n]).len();
+            let len = rest[n].value_len();
             if n > 0 && bytes + len > opts.block_bytes {
                 break;
             }
@@ -1035,7 +1067,7 @@ fn seal<T: Text>(
         let at = events.len() - rest.len();
         let (these, tail) = rest.split_at(n);
         rest = tail;
-        let last_time = these.last().map_or(0, Event::time_us);
+        let last_time = these.last().map_or(0, E::time_us);
         let seal_err = |source| StoreError::Seal {
             first: first.seq(),
             source,
@@ -1050,7 +1082,9 @@ fn seal<T: Text>(
             }
             None => {
                 for e in these {
-                    let v = sealed_value(e);
+                    let v = e.value().ok_or_else(|| {
+                        seal_err(std::io::Error::other("an event without its value"))
+                    })?;
                     raw.extend_from_slice(&(v.len() as u32).to_be_bytes());
                     raw.extend_from_slice(v);
                 }
@@ -1951,32 +1985,12 @@ impl<T: Text> Store<T> {
             }
         };
         let _writing = lock(&self.writing);
-        // Between batches, on the writer's side (`crate::folding`).
-        self.folding.prune();
-        let mut b = self.ks.batch().durability(Some(PersistMode::SyncAll));
+        let mut b = self.batch();
         if let Some(rows) = &rows {
             let rows: Vec<Row<'_>> = rows.iter().map(|(r, _)| *r).collect();
             self.folding.write_tombstones(&mut b, &rows);
         }
-        for (k, v) in progress {
-            b.insert(&self.backfill, k.as_bytes(), v.as_slice());
-        }
-        for p in resync {
-            match p {
-                PendingChange::Hold { did, seq, frame } => {
-                    b.insert(&self.resync, pending_key(did, *seq), frame.clone())
-                }
-                PendingChange::Release { did, seq } => {
-                    b.remove(&self.resync, pending_key(did, *seq))
-                }
-            }
-        }
-        let mut buf = Vec::with_capacity(96);
-        for (did, state) in accounts {
-            buf.clear();
-            encode_state(state, &mut buf);
-            b.insert(&self.accounts, did.as_bytes(), buf.as_slice());
-        }
+        self.write_beside(&mut b, accounts, resync, progress);
         // Whether this batch seals (module docs): then the unsealed events and this batch's go
         // into blocks, and the unsealed ones leave `recent`.
         let added: usize = events.iter().map(|e| sealed_value(e).len()).sum();
@@ -2042,16 +2056,7 @@ impl<T: Text> Store<T> {
                 }
                 left = Some((all.split_off(split), left_rows));
             }
-            // Damaged unsealed values found at open leave with the events around them.
-            for &seq in lock(&self.damaged_unsealed).iter() {
-                b.remove(&self.recent, seq.to_be_bytes());
-                let lost = LostRange {
-                    first: seq,
-                    end: seq + 1,
-                    why: "corrupt event",
-                };
-                b.insert(&self.meta, lost.key(), lost.value());
-            }
+            self.drop_damaged_unsealed(&mut b);
             sealed_end = all.last().map(|e| e.seq() + 1);
         } else {
             for e in events {
@@ -2061,25 +2066,12 @@ impl<T: Text> Store<T> {
                 b.insert(&self.recent_rows, r.seq.to_be_bytes(), encoded.clone());
             }
         }
-        for e in events {
-            b.insert(
-                &self.times,
-                (e.time_us() as u64).to_be_bytes(),
-                e.seq().to_be_bytes(),
-            );
-        }
-        b.insert(&self.meta, NEXT_SEQ, resume.next_seq.to_be_bytes());
-        b.insert(
-            &self.meta,
-            LAST_TIME,
-            (resume.last_time_us as u64).to_be_bytes(),
-        );
-        if let Some(c) = resume.upstream_cursor {
-            b.insert(&self.meta, UPSTREAM, c.to_be_bytes());
-        }
-        b.commit().map_err(|e| self.err(e))?;
-        self.acked.record(resume.next_seq, resume.last_time_us);
-        self.live_row_bytes.fetch_add(row_bytes, Relaxed);
+        self.commit_batch(
+            b,
+            events.iter().map(|e| (e.seq(), e.time_us())),
+            resume,
+            row_bytes,
+        )?;
         // Durable: now the in-memory view follows.
         let mut p = lock(&self.pending);
         match sealed_end {
@@ -2107,6 +2099,89 @@ impl<T: Text> Store<T> {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// A new durable batch, after the folding's pruning (between batches, on the writer's
+    /// side: `crate::folding`).
+    fn batch(&self) -> fjall::Batch {
+        self.folding.prune();
+        self.ks.batch().durability(Some(PersistMode::SyncAll))
+    }
+
+    /// Into `b`: what a batch carries beside its events (account states, the resync
+    /// partition's changes, the backfill's progress).
+    fn write_beside(
+        &self,
+        b: &mut fjall::Batch,
+        accounts: &[(Box<str>, AccountState)],
+        resync: &[PendingChange],
+        progress: &[(Box<str>, Vec<u8>)],
+    ) {
+        for (k, v) in progress {
+            b.insert(&self.backfill, k.as_bytes(), v.as_slice());
+        }
+        for p in resync {
+            match p {
+                PendingChange::Hold { did, seq, frame } => {
+                    b.insert(&self.resync, pending_key(did, *seq), frame.clone())
+                }
+                PendingChange::Release { did, seq } => {
+                    b.remove(&self.resync, pending_key(did, *seq))
+                }
+            }
+        }
+        let mut buf = Vec::with_capacity(96);
+        for (did, state) in accounts {
+            buf.clear();
+            encode_state(state, &mut buf);
+            b.insert(&self.accounts, did.as_bytes(), buf.as_slice());
+        }
+    }
+
+    /// Into a sealing batch `b`: the damaged unsealed values found at open leave with the
+    /// events around them, recorded as lost.
+    fn drop_damaged_unsealed(&self, b: &mut fjall::Batch) {
+        for &seq in lock(&self.damaged_unsealed).iter() {
+            b.remove(&self.recent, seq.to_be_bytes());
+            let lost = LostRange {
+                first: seq,
+                end: seq + 1,
+                why: "corrupt event",
+            };
+            b.insert(&self.meta, lost.key(), lost.value());
+        }
+    }
+
+    /// Ends a batch: the time index of its new events (`(seq, time_us)`), `resume`, then the
+    /// durable commit and the acknowledged mark (module docs, "Journal"); `row_bytes` of row
+    /// blocks sealed.
+    fn commit_batch(
+        &self,
+        mut b: fjall::Batch,
+        new: impl Iterator<Item = (u64, i64)>,
+        resume: &Resume,
+        row_bytes: u64,
+    ) -> Result<(), StoreError> {
+        for (seq, time_us) in new {
+            b.insert(
+                &self.times,
+                (time_us as u64).to_be_bytes(),
+                seq.to_be_bytes(),
+            );
+        }
+        b.insert(&self.meta, NEXT_SEQ, resume.next_seq.to_be_bytes());
+        b.insert(
+            &self.meta,
+            LAST_TIME,
+            (resume.last_time_us as u64).to_be_bytes(),
+        );
+        if let Some(c) = resume.upstream_cursor {
+            b.insert(&self.meta, UPSTREAM, c.to_be_bytes());
+        }
+        b.commit().map_err(|e| self.err(e))?;
+        self.acked.record(resume.next_seq, resume.last_time_us);
+        self.live_row_bytes.fetch_add(row_bytes, Relaxed);
         Ok(())
     }
 

@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod landing;
 
 use common::{append, generated, read_all, same};
 use riptide_store::{Event, Resume, Store, StoreError, StoreOptions, Utf8Text};
