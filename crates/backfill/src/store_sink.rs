@@ -4,9 +4,11 @@
 //! Why a sink of its own: a backfill that a server serves must land in the server's seq space,
 //! beside the live stream, and must seed each account's chain state so that its next live commit
 //! is verified statefully. A repository becomes one `create` event per record at its head rev
-//! (the rows are [`StoredRow`]s, rendered by [`Event::from_row`], the one place rows become v1
-//! events, and handed to the store beside their events, so they are sealed as `.jss` row blocks
-//! as ingest's are: one copy, the record's signed DAG-CBOR), the account's chain state becomes
+//! (the rows are [`StoredRow`]s, each rendered once into a scratch buffer as [`Event::from_row`]
+//! renders it, to check that it is in the data model and to measure it
+//! ([`Event::value_len_of_row`]), and handed to the store as rows only
+//! ([`Store::append_landing`]), which seals them as `.jss` row blocks as ingest's are, one copy,
+//! the record's signed DAG-CBOR, without making their v1 events), the account's chain state becomes
 //! its verified commit, and a small progress entry
 //! (`backfill` partition: DID → [`Landed`]) records that it landed: all three in **one** atomic,
 //! durable store batch ([`Store::append_with_progress`]).
@@ -49,8 +51,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use riptide_firehose::chain::{check_sync, AccountState};
 use riptide_jetstream::replace::{replacement_row, sync_body, sync_row};
 use riptide_jetstream::{Projector, StoredRow};
-use riptide_segment::{OwnedRow, Row};
-use riptide_store::{Event, Resume, Store, Text};
+use riptide_segment::{Kind, Row};
+use riptide_store::{Event, LandingRow, Resume, Store, Text};
 use serde::{Deserialize, Serialize};
 
 use crate::outcome::Verified;
@@ -133,14 +135,12 @@ pub struct StoreSink {
     store: Store,
     resume: Resume,
     projector: Projector,
+    /// The scratch buffer each row's JSON is rendered into to check and measure it.
     json: Vec<u8>,
-    events: Vec<Event>,
-    /// `rows[i]` is `events[i]`'s, owned until the batch is written.
-    rows: Vec<OwnedRow>,
-    /// Whether every buffered event has a row a `.jss` block can hold (a collection or record
-    /// key over 255 bytes, which their syntax allows, cannot be one: the batch is then stored
-    /// as JSON blocks, as ingest does with such a batch).
-    all_rows: bool,
+    /// The batch's rows, owned until it is written ([`Store::append_landing`]: they are sealed
+    /// as they are, no v1 event made of them; one with a column too long for a `.jss` row makes
+    /// the batch JSON blocks, as ingest does with such a batch).
+    rows: BatchRows,
     accounts: Vec<(Box<str>, AccountState)>,
     progress: Vec<(Box<str>, Vec<u8>)>,
     bytes: usize,
@@ -178,9 +178,7 @@ impl StoreSink {
             // `#sync` too: a replacement begins with one.
             projector: Projector::with_sync(),
             json: Vec::with_capacity(1 << 14),
-            events: Vec::new(),
-            rows: Vec::new(),
-            all_rows: true,
+            rows: BatchRows::default(),
             accounts: Vec::new(),
             progress: Vec::new(),
             bytes: 0,
@@ -239,26 +237,23 @@ impl StoreSink {
         }
     }
 
-    /// Appends `row`'s event, and its `.jss` row (a replacement's kind when `replacing`), to the
-    /// batch at the next seq; its seq, or `None` if it does not render (outside the data model).
+    /// Appends `row`'s `.jss` row (a replacement's kind when `replacing`) to the batch at the
+    /// next seq; its seq, or `None` if its event does not render (outside the data model). Its
+    /// event is rendered only to check and measure it ([`Event::value_len_of_row`]): the store
+    /// makes none of the rows it seals ([`Store::append_landing`]).
     fn push_row(&mut self, row: &StoredRow<'_>, replacing: bool) -> Option<u64> {
         let seq = self.resume.next_seq;
         let time_us = now_us().max(self.resume.last_time_us + 1);
-        let e = if replacing {
-            Event::replacement_from_row(&mut self.projector, row, seq, time_us, &mut self.json)
-        } else {
-            Event::from_row(&mut self.projector, row, seq, time_us, &mut self.json)
-        }
-        .ok()?;
+        let value_len =
+            <Event>::value_len_of_row(&mut self.projector, row, seq, time_us, &mut self.json)
+                .ok()?;
         let r = if replacing {
             replacement_row(row, seq, time_us)
         } else {
             row.row(seq, time_us)
         };
-        self.bytes += e.raw().len() + r.payload.len();
-        self.events.push(e);
-        self.all_rows &= r.validate().is_ok();
-        self.rows.push(r.to_owned_row());
+        self.bytes += value_len + r.payload.len();
+        self.rows.push(&r, value_len);
         self.resume.next_seq += 1;
         self.resume.last_time_us = time_us;
         Some(seq)
@@ -343,26 +338,113 @@ impl StoreSink {
     }
 
     fn flush(&mut self) -> Result<(), SinkError> {
-        if self.events.is_empty() && self.accounts.is_empty() && self.progress.is_empty() {
+        if self.rows.is_empty() && self.accounts.is_empty() && self.progress.is_empty() {
             return Ok(());
         }
-        let rows: Vec<Row<'_>> = self.rows.iter().map(OwnedRow::as_row).collect();
         self.store
-            .append_with_progress(
-                &self.events,
-                self.all_rows.then_some(&rows[..]),
+            .append_landing(
+                &self.rows.landing(),
                 &self.accounts,
                 &self.progress,
                 &self.resume,
             )
             .map_err(|e| self.store_err(e))?;
-        self.events.clear();
         self.rows.clear();
-        self.all_rows = true;
         self.accounts.clear();
         self.progress.clear();
         self.bytes = 0;
         Ok(())
+    }
+}
+
+/// A batch's rows in one buffer, their columns end to end: one growing allocation for the
+/// batch rather than five per row (an owned row's strings).
+#[derive(Debug, Default)]
+struct BatchRows {
+    bytes: Vec<u8>,
+    rows: Vec<RowAt>,
+}
+
+/// Where one row's columns lie in [`BatchRows::bytes`], and the rest of it.
+#[derive(Debug)]
+struct RowAt {
+    seq: u64,
+    witnessed_at: i64,
+    indexed_at: i64,
+    kind: Kind,
+    value_len: usize,
+    /// Where its did, collection, rkey, rev and payload end (each begins where the one before
+    /// ends; the did where the row before ends).
+    ends: [usize; 5],
+}
+
+impl BatchRows {
+    fn push(&mut self, r: &Row<'_>, value_len: usize) {
+        let mut ends = [0; 5];
+        let columns = [
+            r.did.as_bytes(),
+            r.collection.as_bytes(),
+            r.rkey.as_bytes(),
+            r.rev.as_bytes(),
+            r.payload,
+        ];
+        for (end, column) in ends.iter_mut().zip(columns) {
+            self.bytes.extend_from_slice(column);
+            *end = self.bytes.len();
+        }
+        self.rows.push(RowAt {
+            seq: r.seq,
+            witnessed_at: r.witnessed_at,
+            indexed_at: r.indexed_at,
+            kind: r.kind,
+            value_len,
+            ends,
+        });
+    }
+
+    /// The rows, borrowed.
+    fn iter(&self) -> impl Iterator<Item = Row<'_>> {
+        let mut start = 0;
+        self.rows.iter().map(move |at| {
+            let [did, collection, rkey, rev, payload] = at.ends;
+            // Copied from `&str`s (`push`), cut where they ended: UTF-8, never the default.
+            let text = |from: usize, to: usize| {
+                std::str::from_utf8(&self.bytes[from..to]).unwrap_or_default()
+            };
+            let row = Row {
+                seq: at.seq,
+                witnessed_at: at.witnessed_at,
+                indexed_at: at.indexed_at,
+                kind: at.kind,
+                did: text(start, did),
+                collection: text(did, collection),
+                rkey: text(collection, rkey),
+                rev: text(rkey, rev),
+                payload: &self.bytes[rev..payload],
+            };
+            start = payload;
+            row
+        })
+    }
+
+    /// The rows as the store takes a landing's.
+    fn landing(&self) -> Vec<LandingRow<'_>> {
+        self.iter()
+            .zip(&self.rows)
+            .map(|(row, at)| LandingRow {
+                row,
+                value_len: at.value_len,
+            })
+            .collect()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.rows.clear();
     }
 }
 
@@ -806,15 +888,14 @@ mod tests {
         sink.recover(None).unwrap();
         assert_eq!(sink.write(&a).unwrap().records, 9);
         // The rows: the `#sync`, then kind 7 per record, in MST key order, at the repository's rev.
-        let kinds: Vec<Kind> = sink.rows.iter().map(|r| r.as_row().kind).collect();
+        let kinds: Vec<Kind> = sink.rows.iter().map(|r| r.kind).collect();
         assert_eq!(kinds[0], Kind::Sync);
         assert!(
             kinds[1..].iter().all(|k| *k == Kind::CreateResync),
             "{kinds:?}"
         );
         assert_eq!(kinds.len(), 10);
-        for (r, want) in sink.rows[1..].iter().zip(a.records()) {
-            let r = r.as_row();
+        for (r, want) in sink.rows.iter().skip(1).zip(a.records()) {
             assert_eq!(
                 (r.collection, r.rkey, r.rev),
                 (want.collection, want.rkey, &*a.rev)
