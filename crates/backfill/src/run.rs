@@ -18,7 +18,12 @@
 //! - One *writer* (a thread: the sink and fjall block) takes finished repositories from a
 //!   bounded channel, writes them to the sink, makes the sink durable, commits the statuses in
 //!   one batch, then tells each task. Batching amortizes the fsyncs; the bound on the channel
-//!   bounds the verified repositories held in memory.
+//!   bounds the verified repositories held in memory. A batch short of [`BATCH_RECORDS`]
+//!   records waits up to [`GATHER`] for more repositories: the store seals a batch's whole
+//!   blocks of rows at once and makes only the rest past them into events waiting unsealed
+//!   (`riptide_store::Store::append_landing`), so small batches (about 3,000 records when the
+//!   writer took only what was queued) sent most rows the long way. The repositories it holds
+//!   are those whose tasks wait for its answer, inside `--concurrency`.
 //!
 //! Crash safety is the state's ([`crate::state`]) plus this order: a cursor moves only after
 //! its page's statuses are committed, a status only after its output is durable.
@@ -206,6 +211,13 @@ pub async fn run(
     Ok(())
 }
 
+/// Records a writer's batch gathers before it is committed, when repositories keep coming
+/// (module docs): four row blocks' worth.
+pub const BATCH_RECORDS: usize = 4 * 4096;
+
+/// How long a batch short of [`BATCH_RECORDS`] waits for more repositories (module docs).
+pub const GATHER: Duration = Duration::from_millis(20);
+
 /// The writer (module docs): batches, sink first, then the state, then the acks.
 fn write_loop(
     mut rx: mpsc::Receiver<Job>,
@@ -214,11 +226,20 @@ fn write_loop(
 ) -> Result<(), SinkError> {
     /// Most repositories per commit.
     const BATCH: usize = 256;
+    let records = |j: &Job| j.outcome.as_ref().map_or(0, crate::Verified::kept);
     while let Some(first) = rx.blocking_recv() {
+        let started = std::time::Instant::now();
+        let mut held = records(&first);
         let mut jobs = vec![first];
-        while jobs.len() < BATCH {
+        while jobs.len() < BATCH && held < BATCH_RECORDS {
             match rx.try_recv() {
-                Ok(j) => jobs.push(j),
+                Ok(j) => {
+                    held += records(&j);
+                    jobs.push(j);
+                }
+                Err(mpsc::error::TryRecvError::Empty) if started.elapsed() < GATHER => {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 Err(_) => break,
             }
         }
