@@ -66,6 +66,17 @@ impl Collections {
             || self.prefixes.iter().any(|p| collection.starts_with(p))
     }
 
+    /// The patterns as one string, the same for the same set however it was given (sorted,
+    /// comma-separated, prefixes as `prefix.*`; empty for every collection): what a landing in
+    /// pieces records of the filter it lands with (`crate::store_sink`).
+    pub fn key(&self) -> String {
+        let mut all: Vec<String> = self.exact.clone();
+        all.extend(self.prefixes.iter().map(|p| format!("{p}*")));
+        all.sort();
+        all.dedup();
+        all.join(",")
+    }
+
     /// The NSIDs to discover accounts by (`listReposByCollection`), when every pattern is an
     /// exact NSID; `None` when all accounts must be crawled (no pattern, or a prefix).
     pub fn discoverable(&self) -> Option<&[String]> {
@@ -95,6 +106,14 @@ mod tests {
                 ][..]
             )
         );
+        assert_eq!(
+            Collections::parse(["app.bsky.graph.*", "app.bsky.feed.post", "app.bsky.graph.*"])
+                .unwrap()
+                .key(),
+            "app.bsky.feed.post,app.bsky.graph.*"
+        );
+        assert_eq!(c.key(), "app.bsky.feed.like,app.bsky.feed.post");
+        assert_eq!(Collections::all().key(), "");
         assert!(Collections::all().matches("anything.at.all"));
         assert_eq!(Collections::all().discoverable(), None);
         for bad in [

@@ -33,7 +33,9 @@
 //! crash between pieces the repository is fetched again: the same commit resumes after the
 //! entry's key, in MST key order (neither lost nor written twice); another commit (the account moved on) starts
 //! over as a replacement (below), its `#sync` dropping the pieces written, so a subscriber
-//! folding the account from either `#sync` holds a complete repository.
+//! folding the account from either `#sync` holds a complete repository. So does the same
+//! commit landed with another `--collections` filter than the pieces' ([`Partial::collections`]):
+//! resumed after the entry's key, it would miss the records the new filter keeps below it.
 //!
 //! **Over earlier rows.** An account the store already holds commits of (a data directory a
 //! server ingested into before: its chain state has a tip) below or at the repository's rev gets
@@ -75,6 +77,12 @@ pub struct Partial {
     /// The key (`collection/rkey`) of the last record the durable pieces hold: the landing
     /// resumes after it in MST key order.
     pub after: String,
+    /// The `--collections` it was landing with ([`crate::Collections::key`]; empty: every
+    /// collection, as for an entry written before this field): a landing resumed with another
+    /// filter would miss records the new one keeps below `after`, so it starts over, replacing
+    /// the pieces (module docs, "In pieces").
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub collections: String,
 }
 
 /// What the store's `backfill` partition says of a repository that landed.
@@ -150,6 +158,8 @@ pub struct StoreSink {
     piece_bytes: usize,
     /// Tests' crash point: stop after this many pieces are durable ([`Self::crash_after_pieces`]).
     crash_after: Option<u32>,
+    /// The collections filter the repositories were verified with ([`Partial::collections`]).
+    collections: String,
 }
 
 impl std::fmt::Debug for StoreSink {
@@ -185,7 +195,16 @@ impl StoreSink {
             piece: PIECE_RECORDS,
             piece_bytes: FLUSH_AT,
             crash_after: None,
+            collections: String::new(),
         }
+    }
+
+    /// The `--collections` filter the repositories written were verified with (every
+    /// collection unless told): a partial landing records it, and one resumed with another
+    /// filter starts over ([`Partial::collections`]).
+    pub fn with_collections(mut self, keep: &crate::Collections) -> StoreSink {
+        self.collections = keep.key();
+        self
     }
 
     /// Lands each repository in pieces of at most `records` records (at least 1; module docs,
@@ -318,6 +337,7 @@ impl StoreSink {
                     partial: Some(Partial {
                         commit: commit.to_owned(),
                         after: key(&r),
+                        collections: self.collections.clone(),
                     }),
                     ..landed.clone()
                 };
@@ -482,7 +502,11 @@ impl Sink for StoreSink {
                         dropped: l.dropped,
                     });
                 }
-                Some(p) if p.commit == commit && l.rev == repo.rev => {
+                Some(p)
+                    if p.commit == commit
+                        && l.rev == repo.rev
+                        && p.collections == self.collections =>
+                {
                     tracing::debug!(did = %repo.did, rev = %l.rev, after = %p.after, "backfill: resuming a landing after its durable pieces");
                     after = Some(p.after.clone());
                     resumed = Some(Landed {
@@ -490,7 +514,8 @@ impl Sink for StoreSink {
                         ..l.clone()
                     });
                 }
-                // Another commit of the account: its pieces are earlier rows, replaced anew.
+                // Another commit of the account, or the same landed with another collections
+                // filter: its pieces are earlier rows, replaced anew.
                 Some(_) => earlier_pieces = true,
             }
         }
@@ -955,18 +980,84 @@ mod tests {
 
     /// The corpus's real export (`repo.car`, 23 records), verified; `None` without the corpus.
     fn real_repo() -> Option<Verified> {
+        real_repo_keeping(&crate::Collections::all())
+    }
+
+    /// [`real_repo`] with only the records of `keep`.
+    fn real_repo_keeping(keep: &crate::Collections) -> Option<Verified> {
         let car = riptide_testdata::read("jetstream-2026-07/repo.car")?;
         let did = "did:plc:53iucmf5ldftgqyf2ac7hmhd";
-        Some(
-            crate::verify_car(
-                Box::new(car),
-                did,
-                None,
-                &crate::Collections::all(),
-                "corpus",
-            )
-            .unwrap(),
-        )
+        Some(crate::verify_car(Box::new(car), did, None, keep, "corpus").unwrap())
+    }
+
+    /// Folds the stored stream as a v2 subscriber does (a `#sync` drops what it held): each
+    /// record key held and its CID, as goat lists a repository.
+    fn folded(store: &Store) -> Vec<String> {
+        let mut held: BTreeMap<String, String> = BTreeMap::new();
+        for e in events(store) {
+            match e["kind"].as_str().unwrap() {
+                "sync" => held.clear(),
+                _ => {
+                    let c = &e["commit"];
+                    held.insert(
+                        format!(
+                            "{}/{}",
+                            c["collection"].as_str().unwrap(),
+                            c["rkey"].as_str().unwrap()
+                        ),
+                        c["cid"].as_str().unwrap().to_owned(),
+                    );
+                }
+            }
+        }
+        held.into_iter().map(|(k, c)| format!("{k}\t{c}")).collect()
+    }
+
+    /// A landing interrupted under one `--collections` filter and run again under another
+    /// starts over as a replacement, its `#sync` dropping the pieces: resumed after the pieces'
+    /// last key it would miss the records the new filter keeps below that key (the profile, the
+    /// likes and the first posts here). Folded, the stream holds goat's listing of the export.
+    #[test]
+    fn a_partial_landing_resumed_with_other_collections_starts_over() {
+        let posts = crate::Collections::parse(["app.bsky.feed.post"]).unwrap();
+        let (Some(some), Some(all)) = (real_repo_keeping(&posts), real_repo()) else {
+            return;
+        };
+        assert_eq!((some.kept(), all.kept()), (6, 23));
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (store, resume) = Store::open_any(dir.path()).unwrap();
+            let mut sink = StoreSink::new(store, resume)
+                .with_piece_records(2)
+                .with_collections(&posts);
+            sink.crash_after_pieces(2);
+            assert!(sink.write(&some).is_err());
+        }
+        let (store, resume) = Store::open_any(dir.path()).unwrap();
+        let l = landed_in(&store, &all.did).unwrap().unwrap();
+        assert_eq!(
+            l.partial.map(|p| (l.records, p.collections)),
+            Some((4, "app.bsky.feed.post".to_owned()))
+        );
+        let mut sink = StoreSink::new(store, resume)
+            .with_piece_records(2)
+            .with_collections(&crate::Collections::all());
+        assert_eq!(sink.write(&all).unwrap().records, 23);
+        sink.commit().unwrap();
+        let store = sink.store();
+        let kinds: Vec<EventKind> = untimed(store).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(kinds.len(), 4 + 1 + 23);
+        assert_eq!(kinds[4], EventKind::Sync, "{kinds:?}");
+        assert!(
+            kinds[5..].iter().all(|k| *k == EventKind::Replacement),
+            "{kinds:?}"
+        );
+        let goat =
+            riptide_testdata::read_string("jetstream-2026-07/car_expected_records.tsv").unwrap();
+        assert_eq!(folded(store), goat.lines().collect::<Vec<_>>());
+        let l = landed_in(store, &all.did).unwrap().unwrap();
+        assert!(l.replaced && l.partial.is_none(), "{l:?}");
+        assert_eq!((l.records, l.first_seq), (23, Some(5)));
     }
 
     /// Every stored event as JSON without its landing time, with its stored kind.
@@ -1062,6 +1153,7 @@ mod tests {
             (
                 14,
                 Some(Partial {
+                    collections: String::new(),
                     commit: real.commit.to_string(),
                     after: real
                         .records()

@@ -484,7 +484,8 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
             let (store, resume) = riptide_store::Store::open_any(data)
                 .with_context(|| format!("opening the store in {}", data.display()))?;
             let mut sink = StoreSink::new(store, resume)
-                .with_piece_records(usize::try_from(a.landing_records).unwrap_or(usize::MAX));
+                .with_piece_records(usize::try_from(a.landing_records).unwrap_or(usize::MAX))
+                .with_collections(&keep);
             // Fault hook (tests): stop a landing once N of its pieces are durable, leaving the
             // data directory as a crash there would.
             if let Some(n) = std::env::var("RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES")
