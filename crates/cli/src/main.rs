@@ -84,6 +84,10 @@ enum Command {
     Resolve(cmd::resolve::Args),
     /// One record (at://HANDLE-OR-DID/COLLECTION/RKEY), fetched with its proof, checked, as JSON.
     Get(cmd::get::Args),
+    /// A local copy of the PLC directory: pull its /export (resumable, each operation
+    /// checked), show its status, time lookups from it.
+    #[command(subcommand)]
+    Plc(cmd::plc::Plc),
     /// Serve a generated network (PLC directory, PDS, handles) on loopback, with faults.
     Sim(cmd::sim::Args),
     /// Backfill the network's repositories, each verified whole: JSON lines, resumable.
@@ -154,6 +158,7 @@ fn main() -> ExitCode {
         Command::VerifyHandle(a) => cmd::verify_handle::run(a),
         Command::Resolve(a) => cmd::resolve::run(a),
         Command::Get(a) => cmd::get::run(a),
+        Command::Plc(p) => cmd::plc::run(p),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Backfill(a) => cmd::backfill::run(a),
         Command::Serve(a) => cmd::serve::run(a.serve),
