@@ -123,3 +123,58 @@ pub(crate) fn page(lines: &[String], after: u64, count: usize) -> String {
     }
     body
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use riptide_identity::plc::{created_at_ms, Chain, DidCheck, PlcOp};
+    use std::collections::BTreeMap;
+
+    /// The log folds, operation by operation through the mirror's checks, to the documents
+    /// served (key, handle), with the stale genesis of every fourth account replaced; and
+    /// pages cut it at `after` without a gap or an overlap.
+    #[test]
+    fn the_log_folds_to_the_served_documents_and_pages_cut_it_exactly() {
+        let accts: Vec<_> = (1..=9)
+            .map(|i| crate::fixture::account(i, &format!("u{i}.test"), 1))
+            .collect();
+        let net = Network::new(accts.iter().map(|a| a.doc.clone()), []).unwrap();
+        let lines = export_lines(&net, |d| format!("http://host-of/{d}"));
+        assert_eq!(lines.len(), 9 + 2);
+        let mut chains: BTreeMap<String, Chain> = BTreeMap::new();
+        for (i, l) in lines.iter().enumerate() {
+            let v: Value = serde_json::from_str(l).unwrap();
+            assert_eq!(v["seq"], i as u64 + 1);
+            let did = v["did"].as_str().unwrap();
+            let op = PlcOp::parse(&v["operation"]).unwrap();
+            let at = created_at_ms(v["createdAt"].as_str().unwrap()).unwrap();
+            let a = chains
+                .entry(did.to_owned())
+                .or_default()
+                .apply(did, &op, v["cid"].as_str().unwrap(), at, DidCheck::Count)
+                .unwrap();
+            assert_eq!(a.did_underived, op.prev.is_none());
+        }
+        for a in &accts {
+            let doc = chains[&a.did].state().unwrap().to_doc(&a.did).unwrap();
+            assert_eq!(doc.signing_key().unwrap(), a.key.public_key());
+            assert_eq!(doc.handle().unwrap().as_str(), a.handle);
+            assert_eq!(
+                doc.pds(),
+                Some(format!("http://host-of/{}", a.did).as_str())
+            );
+        }
+        let mut joined = String::new();
+        let mut after = 0;
+        loop {
+            let p = page(&lines, after, 4);
+            if p.is_empty() {
+                break;
+            }
+            after += p.lines().count() as u64;
+            joined.push_str(&p);
+        }
+        assert_eq!(joined, page(&lines, 0, 1000));
+        assert!(page(&lines, 99, 4).is_empty());
+    }
+}
