@@ -64,6 +64,17 @@ pub enum PullError {
     /// The mirror could not be written.
     #[error(transparent)]
     Mirror(#[from] MirrorError),
+    /// A full page that did not move the cursor (no line with a cursor, or the same cursor
+    /// again): asking again would get the same page forever.
+    #[error("{url}: a page of {lines} lines that does not move the cursor past {cursor:?}")]
+    Stuck {
+        /// The page asked for.
+        url: String,
+        /// Its lines.
+        lines: usize,
+        /// The cursor it was asked after.
+        cursor: Option<String>,
+    },
 }
 
 /// One page's body, with `429`s waited out and transient failures retried.
@@ -127,6 +138,13 @@ pub async fn pull(
         };
         let body = page(http, &pause, &url, cfg).await?;
         let out = mirror.apply_page(&body, cfg.did_check)?;
+        if out.lines >= count && (out.cursor.is_none() || out.cursor == cursor) {
+            return Err(PullError::Stuck {
+                url,
+                lines: out.lines,
+                cursor,
+            });
+        }
         pages += 1;
         let counts = mirror.counts()?;
         progress(&counts, out.cursor.as_deref());

@@ -131,3 +131,55 @@ async fn a_strict_mirror_refuses_every_underived_genesis_and_what_follows() {
     // The updates follow genesis operations never applied.
     assert_eq!(counts.refused["unknown_prev"], 2);
 }
+
+/// A directory that answers every page with the same line: the pull stops with `Stuck` (the
+/// repeat applied once, refused once), instead of asking forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_repeating_its_page_stops_the_pull() {
+    let accts = [fixture::account(1, "u1.test", 1)];
+    let sim = Sim::spawn(
+        Network::new(accts.iter().map(|a| a.doc.clone()), []).unwrap(),
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        Faults::default(),
+    )
+    .await
+    .unwrap();
+    let line = reqwest::get(format!("{}/export?count=1", sim.base_url()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let app = axum::Router::new().route(
+        "/export",
+        axum::routing::get(move || {
+            let line = line.clone();
+            async move { line }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let dir = tempfile::tempdir().unwrap();
+    let mirror = PlcMirror::open(dir.path()).unwrap();
+    let cfg = PullConfig {
+        plc_url: format!("http://{addr}"),
+        page: 1,
+        did_check: DidCheck::Count,
+        ..PullConfig::default()
+    };
+    let e = pull(&reqwest::Client::new(), &mirror, &cfg, &mut |_, _| {})
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            riptide_resolver::plc_export::PullError::Stuck { lines: 1, .. }
+        ),
+        "{e}"
+    );
+    // Applied once; the repeat read, refused and counted before the pull stopped.
+    let c = mirror.counts().unwrap();
+    assert_eq!((c.operations, c.applied), (2, 1), "{c:?}");
+    assert_eq!(c.refused["duplicate"], 1, "{c:?}");
+}
