@@ -134,7 +134,7 @@ fn main() -> ExitCode {
     log::set_verbosity(cli.verbose, cli.quiet);
     log::set_format(cli.log_format);
     log::init(match cli.command {
-        Command::Serve(_) | Command::Backfill(_) => "info",
+        Command::Serve(_) | Command::Backfill(_) | Command::Plc(cmd::plc::Plc::Mirror(_)) => "info",
         Command::Demo(_) => "error",
         _ => "warn",
     });

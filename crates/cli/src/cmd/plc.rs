@@ -185,6 +185,11 @@ fn mirror(a: MirrorArgs) -> anyhow::Result<ExitCode> {
     })?;
     let http = client.http();
     let rt = crate::cmd::account::runtime()?;
+    tracing::info!(
+        plc_url = cfg.plc_url,
+        cursor = m.cursor()?.as_deref().unwrap_or("(start)"),
+        "PLC mirror: pulling /export (a progress line every 10 s)"
+    );
     let mut last = Instant::now();
     let (counts, rate_limited) = rt.block_on(pull(http, &m, &cfg, &mut |c, cursor| {
         if last.elapsed() >= Duration::from_secs(10) {
