@@ -7,10 +7,10 @@
 //!
 //! What the log is: per account with a document, a signed `plc_operation` genesis (in DID
 //! order), with the account's `#atproto` key, handle and PDS endpoint (its host's URL, as the
-//! served document says). Every fourth account's genesis names a stale handle and the endpoint
-//! `https://pds.invalid`, and a second operation, after every genesis (so usually pages later),
-//! moves it to the real ones: a copy that did not fold `prev` chains would send a crawl to the
-//! wrong PDS. Operations are signed with one rotation key, [`rotation_key`] (as a PDS holds
+//! served document says). Every fourth account's genesis names a stale handle, the endpoint
+//! `https://pds.invalid` and a wrong `#atproto` key (the rotation key), and a second operation,
+//! after every genesis (so usually pages later), moves it to the real ones: a copy that did not
+//! fold `prev` chains would send a crawl to the wrong PDS with the wrong key. Operations are signed with one rotation key, [`rotation_key`] (as a PDS holds
 //! its accounts' rotation key), so every signature is real and checked.
 //!
 //! What it cannot be: the generator drew each account's DID before any operation existed, so
@@ -52,8 +52,9 @@ fn atproto_did_key(doc: &Value) -> Option<String> {
         .map(|mb| format!("did:key:{mb}"))
 }
 
-fn operation(prev: Option<&str>, doc: &Value, aka: Value, pds: &str) -> Value {
-    let vms = match atproto_did_key(doc) {
+/// An operation naming `atproto` (a `did:key`, if any), `aka` and `pds`.
+fn operation(prev: Option<&str>, atproto: Option<String>, aka: Value, pds: &str) -> Value {
+    let vms = match atproto {
         Some(k) => json!({ "atproto": k }),
         None => json!({}),
     };
@@ -96,13 +97,16 @@ pub(crate) fn export_lines(net: &Network, pds_of: impl Fn(&str) -> String) -> Ve
         let pds = pds_of(did);
         if i % 4 == 1 {
             let stale = json!([format!("at://stale-{i}.invalid")]);
-            let Some(cid) = push(&mut lines, did, &operation(None, &a.doc, stale, STALE_PDS))
-            else {
+            let stale_key = Some(key.public_key().to_did_key());
+            let genesis = operation(None, stale_key, stale, STALE_PDS);
+            let Some(cid) = push(&mut lines, did, &genesis) else {
                 continue;
             };
-            updates.push((did.clone(), operation(Some(&cid), &a.doc, aka, &pds)));
+            let update = operation(Some(&cid), atproto_did_key(&a.doc), aka, &pds);
+            updates.push((did.clone(), update));
         } else {
-            push(&mut lines, did, &operation(None, &a.doc, aka, &pds));
+            let genesis = operation(None, atproto_did_key(&a.doc), aka, &pds);
+            push(&mut lines, did, &genesis);
         }
     }
     for (did, op) in updates {
