@@ -84,6 +84,10 @@ enum Command {
     Resolve(cmd::resolve::Args),
     /// One record (at://HANDLE-OR-DID/COLLECTION/RKEY), fetched with its proof, checked, as JSON.
     Get(cmd::get::Args),
+    /// A local copy of the PLC directory: pull its /export (resumable, each operation
+    /// checked), show its status, time lookups from it.
+    #[command(subcommand)]
+    Plc(cmd::plc::Plc),
     /// Serve a generated network (PLC directory, PDS, handles) on loopback, with faults.
     Sim(cmd::sim::Args),
     /// Backfill the network's repositories, each verified whole: JSON lines, resumable.
@@ -130,7 +134,7 @@ fn main() -> ExitCode {
     log::set_verbosity(cli.verbose, cli.quiet);
     log::set_format(cli.log_format);
     log::init(match cli.command {
-        Command::Serve(_) | Command::Backfill(_) => "info",
+        Command::Serve(_) | Command::Backfill(_) | Command::Plc(cmd::plc::Plc::Mirror(_)) => "info",
         Command::Demo(_) => "error",
         _ => "warn",
     });
@@ -154,6 +158,7 @@ fn main() -> ExitCode {
         Command::VerifyHandle(a) => cmd::verify_handle::run(a),
         Command::Resolve(a) => cmd::resolve::run(a),
         Command::Get(a) => cmd::get::run(a),
+        Command::Plc(p) => cmd::plc::run(p),
         Command::Sim(a) => cmd::sim::run(a),
         Command::Backfill(a) => cmd::backfill::run(a),
         Command::Serve(a) => cmd::serve::run(a.serve),

@@ -51,6 +51,7 @@
 mod doc;
 mod docs;
 mod error;
+pub mod plc;
 
 pub use doc::{DidDoc, KeyMethod};
 pub use docs::DidDocs;

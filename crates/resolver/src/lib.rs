@@ -14,6 +14,9 @@
 //!   on `#identity`, one network request for a burst of lookups of one DID.
 //! - [`plc_pause`]: a `429` of the PLC directory pauses every `did:plc` lookup of the resolver
 //!   until the time it asked for, and the lookup asks again ([`Resolver::plc_rate_limited`]).
+//! - [`plc_mirror`] / [`plc_export`]: a local copy of the PLC directory, pulled from its
+//!   `/export` and checked operation by operation (`riptide plc mirror`), that answers
+//!   `did:plc` lookups instead of the network ([`ResolverConfig::plc_mirror`]).
 //! - [`ResolverKeys`] / [`verify_resolving`]: keys for the synchronous firehose verifier (warm the
 //!   cache, then verify; see [`keys`] for why and what happens on a miss);
 //!   [`DocKeys`]: the same from a static set of DID documents.
@@ -25,6 +28,8 @@
 mod cache;
 mod error;
 pub mod keys;
+pub mod plc_export;
+pub mod plc_mirror;
 pub mod plc_pause;
 mod resolver;
 pub mod resync;

@@ -66,6 +66,11 @@ pub struct ResolverConfig {
     /// A fixed set of DID documents (a `--did-docs` file): when set, DID documents come from it
     /// alone, never the network (a DID not in it is [`ResolveError::DidNotFound`]).
     pub did_docs: Option<StaticDocs>,
+    /// A local copy of the PLC directory (`riptide plc mirror`): `did:plc` documents come from
+    /// it; a DID it does not hold (newer than its cursor) is asked of `plc_url`, counted
+    /// ([`Resolver::plc_mirror_lookups`]). A tombstoned DID is [`ResolveError::DidNotFound`],
+    /// as the directory answers it.
+    pub plc_mirror: Option<Arc<crate::plc_mirror::PlcMirror>>,
 }
 
 /// A shared, fixed set of DID documents ([`ResolverConfig::did_docs`]); its `Debug` says how many.
@@ -89,6 +94,7 @@ impl Default for ResolverConfig {
             ttl: Duration::from_secs(3600),
             negative_ttl: Duration::from_secs(60),
             did_docs: None,
+            plc_mirror: None,
         }
     }
 }
@@ -208,6 +214,16 @@ impl Resolver {
     /// [`crate::plc_pause`]).
     pub fn plc_rate_limited(&self) -> u64 {
         self.inner.plc_pause.count()
+    }
+
+    /// `did:plc` lookups answered by the PLC mirror ([`ResolverConfig::plc_mirror`]) and asked
+    /// of the directory because the mirror did not hold the DID: (mirror, directory).
+    pub fn plc_mirror_lookups(&self) -> (u64, u64) {
+        self.inner
+            .cfg
+            .plc_mirror
+            .as_ref()
+            .map_or((0, 0), |m| m.lookups())
     }
 
     /// The HTTP client (shared connection pool), for fetches that follow resolution.
@@ -453,6 +469,35 @@ impl Resolver {
 }
 
 impl Inner {
+    /// `did`'s document from the PLC mirror, if there is one and it holds the DID (`None`: ask
+    /// the directory). A mirror that cannot be read is a local fault: said, and the directory
+    /// asked.
+    fn mirror_doc(&self, did: &Did) -> Result<Option<(serde_json::Value, DidDoc)>, ResolveError> {
+        let Some(m) = &self.cfg.plc_mirror else {
+            return Ok(None);
+        };
+        let found = match m.lookup(did.as_str()) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!(did = did.as_str(), error = %e, "PLC mirror unreadable; asking the directory");
+                return Ok(None);
+            }
+        };
+        match found {
+            None => Ok(None),
+            Some(crate::plc_mirror::MirrorDoc::Tombstoned) => {
+                Err(ResolveError::DidNotFound(did.to_string()))
+            }
+            Some(crate::plc_mirror::MirrorDoc::Doc(json)) => {
+                let doc = DidDoc::from_value(&json).map_err(|error| ResolveError::Doc {
+                    did: did.to_string(),
+                    error,
+                })?;
+                Ok(Some((json, doc)))
+            }
+        }
+    }
+
     /// The document URL of a DID.
     fn doc_url(&self, did: &Did) -> Result<String, ResolveError> {
         match did.method() {
@@ -490,9 +535,14 @@ impl Inner {
     /// `did`'s document as served (JSON) and parsed, checked as [`Inner::fetch_doc`] checks it.
     async fn fetch_doc_json(&self, did: &str) -> Result<(serde_json::Value, DidDoc), ResolveError> {
         let did = Did::parse(did).map_err(|_| ResolveError::InvalidDid(did.to_owned()))?;
+        let plc = did.method() == "plc";
+        if plc {
+            if let Some(found) = self.mirror_doc(&did)? {
+                return Ok(found);
+            }
+        }
         let url = self.doc_url(&did)?;
         tracing::debug!(did = did.as_str(), url, "fetching DID document");
-        let plc = did.method() == "plc";
         let mut waits = 0;
         let resp = loop {
             if plc {

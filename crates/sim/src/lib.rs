@@ -7,6 +7,8 @@
 //!
 //! - a PLC directory: `GET /did:plc:…` → the DID document, its `#atproto_pds` service endpoint
 //!   rewritten to the simulator's own base URL, so every account's PDS is this server;
+//! - the directory's log: `GET /export?count=N&after=SEQ`, signed operations that fold to the
+//!   documents served ([`plc`]; for `riptide plc mirror`);
 //! - PDS endpoints: `/xrpc/com.atproto.sync.getRepo?did=`, `/xrpc/com.atproto.sync.listRepos`
 //!   (`limit`, `cursor`), `/xrpc/com.atproto.repo.describeRepo?repo=`;
 //! - handle resolution: `GET /.well-known/atproto-did` answered by the `Host` header (handle →
@@ -36,8 +38,9 @@
 //! upgrade like any request. axum's WebSocket type is not tungstenite's, so the sim performs the
 //! upgrade and hands the raw connection to `riptide_relay::RelayService::serve` (see `server`).
 //!
-//! What it is not: a PDS (no writes, no auth), or a faithful PLC directory (no audit log). The
-//! documents are served as loaded; only the PDS endpoint is rewritten. Requests are counted per
+//! What it is not: a PDS (no writes, no auth), or a faithful PLC directory (no audit log, and
+//! DIDs not derived from their genesis operations: see [`plc`]). The documents are served as
+//! loaded; only the PDS endpoint is rewritten. Requests are counted per
 //! endpoint ([`Counters`]) so tests can assert how many lookups reached the network.
 
 mod fault;
@@ -46,6 +49,7 @@ pub mod limit;
 mod network;
 mod pds;
 pub mod plan;
+pub mod plc;
 mod server;
 pub mod tamper;
 

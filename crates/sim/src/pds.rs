@@ -709,6 +709,7 @@ pub(crate) fn stats(st: &Shared) -> Value {
         "rate_limited": st.hosts.iter().map(|h| load(&h.counters.rate_limited)).sum::<u64>(),
         "requests": {
             "plc": load(&c.plc),
+            "plc_export": load(&c.plc_export),
             "get_repo": load(&c.get_repo),
             "list_repos": load(&c.list_repos),
             "describe_repo": load(&c.describe_repo),

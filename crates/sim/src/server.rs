@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -42,6 +42,8 @@ use crate::plan::{HostFault, Plan, PlanConfig, RepoFault};
 pub struct Counters {
     /// `GET /did:…` (PLC directory).
     pub plc: AtomicU64,
+    /// `GET /export` (the PLC directory's log, [`crate::plc`]).
+    pub plc_export: AtomicU64,
     /// `/.well-known/atproto-did` (by Host header or path).
     pub well_known: AtomicU64,
     /// `com.atproto.sync.getRepo`.
@@ -83,6 +85,8 @@ pub(crate) struct Shared {
     pub(crate) collections: tokio::sync::OnceCell<BTreeMap<String, Vec<String>>>,
     /// The relay seq the repositories are as of, if the network says (`repos.json`).
     pub(crate) as_of_seq: Option<u64>,
+    /// The PLC directory's log as export lines, made on the first `/export`.
+    plc_log: std::sync::OnceLock<Vec<String>>,
 }
 
 impl Shared {
@@ -272,6 +276,7 @@ impl Sim {
                 tampered,
                 collections: tokio::sync::OnceCell::new(),
                 as_of_seq,
+                plc_log: std::sync::OnceLock::new(),
             }),
         };
         match failed {
@@ -532,6 +537,7 @@ impl Sim {
             .route(riptide_relay::SUBSCRIBE_PATH, get(subscribe_repos))
             .route("/.well-known/atproto-did", get(well_known_host))
             .route("/{handle}/.well-known/atproto-did", get(well_known_path))
+            .route("/export", get(plc_export))
             .route("/{did}", get(plc))
             .layer(middleware::from_fn_with_state(Arc::clone(&st), fault_layer))
             .route("/_sim/faults", get(get_faults).post(set_faults))
@@ -710,6 +716,34 @@ async fn plc(State(st): State<Arc<Shared>>, Path(did): Path<String>) -> Response
         )
             .into_response(),
     }
+}
+
+/// `GET /export` query: `count` (default 10, at most 1,000, as the public directory) and
+/// `after` (a `seq`).
+#[derive(serde::Deserialize)]
+struct ExportQuery {
+    count: Option<usize>,
+    after: Option<String>,
+}
+
+async fn plc_export(State(st): State<Arc<Shared>>, Query(q): Query<ExportQuery>) -> Response {
+    st.counters.plc_export.fetch_add(1, Ordering::Relaxed);
+    let after = match q.after.as_deref().map(str::parse::<u64>) {
+        None => 0,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"message": "sim: `after` must be a seq"})),
+            )
+                .into_response()
+        }
+    };
+    let lines = st
+        .plc_log
+        .get_or_init(|| crate::plc::export_lines(&st.net, |d| st.pds_of(d).to_owned()));
+    let body = crate::plc::page(lines, after, q.count.unwrap_or(10).clamp(1, 1000));
+    ([(header::CONTENT_TYPE, "application/jsonlines")], body).into_response()
 }
 
 fn well_known(st: &Shared, handle: &str) -> Response {

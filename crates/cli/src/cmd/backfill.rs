@@ -92,6 +92,11 @@ struct RunArgs {
     /// The PLC directory.
     #[arg(long, default_value = riptide_resolver::DEFAULT_PLC_URL)]
     plc_url: String,
+    /// Resolve did:plc from a local copy of the PLC directory (`riptide plc mirror --data
+    /// DIR`); a DID it does not hold is asked of --plc-url, counted
+    /// (`riptide_backfill_plc_lookups_total{source="directory"}`).
+    #[arg(long, value_name = "DIR")]
+    plc_mirror: Option<PathBuf>,
     /// Print each record as one JSON line (on stdout, or into --out); with --data, as well as
     /// writing the store (keep the same outputs when resuming).
     #[arg(long)]
@@ -306,8 +311,13 @@ impl CrawlArgs {
 impl RunArgs {
     /// The resolver of the accounts' DID documents (--plc-url), for the fetcher.
     fn resolver(&self) -> anyhow::Result<Resolver> {
+        let plc_mirror = match &self.plc_mirror {
+            Some(dir) => Some(Arc::new(super::plc::open_existing(dir)?)),
+            None => None,
+        };
         Ok(Resolver::new(ResolverConfig {
             plc_url: self.plc_url.trim_end_matches('/').to_owned(),
+            plc_mirror,
             ..ResolverConfig::default()
         })?)
     }
@@ -513,10 +523,11 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     let result = rt.block_on(async {
         let resolver = a.resolver()?;
+        let lookups = resolver.clone();
         let fetcher = a.crawl.fetcher(resolver, relay, keep, spool)?;
         let hosts = Hosts::new(limits, cfg.global);
         if let Some(l) = metrics_listener {
-            let (state, hosts) = (state.clone(), hosts.clone());
+            let (state, hosts, lookups) = (state.clone(), hosts.clone(), lookups.clone());
             serve_metrics(l, move || {
                 let mut s = String::new();
                 match riptide_backfill::status(&state, 0) {
@@ -524,6 +535,7 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
                     Err(e) => tracing::warn!(error = %e, "backfill: /metrics: the state could not be read"),
                 }
                 riptide_backfill::metrics::render_waits(&mut s, &hosts);
+                super::plc::render_lookups(&mut s, &lookups);
                 s
             })?;
         }
@@ -535,6 +547,10 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         snapshots.abort();
         // The last word: the final counts, for `status` after the run.
         write_snapshot(&state, &state_dir);
+        if a.plc_mirror.is_some() {
+            let (mirror, directory) = lookups.plc_mirror_lookups();
+            tracing::info!(mirror, directory, "backfill: did:plc lookups from the PLC mirror and from the directory");
+        }
         r.map_err(anyhow::Error::from)
     });
     result?;

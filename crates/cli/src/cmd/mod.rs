@@ -19,6 +19,7 @@ pub mod gen;
 pub mod get;
 pub mod jetstream;
 pub mod mutate;
+pub mod plc;
 pub mod relay;
 pub mod repo;
 pub mod repo_export;
