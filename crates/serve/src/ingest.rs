@@ -802,6 +802,22 @@ struct Worker {
     backfilling: bool,
     /// ...or, holding only the accounts in flight, those the crawl is fetching.
     fetching: Option<Arc<riptide_backfill::Fetching>>,
+    /// Repositories landing in pieces whose last piece has not come (their accounts' frames
+    /// are held meanwhile).
+    landings: HashMap<Box<str>, InLanding>,
+}
+
+/// A repository of the backfill landing in pieces, between its first piece and its last
+/// (`crate::backfill`, "In pieces").
+struct InLanding {
+    /// Its progress entry so far (`superseded`: no rows).
+    landed: riptide_backfill::Landed,
+    /// The commit landing (its CID).
+    commit: String,
+    /// The account's chain state once the last piece lands.
+    next: Option<AccountState>,
+    /// Its account is resynced instead: its frames are the resync's.
+    resynced: bool,
 }
 
 impl Worker {
@@ -832,6 +848,7 @@ impl Worker {
             arena: Arena::new(),
             backfilling: false,
             fetching: None,
+            landings: HashMap::new(),
         }
     }
 
@@ -914,7 +931,7 @@ impl Worker {
         if self
             .holds
             .as_ref()
-            .is_some_and(|h| h.any() || self.backfilling)
+            .is_some_and(|h| h.any() || self.backfilling || !self.landings.is_empty())
         {
             let (did, sync) = match route {
                 Some(r) => (r.did(bytes), r.sync),
@@ -964,7 +981,7 @@ impl Worker {
         let Some(holds) = self.holds.as_ref() else {
             return false;
         };
-        if holds.is_resyncing(did) {
+        if holds.is_resyncing(did) || self.landings.contains_key(did) {
             return true;
         }
         if !self.backfilling {
@@ -1012,6 +1029,9 @@ impl Worker {
             BackfillJob::Over => {
                 self.backfilling = false;
                 self.fetching = None;
+                // A crawl that stopped mid-landing: its pieces stay, with their partial entry
+                // (a restart resumes them); its frames are released with the rest.
+                self.landings.clear();
                 let waiting = self
                     .holds
                     .as_ref()
@@ -1025,22 +1045,107 @@ impl Worker {
         }
     }
 
-    /// A verified repository of the backfill lands: its records as creates at its rev (over an
-    /// account with earlier rows, as replacement rows: `crate::replace`), the account's chain
-    /// state taken from it, its progress entry, then its held frames verified on top
-    /// (`crate::backfill`, "What a subscriber sees").
+    /// A piece of a verified repository of the backfill lands (`crate::backfill`, "In
+    /// pieces"): its records as creates at its rev (over an account with earlier rows, as
+    /// replacement rows: `crate::replace`), with the landing's progress entry; with the last
+    /// piece, the account's chain state taken from it, its plain entry, then its held frames
+    /// verified on top (`crate::backfill`, "What a subscriber sees"). The account's frames are
+    /// held from the first piece to the last.
     fn land_repo(
         &mut self,
         r: &BackfillRepo,
         upstream_seq: u64,
         out: &mut DoneChunk,
     ) -> Result<(), IngestError> {
+        if self.verifier.is_none() {
+            // `serve --backfill` verifies (refused with --no-verify): nothing to land on.
+            return Ok(());
+        }
+        if r.piece.first {
+            let l = self.begin_landing(r, upstream_seq, out);
+            self.landings.insert(r.did.clone(), l);
+        }
+        let Some(mut l) = self.landings.remove(&r.did) else {
+            // The landing's first piece went to this worker before it: a bug, said.
+            tracing::error!(did = %r.did, rev = %r.rev, "backfill: a piece of a landing that did not begin here: not served");
+            return Ok(());
+        };
+        if l.landed.superseded.is_none() {
+            let at = out.buf.len();
+            out.buf.extend_from_slice(&r.buf);
+            if l.landed.replaced {
+                out.parts
+                    .extend(r.parts.iter().map(|p| p.shifted(at).replacement()));
+                let mut done = out.replaced.take().unwrap_or_default();
+                done.records += r.parts.len() as u64;
+                done.dropped += r.dropped;
+                out.replaced = Some(done);
+            } else {
+                out.parts.extend(r.parts.iter().map(|p| p.shifted(at)));
+            }
+            l.landed.records += r.parts.len() as u64;
+            l.landed.dropped += r.dropped;
+        }
+        if !r.piece.last {
+            if l.landed.superseded.is_none() {
+                out.progress.push((
+                    r.did.clone(),
+                    l.landed.piece(&l.commit, r.piece.after.clone()).to_vec(),
+                ));
+            }
+            self.landings.insert(r.did.clone(), l);
+            self.metrics.backfill.pieces.fetch_add(1, Relaxed);
+            return Ok(());
+        }
         if let Some(f) = &self.fetching {
             f.end(&r.did);
         }
-        let Some(v) = self.verifier.as_mut() else {
-            // `serve --backfill` verifies (refused with --no-verify): nothing to land on.
+        match &l.landed.superseded {
+            None => {
+                if let (Some(next), Some(v)) = (l.next, self.verifier.as_mut()) {
+                    v.chain_mut().put(&r.did, next);
+                }
+                self.metrics.backfill.landed.fetch_add(1, Relaxed);
+                tracing::debug!(did = %r.did, rev = %r.rev, records = l.landed.records, replaced = l.landed.replaced, "backfill: the repository landed");
+            }
+            Some(_) => {
+                self.metrics.backfill.superseded.fetch_add(1, Relaxed);
+            }
+        }
+        self.drain_chain(out)?;
+        out.progress.push((r.did.clone(), l.landed.to_vec()));
+        let _ = r.outcome.set(riptide_backfill::Written {
+            records: l.landed.records,
+            dropped: l.landed.dropped,
+        });
+        if l.resynced {
+            // Its frames are the resync's now.
             return Ok(());
+        }
+        self.release(&r.did, out)
+    }
+
+    /// How the repository of `r`, the first piece of a landing here, lands: decided against
+    /// the account's chain state (`crate::backfill`), its `#sync` pushed into `out` if it
+    /// replaces earlier rows.
+    fn begin_landing(
+        &mut self,
+        r: &BackfillRepo,
+        upstream_seq: u64,
+        out: &mut DoneChunk,
+    ) -> InLanding {
+        let mut l = InLanding {
+            landed: r
+                .piece
+                .resumed
+                .clone()
+                .unwrap_or_else(|| riptide_backfill::Landed::new(&r.rev)),
+            commit: r.commit.to_string(),
+            next: None,
+            resynced: false,
+        };
+        let Some(v) = self.verifier.as_mut() else {
+            return l;
         };
         let chain = v.chain_mut();
         let before = chain.get(&r.did);
@@ -1051,57 +1156,66 @@ impl Worker {
             r.data.as_cid(),
             crate::now_us().max(0) as u64,
         );
-        // Commits of the account were served: its records replace them.
-        let earlier = r.earlier_pieces || before.as_ref().is_some_and(|s| s.tip.is_some());
-        let landed = match checked {
-            Ok(()) => {
-                // The same commit as the stored tip changes nothing but where the tip came
-                // from: frames at or below it are then inside the repository (`superseded`).
-                let next = next.or_else(|| {
-                    let mut s = before?;
-                    s.tip.as_mut()?.from_repo = true;
-                    Some(s)
-                });
-                if let Some(next) = next {
-                    chain.put(&r.did, next);
-                }
-                if earlier {
-                    let repo = crate::replace::Repository {
-                        did: &r.did,
-                        rev: &r.rev,
-                        commit: &r.commit,
-                        commit_block: &r.commit_block,
-                    };
-                    let time = crate::v2::rfc3339_micros(crate::now_us());
-                    let done = crate::replace::land_rendered_over_earlier_rows(
-                        &mut self.projector,
-                        &repo,
-                        upstream_seq,
-                        &time,
-                        out,
-                        (&r.buf, &r.parts, r.dropped),
-                    );
-                    tracing::debug!(did = %r.did, rev = %r.rev, records = done.records, "backfill: the repository replaces the account's earlier rows");
-                } else {
-                    let at = out.buf.len();
-                    out.buf.extend_from_slice(&r.buf);
-                    out.parts.extend(r.parts.iter().map(|p| p.shifted(at)));
-                }
-                self.metrics.backfill.landed.fetch_add(1, Relaxed);
-                r.landed(None, earlier)
-            }
-            Err(why) => {
-                self.metrics.backfill.superseded.fetch_add(1, Relaxed);
+        let served = before.as_ref().is_some_and(|s| s.tip.is_some());
+        let resumed = r.piece.resumed.as_ref();
+        let why = match (checked, resumed) {
+            (Err(why), None) => {
                 tracing::warn!(
                     did = %r.did, rev = %r.rev, why = ?why,
                     "backfill: the store already holds a newer commit of this account; its repository is not served"
                 );
-                r.landed(Some(format!("{why:?}")), false)
+                l.landed.superseded = Some(format!("{why:?}"));
+                return l;
+            }
+            (Err(why), Some(_)) => format!("{why:?}"),
+            // Pieces of creates, then live commits of the account (served after a restart,
+            // before its fetch began again): the rest cannot follow them.
+            (Ok(()), Some(p)) if !p.replaced && served => "LiveAfterPieces".to_owned(),
+            (Ok(()), resumed) => {
+                // The same commit as the stored tip changes nothing but where the tip came
+                // from: frames at or below it are then inside the repository (`superseded`).
+                l.next = next.or_else(|| {
+                    let mut s = before?;
+                    s.tip.as_mut()?.from_repo = true;
+                    Some(s)
+                });
+                if resumed.is_none() {
+                    // Commits of the account were served: its records replace them.
+                    l.landed.replaced = r.earlier_pieces || served;
+                    if l.landed.replaced {
+                        let repo = crate::replace::Repository {
+                            did: &r.did,
+                            rev: &r.rev,
+                            commit: &r.commit,
+                            commit_block: &r.commit_block,
+                        };
+                        let time = crate::v2::rfc3339_micros(crate::now_us());
+                        crate::replace::push_sync(
+                            &mut self.projector,
+                            &repo,
+                            upstream_seq,
+                            &time,
+                            out,
+                        );
+                        out.replaced = Some(crate::replace::Replaced {
+                            sync: true,
+                            ..Default::default()
+                        });
+                    }
+                }
+                return l;
             }
         };
-        self.drain_chain(out)?;
-        out.progress.push((r.did.clone(), landed));
-        self.release(&r.did, out)
+        // The pieces of an interrupted landing cannot be completed: the account's current
+        // repository replaces them and what followed (`crate::resync`).
+        tracing::warn!(
+            did = %r.did, rev = %r.rev, why,
+            "backfill: an interrupted landing of this account cannot go on (commits of it were stored after its pieces): the account is resynced"
+        );
+        l.landed.superseded = Some(why);
+        l.resynced = true;
+        self.start_resync(&r.did, out);
+        l
     }
 
     /// Verifies and projects one frame; its verdict, kind and DID (`None` without a verifier).

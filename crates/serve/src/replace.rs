@@ -6,9 +6,11 @@
 //! Jetstream v2 (`docs/archive.md`, "Replacement rows"), a `#sync` event (the account's DID
 //! tombstone: on v2 `subscribeEvents` a consumer drops what it holds of the account) followed by
 //! one `create-resync` (kind 7) row per record, in MST key order, each the record's DAG-CBOR as
-//! signed and checked against its CID, all at the repository's rev. They are parts of **one**
-//! worker answer, so the writer stores them in one atomic batch with the account's new chain
-//! state and the release of its held frames, in the store's seq space. v1 `/subscribe` sends none of them, as Jetstream's
+//! signed and checked against its CID, all at the repository's rev. A resync's are parts of
+//! **one** worker answer, so the writer stores them in one atomic batch with the account's new
+//! chain state and the release of its held frames, in the store's seq space; a `serve
+//! --backfill` repository's come in pieces, the chain state and the release with the last
+//! (`crate::backfill`, "In pieces"), the account's frames held between them. v1 `/subscribe` sends none of them, as Jetstream's
 //! (protocol §4.1, §7 item 8): each record is stored as an `EventKind::Replacement` event
 //! (`ingest::push_event` tells it by its `create-resync` row), which v1 skips and counts.
 //!
@@ -21,7 +23,7 @@ use riptide_jetstream::replace::{
 };
 use riptide_jetstream::{Projector, StoredRow};
 
-use crate::ingest::{push_parts, DoneChunk, Part};
+use crate::ingest::{push_parts, DoneChunk};
 
 /// A verified repository about to replace an account's earlier rows.
 #[derive(Clone, Copy, Debug)]
@@ -44,6 +46,9 @@ pub struct Replaced {
     /// Records not emitted: their block did not hash to their CID, or they fall outside the
     /// data model v1 renders (each counted in `riptide_replacement_records_dropped_total`).
     pub dropped: u64,
+    /// Whether the replacement's `#sync` is among them: a repository replaced (one landing in
+    /// pieces counts once, with its first).
+    pub sync: bool,
 }
 
 /// Lands `repo` over its account's earlier rows (module docs): its `#sync` (upstream seq
@@ -60,7 +65,10 @@ pub(crate) fn land_over_earlier_rows(
     out: &mut DoneChunk,
     records: impl FnOnce(&mut dyn FnMut(ReplacementRecord<'_>)) -> u64,
 ) -> Replaced {
-    let mut done = Replaced::default();
+    let mut done = Replaced {
+        sync: true,
+        ..Replaced::default()
+    };
     push_sync(projector, repo, upstream_seq, time, out);
     let unread = records(&mut |r| {
         let row: Result<StoredRow<'_>, ReplacementError> = r.stored_row(repo.did, repo.rev);
@@ -94,32 +102,8 @@ pub(crate) fn land_over_earlier_rows(
     done
 }
 
-/// [`land_over_earlier_rows`] for a repository whose records are rendered already as `create`
-/// events (`serve --backfill`'s, `crate::backfill`): its `#sync`, then each of `parts` (in
-/// `buf`) as a `create-resync`; `dropped` records were not rendered (counted as dropped).
-pub(crate) fn land_rendered_over_earlier_rows(
-    projector: &mut Projector,
-    repo: &Repository<'_>,
-    upstream_seq: u64,
-    time: &str,
-    out: &mut DoneChunk,
-    (buf, parts, dropped): (&[u8], &[Part], u64),
-) -> Replaced {
-    push_sync(projector, repo, upstream_seq, time, out);
-    let at = out.buf.len();
-    out.buf.extend_from_slice(buf);
-    out.parts
-        .extend(parts.iter().map(|p| p.shifted(at).replacement()));
-    let done = Replaced {
-        records: parts.len() as u64,
-        dropped,
-    };
-    out.replaced = Some(done);
-    done
-}
-
 /// The replacement's `#sync` (module docs) into `out`.
-fn push_sync(
+pub(crate) fn push_sync(
     projector: &mut Projector,
     repo: &Repository<'_>,
     upstream_seq: u64,
@@ -241,7 +225,8 @@ mod tests {
             done,
             Replaced {
                 records: 23,
-                dropped: 0
+                dropped: 0,
+                sync: true
             }
         );
         assert_eq!(out.replaced, Some(done));
@@ -300,7 +285,8 @@ mod tests {
             done,
             Replaced {
                 records: 22,
-                dropped: 1
+                dropped: 1,
+                sync: true
             }
         );
         assert_eq!(out.parts.len(), 23);

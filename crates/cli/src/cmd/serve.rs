@@ -182,6 +182,12 @@ pub struct Args {
     /// the real network the hold's 256 MiB fill in minutes and the rest overflow into resyncs).
     #[arg(long, value_enum, default_value_t = BackfillHold::InFlight, requires = "backfill")]
     pub backfill_hold: BackfillHold,
+    /// With --backfill: land a repository in pieces of at most N records, as `riptide backfill
+    /// --landing-records` does, each its own durable store batch with the account's frames held
+    /// from the first to the last (memory per landing bounded by the piece; a restart resumes
+    /// after the last piece written).
+    #[arg(long, value_name = "N", default_value_t = riptide_backfill::landing::PIECE_RECORDS as u64, value_parser = clap::value_parser!(u64).range(1..), requires = "backfill")]
+    pub landing_records: u64,
     /// With --publish: also serve the backfill workers' output (`riptide backfill --publish
     /// kafka://BROKERS/TOPIC` writes TOPIC.backfill): each verified repository lands through
     /// ingest in this node's seq space (and so reaches the edges), the live frames of accounts
@@ -710,7 +716,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                 };
                 super::serve_backfill::start(
                     &args.crawl,
-                    args.backfill_hold,
+                    (args.backfill_hold, args.landing_records),
                     &args.data,
                     plan,
                     r,

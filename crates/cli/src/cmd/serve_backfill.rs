@@ -45,7 +45,7 @@ pub struct Wiring {
 /// frame). Its state is `DATA/backfill`, locked for as long as the crawl runs.
 pub fn start(
     crawl: &CrawlArgs,
-    hold: super::serve::BackfillHold,
+    (hold, landing_records): (super::serve::BackfillHold, u64),
     data: &std::path::Path,
     (relay, plan): (String, Plan),
     resolver: Resolver,
@@ -81,7 +81,16 @@ pub fn start(
     // First in ingest's input: nothing of the upstream has been sent yet.
     w.tx.try_send(Upstream::BackfillStart(hold))
         .map_err(|_| anyhow::anyhow!("ingest's input is not open"))?;
-    let sink = Box::new(IngestSink::new(w.store, w.tx.clone(), w.next_seq));
+    let mut sink = IngestSink::new(w.store, w.tx.clone(), w.next_seq)
+        .with_piece_records(usize::try_from(landing_records).unwrap_or(usize::MAX));
+    // Fault hook (tests): abort once N pieces of a landing are durable, as `kill -9` there would.
+    if let Some(n) = std::env::var("RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        sink = sink.abort_after_pieces(n);
+    }
+    let sink = Box::new(sink);
     let (tx, metrics) = (w.tx, w.metrics);
     tracing::info!(data = %state_dir.display(), relay = %cfg.relay, "backfill: crawling beside ingest (riptide backfill status --data DIR reports it)");
     tokio::spawn(async move {
