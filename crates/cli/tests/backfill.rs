@@ -2050,3 +2050,38 @@ fn serve_backfill_killed_between_pieces_resumes_each_landing_once() {
     // Replacements of the first run are not in this run's counters: fold only.
     assert_folds_on_v2_from(&addr, n, &end, &failed, false);
 }
+
+/// `serve --backfill` against hosts that allow 4 `getRepo`s a second, asked for 8: the `429`s
+/// and pauses the crawl met are on the server's `/metrics`, in the families `riptide backfill
+/// --metrics-listen` names (`riptide_backfill_rate_limited_total`, `_host_pauses_total`, per
+/// host `riptide_backfill_host_rate_limited_total{host}`), and the 429s counted are the sim's.
+#[test]
+fn serve_backfill_reports_the_hosts_429s_and_pauses() {
+    let tmp = scratch();
+    let (_sim, base, manifest) = current_network(tmp.path(), &["--limit-get-repo", "4"]);
+    let end = tmp.path().join("end");
+    let data = tmp.path().join("data");
+    let (_server, addr) =
+        common::spawn_serve(serve_backfill(&base, &data, 0).args(["--get-repo-rate", "8"]));
+    let n = settled(&addr, 500);
+    let m = common::metrics(&addr);
+    let sim: serde_json::Value = {
+        let (code, body) = common::http_get(base.strip_prefix("http://").unwrap(), "/_sim/stats");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let refused = sim["rate_limited"].as_f64().unwrap();
+    let counted = common::metric(&addr, "riptide_backfill_rate_limited_total");
+    assert!(refused > 0.0, "the sim refused nothing: {sim}");
+    assert_eq!(counted, refused, "{m}");
+    assert!(common::metric(&addr, "riptide_backfill_host_pauses_total") >= 1.0);
+    let per_host: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("riptide_backfill_host_rate_limited_total{host="))
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(per_host, counted, "{m}");
+    // Waited out: every good account still lands.
+    let failed = failed_as_planted(&data, &manifest);
+    assert_folds_on_v2(&addr, n, &end, &failed);
+}

@@ -68,7 +68,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use riptide_backfill::landing::{
     begin, key, landed_in, records_after, Begin, Landed, PIECE_BYTES, PIECE_RECORDS,
 };
-use riptide_backfill::{Fetching, Progress, Sink, SinkError, Status, Verified, Written};
+use riptide_backfill::{Fetching, Hosts, Progress, Sink, SinkError, Status, Verified, Written};
 use riptide_cbor::CidBuf;
 use riptide_jetstream::Projector;
 
@@ -451,6 +451,9 @@ pub struct BackfillMetrics {
     pub error: Mutex<Option<String>>,
     /// The accounts being fetched, when only those are held ([`BackfillHold::InFlight`]).
     pub fetching: Mutex<Option<Arc<Fetching>>>,
+    /// The crawl's hosts: what their limits cost (`429`s, pauses), as `riptide backfill
+    /// --metrics-listen` reports them.
+    pub hosts: Mutex<Option<Hosts>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -533,6 +536,9 @@ impl BackfillMetrics {
         );
         if let Some(st) = self.status() {
             riptide_backfill::metrics::render_status(s, &st);
+        }
+        if let Some(h) = lock(&self.hosts).as_ref() {
+            riptide_backfill::metrics::render_waits(s, h);
         }
     }
 }

@@ -74,6 +74,11 @@ pub fn start(
     };
     let fetcher = crawl.fetcher(resolver, relay, keep, spool)?;
     let hosts = Hosts::new(limits, cfg.global);
+    *w.metrics
+        .backfill
+        .hosts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = Some(hosts.clone());
     let progress = Arc::new(Progress::default());
     let b = &w.metrics.backfill;
     *b.progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(progress.clone());
