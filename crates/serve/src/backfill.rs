@@ -647,6 +647,119 @@ mod tests {
         assert!(rx.try_recv().is_err());
     }
 
+    /// What the pieces of a landing hold: (first, last, after, the events' JSON around their
+    /// time and cursor, and their rows' columns), as ingest's worker receives them.
+    type Received = Vec<(bool, bool, String, Vec<(Vec<u8>, Vec<u8>)>)>;
+
+    /// Lands the corpus repository through an [`IngestSink`] in pieces of `piece` records,
+    /// a thread standing in for ingest: it takes each piece, says `outcome` with the last, and
+    /// acks each as durable. What it received, what `write` said, and the recount.
+    fn land_in_pieces(
+        piece: usize,
+        outcome: Written,
+    ) -> Option<(Received, Written, Option<Written>)> {
+        let car = riptide_testdata::read("jetstream-2026-07/repo.car")?;
+        let did = "did:plc:53iucmf5ldftgqyf2ac7hmhd";
+        let repo = riptide_backfill::verify_car(
+            Box::new(car),
+            did,
+            None,
+            &riptide_backfill::Collections::all(),
+            "test",
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (store, resume) = Store::open(dir.path(), 0).unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        let ingest = std::thread::spawn(move || {
+            let mut got = Received::new();
+            let mut seq = 1;
+            while let Some(Upstream::Backfill(r)) = rx.blocking_recv() {
+                let events = r
+                    .parts
+                    .iter()
+                    .map(|p| {
+                        (
+                            r.buf[p.head.clone()].to_vec(),
+                            r.buf[p.tail.clone()].to_vec(),
+                        )
+                    })
+                    .collect();
+                got.push((r.piece.first, r.piece.last, r.piece.after.clone(), events));
+                if r.piece.last {
+                    r.outcome.set(outcome).unwrap();
+                }
+                seq += r.parts.len() as u64;
+                r.ack.try_send(seq).unwrap();
+            }
+            got
+        });
+        let mut sink = IngestSink::new(store, tx, resume.next_seq).with_piece_records(piece);
+        let said = sink.write(&repo).unwrap();
+        sink.commit().unwrap();
+        let recount = sink.recount(did);
+        drop(sink);
+        Some((ingest.join().unwrap(), said, recount))
+    }
+
+    /// The corpus repository in pieces of 5 reaches ingest as 5 pieces (the first marked
+    /// first, the last last, each but the last naming its last record's key), whose events
+    /// are, in order, byte for byte those of the one-piece landing: one create per record of
+    /// goat's listing, in MST key order. The crawl's count is the worker's word once durable.
+    #[test]
+    fn a_repository_reaches_ingest_in_pieces_equal_to_one() {
+        let real = Written {
+            records: 0,
+            dropped: 0,
+        };
+        let Some((pieces, said, recount)) = land_in_pieces(5, real) else {
+            return;
+        };
+        let (one, _, _) = land_in_pieces(1000, real).unwrap();
+        assert_eq!(one.len(), 1);
+        assert!(one[0].0 && one[0].1);
+        assert_eq!(pieces.len(), 5, "23 records in pieces of 5");
+        let listing: Vec<String> =
+            riptide_testdata::read_string("jetstream-2026-07/car_expected_records.tsv")
+                .unwrap()
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(|l| l.split_once('\t').unwrap().0.to_owned())
+                .collect();
+        assert_eq!(listing.len(), 23);
+        for (i, (first, last, after, events)) in pieces.iter().enumerate() {
+            assert_eq!(*first, i == 0);
+            assert_eq!(*last, i == 4);
+            if !last {
+                assert_eq!(events.len(), 5);
+                assert_eq!(*after, listing[i * 5 + 4], "piece {i} ends at its last key");
+            }
+        }
+        let joined: Vec<_> = pieces.iter().flat_map(|p| p.3.clone()).collect();
+        assert_eq!(joined, one[0].3, "the pieces are the one landing, in order");
+        let keys: Vec<String> = joined
+            .iter()
+            .map(|(head, tail)| {
+                let mut json = head.clone();
+                json.extend_from_slice(b"0,\"cursor\":1");
+                json.extend_from_slice(tail);
+                let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+                assert_eq!(v["commit"]["operation"], "create");
+                format!(
+                    "{}/{}",
+                    v["commit"]["collection"].as_str().unwrap(),
+                    v["commit"]["rkey"].as_str().unwrap()
+                )
+            })
+            .collect();
+        let mut sorted = listing.clone();
+        sorted.sort();
+        assert_eq!(keys, sorted);
+        // Rendered: 23 records; landed (the worker's word, here superseded): none.
+        assert_eq!(said.records, 23);
+        assert_eq!(recount, Some(real));
+    }
+
     #[test]
     fn a_store_behind_the_state_is_refused() {
         let dir = tempfile::tempdir().unwrap();
