@@ -25,7 +25,9 @@
 //! and leaves when its repository lands or it is [`Upstream::BackfillSettled`]); the others are
 //! served live. With [`BackfillHold::All`], every account with no verified commit is held from
 //! the start of the crawl ([`Upstream::BackfillStart`], before any frame) to its end
-//! ([`Upstream::BackfillOver`]). When the account's repository lands, its held frames are
+//! ([`Upstream::BackfillOver`]), and (`serve --backfill`'s own crawl:
+//! [`BackfillHold::AllFetching`]) an account with one while its fetch is in flight, so that
+//! its repository is at or past what was served of it. When the account's repository lands, its held frames are
 //! verified on top of it in upstream order: those at or below its rev are `superseded`, the rest
 //! are `ok` and served after the repository's events. A failed account's frames are released
 //! when its failure is recorded, and verified as any live frame is.
@@ -85,6 +87,13 @@ pub enum BackfillHold {
     /// Only the accounts whose fetch is in flight (the crawl's [`Fetching`] set); the others'
     /// frames are verified and served live, and their repository lands over them later.
     InFlight(Arc<Fetching>),
+    /// [`BackfillHold::All`], and an account with a verified commit too while its fetch is in
+    /// flight (`serve --backfill --backfill-hold all`, whose crawl is in this process): its
+    /// repository, asked for once its frames are held, is at or past every commit of it served,
+    /// so it lands (as replacement rows) rather than being `superseded` by a commit served
+    /// during the fetch, which would leave the account without its records from before the
+    /// stream. (`--backfill-from` cannot see the workers' fetches: [`BackfillHold::All`].)
+    AllFetching(Arc<Fetching>),
 }
 
 /// The backfill's jobs for a verification worker, in upstream order with the frames.
@@ -516,7 +525,7 @@ impl BackfillMetrics {
                 s,
                 "riptide_backfill_in_flight",
                 "gauge",
-                "Accounts whose repository is being fetched (their live frames held, with --backfill-hold in-flight).",
+                "Accounts whose repository is being fetched (their live frames held).",
                 f.len().to_string(),
             );
         }

@@ -800,8 +800,10 @@ struct Worker {
     /// A backfill runs: frames of accounts with no verified commit are held
     /// (`crate::backfill`).
     backfilling: bool,
-    /// ...or, holding only the accounts in flight, those the crawl is fetching.
+    /// ...those the crawl is fetching (all of them with `--backfill-hold in-flight`)...
     fetching: Option<Arc<riptide_backfill::Fetching>>,
+    /// ...and, with `--backfill-hold all`, every account with no verified commit.
+    hold_unknown: bool,
     /// Repositories landing in pieces whose last piece has not come (their accounts' frames
     /// are held meanwhile).
     landings: HashMap<Box<str>, InLanding>,
@@ -848,6 +850,7 @@ impl Worker {
             arena: Arena::new(),
             backfilling: false,
             fetching: None,
+            hold_unknown: false,
             landings: HashMap::new(),
         }
     }
@@ -990,12 +993,14 @@ impl Worker {
         if holds.holds_any(did) {
             return true;
         }
-        if let Some(f) = &self.fetching {
-            return f.contains(did);
+        if self.fetching.as_ref().is_some_and(|f| f.contains(did)) {
+            return true;
         }
-        self.verifier
-            .as_mut()
-            .is_some_and(|v| v.chain_mut().get(did).and_then(|s| s.tip).is_none())
+        self.hold_unknown
+            && self
+                .verifier
+                .as_mut()
+                .is_some_and(|v| v.chain_mut().get(did).and_then(|s| s.tip).is_none())
     }
 
     /// The backfill's part of the stream (`crate::backfill`).
@@ -1008,9 +1013,10 @@ impl Worker {
         match job {
             BackfillJob::Start(hold) => {
                 self.backfilling = true;
-                self.fetching = match hold {
-                    BackfillHold::All => None,
-                    BackfillHold::InFlight(f) => Some(f),
+                (self.fetching, self.hold_unknown) = match hold {
+                    BackfillHold::All => (None, true),
+                    BackfillHold::AllFetching(f) => (Some(f), true),
+                    BackfillHold::InFlight(f) => (Some(f), false),
                 };
                 Ok(())
             }
@@ -1029,6 +1035,7 @@ impl Worker {
             BackfillJob::Over => {
                 self.backfilling = false;
                 self.fetching = None;
+                self.hold_unknown = false;
                 // A crawl that stopped mid-landing: its pieces stay, with their partial entry
                 // (a restart resumes them); its frames are released with the rest.
                 self.landings.clear();

@@ -59,18 +59,18 @@ pub fn start(
         limits,
         keep,
     } = plan;
+    // The accounts being fetched: held in either mode (with `all`, those with a verified
+    // commit too, as `riptide_serve::backfill::BackfillHold::AllFetching` says why).
+    let f = Arc::new(Fetching::default());
+    cfg.fetching = Some(f.clone());
+    *w.metrics
+        .backfill
+        .fetching
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = Some(f.clone());
     let hold = match hold {
-        super::serve::BackfillHold::All => riptide_serve::backfill::BackfillHold::All,
-        super::serve::BackfillHold::InFlight => {
-            let f = Arc::new(Fetching::default());
-            cfg.fetching = Some(f.clone());
-            *w.metrics
-                .backfill
-                .fetching
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(f.clone());
-            riptide_serve::backfill::BackfillHold::InFlight(f)
-        }
+        super::serve::BackfillHold::All => riptide_serve::backfill::BackfillHold::AllFetching(f),
+        super::serve::BackfillHold::InFlight => riptide_serve::backfill::BackfillHold::InFlight(f),
     };
     let fetcher = crawl.fetcher(resolver, relay, keep, spool)?;
     let hosts = Hosts::new(limits, cfg.global);
