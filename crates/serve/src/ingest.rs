@@ -394,6 +394,10 @@ pub(crate) struct DoneChunk {
 /// Chunks a worker's answer channel holds.
 const ANSWER_CHUNKS: usize = 32;
 
+/// The writer ends a batch once it holds this many bytes of events (JSON), whatever
+/// [`IngestConfig::max_batch`] allows: a landing's pieces are each their own batch.
+const BATCH_BYTES: usize = 16 << 20;
+
 /// Starts the pipeline on `rx`, continuing from `resume` (what [`crate::Store::open`] returned).
 /// Chain breaks are not repaired: the breaking commit re-establishes the chain
 /// (`riptide_firehose::chain`); [`spawn_with_resync`] repairs them.
@@ -807,6 +811,9 @@ struct Worker {
     /// Repositories landing in pieces whose last piece has not come (their accounts' frames
     /// are held meanwhile).
     landings: HashMap<Box<str>, InLanding>,
+    /// Resyncs landing in pieces (`crate::resync`, "In pieces"): the account's state once the
+    /// last piece lands.
+    resync_landings: HashMap<Box<str>, AccountState>,
 }
 
 /// A repository of the backfill landing in pieces, between its first piece and its last
@@ -852,6 +859,7 @@ impl Worker {
             fetching: None,
             hold_unknown: false,
             landings: HashMap::new(),
+            resync_landings: HashMap::new(),
         }
     }
 
@@ -877,7 +885,7 @@ impl Worker {
                 let moves_cursor = job.landing.is_none() && job.backfill.is_none();
                 let mut ack = None;
                 let r = match (job.landing, job.backfill) {
-                    (Some(l), _) => self.land(&l.resynced, job.seq, &mut out),
+                    (Some(l), _) => self.land(&l, job.seq, &mut out),
                     (None, Some(b)) => {
                         ack = match &b {
                             BackfillJob::Repo(r) => Some(r.ack.clone()),
@@ -1342,44 +1350,48 @@ impl Worker {
         out.queued.push(did.into());
     }
 
-    /// A verified repository for `r.did` landed (`crate::resync`, step 4).
+    /// A piece of a verified repository for its account landed (`crate::resync`, step 4, and
+    /// "In pieces"): the first checked for staleness and carrying the `#sync`, each its records
+    /// as replacement rows, the last the account's new state and the release of its frames.
     fn land(
         &mut self,
-        r: &riptide_resolver::Resynced,
+        l: &Landing,
         upstream_seq: u64,
         out: &mut DoneChunk,
     ) -> Result<(), IngestError> {
+        let r = &*l.resynced;
         let did = r.did.as_str();
         let (Some(v), Some(holds)) = (self.verifier.as_mut(), self.holds.as_ref()) else {
             return Ok(());
         };
-        if !holds.is_resyncing(did) {
-            self.metrics.resync_stale.fetch_add(1, Relaxed);
-            tracing::info!(did, rev = %r.rev, "resync landed after the account was resynchronized: ignored");
-            return Ok(());
-        }
-        let chain = v.chain_mut();
-        let state = chain.get(did).unwrap_or_default();
-        let rev = riptide_syntax::tid_value(&r.rev);
-        let stale = match (rev, state.tip) {
-            (None, _) => true,
-            (Some(rev), Some(tip)) => rev < tip.rev,
-            (Some(_), None) => false,
-        };
-        let Some(rev) = rev.filter(|_| !stale) else {
-            self.metrics.resync_stale.fetch_add(1, Relaxed);
-            self.metrics
-                .resync_failed(crate::metrics::ResyncFailure::Stale);
-            tracing::warn!(
-                did, rev = %r.rev, stored = ?state.tip.map(|t| t.rev_string()),
-                "resynced repository is older than a commit already seen: queued again"
-            );
-            out.queued.push(did.into());
-            return self.drain_chain(out);
-        };
-        chain.put(
-            did,
-            AccountState {
+        if l.piece.first {
+            if !holds.is_resyncing(did) {
+                self.metrics.resync_stale.fetch_add(1, Relaxed);
+                tracing::info!(did, rev = %r.rev, "resync landed after the account was resynchronized: ignored");
+                return Ok(());
+            }
+            let chain = v.chain_mut();
+            let state = chain.get(did).unwrap_or_default();
+            let rev = riptide_syntax::tid_value(&r.rev);
+            let stale = match (rev, state.tip) {
+                (None, _) => true,
+                (Some(rev), Some(tip)) => rev < tip.rev,
+                (Some(_), None) => false,
+            };
+            let Some(rev) = rev.filter(|_| !stale) else {
+                self.metrics.resync_stale.fetch_add(1, Relaxed);
+                self.metrics
+                    .resync_failed(crate::metrics::ResyncFailure::Stale);
+                tracing::warn!(
+                    did, rev = %r.rev, stored = ?state.tip.map(|t| t.rev_string()),
+                    "resynced repository is older than a commit already seen: queued again"
+                );
+                out.queued.push(did.into());
+                return self.drain_chain(out);
+            };
+            // The account's state once the last piece lands (until then it awaits resync, its
+            // frames held).
+            let next = AccountState {
                 tip: Some(Tip {
                     rev,
                     commit: r.commit,
@@ -1388,10 +1400,13 @@ impl Worker {
                 }),
                 hosting: state.hosting,
                 sync: SyncStatus::Synchronized,
-            },
-        );
-        self.drain_chain(out)?;
-        self.metrics.resync_landed.fetch_add(1, Relaxed);
+            };
+            self.resync_landings.insert(did.into(), next);
+        }
+        let Some(next) = self.resync_landings.get(did).copied() else {
+            // Its first piece was stale or came after the account was resynchronized.
+            return Ok(());
+        };
         // Its records replace the account's earlier rows (`crate::replace`), in this answer.
         let repo = crate::replace::Repository {
             did,
@@ -1403,17 +1418,29 @@ impl Worker {
         let done = crate::replace::land_over_earlier_rows(
             &mut self.projector,
             &repo,
-            upstream_seq,
+            (upstream_seq, l.piece.first),
             &time,
             out,
             |each| {
-                crate::replace::car_records(&r.car, each).unwrap_or_else(|e| {
-                    tracing::error!(did, error = %e, "a resynced repository's records do not read: none emitted");
-                    r.records as u64
-                })
+                if let Some(index) = &l.index {
+                    let from = l.piece.skip.min(index.len());
+                    let to = from.saturating_add(l.piece.take).min(index.len());
+                    crate::replace::car_records(&r.car, &index[from..to], each);
+                }
+                l.unread
             },
         );
-        tracing::info!(did, rev = %r.rev, records = done.records, dropped = done.dropped, "resync landed: the account is synchronized, its records replace its earlier rows");
+        if !l.piece.last {
+            tracing::debug!(did, rev = %r.rev, skip = l.piece.skip, records = done.records, "resync: a piece landed");
+            return Ok(());
+        }
+        self.resync_landings.remove(did);
+        if let Some(v) = self.verifier.as_mut() {
+            v.chain_mut().put(did, next);
+        }
+        self.drain_chain(out)?;
+        self.metrics.resync_landed.fetch_add(1, Relaxed);
+        tracing::info!(did, rev = %r.rev, records = r.records, "resync landed: the account is synchronized, its records replace its earlier rows");
         self.release(did, out)
     }
 
@@ -1637,6 +1664,7 @@ fn write(
         row_at.clear();
         row_buf.clear();
         all_rows = true;
+        let mut batch_bytes = 0;
         // Asked once a batch: a subscriber that arrives meanwhile gets the batch's frames
         // compressed when they are sent (`crate::log`).
         let zstd_wanted = log.zstd_demand().wanted();
@@ -1686,6 +1714,7 @@ fn write(
                     let did = std::str::from_utf8(&d.buf[p.did.clone()]).unwrap_or_default();
                     let coll =
                         std::str::from_utf8(&d.buf[p.collection.clone()]).unwrap_or_default();
+                    batch_bytes += json.len();
                     events.push(Event::encode(seq, time_us, p.kind, did, coll, &json, z));
                     match &p.row {
                         Some(r) if all_rows => {
@@ -1712,7 +1741,9 @@ fn write(
                     replaced.push(r);
                 }
             }
-            if received.len() < max_batch {
+            // A batch also ends at BATCH_BYTES of events: pieces of a landing (each its own
+            // job) are not gathered back into one huge batch.
+            if received.len() < max_batch && batch_bytes < BATCH_BYTES {
                 ids = order.try_recv().ok();
             }
         }

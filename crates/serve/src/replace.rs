@@ -52,7 +52,8 @@ pub struct Replaced {
 }
 
 /// Lands `repo` over its account's earlier rows (module docs): its `#sync` (upstream seq
-/// `upstream_seq`, time `time`) then one `create-resync` per record that `records` hands the
+/// `upstream_seq`, time `time`; unless `sync` is false: a piece after the first, `crate::resync`,
+/// "In pieces") then one `create-resync` per record that `records` hands the
 /// function it is given (in MST key order), pushed into `out` as events of the job being
 /// answered. `records` returns how many records it could not hand over (counted as dropped).
 /// The caller has put the account's new chain state in the same answer, so both land in one
@@ -60,16 +61,18 @@ pub struct Replaced {
 pub(crate) fn land_over_earlier_rows(
     projector: &mut Projector,
     repo: &Repository<'_>,
-    upstream_seq: u64,
+    (upstream_seq, sync): (u64, bool),
     time: &str,
     out: &mut DoneChunk,
     records: impl FnOnce(&mut dyn FnMut(ReplacementRecord<'_>)) -> u64,
 ) -> Replaced {
     let mut done = Replaced {
-        sync: true,
+        sync,
         ..Replaced::default()
     };
-    push_sync(projector, repo, upstream_seq, time, out);
+    if sync {
+        push_sync(projector, repo, upstream_seq, time, out);
+    }
     let unread = records(&mut |r| {
         let row: Result<StoredRow<'_>, ReplacementError> = r.stored_row(repo.did, repo.rev);
         let projected = match row {
@@ -128,13 +131,23 @@ pub(crate) fn push_sync(
     }
 }
 
-/// Hands `each` every record of a verified repository's CAR, in MST key order; how many it
-/// could not (a key that is not `collection/rkey`); `Err` if the CAR does not read as a
+/// One record of a verified repository's CAR, found once ([`car_index`]) so that the pieces
+/// of its landing (`crate::resync`, "In pieces") need not walk its MST again.
+#[derive(Clone, Debug)]
+pub struct RecordAt {
+    /// `collection/rkey`.
+    key: Box<str>,
+    /// Where the `/` is in `key`.
+    slash: usize,
+    cid: CidBuf,
+    /// Its block's bytes in the CAR (empty: not there).
+    at: std::ops::Range<usize>,
+}
+
+/// A verified repository's records in MST key order, and how many have a key that is not
+/// `collection/rkey` (not emitted: counted as dropped); `Err` if the CAR does not read as a
 /// repository (it verified before, so it does).
-pub(crate) fn car_records(
-    car: &[u8],
-    each: &mut dyn FnMut(ReplacementRecord<'_>),
-) -> Result<u64, riptide_repo::RepoError> {
+pub fn car_index(car: &[u8]) -> Result<(Vec<RecordAt>, u64), riptide_repo::RepoError> {
     let mut reader = riptide_car::CarReader::new();
     // Its blocks' CIDs were checked when it verified; each record is checked again against its
     // CID as it becomes a row (`ReplacementRecord::stored_row`).
@@ -143,21 +156,42 @@ pub(crate) fn car_records(
         ..riptide_car::CarOptions::repository()
     };
     let parsed = reader.read(car, &opts)?;
+    let base = car.as_ptr() as usize;
     let mut unread = 0;
+    let mut out = Vec::new();
     for (key, cid) in riptide_repo::list_records(&parsed)? {
         let Some(slash) = key.find('/') else {
             unread += 1;
             continue;
         };
-        let bytes = parsed.get(cid.as_cid()).unwrap_or_default();
-        each(ReplacementRecord {
-            collection: &key[..slash],
-            rkey: &key[slash + 1..],
-            cid: &cid,
-            bytes,
+        let at = parsed.get(cid.as_cid()).map_or(0..0, |b| {
+            let start = b.as_ptr() as usize - base;
+            start..start + b.len()
+        });
+        out.push(RecordAt {
+            key: key.into(),
+            slash,
+            cid,
+            at,
         });
     }
-    Ok(unread)
+    Ok((out, unread))
+}
+
+/// Hands `each` the records `index` names, read from `car` (what [`car_index`] read).
+pub(crate) fn car_records(
+    car: &[u8],
+    index: &[RecordAt],
+    each: &mut dyn FnMut(ReplacementRecord<'_>),
+) {
+    for r in index {
+        each(ReplacementRecord {
+            collection: &r.key[..r.slash],
+            rkey: &r.key[r.slash + 1..],
+            cid: &r.cid,
+            bytes: car.get(r.at.clone()).unwrap_or_default(),
+        });
+    }
 }
 
 #[cfg(test)]
@@ -205,10 +239,14 @@ mod tests {
         land_over_earlier_rows(
             &mut projector,
             &repo,
-            7,
+            (7, true),
             "2026-11-28T18:00:00.000000Z",
             out,
-            |each| car_records(car, each).unwrap(),
+            |each| {
+                let (index, unread) = car_index(car).unwrap();
+                car_records(car, &index, each);
+                unread
+            },
         )
     }
 
