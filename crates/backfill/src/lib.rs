@@ -21,6 +21,8 @@
 //! - [`sink`]: where records go ([`JsonlSink`]), and [`store_sink`]: into the store that
 //!   `riptide serve --data DIR` serves ([`StoreSink`]: rows, chain state and progress in one
 //!   batch);
+//! - [`landing`]: what a landing's progress entry says ([`Landed`]) and where a landing
+//!   interrupted between its pieces goes on, for both writers of a store;
 //! - [`state`]: durable progress (fjall): statuses, cursors, counters, the sink's position;
 //! - [`run`](mod@run): the crawl that ties them, and [`status`](mod@status): the operator's report.
 //!
@@ -34,6 +36,7 @@ pub mod collections;
 pub mod discover;
 pub mod fetch;
 pub mod fetching;
+pub mod landing;
 pub mod limits;
 pub mod metrics;
 pub mod outcome;
@@ -47,11 +50,12 @@ pub mod verify;
 pub use collections::{BadPattern, Collections};
 pub use fetch::{Fetcher, Identity};
 pub use fetching::Fetching;
+pub use landing::{landed_in, Landed};
 pub use limits::{HostLimits, Hosts};
 pub use outcome::{FailKind, Failure, Record, Verified};
 pub use run::{run, BackfillError, Config, Discovery, Getter, Progress};
 pub use sink::{record_line, JsonlSink, Sink, SinkError, TeeSink, Written};
 pub use state::{Counters, Listing, RepoStatus, State, StateError};
 pub use status::{status, Status};
-pub use store_sink::{landed_in, Landed, StoreSink};
+pub use store_sink::StoreSink;
 pub use verify::verify_car;

@@ -265,10 +265,12 @@ fn write_loop(
         }
         let committed = match failed {
             Some(e) => Err(e),
-            None => sink
-                .commit()
-                .map_err(|e| e.to_string())
-                .and_then(|pos| state.commit(&done, &pos).map_err(|e| e.to_string())),
+            None => sink.commit().map_err(|e| e.to_string()).and_then(|pos| {
+                for d in &mut done {
+                    d.recount(sink.recount(&d.did));
+                }
+                state.commit(&done, &pos).map_err(|e| e.to_string())
+            }),
         };
         let stop = committed.is_err();
         for j in jobs {

@@ -107,6 +107,13 @@ pub trait Sink: Send {
     fn settled(&mut self, _did: &str) -> Result<(), SinkError> {
         Ok(())
     }
+    /// After [`Sink::commit`]: what the repository of `did` written since the commit before
+    /// really wrote, when the sink learns it only once it is durable (`riptide serve
+    /// --backfill`, whose ingest worker decides how a repository lands against the account's
+    /// state in memory); `None`: what [`Sink::write`] said.
+    fn recount(&mut self, _did: &str) -> Option<Written> {
+        None
+    }
 }
 
 /// Appends one record's line (without its newline) to `buf`:

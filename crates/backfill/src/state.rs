@@ -143,6 +143,16 @@ impl Done {
         }
     }
 
+    /// What the sink says it really wrote, once durable ([`crate::Sink::recount`]), in place
+    /// of what it said when written.
+    pub fn recount(&mut self, w: Option<crate::Written>) {
+        let Some(w) = w else { return };
+        if let RepoStatus::Ok { records, .. } = &mut self.status {
+            *records = w.records;
+            self.dropped = w.dropped;
+        }
+    }
+
     /// A failure after `attempts` attempts.
     pub fn failed(f: &Failure, attempts: u32) -> Done {
         Done {

@@ -54,9 +54,9 @@ use riptide_firehose::chain::{check_sync, AccountState};
 use riptide_jetstream::replace::{replacement_row, sync_body, sync_row};
 use riptide_jetstream::{Projector, StoredRow};
 use riptide_segment::{Kind, Row};
-use riptide_store::{Event, LandingRow, Resume, Store, Text};
-use serde::{Deserialize, Serialize};
+use riptide_store::{Event, LandingRow, Resume, Store};
 
+use crate::landing::{begin, key, records_after, Begin};
 use crate::outcome::Verified;
 use crate::sink::{Sink, SinkError, Written};
 
@@ -64,79 +64,7 @@ use crate::sink::{Sink, SinkError, Written};
 /// repositories, or at a piece's end: module docs, "In pieces").
 pub const FLUSH_AT: usize = 16 << 20;
 
-/// Records per landing piece by default (module docs, "In pieces"): about 10 MB of events and
-/// rows for typical Bluesky records, against up to 2 GiB for a repository in one batch.
-pub const PIECE_RECORDS: usize = 10_000;
-
-/// A repository landing in pieces whose last piece is not durable yet (module docs, "In
-/// pieces"): which commit, and where its next piece begins.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Partial {
-    /// The commit landing (its CID).
-    pub commit: String,
-    /// The key (`collection/rkey`) of the last record the durable pieces hold: the landing
-    /// resumes after it in MST key order.
-    pub after: String,
-    /// The `--collections` it was landing with ([`crate::Collections::key`]; empty: every
-    /// collection, as for an entry written before this field): a landing resumed with another
-    /// filter would miss records the new one keeps below `after`, so it starts over, replacing
-    /// the pieces (module docs, "In pieces").
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub collections: String,
-}
-
-/// What the store's `backfill` partition says of a repository that landed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Landed {
-    /// The rev backfilled.
-    pub rev: String,
-    /// Records written as events.
-    pub records: u64,
-    /// Records not written: outside the atproto data model.
-    pub dropped: u64,
-    /// The seq of its first event (`None`: no event).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub first_seq: Option<u64>,
-    /// Why it got no rows although verified: the store already held a newer commit of the
-    /// account (module docs).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub superseded: Option<String>,
-    /// Whether it replaced the account's earlier rows: a `#sync`, then its records as
-    /// `create-resync` rows (module docs).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub replaced: bool,
-    /// Set while the repository lands in pieces and its last piece is not durable: the counts
-    /// above are then those of the pieces written (module docs, "In pieces").
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub partial: Option<Partial>,
-}
-
-impl Landed {
-    /// The entry as stored (JSON).
-    pub fn to_vec(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-
-    fn parse<T: Text>(store: &Store<T>, did: &str, raw: &[u8]) -> Result<Landed, SinkError> {
-        serde_json::from_slice(raw).map_err(|e| SinkError::Corrupt {
-            what: format!("{}: backfill progress of {did}", store.dir().display()),
-            why: e.to_string(),
-        })
-    }
-}
-
-/// What `store`'s `backfill` partition says landed for `did` (the truth of what landed: module
-/// docs). Also `riptide serve --backfill`'s, whose repositories land through ingest.
-pub fn landed_in<T: Text>(store: &Store<T>, did: &str) -> Result<Option<Landed>, SinkError> {
-    match store.progress(did) {
-        Ok(Some(v)) => Landed::parse(store, did, &v).map(Some),
-        Ok(None) => Ok(None),
-        Err(e) => Err(SinkError::Store {
-            what: store.dir().display().to_string(),
-            source: e,
-        }),
-    }
-}
+pub use crate::landing::{landed_in, Landed, Partial, PIECE_RECORDS};
 
 /// The store-backed sink (module docs).
 pub struct StoreSink {
@@ -316,9 +244,7 @@ impl StoreSink {
         let total = repo.kept();
         let mut in_piece = 0;
         let mut pieces = 0u32;
-        let key = |r: &crate::Record<'_>| format!("{}/{}", r.collection, r.rkey);
-        let written = |r: &crate::Record<'_>| after.is_some_and(|a| *key(r) <= *a);
-        for (i, r) in repo.records().enumerate().skip_while(|(_, r)| written(r)) {
+        for (i, r) in records_after(repo, after) {
             let row = if landed.replaced {
                 r.stored_row(&repo.did, &repo.rev).ok()
             } else {
@@ -333,14 +259,7 @@ impl StoreSink {
             }
             in_piece += 1;
             if (in_piece >= self.piece || self.bytes >= self.piece_bytes) && i + 1 < total {
-                let partial = Landed {
-                    partial: Some(Partial {
-                        commit: commit.to_owned(),
-                        after: key(&r),
-                        collections: self.collections.clone(),
-                    }),
-                    ..landed.clone()
-                };
+                let partial = landed.piece(commit, key(&r), &self.collections);
                 self.progress
                     .push((repo.did.as_str().into(), partial.to_vec()));
                 self.flush()?;
@@ -490,35 +409,25 @@ impl Sink for StoreSink {
         let commit = repo.commit.to_string();
         // Where this landing begins: at the first record, or after the pieces of the same commit
         // a crash interrupted (module docs, "In pieces").
-        let mut after = None;
-        let mut resumed = None;
-        let mut earlier_pieces = false;
-        if let Some(l) = self.landed(&repo.did)? {
-            match &l.partial {
-                None => {
-                    tracing::debug!(did = %repo.did, rev = %l.rev, "backfill: already in the store (landed before a crash); not written again");
-                    return Ok(Written {
-                        records: l.records,
-                        dropped: l.dropped,
-                    });
-                }
-                Some(p)
-                    if p.commit == commit
-                        && l.rev == repo.rev
-                        && p.collections == self.collections =>
-                {
-                    tracing::debug!(did = %repo.did, rev = %l.rev, after = %p.after, "backfill: resuming a landing after its durable pieces");
-                    after = Some(p.after.clone());
-                    resumed = Some(Landed {
-                        partial: None,
-                        ..l.clone()
-                    });
-                }
-                // Another commit of the account, or the same landed with another collections
-                // filter: its pieces are earlier rows, replaced anew.
-                Some(_) => earlier_pieces = true,
+        let (after, resumed, earlier_pieces) = match begin(
+            self.landed(&repo.did)?,
+            repo,
+            &self.collections,
+        ) {
+            Begin::Landed(l) => {
+                tracing::debug!(did = %repo.did, rev = %l.rev, "backfill: already in the store (landed before a crash); not written again");
+                return Ok(Written {
+                    records: l.records,
+                    dropped: l.dropped,
+                });
             }
-        }
+            Begin::Resume { after, landed } => {
+                tracing::debug!(did = %repo.did, rev = %landed.rev, after = %after, "backfill: resuming a landing after its durable pieces");
+                (Some(after), Some(landed), false)
+            }
+            // Another commit of the account: its pieces are earlier rows, replaced anew.
+            Begin::Fresh { earlier_pieces } => (None, None, earlier_pieces),
+        };
         let before = self.account(&repo.did)?;
         let (checked, next) = check_sync(
             before.as_ref(),
@@ -528,15 +437,7 @@ impl Sink for StoreSink {
             now_us().max(0) as u64,
         );
         let resuming = resumed.is_some();
-        let mut landed = resumed.unwrap_or_else(|| Landed {
-            rev: repo.rev.clone(),
-            records: 0,
-            dropped: 0,
-            first_seq: None,
-            superseded: None,
-            replaced: false,
-            partial: None,
-        });
+        let mut landed = resumed.unwrap_or_else(|| Landed::new(&repo.rev));
         match checked {
             Err(why) => {
                 tracing::warn!(

@@ -1753,9 +1753,12 @@ fn serve_backfill_over_accounts_served_before_replaces_their_rows() {
 
 /// `riptide backfill --data DIR` stopped between the pieces of a repository (a crash point after
 /// its first piece of 3 records: its creates and a `partial` progress entry, no chain state),
-/// then `riptide serve --backfill` over DIR: the account's repository lands as replacement rows
-/// (a `#sync`, then a create per record), so a v2 subscriber folding from cursor 0 holds exactly
-/// its export, the 3 earlier creates dropped at the `#sync`; no other account is replaced.
+/// then `riptide serve --backfill` over DIR, whose `getRepo` answers another commit of the
+/// account (the network moved on): the account's repository lands as replacement rows (a
+/// `#sync`, then a create per record), so a v2 subscriber folding from cursor 0 holds exactly
+/// its export, the 3 earlier creates dropped at the `#sync`; no other account is replaced. (The
+/// same commit resumes after the pieces instead:
+/// `serve_backfill_killed_between_pieces_resumes_each_landing_once`.)
 #[test]
 fn serve_backfill_over_an_interrupted_landing_replaces_its_pieces() {
     use riptide_backfill::{store_sink::StoreSink, Collections, Sink};
@@ -1771,6 +1774,9 @@ fn serve_backfill_over_an_interrupted_landing_replaces_its_pieces() {
         .iter()
         .map(|f| f["did"].as_str().unwrap())
         .collect();
+    // The same network as of relay seq 250: an account's older commit.
+    let older = tmp.path().join("older");
+    generate_as_of(&older, 21, 24, 500, Some(250));
     let (did, repo) = std::fs::read_dir(end.join("repos"))
         .unwrap()
         .map(|e| {
@@ -1779,10 +1785,13 @@ fn serve_backfill_over_an_interrupted_landing_replaces_its_pieces() {
         })
         .filter(|d| !faulty.contains(d.as_str()))
         .find_map(|d| {
-            let car = std::fs::read(end.join("repos").join(format!("{d}.car"))).unwrap();
+            let car = std::fs::read(older.join("repos").join(format!("{d}.car"))).unwrap();
+            let now = std::fs::read(end.join("repos").join(format!("{d}.car"))).unwrap();
             let v = riptide_backfill::verify_car(Box::new(car), &d, None, &Collections::all(), "t")
                 .unwrap();
-            (v.kept() > 3).then_some((d, v))
+            let w = riptide_backfill::verify_car(Box::new(now), &d, None, &Collections::all(), "t")
+                .unwrap();
+            (v.kept() > 3 && v.commit != w.commit).then_some((d, v))
         })
         .unwrap();
     {
@@ -1922,4 +1931,157 @@ fn serve_backfill_in_flight_killed_mid_crawl_and_restarted_folds_each_account_on
     let failed = failed_as_planted(&data, &manifest);
     // Replacements of the first run are not in this run's counters: fold only.
     assert_folds_on_v2_from(&addr, n, &end, &failed, false);
+}
+
+/// `riptide serve --backfill --landing-records 3 …` against a network whose repositories are
+/// current, the relay paced so that live frames arrive before, during and after each fetch.
+fn serve_backfill_in_pieces(base: &str, data: &Path) -> Command {
+    let mut c = serve_backfill(base, data, 0);
+    c.args([
+        "--landing-records",
+        "3",
+        "--concurrency",
+        "2",
+        "--per-host",
+        "1",
+    ]);
+    c
+}
+
+/// Verdicts that would mean a frame was served unverified or out of order.
+fn assert_no_broken_chains(addr: &str) {
+    for v in ["chain-break", "rev-regression", "resync-overflow"] {
+        let got = common::metric(addr, &format!("riptide_verdicts_total{{verdict=\"{v}\"}}"));
+        assert_eq!(got, 0.0, "{v}");
+    }
+}
+
+/// `serve --backfill --landing-records 3`: every repository of more than 3 records lands in
+/// pieces of 3, each its own durable batch (`riptide_backfill_pieces_total` counts exactly
+/// the pieces before each landing's last), the account's live frames held from its fetch to
+/// its last piece. On v2 every good account folds to exactly `repo ls` of its export (a piece
+/// written twice is "created twice", one lost a missing record), nothing is served
+/// unverified, and the crawl's record count is the records stored.
+#[test]
+fn serve_backfill_in_pieces_folds_each_account_once() {
+    let tmp = scratch();
+    let (_sim, base, manifest) = current_network(
+        tmp.path(),
+        &["--relay-rate", "100", "--fault-delay-ms", "50"],
+    );
+    let end = tmp.path().join("end");
+    let data = tmp.path().join("data");
+    let (_server, addr) = common::spawn_serve(&mut serve_backfill_in_pieces(&base, &data));
+    let n = settled(&addr, 500);
+    assert_no_broken_chains(&addr);
+    let failed = failed_as_planted(&data, &manifest);
+    let (mut records, mut pieces) = (0, 0);
+    for e in std::fs::read_dir(end.join("repos")).unwrap() {
+        let name = e.unwrap().file_name().into_string().unwrap();
+        let did = name.strip_suffix(".car").unwrap();
+        if !failed.contains(did) {
+            let k = repo_ls(&end, did).len();
+            records += k;
+            pieces += k.saturating_sub(1) / 3;
+        }
+    }
+    assert!(pieces > 10, "{pieces}: too few pieces to mean much");
+    assert_eq!(
+        common::metric(&addr, "riptide_backfill_pieces_total"),
+        pieces as f64
+    );
+    assert_eq!(
+        common::metric(&addr, "riptide_backfill_records_total"),
+        records as f64
+    );
+    assert_folds_on_v2(&addr, n, &end, &failed);
+}
+
+/// `serve --backfill --landing-records 3` aborted (the fault hook
+/// `RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES=2`: as `kill -9` once two pieces of a landing are
+/// durable) leaves that account with a `partial` progress entry; started again without the
+/// hook, the landing resumes, and on v2 every good account folds to exactly `repo ls` of its
+/// export: no piece written twice, none lost.
+#[test]
+fn serve_backfill_killed_between_pieces_resumes_each_landing_once() {
+    let tmp = scratch();
+    let (_sim, base, manifest) = current_network(tmp.path(), &["--relay-rate", "100"]);
+    let end = tmp.path().join("end");
+    let data = tmp.path().join("data");
+    {
+        let (mut server, _) = common::spawn_serve(
+            serve_backfill_in_pieces(&base, &data)
+                .env("RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES", "2"),
+        );
+        let deadline = Instant::now() + common::PATIENCE * 2;
+        let status = loop {
+            if let Some(s) = server.try_wait() {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the fault hook never stopped the server"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(!status.success(), "{status:?}");
+    }
+    let partial: Vec<String> = {
+        let (store, _) = riptide_store::Store::<riptide_store::Utf8Text>::open_any(&data).unwrap();
+        std::fs::read_dir(end.join("repos"))
+            .unwrap()
+            .map(|e| {
+                let name = e.unwrap().file_name().into_string().unwrap();
+                name.strip_suffix(".car").unwrap().to_owned()
+            })
+            .filter(|did| {
+                riptide_backfill::landed_in(&store, did)
+                    .unwrap()
+                    .is_some_and(|l| l.partial.is_some())
+            })
+            .collect()
+    };
+    assert_eq!(partial.len(), 1, "one landing stopped between its pieces");
+    let (_server, addr) = common::spawn_serve(&mut serve_backfill_in_pieces(&base, &data));
+    let n = settled(&addr, 500);
+    assert_no_broken_chains(&addr);
+    let failed = failed_as_planted(&data, &manifest);
+    assert!(!failed.contains(&partial[0]));
+    // Replacements of the first run are not in this run's counters: fold only.
+    assert_folds_on_v2_from(&addr, n, &end, &failed, false);
+}
+
+/// `serve --backfill` against hosts that allow 4 `getRepo`s a second, asked for 8: the `429`s
+/// and pauses the crawl met are on the server's `/metrics`, in the families `riptide backfill
+/// --metrics-listen` names (`riptide_backfill_rate_limited_total`, `_host_pauses_total`, per
+/// host `riptide_backfill_host_rate_limited_total{host}`), and the 429s counted are the sim's.
+#[test]
+fn serve_backfill_reports_the_hosts_429s_and_pauses() {
+    let tmp = scratch();
+    let (_sim, base, manifest) = current_network(tmp.path(), &["--limit-get-repo", "4"]);
+    let end = tmp.path().join("end");
+    let data = tmp.path().join("data");
+    let (_server, addr) =
+        common::spawn_serve(serve_backfill(&base, &data, 0).args(["--get-repo-rate", "8"]));
+    let n = settled(&addr, 500);
+    let m = common::metrics(&addr);
+    let sim: serde_json::Value = {
+        let (code, body) = common::http_get(base.strip_prefix("http://").unwrap(), "/_sim/stats");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let refused = sim["rate_limited"].as_f64().unwrap();
+    let counted = common::metric(&addr, "riptide_backfill_rate_limited_total");
+    assert!(refused > 0.0, "the sim refused nothing: {sim}");
+    assert_eq!(counted, refused, "{m}");
+    assert!(common::metric(&addr, "riptide_backfill_host_pauses_total") >= 1.0);
+    let per_host: f64 = m
+        .lines()
+        .filter(|l| l.starts_with("riptide_backfill_host_rate_limited_total{host="))
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(per_host, counted, "{m}");
+    // Waited out: every good account still lands.
+    let failed = failed_as_planted(&data, &manifest);
+    assert_folds_on_v2(&addr, n, &end, &failed);
 }

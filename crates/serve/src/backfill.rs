@@ -25,7 +25,9 @@
 //! and leaves when its repository lands or it is [`Upstream::BackfillSettled`]); the others are
 //! served live. With [`BackfillHold::All`], every account with no verified commit is held from
 //! the start of the crawl ([`Upstream::BackfillStart`], before any frame) to its end
-//! ([`Upstream::BackfillOver`]). When the account's repository lands, its held frames are
+//! ([`Upstream::BackfillOver`]), and (`serve --backfill`'s own crawl:
+//! [`BackfillHold::AllFetching`]) an account with one while its fetch is in flight, so that
+//! its repository is at or past what was served of it. When the account's repository lands, its held frames are
 //! verified on top of it in upstream order: those at or below its rev are `superseded`, the rest
 //! are `ok` and served after the repository's events. A failed account's frames are released
 //! when its failure is recorded, and verified as any live frame is.
@@ -37,17 +39,38 @@
 //! no rows, is counted as `superseded` (`riptide_backfill_superseded_total`) and its progress
 //! entry says why, as `riptide backfill --data` does.
 //!
+//! **In pieces.** A repository of more than `--landing-records` records (10,000 by default,
+//! as `riptide backfill --data` lands them: `riptide_backfill::landing`) or of more than 16 MiB
+//! of events and rows is handed over in pieces of at most that many, each its own ingest job
+//! and so stored in one atomic batch: what a landing holds in memory (besides the verified CAR)
+//! is two pieces (one being rendered while the one before is written), not the repository. The
+//! account's worker decides with the first piece how the repository lands (creates, a
+//! replacement after its `#sync`, or `superseded`), holds the account's live frames from the
+//! first piece to the last (whatever `--backfill-hold` says), writes with every piece but the
+//! last the progress entry marked `partial` (the commit, the last key written), and with the
+//! last the account's chain state, the plain entry and the release of its held frames. After
+//! `kill -9` between pieces the repository is fetched again: the same commit resumes after the
+//! entry's key (no `#sync`, no record twice), another commit starts over as a replacement (its
+//! `#sync` drops the pieces written). Pieces of creates that live commits of the account
+//! followed (served after a restart, before its fetch began again) cannot be completed: the
+//! account is resynced (`crate::resync`), whose replacement rows rebuild it. A subscriber sees
+//! a landing's pieces as consecutive runs of its events, possibly with other accounts' events
+//! between them, never the account's own live events: on v2 the `#sync` (if any) then every
+//! record once; on v1 the creates (a replacement's rows are v2 only).
+//!
 //! Operators see the crawl on `/metrics` (`riptide_backfill_*`, the same numbers `riptide
 //! backfill status --data DIR` prints) and on the status page's backfill row.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
-use riptide_backfill::{
-    landed_in, Fetching, Landed, Progress, Sink, SinkError, Status, Verified, Written,
+use riptide_backfill::landing::{
+    begin, key, landed_in, records_after, Begin, Landed, PIECE_BYTES, PIECE_RECORDS,
 };
+use riptide_backfill::{Fetching, Hosts, Progress, Sink, SinkError, Status, Verified, Written};
 use riptide_cbor::CidBuf;
 use riptide_jetstream::Projector;
 
@@ -64,6 +87,13 @@ pub enum BackfillHold {
     /// Only the accounts whose fetch is in flight (the crawl's [`Fetching`] set); the others'
     /// frames are verified and served live, and their repository lands over them later.
     InFlight(Arc<Fetching>),
+    /// [`BackfillHold::All`], and an account with a verified commit too while its fetch is in
+    /// flight (`serve --backfill --backfill-hold all`, whose crawl is in this process): its
+    /// repository, asked for once its frames are held, is at or past every commit of it served,
+    /// so it lands (as replacement rows) rather than being `superseded` by a commit served
+    /// during the fetch, which would leave the account without its records from before the
+    /// stream. (`--backfill-from` cannot see the workers' fetches: [`BackfillHold::All`].)
+    AllFetching(Arc<Fetching>),
 }
 
 /// The backfill's jobs for a verification worker, in upstream order with the frames.
@@ -79,8 +109,9 @@ pub(crate) enum BackfillJob {
     Over,
 }
 
-/// A verified repository rendered for ingest: its events' JSON pieces and rows, as a worker
-/// renders a frame's, and whom to tell once it is durable.
+/// A piece of a verified repository rendered for ingest (module docs, "In pieces"): its events'
+/// JSON pieces and rows, as a worker renders a frame's, where it lies in its landing, and whom
+/// to tell once it is durable.
 pub struct BackfillRepo {
     pub(crate) did: Box<str>,
     pub(crate) rev: Box<str>,
@@ -91,12 +122,30 @@ pub struct BackfillRepo {
     /// The events' bytes; `parts` point into it.
     pub(crate) buf: Vec<u8>,
     pub(crate) parts: Vec<Part>,
-    /// Records outside the atproto data model, not rendered.
+    /// Records of this piece outside the atproto data model, not rendered.
     pub(crate) dropped: u64,
-    /// The store holds pieces of an interrupted `riptide backfill --data` landing of the
-    /// account ([`Landed::partial`]): earlier rows, replaced as served commits are.
+    /// The store holds pieces of an interrupted landing of another commit of the account
+    /// ([`Landed::partial`]): earlier rows, replaced as served commits are.
     pub(crate) earlier_pieces: bool,
+    /// Where the piece lies in its landing.
+    pub(crate) piece: Piece,
+    /// What the whole landing wrote, set by the worker with the last piece (the crawl's count).
+    pub(crate) outcome: OnceLock<Written>,
     pub(crate) ack: SyncSender<u64>,
+}
+
+/// Where a [`BackfillRepo`] lies in its repository's landing (module docs, "In pieces").
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Piece {
+    /// The landing's first piece here: the worker decides how the repository lands.
+    pub(crate) first: bool,
+    /// Its last: the account's chain state, its plain progress entry, its frames released.
+    pub(crate) last: bool,
+    /// The key of the piece's last record (a piece that is not the last says where the next
+    /// begins in its progress entry).
+    pub(crate) after: String,
+    /// The landing goes on after durable pieces of the same commit: their counts and mode.
+    pub(crate) resumed: Option<Landed>,
 }
 
 impl std::fmt::Debug for BackfillRepo {
@@ -105,44 +154,32 @@ impl std::fmt::Debug for BackfillRepo {
             .field("did", &self.did)
             .field("rev", &self.rev)
             .field("events", &self.parts.len())
+            .field("piece", &self.piece)
             .finish()
     }
 }
 
-impl BackfillRepo {
-    /// Its progress entry: landed with its events (`replaced`: over the account's earlier
-    /// rows), or `superseded` (why) with none.
-    pub(crate) fn landed(&self, superseded: Option<String>, replaced: bool) -> Vec<u8> {
-        Landed {
-            rev: self.rev.to_string(),
-            records: if superseded.is_some() {
-                0
-            } else {
-                self.parts.len() as u64
-            },
-            dropped: self.dropped,
-            // The writer numbers the events; the entry is written before that.
-            first_seq: None,
-            superseded,
-            replaced,
-            partial: None,
-        }
-        .to_vec()
-    }
-}
-
-/// The crawl's sink inside `riptide serve` (module docs): repositories to ingest, durable when
-/// ingest's writer says so.
+/// The crawl's sink inside `riptide serve` (module docs): repositories to ingest, in pieces,
+/// durable when ingest's writer says so.
 pub struct IngestSink {
     store: Store,
     tx: tokio::sync::mpsc::Sender<Upstream>,
     projector: Projector,
     /// The store's next seq when it was opened, then as the writer last said.
     next_seq: u64,
-    /// Repositories handed over and not yet durable.
-    waiting: Vec<Receiver<u64>>,
+    /// Last pieces handed over and not yet durable, with the landings' DIDs.
+    waiting: Vec<(Option<Arc<BackfillRepo>>, Receiver<u64>)>,
     /// A repository at the account's stored commit counts as landed ([`Self::caught_up_from_kafka`]).
     stored_commit_is_landed: bool,
+    /// Most records per piece ([`Self::with_piece_records`]).
+    piece: usize,
+    /// Most bytes of events and rows per piece.
+    piece_bytes: usize,
+    /// Tests' crash point ([`Self::abort_after_pieces`]).
+    abort_after: Option<u32>,
+    /// What the landings made durable by the last commit wrote, by the worker's word
+    /// ([`Sink::recount`]).
+    recounts: HashMap<Box<str>, Written>,
 }
 
 impl std::fmt::Debug for IngestSink {
@@ -150,6 +187,7 @@ impl std::fmt::Debug for IngestSink {
         f.debug_struct("IngestSink")
             .field("next_seq", &self.next_seq)
             .field("waiting", &self.waiting.len())
+            .field("piece", &self.piece)
             .finish()
     }
 }
@@ -165,7 +203,26 @@ impl IngestSink {
             next_seq,
             waiting: Vec::new(),
             stored_commit_is_landed: false,
+            piece: PIECE_RECORDS,
+            piece_bytes: PIECE_BYTES,
+            abort_after: None,
+            recounts: HashMap::new(),
         }
+    }
+
+    /// Lands each repository in pieces of at most `records` records (at least 1; module docs,
+    /// "In pieces"): `serve --landing-records`, [`PIECE_RECORDS`] unless told.
+    pub fn with_piece_records(mut self, records: usize) -> Self {
+        self.piece = records.max(1);
+        self
+    }
+
+    /// For the fault suite and tests (`RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES`): once `pieces`
+    /// pieces of a landing are durable, the process aborts, as `kill -9` at that point would
+    /// leave it.
+    pub fn abort_after_pieces(mut self, pieces: u32) -> Self {
+        self.abort_after = Some(pieces);
+        self
     }
 
     /// For a store caught up from Kafka (`riptide_kafka::backfill_tail`): its batch records
@@ -181,6 +238,23 @@ impl IngestSink {
 
     fn gone() -> SinkError {
         SinkError::Unavailable("ingest stopped before the repository was stored".into())
+    }
+
+    /// Hands one piece over; its ack.
+    fn send(&mut self, r: BackfillRepo) -> Result<(Arc<BackfillRepo>, Receiver<u64>), SinkError> {
+        let (ack, told) = sync_channel(1);
+        let r = Arc::new(BackfillRepo { ack, ..r });
+        self.tx
+            .blocking_send(Upstream::Backfill(r.clone()))
+            .map_err(|_| Self::gone())?;
+        Ok((r, told))
+    }
+
+    /// Waits until a piece handed over is durable.
+    fn durable(&mut self, told: &Receiver<u64>) -> Result<(), SinkError> {
+        let next = told.recv().map_err(|_| Self::gone())?;
+        self.next_seq = self.next_seq.max(next);
+        Ok(())
     }
 }
 
@@ -204,94 +278,138 @@ impl Sink for IngestSink {
     }
 
     fn write(&mut self, repo: &Verified) -> Result<Written, SinkError> {
-        let landed = landed_in(&self.store, &repo.did)?;
-        let earlier_pieces = landed.as_ref().is_some_and(|l| l.partial.is_some());
-        if let Some(l) = landed.filter(|l| l.partial.is_none()) {
-            tracing::debug!(did = %repo.did, rev = %l.rev, "backfill: already in the store (landed before a crash); not handed over again");
-            // Frames held for it since the restart are released.
-            self.settled(&repo.did)?;
-            return Ok(Written {
-                records: l.records,
-                dropped: l.dropped,
-            });
-        }
-        // The worker decides against the account's chain state when the repository lands; the
-        // store's says the same for an account already known (its state only moves on, and an
-        // account without one has its frames held), so the counts returned are what lands.
-        let before = self
-            .store
-            .account(&repo.did)
-            .map_err(|e| SinkError::Store {
-                what: self.store.dir().display().to_string(),
-                source: e,
-            })?;
-        let (checked, next) = riptide_firehose::chain::check_sync(
-            before.as_ref(),
-            &repo.rev,
-            repo.commit.as_cid(),
-            repo.data.as_cid(),
-            crate::now_us().max(0) as u64,
-        );
-        // On a store caught up from Kafka, the account's state is this very commit already:
-        // the repository landed, and its progress entry is not in this store (a node that caught its store up from Kafka,
-        // whose batch records carry chain states but not progress entries, reading the
-        // backfill topic again after a crash or a takeover: `riptide_kafka::backfill_tail`).
-        // Landing it again would serve its records twice.
-        if self.stored_commit_is_landed
-            && checked.is_ok()
-            && next.is_none()
-            && before.is_some_and(|s| s.tip.is_some())
-        {
-            tracing::debug!(did = %repo.did, rev = %repo.rev, "backfill: the store's chain state is this repository's commit already; not handed over again");
-            return Ok(Written::default());
-        }
-        let known = checked.is_err();
-        let mut buf = Vec::new();
-        let mut parts = Vec::new();
-        let mut dropped = 0;
-        for r in repo.records() {
-            let row = repo.create_row(&r);
-            match self.projector.project_row(&row) {
-                Ok(p) => push_event(&mut buf, &mut parts, p, 0, Some(row.row(0, 0))),
-                Err(_) => dropped += 1,
+        let (after, resumed, earlier_pieces) = match begin(
+            landed_in(&self.store, &repo.did)?,
+            repo,
+            "",
+        ) {
+            Begin::Landed(l) => {
+                tracing::debug!(did = %repo.did, rev = %l.rev, "backfill: already in the store (landed before a crash); not handed over again");
+                // Frames held for it since the restart are released.
+                self.settled(&repo.did)?;
+                return Ok(Written {
+                    records: l.records,
+                    dropped: l.dropped,
+                });
+            }
+            Begin::Resume { after, landed } => {
+                tracing::debug!(did = %repo.did, rev = %landed.rev, after = %after, "backfill: resuming a landing after its durable pieces");
+                (Some(after), Some(landed), false)
+            }
+            Begin::Fresh { earlier_pieces } => (None, None, earlier_pieces),
+        };
+        if self.stored_commit_is_landed && resumed.is_none() {
+            // On a store caught up from Kafka, the account's state may be this very commit
+            // already: the repository landed, and its progress entry is not in this store (a
+            // node that caught its store up from Kafka, whose batch records carry chain states
+            // but not progress entries, reading the backfill topic again after a crash or a
+            // takeover: `riptide_kafka::backfill_tail`). Landing it again would serve its
+            // records twice.
+            let before = self
+                .store
+                .account(&repo.did)
+                .map_err(|e| SinkError::Store {
+                    what: self.store.dir().display().to_string(),
+                    source: e,
+                })?;
+            let (checked, next) = riptide_firehose::chain::check_sync(
+                before.as_ref(),
+                &repo.rev,
+                repo.commit.as_cid(),
+                repo.data.as_cid(),
+                crate::now_us().max(0) as u64,
+            );
+            if checked.is_ok() && next.is_none() && before.is_some_and(|s| s.tip.is_some()) {
+                tracing::debug!(did = %repo.did, rev = %repo.rev, "backfill: the store's chain state is this repository's commit already; not handed over again");
+                return Ok(Written::default());
             }
         }
+        let template = |first: bool, resumed: Option<Landed>| BackfillRepo {
+            did: repo.did.as_str().into(),
+            rev: repo.rev.as_str().into(),
+            commit: repo.commit,
+            data: repo.data,
+            commit_block: if first {
+                repo.commit_block().map(|b| b.to_vec()).unwrap_or_default()
+            } else {
+                Vec::new()
+            },
+            buf: Vec::new(),
+            parts: Vec::new(),
+            dropped: 0,
+            earlier_pieces,
+            piece: Piece {
+                first,
+                resumed,
+                ..Piece::default()
+            },
+            outcome: OnceLock::new(),
+            ack: sync_channel(0).0,
+        };
+        // Each piece rendered while the one before is written; handed over once it is durable:
+        // at most two pieces of the repository in memory (module docs, "In pieces").
+        let total = repo.kept();
+        let mut piece = template(true, resumed.clone());
+        let mut in_flight: Option<Receiver<u64>> = None;
+        let mut durable_pieces = 0u32;
+        let (mut records, mut dropped) =
+            resumed.as_ref().map_or((0, 0), |l| (l.records, l.dropped));
+        for (i, r) in records_after(repo, after.as_deref()) {
+            let row = repo.create_row(&r);
+            match self.projector.project_row(&row) {
+                Ok(p) => push_event(&mut piece.buf, &mut piece.parts, p, 0, Some(row.row(0, 0))),
+                Err(_) => piece.dropped += 1,
+            }
+            let full = piece.parts.len() + piece.dropped as usize >= self.piece
+                || piece.buf.len() >= self.piece_bytes;
+            if full && i + 1 < total {
+                piece.piece.after = key(&r);
+                dropped += piece.dropped;
+                records += piece.parts.len() as u64;
+                let next = std::mem::replace(&mut piece, template(false, None));
+                if let Some(told) = in_flight.take() {
+                    self.durable(&told)?;
+                    durable_pieces += 1;
+                    self.crash_point(durable_pieces);
+                }
+                in_flight = Some(self.send(next)?.1);
+            }
+        }
+        dropped += piece.dropped;
+        records += piece.parts.len() as u64;
         if dropped > 0 {
             tracing::warn!(
                 did = %repo.did, rev = %repo.rev, dropped,
                 "backfill: records outside the atproto data model not served (counted as records_dropped)"
             );
         }
-        let (ack, told) = sync_channel(1);
-        let r = BackfillRepo {
-            did: repo.did.as_str().into(),
-            rev: repo.rev.as_str().into(),
-            commit: repo.commit,
-            data: repo.data,
-            commit_block: repo.commit_block().map(|b| b.to_vec()).unwrap_or_default(),
-            buf,
-            parts,
-            dropped,
-            earlier_pieces,
-            ack,
-        };
-        let w = Written {
-            records: if known { 0 } else { r.parts.len() as u64 },
-            dropped,
-        };
-        self.tx
-            .blocking_send(Upstream::Backfill(Arc::new(r)))
-            .map_err(|_| Self::gone())?;
-        self.waiting.push(told);
-        Ok(w)
+        if let Some(told) = in_flight.take() {
+            self.durable(&told)?;
+            durable_pieces += 1;
+            self.crash_point(durable_pieces);
+        }
+        piece.piece.last = true;
+        let (last, told) = self.send(piece)?;
+        self.waiting.push((Some(last), told));
+        // What lands is the worker's word, read once the last piece is durable
+        // ([`Sink::recount`]); until then, what was rendered.
+        Ok(Written { records, dropped })
     }
 
     fn commit(&mut self) -> Result<Vec<u8>, SinkError> {
-        for told in self.waiting.drain(..) {
-            let next = told.recv().map_err(|_| Self::gone())?;
-            self.next_seq = self.next_seq.max(next);
+        for (last, told) in std::mem::take(&mut self.waiting) {
+            self.durable(&told)?;
+            // Set by the worker before the writer said it is durable.
+            if let Some(w) = last.as_ref().and_then(|l| l.outcome.get()) {
+                let did = last.as_ref().map(|l| l.did.clone()).unwrap_or_default();
+                self.recounts.insert(did, *w);
+            }
         }
         Ok(self.next_seq.to_le_bytes().to_vec())
+    }
+
+    fn recount(&mut self, did: &str) -> Option<Written> {
+        self.recounts.remove(did)
     }
 
     fn exact(&self) -> bool {
@@ -306,8 +424,21 @@ impl Sink for IngestSink {
         self.tx
             .blocking_send(Upstream::BackfillSettled(did.into(), ack))
             .map_err(|_| Self::gone())?;
-        self.waiting.push(told);
+        self.waiting.push((None, told));
         Ok(())
+    }
+}
+
+impl IngestSink {
+    /// The test crash point ([`Self::abort_after_pieces`]).
+    fn crash_point(&self, durable_pieces: u32) {
+        if self.abort_after == Some(durable_pieces) {
+            tracing::error!(
+                pieces = durable_pieces,
+                "RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES: aborting between the pieces of a landing"
+            );
+            std::process::abort();
+        }
     }
 }
 
@@ -322,6 +453,8 @@ pub struct BackfillMetrics {
     pub landed: AtomicU64,
     /// Repositories verified but not served: the store held a newer commit of the account.
     pub superseded: AtomicU64,
+    /// Pieces of repositories stored before their landing's last (`--landing-records`).
+    pub pieces: AtomicU64,
     /// The run's live counts.
     pub progress: Mutex<Option<Arc<Progress>>>,
     /// The durable state's report, refreshed every few seconds.
@@ -330,6 +463,9 @@ pub struct BackfillMetrics {
     pub error: Mutex<Option<String>>,
     /// The accounts being fetched, when only those are held ([`BackfillHold::InFlight`]).
     pub fetching: Mutex<Option<Arc<Fetching>>>,
+    /// The crawl's hosts: what their limits cost (`429`s, pauses), as `riptide backfill
+    /// --metrics-listen` reports them.
+    pub hosts: Mutex<Option<Hosts>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -392,7 +528,7 @@ impl BackfillMetrics {
                 s,
                 "riptide_backfill_in_flight",
                 "gauge",
-                "Accounts whose repository is being fetched (their live frames held, with --backfill-hold in-flight).",
+                "Accounts whose repository is being fetched (their live frames held).",
                 f.len().to_string(),
             );
         }
@@ -403,8 +539,18 @@ impl BackfillMetrics {
             "Backfilled repositories not served: the store held a newer commit of the account (since start).",
             self.superseded.load(Relaxed).to_string(),
         );
+        one(
+            s,
+            "riptide_backfill_pieces_total",
+            "counter",
+            "Pieces of backfilled repositories stored before the last piece of their landing (repositories of more than --landing-records records land in pieces; since start).",
+            self.pieces.load(Relaxed).to_string(),
+        );
         if let Some(st) = self.status() {
             riptide_backfill::metrics::render_status(s, &st);
+        }
+        if let Some(h) = lock(&self.hosts).as_ref() {
+            riptide_backfill::metrics::render_waits(s, h);
         }
     }
 }
@@ -511,6 +657,119 @@ mod tests {
             .unwrap();
         assert_eq!(sink.write(&repo).unwrap(), Written::default());
         assert!(rx.try_recv().is_err());
+    }
+
+    /// What the pieces of a landing hold: (first, last, after, the events' JSON around their
+    /// time and cursor, and their rows' columns), as ingest's worker receives them.
+    type Received = Vec<(bool, bool, String, Vec<(Vec<u8>, Vec<u8>)>)>;
+
+    /// Lands the corpus repository through an [`IngestSink`] in pieces of `piece` records,
+    /// a thread standing in for ingest: it takes each piece, says `outcome` with the last, and
+    /// acks each as durable. What it received, what `write` said, and the recount.
+    fn land_in_pieces(
+        piece: usize,
+        outcome: Written,
+    ) -> Option<(Received, Written, Option<Written>)> {
+        let car = riptide_testdata::read("jetstream-2026-07/repo.car")?;
+        let did = "did:plc:53iucmf5ldftgqyf2ac7hmhd";
+        let repo = riptide_backfill::verify_car(
+            Box::new(car),
+            did,
+            None,
+            &riptide_backfill::Collections::all(),
+            "test",
+        )
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let (store, resume) = Store::open(dir.path(), 0).unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::channel(1);
+        let ingest = std::thread::spawn(move || {
+            let mut got = Received::new();
+            let mut seq = 1;
+            while let Some(Upstream::Backfill(r)) = rx.blocking_recv() {
+                let events = r
+                    .parts
+                    .iter()
+                    .map(|p| {
+                        (
+                            r.buf[p.head.clone()].to_vec(),
+                            r.buf[p.tail.clone()].to_vec(),
+                        )
+                    })
+                    .collect();
+                got.push((r.piece.first, r.piece.last, r.piece.after.clone(), events));
+                if r.piece.last {
+                    r.outcome.set(outcome).unwrap();
+                }
+                seq += r.parts.len() as u64;
+                r.ack.try_send(seq).unwrap();
+            }
+            got
+        });
+        let mut sink = IngestSink::new(store, tx, resume.next_seq).with_piece_records(piece);
+        let said = sink.write(&repo).unwrap();
+        sink.commit().unwrap();
+        let recount = sink.recount(did);
+        drop(sink);
+        Some((ingest.join().unwrap(), said, recount))
+    }
+
+    /// The corpus repository in pieces of 5 reaches ingest as 5 pieces (the first marked
+    /// first, the last last, each but the last naming its last record's key), whose events
+    /// are, in order, byte for byte those of the one-piece landing: one create per record of
+    /// goat's listing, in MST key order. The crawl's count is the worker's word once durable.
+    #[test]
+    fn a_repository_reaches_ingest_in_pieces_equal_to_one() {
+        let real = Written {
+            records: 0,
+            dropped: 0,
+        };
+        let Some((pieces, said, recount)) = land_in_pieces(5, real) else {
+            return;
+        };
+        let (one, _, _) = land_in_pieces(1000, real).unwrap();
+        assert_eq!(one.len(), 1);
+        assert!(one[0].0 && one[0].1);
+        assert_eq!(pieces.len(), 5, "23 records in pieces of 5");
+        let listing: Vec<String> =
+            riptide_testdata::read_string("jetstream-2026-07/car_expected_records.tsv")
+                .unwrap()
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(|l| l.split_once('\t').unwrap().0.to_owned())
+                .collect();
+        assert_eq!(listing.len(), 23);
+        for (i, (first, last, after, events)) in pieces.iter().enumerate() {
+            assert_eq!(*first, i == 0);
+            assert_eq!(*last, i == 4);
+            if !last {
+                assert_eq!(events.len(), 5);
+                assert_eq!(*after, listing[i * 5 + 4], "piece {i} ends at its last key");
+            }
+        }
+        let joined: Vec<_> = pieces.iter().flat_map(|p| p.3.clone()).collect();
+        assert_eq!(joined, one[0].3, "the pieces are the one landing, in order");
+        let keys: Vec<String> = joined
+            .iter()
+            .map(|(head, tail)| {
+                let mut json = head.clone();
+                json.extend_from_slice(b"0,\"cursor\":1");
+                json.extend_from_slice(tail);
+                let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+                assert_eq!(v["commit"]["operation"], "create");
+                format!(
+                    "{}/{}",
+                    v["commit"]["collection"].as_str().unwrap(),
+                    v["commit"]["rkey"].as_str().unwrap()
+                )
+            })
+            .collect();
+        let mut sorted = listing.clone();
+        sorted.sort();
+        assert_eq!(keys, sorted);
+        // Rendered: 23 records; landed (the worker's word, here superseded): none.
+        assert_eq!(said.records, 23);
+        assert_eq!(recount, Some(real));
     }
 
     #[test]

@@ -394,6 +394,10 @@ pub(crate) struct DoneChunk {
 /// Chunks a worker's answer channel holds.
 const ANSWER_CHUNKS: usize = 32;
 
+/// The writer ends a batch once it holds this many bytes of events (JSON), whatever
+/// [`IngestConfig::max_batch`] allows: a landing's pieces are each their own batch.
+const BATCH_BYTES: usize = 16 << 20;
+
 /// Starts the pipeline on `rx`, continuing from `resume` (what [`crate::Store::open`] returned).
 /// Chain breaks are not repaired: the breaking commit re-establishes the chain
 /// (`riptide_firehose::chain`); [`spawn_with_resync`] repairs them.
@@ -800,8 +804,29 @@ struct Worker {
     /// A backfill runs: frames of accounts with no verified commit are held
     /// (`crate::backfill`).
     backfilling: bool,
-    /// ...or, holding only the accounts in flight, those the crawl is fetching.
+    /// ...those the crawl is fetching (all of them with `--backfill-hold in-flight`)...
     fetching: Option<Arc<riptide_backfill::Fetching>>,
+    /// ...and, with `--backfill-hold all`, every account with no verified commit.
+    hold_unknown: bool,
+    /// Repositories landing in pieces whose last piece has not come (their accounts' frames
+    /// are held meanwhile).
+    landings: HashMap<Box<str>, InLanding>,
+    /// Resyncs landing in pieces (`crate::resync`, "In pieces"): the account's state once the
+    /// last piece lands.
+    resync_landings: HashMap<Box<str>, AccountState>,
+}
+
+/// A repository of the backfill landing in pieces, between its first piece and its last
+/// (`crate::backfill`, "In pieces").
+struct InLanding {
+    /// Its progress entry so far (`superseded`: no rows).
+    landed: riptide_backfill::Landed,
+    /// The commit landing (its CID).
+    commit: String,
+    /// The account's chain state once the last piece lands.
+    next: Option<AccountState>,
+    /// Its account is resynced instead: its frames are the resync's.
+    resynced: bool,
 }
 
 impl Worker {
@@ -832,6 +857,9 @@ impl Worker {
             arena: Arena::new(),
             backfilling: false,
             fetching: None,
+            hold_unknown: false,
+            landings: HashMap::new(),
+            resync_landings: HashMap::new(),
         }
     }
 
@@ -857,7 +885,7 @@ impl Worker {
                 let moves_cursor = job.landing.is_none() && job.backfill.is_none();
                 let mut ack = None;
                 let r = match (job.landing, job.backfill) {
-                    (Some(l), _) => self.land(&l.resynced, job.seq, &mut out),
+                    (Some(l), _) => self.land(&l, job.seq, &mut out),
                     (None, Some(b)) => {
                         ack = match &b {
                             BackfillJob::Repo(r) => Some(r.ack.clone()),
@@ -914,7 +942,7 @@ impl Worker {
         if self
             .holds
             .as_ref()
-            .is_some_and(|h| h.any() || self.backfilling)
+            .is_some_and(|h| h.any() || self.backfilling || !self.landings.is_empty())
         {
             let (did, sync) = match route {
                 Some(r) => (r.did(bytes), r.sync),
@@ -964,7 +992,7 @@ impl Worker {
         let Some(holds) = self.holds.as_ref() else {
             return false;
         };
-        if holds.is_resyncing(did) {
+        if holds.is_resyncing(did) || self.landings.contains_key(did) {
             return true;
         }
         if !self.backfilling {
@@ -973,12 +1001,14 @@ impl Worker {
         if holds.holds_any(did) {
             return true;
         }
-        if let Some(f) = &self.fetching {
-            return f.contains(did);
+        if self.fetching.as_ref().is_some_and(|f| f.contains(did)) {
+            return true;
         }
-        self.verifier
-            .as_mut()
-            .is_some_and(|v| v.chain_mut().get(did).and_then(|s| s.tip).is_none())
+        self.hold_unknown
+            && self
+                .verifier
+                .as_mut()
+                .is_some_and(|v| v.chain_mut().get(did).and_then(|s| s.tip).is_none())
     }
 
     /// The backfill's part of the stream (`crate::backfill`).
@@ -991,9 +1021,10 @@ impl Worker {
         match job {
             BackfillJob::Start(hold) => {
                 self.backfilling = true;
-                self.fetching = match hold {
-                    BackfillHold::All => None,
-                    BackfillHold::InFlight(f) => Some(f),
+                (self.fetching, self.hold_unknown) = match hold {
+                    BackfillHold::All => (None, true),
+                    BackfillHold::AllFetching(f) => (Some(f), true),
+                    BackfillHold::InFlight(f) => (Some(f), false),
                 };
                 Ok(())
             }
@@ -1012,6 +1043,10 @@ impl Worker {
             BackfillJob::Over => {
                 self.backfilling = false;
                 self.fetching = None;
+                self.hold_unknown = false;
+                // A crawl that stopped mid-landing: its pieces stay, with their partial entry
+                // (a restart resumes them); its frames are released with the rest.
+                self.landings.clear();
                 let waiting = self
                     .holds
                     .as_ref()
@@ -1025,22 +1060,110 @@ impl Worker {
         }
     }
 
-    /// A verified repository of the backfill lands: its records as creates at its rev (over an
-    /// account with earlier rows, as replacement rows: `crate::replace`), the account's chain
-    /// state taken from it, its progress entry, then its held frames verified on top
-    /// (`crate::backfill`, "What a subscriber sees").
+    /// A piece of a verified repository of the backfill lands (`crate::backfill`, "In
+    /// pieces"): its records as creates at its rev (over an account with earlier rows, as
+    /// replacement rows: `crate::replace`), with the landing's progress entry; with the last
+    /// piece, the account's chain state taken from it, its plain entry, then its held frames
+    /// verified on top (`crate::backfill`, "What a subscriber sees"). The account's frames are
+    /// held from the first piece to the last.
     fn land_repo(
         &mut self,
         r: &BackfillRepo,
         upstream_seq: u64,
         out: &mut DoneChunk,
     ) -> Result<(), IngestError> {
+        if self.verifier.is_none() {
+            // `serve --backfill` verifies (refused with --no-verify): nothing to land on.
+            return Ok(());
+        }
+        if r.piece.first {
+            let l = self.begin_landing(r, upstream_seq, out);
+            self.landings.insert(r.did.clone(), l);
+        }
+        let Some(mut l) = self.landings.remove(&r.did) else {
+            // The landing's first piece went to this worker before it: a bug, said.
+            tracing::error!(did = %r.did, rev = %r.rev, "backfill: a piece of a landing that did not begin here: not served");
+            return Ok(());
+        };
+        if l.landed.superseded.is_none() {
+            let at = out.buf.len();
+            out.buf.extend_from_slice(&r.buf);
+            if l.landed.replaced {
+                out.parts
+                    .extend(r.parts.iter().map(|p| p.shifted(at).replacement()));
+                let mut done = out.replaced.take().unwrap_or_default();
+                done.records += r.parts.len() as u64;
+                done.dropped += r.dropped;
+                out.replaced = Some(done);
+            } else {
+                out.parts.extend(r.parts.iter().map(|p| p.shifted(at)));
+            }
+            l.landed.records += r.parts.len() as u64;
+            l.landed.dropped += r.dropped;
+        }
+        if !r.piece.last {
+            if l.landed.superseded.is_none() {
+                out.progress.push((
+                    r.did.clone(),
+                    // `serve --backfill` keeps every collection: the filter's key is empty.
+                    l.landed
+                        .piece(&l.commit, r.piece.after.clone(), "")
+                        .to_vec(),
+                ));
+            }
+            self.landings.insert(r.did.clone(), l);
+            self.metrics.backfill.pieces.fetch_add(1, Relaxed);
+            return Ok(());
+        }
         if let Some(f) = &self.fetching {
             f.end(&r.did);
         }
-        let Some(v) = self.verifier.as_mut() else {
-            // `serve --backfill` verifies (refused with --no-verify): nothing to land on.
+        match &l.landed.superseded {
+            None => {
+                if let (Some(next), Some(v)) = (l.next, self.verifier.as_mut()) {
+                    v.chain_mut().put(&r.did, next);
+                }
+                self.metrics.backfill.landed.fetch_add(1, Relaxed);
+                tracing::debug!(did = %r.did, rev = %r.rev, records = l.landed.records, replaced = l.landed.replaced, "backfill: the repository landed");
+            }
+            Some(_) => {
+                self.metrics.backfill.superseded.fetch_add(1, Relaxed);
+            }
+        }
+        self.drain_chain(out)?;
+        out.progress.push((r.did.clone(), l.landed.to_vec()));
+        let _ = r.outcome.set(riptide_backfill::Written {
+            records: l.landed.records,
+            dropped: l.landed.dropped,
+        });
+        if l.resynced {
+            // Its frames are the resync's now.
             return Ok(());
+        }
+        self.release(&r.did, out)
+    }
+
+    /// How the repository of `r`, the first piece of a landing here, lands: decided against
+    /// the account's chain state (`crate::backfill`), its `#sync` pushed into `out` if it
+    /// replaces earlier rows.
+    fn begin_landing(
+        &mut self,
+        r: &BackfillRepo,
+        upstream_seq: u64,
+        out: &mut DoneChunk,
+    ) -> InLanding {
+        let mut l = InLanding {
+            landed: r
+                .piece
+                .resumed
+                .clone()
+                .unwrap_or_else(|| riptide_backfill::Landed::new(&r.rev)),
+            commit: r.commit.to_string(),
+            next: None,
+            resynced: false,
+        };
+        let Some(v) = self.verifier.as_mut() else {
+            return l;
         };
         let chain = v.chain_mut();
         let before = chain.get(&r.did);
@@ -1051,57 +1174,66 @@ impl Worker {
             r.data.as_cid(),
             crate::now_us().max(0) as u64,
         );
-        // Commits of the account were served: its records replace them.
-        let earlier = r.earlier_pieces || before.as_ref().is_some_and(|s| s.tip.is_some());
-        let landed = match checked {
-            Ok(()) => {
-                // The same commit as the stored tip changes nothing but where the tip came
-                // from: frames at or below it are then inside the repository (`superseded`).
-                let next = next.or_else(|| {
-                    let mut s = before?;
-                    s.tip.as_mut()?.from_repo = true;
-                    Some(s)
-                });
-                if let Some(next) = next {
-                    chain.put(&r.did, next);
-                }
-                if earlier {
-                    let repo = crate::replace::Repository {
-                        did: &r.did,
-                        rev: &r.rev,
-                        commit: &r.commit,
-                        commit_block: &r.commit_block,
-                    };
-                    let time = crate::v2::rfc3339_micros(crate::now_us());
-                    let done = crate::replace::land_rendered_over_earlier_rows(
-                        &mut self.projector,
-                        &repo,
-                        upstream_seq,
-                        &time,
-                        out,
-                        (&r.buf, &r.parts, r.dropped),
-                    );
-                    tracing::debug!(did = %r.did, rev = %r.rev, records = done.records, "backfill: the repository replaces the account's earlier rows");
-                } else {
-                    let at = out.buf.len();
-                    out.buf.extend_from_slice(&r.buf);
-                    out.parts.extend(r.parts.iter().map(|p| p.shifted(at)));
-                }
-                self.metrics.backfill.landed.fetch_add(1, Relaxed);
-                r.landed(None, earlier)
-            }
-            Err(why) => {
-                self.metrics.backfill.superseded.fetch_add(1, Relaxed);
+        let served = before.as_ref().is_some_and(|s| s.tip.is_some());
+        let resumed = r.piece.resumed.as_ref();
+        let why = match (checked, resumed) {
+            (Err(why), None) => {
                 tracing::warn!(
                     did = %r.did, rev = %r.rev, why = ?why,
                     "backfill: the store already holds a newer commit of this account; its repository is not served"
                 );
-                r.landed(Some(format!("{why:?}")), false)
+                l.landed.superseded = Some(format!("{why:?}"));
+                return l;
+            }
+            (Err(why), Some(_)) => format!("{why:?}"),
+            // Pieces of creates, then live commits of the account (served after a restart,
+            // before its fetch began again): the rest cannot follow them.
+            (Ok(()), Some(p)) if !p.replaced && served => "LiveAfterPieces".to_owned(),
+            (Ok(()), resumed) => {
+                // The same commit as the stored tip changes nothing but where the tip came
+                // from: frames at or below it are then inside the repository (`superseded`).
+                l.next = next.or_else(|| {
+                    let mut s = before?;
+                    s.tip.as_mut()?.from_repo = true;
+                    Some(s)
+                });
+                if resumed.is_none() {
+                    // Commits of the account were served: its records replace them.
+                    l.landed.replaced = r.earlier_pieces || served;
+                    if l.landed.replaced {
+                        let repo = crate::replace::Repository {
+                            did: &r.did,
+                            rev: &r.rev,
+                            commit: &r.commit,
+                            commit_block: &r.commit_block,
+                        };
+                        let time = crate::v2::rfc3339_micros(crate::now_us());
+                        crate::replace::push_sync(
+                            &mut self.projector,
+                            &repo,
+                            upstream_seq,
+                            &time,
+                            out,
+                        );
+                        out.replaced = Some(crate::replace::Replaced {
+                            sync: true,
+                            ..Default::default()
+                        });
+                    }
+                }
+                return l;
             }
         };
-        self.drain_chain(out)?;
-        out.progress.push((r.did.clone(), landed));
-        self.release(&r.did, out)
+        // The pieces of an interrupted landing cannot be completed: the account's current
+        // repository replaces them and what followed (`crate::resync`).
+        tracing::warn!(
+            did = %r.did, rev = %r.rev, why,
+            "backfill: an interrupted landing of this account cannot go on (commits of it were stored after its pieces): the account is resynced"
+        );
+        l.landed.superseded = Some(why);
+        l.resynced = true;
+        self.start_resync(&r.did, out);
+        l
     }
 
     /// Verifies and projects one frame; its verdict, kind and DID (`None` without a verifier).
@@ -1221,44 +1353,48 @@ impl Worker {
         out.queued.push(did.into());
     }
 
-    /// A verified repository for `r.did` landed (`crate::resync`, step 4).
+    /// A piece of a verified repository for its account landed (`crate::resync`, step 4, and
+    /// "In pieces"): the first checked for staleness and carrying the `#sync`, each its records
+    /// as replacement rows, the last the account's new state and the release of its frames.
     fn land(
         &mut self,
-        r: &riptide_resolver::Resynced,
+        l: &Landing,
         upstream_seq: u64,
         out: &mut DoneChunk,
     ) -> Result<(), IngestError> {
+        let r = &*l.resynced;
         let did = r.did.as_str();
         let (Some(v), Some(holds)) = (self.verifier.as_mut(), self.holds.as_ref()) else {
             return Ok(());
         };
-        if !holds.is_resyncing(did) {
-            self.metrics.resync_stale.fetch_add(1, Relaxed);
-            tracing::info!(did, rev = %r.rev, "resync landed after the account was resynchronized: ignored");
-            return Ok(());
-        }
-        let chain = v.chain_mut();
-        let state = chain.get(did).unwrap_or_default();
-        let rev = riptide_syntax::tid_value(&r.rev);
-        let stale = match (rev, state.tip) {
-            (None, _) => true,
-            (Some(rev), Some(tip)) => rev < tip.rev,
-            (Some(_), None) => false,
-        };
-        let Some(rev) = rev.filter(|_| !stale) else {
-            self.metrics.resync_stale.fetch_add(1, Relaxed);
-            self.metrics
-                .resync_failed(crate::metrics::ResyncFailure::Stale);
-            tracing::warn!(
-                did, rev = %r.rev, stored = ?state.tip.map(|t| t.rev_string()),
-                "resynced repository is older than a commit already seen: queued again"
-            );
-            out.queued.push(did.into());
-            return self.drain_chain(out);
-        };
-        chain.put(
-            did,
-            AccountState {
+        if l.piece.first {
+            if !holds.is_resyncing(did) {
+                self.metrics.resync_stale.fetch_add(1, Relaxed);
+                tracing::info!(did, rev = %r.rev, "resync landed after the account was resynchronized: ignored");
+                return Ok(());
+            }
+            let chain = v.chain_mut();
+            let state = chain.get(did).unwrap_or_default();
+            let rev = riptide_syntax::tid_value(&r.rev);
+            let stale = match (rev, state.tip) {
+                (None, _) => true,
+                (Some(rev), Some(tip)) => rev < tip.rev,
+                (Some(_), None) => false,
+            };
+            let Some(rev) = rev.filter(|_| !stale) else {
+                self.metrics.resync_stale.fetch_add(1, Relaxed);
+                self.metrics
+                    .resync_failed(crate::metrics::ResyncFailure::Stale);
+                tracing::warn!(
+                    did, rev = %r.rev, stored = ?state.tip.map(|t| t.rev_string()),
+                    "resynced repository is older than a commit already seen: queued again"
+                );
+                out.queued.push(did.into());
+                return self.drain_chain(out);
+            };
+            // The account's state once the last piece lands (until then it awaits resync, its
+            // frames held).
+            let next = AccountState {
                 tip: Some(Tip {
                     rev,
                     commit: r.commit,
@@ -1267,10 +1403,13 @@ impl Worker {
                 }),
                 hosting: state.hosting,
                 sync: SyncStatus::Synchronized,
-            },
-        );
-        self.drain_chain(out)?;
-        self.metrics.resync_landed.fetch_add(1, Relaxed);
+            };
+            self.resync_landings.insert(did.into(), next);
+        }
+        let Some(next) = self.resync_landings.get(did).copied() else {
+            // Its first piece was stale or came after the account was resynchronized.
+            return Ok(());
+        };
         // Its records replace the account's earlier rows (`crate::replace`), in this answer.
         let repo = crate::replace::Repository {
             did,
@@ -1282,17 +1421,29 @@ impl Worker {
         let done = crate::replace::land_over_earlier_rows(
             &mut self.projector,
             &repo,
-            upstream_seq,
+            (upstream_seq, l.piece.first),
             &time,
             out,
             |each| {
-                crate::replace::car_records(&r.car, each).unwrap_or_else(|e| {
-                    tracing::error!(did, error = %e, "a resynced repository's records do not read: none emitted");
-                    r.records as u64
-                })
+                if let Some(index) = &l.index {
+                    let from = l.piece.skip.min(index.len());
+                    let to = from.saturating_add(l.piece.take).min(index.len());
+                    crate::replace::car_records(&r.car, &index[from..to], each);
+                }
+                l.unread
             },
         );
-        tracing::info!(did, rev = %r.rev, records = done.records, dropped = done.dropped, "resync landed: the account is synchronized, its records replace its earlier rows");
+        if !l.piece.last {
+            tracing::debug!(did, rev = %r.rev, skip = l.piece.skip, records = done.records, "resync: a piece landed");
+            return Ok(());
+        }
+        self.resync_landings.remove(did);
+        if let Some(v) = self.verifier.as_mut() {
+            v.chain_mut().put(did, next);
+        }
+        self.drain_chain(out)?;
+        self.metrics.resync_landed.fetch_add(1, Relaxed);
+        tracing::info!(did, rev = %r.rev, records = r.records, "resync landed: the account is synchronized, its records replace its earlier rows");
         self.release(did, out)
     }
 
@@ -1516,6 +1667,7 @@ fn write(
         row_at.clear();
         row_buf.clear();
         all_rows = true;
+        let mut batch_bytes = 0;
         // Asked once a batch: a subscriber that arrives meanwhile gets the batch's frames
         // compressed when they are sent (`crate::log`).
         let zstd_wanted = log.zstd_demand().wanted();
@@ -1565,6 +1717,7 @@ fn write(
                     let did = std::str::from_utf8(&d.buf[p.did.clone()]).unwrap_or_default();
                     let coll =
                         std::str::from_utf8(&d.buf[p.collection.clone()]).unwrap_or_default();
+                    batch_bytes += json.len();
                     events.push(Event::encode(seq, time_us, p.kind, did, coll, &json, z));
                     match &p.row {
                         Some(r) if all_rows => {
@@ -1591,7 +1744,9 @@ fn write(
                     replaced.push(r);
                 }
             }
-            if received.len() < max_batch {
+            // A batch also ends at BATCH_BYTES of events: pieces of a landing (each its own
+            // job) are not gathered back into one huge batch.
+            if received.len() < max_batch && batch_bytes < BATCH_BYTES {
                 ids = order.try_recv().ok();
             }
         }

@@ -682,7 +682,7 @@ impl Metrics {
 
     /// Counts a repository that replaced its account's earlier rows, once they are durable.
     pub fn replaced(&self, r: crate::replace::Replaced) {
-        self.replaced_repositories.fetch_add(1, Relaxed);
+        self.replaced_repositories.fetch_add(r.sync as u64, Relaxed);
         self.replacement_rows.fetch_add(r.records, Relaxed);
         self.replacement_dropped.fetch_add(r.dropped, Relaxed);
     }

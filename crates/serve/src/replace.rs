@@ -6,9 +6,11 @@
 //! Jetstream v2 (`docs/archive.md`, "Replacement rows"), a `#sync` event (the account's DID
 //! tombstone: on v2 `subscribeEvents` a consumer drops what it holds of the account) followed by
 //! one `create-resync` (kind 7) row per record, in MST key order, each the record's DAG-CBOR as
-//! signed and checked against its CID, all at the repository's rev. They are parts of **one**
-//! worker answer, so the writer stores them in one atomic batch with the account's new chain
-//! state and the release of its held frames, in the store's seq space. v1 `/subscribe` sends none of them, as Jetstream's
+//! signed and checked against its CID, all at the repository's rev. A resync's are parts of
+//! **one** worker answer, so the writer stores them in one atomic batch with the account's new
+//! chain state and the release of its held frames, in the store's seq space; a `serve
+//! --backfill` repository's come in pieces, the chain state and the release with the last
+//! (`crate::backfill`, "In pieces"), the account's frames held between them. v1 `/subscribe` sends none of them, as Jetstream's
 //! (protocol §4.1, §7 item 8): each record is stored as an `EventKind::Replacement` event
 //! (`ingest::push_event` tells it by its `create-resync` row), which v1 skips and counts.
 //!
@@ -21,7 +23,7 @@ use riptide_jetstream::replace::{
 };
 use riptide_jetstream::{Projector, StoredRow};
 
-use crate::ingest::{push_parts, DoneChunk, Part};
+use crate::ingest::{push_parts, DoneChunk};
 
 /// A verified repository about to replace an account's earlier rows.
 #[derive(Clone, Copy, Debug)]
@@ -44,10 +46,14 @@ pub struct Replaced {
     /// Records not emitted: their block did not hash to their CID, or they fall outside the
     /// data model v1 renders (each counted in `riptide_replacement_records_dropped_total`).
     pub dropped: u64,
+    /// Whether the replacement's `#sync` is among them: a repository replaced (one landing in
+    /// pieces counts once, with its first).
+    pub sync: bool,
 }
 
 /// Lands `repo` over its account's earlier rows (module docs): its `#sync` (upstream seq
-/// `upstream_seq`, time `time`) then one `create-resync` per record that `records` hands the
+/// `upstream_seq`, time `time`; unless `sync` is false: a piece after the first, `crate::resync`,
+/// "In pieces") then one `create-resync` per record that `records` hands the
 /// function it is given (in MST key order), pushed into `out` as events of the job being
 /// answered. `records` returns how many records it could not hand over (counted as dropped).
 /// The caller has put the account's new chain state in the same answer, so both land in one
@@ -55,13 +61,18 @@ pub struct Replaced {
 pub(crate) fn land_over_earlier_rows(
     projector: &mut Projector,
     repo: &Repository<'_>,
-    upstream_seq: u64,
+    (upstream_seq, sync): (u64, bool),
     time: &str,
     out: &mut DoneChunk,
     records: impl FnOnce(&mut dyn FnMut(ReplacementRecord<'_>)) -> u64,
 ) -> Replaced {
-    let mut done = Replaced::default();
-    push_sync(projector, repo, upstream_seq, time, out);
+    let mut done = Replaced {
+        sync,
+        ..Replaced::default()
+    };
+    if sync {
+        push_sync(projector, repo, upstream_seq, time, out);
+    }
     let unread = records(&mut |r| {
         let row: Result<StoredRow<'_>, ReplacementError> = r.stored_row(repo.did, repo.rev);
         let projected = match row {
@@ -94,32 +105,8 @@ pub(crate) fn land_over_earlier_rows(
     done
 }
 
-/// [`land_over_earlier_rows`] for a repository whose records are rendered already as `create`
-/// events (`serve --backfill`'s, `crate::backfill`): its `#sync`, then each of `parts` (in
-/// `buf`) as a `create-resync`; `dropped` records were not rendered (counted as dropped).
-pub(crate) fn land_rendered_over_earlier_rows(
-    projector: &mut Projector,
-    repo: &Repository<'_>,
-    upstream_seq: u64,
-    time: &str,
-    out: &mut DoneChunk,
-    (buf, parts, dropped): (&[u8], &[Part], u64),
-) -> Replaced {
-    push_sync(projector, repo, upstream_seq, time, out);
-    let at = out.buf.len();
-    out.buf.extend_from_slice(buf);
-    out.parts
-        .extend(parts.iter().map(|p| p.shifted(at).replacement()));
-    let done = Replaced {
-        records: parts.len() as u64,
-        dropped,
-    };
-    out.replaced = Some(done);
-    done
-}
-
 /// The replacement's `#sync` (module docs) into `out`.
-fn push_sync(
+pub(crate) fn push_sync(
     projector: &mut Projector,
     repo: &Repository<'_>,
     upstream_seq: u64,
@@ -144,13 +131,23 @@ fn push_sync(
     }
 }
 
-/// Hands `each` every record of a verified repository's CAR, in MST key order; how many it
-/// could not (a key that is not `collection/rkey`); `Err` if the CAR does not read as a
+/// One record of a verified repository's CAR, found once ([`car_index`]) so that the pieces
+/// of its landing (`crate::resync`, "In pieces") need not walk its MST again.
+#[derive(Clone, Debug)]
+pub struct RecordAt {
+    /// `collection/rkey`.
+    key: Box<str>,
+    /// Where the `/` is in `key`.
+    slash: usize,
+    cid: CidBuf,
+    /// Its block's bytes in the CAR (empty: not there).
+    at: std::ops::Range<usize>,
+}
+
+/// A verified repository's records in MST key order, and how many have a key that is not
+/// `collection/rkey` (not emitted: counted as dropped); `Err` if the CAR does not read as a
 /// repository (it verified before, so it does).
-pub(crate) fn car_records(
-    car: &[u8],
-    each: &mut dyn FnMut(ReplacementRecord<'_>),
-) -> Result<u64, riptide_repo::RepoError> {
+pub fn car_index(car: &[u8]) -> Result<(Vec<RecordAt>, u64), riptide_repo::RepoError> {
     let mut reader = riptide_car::CarReader::new();
     // Its blocks' CIDs were checked when it verified; each record is checked again against its
     // CID as it becomes a row (`ReplacementRecord::stored_row`).
@@ -159,21 +156,42 @@ pub(crate) fn car_records(
         ..riptide_car::CarOptions::repository()
     };
     let parsed = reader.read(car, &opts)?;
+    let base = car.as_ptr() as usize;
     let mut unread = 0;
+    let mut out = Vec::new();
     for (key, cid) in riptide_repo::list_records(&parsed)? {
         let Some(slash) = key.find('/') else {
             unread += 1;
             continue;
         };
-        let bytes = parsed.get(cid.as_cid()).unwrap_or_default();
-        each(ReplacementRecord {
-            collection: &key[..slash],
-            rkey: &key[slash + 1..],
-            cid: &cid,
-            bytes,
+        let at = parsed.get(cid.as_cid()).map_or(0..0, |b| {
+            let start = b.as_ptr() as usize - base;
+            start..start + b.len()
+        });
+        out.push(RecordAt {
+            key: key.into(),
+            slash,
+            cid,
+            at,
         });
     }
-    Ok(unread)
+    Ok((out, unread))
+}
+
+/// Hands `each` the records `index` names, read from `car` (what [`car_index`] read).
+pub(crate) fn car_records(
+    car: &[u8],
+    index: &[RecordAt],
+    each: &mut dyn FnMut(ReplacementRecord<'_>),
+) {
+    for r in index {
+        each(ReplacementRecord {
+            collection: &r.key[..r.slash],
+            rkey: &r.key[r.slash + 1..],
+            cid: &r.cid,
+            bytes: car.get(r.at.clone()).unwrap_or_default(),
+        });
+    }
 }
 
 #[cfg(test)]
@@ -221,10 +239,14 @@ mod tests {
         land_over_earlier_rows(
             &mut projector,
             &repo,
-            7,
+            (7, true),
             "2026-11-28T18:00:00.000000Z",
             out,
-            |each| car_records(car, each).unwrap(),
+            |each| {
+                let (index, unread) = car_index(car).unwrap();
+                car_records(car, &index, each);
+                unread
+            },
         )
     }
 
@@ -241,7 +263,8 @@ mod tests {
             done,
             Replaced {
                 records: 23,
-                dropped: 0
+                dropped: 0,
+                sync: true
             }
         );
         assert_eq!(out.replaced, Some(done));
@@ -300,7 +323,8 @@ mod tests {
             done,
             Replaced {
                 records: 22,
-                dropped: 1
+                dropped: 1,
+                sync: true
             }
         );
         assert_eq!(out.parts.len(), 23);

@@ -49,6 +49,16 @@
 //!    v2 subscriber to drop the account and give it nothing back). Jetstream v2 does the same: its
 //!    verifier resyncs the repository on every `#sync` and archives the records after it.
 //!
+//! **In pieces.** A repository of more than [`ResyncLimits::landing_records`] records lands in
+//! pieces of at most that many ([`Landing::pieces`]), each its own ingest job and so its own
+//! store batch (the writer also ends a batch at 16 MiB of events): what one landing renders at
+//! once is a piece, not the repository (the verified CAR itself is shared by the pieces). The
+//! first piece carries the `#sync` and is checked for staleness (a stale one drops the rest);
+//! the account stays `resyncing`, its frames held, until the last piece, which carries its new
+//! state and the release. After `kill -9` between pieces the account is still marked and is
+//! resynced again at the next start: a new `#sync`, then the whole repository, so a v2
+//! subscriber that drops the account at each `#sync` holds exactly the repository.
+//!
 //! **What subscribers see.** A resync that lands replaces the account's earlier rows
 //! (`crate::replace`): a `#sync` event carrying the verified commit (a `#sync` frame riptide
 //! builds: the commit block in a CAR, the account's DID and rev, the upstream seq at which the new
@@ -100,6 +110,9 @@ pub struct ResyncLimits {
     pub first_retry: Duration,
     /// ...up to this (default 10 min).
     pub max_retry: Duration,
+    /// Records per landing piece (default 10,000, `--landing-records`'s; module docs, "In
+    /// pieces").
+    pub landing_records: usize,
 }
 
 impl Default for ResyncLimits {
@@ -110,15 +123,68 @@ impl Default for ResyncLimits {
             concurrency: 8,
             first_retry: Duration::from_secs(30),
             max_retry: Duration::from_secs(600),
+            landing_records: riptide_backfill::landing::PIECE_RECORDS,
         }
     }
 }
 
-/// A verified repository on its way to the account's worker.
+/// A piece of a verified repository on its way to the account's worker (module docs, "In
+/// pieces").
 #[derive(Debug)]
 pub struct Landing {
-    /// What the resolver fetched and verified.
-    pub resynced: Resynced,
+    /// What the resolver fetched and verified (shared by its pieces).
+    pub resynced: Arc<Resynced>,
+    /// Its records, found once for all its pieces (`None`: its CAR did not read).
+    pub(crate) index: Option<Arc<Vec<crate::replace::RecordAt>>>,
+    /// Records whose key is not `collection/rkey` (not emitted; the first piece counts them).
+    pub(crate) unread: u64,
+    /// Which of its records this piece lands.
+    pub piece: LandingPiece,
+}
+
+/// Where a [`Landing`] lies in its repository: its records `skip..skip + take` in MST key
+/// order, and whether it is the first (the `#sync`, the staleness check) or the last (the
+/// account's new state, the release of its held frames).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LandingPiece {
+    /// The first piece.
+    pub first: bool,
+    /// The last piece.
+    pub last: bool,
+    /// Records before this piece's.
+    pub skip: usize,
+    /// Records in this piece (the last: the rest).
+    pub take: usize,
+}
+
+impl Landing {
+    /// `resynced` in pieces of at most `records` records (at least 1; one piece for a
+    /// repository that has no more, or none).
+    pub fn pieces(resynced: Resynced, records: usize) -> Vec<Landing> {
+        let per = records.max(1);
+        let (index, unread) = match crate::replace::car_index(&resynced.car) {
+            Ok((index, unread)) => (Some(Arc::new(index)), unread),
+            Err(e) => {
+                tracing::error!(did = %resynced.did, error = %e, "a resynced repository's records do not read: none emitted");
+                (None, resynced.records as u64)
+            }
+        };
+        let n = index.as_ref().map_or(0, |i| i.len()).div_ceil(per).max(1);
+        let resynced = Arc::new(resynced);
+        (0..n)
+            .map(|i| Landing {
+                resynced: resynced.clone(),
+                index: index.clone(),
+                unread: if i == 0 { unread } else { 0 },
+                piece: LandingPiece {
+                    first: i == 0,
+                    last: i + 1 == n,
+                    skip: i * per,
+                    take: if i + 1 == n { usize::MAX } else { per },
+                },
+            })
+            .collect()
+    }
 }
 
 /// How ingest reaches the resync service and hears back from it ([`ResyncService::start`]).
@@ -285,7 +351,9 @@ impl Job {
                     );
                     // Out of the in-flight set first: a stale landing queues the account again.
                     lock(&self.in_flight).remove(&did);
-                    let _ = self.landed.send(Landing { resynced });
+                    for piece in Landing::pieces(resynced, self.limits.landing_records) {
+                        let _ = self.landed.send(piece);
+                    }
                     return;
                 }
                 Err(ResyncError::RateLimited { retry_in, .. }) => {

@@ -225,6 +225,18 @@ async fn start_with(
     resync: Option<ResyncConfig>,
     relays: Vec<String>,
 ) -> Running {
+    start_with_limits(dir, w, sim, resync, relays, limits()).await
+}
+
+/// [`start_with`] under `limits`.
+async fn start_with_limits(
+    dir: &std::path::Path,
+    w: &World,
+    sim: &SimHandle,
+    resync: Option<ResyncConfig>,
+    relays: Vec<String>,
+    limits: ResyncLimits,
+) -> Running {
     // A restart in-process waits for the first run's resync service to let go of the store.
     let (store, resume) = common::reopen(dir, 0, riptide_serve::StoreOptions::default()).await;
     let log = Arc::new(Log::new(
@@ -246,7 +258,7 @@ async fn start_with(
         ResyncService::start(
             Resyncer::new(resolver, rcfg),
             relays.clone(),
-            limits(),
+            limits,
             store.clone(),
             metrics.clone(),
         )
@@ -791,4 +803,133 @@ async fn a_stale_mirror_is_skipped_for_the_pds_and_counted() {
     assert_eq!(state.sync, SyncStatus::Synchronized);
     assert!(store.held().unwrap().is_empty());
     assert_eq!(count(&m, Verdict::Ok), w.frames.len() as u64 - 1);
+}
+
+/// `serve --backfill --backfill-hold all` (`BackfillHold::AllFetching`): an account the store
+/// already knows (it committed before the backfill began) is held while its repository is
+/// fetched, and only then; the others that are known are served live. Released (its failure
+/// or landing settled), its frames are verified in order on its state: what the store holds of
+/// every account is then what a run without a backfill stores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_all_holds_a_known_account_while_its_repository_is_fetched() {
+    use riptide_serve::backfill::BackfillHold;
+    let w = quiet_world(11);
+    let host = sim(&w, false, Faults::default()).await;
+    // Split where every account has committed: from there on, all are known.
+    let mut arena = riptide_cbor::Arena::new();
+    let mut seen = std::collections::BTreeSet::new();
+    let all: std::collections::BTreeSet<String> = w
+        .whole
+        .iter()
+        .filter_map(|f| peek(&mut arena, f).did.map(str::to_owned))
+        .collect();
+    let split = w
+        .whole
+        .iter()
+        .position(|f| {
+            let p = peek(&mut arena, f);
+            if p.kind == "commit" {
+                seen.insert(p.did.unwrap().to_owned());
+            }
+            seen.len() == all.len()
+        })
+        .unwrap()
+        + 1;
+    let held: usize = w.whole[split..]
+        .iter()
+        .filter(|f| peek(&mut arena, f).did == Some(w.victim.as_str()))
+        .count();
+    assert!(held > 0 && split < w.whole.len());
+
+    let dir = tempfile::tempdir().unwrap();
+    let r = start(dir.path(), &w, &host, true).await;
+    feed(&r, &w.whole[..split], 1).await;
+    let fetching = Arc::new(riptide_backfill::Fetching::default());
+    fetching.start(&w.victim);
+    r.tx.send(riptide_serve::Upstream::BackfillStart(
+        BackfillHold::AllFetching(fetching.clone()),
+    ))
+    .await
+    .unwrap();
+    feed(&r, &w.whole[split..], split as u64 + 1).await;
+    let total = w.whole.len() as u64;
+    wait_for("every frame durable", || {
+        r.metrics.upstream_seq.load(Relaxed) == total
+    })
+    .await;
+    // Only the account being fetched is held, every frame of it since the backfill began.
+    assert_eq!(r.metrics.resync_held_accounts.load(Relaxed), 1);
+    assert_eq!(r.metrics.resync_held.load(Relaxed), held as u64);
+    // Its fetch failed: its frames are released, verified in order.
+    let (ack, told) = std::sync::mpsc::sync_channel(1);
+    r.tx.send(riptide_serve::Upstream::BackfillSettled(
+        w.victim.as_str().into(),
+        ack,
+    ))
+    .await
+    .unwrap();
+    tokio::task::spawn_blocking(move || told.recv().unwrap())
+        .await
+        .unwrap();
+    assert!(!fetching.contains(&w.victim));
+    assert_eq!(r.metrics.resync_held.load(Relaxed), 0);
+    r.tx.send(riptide_serve::Upstream::BackfillOver)
+        .await
+        .unwrap();
+    let (m, store, _) = stop(r).await;
+    assert_eq!(count(&m, Verdict::ChainBreak), 0);
+
+    // The same frames without a backfill.
+    let plain = tempfile::tempdir().unwrap();
+    let p = start(plain.path(), &w, &host, true).await;
+    feed(&p, &w.whole, 1).await;
+    let (_, plain_store, _) = stop(p).await;
+    assert_eq!(per_did(&store), per_did(&plain_store));
+}
+
+/// A resync in pieces of 1,000 records (`ResyncLimits::landing_records`; `crate::resync`, "In
+/// pieces"; the victim's repository has about 6,000) stores, account by account, what the same resync in one piece stores: one `#sync`,
+/// then every record of the repository once in MST key order, then the held frames released
+/// in order; counted as one replaced repository.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resync_in_pieces_stores_what_one_piece_stores() {
+    let w = quiet_world(31);
+    let n = listing(&w.repos, &w.victim).len();
+    assert!(n > 2000, "{n} records: too few for pieces of 1,000");
+    let mut stored = Vec::new();
+    for piece in [usize::MAX, 1000] {
+        let host = sim(&w, false, slowed(100)).await;
+        let dir = tempfile::tempdir().unwrap();
+        let r = start_with_limits(
+            dir.path(),
+            &w,
+            &host,
+            Some(ResyncConfig::default()),
+            Vec::new(),
+            ResyncLimits {
+                landing_records: piece,
+                ..limits()
+            },
+        )
+        .await;
+        feed(&r, &w.frames, 1).await;
+        let m = r.metrics.clone();
+        wait_for("the resync to land", || {
+            m.resync_landed.load(Relaxed) == 1 && m.resync_held.load(Relaxed) == 0
+        })
+        .await;
+        let (m, store, _) = stop(r).await;
+        assert_eq!(m.replaced_repositories.load(Relaxed), 1);
+        assert_eq!(m.replacement_rows.load(Relaxed), n as u64);
+        assert_eq!(count(&m, Verdict::ChainBreak), 1, "the dropped commit");
+        // The #sync's body says when it landed: its kind only.
+        let mut got = per_did(&store);
+        for evs in got.values_mut() {
+            for e in evs.iter_mut().filter(|(k, _)| k == "Sync") {
+                e.1.clear();
+            }
+        }
+        stored.push(got);
+    }
+    assert_eq!(stored[0], stored[1]);
 }

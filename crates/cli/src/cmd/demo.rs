@@ -276,6 +276,7 @@ async fn demo(args: Args) -> anyhow::Result<ExitCode> {
         status_interval: riptide_serve::status::EVERY,
         backfill: false,
         backfill_hold: super::serve::BackfillHold::InFlight,
+        landing_records: riptide_backfill::landing::PIECE_RECORDS as u64,
         backfill_from: None,
         crawl: super::backfill::CrawlArgs::defaults(),
     };

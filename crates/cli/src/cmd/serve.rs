@@ -182,6 +182,13 @@ pub struct Args {
     /// the real network the hold's 256 MiB fill in minutes and the rest overflow into resyncs).
     #[arg(long, value_enum, default_value_t = BackfillHold::InFlight, requires = "backfill")]
     pub backfill_hold: BackfillHold,
+    /// Land a repository (a resync's, or with --backfill the crawl's) in pieces of at most N
+    /// records, as `riptide backfill --landing-records` does, each its own durable store batch
+    /// with the account's frames held from the first to the last (memory per landing bounded
+    /// by the piece; after a restart a backfill resumes after the last piece written, a resync
+    /// lands again after a new #sync).
+    #[arg(long, value_name = "N", default_value_t = riptide_backfill::landing::PIECE_RECORDS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub landing_records: u64,
     /// With --publish: also serve the backfill workers' output (`riptide backfill --publish
     /// kafka://BROKERS/TOPIC` writes TOPIC.backfill): each verified repository lands through
     /// ingest in this node's seq space (and so reaches the edges), the live frames of accounts
@@ -690,7 +697,10 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
             Some(ResyncService::start(
                 Resyncer::new(r, resync_config(&args.data)?),
                 relays,
-                ResyncLimits::default(),
+                ResyncLimits {
+                    landing_records: usize::try_from(args.landing_records).unwrap_or(usize::MAX),
+                    ..ResyncLimits::default()
+                },
                 log.store().clone(),
                 metrics.clone(),
             ))
@@ -710,7 +720,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                 };
                 super::serve_backfill::start(
                     &args.crawl,
-                    args.backfill_hold,
+                    (args.backfill_hold, args.landing_records),
                     &args.data,
                     plan,
                     r,

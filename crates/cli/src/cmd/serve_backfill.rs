@@ -45,7 +45,7 @@ pub struct Wiring {
 /// frame). Its state is `DATA/backfill`, locked for as long as the crawl runs.
 pub fn start(
     crawl: &CrawlArgs,
-    hold: super::serve::BackfillHold,
+    (hold, landing_records): (super::serve::BackfillHold, u64),
     data: &std::path::Path,
     (relay, plan): (String, Plan),
     resolver: Resolver,
@@ -59,21 +59,26 @@ pub fn start(
         limits,
         keep,
     } = plan;
+    // The accounts being fetched: held in either mode (with `all`, those with a verified
+    // commit too, as `riptide_serve::backfill::BackfillHold::AllFetching` says why).
+    let f = Arc::new(Fetching::default());
+    cfg.fetching = Some(f.clone());
+    *w.metrics
+        .backfill
+        .fetching
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = Some(f.clone());
     let hold = match hold {
-        super::serve::BackfillHold::All => riptide_serve::backfill::BackfillHold::All,
-        super::serve::BackfillHold::InFlight => {
-            let f = Arc::new(Fetching::default());
-            cfg.fetching = Some(f.clone());
-            *w.metrics
-                .backfill
-                .fetching
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(f.clone());
-            riptide_serve::backfill::BackfillHold::InFlight(f)
-        }
+        super::serve::BackfillHold::All => riptide_serve::backfill::BackfillHold::AllFetching(f),
+        super::serve::BackfillHold::InFlight => riptide_serve::backfill::BackfillHold::InFlight(f),
     };
     let fetcher = crawl.fetcher(resolver, relay, keep, spool)?;
     let hosts = Hosts::new(limits, cfg.global);
+    *w.metrics
+        .backfill
+        .hosts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = Some(hosts.clone());
     let progress = Arc::new(Progress::default());
     let b = &w.metrics.backfill;
     *b.progress.lock().unwrap_or_else(|e| e.into_inner()) = Some(progress.clone());
@@ -81,7 +86,16 @@ pub fn start(
     // First in ingest's input: nothing of the upstream has been sent yet.
     w.tx.try_send(Upstream::BackfillStart(hold))
         .map_err(|_| anyhow::anyhow!("ingest's input is not open"))?;
-    let sink = Box::new(IngestSink::new(w.store, w.tx.clone(), w.next_seq));
+    let mut sink = IngestSink::new(w.store, w.tx.clone(), w.next_seq)
+        .with_piece_records(usize::try_from(landing_records).unwrap_or(usize::MAX));
+    // Fault hook (tests): abort once N pieces of a landing are durable, as `kill -9` there would.
+    if let Some(n) = std::env::var("RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        sink = sink.abort_after_pieces(n);
+    }
+    let sink = Box::new(sink);
     let (tx, metrics) = (w.tx, w.metrics);
     tracing::info!(data = %state_dir.display(), relay = %cfg.relay, "backfill: crawling beside ingest (riptide backfill status --data DIR reports it)");
     tokio::spawn(async move {
