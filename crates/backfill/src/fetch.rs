@@ -26,7 +26,7 @@ use crate::outcome::{FailKind, Failure, Verified};
 use crate::verify::verify_car;
 
 /// An account's key and where its repository can be fetched, best first.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
     /// The DID document's signing key.
     pub key: PublicKey,
@@ -105,7 +105,28 @@ impl Fetcher {
 
     /// `did`'s key and sources.
     pub async fn identity(&self, did: &str) -> Result<Identity, Failure> {
-        let doc = self.resolver.resolve_did(did).await.map_err(|e| {
+        self.identity_of(did, self.resolver.resolve_did(did).await)
+    }
+
+    /// `did`'s key and sources from the PLC directory itself, past the PLC mirror (a
+    /// repository failed with the mirror's document, which may be stale:
+    /// `Resolver::resolve_did_past_mirror`); `None` when there is no mirror to look past.
+    pub async fn identity_past_mirror(&self, did: &str) -> Option<Result<Identity, Failure>> {
+        let doc = self.resolver.resolve_did_past_mirror(did).await?;
+        Some(self.identity_of(did, doc))
+    }
+
+    /// Counts a recheck past the PLC mirror, and whether it found the mirror stale.
+    pub fn note_plc_mirror_recheck(&self, stale: bool) {
+        self.resolver.note_plc_mirror_recheck(stale);
+    }
+
+    fn identity_of(
+        &self,
+        did: &str,
+        doc: riptide_resolver::DocResult,
+    ) -> Result<Identity, Failure> {
+        let doc = doc.map_err(|e| {
             let kind = match &e {
                 ResolveError::DidNotFound(_) => FailKind::NotFound,
                 e if e.is_transient() => FailKind::Network,

@@ -126,6 +126,20 @@ impl FailKind {
         )
     }
 
+    /// Whether an account's DID document older than its last operation could cause this (its
+    /// key rotated: the signature fails; its PDS moved: the old one has no repository, or the
+    /// account deactivated there; the document no longer usable): worth asking the PLC
+    /// directory past a local copy of it (`riptide backfill --plc-mirror`).
+    pub fn may_be_stale_identity(self) -> bool {
+        matches!(
+            self,
+            FailKind::BadSignature
+                | FailKind::NotFound
+                | FailKind::Deactivated
+                | FailKind::Identity
+        )
+    }
+
     /// Whether the failure is the transport's, so that another source (the relay) may do
     /// better than the account's PDS. A definite answer about the account (not found,
     /// deactivated…) or a repository that does not verify is the PDS's word and stands; a

@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::discover::{self, get_json, host_base, page_url, Entry, ListError, Page};
-use crate::fetch::{host_of, Fetched, Fetcher};
+use crate::fetch::{host_of, Fetched, Fetcher, Identity};
 use crate::fetching::Fetching;
 use crate::limits::{Hosts, Kind};
 use crate::outcome::{FailKind, Failure, Verified};
@@ -709,9 +709,17 @@ impl Getter {
         }
         let mut attempt = 0u32;
         let mut waits = 0u32;
+        // The directory's identity, once a failure with the PLC mirror's found it different.
+        let mut fresh: Option<Identity> = None;
+        let mut rechecked = false;
         loop {
             attempt += 1;
-            let failure = match self.fetcher.identity(did).await {
+            let id = match &fresh {
+                Some(id) => Ok(id.clone()),
+                None => self.fetcher.identity(did).await,
+            };
+            let used = id.as_ref().ok().cloned();
+            let failure = match id {
                 Err(f) => f,
                 Ok(id) => {
                     let mut last = None;
@@ -760,6 +768,26 @@ impl Getter {
                     last.unwrap_or_else(|| Failure::new(did, FailKind::Identity, "no source"))
                 }
             };
+            // A failure a stale document explains (the account rotated its key or moved its
+            // PDS after the PLC mirror's cursor): ask the directory once, past the mirror; if
+            // its document differs, go again with it, not counted as an attempt.
+            if !rechecked && failure.kind.may_be_stale_identity() {
+                rechecked = true;
+                if let Some(again) = self.fetcher.identity_past_mirror(did).await {
+                    let stale = again.as_ref().ok() != used.as_ref() && again.is_ok();
+                    self.fetcher.note_plc_mirror_recheck(stale);
+                    if let (true, Ok(id)) = (stale, again) {
+                        tracing::info!(
+                            did,
+                            reason = failure.kind.reason(),
+                            "backfill: the PLC mirror's document of this account is stale (the directory's key or PDS differs); fetching again with the directory's"
+                        );
+                        fresh = Some(id);
+                        attempt -= 1;
+                        continue;
+                    }
+                }
+            }
             if failure.kind.is_transient()
                 && failure.kind != FailKind::RateLimited
                 && attempt < self.cfg.attempts

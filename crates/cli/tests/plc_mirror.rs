@@ -115,28 +115,49 @@ fn a_backfill_from_a_plc_mirror_verifies_every_repository_with_no_directory() {
 
     // The directory is nowhere: every key and PDS comes from the mirror.
     let state = tmp.path().join("state");
-    let out = Command::new(BIN)
+    let out = backfill_from_mirror(&base, "http://127.0.0.1:9", &data, &state);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    each_record_once(&net, &dids, &out.stdout);
+    assert_eq!(backfill_status(&state)["repos_ok"], 12);
+    let stats: serde_json::Value =
+        serde_json::from_str(&get(&format!("{base}/_sim/stats"))).unwrap();
+    assert_eq!(stats["requests"]["plc"], 0, "{stats}");
+}
+
+/// `riptide backfill --jsonl` of the sim at `base`, DID documents from the mirror in `data`,
+/// the PLC directory at `plc_url`.
+fn backfill_from_mirror(
+    base: &str,
+    plc_url: &str,
+    data: &Path,
+    state: &Path,
+) -> std::process::Output {
+    Command::new(BIN)
         .args([
             "backfill",
             "--relay",
-            &base,
+            base,
             "--plc-url",
-            "http://127.0.0.1:9",
+            plc_url,
             "--plc-mirror",
-            s(&data),
+            s(data),
             "--jsonl",
             "--state",
-            s(&state),
+            s(state),
             "--attempts",
             "2",
             "--retry-backoff-ms",
             "20",
         ])
         .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", common::stderr(&out));
+        .unwrap()
+}
+
+/// Asserts that the JSON lines `stdout` hold each of `dids`' records exactly once, as `riptide
+/// repo ls` lists its CAR under `net`, and nothing else.
+fn each_record_once(net: &Path, dids: &[String], stdout: &[u8]) {
     let mut by_did: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for line in std::str::from_utf8(&out.stdout).unwrap().lines() {
+    for line in std::str::from_utf8(stdout).unwrap().lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap();
         by_did
             .entry(v["did"].as_str().unwrap().to_owned())
@@ -148,21 +169,50 @@ fn a_backfill_from_a_plc_mirror_verifies_every_repository_with_no_directory() {
                 v["cid"].as_str().unwrap()
             ));
     }
-    for did in &dids {
+    for did in dids {
         let lines = by_did.remove(did).unwrap_or_default();
         let set: BTreeSet<String> = lines.iter().cloned().collect();
         assert_eq!(set.len(), lines.len(), "{did}: a record written twice");
-        assert_eq!(set, repo_ls(&net, did), "{did}");
+        assert_eq!(set, repo_ls(net, did), "{did}");
     }
     assert!(by_did.is_empty(), "{:?}", by_did.keys());
-    let st: serde_json::Value = serde_json::from_slice(
-        &riptide(&["backfill", "status", "--state", s(&state), "--json"]).stdout,
-    )
-    .unwrap();
+}
+
+fn backfill_status(state: &Path) -> serde_json::Value {
+    serde_json::from_slice(&riptide(&["backfill", "status", "--state", s(state), "--json"]).stdout)
+        .unwrap()
+}
+
+#[test]
+fn a_stale_mirror_is_looked_past_for_the_accounts_it_fails() {
+    let tmp = scratch();
+    let net = tmp.path().join("net");
+    let dids = generate(&net, 37, 12);
+    let (_sim, base) = sim(&net, &[]);
+    // The log: 12 genesis operations, then an update for every fourth account that moves it
+    // off its genesis's wrong key and `https://pds.invalid`. A copy of the first 12 only is
+    // stale for those 3 accounts: its documents name the wrong key and PDS.
+    assert_eq!(export_len(&base), 15);
+    let data = tmp.path().join("plc");
+    let out = mirror_cmd(&base, &data, "4")
+        .args(["--max-pages", "3"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert_eq!(status(&data)["applied"], 12);
+
+    let state = tmp.path().join("state");
+    let out = backfill_from_mirror(&base, &base, &data, &state);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    // Every repository verified, the 3 with the directory's document, asked of it once each.
+    each_record_once(&net, &dids, &out.stdout);
+    let st = backfill_status(&state);
     assert_eq!(st["repos_ok"], 12, "{st}");
     let stats: serde_json::Value =
         serde_json::from_str(&get(&format!("{base}/_sim/stats"))).unwrap();
-    assert_eq!(stats["requests"]["plc"], 0, "{stats}");
+    assert_eq!(stats["requests"]["plc"], 3, "{stats}");
+    let log = common::stderr(&out);
+    assert!(log.contains("rechecked=3 stale=3"), "{log}");
 }
 
 /// Waits until the sim has answered `n` more `/export` requests than `from`.

@@ -117,6 +117,10 @@ pub struct PlcMirror {
     /// Lookups answered ([`PlcMirror::lookup`]): found, not found.
     hits: AtomicU64,
     misses: AtomicU64,
+    /// Documents asked of the directory past the mirror after a repository failed with the
+    /// mirror's ([`PlcMirror::note_recheck`]), and of those, how many differed (stale).
+    rechecked: AtomicU64,
+    stale: AtomicU64,
 }
 
 impl std::fmt::Debug for PlcMirror {
@@ -193,6 +197,8 @@ impl PlcMirror {
             path: dir.to_owned(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            rechecked: AtomicU64::new(0),
+            stale: AtomicU64::new(0),
         })
     }
 
@@ -256,6 +262,21 @@ impl PlcMirror {
     /// Lookups answered by [`PlcMirror::lookup`] so far: (found, not found).
     pub fn lookups(&self) -> (u64, u64) {
         (self.hits.load(Relaxed), self.misses.load(Relaxed))
+    }
+
+    /// Counts a document asked of the directory past the mirror (a repository failed with the
+    /// mirror's: `Resolver::resolve_did_past_mirror`), and whether the directory's differed in
+    /// what verification uses (the mirror was stale for that DID).
+    pub fn note_recheck(&self, stale: bool) {
+        self.rechecked.fetch_add(1, Relaxed);
+        if stale {
+            self.stale.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Rechecks so far ([`PlcMirror::note_recheck`]): (asked, found stale).
+    pub fn rechecks(&self) -> (u64, u64) {
+        (self.rechecked.load(Relaxed), self.stale.load(Relaxed))
     }
 
     /// Applies one page of the export (JSON lines, in the export's order) and commits it, with

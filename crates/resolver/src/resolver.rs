@@ -226,6 +226,43 @@ impl Resolver {
             .map_or((0, 0), |m| m.lookups())
     }
 
+    /// `did`'s document from the PLC directory itself, past the mirror and the cache: for a
+    /// caller whose repository failed verification with the mirror's document, which may be
+    /// older than the account's last operation (the copy does not follow the directory live).
+    /// `None` when there is nothing past the mirror to ask: no mirror, a fixed `--did-docs`
+    /// set, or not a `did:plc`. The caller says whether it differed
+    /// ([`crate::plc_mirror::PlcMirror::note_recheck`], through
+    /// [`Resolver::note_plc_mirror_recheck`]).
+    pub async fn resolve_did_past_mirror(&self, did: &str) -> Option<DocResult> {
+        let cfg = &self.inner.cfg;
+        if cfg.plc_mirror.is_none() || cfg.did_docs.is_some() || !did.starts_with("did:plc:") {
+            return None;
+        }
+        Some(
+            self.inner
+                .fetch_doc_json_from(did, false)
+                .await
+                .map(|(_, doc)| Arc::new(doc)),
+        )
+    }
+
+    /// Counts a [`Resolver::resolve_did_past_mirror`] and whether the directory's document
+    /// differed from the mirror's (no-op without a mirror).
+    pub fn note_plc_mirror_recheck(&self, stale: bool) {
+        if let Some(m) = &self.inner.cfg.plc_mirror {
+            m.note_recheck(stale);
+        }
+    }
+
+    /// [`Resolver::resolve_did_past_mirror`]s so far: (asked, found stale).
+    pub fn plc_mirror_rechecks(&self) -> (u64, u64) {
+        self.inner
+            .cfg
+            .plc_mirror
+            .as_ref()
+            .map_or((0, 0), |m| m.rechecks())
+    }
+
     /// The HTTP client (shared connection pool), for fetches that follow resolution.
     pub fn http(&self) -> &reqwest::Client {
         &self.inner.http
@@ -534,9 +571,18 @@ impl Inner {
 
     /// `did`'s document as served (JSON) and parsed, checked as [`Inner::fetch_doc`] checks it.
     async fn fetch_doc_json(&self, did: &str) -> Result<(serde_json::Value, DidDoc), ResolveError> {
+        self.fetch_doc_json_from(did, true).await
+    }
+
+    /// [`Inner::fetch_doc_json`], from the PLC mirror first only if `mirror`.
+    async fn fetch_doc_json_from(
+        &self,
+        did: &str,
+        mirror: bool,
+    ) -> Result<(serde_json::Value, DidDoc), ResolveError> {
         let did = Did::parse(did).map_err(|_| ResolveError::InvalidDid(did.to_owned()))?;
         let plc = did.method() == "plc";
-        if plc {
+        if plc && mirror {
             if let Some(found) = self.mirror_doc(&did)? {
                 return Ok(found);
             }

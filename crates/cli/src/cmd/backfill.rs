@@ -549,7 +549,8 @@ fn backfill(a: RunArgs) -> anyhow::Result<ExitCode> {
         write_snapshot(&state, &state_dir);
         if a.plc_mirror.is_some() {
             let (mirror, directory) = lookups.plc_mirror_lookups();
-            tracing::info!(mirror, directory, "backfill: did:plc lookups from the PLC mirror and from the directory");
+            let (rechecked, stale) = lookups.plc_mirror_rechecks();
+            tracing::info!(mirror, directory, rechecked, stale, "backfill: did:plc lookups from the PLC mirror and from the directory (rechecked: asked past the mirror after a failure; stale: the directory's differed)");
         }
         r.map_err(anyhow::Error::from)
     });

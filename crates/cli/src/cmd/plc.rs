@@ -123,6 +123,12 @@ pub fn render_lookups(s: &mut String, r: &Resolver) {
     s.push_str(&format!(
         "# HELP {name} did:plc lookups answered by the PLC mirror, and asked of the directory because the mirror did not hold the DID.\n# TYPE {name} counter\n{name}{{source=\"mirror\"}} {mirror}\n{name}{{source=\"directory\"}} {directory}\n"
     ));
+    let (asked, stale) = r.plc_mirror_rechecks();
+    let name = "riptide_backfill_plc_mirror_rechecks_total";
+    s.push_str(&format!(
+        "# HELP {name} Documents asked of the directory past the PLC mirror after a repository failed with the mirror's (a rotated key or a moved PDS), by whether the directory's differed.\n# TYPE {name} counter\n{name}{{stale=\"true\"}} {stale}\n{name}{{stale=\"false\"}} {}\n",
+        asked - stale
+    ));
 }
 
 fn print_counts(
