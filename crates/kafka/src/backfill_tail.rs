@@ -12,9 +12,9 @@
 //! durable in the store ([`Sink::commit`]), and never past the first chunk of a repository
 //! whose chunks have not all arrived. After a crash it reads again from the last committed
 //! offset, and a repository that landed already is not handed over twice: the sink finds its
-//! progress entry (`riptide_backfill::landed_in`), or, on a node that caught its store up from
-//! `T` (whose batch records carry chain states, not progress entries), the account's state is
-//! that very commit (not handed over) or a later one (`superseded`, no rows).
+//! progress entry (`riptide_backfill::landed_in`), which a node that caught its store up from
+//! `T` (a standby taking over) has too: the batch records carry them
+//! ([`crate::record::encode_progress`]).
 //!
 //! **The hold.** Like `serve --backfill`, the caller holds the live frames of accounts with no
 //! verified commit from the start (`Upstream::BackfillStart`); this loop calls `over` once the

@@ -1637,6 +1637,7 @@ fn write(
                 rows.as_deref(),
                 &state_list,
                 &pending_list,
+                &progress,
                 &resume,
             )?;
         }
