@@ -259,7 +259,7 @@ pub fn decode_change(b: &[u8]) -> Result<PendingChange, BadBatch> {
 const PROGRESS_MAGIC: &[u8; 6] = b"RPTKP1";
 
 /// A backfill progress entry as a record value: `RPTKP1`, the key's length u16 (big-endian)
-/// and the key (a DID: [`WHY_DIDS_FIT`]), then the entry's value as the store keeps it (its
+/// and the key (a DID: at most 2,048 bytes), then the entry's value as the store keeps it (its
 /// meaning is `riptide_backfill`'s: a landed repository's rev and outcome) to the end. Why a
 /// record of its own, like a resync change, and not a field of the batch record: batch records
 /// of publishers before it stay as they were, and read the same.
