@@ -25,8 +25,10 @@
 //!   `--ignored` (a minute more of start-up).
 //! - The ingest node landing the workers' output (`serve --publish … --backfill-from …`):
 //!   every good repository served once (= `riptide repo ls` of its CAR) in its stream, then the
-//!   live tail verified on top, an edge serving the same; `--ignored`, the same with the ingest
-//!   node killed with SIGKILL mid-backfill and restarted.
+//!   live tail verified on top, an edge serving the same, with three workers started one after
+//!   another; `--ignored`, the same with the ingest node killed with SIGKILL mid-backfill and
+//!   restarted. The hold's end waits for a listing of the relay's hosts complete on the work
+//!   topic, not for the hosts offered so far.
 //!
 //! Kafka needs java, mvn and python3. Where they are not available, set `RIPTIDE_NO_KAFKA=1` to
 //! skip these tests (loudly); under `CI` they always run. `RIPTIDE_KAFKA_BOOTSTRAP=host:port`
@@ -1648,6 +1650,108 @@ fn backfill_workers_one_killed_on_three_brokers_publish_every_repository_once() 
     backfill_workers_one_killed(&Cluster::start(3));
 }
 
+/// The workers are done, for the ingest node's hold, only once a listing of the relay's hosts is
+/// complete on the work topic (issue 37): a host offered without its listing's end, and
+/// finished (the workers' consumed offset past it), is not a backfill done, though every host
+/// offered so far is finished (the rule before counted the hosts offered: done here, and the
+/// hold ended while the rest of the listing was still to come). A real worker then offers its
+/// listing with the end in one transaction and crawls it: done, and `backfill status` says the
+/// listing is complete.
+#[test]
+fn the_workers_are_done_only_once_a_listing_of_the_relays_hosts_is_complete() {
+    use riptide_kafka::backfill::{self, Topics};
+    use riptide_kafka::rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+    use riptide_kafka::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    use riptide_kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
+    if !enabled() {
+        return;
+    }
+    let cluster = Cluster::one_broker();
+    let name = topic("listed");
+    let url = format!("{}?partitions=3", cluster.url(&name));
+    let k = riptide_kafka::KafkaUrl::parse(&url).unwrap();
+    let t = Topics::of(&name);
+    rt().block_on(backfill::ensure_topics(&k, &t)).unwrap();
+    let mut listed = false;
+    assert!(
+        !backfill::workers_done(&k, &mut listed).unwrap(),
+        "nothing offered"
+    );
+    // One host of a listing, offered alone (not in a listing's transaction), and finished.
+    let p: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &cluster.bootstrap)
+        .set("acks", "all")
+        .create()
+        .unwrap();
+    p.send(
+        BaseRecord::to(&t.hosts)
+            .partition(1)
+            .key("early.invalid")
+            .payload("early.invalid"),
+    )
+    .map_err(|(e, _)| e)
+    .unwrap();
+    p.flush(Duration::from_secs(60)).unwrap();
+    let group: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &cluster.bootstrap)
+        .set("group.id", backfill::group_id(&name))
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(&t.hosts, 1, Offset::Offset(1))
+        .unwrap();
+    group.commit(&tpl, CommitMode::Sync).unwrap();
+    assert!(!backfill::workers_done(&k, &mut listed).unwrap());
+    assert!(!listed, "no listing's end on the work topic");
+    let out = common::riptide(&["backfill", "status", "--publish", &url, "--json"]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (st["hosts"].as_u64(), st["listing_complete"].as_bool()),
+        (Some(1), Some(false)),
+        "{st}"
+    );
+
+    // A worker against a two-host network: its listing and end in one transaction, crawled.
+    let tmp = common::scratch();
+    let net = tmp.path().join("net");
+    let mut cfg = riptide_gen::Config::new(29, 8, 40);
+    cfg.keep_records = true;
+    cfg.initial_records = (2, 6);
+    riptide_gen::write_dir(&cfg, &net).unwrap();
+    let manifest_path = tmp.path().join("manifest.json");
+    let (_sim, base) = common::spawn_printing_url(
+        Command::new(common::BIN)
+            .args(["sim", "--from", s(&net), "--listen", "127.0.0.1:0", "-qq"])
+            .args(["--hosts", "2", "--seed", "5"])
+            .args(["--manifest", s(&manifest_path)]),
+    );
+    let manifest: Value = serde_json::from_slice(&std::fs::read(&manifest_path).unwrap()).unwrap();
+    let (good, _, _) = sim_accounts(&manifest, &BTreeMap::new());
+    assert!(!good.is_empty());
+    let out = common::riptide(&[
+        "backfill",
+        "--relay",
+        &base,
+        "--plc-url",
+        &base,
+        "--publish",
+        &url,
+    ]);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    assert!(backfill::workers_done(&k, &mut listed).unwrap() && listed);
+    let out = common::riptide(&["backfill", "status", "--publish", &url, "--json"]);
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st["listing_complete"], true, "{st}");
+    // The two hosts, and the one offered alone (finished by its offset, with no progress).
+    assert_eq!(
+        (st["hosts"].as_u64(), st["hosts_done"].as_u64()),
+        (Some(3), Some(2)),
+        "{st}"
+    );
+    assert_eq!(st["repos_ok"], good.len() as u64, "{st}");
+}
+
 /// Ops of each good account's commit frames after seq `after` in a generated stream (the relay
 /// numbers frames from 1): what the live tail serves of it once its repository landed.
 fn ops_after(net: &Path, after: u64, good: &BTreeSet<String>) -> BTreeMap<String, usize> {
@@ -1668,8 +1772,8 @@ fn ops_after(net: &Path, after: u64, good: &BTreeSet<String>) -> BTreeMap<String
 /// The ingest node serving the backfill workers' output, then the live tail (issue 37): a
 /// `riptide sim --hosts 3` network whose repositories are as of relay seq 250 of a 500-frame
 /// stream (one bad signature planted); `riptide serve --publish kafka://B/E --backfill-from
-/// kafka://B/W` follows the relay from seq 210 and is started before the worker (`riptide
-/// backfill --publish kafka://B/W`), so it holds the live frames of every account until its
+/// kafka://B/W` follows the relay from seq 210 and is started before the workers (`riptide
+/// backfill --publish kafka://B/W`; three, or one with `kill`), so it holds the live frames of every account until its
 /// repository lands. Then: every good repository's records are served once, as `create`s at its
 /// rev, equal to `riptide repo ls` of its CAR; the bad one's repository gives nothing; the
 /// held frames inside a repository are `superseded`, the rest verified `ok` on top (every op of
@@ -1678,8 +1782,9 @@ fn ops_after(net: &Path, after: u64, good: &BTreeSet<String>) -> BTreeMap<String
 /// (`RIPTIDE_FAULT_STORE_FULL`) once the live frames are held, so the repositories it lands are
 /// committed to Kafka but not stored and their offsets not committed; it is killed with SIGKILL
 /// and a standby with a store of its own takes over (its store caught up from the events topic,
-/// which has no backfill progress entries; the backfill topic read again from the start): the
-/// same holds, nothing lost and nothing served twice.
+/// whose batch records carry the backfill's progress entries; the backfill topic read again from
+/// the start): the same holds, nothing lost and nothing served twice, and no repository the
+/// killed node landed is taken for `superseded`.
 fn ingest_node_serves_the_workers_backfill(cluster: &Cluster, kill: bool) {
     let tmp = common::scratch();
     let net = tmp.path().join("net");
@@ -1781,8 +1886,28 @@ fn ingest_node_serves_the_workers_backfill(cluster: &Cluster, kill: bool) {
         assert!(status.success());
         standby
     } else {
-        let out = worker.output().unwrap();
-        assert!(out.status.success(), "{}", common::stderr(&out));
+        // Three workers, started one after another: the hold lasts until a listing of the
+        // relay's hosts is complete on the work topic and every host offered is finished by
+        // one of them, whoever started first (checked below: every repository landed under
+        // the hold, none `superseded`).
+        let mut workers = Vec::new();
+        for i in 0..3 {
+            let log = std::fs::File::create(tmp.path().join(format!("worker-{i}.log"))).unwrap();
+            workers.push(KillOnDrop::from_child(worker.stderr(log).spawn().unwrap()));
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        for (i, w) in workers.iter_mut().enumerate() {
+            let deadline = Instant::now() + PATIENCE;
+            let status = loop {
+                if let Some(st) = w.try_wait() {
+                    break st;
+                }
+                assert!(Instant::now() < deadline, "worker {i} did not end");
+                std::thread::sleep(Duration::from_millis(100));
+            };
+            let log = std::fs::read_to_string(tmp.path().join(format!("worker-{i}.log")));
+            assert!(status.success(), "worker {i}: {log:?}");
+        }
         node
     };
 
@@ -1826,11 +1951,13 @@ fn ingest_node_serves_the_workers_backfill(cluster: &Cluster, kill: bool) {
     assert_eq!(m(&addr, "riptide_backfill_running"), 0.0);
     if kill {
         // The standby's store came from the events topic, not from the killed node's, and it
-        // read again repositories the killed node had published: recognised by their
-        // accounts' chain states (moved on past them by the live frames released on top), not
-        // served twice (checked below).
+        // read again repositories the killed node had landed (at least the first): recognised
+        // by their progress entries, which came with the batches it caught up from, so neither
+        // landed again nor taken for `superseded` (before the entries travelled, each was, with
+        // a warning that it is "not served"), and not served twice (checked below).
         assert!(m(&addr, "riptide_kafka_caught_up_batches_total") > 0.0);
-        assert!(m(&addr, "riptide_backfill_superseded_total") > 0.0);
+        assert_eq!(m(&addr, "riptide_backfill_superseded_total"), 0.0);
+        assert!(m(&addr, "riptide_backfill_landed_total") < good.len() as f64);
     }
 
     let rt = rt();

@@ -7,7 +7,10 @@
 //!   lists the relay's hosts at start and adds those the topic does not hold yet, so no
 //!   separate coordinator is needed; two workers starting at once may both add a host, and
 //!   then the copy is two records with one key in one partition, which its owner recognises
-//!   (the host's progress says finished, or it was seen already) and skips.
+//!   (the host's progress says finished, or it was seen already) and skips. A worker adds its
+//!   hosts and a listing's end ([`LISTED_KEY`], partition 0) in one transaction, so a reader
+//!   that sees a listing's end sees every host of that listing: the ingest node's hold waits
+//!   for one ([`listing_complete`]), lest it end while only some hosts are offered.
 //! - **Ownership**: the workers are one consumer group on that topic. Partition `p`'s owner
 //!   produces with the transactional id `riptide-backfill.TOPIC.p`: taking a partition over
 //!   starts with `init_transactions`, which fences the previous owner (a killed or a zombie
@@ -51,6 +54,22 @@ const COMMIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Listing page size asked of a host.
 const PAGE: usize = 500;
+
+/// The key of a listing's end on the work topic: one record, in partition 0, in the
+/// transaction that adds the listing's hosts (value: [`Listed`] as JSON). Not a hostname (`#`
+/// is outside their syntax), so no host is keyed so; owners skip it.
+pub const LISTED_KEY: &str = "#listed";
+
+/// A listing's end: how many hosts the worker's listing of the relay named (banned ones left
+/// out), all on the work topic once this record is committed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Listed {
+    /// Hosts in the listing (some may have been on the topic already).
+    pub hosts: u64,
+}
+
+/// Attempts at offering the listing (a transaction) before the worker gives up.
+const OFFER_ATTEMPTS: u32 = 5;
 
 /// The topics of a backfill on `TOPIC`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -253,6 +272,19 @@ pub fn run_worker(
             }
             keep || !o.thread.is_finished()
         });
+        // Partitions given to this worker (its start, or a rebalance when another worker
+        // left): when every host is finished already, the worker ends without taking them over
+        // (each takeover is an `init_transactions` and a read of the partition: a worker that
+        // got the 64 partitions of two peers ending first took 3 s more to end).
+        let fresh = assigned.iter().any(|p| !owners.contains_key(p));
+        if fresh {
+            last_check = Instant::now();
+            match all_done(url, &checker, &topics.hosts) {
+                Ok(true) => break Ok(()),
+                Ok(false) => {}
+                Err(e) => tracing::debug!(error = %e, "backfill worker: checking the end"),
+            }
+        }
         for &p in &assigned {
             if owners.get(&p).is_some_and(|o| o.stop.load(Relaxed)) {
                 continue;
@@ -263,7 +295,7 @@ pub fn run_worker(
             }
         }
         let idle = owners.values().all(|o| o.idle.load(Relaxed));
-        if idle && last_check.elapsed() >= Duration::from_secs(2) {
+        if idle && last_check.elapsed() >= Duration::from_secs(1) {
             last_check = Instant::now();
             match all_done(url, &checker, &topics.hosts) {
                 Ok(true) => break Ok(()),
@@ -402,6 +434,11 @@ impl Partition {
         tpl.add_partition_offset(&self.topics.hosts, self.p, start)
             .map_err(|e| self.lost(e))?;
         reader.assign(&tpl).map_err(|e| self.lost(e))?;
+        // The group's consumed offset, as this owner last committed it.
+        let mut consumed = match start {
+            Offset::Offset(o) => o,
+            _ => 0,
+        };
         loop {
             self.check_stop()?;
             let next = tokio::task::block_in_place(|| {
@@ -412,6 +449,13 @@ impl Partition {
             let (offset, key) = match next {
                 None => continue,
                 Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) => {
+                    // Read to the end: the consumed offset goes past the transaction's marker
+                    // after the last record (hosts are offered in transactions), or it would
+                    // stay below the partition's end, which is what `all_done` compares it to.
+                    if let Some(end) = self.position(&reader).filter(|&e| e > consumed) {
+                        self.commit(&Outcomes::default(), None, Some(end))?;
+                        consumed = end;
+                    }
                     self.idle.store(true, Relaxed);
                     continue;
                 }
@@ -432,16 +476,28 @@ impl Partition {
                     ..HostProgress::default()
                 })
                 .clone();
-            if prog.finished || host.is_empty() {
-                // A copy of a host already done: only the consumed offset moves.
+            if prog.finished || host.is_empty() || host == LISTED_KEY {
+                // A copy of a host already done, or a listing's end: only the consumed offset
+                // moves.
                 self.commit(&Outcomes::default(), None, Some(offset + 1))?;
+                consumed = offset + 1;
                 continue;
             }
             self.crawl_host(&mut prog, offset).await?;
+            consumed = offset + 1;
             progress.insert(host.clone(), prog.clone());
             self.counts.hosts.fetch_add(1, Relaxed);
             tracing::info!(partition = self.p, host, ok = prog.ok, records = prog.records,
                 failed = ?prog.failed, problem = ?prog.problem, "backfill worker: host finished");
+        }
+    }
+
+    /// The reader's position in this work partition (past transaction markers), if it has one.
+    fn position(&self, reader: &Reader) -> Option<i64> {
+        let pos = reader.position().ok()?;
+        match pos.find_partition(&self.topics.hosts, self.p)?.offset() {
+            Offset::Offset(o) => Some(o),
+            _ => None,
         }
     }
 
@@ -764,6 +820,23 @@ pub(crate) fn watermarks(
     }
 }
 
+/// Whether the workers are done, as the ingest node's hold asks (`crate::backfill_tail`): a
+/// worker's listing of the relay's hosts is complete on the work topic (`listed`: once seen,
+/// not read again) and every host offered is finished. Hosts offered without a listing's end
+/// (a worker killed mid-offer left none: its transaction is aborted) do not make it done: while
+/// a listing is incomplete, the hosts offered so far could all be finished with more to come.
+pub fn workers_done(url: &KafkaUrl, listed: &mut bool) -> Result<bool, KafkaError> {
+    let topics = Topics::of(&url.topic);
+    if !*listed {
+        *listed = listing_complete(url)?;
+        if !*listed {
+            return Ok(false);
+        }
+        tracing::info!(topic = %topics.hosts, "backfill: a worker's listing of the relay's hosts is complete on the work topic");
+    }
+    all_done(url, &url.reader()?, &topics.hosts)
+}
+
 /// Whether every work partition's consumed offset has reached its end.
 pub(crate) fn all_done(url: &KafkaUrl, c: &Reader, hosts: &str) -> Result<bool, KafkaError> {
     let md = c
@@ -802,7 +875,7 @@ pub(crate) fn all_done(url: &KafkaUrl, c: &Reader, hosts: &str) -> Result<bool, 
 
 /// Creates the backfill topics if they are missing (the progress topic compacted), with the
 /// events topic's partition count (`?partitions=N`).
-async fn ensure_topics(url: &KafkaUrl, t: &Topics) -> Result<(), KafkaError> {
+pub async fn ensure_topics(url: &KafkaUrl, t: &Topics) -> Result<(), KafkaError> {
     let n = url.partitions;
     let probe = url.reader()?;
     let big = [("max.message.bytes", crate::MAX_RECORD_BYTES)];
@@ -884,44 +957,131 @@ async fn offer_hosts(
             _ => break,
         }
     }
-    let known = read_keys(url, &t.hosts)?;
+    let mut wait = Duration::from_millis(200);
+    for attempt in 1.. {
+        match offer_once(url, t, &hosts) {
+            Ok(added) => return Ok((hosts.len(), added)),
+            Err(OfferError::Kafka(e)) if attempt < OFFER_ATTEMPTS => {
+                tracing::warn!(brokers = %url.brokers, error = %e, retry_in = ?wait,
+                    "backfill worker: offering the relay's hosts failed (nothing of it is committed): trying again");
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+            Err(OfferError::Kafka(e)) => return Err(url.client_err("offering the hosts")(e)),
+            Err(OfferError::Reading(e)) => return Err(e),
+        }
+    }
+    unreachable!("the loop returns")
+}
+
+/// Why one attempt at offering failed.
+enum OfferError {
+    /// The transaction (retried).
+    Kafka(rdkafka::error::KafkaError),
+    /// Reading the hosts already offered.
+    Reading(KafkaError),
+}
+
+/// One transaction: the listing's hosts the work topic does not hold yet, and the listing's end
+/// ([`LISTED_KEY`]); how many hosts it added. Its transactional id is this attempt's own: a
+/// worker killed mid-offer leaves an open transaction, which holds the work partitions'
+/// read_committed readers back until the broker aborts it (`transaction.timeout.ms`, 10 s).
+fn offer_once(url: &KafkaUrl, t: &Topics, hosts: &[String]) -> Result<usize, OfferError> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     let producer: BaseProducer<Quiet> = url
         .config()
+        .set(
+            "transactional.id",
+            format!(
+                "riptide-backfill.{}.offer.{}.{nanos}",
+                url.topic,
+                std::process::id()
+            ),
+        )
         .set("enable.idempotence", "true")
         .set("acks", "all")
+        .set("transaction.timeout.ms", "10000")
+        .set("message.timeout.ms", "9000")
         .create_with_context(Quiet)
-        .map_err(url.client_err("creating the work producer"))?;
-    let mut added = 0;
-    for h in hosts.iter().filter(|h| !known.contains(*h)) {
+        .map_err(OfferError::Kafka)?;
+    producer
+        .init_transactions(COMMIT_TIMEOUT)
+        .map_err(OfferError::Kafka)?;
+    let (known, _) = read_hosts(url, t).map_err(OfferError::Reading)?;
+    producer.begin_transaction().map_err(OfferError::Kafka)?;
+    let sent = (|| {
+        let mut added = 0;
+        for h in hosts.iter().filter(|h| !known.contains(*h)) {
+            crate::send(
+                &producer,
+                BaseRecord::to(&t.hosts)
+                    .key(h.as_bytes())
+                    .payload(h.as_bytes()),
+            )?;
+            added += 1;
+        }
+        let listed = serde_json::to_vec(&Listed {
+            hosts: hosts.len() as u64,
+        })
+        .unwrap_or_default();
         crate::send(
             &producer,
             BaseRecord::to(&t.hosts)
-                .key(h.as_bytes())
-                .payload(h.as_bytes()),
-        )
-        .map_err(url.client_err("offering a host"))?;
-        added += 1;
+                .partition(0)
+                .key(LISTED_KEY.as_bytes())
+                .payload(&listed[..]),
+        )?;
+        let deadline = Instant::now() + COMMIT_TIMEOUT;
+        while producer.in_flight_count() > 0 && Instant::now() < deadline {
+            producer.poll(Duration::from_millis(1));
+        }
+        producer.commit_transaction(COMMIT_TIMEOUT)?;
+        Ok(added)
+    })();
+    if sent.is_err() {
+        let _ = producer.abort_transaction(COMMIT_TIMEOUT);
     }
-    producer
-        .flush(COMMIT_TIMEOUT)
-        .map_err(url.client_err("offering the hosts"))?;
-    Ok((hosts.len(), added))
+    sent.map_err(OfferError::Kafka)
 }
 
-/// The keys of every record of `topic` (read to its end).
-fn read_keys(url: &KafkaUrl, topic: &str) -> Result<HashSet<String>, KafkaError> {
+/// The hosts on the work topic (read_committed, to its end), and whether a listing's end is
+/// among its records.
+fn read_hosts(url: &KafkaUrl, t: &Topics) -> Result<(HashSet<String>, bool), KafkaError> {
+    let mut keys = read_keys(url, &t.hosts, None)?;
+    let listed = keys.remove(LISTED_KEY);
+    Ok((keys, listed))
+}
+
+/// Whether a worker's listing of the relay's hosts is complete on the work topic (a committed
+/// [`LISTED_KEY`] record in partition 0): every host of that listing is then offered, read
+/// committed in the same transaction.
+pub fn listing_complete(url: &KafkaUrl) -> Result<bool, KafkaError> {
+    let t = Topics::of(&url.topic);
+    Ok(read_keys(url, &t.hosts, Some(0))?.contains(LISTED_KEY))
+}
+
+/// The keys of every record of `topic` (of partition `only`, if given; read to its end).
+fn read_keys(
+    url: &KafkaUrl,
+    topic: &str,
+    only: Option<i32>,
+) -> Result<HashSet<String>, KafkaError> {
     let mut keys = HashSet::new();
-    read_all(url, topic, |m| {
+    read_all(url, topic, only, |m| {
         keys.insert(String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned());
         Ok(())
     })?;
     Ok(keys)
 }
 
-/// Every committed record of every partition of `topic`, to its end, handed to `each`.
+/// Every committed record of every partition of `topic` (or of partition `only`), to its end,
+/// handed to `each`.
 fn read_all(
     url: &KafkaUrl,
     topic: &str,
+    only: Option<i32>,
     mut each: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> Result<(), KafkaError>,
 ) -> Result<(), KafkaError> {
     let c = url.reader()?;
@@ -935,6 +1095,8 @@ fn read_all(
         .first()
         .map(|t| t.partitions())
         .unwrap_or_default()
+        .iter()
+        .filter(|p| only.is_none_or(|o| o == p.id()))
     {
         let (low, high) = watermarks(url, &c, topic, p.id())?;
         if high > low {
@@ -972,6 +1134,9 @@ fn read_all(
 pub struct BackfillStatus {
     /// Hosts on the work topic.
     pub hosts: u64,
+    /// A worker's listing of the relay's hosts is on the work topic whole ([`LISTED_KEY`]);
+    /// until then `hosts` may be some of them only.
+    pub listing_complete: bool,
     /// Hosts finished.
     pub hosts_done: u64,
     /// Hosts not finished (not started, or in progress).
@@ -993,9 +1158,9 @@ pub struct BackfillStatus {
 /// Reads the work and progress topics of the backfill on `url`'s topic (read_committed).
 pub fn status(url: &KafkaUrl) -> Result<BackfillStatus, KafkaError> {
     let t = Topics::of(&url.topic);
-    let hosts = read_keys(url, &t.hosts)?;
+    let (hosts, listing_complete) = read_hosts(url, &t)?;
     let mut last: HashMap<String, HostProgress> = HashMap::new();
-    read_all(url, &t.progress, |m| {
+    read_all(url, &t.progress, None, |m| {
         let v: HostProgress =
             serde_json::from_slice(m.payload().unwrap_or_default()).map_err(|e| {
                 KafkaError::Inconsistent(format!(
@@ -1010,6 +1175,7 @@ pub fn status(url: &KafkaUrl) -> Result<BackfillStatus, KafkaError> {
     })?;
     let mut s = BackfillStatus {
         hosts: hosts.len() as u64,
+        listing_complete,
         ..BackfillStatus::default()
     };
     for p in last.values() {

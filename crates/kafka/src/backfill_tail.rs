@@ -12,14 +12,14 @@
 //! durable in the store ([`Sink::commit`]), and never past the first chunk of a repository
 //! whose chunks have not all arrived. After a crash it reads again from the last committed
 //! offset, and a repository that landed already is not handed over twice: the sink finds its
-//! progress entry (`riptide_backfill::landed_in`), or, on a node that caught its store up from
-//! `T` (whose batch records carry chain states, not progress entries), the account's state is
-//! that very commit (not handed over) or a later one (`superseded`, no rows).
+//! progress entry (`riptide_backfill::landed_in`), which a node that caught its store up from
+//! `T` (a standby taking over) has too: the batch records carry them
+//! ([`crate::record::encode_progress`]).
 //!
 //! **The hold.** Like `serve --backfill`, the caller holds the live frames of accounts with no
 //! verified commit from the start (`Upstream::BackfillStart`); this loop calls `over` once the
-//! workers are done (every host finished, [`crate::backfill`]) and everything they published
-//! is landed, and the caller then releases what is held (`Upstream::BackfillOver`).
+//! workers are done (a listing of the relay's hosts complete on the work topic, and every host
+//! offered finished, [`crate::backfill`]) and everything they published is landed, and the caller then releases what is held (`Upstream::BackfillOver`).
 //!
 //! **Bad input.** A record that does not decode, a chunk out of order, or a repository whose
 //! rebuilt blocks are not their CIDs is skipped, counted (`riptide_kafka_backfill_bad_records_
@@ -245,6 +245,8 @@ pub fn run(
     let mut at_end: HashSet<i32> = HashSet::new();
     // Since when the workers have been seen done.
     let mut done_since: Option<Instant> = None;
+    // A worker's listing of the relay's hosts seen complete on the work topic.
+    let mut listed = false;
     loop {
         if stop.load(Relaxed) {
             break;
@@ -317,7 +319,15 @@ pub fn run(
         if !done && idle && handed == 0 && last_check.elapsed() >= Duration::from_secs(1) {
             last_check = Instant::now();
             if asm.open.is_empty()
-                && landed_all(url, &probe, &consumer, &topics, &at_end, &mut done_since)?
+                && landed_all(
+                    url,
+                    &probe,
+                    &consumer,
+                    &topics,
+                    &at_end,
+                    &mut listed,
+                    &mut done_since,
+                )?
             {
                 done = true;
                 k.backfill_done.store(true, Relaxed);
@@ -398,7 +408,8 @@ fn partitions(url: &KafkaUrl, probe: &Reader, topic: &str) -> Result<i32, KafkaE
         .map_or(0, |t| t.partitions().len() as i32))
 }
 
-/// Whether the workers are done (every host offered finished) and every partition of their
+/// Whether the workers are done (a listing of the relay's hosts complete on the work topic,
+/// `listed` once seen, and every host offered finished) and every partition of their
 /// topic has been read to its end since: its position at the high watermark read after the
 /// workers' word (librdkafka's position passes the transaction markers), or, for a partition
 /// with nothing read since this node started (a restart after the backfill ended: no position
@@ -410,16 +421,10 @@ fn landed_all(
     consumer: &Reader,
     topics: &Topics,
     at_end: &HashSet<i32>,
+    listed: &mut bool,
     done_since: &mut Option<Instant>,
 ) -> Result<bool, KafkaError> {
-    // No host offered yet (no worker has started, or the first is still listing the relay's
-    // hosts) is not a backfill done.
-    let hosts = partitions(url, probe, &topics.hosts)?;
-    let mut offered = 0;
-    for p in 0..hosts {
-        offered += crate::backfill::watermarks(url, probe, &topics.hosts, p)?.1;
-    }
-    if offered == 0 || !crate::backfill::all_done(url, probe, &topics.hosts)? {
+    if !crate::backfill::workers_done(url, listed)? {
         *done_since = None;
         return Ok(false);
     }

@@ -204,27 +204,25 @@ fn parse(m: &rdkafka::message::BorrowedMessage<'_>) -> Result<TopicEvent, BadRec
     Ok(e)
 }
 
-/// Appends `got` (as `events`) to `store` with the batch's account states and resync changes:
-/// as rows when every event came with its row (the store seals them into row blocks, as the
-/// ingest node's store does), else as JSON alone, as before `riptide-row` existed.
+/// Appends `got` (as `events`) to `store` with the batch's account states, resync changes and
+/// backfill progress entries: as rows when every event came with its row (the store seals them into
+/// row blocks, as the ingest node's store does), else as JSON alone, as before `riptide-row`
+/// existed.
 fn append_events(
     store: &Store,
     events: &[Event],
     got: &[TopicEvent],
     accounts: &[(Box<str>, riptide_firehose::chain::AccountState)],
     pending: &[riptide_store::store::PendingChange],
+    progress: &[(Box<str>, Vec<u8>)],
     resume: &Resume,
 ) -> Result<(), KafkaError> {
     // Checked when the record was read (`parse`), so a failure here is not expected; if it
     // happens anyway the batch goes in as JSON, which reads the same.
     let rows: Option<Vec<riptide_segment::Row<'_>>> =
         got.iter().map(|e| e.row().ok().flatten()).collect();
-    match rows {
-        Some(rows) if rows.len() == events.len() => {
-            store.append_rows(events, &rows, accounts, pending, resume)?
-        }
-        _ => store.append_with_pending(events, accounts, pending, resume)?,
-    }
+    let rows = rows.filter(|r| r.len() == events.len());
+    store.append_all(events, rows.as_deref(), accounts, pending, progress, resume)?;
     Ok(())
 }
 
@@ -259,6 +257,7 @@ pub fn read_batches(url: &KafkaUrl, ts_ms: Option<i64>) -> Result<Vec<Batch>, Ka
     assign_from(url, &c, &topic, 1, ts_ms)?;
     let mut out = Vec::new();
     let mut held = Vec::new();
+    let mut landed = Vec::new();
     if high == 0 {
         return Ok(out);
     }
@@ -270,9 +269,12 @@ pub fn read_batches(url: &KafkaUrl, ts_ms: Option<i64>) -> Result<Vec<Batch>, Ka
                 if m.key() == Some(record::RESYNC_KEY) {
                     // Belongs to the batch record that follows (same transaction).
                     held.push(record::decode_change(v)?);
+                } else if m.key() == Some(record::BACKFILL_KEY) {
+                    landed.push(record::decode_progress(v)?);
                 } else {
                     let mut b = Batch::decode(v)?;
                     b.pending = std::mem::take(&mut held);
+                    b.progress = std::mem::take(&mut landed);
                     out.push(b);
                 }
             }
@@ -717,8 +719,17 @@ pub fn catch_up(
             }
             read.extend(got);
         }
-        // With the batch's resync changes: what the publisher held, this store holds.
-        append_events(store, &events, &read, &b.accounts, &b.pending, &b.resume)?;
+        // With the batch's resync changes and backfill progress: what the publisher held, this
+        // store holds, and it knows the repositories the publisher landed.
+        append_events(
+            store,
+            &events,
+            &read,
+            &b.accounts,
+            &b.pending,
+            &b.progress,
+            &b.resume,
+        )?;
         metrics.kafka.caught_up_batches.fetch_add(1, Relaxed);
         applied = b.resume;
     }
@@ -862,7 +873,7 @@ pub fn run_edge_with(
         let last = &got[got.len() - 1];
         resume.next_seq = last.seq + 1;
         resume.last_time_us = last.time_us;
-        append_events(log.store(), &events, &got, &[], &[], resume)?;
+        append_events(log.store(), &events, &got, &[], &[], &[], resume)?;
         log.publish(&events);
         metrics.frames_in.fetch_add(got.len() as u64, Relaxed);
         metrics.upstream_last_us.store(now, Relaxed);

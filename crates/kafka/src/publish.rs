@@ -113,6 +113,7 @@ impl KafkaPublisher {
         events: &[Event],
         rows: Option<&[Vec<u8>]>,
         pending: &[PendingChange],
+        progress: &[(Box<str>, Vec<u8>)],
         batch: &[u8],
         batch_ts: i64,
     ) -> Result<(), rdkafka::error::KafkaError> {
@@ -166,12 +167,18 @@ impl KafkaPublisher {
                 .headers(h);
             self.send(rec)?;
         }
-        // The resync changes, then the batch record they belong to (one partition: in order).
-        for p in pending {
-            let change = record::encode_change(p);
+        // The resync changes and the backfill progress entries, then the batch record they
+        // belong to (one partition: in order).
+        let changes = pending
+            .iter()
+            .map(|p| (record::RESYNC_KEY, record::encode_change(p)));
+        let landed = progress
+            .iter()
+            .map(|(k, v)| (record::BACKFILL_KEY, record::encode_progress(k, v)));
+        for (key, value) in changes.chain(landed) {
             let rec = BaseRecord::to(&self.batch_topic)
-                .key(record::RESYNC_KEY)
-                .payload(&change[..])
+                .key(key)
+                .payload(&value[..])
                 .timestamp(batch_ts);
             self.send(rec)?;
         }
@@ -204,6 +211,7 @@ impl Publish for KafkaPublisher {
         rows: Option<&[Row<'_>]>,
         accounts: &[(Box<str>, AccountState)],
         pending: &[PendingChange],
+        progress: &[(Box<str>, Vec<u8>)],
         resume: &Resume,
     ) -> Result<(), PublishError> {
         // Each event's row as the header carries it, or none for the whole batch (an edge
@@ -216,6 +224,7 @@ impl Publish for KafkaPublisher {
             resume: *resume,
             accounts: accounts.to_vec(),
             pending: Vec::new(),
+            progress: Vec::new(),
         }
         .encode();
         let ts = if resume.last_time_us > 0 {
@@ -231,7 +240,7 @@ impl Publish for KafkaPublisher {
             .store(riptide_serve::now_us(), Relaxed);
         loop {
             let t0 = Instant::now();
-            let e = match self.attempt(events, rows.as_deref(), pending, &batch, ts) {
+            let e = match self.attempt(events, rows.as_deref(), pending, progress, &batch, ts) {
                 Ok(()) => {
                     k.commit_seconds.observe(t0.elapsed());
                     k.transactions_committed.fetch_add(1, Relaxed);

@@ -52,6 +52,9 @@ pub const BATCH_KEY: &[u8] = b"cursor";
 /// The key of the resync-change records on the batch topic ([`encode_change`]).
 pub const RESYNC_KEY: &[u8] = b"resync";
 
+/// The key of the backfill progress records on the batch topic ([`encode_progress`]).
+pub const BACKFILL_KEY: &[u8] = b"backfill";
+
 /// The batch topic of events topic `topic`.
 pub fn batch_topic(topic: &str) -> String {
     format!("{topic}.cursor")
@@ -191,6 +194,9 @@ pub struct Batch {
     /// The batch's changes to the resync partition, in order (records of their own, before the
     /// batch record: not part of [`Batch::encode`]).
     pub pending: Vec<PendingChange>,
+    /// The batch's backfill progress entries, (key, value) of the store's `backfill` partition
+    /// (records of their own, before the batch record: [`encode_progress`]).
+    pub progress: Vec<(Box<str>, Vec<u8>)>,
 }
 
 const CHANGE_MAGIC: &[u8; 6] = b"RPTKR1";
@@ -248,6 +254,42 @@ pub fn decode_change(b: &[u8]) -> Result<PendingChange, BadBatch> {
         0 if r.len() == len => Ok(PendingChange::Release { did, seq }),
         _ => Err(BadBatch("resync change: bad operation")),
     }
+}
+
+const PROGRESS_MAGIC: &[u8; 6] = b"RPTKP1";
+
+/// A backfill progress entry as a record value: `RPTKP1`, the key's length u16 (big-endian)
+/// and the key (a DID: at most 2,048 bytes), then the entry's value as the store keeps it (its
+/// meaning is `riptide_backfill`'s: a landed repository's rev and outcome) to the end. Why a
+/// record of its own, like a resync change, and not a field of the batch record: batch records
+/// of publishers before it stay as they were, and read the same.
+pub fn encode_progress(key: &str, value: &[u8]) -> Vec<u8> {
+    let k = &key.as_bytes()[..key.len().min(u16::MAX as usize)];
+    debug_assert_eq!(k.len(), key.len(), "{}", WHY_DIDS_FIT);
+    let mut v = Vec::with_capacity(8 + k.len() + value.len());
+    v.extend_from_slice(PROGRESS_MAGIC);
+    v.extend_from_slice(&(k.len() as u16).to_be_bytes());
+    v.extend_from_slice(k);
+    v.extend_from_slice(value);
+    v
+}
+
+/// The inverse of [`encode_progress`].
+pub fn decode_progress(b: &[u8]) -> Result<(Box<str>, Vec<u8>), BadBatch> {
+    let r = b
+        .strip_prefix(PROGRESS_MAGIC)
+        .ok_or(BadBatch("backfill progress: bad magic"))?;
+    if r.len() < 2 {
+        return Err(BadBatch("backfill progress: truncated"));
+    }
+    let len = u16::from_be_bytes([r[0], r[1]]) as usize;
+    let r = &r[2..];
+    if r.len() < len || len == 0 {
+        return Err(BadBatch("backfill progress: truncated"));
+    }
+    let key =
+        std::str::from_utf8(&r[..len]).map_err(|_| BadBatch("backfill progress: key not UTF-8"))?;
+    Ok((key.into(), r[len..].to_vec()))
 }
 
 const BATCH_MAGIC: &[u8; 6] = b"RPTKB1";
@@ -324,6 +366,7 @@ impl Batch {
             },
             accounts,
             pending: Vec::new(),
+            progress: Vec::new(),
         })
     }
 }
@@ -443,6 +486,7 @@ mod tests {
             },
             accounts: vec![("did:plc:a".into(), AccountState::default())],
             pending: vec![],
+            progress: vec![],
         };
         let e = b.encode();
         assert_eq!(Batch::decode(&e).unwrap(), b);
@@ -458,6 +502,7 @@ mod tests {
             },
             accounts: vec![],
             pending: vec![],
+            progress: vec![],
         };
         assert_eq!(Batch::decode(&none.encode()).unwrap(), none);
     }
@@ -493,6 +538,34 @@ mod tests {
             decode_change(&release).is_err(),
             "a release carries no frame"
         );
+    }
+
+    /// A landed repository's progress entry travels as it is, and a record that is not one
+    /// (damage, another record's value) is a typed error, not an entry.
+    #[test]
+    fn backfill_progress_round_trips_and_damage_is_an_error() {
+        let value = b"{\"rev\":\"3lxyz\",\"records\":7}".to_vec();
+        let e = encode_progress("did:plc:a", &value);
+        assert_eq!(decode_progress(&e).unwrap(), ("did:plc:a".into(), value));
+        // An empty value is an entry too (the store keeps what it is given).
+        let empty = encode_progress("did:plc:b", &[]);
+        assert_eq!(
+            decode_progress(&empty).unwrap(),
+            ("did:plc:b".into(), vec![])
+        );
+        for cut in [0, 5, 7, 10] {
+            assert!(decode_progress(&e[..cut]).is_err(), "cut at {cut}");
+        }
+        let change = encode_change(&PendingChange::Release {
+            did: "did:plc:a".into(),
+            seq: 1,
+        });
+        assert!(decode_progress(&change).is_err());
+        assert!(decode_change(&e).is_err());
+        assert!(Batch::decode(&e).is_err());
+        let mut bad = e.clone();
+        bad[8] = 0xff;
+        assert!(decode_progress(&bad).is_err(), "a key not UTF-8");
     }
 
     #[test]

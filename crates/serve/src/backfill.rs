@@ -169,8 +169,6 @@ pub struct IngestSink {
     next_seq: u64,
     /// Last pieces handed over and not yet durable, with the landings' DIDs.
     waiting: Vec<(Option<Arc<BackfillRepo>>, Receiver<u64>)>,
-    /// A repository at the account's stored commit counts as landed ([`Self::caught_up_from_kafka`]).
-    stored_commit_is_landed: bool,
     /// Most records per piece ([`Self::with_piece_records`]).
     piece: usize,
     /// Most bytes of events and rows per piece.
@@ -202,7 +200,6 @@ impl IngestSink {
             projector: Projector::new(),
             next_seq,
             waiting: Vec::new(),
-            stored_commit_is_landed: false,
             piece: PIECE_RECORDS,
             piece_bytes: PIECE_BYTES,
             abort_after: None,
@@ -222,17 +219,6 @@ impl IngestSink {
     /// leave it.
     pub fn abort_after_pieces(mut self, pieces: u32) -> Self {
         self.abort_after = Some(pieces);
-        self
-    }
-
-    /// For a store caught up from Kafka (`riptide_kafka::backfill_tail`): its batch records
-    /// carry chain states but not the backfill's progress entries, so a repository read again
-    /// after a crash or a takeover finds no progress entry; one whose commit is the account's
-    /// stored state already landed, and is not handed over again. Not for `serve --backfill`,
-    /// whose progress entries land with the rows: there an account at that commit without one
-    /// was only served live, and its repository replaces those rows.
-    pub fn caught_up_from_kafka(mut self) -> Self {
-        self.stored_commit_is_landed = true;
         self
     }
 
@@ -298,32 +284,6 @@ impl Sink for IngestSink {
             }
             Begin::Fresh { earlier_pieces } => (None, None, earlier_pieces),
         };
-        if self.stored_commit_is_landed && resumed.is_none() {
-            // On a store caught up from Kafka, the account's state may be this very commit
-            // already: the repository landed, and its progress entry is not in this store (a
-            // node that caught its store up from Kafka, whose batch records carry chain states
-            // but not progress entries, reading the backfill topic again after a crash or a
-            // takeover: `riptide_kafka::backfill_tail`). Landing it again would serve its
-            // records twice.
-            let before = self
-                .store
-                .account(&repo.did)
-                .map_err(|e| SinkError::Store {
-                    what: self.store.dir().display().to_string(),
-                    source: e,
-                })?;
-            let (checked, next) = riptide_firehose::chain::check_sync(
-                before.as_ref(),
-                &repo.rev,
-                repo.commit.as_cid(),
-                repo.data.as_cid(),
-                crate::now_us().max(0) as u64,
-            );
-            if checked.is_ok() && next.is_none() && before.is_some_and(|s| s.tip.is_some()) {
-                tracing::debug!(did = %repo.did, rev = %repo.rev, "backfill: the store's chain state is this repository's commit already; not handed over again");
-                return Ok(Written::default());
-            }
-        }
         let template = |first: bool, resumed: Option<Landed>| BackfillRepo {
             did: repo.did.as_str().into(),
             rev: repo.rev.as_str().into(),
@@ -618,45 +578,6 @@ mod tests {
         assert_eq!(s.matches("# TYPE riptide_backfill_repos_total ").count(), 1);
         *lock(&b.error) = Some("state: disk full".into());
         assert_eq!(b.state(), "failed");
-    }
-
-    /// A repository whose commit is the account's stored state already (it landed; its
-    /// progress entry was not in what the store caught up from) is not handed over again.
-    #[test]
-    fn a_repository_at_the_stored_commit_is_not_handed_over_again() {
-        let Some(car) = riptide_testdata::read("jetstream-2026-07/repo.car") else {
-            return;
-        };
-        let did = "did:plc:53iucmf5ldftgqyf2ac7hmhd";
-        let repo = riptide_backfill::verify_car(
-            Box::new(car),
-            did,
-            None,
-            &riptide_backfill::Collections::all(),
-            "test",
-        )
-        .unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let (store, resume) = Store::open(dir.path(), 0).unwrap();
-        let (tx, mut rx) = tokio::sync::mpsc::channel(4);
-        let mut sink = IngestSink::new(store.clone(), tx, resume.next_seq).caught_up_from_kafka();
-        // Not known yet: handed over.
-        sink.write(&repo).unwrap();
-        assert!(matches!(rx.try_recv(), Ok(Upstream::Backfill(_))));
-        // The account's state now is the repository's commit, as a catch-up from Kafka leaves
-        // it (no progress entry): not handed over, nothing counted.
-        let (_, next) = riptide_firehose::chain::check_sync(
-            None,
-            &repo.rev,
-            repo.commit.as_cid(),
-            repo.data.as_cid(),
-            crate::now_us() as u64,
-        );
-        store
-            .append_with_progress(&[], None, &[(did.into(), next.unwrap())], &[], &resume)
-            .unwrap();
-        assert_eq!(sink.write(&repo).unwrap(), Written::default());
-        assert!(rx.try_recv().is_err());
     }
 
     /// What the pieces of a landing hold: (first, last, after, the events' JSON around their

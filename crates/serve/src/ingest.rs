@@ -1792,6 +1792,7 @@ fn write(
                 rows.as_deref(),
                 &state_list,
                 &pending_list,
+                &progress,
                 &resume,
             )?;
         }

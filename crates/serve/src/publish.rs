@@ -14,7 +14,10 @@
 //! the frames held for them, their release: `crate::resync`) go with it: they are written in the
 //! same store batch as the upstream cursor that passes the held frames, so a node that takes
 //! over from the external log must get them too, or the held frames would be behind its cursor
-//! and never served.
+//! and never served. So do its backfill progress entries (the `backfill` partition: a landed
+//! repository's DID and outcome, `riptide_backfill::landed_in`), written in the same store batch
+//! as the repository's rows: a node that took over from the external log knows which
+//! repositories landed, as the node that landed them does.
 
 use riptide_firehose::chain::AccountState;
 use riptide_segment::Row;
@@ -28,8 +31,9 @@ pub trait Publish: Send + std::fmt::Debug {
     /// ingest made one for every event of the batch (`rows`, one per event, as the store gets
     /// them: what a store of layout 5 seals into row blocks, so that a node reading the external
     /// log stores rows too, not only JSON), the chain states of the accounts its frames changed,
-    /// its changes to the resync partition (`pending`, in the order the store applies them), and
-    /// `resume`, the position after it. Retries transient failures itself; an error is final
+    /// its changes to the resync partition (`pending`, in the order the store applies them), its
+    /// backfill progress entries (`progress`, (key, value) of the store's `backfill` partition),
+    /// and `resume`, the position after it. Retries transient failures itself; an error is final
     /// (e.g. another ingest node took over) and stops ingest before the batch is stored.
     fn publish(
         &mut self,
@@ -37,6 +41,7 @@ pub trait Publish: Send + std::fmt::Debug {
         rows: Option<&[Row<'_>]>,
         accounts: &[(Box<str>, AccountState)],
         pending: &[PendingChange],
+        progress: &[(Box<str>, Vec<u8>)],
         resume: &Resume,
     ) -> Result<(), PublishError>;
 }

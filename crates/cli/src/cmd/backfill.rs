@@ -601,11 +601,16 @@ fn kafka_status(url: &str, json: bool) -> anyhow::Result<ExitCode> {
     } else {
         writeln!(
             w,
-            "hosts: {} done, {} left, {} with problems (of {})",
+            "hosts: {} done, {} left, {} with problems (of {}{})",
             s.hosts_done,
             s.hosts_left,
             s.listing_problems.len(),
-            s.hosts
+            s.hosts,
+            if s.listing_complete {
+                ""
+            } else {
+                "; no worker's listing of the relay is complete yet"
+            }
         )?;
         for (h, p) in &s.listing_problems {
             writeln!(w, "  {h}: {p}")?;

@@ -148,8 +148,8 @@ mod imp {
         std::thread::Builder::new()
             .name("kafka-backfill".into())
             .spawn(move || {
-                let mut sink = riptide_serve::backfill::IngestSink::new(store, tx.clone(), next_seq)
-                    .caught_up_from_kafka();
+                let mut sink =
+                    riptide_serve::backfill::IngestSink::new(store, tx.clone(), next_seq);
                 let mut released = false;
                 let b = &metrics.backfill;
                 let mut over = || {
