@@ -258,6 +258,30 @@ impl Projector {
         self.project_row_with(row, cid)
     }
 
+    /// [`Projector::project_row`] for a row whose record's SHA-256 is known already: `sha256`
+    /// is the digest of the row's record bytes (a verified repository's record CID's digest: the
+    /// CAR reader checked it against the bytes, `riptide_car::verify_block`), so the record is
+    /// not hashed again. The same projection as [`Projector::project_row`]; without a digest (or
+    /// one not 32 bytes long) the record is hashed here, as there.
+    pub fn project_row_hashed(
+        &mut self,
+        row: &StoredRow<'_>,
+        sha256: Option<&[u8]>,
+    ) -> Result<&Projection, RowError> {
+        match (row, sha256) {
+            (
+                StoredRow::Commit {
+                    record: Some(_), ..
+                },
+                Some(d),
+            ) if d.len() == 32 => {
+                let cid = CidBuf::from_sha256_digest(DAG_CBOR, d);
+                self.project_row_with(row, Some(cid))
+            }
+            _ => self.project_row(row),
+        }
+    }
+
     /// Projects a block's rows, in order, handing `each` every row's index and v1 event (or why
     /// it has none), as [`Projector::project_row`] does one by one; the records' CIDs are
     /// hashed together first ([`riptide_sha::Kernel::digests`]: two or sixteen messages at a
@@ -791,5 +815,44 @@ mod tests {
         // Truncated CBOR: nothing written.
         assert!(!write_record_json(&mut arena, &rec[..10], &mut out));
         assert_eq!(out, b"prefix");
+    }
+
+    /// A row projected with its record's digest known is the row projected by hashing the
+    /// record: the same event for a record in the data model, the same refusal for one outside
+    /// it (a float, truncated CBOR); a digest that is not 32 bytes is not used.
+    #[test]
+    fn a_row_with_its_record_digest_known_projects_as_hashed() {
+        let post = [
+            0xa2, 0x64, b't', b'e', b'x', b't', 0x62, b'h', b'i', 0x65, b'$', b't', b'y', b'p',
+            b'e', 0x72, b'a', b'p', b'p', b'.', b'b', b's', b'k', b'y', b'.', b'f', b'e', b'e',
+            b'd', b'.', b'p', b'o', b's', b't',
+        ];
+        let float = [0xa1, 0x61, b'f', 0xfb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0];
+        let (mut hashing, mut known) = (Projector::new(), Projector::new());
+        let mut rendered = 0;
+        for record in [&post[..], &float[..], &post[..9]] {
+            let row = StoredRow::Commit {
+                did: "did:plc:53iucmf5ldftgqyf2ac7hmhd",
+                rev: "3lbzqmjjbhc2a",
+                action: Action::Create,
+                collection: "app.bsky.feed.post",
+                rkey: "3lbzqmjjbhc2a",
+                record: Some(record),
+            };
+            let digest = CidBuf::sha256(DAG_CBOR, record);
+            let digest = &digest.as_cid().digest().to_vec();
+            let render = |p: &Projection| {
+                let mut out = Vec::new();
+                p.render(0, 7, Some(9), &mut out);
+                out
+            };
+            let want = hashing.project_row(&row).map(render).ok();
+            for d in [Some(&digest[..]), None, Some(&digest[..31])] {
+                let got = known.project_row_hashed(&row, d).map(render).ok();
+                assert_eq!(got, want, "{record:?} {d:?}");
+            }
+            rendered += usize::from(want.is_some());
+        }
+        assert_eq!(rendered, 1, "only the post is in the data model");
     }
 }

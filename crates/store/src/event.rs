@@ -228,7 +228,20 @@ impl<T: Text> Event<T> {
         time_us: i64,
         json: &mut Vec<u8>,
     ) -> Result<usize, RowError> {
-        let p = projector.project_row(row)?;
+        Self::value_len_of_hashed_row(projector, row, None, seq, time_us, json)
+    }
+
+    /// [`Event::value_len_of_row`] of a row whose record's SHA-256 is known already
+    /// ([`Projector::project_row_hashed`]: a verified repository's record, not hashed again).
+    pub fn value_len_of_hashed_row(
+        projector: &mut Projector,
+        row: &StoredRow<'_>,
+        sha256: Option<&[u8]>,
+        seq: u64,
+        time_us: i64,
+        json: &mut Vec<u8>,
+    ) -> Result<usize, RowError> {
+        let p = projector.project_row_hashed(row, sha256)?;
         json.clear();
         p.render(0, time_us, Some(seq), json);
         Ok(HEADER_LEN + cut(p.did(0)).len() + cut(p.collection(0)).len() + json.len())
