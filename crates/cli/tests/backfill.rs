@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 
-use common::{riptide, s, scratch, start_sim, BIN};
+use common::{assert_exactly_once, repo_ls, riptide, s, scratch, start_sim, BIN};
 
 /// A generated network in `dir` with four faults planted; returns (good DIDs, bad DID →
 /// reason).
@@ -84,56 +84,6 @@ fn generate_as_of(dir: &Path, seed: u64, accounts: usize, events: u64, repos_at:
     cfg.threads = 2;
     cfg.repos_at = repos_at;
     riptide_gen::write_dir(&cfg, dir).unwrap();
-}
-
-/// `riptide repo ls` of a good account's CAR: `collection/rkey\tcid` lines.
-fn repo_ls(dir: &Path, did: &str) -> BTreeSet<String> {
-    let out = riptide(&[
-        "repo",
-        "ls",
-        s(&dir.join("repos").join(format!("{did}.car"))),
-    ]);
-    assert!(out.status.success(), "{}", common::stderr(&out));
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
-/// JSON lines → DID → every `collection/rkey\tcid`, in order of arrival; every line parses
-/// and has the fields of the contract.
-fn by_did(text: &str) -> BTreeMap<String, Vec<String>> {
-    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for line in text.lines() {
-        let v: serde_json::Value =
-            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
-        let field = |k: &str| v[k].as_str().unwrap_or_else(|| panic!("{k}: {line}"));
-        assert!(riptide_syntax::is_valid_tid(field("rev")), "{line}");
-        let collection = field("collection");
-        // Generated records carry their type: the rendering is the record's.
-        assert_eq!(v["record"]["$type"].as_str(), Some(collection), "{line}");
-        out.entry(field("did").to_owned())
-            .or_default()
-            .push(format!("{collection}/{}\t{}", field("rkey"), field("cid")));
-    }
-    out
-}
-
-/// Each good account's records exactly once and equal to `repo ls`; nothing of the others.
-fn assert_exactly_once(dir: &Path, good: &[String], text: &str) {
-    let mut got = by_did(text);
-    for did in good {
-        let lines = got.remove(did).unwrap_or_default();
-        let set: BTreeSet<String> = lines.iter().cloned().collect();
-        assert_eq!(set.len(), lines.len(), "{did}: a record written twice");
-        assert_eq!(set, repo_ls(dir, did), "{did}");
-    }
-    assert!(
-        got.is_empty(),
-        "records of faulty accounts: {:?}",
-        got.keys()
-    );
 }
 
 /// `backfill status --state DIR --json`.

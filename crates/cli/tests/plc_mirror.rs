@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -79,20 +78,6 @@ fn status(data: &Path) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn repo_ls(dir: &Path, did: &str) -> BTreeSet<String> {
-    let out = riptide(&[
-        "repo",
-        "ls",
-        s(&dir.join("repos").join(format!("{did}.car"))),
-    ]);
-    assert!(out.status.success(), "{}", common::stderr(&out));
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
 #[test]
 fn a_backfill_from_a_plc_mirror_verifies_every_repository_with_no_directory() {
     let tmp = scratch();
@@ -117,7 +102,7 @@ fn a_backfill_from_a_plc_mirror_verifies_every_repository_with_no_directory() {
     let state = tmp.path().join("state");
     let out = backfill_from_mirror(&base, "http://127.0.0.1:9", &data, &state);
     assert!(out.status.success(), "{}", common::stderr(&out));
-    each_record_once(&net, &dids, &out.stdout);
+    common::assert_exactly_once(&net, &dids, std::str::from_utf8(&out.stdout).unwrap());
     assert_eq!(backfill_status(&state)["repos_ok"], 12);
     let stats: serde_json::Value =
         serde_json::from_str(&get(&format!("{base}/_sim/stats"))).unwrap();
@@ -153,31 +138,6 @@ fn backfill_from_mirror(
         .unwrap()
 }
 
-/// Asserts that the JSON lines `stdout` hold each of `dids`' records exactly once, as `riptide
-/// repo ls` lists its CAR under `net`, and nothing else.
-fn each_record_once(net: &Path, dids: &[String], stdout: &[u8]) {
-    let mut by_did: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for line in std::str::from_utf8(stdout).unwrap().lines() {
-        let v: serde_json::Value = serde_json::from_str(line).unwrap();
-        by_did
-            .entry(v["did"].as_str().unwrap().to_owned())
-            .or_default()
-            .push(format!(
-                "{}/{}\t{}",
-                v["collection"].as_str().unwrap(),
-                v["rkey"].as_str().unwrap(),
-                v["cid"].as_str().unwrap()
-            ));
-    }
-    for did in dids {
-        let lines = by_did.remove(did).unwrap_or_default();
-        let set: BTreeSet<String> = lines.iter().cloned().collect();
-        assert_eq!(set.len(), lines.len(), "{did}: a record written twice");
-        assert_eq!(set, repo_ls(net, did), "{did}");
-    }
-    assert!(by_did.is_empty(), "{:?}", by_did.keys());
-}
-
 fn backfill_status(state: &Path) -> serde_json::Value {
     serde_json::from_slice(&riptide(&["backfill", "status", "--state", s(state), "--json"]).stdout)
         .unwrap()
@@ -205,7 +165,7 @@ fn a_stale_mirror_is_looked_past_for_the_accounts_it_fails() {
     let out = backfill_from_mirror(&base, &base, &data, &state);
     assert!(out.status.success(), "{}", common::stderr(&out));
     // Every repository verified, the 3 with the directory's document, asked of it once each.
-    each_record_once(&net, &dids, &out.stdout);
+    common::assert_exactly_once(&net, &dids, std::str::from_utf8(&out.stdout).unwrap());
     let st = backfill_status(&state);
     assert_eq!(st["repos_ok"], 12, "{st}");
     let stats: serde_json::Value =

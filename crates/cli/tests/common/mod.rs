@@ -7,6 +7,7 @@
 //! Each test binary includes it with `mod common;` and uses only a part of it.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -412,4 +413,54 @@ pub async fn v2_texts(addr: &str, query: &str, n: usize, dict: Option<&[u8]>) ->
     }
     let _ = ws.close(None).await;
     out
+}
+
+/// `riptide repo ls` of a good account's CAR (`DIR/repos/DID.car`, as `riptide gen` writes it): `collection/rkey\tcid` lines.
+pub fn repo_ls(dir: &Path, did: &str) -> BTreeSet<String> {
+    let out = riptide(&[
+        "repo",
+        "ls",
+        s(&dir.join("repos").join(format!("{did}.car"))),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// JSON lines → DID → every `collection/rkey\tcid`, in order of arrival; every line parses
+/// and has the fields of the contract.
+pub fn by_did(text: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in text.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        let field = |k: &str| v[k].as_str().unwrap_or_else(|| panic!("{k}: {line}"));
+        assert!(riptide_syntax::is_valid_tid(field("rev")), "{line}");
+        let collection = field("collection");
+        // Generated records carry their type: the rendering is the record's.
+        assert_eq!(v["record"]["$type"].as_str(), Some(collection), "{line}");
+        out.entry(field("did").to_owned())
+            .or_default()
+            .push(format!("{collection}/{}\t{}", field("rkey"), field("cid")));
+    }
+    out
+}
+
+/// Each good account's records exactly once and equal to `repo ls`; nothing of the others.
+pub fn assert_exactly_once(dir: &Path, good: &[String], text: &str) {
+    let mut got = by_did(text);
+    for did in good {
+        let lines = got.remove(did).unwrap_or_default();
+        let set: BTreeSet<String> = lines.iter().cloned().collect();
+        assert_eq!(set.len(), lines.len(), "{did}: a record written twice");
+        assert_eq!(set, repo_ls(dir, did), "{did}");
+    }
+    assert!(
+        got.is_empty(),
+        "records of faulty accounts: {:?}",
+        got.keys()
+    );
 }
