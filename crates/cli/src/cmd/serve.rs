@@ -182,7 +182,8 @@ pub struct Args {
     /// the real network the hold's 256 MiB fill in minutes and the rest overflow into resyncs).
     #[arg(long, value_enum, default_value_t = BackfillHold::InFlight, requires = "backfill")]
     pub backfill_hold: BackfillHold,
-    /// Land a repository (a resync's, or with --backfill the crawl's) in pieces of at most N
+    /// Land a repository (a resync's, with --backfill the crawl's, with --backfill-from the
+    /// Kafka workers') in pieces of at most N
     /// records, as `riptide backfill --landing-records` does, each its own durable store batch
     /// with the account's frames held from the first to the last (memory per landing bounded
     /// by the piece; after a restart a backfill resumes after the last piece written, a resync
@@ -740,6 +741,7 @@ pub async fn start(args: &Args) -> anyhow::Result<Running> {
                     tx.clone(),
                     resume.next_seq,
                     metrics.clone(),
+                    usize::try_from(args.landing_records).unwrap_or(usize::MAX),
                 )?;
             }
             // Frames a backfill held when the server last stopped are verified and released.

@@ -127,7 +127,7 @@ mod imp {
 
     /// Starts landing the backfill workers' repositories (`--backfill-from`,
     /// `riptide_kafka::backfill_tail`) through ingest's input `tx` into `store` (next seq
-    /// `next_seq`). The caller sent `Upstream::BackfillStart` first; `BackfillOver` follows
+    /// `next_seq`), each in pieces of at most `landing_records` records (`--landing-records`). The caller sent `Upstream::BackfillStart` first; `BackfillOver` follows
     /// when the workers are done and their output landed, or when the landing stops on an
     /// error (said; the frames held for it are then released, as `serve --backfill` does).
     pub fn backfill_tail(
@@ -136,6 +136,7 @@ mod imp {
         tx: tokio::sync::mpsc::Sender<Upstream>,
         next_seq: u64,
         metrics: Arc<Metrics>,
+        landing_records: usize,
     ) -> anyhow::Result<()> {
         let url = KafkaUrl::parse(url)?;
         // `/metrics`' riptide_backfill_running, _landed_total, _superseded_total and the status
@@ -149,7 +150,8 @@ mod imp {
             .name("kafka-backfill".into())
             .spawn(move || {
                 let mut sink =
-                    riptide_serve::backfill::IngestSink::new(store, tx.clone(), next_seq);
+                    riptide_serve::backfill::IngestSink::new(store, tx.clone(), next_seq)
+                        .with_piece_records(landing_records);
                 let mut released = false;
                 let b = &metrics.backfill;
                 let mut over = || {
