@@ -2001,6 +2001,94 @@ fn serve_backfill_killed_between_pieces_resumes_each_landing_once() {
     assert_folds_on_v2_from(&addr, n, &end, &failed, false);
 }
 
+/// `serve --backfill --landing-records 3` with no live frames (`--upstream-cursor 500`, the
+/// relay's end) aborted once two pieces of a landing are durable (the fault hook), then a plain
+/// `serve` that follows the relay from seq 0, so that account's live commits are served after
+/// its pieces of creates, then `serve --backfill` again: the pieces cannot be completed
+/// (`crate::backfill` in riptide-serve, "In pieces"), the landing is `superseded` and the
+/// account resynced, and on v2 every good account folds to exactly `repo ls` of its export —
+/// the interrupted one from the resync's `#sync`, each of its records once.
+#[test]
+fn serve_backfill_pieces_followed_by_live_commits_resync_the_account() {
+    let tmp = scratch();
+    let (_sim, base, manifest) = current_network(tmp.path(), &[]);
+    let end = tmp.path().join("end");
+    let data = tmp.path().join("data");
+    let pieces = |cursor: u64| {
+        let mut c = serve_backfill(&base, &data, cursor);
+        c.args(["--landing-records", "3"]);
+        c
+    };
+    {
+        let (mut server, _) =
+            common::spawn_serve(pieces(500).env("RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES", "2"));
+        let deadline = Instant::now() + common::PATIENCE * 2;
+        let status = loop {
+            if let Some(s) = server.try_wait() {
+                break s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the fault hook never stopped the server"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(!status.success(), "{status:?}");
+    }
+    let partial: Vec<String> = {
+        let (store, _) = riptide_store::Store::<riptide_store::Utf8Text>::open_any(&data).unwrap();
+        std::fs::read_dir(end.join("repos"))
+            .unwrap()
+            .map(|e| {
+                let name = e.unwrap().file_name().into_string().unwrap();
+                name.strip_suffix(".car").unwrap().to_owned()
+            })
+            .filter(|did| {
+                riptide_backfill::landed_in(&store, did)
+                    .unwrap()
+                    .is_some_and(|l| l.partial.is_some())
+            })
+            .collect()
+    };
+    assert_eq!(partial.len(), 1, "one landing stopped between its pieces");
+    let did = &partial[0];
+    // The whole stream served live, the interrupted account's commits among it.
+    {
+        let relay = format!(
+            "{}/xrpc/com.atproto.sync.subscribeRepos",
+            base.replace("http://", "ws://")
+        );
+        let (server, addr) = common::spawn_serve(
+            common::serve_command(&data)
+                .args(["--upstream", &relay, "--upstream-cursor", "0"])
+                .args(["--plc-url", &base]),
+        );
+        common::wait_for(&addr, "riptide_upstream_seq", 500.0);
+        server.kill();
+        let (store, _) = riptide_store::Store::<riptide_store::Utf8Text>::open_any(&data).unwrap();
+        assert!(
+            store.account(did).unwrap().is_some_and(|a| a.tip.is_some()),
+            "{did}: no commit served after its pieces"
+        );
+    }
+    let (_server, addr) = common::spawn_serve(&mut pieces(0));
+    common::wait_for(&addr, "riptide_resync_landed_total", 1.0);
+    let n = settled(&addr, 500);
+    for v in ["chain-break", "rev-regression", "resync-overflow"] {
+        let got = common::metric(&addr, &format!("riptide_verdicts_total{{verdict=\"{v}\"}}"));
+        assert_eq!(got, 0.0, "{v}");
+    }
+    let failed = failed_as_planted(&data, &manifest);
+    assert!(!failed.contains(did), "{did} failed");
+    let replaced = assert_folds_on_v2_from(&addr, n, &end, &failed, false);
+    assert!(replaced.contains(did), "{did} was not resynced");
+    assert_eq!(
+        common::metric(&addr, "riptide_resync_queued_total"),
+        1.0,
+        "that account alone"
+    );
+}
+
 /// `serve --backfill` against hosts that allow 4 `getRepo`s a second, asked for 8: the `429`s
 /// and pauses the crawl met are on the server's `/metrics`, in the families `riptide backfill
 /// --metrics-listen` names (`riptide_backfill_rate_limited_total`, `_host_pauses_total`, per

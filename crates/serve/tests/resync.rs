@@ -237,6 +237,21 @@ async fn start_with_limits(
     relays: Vec<String>,
     limits: ResyncLimits,
 ) -> Running {
+    start_cut(dir, w, sim, resync, relays, limits, None).await
+}
+
+/// [`start_with_limits`] whose ingest is handed only the first `pieces` landing pieces the
+/// resync service verifies (`None`: all of them); the rest are dropped, as a crash between
+/// pieces loses them.
+async fn start_cut(
+    dir: &std::path::Path,
+    w: &World,
+    sim: &SimHandle,
+    resync: Option<ResyncConfig>,
+    relays: Vec<String>,
+    limits: ResyncLimits,
+    pieces: Option<usize>,
+) -> Running {
     // A restart in-process waits for the first run's resync service to let go of the store.
     let (store, resume) = common::reopen(dir, 0, riptide_serve::StoreOptions::default()).await;
     let log = Arc::new(Log::new(
@@ -263,6 +278,20 @@ async fn start_with_limits(
             metrics.clone(),
         )
     });
+    let mut wiring = wiring;
+    if let (Some(wiring), Some(pieces)) = (wiring.as_mut(), pieces) {
+        let (cut, landings) = tokio::sync::mpsc::unbounded_channel();
+        let mut verified = std::mem::replace(&mut wiring.landings, landings);
+        tokio::spawn(async move {
+            let mut handed = 0;
+            while let Some(l) = verified.recv().await {
+                if handed < pieces {
+                    handed += 1;
+                    let _ = cut.send(l);
+                }
+            }
+        });
+    }
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let stop = wiring.as_ref().map(|w| w.stopper());
     let handle = ingest::spawn_with_resync(cfg, log, metrics.clone(), resume, rx, wiring).unwrap();
@@ -932,4 +961,108 @@ async fn a_resync_in_pieces_stores_what_one_piece_stores() {
         stored.push(got);
     }
     assert_eq!(stored[0], stored[1]);
+}
+
+/// A resync in pieces of 1,000 records stopped once two of them are durable (the rest never
+/// reach ingest, as after `kill -9` between pieces: `crate::resync`, "In pieces") leaves the
+/// account resyncing, its frames held; at the next start it is resynced again and lands whole:
+/// a v2 subscriber folding the account's events (a `#sync` drops what it held) holds exactly
+/// its repository at the stream's end (the sim's, listed as `riptide repo ls` lists it), and
+/// after the last `#sync` each record of the fetched repository comes once, in MST key order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resync_stopped_between_pieces_is_resynced_whole_at_the_next_start() {
+    let w = quiet_world(31);
+    let repo = listing(&w.repos, &w.victim);
+    let n = repo.len();
+    assert!(n > 3000, "{n} records: too few for three pieces of 1,000");
+    let in_pieces = ResyncLimits {
+        landing_records: 1000,
+        ..limits()
+    };
+    let host = sim(&w, false, slowed(100)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let r = start_cut(
+        dir.path(),
+        &w,
+        &host,
+        Some(ResyncConfig::default()),
+        Vec::new(),
+        in_pieces.clone(),
+        Some(2),
+    )
+    .await;
+    feed(&r, &w.frames, 1).await;
+    let m = r.metrics.clone();
+    wait_for("two pieces durable", || {
+        m.replacement_rows.load(Relaxed) == 2000
+    })
+    .await;
+    r.stop.as_ref().unwrap().stop();
+    let (m, store, _) = stop(r).await;
+    assert_eq!(m.resync_landed.load(Relaxed), 0);
+    assert_eq!(
+        m.replacement_rows.load(Relaxed),
+        2000,
+        "two pieces, no more"
+    );
+    let got = per_did(&store);
+    let first = &got[&w.victim];
+    let sync_at = first.iter().position(|(k, _)| k == "Sync").unwrap();
+    assert_eq!(creates(&first[sync_at + 1..]), repo[..2000], "two pieces");
+    assert_eq!(
+        store.account(&w.victim).unwrap().unwrap().sync,
+        SyncStatus::Resyncing,
+        "still awaiting resync between pieces"
+    );
+    let held = store.held().unwrap().len();
+    drop(store);
+
+    let r = start_with_limits(
+        dir.path(),
+        &w,
+        &host,
+        Some(ResyncConfig::default()),
+        Vec::new(),
+        in_pieces,
+    )
+    .await;
+    assert_eq!(
+        r.metrics.resync_held.load(Relaxed) as usize + 1,
+        held,
+        "the held frames and the queue mark reloaded"
+    );
+    let m = r.metrics.clone();
+    wait_for("the resync to land after the restart", || {
+        m.resync_landed.load(Relaxed) == 1 && m.resync_held.load(Relaxed) == 0
+    })
+    .await;
+    let (m, store, _) = stop(r).await;
+    assert_eq!(m.replaced_repositories.load(Relaxed), 1);
+    assert_eq!(m.replacement_rows.load(Relaxed), n as u64, "landed whole");
+    assert!(store.held().unwrap().is_empty());
+    assert_eq!(
+        store.account(&w.victim).unwrap().unwrap().sync,
+        SyncStatus::Synchronized
+    );
+    let got = per_did(&store);
+    let victim = &got[&w.victim];
+    assert!(victim.starts_with(first), "the first run's events stay");
+    let syncs: Vec<usize> = (0..victim.len())
+        .filter(|&i| victim[i].0 == "Sync")
+        .collect();
+    assert_eq!(
+        syncs,
+        [sync_at, first.len()],
+        "a new #sync after the pieces"
+    );
+    assert_eq!(
+        creates(&victim[first.len() + 1..first.len() + 1 + n]),
+        repo,
+        "each record once after the last #sync"
+    );
+    assert_eq!(
+        fold(victim),
+        listing(&w.end_repos, &w.victim).into_iter().collect(),
+        "the fold is the repository at the stream's end"
+    );
 }
