@@ -1952,17 +1952,11 @@ fn serve_backfill_in_pieces_folds_each_account_once() {
 /// durable) leaves that account with a `partial` progress entry; started again without the
 /// hook, the landing resumes, and on v2 every good account folds to exactly `repo ls` of its
 /// export: no piece written twice, none lost.
-#[test]
-fn serve_backfill_killed_between_pieces_resumes_each_landing_once() {
-    let tmp = scratch();
-    let (_sim, base, manifest) = current_network(tmp.path(), &["--relay-rate", "100"]);
-    let end = tmp.path().join("end");
-    let data = tmp.path().join("data");
+/// Runs `serve` (told by the fault hook to stop between a landing's pieces) until it stops,
+/// failing; the accounts of `end`'s repositories whose landing in `data` is left partial.
+fn stopped_between_pieces(serve: &mut Command, data: &Path, end: &Path) -> Vec<String> {
     {
-        let (mut server, _) = common::spawn_serve(
-            serve_backfill_in_pieces(&base, &data)
-                .env("RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES", "2"),
-        );
+        let (mut server, _) = common::spawn_serve(serve);
         let deadline = Instant::now() + common::PATIENCE * 2;
         let status = loop {
             if let Some(s) = server.try_wait() {
@@ -1976,8 +1970,8 @@ fn serve_backfill_killed_between_pieces_resumes_each_landing_once() {
         };
         assert!(!status.success(), "{status:?}");
     }
-    let partial: Vec<String> = {
-        let (store, _) = riptide_store::Store::<riptide_store::Utf8Text>::open_any(&data).unwrap();
+    {
+        let (store, _) = riptide_store::Store::<riptide_store::Utf8Text>::open_any(data).unwrap();
         std::fs::read_dir(end.join("repos"))
             .unwrap()
             .map(|e| {
@@ -1990,7 +1984,20 @@ fn serve_backfill_killed_between_pieces_resumes_each_landing_once() {
                     .is_some_and(|l| l.partial.is_some())
             })
             .collect()
-    };
+    }
+}
+
+#[test]
+fn serve_backfill_killed_between_pieces_resumes_each_landing_once() {
+    let tmp = scratch();
+    let (_sim, base, manifest) = current_network(tmp.path(), &["--relay-rate", "100"]);
+    let end = tmp.path().join("end");
+    let data = tmp.path().join("data");
+    let partial = stopped_between_pieces(
+        serve_backfill_in_pieces(&base, &data).env("RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES", "2"),
+        &data,
+        &end,
+    );
     assert_eq!(partial.len(), 1, "one landing stopped between its pieces");
     let (_server, addr) = common::spawn_serve(&mut serve_backfill_in_pieces(&base, &data));
     let n = settled(&addr, 500);
@@ -2019,37 +2026,11 @@ fn serve_backfill_pieces_followed_by_live_commits_resync_the_account() {
         c.args(["--landing-records", "3"]);
         c
     };
-    {
-        let (mut server, _) =
-            common::spawn_serve(pieces(500).env("RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES", "2"));
-        let deadline = Instant::now() + common::PATIENCE * 2;
-        let status = loop {
-            if let Some(s) = server.try_wait() {
-                break s;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the fault hook never stopped the server"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        assert!(!status.success(), "{status:?}");
-    }
-    let partial: Vec<String> = {
-        let (store, _) = riptide_store::Store::<riptide_store::Utf8Text>::open_any(&data).unwrap();
-        std::fs::read_dir(end.join("repos"))
-            .unwrap()
-            .map(|e| {
-                let name = e.unwrap().file_name().into_string().unwrap();
-                name.strip_suffix(".car").unwrap().to_owned()
-            })
-            .filter(|did| {
-                riptide_backfill::landed_in(&store, did)
-                    .unwrap()
-                    .is_some_and(|l| l.partial.is_some())
-            })
-            .collect()
-    };
+    let partial = stopped_between_pieces(
+        pieces(500).env("RIPTIDE_FAULT_LANDING_STOP_AFTER_PIECES", "2"),
+        &data,
+        &end,
+    );
     assert_eq!(partial.len(), 1, "one landing stopped between its pieces");
     let did = &partial[0];
     // The whole stream served live, the interrupted account's commits among it.
