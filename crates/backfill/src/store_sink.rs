@@ -6,7 +6,7 @@
 //! is verified statefully. A repository becomes one `create` event per record at its head rev
 //! (the rows are [`StoredRow`]s, each rendered once into a scratch buffer as [`Event::from_row`]
 //! renders it, to check that it is in the data model and to measure it
-//! ([`Event::value_len_of_row`]), and handed to the store as rows only
+//! ([`Event::value_len_of_hashed_row`], with the record digest verification already took), and handed to the store as rows only
 //! ([`Store::append_landing`]), which seals them as `.jss` row blocks as ingest's are, one copy,
 //! the record's signed DAG-CBOR, without making their v1 events), the account's chain state becomes
 //! its verified commit, and a small progress entry
@@ -186,7 +186,7 @@ impl StoreSink {
 
     /// Appends `row`'s `.jss` row (a replacement's kind when `replacing`) to the batch at the
     /// next seq; its seq, or `None` if its event does not render (outside the data model). Its
-    /// event is rendered only to check and measure it ([`Event::value_len_of_row`]): the store
+    /// event is rendered only to check and measure it ([`Event::value_len_of_hashed_row`]): the store
     /// makes none of the rows it seals ([`Store::append_landing`]).
     /// `sha256`: the digest of the row's record when the verified repository's CID names it
     /// ([`record_sha256`]), which the check then does not compute again.
