@@ -27,14 +27,7 @@ use common::{assert_exactly_once, repo_ls, riptide, s, scratch, start_sim, BIN};
 fn network(dir: &Path, seed: u64, accounts: usize) -> (Vec<String>, BTreeMap<String, String>) {
     generate(dir, seed, accounts);
     let repos = dir.join("repos");
-    let mut dids: Vec<String> = std::fs::read_dir(&repos)
-        .unwrap()
-        .map(|e| {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            name.strip_suffix(".car").unwrap().to_owned()
-        })
-        .collect();
-    dids.sort();
+    let dids = common::repo_dids(dir);
     assert_eq!(dids.len(), accounts);
     let car = |d: &str| repos.join(format!("{d}.car"));
     let mut bad = BTreeMap::new();
@@ -753,13 +746,7 @@ fn a_backfill_then_the_live_tail_from_its_seq_rebuilds_every_account() {
             other => panic!("{other}: {e}"),
         }
     }
-    let dids: Vec<String> = std::fs::read_dir(end.join("repos"))
-        .unwrap()
-        .map(|e| {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            name.strip_suffix(".car").unwrap().to_owned()
-        })
-        .collect();
+    let dids = common::repo_dids(&end);
     assert_eq!(dids.len(), 20);
     for did in &dids {
         let got: BTreeSet<String> = accounts
@@ -1184,12 +1171,8 @@ fn assert_rebuilds(
             "{k:?}: {served} events of a failed account, not from its live commits ({planned} ops)"
         );
     }
-    let dids: Vec<String> = std::fs::read_dir(end.join("repos"))
-        .unwrap()
-        .map(|e| {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            name.strip_suffix(".car").unwrap().to_owned()
-        })
+    let dids: Vec<String> = common::repo_dids(end)
+        .into_iter()
         .filter(|d| !failed.contains(d))
         .collect();
     assert!(dids.len() >= 10, "too few good accounts to mean much");
@@ -1578,12 +1561,8 @@ fn assert_folds_on_v2_from(
             "one create-resync per record"
         );
     }
-    let dids: Vec<String> = std::fs::read_dir(end.join("repos"))
-        .unwrap()
-        .map(|e| {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            name.strip_suffix(".car").unwrap().to_owned()
-        })
+    let dids: Vec<String> = common::repo_dids(end)
+        .into_iter()
         .filter(|d| !failed.contains(d))
         .collect();
     assert!(dids.len() >= 10, "too few good accounts to mean much");
@@ -1727,12 +1706,8 @@ fn serve_backfill_over_an_interrupted_landing_replaces_its_pieces() {
     // The same network as of relay seq 250: an account's older commit.
     let older = tmp.path().join("older");
     generate_as_of(&older, 21, 24, 500, Some(250));
-    let (did, repo) = std::fs::read_dir(end.join("repos"))
-        .unwrap()
-        .map(|e| {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            name.strip_suffix(".car").unwrap().to_owned()
-        })
+    let (did, repo) = common::repo_dids(&end)
+        .into_iter()
         .filter(|d| !faulty.contains(d.as_str()))
         .find_map(|d| {
             let car = std::fs::read(older.join("repos").join(format!("{d}.car"))).unwrap();
@@ -1972,12 +1947,8 @@ fn stopped_between_pieces(serve: &mut Command, data: &Path, end: &Path) -> Vec<S
     }
     {
         let (store, _) = riptide_store::Store::<riptide_store::Utf8Text>::open_any(data).unwrap();
-        std::fs::read_dir(end.join("repos"))
-            .unwrap()
-            .map(|e| {
-                let name = e.unwrap().file_name().into_string().unwrap();
-                name.strip_suffix(".car").unwrap().to_owned()
-            })
+        common::repo_dids(end)
+            .into_iter()
             .filter(|did| {
                 riptide_backfill::landed_in(&store, did)
                     .unwrap()

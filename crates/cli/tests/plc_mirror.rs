@@ -22,15 +22,7 @@ fn generate(dir: &Path, seed: u64, accounts: usize) -> Vec<String> {
     cfg.initial_records = (5, 40);
     cfg.threads = 2;
     riptide_gen::write_dir(&cfg, dir).unwrap();
-    let mut dids: Vec<String> = std::fs::read_dir(dir.join("repos"))
-        .unwrap()
-        .map(|e| {
-            let name = e.unwrap().file_name().into_string().unwrap();
-            name.strip_suffix(".car").unwrap().to_owned()
-        })
-        .collect();
-    dids.sort();
-    dids
+    common::repo_dids(dir)
 }
 
 fn sim(dir: &Path, extra: &[&str]) -> (common::KillOnDrop, String) {

@@ -464,3 +464,17 @@ pub fn assert_exactly_once(dir: &Path, good: &[String], text: &str) {
         got.keys()
     );
 }
+
+/// The DIDs of a generated network's repositories (`DIR/repos/DID.car`, as `riptide gen`
+/// writes them), sorted.
+pub fn repo_dids(dir: &Path) -> Vec<String> {
+    let mut dids: Vec<String> = std::fs::read_dir(dir.join("repos"))
+        .unwrap()
+        .map(|e| {
+            let name = e.unwrap().file_name().into_string().unwrap();
+            name.strip_suffix(".car").unwrap().to_owned()
+        })
+        .collect();
+    dids.sort();
+    dids
+}
